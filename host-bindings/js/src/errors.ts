@@ -1,0 +1,167 @@
+// Typed errors and the mapping of what an attempt produced to an outcome the core classifies.
+// The host states facts (a status, a header, an error's class); it never decides what is retryable.
+
+import type { LoadError, Reason } from '../wasm/interfaces/levee-policy-types.js';
+
+/**
+ * Why a call failed: a core `reason`, or one of the host's own:
+ * - `engine-fault`: the policy component trapped; the call ran as a single attempt and that failed;
+ * - `invalid`: the core answered `invalid` (a host bug, or a component that misbehaves).
+ */
+export type FailureReason = Reason | 'engine-fault' | 'invalid';
+
+/** What an attempt produced, as the core's `report` takes it. */
+export type Outcome =
+  | { kind: 'success' }
+  | { kind: 'timeout' }
+  | { kind: 'connection-error' }
+  /** An HTTP response; `retryAfter` is the raw `Retry-After` header. */
+  | { kind: 'http-status'; status: number; retryAfter?: string | null; overloaded?: boolean }
+  /** A gRPC status; `pushback` is the raw `grpc-retry-pushback-ms` metadata. */
+  | { kind: 'grpc-status'; code: number; pushback?: string | null }
+  /** An error of a named class (the policy lists which classes are retryable). */
+  | { kind: 'error-class'; name: string };
+
+export interface LeveeErrorDetails {
+  policy: string;
+  attempts: number;
+  /** The error of the last attempt (or of the last fallback), if it threw. */
+  lastError?: unknown;
+  /** The value of the last attempt, when it returned one the policy classified as a failure. */
+  lastResult?: unknown;
+  /** A retry-after hint from the core (an open breaker's remaining wait), in milliseconds. */
+  retryAfterMs?: number;
+  /** Extra words (for `invalid`). */
+  detail?: string;
+}
+
+/** A call that Levee gave up on (or refused), with the reason and the last error. */
+export class LeveeError extends Error {
+  override readonly name = 'LeveeError';
+  readonly reason: FailureReason;
+  readonly policy: string;
+  readonly attempts: number;
+  readonly lastError: unknown;
+  readonly lastResult: unknown;
+  readonly retryAfterMs: number | undefined;
+
+  constructor(reason: FailureReason, details: LeveeErrorDetails) {
+    const tail = details.detail ? `: ${details.detail}` : '';
+    super(
+      `levee: policy "${details.policy}" gave up (${reason}) after ${details.attempts} attempt${details.attempts === 1 ? '' : 's'}${tail}`,
+      details.lastError !== undefined ? { cause: details.lastError } : undefined,
+    );
+    this.reason = reason;
+    this.policy = details.policy;
+    this.attempts = details.attempts;
+    this.lastError = details.lastError;
+    this.lastResult = details.lastResult;
+    this.retryAfterMs = details.retryAfterMs;
+  }
+}
+
+/** A policy document (or imported state) the core refused; every error names its field path. */
+export class PolicyLoadError extends Error {
+  override readonly name = 'PolicyLoadError';
+  readonly errors: readonly LoadError[];
+
+  constructor(errors: readonly LoadError[]) {
+    super(
+      'levee: invalid policy document:\n' +
+        errors.map((e) => `  ${e.path === '' ? '(document)' : e.path}: ${e.message}`).join('\n'),
+    );
+    this.errors = errors;
+  }
+}
+
+/** Throw this from an attempt to report an HTTP status (the core decides if it is retried). */
+export class HttpStatusError extends Error {
+  override readonly name = 'HttpStatusError';
+  readonly status: number;
+  readonly retryAfter: string | null;
+  readonly overloaded: boolean;
+
+  constructor(status: number, options: { retryAfter?: string | null; overloaded?: boolean; message?: string } = {}) {
+    super(options.message ?? `HTTP status ${status}`);
+    this.status = status;
+    this.retryAfter = options.retryAfter ?? null;
+    this.overloaded = options.overloaded ?? false;
+  }
+}
+
+/** Throw this from an attempt to report a gRPC status (with the raw pushback metadata). */
+export class GrpcStatusError extends Error {
+  override readonly name = 'GrpcStatusError';
+  readonly code: number;
+  readonly pushback: string | null;
+
+  constructor(code: number, options: { pushback?: string | null; message?: string } = {}) {
+    super(options.message ?? `gRPC status ${code}`);
+    this.code = code;
+    this.pushback = options.pushback ?? null;
+  }
+}
+
+// Error codes of Node (libuv) and undici that mean the connection could not be made or broke.
+const CONNECTION_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ECONNABORTED',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'ETIMEDOUT',
+  'EPIPE',
+  'ENETUNREACH',
+  'ENETDOWN',
+  'EHOSTUNREACH',
+  'EHOSTDOWN',
+  'EADDRNOTAVAIL',
+  'UND_ERR_SOCKET',
+  'UND_ERR_CONNECT_TIMEOUT',
+  'UND_ERR_CLOSED',
+  'ERR_TLS_CERT_ALTNAME_INVALID',
+  'CERT_HAS_EXPIRED',
+  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
+  'DEPTH_ZERO_SELF_SIGNED_CERT',
+]);
+
+// Errors an HTTP client raises when the server did not answer in time.
+const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT']);
+
+function codeOf(err: unknown): string | undefined {
+  if (typeof err !== 'object' || err === null) return undefined;
+  const code = (err as { code?: unknown }).code;
+  return typeof code === 'string' ? code : undefined;
+}
+
+/** The name of an error's class: its `name` unless that is the generic "Error", else its constructor's. */
+export function errorClassName(err: unknown): string {
+  if (typeof err === 'object' && err !== null) {
+    const name = (err as { name?: unknown }).name;
+    if (typeof name === 'string' && name !== '' && name !== 'Error') return name;
+    const ctor = (err as { constructor?: { name?: unknown } }).constructor;
+    if (ctor && typeof ctor.name === 'string' && ctor.name !== '') return ctor.name;
+    return typeof name === 'string' && name !== '' ? name : 'Error';
+  }
+  return typeof err;
+}
+
+/**
+ * The default description of an error thrown by an attempt: HTTP and gRPC status errors as such,
+ * connection failures (Node and undici codes, also on `cause`, as `fetch` reports them) as
+ * `connection-error`, client-side response timeouts as `timeout`, anything else by its class name.
+ */
+export function outcomeOfError(err: unknown): Outcome {
+  if (err instanceof HttpStatusError) {
+    return { kind: 'http-status', status: err.status, retryAfter: err.retryAfter, overloaded: err.overloaded };
+  }
+  if (err instanceof GrpcStatusError) {
+    return { kind: 'grpc-status', code: err.code, pushback: err.pushback };
+  }
+  const code = codeOf(err) ?? codeOf((err as { cause?: unknown } | null)?.cause);
+  if (code !== undefined) {
+    if (TIMEOUT_CODES.has(code)) return { kind: 'timeout' };
+    if (CONNECTION_CODES.has(code)) return { kind: 'connection-error' };
+  }
+  return { kind: 'error-class', name: errorClassName(err) };
+}

@@ -1,0 +1,67 @@
+// A `fetch` that runs every request under a policy: the status and the raw Retry-After header of
+// each response, and network errors, are reported to the core, which decides what happens next.
+
+import { LeveeError } from './errors.js';
+import type { FallbackFn, Levee, PolicyEntry } from './levee.js';
+
+export interface LeveeFetchOptions {
+  /** The fetch to wrap (default: the global one). */
+  fetch?: typeof globalThis.fetch;
+  /** The key of per-key state for a request (default: the URL's host, so each host has its breaker). */
+  key?: (url: URL, request: Request) => string;
+  /** Fallbacks for these requests, by name; they return a Response. */
+  fallbacks?: Record<string, FallbackFn<Response>>;
+}
+
+function discardBody(response: Response): void {
+  // Free the connection of a response that will not be returned.
+  if (response.body !== null && !response.bodyUsed) response.body.cancel().catch(() => undefined);
+}
+
+/**
+ * Wrap `fetch` with a policy. Each attempt gets its own signal (the per-attempt timeout and the
+ * caller's `signal`); every response is reported as an HTTP status with its Retry-After header; a
+ * response the policy does not retry (or the last one, when retries run out) is returned as fetch
+ * would return it. Refusals (breaker open, budget, deadline) reject with a `LeveeError`; a caller's
+ * abort rejects with the signal's reason, as fetch does.
+ */
+export function leveeFetch(
+  levee: Levee,
+  policy: string | PolicyEntry,
+  options: LeveeFetchOptions = {},
+): (input: RequestInfo | URL, init?: RequestInit) => Promise<Response> {
+  const entry = typeof policy === 'string' ? levee.policy(policy) : policy;
+  const base = options.fetch ?? globalThis.fetch.bind(globalThis);
+  const keyOf = options.key ?? ((url: URL) => url.host);
+  return async (input, init) => {
+    const request = new Request(input, init);
+    const outer = init?.signal ?? (input instanceof Request ? input.signal : undefined) ?? undefined;
+    const url = new URL(request.url);
+    try {
+      return await levee.run<Response>(
+        entry,
+        ({ signal }) => base(new Request(request.clone(), { signal })),
+        {
+          key: keyOf(url, request),
+          signal: outer,
+          method: request.method,
+          idempotencyKey: request.headers.has('idempotency-key'),
+          outcomeOf: (response) => ({
+            kind: 'http-status',
+            status: response.status,
+            retryAfter: response.headers.get('retry-after'),
+            overloaded: response.headers.has('x-envoy-overloaded'),
+          }),
+          discard: discardBody,
+          fallbacks: options.fallbacks,
+        },
+      );
+    } catch (err) {
+      if (err instanceof LeveeError) {
+        if (err.reason === 'cancelled' && outer?.aborted) throw outer.reason;
+        if (err.lastResult instanceof Response) return err.lastResult;
+      }
+      throw err;
+    }
+  };
+}

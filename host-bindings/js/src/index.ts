@@ -1,0 +1,52 @@
+// levee for Node: `load` a policy document, then `run` calls under its policies or wrap `fetch`.
+
+import { readFile } from 'node:fs/promises';
+import { Levee, defaultMeter } from './levee.js';
+import type { LoadOptions } from './levee.js';
+import { nodePlatform } from './platform-node.js';
+
+/**
+ * Load a policy document (YAML or JSON). The core validates it and fills defaults; an invalid
+ * document rejects with a `PolicyLoadError` that names each field path. When `@opentelemetry/api`
+ * is installed, events are also recorded as metrics on its global meter (unless `meter: null`).
+ */
+export async function load(document: string, options: LoadOptions = {}): Promise<Levee> {
+  const meter = options.meter === null ? undefined : (options.meter ?? (await defaultMeter()));
+  return new Levee(nodePlatform, document, options, meter);
+}
+
+/** `load` without looking for OpenTelemetry (metrics only through `options.meter`). */
+export function loadSync(document: string, options: LoadOptions = {}): Levee {
+  return new Levee(nodePlatform, document, options, options.meter ?? undefined);
+}
+
+/** Load a policy document from a file. */
+export async function loadFile(path: string | URL, options: LoadOptions = {}): Promise<Levee> {
+  return load(await readFile(path, 'utf8'), options);
+}
+
+export { Levee, sleep, startFlags } from './levee.js';
+export type {
+  AttemptContext,
+  FallbackContext,
+  FallbackFn,
+  InstantiateCore,
+  LoadOptions,
+  PolicyEntry,
+  RunOptions,
+} from './levee.js';
+export {
+  GrpcStatusError,
+  HttpStatusError,
+  LeveeError,
+  PolicyLoadError,
+  errorClassName,
+  outcomeOfError,
+} from './errors.js';
+export type { FailureReason, LeveeErrorDetails, Outcome } from './errors.js';
+export type { EngineFaultEvent, LeveeEvent, LeveeEventMap, LeveeEventName, Listener, MeterLike } from './events.js';
+export type { Analysis, BreakerState, CallInfo, Event, EventKind, LoadError, PolicyInfo, Reason } from './types.js';
+export { leveeFetch } from './fetch.js';
+export type { LeveeFetchOptions } from './fetch.js';
+export { decodeVerdict, encodeVerdict, REASONS } from './verdict.js';
+export type { Verdict, VerdictKind } from './verdict.js';

@@ -1,0 +1,20 @@
+// Node: core modules read from the package's `wasm/` folder, time from `process.hrtime`.
+
+import { readFileSync } from 'node:fs';
+import type { Platform } from './levee.js';
+
+const modules = new Map<string, WebAssembly.Module>();
+
+export const nodePlatform: Platform = {
+  getCoreModule(path: string): WebAssembly.Module {
+    let module = modules.get(path);
+    if (module === undefined) {
+      module = new WebAssembly.Module(readFileSync(new URL(`../wasm/${path}`, import.meta.url)));
+      modules.set(path, module);
+    }
+    return module;
+  },
+  now: () => process.hrtime.bigint(),
+  randomSeed: () => crypto.getRandomValues(new BigUint64Array(1))[0] ?? 0n,
+  unrefTimers: true,
+};

@@ -1,0 +1,37 @@
+// levee for Worker-style runtimes (workerd, Cloudflare Workers, Deno Deploy...): these forbid
+// compiling Wasm at run time, so the caller imports the core modules statically and passes them:
+//
+//   import core from 'levee/wasm/levee_policy.core.wasm';
+//   const levee = load(policyText, { modules: { 'levee_policy.core.wasm': core } });
+
+import { Levee } from './levee.js';
+import type { LoadOptions, Platform } from './levee.js';
+
+export interface WorkerLoadOptions extends LoadOptions {
+  /** The compiled core modules of the component, by file name (as in the package's `wasm/`). */
+  modules: Record<string, WebAssembly.Module>;
+}
+
+/** Load a policy document with statically imported core modules. */
+export function load(document: string, options: WorkerLoadOptions): Levee {
+  const { modules } = options;
+  const platform: Platform = {
+    getCoreModule(path: string): WebAssembly.Module {
+      const module = modules[path];
+      if (module === undefined) throw new Error(`levee: core module "${path}" was not passed in options.modules`);
+      return module;
+    },
+    now: () => BigInt(Math.round(performance.now() * 1e6)),
+    randomSeed: () => crypto.getRandomValues(new BigUint64Array(1))[0] ?? 0n,
+    unrefTimers: false,
+  };
+  return new Levee(platform, document, options, options.meter ?? undefined);
+}
+
+export { Levee, sleep } from './levee.js';
+export type { AttemptContext, FallbackContext, FallbackFn, LoadOptions, PolicyEntry, RunOptions } from './levee.js';
+export { GrpcStatusError, HttpStatusError, LeveeError, PolicyLoadError, outcomeOfError } from './errors.js';
+export type { FailureReason, Outcome } from './errors.js';
+export type { EngineFaultEvent, LeveeEvent, LeveeEventMap, LeveeEventName, MeterLike } from './events.js';
+export type { BreakerState, Event, EventKind, LoadError, Reason } from './types.js';
+export { leveeFetch } from './fetch.js';
