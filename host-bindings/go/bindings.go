@@ -1,0 +1,615 @@
+package levee
+
+// Bindings of the WIT interface `levee:policy/engine-api@0.1.0` to the core
+// module, through the Canonical ABI of abi.go. Every function of the WIT has
+// one method on *instance here, with the WIT's parameters and results in their
+// Go forms. Nothing in this file decides anything about policies.
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+)
+
+// The WIT types of `levee:policy/types@0.1.0`, in declaration order.
+var (
+	tReason       = enumOf("reason", reasonNames...)
+	tOutcomeKind  = enumOf("outcome-kind", outcomeKindNames...)
+	tBreakerState = enumOf("breaker-state", breakerStateNames...)
+	tEventKind    = enumOf("event-kind", eventKindNames...)
+	tEvent        = recordOf("event",
+		"at", tU64, "kind", tEventKind, "policy", tU32, "key", tString, "call", tU64,
+		"attempt", tU32, "reason", tReason, "duration", tU64, "state-from", tBreakerState,
+		"state-to", tBreakerState, "name", tString, "value", tS64)
+	tLoadError  = recordOf("load-error", "path", tString, "message", tString)
+	tPolicyInfo = recordOf("policy-info", "name", tString, "max-attempts", tU32,
+		"attempt-timeout", tU64, "deadline", tU64, "fallbacks", listOf(tString))
+	tCallInfo = recordOf("call-info", "policy", tU32, "key", tString, "attempts", tU32,
+		"deadline", tU64, "last-reason", tReason, "in-flight", tBool)
+	tAnalysis = recordOf("analysis", "worst-attempts", tU32, "worst-latency", optionOf(tU64),
+		"amplification", tF64, "amplification-with-budget", tF64)
+	tOwnEngine = ownOf("engine")
+	// borrow<engine> lowered into the instance that implements the resource is its rep (an i32).
+	tBorrowEngine = &witType{kind: kOwn, name: "borrow<engine>", size: 4, align: 4, flat: []flatType{fI32}}
+)
+
+const (
+	ifaceEngineAPI = "levee:policy/engine-api@0.1.0"
+	// importResourceModule is where the core module imports the handle functions of its exported resource.
+	importResourceModule = "[export]" + ifaceEngineAPI
+)
+
+// The functions of `engine-api`, in WIT order.
+const (
+	fnLoad = iota
+	fnReload
+	fnPolicyCount
+	fnPolicyIndex
+	fnPolicyInfo
+	fnPolicyJSON
+	fnAnalyze
+	fnStart
+	fnAcquire
+	fnReport
+	fnReportFallback
+	fnCancel
+	fnCallInfo
+	fnDrainEvents
+	fnBreakerState
+	fnSetBreakerState
+	fnExportState
+	fnImportState
+	nFuncs
+)
+
+func ts(t ...*witType) []*witType { return t }
+
+func method(name string, params []*witType, results []*witType) *funcSig {
+	return newFuncSig(ifaceEngineAPI+"#[method]engine."+name, append(ts(tBorrowEngine), params...), results)
+}
+
+var sigs = [nFuncs]*funcSig{
+	fnLoad:           newFuncSig(ifaceEngineAPI+"#[static]engine.load", ts(tString, tU64), ts(resultOf(tOwnEngine, listOf(tLoadError)))),
+	fnReload:         method("reload", ts(tString), ts(resultOf(nil, listOf(tLoadError)))),
+	fnPolicyCount:    method("policy-count", nil, ts(tU32)),
+	fnPolicyIndex:    method("policy-index", ts(tString), ts(optionOf(tU32))),
+	fnPolicyInfo:     method("policy-info", ts(tU32), ts(optionOf(tPolicyInfo))),
+	fnPolicyJSON:     method("policy-json", ts(tU32), ts(optionOf(tString))),
+	fnAnalyze:        method("analyze", ts(tU32, tU32), ts(optionOf(tAnalysis))),
+	fnStart:          method("start", ts(tU64, tU32, tString, tU32, tU64, tU64, tU64, tU64), ts(tU64)),
+	fnAcquire:        method("acquire", ts(tU64, tU64), ts(tU64)),
+	fnReport:         method("report", ts(tU64, tU64, tU64, tOutcomeKind, tS32, tString, tU64, tU32), ts(tU64)),
+	fnReportFallback: method("report-fallback", ts(tU64, tU64, tBool), ts(tU64)),
+	fnCancel:         method("cancel", ts(tU64, tU64), nil),
+	fnCallInfo:       method("call-info", ts(tU64), ts(optionOf(tCallInfo))),
+	fnDrainEvents:    method("drain-events", nil, ts(listOf(tEvent))),
+	fnBreakerState:   method("breaker-state", ts(tU32, tString, tU64), ts(optionOf(tBreakerState))),
+	fnSetBreakerState: method("set-breaker-state", ts(tU32, tString, tBreakerState, tU64),
+		ts(resultOf(nil, tString))),
+	fnExportState: method("export-state", nil, ts(listOf(tU8))),
+	fnImportState: method("import-state", ts(listOf(tU8)), ts(resultOf(nil, tLoadError))),
+}
+
+const (
+	exportDtor    = ifaceEngineAPI + "#[dtor]engine"
+	exportRealloc = "cabi_realloc"
+	exportMemory  = "memory"
+	postPrefix    = "cabi_post_"
+)
+
+// handleTable is the component instance's table of `engine` handles, which
+// the core module manages through the `[resource-*]engine` imports. Index 0
+// is never used, as in the Canonical ABI.
+type handleTable struct {
+	mu   sync.Mutex
+	reps []uint32 // index = handle; value = rep
+	used []bool
+	free []uint32
+}
+
+func (t *handleTable) reset() {
+	t.mu.Lock()
+	t.reps, t.used, t.free = []uint32{0}, []bool{false}, nil
+	t.mu.Unlock()
+}
+
+func (t *handleTable) add(rep uint32) uint32 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n := len(t.free); n > 0 {
+		h := t.free[n-1]
+		t.free = t.free[:n-1]
+		t.reps[h], t.used[h] = rep, true
+		return h
+	}
+	t.reps = append(t.reps, rep)
+	t.used = append(t.used, true)
+	return uint32(len(t.reps) - 1)
+}
+
+func (t *handleTable) get(h uint32) (uint32, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if h == 0 || int(h) >= len(t.reps) || !t.used[h] {
+		return 0, trapf("unknown engine handle %d", h)
+	}
+	return t.reps[h], nil
+}
+
+func (t *handleTable) remove(h uint32) (uint32, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if h == 0 || int(h) >= len(t.reps) || !t.used[h] {
+		return 0, trapf("unknown engine handle %d", h)
+	}
+	rep := t.reps[h]
+	t.used[h] = false
+	t.free = append(t.free, h)
+	return rep, nil
+}
+
+// defineResourceImports provides `[resource-new]`, `[resource-rep]` and
+// `[resource-drop]` for `engine` (canon resource.new / resource.rep / resource.drop).
+func defineResourceImports(ctx context.Context, r wazero.Runtime, table *handleTable) error {
+	b := r.NewHostModuleBuilder(importResourceModule)
+	b.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(_ context.Context, stack []uint64) {
+		stack[0] = uint64(table.add(api.DecodeU32(stack[0])))
+	}), []api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}).Export("[resource-new]engine")
+	b.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(_ context.Context, stack []uint64) {
+		rep, err := table.get(api.DecodeU32(stack[0]))
+		if err != nil {
+			panic(err)
+		}
+		stack[0] = uint64(rep)
+	}), []api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}).Export("[resource-rep]engine")
+	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, m api.Module, stack []uint64) {
+		rep, err := table.remove(api.DecodeU32(stack[0]))
+		if err != nil {
+			panic(err)
+		}
+		// An owned handle of the instance's own resource type: run its destructor.
+		if dtor := m.ExportedFunction(exportDtor); dtor != nil {
+			if _, err := dtor.Call(ctx, uint64(rep)); err != nil {
+				panic(err)
+			}
+		}
+	}), []api.ValueType{api.ValueTypeI32}, nil).Export("[resource-drop]engine")
+	_, err := b.Instantiate(ctx)
+	return err
+}
+
+// instance is one instantiation of the core module, with its functions resolved
+// and checked against the flattened WIT signatures. Not safe for concurrent use.
+type instance struct {
+	mod     api.Module
+	memory  api.Memory
+	realloc api.Function
+	fns     [nFuncs]api.Function
+	post    [nFuncs]api.Function // nil when the core module exports no post-return for it
+	dtor    api.Function
+	table   *handleTable
+	stack   [maxFlatParams]uint64
+}
+
+// checkModule verifies a compiled core module against the WIT before it is used.
+func checkModule(cm wazero.CompiledModule) error {
+	exports := cm.ExportedFunctions()
+	for _, s := range sigs {
+		def, ok := exports[s.export]
+		if !ok {
+			return fmt.Errorf("levee: core module lacks export %q", s.export)
+		}
+		if err := s.checkAgainst(def); err != nil {
+			return err
+		}
+		if s.paramsInMemory {
+			return fmt.Errorf("levee: %s passes params in memory, which this host does not lower", s.export)
+		}
+		if p, ok := exports[postPrefix+s.export]; ok {
+			pt := p.ParamTypes()
+			if len(pt) != len(s.flatResults) || len(p.ResultTypes()) != 0 {
+				return fmt.Errorf("levee: post-return %q has params %v, want the results %v", p.Name(), pt, s.flatResults)
+			}
+		}
+	}
+	r, ok := exports[exportRealloc]
+	if !ok || len(r.ParamTypes()) != 4 || len(r.ResultTypes()) != 1 {
+		return fmt.Errorf("levee: core module lacks cabi_realloc(i32, i32, i32, i32) -> i32")
+	}
+	if _, ok := cm.ExportedMemories()[exportMemory]; !ok {
+		return fmt.Errorf("levee: core module exports no memory")
+	}
+	for _, imp := range cm.ImportedFunctions() {
+		mod, name, _ := imp.Import()
+		if mod != importResourceModule {
+			return fmt.Errorf("levee: core module imports %s.%s; a Levee core has no imports but its resource's", mod, name)
+		}
+	}
+	return nil
+}
+
+func newInstance(ctx context.Context, r wazero.Runtime, cm wazero.CompiledModule, table *handleTable) (*instance, error) {
+	table.reset()
+	mod, err := r.InstantiateModule(ctx, cm, wazero.NewModuleConfig().WithName("").WithStartFunctions())
+	if err != nil {
+		return nil, err
+	}
+	in := &instance{mod: mod, memory: mod.ExportedMemory(exportMemory), realloc: mod.ExportedFunction(exportRealloc), table: table}
+	for i, s := range sigs {
+		in.fns[i] = mod.ExportedFunction(s.export)
+		in.post[i] = mod.ExportedFunction(postPrefix + s.export) // nil if absent
+	}
+	in.dtor = mod.ExportedFunction(exportDtor)
+	return in, nil
+}
+
+func (in *instance) close(ctx context.Context) { _ = in.mod.Close(ctx) }
+
+// call runs a core function with flat params; results land in in.stack.
+func (in *instance) call(ctx context.Context, fn int, params ...uint64) error {
+	copy(in.stack[:], params)
+	return in.fns[fn].CallWithStack(ctx, in.stack[:])
+}
+
+func (in *instance) view() mem {
+	b, _ := in.memory.Read(0, in.memory.Size())
+	return mem{b: b}
+}
+
+// lowerBytes allocates with cabi_realloc(0, 0, 1, len) and copies b into the guest
+// (store_string_copy for UTF-8 strings; store_list for list<u8>). A zero-length
+// value gets pointer 1 without a call: no byte of it is ever read.
+func (in *instance) lowerBytes(ctx context.Context, s string, b []byte) (uint32, uint32, error) {
+	n := len(s) + len(b)
+	if n == 0 {
+		return 1, 0, nil
+	}
+	if n > maxStringByteLength {
+		return 0, 0, fmt.Errorf("levee: value of %d bytes is too long for the Canonical ABI", n)
+	}
+	var st [4]uint64
+	st[0], st[1], st[2], st[3] = 0, 0, 1, uint64(n)
+	if err := in.realloc.CallWithStack(ctx, st[:]); err != nil {
+		return 0, 0, err
+	}
+	ptr := api.DecodeU32(st[0])
+	if uint64(ptr)+uint64(n) > uint64(in.memory.Size()) {
+		return 0, 0, trapf("cabi_realloc returned %d for %d bytes, out of bounds", ptr, n)
+	}
+	if s != "" {
+		in.memory.WriteString(ptr, s)
+	} else {
+		in.memory.Write(ptr, b)
+	}
+	return ptr, uint32(n), nil
+}
+
+// liftRet reads the results a retptr function left at the returned pointer,
+// then runs its post-return (which frees what the guest lent).
+func (in *instance) liftRet(ctx context.Context, fn int) (any, error) {
+	ptr := api.DecodeU32(in.stack[0])
+	t := sigs[fn].results[0]
+	v, err := in.view().loadChecked(ptr, t)
+	if err != nil {
+		return nil, err
+	}
+	if p := in.post[fn]; p != nil {
+		var st [1]uint64
+		st[0] = uint64(ptr)
+		if err := p.CallWithStack(ctx, st[:]); err != nil {
+			return nil, err
+		}
+	}
+	return v, nil
+}
+
+// --- typed conversions of lifted values ---
+
+func asLoadError(v any) LoadError {
+	f := v.([]any)
+	return LoadError{Path: f[0].(string), Message: f[1].(string)}
+}
+
+func asLoadErrors(v any) []LoadError {
+	l := v.([]any)
+	out := make([]LoadError, len(l))
+	for i, e := range l {
+		out[i] = asLoadError(e)
+	}
+	return out
+}
+
+func asEvent(v any) Event {
+	f := v.([]any)
+	return Event{
+		At: f[0].(uint64), Kind: EventKind(f[1].(variantVal).disc), Policy: f[2].(uint32),
+		Key: f[3].(string), Call: f[4].(uint64), Attempt: f[5].(uint32),
+		Reason: Reason(f[6].(variantVal).disc), Duration: f[7].(uint64),
+		StateFrom: BreakerState(f[8].(variantVal).disc), StateTo: BreakerState(f[9].(variantVal).disc),
+		Name: f[10].(string), Value: f[11].(int64),
+	}
+}
+
+func asPolicyInfo(v any) PolicyInfo {
+	f := v.([]any)
+	fb := f[4].([]any)
+	names := make([]string, len(fb))
+	for i, n := range fb {
+		names[i] = n.(string)
+	}
+	return PolicyInfo{Name: f[0].(string), MaxAttempts: f[1].(uint32), AttemptTimeout: f[2].(uint64),
+		Deadline: f[3].(uint64), Fallbacks: names}
+}
+
+func asCallInfo(v any) CallInfo {
+	f := v.([]any)
+	return CallInfo{Policy: f[0].(uint32), Key: f[1].(string), Attempts: f[2].(uint32), Deadline: f[3].(uint64),
+		LastReason: Reason(f[4].(variantVal).disc), InFlight: f[5].(bool)}
+}
+
+func asAnalysis(v any) Analysis {
+	f := v.([]any)
+	a := Analysis{WorstAttempts: f[0].(uint32), Amplification: f[2].(float64), AmplificationWithBudget: f[3].(float64)}
+	if o := f[1].(variantVal); o.disc == 1 {
+		wl := o.payload.(uint64)
+		a.WorstLatency = &wl
+	}
+	return a
+}
+
+// --- the WIT functions ---
+
+// load is `[static]engine.load`: it returns the engine's rep (the own handle is
+// lifted out of the instance's table, as lift_own does), or the load errors.
+func (in *instance) load(ctx context.Context, document string, seed uint64) (uint32, []LoadError, error) {
+	p, n, err := in.lowerBytes(ctx, document, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := in.call(ctx, fnLoad, uint64(p), uint64(n), seed); err != nil {
+		return 0, nil, err
+	}
+	v, err := in.liftRet(ctx, fnLoad)
+	if err != nil {
+		return 0, nil, err
+	}
+	r := v.(variantVal)
+	if r.disc == 1 {
+		return 0, asLoadErrors(r.payload), nil
+	}
+	rep, err := in.table.remove(r.payload.(uint32))
+	if err != nil {
+		return 0, nil, err
+	}
+	return rep, nil, nil
+}
+
+func (in *instance) drop(ctx context.Context, rep uint32) error {
+	if in.dtor == nil {
+		return nil
+	}
+	_, err := in.dtor.Call(ctx, uint64(rep))
+	return err
+}
+
+func (in *instance) reload(ctx context.Context, rep uint32, document string) ([]LoadError, error) {
+	p, n, err := in.lowerBytes(ctx, document, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := in.call(ctx, fnReload, uint64(rep), uint64(p), uint64(n)); err != nil {
+		return nil, err
+	}
+	v, err := in.liftRet(ctx, fnReload)
+	if err != nil {
+		return nil, err
+	}
+	if r := v.(variantVal); r.disc == 1 {
+		return asLoadErrors(r.payload), nil
+	}
+	return nil, nil
+}
+
+func (in *instance) policyCount(ctx context.Context, rep uint32) (uint32, error) {
+	if err := in.call(ctx, fnPolicyCount, uint64(rep)); err != nil {
+		return 0, err
+	}
+	return api.DecodeU32(in.stack[0]), nil
+}
+
+func (in *instance) optionCall(ctx context.Context, fn int, params ...uint64) (any, bool, error) {
+	if err := in.call(ctx, fn, params...); err != nil {
+		return nil, false, err
+	}
+	v, err := in.liftRet(ctx, fn)
+	if err != nil {
+		return nil, false, err
+	}
+	o := v.(variantVal)
+	return o.payload, o.disc == 1, nil
+}
+
+func (in *instance) policyIndex(ctx context.Context, rep uint32, name string) (uint32, bool, error) {
+	p, n, err := in.lowerBytes(ctx, name, nil)
+	if err != nil {
+		return 0, false, err
+	}
+	v, ok, err := in.optionCall(ctx, fnPolicyIndex, uint64(rep), uint64(p), uint64(n))
+	if !ok || err != nil {
+		return 0, false, err
+	}
+	return v.(uint32), true, nil
+}
+
+func (in *instance) policyInfo(ctx context.Context, rep, policy uint32) (PolicyInfo, bool, error) {
+	v, ok, err := in.optionCall(ctx, fnPolicyInfo, uint64(rep), uint64(policy))
+	if !ok || err != nil {
+		return PolicyInfo{}, false, err
+	}
+	return asPolicyInfo(v), true, nil
+}
+
+func (in *instance) policyJSON(ctx context.Context, rep, policy uint32) (string, bool, error) {
+	v, ok, err := in.optionCall(ctx, fnPolicyJSON, uint64(rep), uint64(policy))
+	if !ok || err != nil {
+		return "", false, err
+	}
+	return v.(string), true, nil
+}
+
+func (in *instance) analyze(ctx context.Context, rep, policy, layers uint32) (Analysis, bool, error) {
+	v, ok, err := in.optionCall(ctx, fnAnalyze, uint64(rep), uint64(policy), uint64(layers))
+	if !ok || err != nil {
+		return Analysis{}, false, err
+	}
+	return asAnalysis(v), true, nil
+}
+
+// start, acquire, report, report-fallback: primitives in, one u64 out (the hot path).
+func (in *instance) start(ctx context.Context, rep uint32, call uint64, policy uint32, key string, flags uint32,
+	now, settleCall, settleAt, settleElapsed uint64) (Verdict, error) {
+	p, n, err := in.lowerBytes(ctx, key, nil)
+	if err != nil {
+		return 0, err
+	}
+	st := &in.stack
+	st[0], st[1], st[2], st[3], st[4], st[5] = uint64(rep), call, uint64(policy), uint64(p), uint64(n), uint64(flags)
+	st[6], st[7], st[8], st[9] = now, settleCall, settleAt, settleElapsed
+	if err := in.fns[fnStart].CallWithStack(ctx, st[:]); err != nil {
+		return 0, err
+	}
+	return Verdict(st[0]), nil
+}
+
+func (in *instance) acquire(ctx context.Context, rep uint32, call, now uint64) (Verdict, error) {
+	st := &in.stack
+	st[0], st[1], st[2] = uint64(rep), call, now
+	if err := in.fns[fnAcquire].CallWithStack(ctx, st[:]); err != nil {
+		return 0, err
+	}
+	return Verdict(st[0]), nil
+}
+
+func (in *instance) report(ctx context.Context, rep uint32, call, now, elapsed uint64, kind OutcomeKind, code int32,
+	text string, wallSecs uint64, flags uint32) (Verdict, error) {
+	p, n, err := in.lowerBytes(ctx, text, nil)
+	if err != nil {
+		return 0, err
+	}
+	st := &in.stack
+	st[0], st[1], st[2], st[3], st[4] = uint64(rep), call, now, elapsed, uint64(kind)
+	st[5], st[6], st[7], st[8], st[9] = api.EncodeI32(code), uint64(p), uint64(n), wallSecs, uint64(flags)
+	if err := in.fns[fnReport].CallWithStack(ctx, st[:]); err != nil {
+		return 0, err
+	}
+	return Verdict(st[0]), nil
+}
+
+func (in *instance) reportFallback(ctx context.Context, rep uint32, call, now uint64, ok bool) (Verdict, error) {
+	b := uint64(0)
+	if ok {
+		b = 1
+	}
+	st := &in.stack
+	st[0], st[1], st[2], st[3] = uint64(rep), call, now, b
+	if err := in.fns[fnReportFallback].CallWithStack(ctx, st[:]); err != nil {
+		return 0, err
+	}
+	return Verdict(st[0]), nil
+}
+
+func (in *instance) cancel(ctx context.Context, rep uint32, call, now uint64) error {
+	return in.call(ctx, fnCancel, uint64(rep), call, now)
+}
+
+func (in *instance) callInfo(ctx context.Context, rep uint32, call uint64) (CallInfo, bool, error) {
+	v, ok, err := in.optionCall(ctx, fnCallInfo, uint64(rep), call)
+	if !ok || err != nil {
+		return CallInfo{}, false, err
+	}
+	return asCallInfo(v), true, nil
+}
+
+func (in *instance) drainEvents(ctx context.Context, rep uint32) ([]Event, error) {
+	if err := in.call(ctx, fnDrainEvents, uint64(rep)); err != nil {
+		return nil, err
+	}
+	v, err := in.liftRet(ctx, fnDrainEvents)
+	if err != nil {
+		return nil, err
+	}
+	l := v.([]any)
+	out := make([]Event, len(l))
+	for i, e := range l {
+		out[i] = asEvent(e)
+	}
+	return out, nil
+}
+
+func (in *instance) breakerState(ctx context.Context, rep, policy uint32, key string, now uint64) (BreakerState, bool, error) {
+	p, n, err := in.lowerBytes(ctx, key, nil)
+	if err != nil {
+		return 0, false, err
+	}
+	v, ok, err := in.optionCall(ctx, fnBreakerState, uint64(rep), uint64(policy), uint64(p), uint64(n), now)
+	if !ok || err != nil {
+		return 0, false, err
+	}
+	return BreakerState(v.(variantVal).disc), true, nil
+}
+
+// setBreakerState returns the guest's error message ("" when ok).
+func (in *instance) setBreakerState(ctx context.Context, rep, policy uint32, key string, state BreakerState, now uint64) (string, bool, error) {
+	p, n, err := in.lowerBytes(ctx, key, nil)
+	if err != nil {
+		return "", false, err
+	}
+	if err := in.call(ctx, fnSetBreakerState, uint64(rep), uint64(policy), uint64(p), uint64(n), uint64(state), now); err != nil {
+		return "", false, err
+	}
+	v, err := in.liftRet(ctx, fnSetBreakerState)
+	if err != nil {
+		return "", false, err
+	}
+	if r := v.(variantVal); r.disc == 1 {
+		return r.payload.(string), false, nil
+	}
+	return "", true, nil
+}
+
+func (in *instance) exportState(ctx context.Context, rep uint32) ([]byte, error) {
+	if err := in.call(ctx, fnExportState, uint64(rep)); err != nil {
+		return nil, err
+	}
+	v, err := in.liftRet(ctx, fnExportState)
+	if err != nil {
+		return nil, err
+	}
+	return v.([]byte), nil
+}
+
+func (in *instance) importState(ctx context.Context, rep uint32, state []byte) (*LoadError, error) {
+	if len(state) > math.MaxInt32 {
+		return nil, fmt.Errorf("levee: state of %d bytes is too long", len(state))
+	}
+	p, n, err := in.lowerBytes(ctx, "", state)
+	if err != nil {
+		return nil, err
+	}
+	if err := in.call(ctx, fnImportState, uint64(rep), uint64(p), uint64(n)); err != nil {
+		return nil, err
+	}
+	v, err := in.liftRet(ctx, fnImportState)
+	if err != nil {
+		return nil, err
+	}
+	if r := v.(variantVal); r.disc == 1 {
+		le := asLoadError(r.payload)
+		return &le, nil
+	}
+	return nil, nil
+}

@@ -1,0 +1,524 @@
+package levee
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"reflect"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Policy is a named policy of an engine. It stays valid across Reload (it is
+// resolved by name again) and is safe for use by many goroutines.
+type Policy struct {
+	e    *Engine
+	name string
+	st   atomic.Pointer[policyState]
+	// index, info, ok are written under e.mu by refreshInfosLocked and published through st.
+	index uint32
+	info  PolicyInfo
+	ok    bool
+}
+
+type policyState struct {
+	index uint32
+	info  PolicyInfo
+	ok    bool
+}
+
+// Policy returns the named policy; an unknown name is an error.
+func (e *Engine) Policy(name string) (*Policy, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.policies == nil {
+		e.policies = map[string]*Policy{}
+	}
+	p := e.policies[name]
+	if p == nil {
+		p = &Policy{e: e, name: name}
+		for i, info := range e.infos {
+			if info.Name == name {
+				p.index, p.info, p.ok = uint32(i), info, true
+			}
+		}
+		p.publish()
+		e.policies[name] = p
+	}
+	if !p.ok {
+		return nil, fmt.Errorf("levee: no policy named %q", name)
+	}
+	return p, nil
+}
+
+func (p *Policy) publish() { p.st.Store(&policyState{index: p.index, info: p.info, ok: p.ok}) }
+
+// Name is the policy's name.
+func (p *Policy) Name() string { return p.name }
+
+// Info is what the core says of the policy (its defaults filled in).
+func (p *Policy) Info() PolicyInfo { return p.st.Load().info }
+
+// Engine is the engine the policy belongs to.
+func (p *Policy) Engine() *Engine { return p.e }
+
+// RegisterFallback registers (or replaces) a fallback by name for every call of the engine.
+func (e *Engine) RegisterFallback(name string, f Fallback) {
+	e.fbMu.Lock()
+	e.fbs[name] = f
+	e.fbMu.Unlock()
+}
+
+// CallOption configures one call.
+type CallOption func(*callOpts)
+
+type callOpts struct {
+	key       string
+	flags     uint32
+	fallbacks map[string]Fallback
+}
+
+// WithKey runs the call under a key (say, a downstream host): breakers, buckets
+// and budgets are kept per policy and key.
+func WithKey(key string) CallOption { return func(c *callOpts) { c.key = key } }
+
+// NotIdempotent marks the operation as not idempotent.
+func NotIdempotent() CallOption { return func(c *callOpts) { c.flags |= FlagNotIdempotent } }
+
+// WithIdempotencyKey says the operation carries an idempotency key.
+func WithIdempotencyKey() CallOption { return func(c *callOpts) { c.flags |= FlagIdempotencyKey } }
+
+// WithMethod passes the HTTP method of the operation to the core.
+func WithMethod(method string) CallOption {
+	return func(c *callOpts) { c.flags = c.flags&^(0xf<<flagMethodShift) | MethodFlag(method) }
+}
+
+// WithCallFallback registers a fallback for this call only (it wins over the engine's).
+func WithCallFallback(name string, f Fallback) CallOption {
+	return func(c *callOpts) {
+		if c.fallbacks == nil {
+			c.fallbacks = map[string]Fallback{}
+		}
+		c.fallbacks[name] = f
+	}
+}
+
+// Do runs fn under the policy: every attempt under its per-attempt timeout (a
+// context deadline), sleeps between attempts that stop when ctx is done, the
+// policy's fallbacks. It returns nil on success (of fn or of a fallback) and
+// otherwise a *Error (errors.Is it with the sentinel of its reason; errors.As
+// or errors.Is for the last attempt's error).
+func Do(ctx context.Context, p *Policy, fn func(ctx context.Context) error, opts ...CallOption) error {
+	_, _, err := p.run(ctx, funcAttempt(fn), opts)
+	return err
+}
+
+// Do is Do(ctx, p, fn, opts...).
+func (p *Policy) Do(ctx context.Context, fn func(ctx context.Context) error, opts ...CallOption) error {
+	_, _, err := p.run(ctx, funcAttempt(fn), opts)
+	return err
+}
+
+// DoValue is Do for a function that returns a value. When a fallback succeeds,
+// its value is returned if it is a T (otherwise the zero T).
+func DoValue[T any](ctx context.Context, p *Policy, fn func(ctx context.Context) (T, error), opts ...CallOption) (T, error) {
+	a := &valueAttempt[T]{fn: fn}
+	fbv, used, err := p.run(ctx, a, opts)
+	if used && err == nil {
+		v, _ := fbv.(T)
+		return v, nil
+	}
+	return a.val, err
+}
+
+// attempter runs one attempt under a timeout (0 = none) and says what happened.
+type attempter interface {
+	attempt(ctx context.Context, timeout time.Duration) (Outcome, error)
+}
+
+// retryPreparer is an attempter that must prepare a retry (false: it cannot be retried).
+type retryPreparer interface {
+	prepareRetry() bool
+}
+
+type funcAttempt func(ctx context.Context) error
+
+func (f funcAttempt) attempt(ctx context.Context, timeout time.Duration) (Outcome, error) {
+	if timeout <= 0 {
+		err := f(ctx)
+		return Classify(ctx, err), err
+	}
+	actx, cancel := context.WithTimeout(ctx, timeout)
+	err := f(actx)
+	o := Classify(actx, err)
+	cancel()
+	return o, err
+}
+
+type valueAttempt[T any] struct {
+	fn  func(ctx context.Context) (T, error)
+	val T
+}
+
+func (a *valueAttempt[T]) attempt(ctx context.Context, timeout time.Duration) (Outcome, error) {
+	return funcAttempt(func(ctx context.Context) error {
+		v, err := a.fn(ctx)
+		if err == nil {
+			a.val = v
+		}
+		return err
+	}).attempt(ctx, timeout)
+}
+
+// Classify maps the error of an attempt run under actx to an outcome. It only
+// says what happened; the policy decides what to do about it:
+//   - nil: success;
+//   - an OutcomeError: its outcome;
+//   - actx's deadline passed, or a timeout error: timeout;
+//   - a network error (dial, reset, refused, unexpected EOF): connection-error;
+//   - anything else: error-class, named by an `ErrorClass() string` method in
+//     the chain or else by the Go type of the first non-wrapper error.
+func Classify(actx context.Context, err error) Outcome {
+	if err == nil {
+		return Outcome{Kind: OutcomeSuccess}
+	}
+	var oe OutcomeError
+	if errors.As(err, &oe) {
+		return oe.LeveeOutcome()
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		(actx != nil && errors.Is(actx.Err(), context.DeadlineExceeded)) {
+		return Outcome{Kind: OutcomeTimeout}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return Outcome{Kind: OutcomeTimeout}
+	}
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	if errors.As(err, &opErr) || errors.As(err, &dnsErr) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) {
+		return Outcome{Kind: OutcomeConnectionError}
+	}
+	return Outcome{Kind: OutcomeErrorClass, Text: ErrorClassOf(err)}
+}
+
+// ErrorClassOf is the class name Classify gives an error.
+func ErrorClassOf(err error) string {
+	type classer interface{ ErrorClass() string }
+	var c classer
+	if errors.As(err, &c) {
+		return c.ErrorClass()
+	}
+	for e := err; e != nil; {
+		t := reflect.TypeOf(e).String()
+		if t != "*fmt.wrapError" && t != "*fmt.wrapErrors" {
+			return t
+		}
+		u, ok := e.(interface{ Unwrap() error })
+		if !ok {
+			return t
+		}
+		e = u.Unwrap()
+	}
+	return reflect.TypeOf(err).String()
+}
+
+// startCall starts a call, settling a held-back success on the same crossing.
+func (e *Engine) startCall(call uint64, index uint32, key string, flags uint32) (v Verdict, now, gen uint64, err error) {
+	e.mu.Lock()
+	if err = e.readyLocked(true); err != nil {
+		gen = e.gen
+		e.unlockEmit()
+		return 0, e.Now(), gen, err
+	}
+	gen = e.gen
+	h := e.hold
+	e.hold = heldSuccess{}
+	now = e.Now()
+	ctx := e.enter()
+	v, err = e.in.start(ctx, e.rep, call, index, key, flags, now, h.call, h.at, h.elapsed)
+	e.leave()
+	if err != nil {
+		err = e.faultLocked(err)
+	} else if e.o.snapEvery > 0 && now-e.snapAt >= uint64(e.o.snapEvery) {
+		e.snapshotLocked(now)
+	}
+	e.unlockEmit()
+	return v, now, gen, err
+}
+
+func (e *Engine) snapshotLocked(now uint64) {
+	ctx := e.enter()
+	b, err := e.in.exportState(ctx, e.rep)
+	e.leave()
+	if err != nil {
+		_ = e.faultLocked(err)
+		return
+	}
+	e.snap, e.snapAt = b, now
+}
+
+// holdSuccess holds back the report of a success, to be settled by the next start.
+func (e *Engine) holdSuccess(call, at, elapsed, gen uint64) {
+	e.mu.Lock()
+	if gen == e.gen && !e.closed && e.in != nil {
+		if e.hold.call != 0 {
+			_ = e.readyLocked(false) // send the one already held: only one may wait
+		}
+		if gen == e.gen {
+			e.hold = heldSuccess{call: call, at: at, elapsed: elapsed}
+		}
+	}
+	e.unlockEmit()
+}
+
+// Flush sends a held-back success report now (Do holds one back to settle it on
+// the next call) and delivers the events it caused.
+func (e *Engine) Flush() error {
+	if err := e.op(false, func(context.Context, *instance) error { return nil }); err != nil {
+		return err
+	}
+	e.drainEmit()
+	return nil
+}
+
+// drainEmit drains the engine's events and delivers them to listeners and the logger.
+func (e *Engine) drainEmit() {
+	var evs []Event
+	_ = e.op(false, func(ctx context.Context, in *instance) error {
+		var err error
+		evs, err = in.drainEvents(ctx, e.rep)
+		e.eventsPending.Store(false)
+		return err
+	})
+	if len(evs) > 0 {
+		e.emit(evs)
+	}
+}
+
+func (e *Engine) emit(evs []Event) {
+	for _, ev := range evs {
+		for _, l := range e.o.listeners {
+			l(ev)
+		}
+		if lg := e.o.logger; lg != nil {
+			level := slog.LevelInfo
+			switch ev.Kind {
+			case EventEngineFault, EventGaveUp, EventRejected:
+				level = slog.LevelWarn
+			}
+			attrs := []slog.Attr{slog.String("kind", ev.Kind.String()), slog.Uint64("at", ev.At),
+				slog.String("policy", e.policyName(ev.Policy)), slog.Uint64("call", ev.Call)}
+			if ev.Key != "" {
+				attrs = append(attrs, slog.String("key", ev.Key))
+			}
+			if ev.Attempt != 0 {
+				attrs = append(attrs, slog.Uint64("attempt", uint64(ev.Attempt)))
+			}
+			if ev.Reason != ReasonNone {
+				attrs = append(attrs, slog.String("reason", ev.Reason.String()))
+			}
+			if ev.Duration != 0 {
+				attrs = append(attrs, slog.Duration("duration", time.Duration(ev.Duration)))
+			}
+			if ev.Kind == EventBreakerTransition {
+				attrs = append(attrs, slog.String("from", ev.StateFrom.String()), slog.String("to", ev.StateTo.String()))
+			}
+			if ev.Name != "" {
+				attrs = append(attrs, slog.String("name", ev.Name))
+			}
+			if ev.Value != 0 {
+				attrs = append(attrs, slog.Int64("value", ev.Value))
+			}
+			if ev.Err != nil {
+				attrs = append(attrs, slog.String("error", ev.Err.Error()))
+			}
+			lg.LogAttrs(context.Background(), level, "levee "+ev.Kind.String(), attrs...)
+		}
+	}
+}
+
+func (e *Engine) policyName(i uint32) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if int(i) < len(e.infos) {
+		return e.infos[i].Name
+	}
+	return fmt.Sprint(i)
+}
+
+func (e *Engine) fallback(name string, co *callOpts) Fallback {
+	if f, ok := co.fallbacks[name]; ok {
+		return f
+	}
+	e.fbMu.RLock()
+	f := e.fbs[name]
+	e.fbMu.RUnlock()
+	return f
+}
+
+// guestFault reports guest output the host refuses (without re-instantiating).
+func (e *Engine) guestFault(err error) {
+	e.emit([]Event{{At: e.Now(), Kind: EventEngineFault, Err: fmt.Errorf("%w: %w", ErrEngineFault, err)}})
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		t.Stop()
+		return ctx.Err()
+	}
+}
+
+// run drives one call through the step protocol.
+func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal any, fbUsed bool, err error) {
+	var co callOpts
+	for _, o := range opts {
+		o(&co)
+	}
+	e := p.e
+	st := p.st.Load()
+	if !st.ok {
+		return nil, false, fmt.Errorf("levee: policy %q is gone after a reload", p.name)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Ctx: err}
+	}
+	info := &st.info
+	call := e.nextCall.Add(1)
+	v, start, gen, ferr := e.startCall(call, st.index, co.key, co.flags)
+	var deadline uint64
+	if info.Deadline > 0 {
+		deadline = start + info.Deadline
+	}
+	attempts := 0
+	var lastErr, fbErr error
+	now := start
+
+	// singleAttempt: the engine failed; the call proceeds as one attempt without retries.
+	singleAttempt := func() (any, bool, error) {
+		if attempts > 0 {
+			return nil, false, lastErr
+		}
+		_, err := a.attempt(ctx, time.Duration(info.AttemptTimeout))
+		return nil, false, err
+	}
+	if ferr != nil {
+		return singleAttempt()
+	}
+	for {
+		if v.EventsPending() || e.eventsPending.Load() {
+			e.drainEmit()
+		}
+		switch v.Kind() {
+		case VerdictAttempt:
+			attempts++
+			if info.MaxAttempts > 0 && attempts > int(info.MaxAttempts) {
+				e.guestFault(fmt.Errorf("attempt %d granted past max-attempts %d", attempts, info.MaxAttempts))
+				_ = e.Cancel(call, e.Now())
+				return nil, false, &Error{Policy: p.name, Reason: ReasonRetriesExhausted, Attempts: attempts - 1, Last: lastErr}
+			}
+			timeout := time.Duration(v.Payload())
+			if deadline > 0 {
+				left := time.Duration(0)
+				if deadline > now {
+					left = time.Duration(deadline - now)
+				}
+				if timeout == 0 || timeout > left {
+					timeout = max(left, 1)
+				}
+			}
+			t0 := e.Now()
+			o, aerr := a.attempt(ctx, timeout)
+			t1 := e.Now()
+			now = t1
+			if cerr := ctx.Err(); cerr != nil {
+				_ = e.Cancel(call, t1)
+				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: attempts, Last: aerr, Ctx: cerr}
+			}
+			if o.Kind == OutcomeSuccess {
+				e.holdSuccess(call, t1, t1-t0, gen)
+				return nil, false, nil
+			}
+			lastErr = aerr
+			var flags uint32
+			if o.Overloaded {
+				flags |= ReportFlagOverloaded
+			}
+			var wall uint64
+			if o.Kind == OutcomeHTTPStatus && o.Text != "" {
+				wall = uint64(time.Now().Unix())
+			}
+			v, ferr = e.Report(call, t1, t1-t0, o.Kind, o.Code, o.Text, wall, flags)
+		case VerdictWait, VerdictRetry:
+			d := v.Payload()
+			now = e.Now()
+			if deadline > 0 && now+d > deadline {
+				if deadline > now {
+					d = deadline - now
+				} else {
+					d = 0
+				}
+			}
+			if v.Kind() == VerdictRetry {
+				if rp, ok := a.(retryPreparer); ok && !rp.prepareRetry() {
+					_ = e.Cancel(call, e.Now())
+					return nil, false, lastErr
+				}
+			}
+			if cerr := sleepCtx(ctx, time.Duration(d)); cerr != nil {
+				_ = e.Cancel(call, e.Now())
+				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: attempts, Last: lastErr, Ctx: cerr}
+			}
+			now = e.Now()
+			v, ferr = e.Acquire(call, now)
+		case VerdictDone:
+			return fbVal, fbUsed, nil
+		case VerdictFallback:
+			idx := v.Payload()
+			if idx >= uint64(len(info.Fallbacks)) {
+				e.guestFault(fmt.Errorf("fallback index %d out of the chain of %d", idx, len(info.Fallbacks)))
+				_ = e.Cancel(call, e.Now())
+				return singleAttempt()
+			}
+			name := info.Fallbacks[idx]
+			ok := false
+			if f := e.fallback(name, &co); f != nil {
+				val, err := f(ctx, lastErr)
+				if err == nil {
+					ok, fbVal, fbUsed = true, val, true
+				} else {
+					fbErr = err
+				}
+			} else {
+				fbErr = fmt.Errorf("levee: no fallback registered as %q", name)
+			}
+			now = e.Now()
+			v, ferr = e.ReportFallback(call, now, ok)
+		case VerdictFail:
+			return nil, false, &Error{Policy: p.name, Reason: v.Reason(), Attempts: attempts,
+				RetryAfter: time.Duration(v.Payload()), Last: lastErr, FallbackErr: fbErr}
+		default:
+			// invalid: the engine does not know the call (it was re-instantiated
+			// meanwhile, or it misbehaves); the call ends as a single attempt.
+			e.guestFault(fmt.Errorf("verdict %v for call %d", v, call))
+			return singleAttempt()
+		}
+		if ferr != nil {
+			return singleAttempt()
+		}
+	}
+}

@@ -1,0 +1,569 @@
+package levee
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+)
+
+// ErrEngineFault is wrapped by every error that comes from the guest failing
+// (a trap, a guest call over its time bound, a Canonical ABI violation). The
+// engine has already been re-instantiated when such an error is returned.
+var ErrEngineFault = errors.New("levee: engine fault")
+
+// ErrClosed is returned by an engine after Close.
+var ErrClosed = errors.New("levee: engine closed")
+
+// LoadErrors is the error Load and Reload return for an invalid policy document.
+type LoadErrors []LoadError
+
+func (e LoadErrors) Error() string {
+	parts := make([]string, len(e))
+	for i, le := range e {
+		parts[i] = le.Error()
+	}
+	return "levee: invalid policy document: " + strings.Join(parts, "; ")
+}
+
+// Listener receives every event the engine records (and EventEngineFault).
+// It is called outside the engine's lock, possibly from many goroutines.
+type Listener func(Event)
+
+// Fallback is a fallback registered by name. cause is the error of the last
+// attempt (nil if the call was rejected before any attempt). The value is
+// returned by DoValue when its type fits; Do ignores it.
+type Fallback func(ctx context.Context, cause error) (any, error)
+
+type options struct {
+	seed          *uint64
+	core          []byte
+	callLimit     time.Duration
+	memoryPages   uint32
+	snapEvery     time.Duration
+	listeners     []Listener
+	logger        *slog.Logger
+	fallbacks     map[string]Fallback
+	noTermination bool
+}
+
+// Option configures Load.
+type Option func(*options)
+
+// WithSeed fixes the jitter seed (default: from the OS random source).
+func WithSeed(seed uint64) Option { return func(o *options) { o.seed = &seed } }
+
+// WithCoreModule runs these bytes as the core module instead of the embedded one.
+func WithCoreModule(wasm []byte) Option { return func(o *options) { o.core = wasm } }
+
+// WithGuestCallLimit bounds every call into the guest (default 1 s); a call over it is
+// aborted and treated as a trap.
+func WithGuestCallLimit(d time.Duration) Option { return func(o *options) { o.callLimit = d } }
+
+// WithMemoryLimitPages bounds the guest's linear memory, in 64 KiB pages (default 512 = 32 MiB).
+func WithMemoryLimitPages(pages uint32) Option { return func(o *options) { o.memoryPages = pages } }
+
+// WithSnapshotInterval sets how often (at most) the engine exports its state on the
+// hot path, to restore it after a trap (default 1 s; 0 disables snapshots).
+func WithSnapshotInterval(d time.Duration) Option { return func(o *options) { o.snapEvery = d } }
+
+// WithListener adds an event listener.
+func WithListener(l Listener) Option {
+	return func(o *options) { o.listeners = append(o.listeners, l) }
+}
+
+// WithLogger logs every event to l (at Info; faults, rejections and give-ups at Warn).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithFallback registers a fallback under the name a policy's fallback chain uses.
+func WithFallback(name string, f Fallback) Option {
+	return func(o *options) {
+		if o.fallbacks == nil {
+			o.fallbacks = map[string]Fallback{}
+		}
+		o.fallbacks[name] = f
+	}
+}
+
+// compilation cache shared by every engine of the process.
+var compileCache = wazero.NewCompilationCache()
+
+// Engine is one policy engine (policies plus their breaker, budget and limiter
+// state) running in one guest instance. It is safe for use by many goroutines:
+// guest calls are serialized by a mutex.
+type Engine struct {
+	o     options
+	seed  uint64
+	epoch time.Time
+
+	mu       sync.Mutex
+	doc      string
+	rt       wazero.Runtime
+	cm       wazero.CompiledModule
+	table    *handleTable
+	in       *instance // nil while the engine could not be re-instantiated
+	rep      uint32
+	gen      uint64
+	closed   bool
+	hold     heldSuccess
+	snap     []byte
+	snapAt   uint64
+	infos    []PolicyInfo
+	policies map[string]*Policy
+	faults   []Event
+	// a verdict said events are pending and nobody drained them yet
+	eventsPending atomic.Bool
+
+	// bounding of guest calls: a timer cancels gctx when a call runs too long
+	gctx    context.Context
+	gcancel context.CancelFunc
+	timer   *time.Timer
+	armed   atomic.Bool
+	fired   atomic.Bool
+
+	nextCall atomic.Uint64
+	fbMu     sync.RWMutex
+	fbs      map[string]Fallback
+}
+
+type heldSuccess struct{ call, at, elapsed uint64 }
+
+// Load parses, validates and fills defaults of a policy document (YAML or JSON)
+// in a new engine. An invalid document gives a LoadErrors error.
+func Load(ctx context.Context, document string, opts ...Option) (*Engine, error) {
+	e := &Engine{o: options{callLimit: time.Second, memoryPages: 512, snapEvery: time.Second}, doc: document, epoch: time.Now()}
+	for _, opt := range opts {
+		opt(&e.o)
+	}
+	if e.o.seed != nil {
+		e.seed = *e.o.seed
+	} else {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		e.seed = binary.LittleEndian.Uint64(b[:])
+	}
+	e.fbs = map[string]Fallback{}
+	for k, v := range e.o.fallbacks {
+		e.fbs[k] = v
+	}
+	wasm := e.o.core
+	if wasm == nil {
+		wasm = embeddedCore
+	}
+	if len(wasm) == 0 {
+		return nil, errors.New("levee: no core module: this build has none embedded (run ci.sh, or pass WithCoreModule)")
+	}
+	cfg := wazero.NewRuntimeConfig().WithCompilationCache(compileCache).
+		WithCloseOnContextDone(!e.o.noTermination).WithMemoryLimitPages(e.o.memoryPages)
+	e.rt = wazero.NewRuntimeWithConfig(ctx, cfg)
+	cm, err := e.rt.CompileModule(ctx, wasm)
+	if err != nil {
+		_ = e.rt.Close(ctx)
+		return nil, fmt.Errorf("levee: compile core module: %w", err)
+	}
+	if err := checkModule(cm); err != nil {
+		_ = e.rt.Close(ctx)
+		return nil, err
+	}
+	e.cm = cm
+	e.table = &handleTable{}
+	if err := defineResourceImports(ctx, e.rt, e.table); err != nil {
+		_ = e.rt.Close(ctx)
+		return nil, err
+	}
+	e.gctx, e.gcancel = context.WithCancel(context.Background())
+	e.timer = time.AfterFunc(time.Hour, e.watchdog)
+	e.timer.Stop()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	lerrs, err := e.instantiateLocked()
+	if err != nil || lerrs != nil {
+		e.closeLocked(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return nil, LoadErrors(lerrs)
+	}
+	return e, nil
+}
+
+func (e *Engine) watchdog() {
+	if e.armed.Load() {
+		e.fired.Store(true)
+		e.gcancel()
+	}
+}
+
+// enter arms the guest-call bound and returns the context guest calls run under.
+func (e *Engine) enter() context.Context {
+	if e.fired.Load() {
+		// The bound fired around the end of the last call: start afresh.
+		e.fired.Store(false)
+		e.gctx, e.gcancel = context.WithCancel(context.Background())
+	}
+	e.armed.Store(true)
+	e.timer.Reset(e.o.callLimit)
+	return e.gctx
+}
+
+func (e *Engine) leave() {
+	e.armed.Store(false)
+	e.timer.Stop()
+}
+
+// instantiateLocked makes a fresh instance and loads the document into it.
+func (e *Engine) instantiateLocked() ([]LoadError, error) {
+	ctx := e.enter()
+	defer e.leave()
+	in, err := newInstance(ctx, e.rt, e.cm, e.table)
+	if err != nil {
+		return nil, fmt.Errorf("%w: instantiate: %w", ErrEngineFault, err)
+	}
+	rep, lerrs, err := in.load(ctx, e.doc, e.seed)
+	if err != nil {
+		in.close(context.Background())
+		return nil, fmt.Errorf("%w: load: %w", ErrEngineFault, err)
+	}
+	if lerrs != nil {
+		in.close(context.Background())
+		return lerrs, nil
+	}
+	e.in, e.rep = in, rep
+	if err := e.refreshInfosLocked(ctx); err != nil {
+		e.in = nil
+		in.close(context.Background())
+		return nil, fmt.Errorf("%w: %w", ErrEngineFault, err)
+	}
+	return nil, nil
+}
+
+func (e *Engine) refreshInfosLocked(ctx context.Context) error {
+	n, err := e.in.policyCount(ctx, e.rep)
+	if err != nil {
+		return err
+	}
+	infos := make([]PolicyInfo, n)
+	for i := range infos {
+		info, ok, err := e.in.policyInfo(ctx, e.rep, uint32(i))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return trapf("policy-info(%d) is none for an index below policy-count %d", i, n)
+		}
+		infos[i] = info
+	}
+	e.infos = infos
+	for name, p := range e.policies {
+		p.info, p.ok = PolicyInfo{}, false
+		for i, info := range infos {
+			if info.Name == name {
+				p.index, p.info, p.ok = uint32(i), info, true
+			}
+		}
+		p.publish()
+	}
+	return nil
+}
+
+// faultLocked re-instantiates the engine after the guest failed, restores the
+// last snapshot of its state, and queues an EventEngineFault.
+func (e *Engine) faultLocked(cause error) error {
+	if e.in != nil {
+		e.in.close(context.Background())
+		e.in = nil
+	}
+	e.gen++
+	e.hold = heldSuccess{}
+	e.fired.Store(false)
+	e.gctx, e.gcancel = context.WithCancel(context.Background())
+	ev := Event{At: e.Now(), Kind: EventEngineFault, Err: cause}
+	if _, err := e.instantiateLocked(); err != nil {
+		ev.Err = fmt.Errorf("%w; re-instantiation failed: %w", cause, err)
+	} else if e.snap != nil {
+		ctx := e.enter()
+		lerr, err := e.in.importState(ctx, e.rep, e.snap)
+		e.leave()
+		if err != nil || lerr != nil {
+			ev.Err = fmt.Errorf("%w; snapshot not restored: %v %v", cause, err, lerr)
+			if err != nil {
+				e.in.close(context.Background())
+				e.in = nil
+			}
+		}
+	}
+	e.faults = append(e.faults, ev)
+	if errors.Is(cause, ErrEngineFault) {
+		return cause
+	}
+	return fmt.Errorf("%w: %w", ErrEngineFault, cause)
+}
+
+// readyLocked makes sure an instance is there and sends a held-back success unless keep.
+func (e *Engine) readyLocked(keep bool) error {
+	if e.closed {
+		return ErrClosed
+	}
+	if e.in == nil {
+		if err := e.faultLocked(errors.New("engine unavailable")); e.in == nil {
+			return err
+		}
+	} else if e.fired.Load() && e.in.mod.IsClosed() {
+		return e.faultLocked(errors.New("guest call over its time bound"))
+	}
+	if !keep && e.hold.call != 0 {
+		h := e.hold
+		e.hold = heldSuccess{}
+		ctx := e.enter()
+		v, err := e.in.report(ctx, e.rep, h.call, h.at, h.elapsed, OutcomeSuccess, 0, "", 0, 0)
+		e.leave()
+		if err != nil {
+			return e.faultLocked(err)
+		}
+		if v.Kind() != VerdictDone {
+			return e.faultLocked(trapf("a held-back success was answered %v", v))
+		}
+		if v.EventsPending() {
+			e.eventsPending.Store(true)
+		}
+	}
+	return nil
+}
+
+// unlockEmit releases the lock and delivers fault events queued under it.
+func (e *Engine) unlockEmit() {
+	faults := e.faults
+	e.faults = nil
+	e.mu.Unlock()
+	if faults != nil {
+		e.emit(faults)
+	}
+}
+
+// op runs f under the lock with a ready instance and the call bound; an error
+// of the guest re-instantiates the engine.
+func (e *Engine) op(keep bool, f func(ctx context.Context, in *instance) error) error {
+	e.mu.Lock()
+	defer e.unlockEmit()
+	if err := e.readyLocked(keep); err != nil {
+		return err
+	}
+	ctx := e.enter()
+	err := f(ctx, e.in)
+	e.leave()
+	if err != nil {
+		return e.faultLocked(err)
+	}
+	return nil
+}
+
+// Now is the engine's monotonic clock in ns (the `now` of the step protocol).
+func (e *Engine) Now() uint64 { return uint64(time.Since(e.epoch)) }
+
+// NewCallID returns a fresh non-zero call id.
+func (e *Engine) NewCallID() uint64 { return e.nextCall.Add(1) }
+
+// Seed is the engine's jitter seed.
+func (e *Engine) Seed() uint64 { return e.seed }
+
+// Close releases the guest. A held-back success is sent first.
+func (e *Engine) Close(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.unlockEmit()
+	if e.closed {
+		return nil
+	}
+	if e.in != nil && e.hold.call != 0 {
+		_ = e.readyLocked(false)
+	}
+	if e.in != nil {
+		gctx := e.enter()
+		_ = e.in.drop(gctx, e.rep)
+		e.leave()
+	}
+	e.closeLocked(ctx)
+	return nil
+}
+
+func (e *Engine) closeLocked(ctx context.Context) {
+	e.closed = true
+	e.in = nil
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	if e.gcancel != nil {
+		e.gcancel()
+	}
+	_ = e.rt.Close(ctx)
+}
+
+// --- the step protocol, one method per WIT function ---
+
+// Reload replaces the policies, keeping the state that still applies.
+func (e *Engine) Reload(document string) error {
+	var lerrs []LoadError
+	err := e.op(false, func(ctx context.Context, in *instance) error {
+		var err error
+		if lerrs, err = in.reload(ctx, e.rep, document); err != nil || lerrs != nil {
+			return err
+		}
+		e.doc = document
+		return e.refreshInfosLocked(ctx)
+	})
+	if err != nil {
+		return err
+	}
+	if lerrs != nil {
+		return LoadErrors(lerrs)
+	}
+	return nil
+}
+
+// PolicyCount is the number of policies.
+func (e *Engine) PolicyCount() (n uint32, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error { n, err = in.policyCount(ctx, e.rep); return err })
+	return n, err
+}
+
+// PolicyIndex is the index of a named policy.
+func (e *Engine) PolicyIndex(name string) (i uint32, ok bool, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		i, ok, err = in.policyIndex(ctx, e.rep, name)
+		return err
+	})
+	return i, ok, err
+}
+
+// PolicyInfo is what a host needs to know of a policy.
+func (e *Engine) PolicyInfo(policy uint32) (info PolicyInfo, ok bool, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		info, ok, err = in.policyInfo(ctx, e.rep, policy)
+		return err
+	})
+	return info, ok, err
+}
+
+// PolicyJSON is the policy with every default filled in, as JSON.
+func (e *Engine) PolicyJSON(policy uint32) (s string, ok bool, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		s, ok, err = in.policyJSON(ctx, e.rep, policy)
+		return err
+	})
+	return s, ok, err
+}
+
+// Analyze gives the worst cases of a policy when layers layers run it.
+func (e *Engine) Analyze(policy, layers uint32) (a Analysis, ok bool, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		a, ok, err = in.analyze(ctx, e.rep, policy, layers)
+		return err
+	})
+	return a, ok, err
+}
+
+// Start begins a call and acquires its first attempt (settle* as the WIT says;
+// a success held back by Do is settled first, through report).
+func (e *Engine) Start(call uint64, policy uint32, key string, flags uint32, now, settleCall, settleAt, settleElapsed uint64) (v Verdict, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		v, err = in.start(ctx, e.rep, call, policy, key, flags, now, settleCall, settleAt, settleElapsed)
+		return err
+	})
+	return v, err
+}
+
+// Acquire acquires the next attempt of a call.
+func (e *Engine) Acquire(call, now uint64) (v Verdict, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error { v, err = in.acquire(ctx, e.rep, call, now); return err })
+	return v, err
+}
+
+// Report reports the outcome of the attempt in flight.
+func (e *Engine) Report(call, now, elapsed uint64, kind OutcomeKind, code int32, text string, wallSecs uint64, flags uint32) (v Verdict, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		v, err = in.report(ctx, e.rep, call, now, elapsed, kind, code, text, wallSecs, flags)
+		return err
+	})
+	return v, err
+}
+
+// ReportFallback reports whether the chosen fallback succeeded.
+func (e *Engine) ReportFallback(call, now uint64, ok bool) (v Verdict, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		v, err = in.reportFallback(ctx, e.rep, call, now, ok)
+		return err
+	})
+	return v, err
+}
+
+// Cancel abandons a call.
+func (e *Engine) Cancel(call, now uint64) error {
+	return e.op(false, func(ctx context.Context, in *instance) error { return in.cancel(ctx, e.rep, call, now) })
+}
+
+// CallInfo is what the engine knows of a live call.
+func (e *Engine) CallInfo(call uint64) (ci CallInfo, ok bool, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error { ci, ok, err = in.callInfo(ctx, e.rep, call); return err })
+	return ci, ok, err
+}
+
+// DrainEvents takes the recorded events, oldest first. Do and the Transport drain
+// and deliver events to listeners themselves; a caller of DrainEvents takes them away.
+func (e *Engine) DrainEvents() (evs []Event, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error { evs, err = in.drainEvents(ctx, e.rep); return err })
+	return evs, err
+}
+
+// BreakerState reads a breaker's state at now.
+func (e *Engine) BreakerState(policy uint32, key string, now uint64) (s BreakerState, ok bool, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		s, ok, err = in.breakerState(ctx, e.rep, policy, key, now)
+		return err
+	})
+	return s, ok, err
+}
+
+// SetBreakerState forces a breaker state; the guest's refusal comes back as msg with ok false.
+func (e *Engine) SetBreakerState(policy uint32, key string, state BreakerState, now uint64) (msg string, ok bool, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		msg, ok, err = in.setBreakerState(ctx, e.rep, policy, key, state, now)
+		return err
+	})
+	return msg, ok, err
+}
+
+// ExportState exports the whole engine state (and keeps it as the snapshot restored after a trap).
+func (e *Engine) ExportState() (b []byte, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		b, err = in.exportState(ctx, e.rep)
+		if err == nil {
+			e.snap, e.snapAt = b, e.Now()
+		}
+		return err
+	})
+	return b, err
+}
+
+// ImportState restores exported state; an invalid state gives a *LoadError and changes nothing.
+func (e *Engine) ImportState(state []byte) error {
+	var lerr *LoadError
+	err := e.op(false, func(ctx context.Context, in *instance) error {
+		var err error
+		lerr, err = in.importState(ctx, e.rep, state)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if lerr != nil {
+		return lerr
+	}
+	return nil
+}

@@ -1,0 +1,151 @@
+package levee
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Sentinels, one per reason a call can end without success. A *Error matches
+// the sentinel of its Reason with errors.Is.
+var (
+	ErrDeadline          = errors.New("levee: deadline passed")
+	ErrRetriesExhausted  = errors.New("levee: retries exhausted")
+	ErrNonRetryable      = errors.New("levee: outcome not retryable")
+	ErrBudget            = errors.New("levee: retry budget spent")
+	ErrBreakerOpen       = errors.New("levee: circuit breaker open")
+	ErrRateLimited       = errors.New("levee: rate limited")
+	ErrBulkheadFull      = errors.New("levee: concurrency limit full")
+	ErrNonIdempotent     = errors.New("levee: not idempotent, not retried")
+	ErrRetryAfterTooLong = errors.New("levee: Retry-After above the policy's cap")
+	ErrPushback          = errors.New("levee: server pushback says do not retry")
+	ErrCancelled         = errors.New("levee: call cancelled")
+	ErrFallbacksFailed   = errors.New("levee: every fallback failed")
+)
+
+var reasonSentinels = [...]error{
+	ReasonDeadline:          ErrDeadline,
+	ReasonRetriesExhausted:  ErrRetriesExhausted,
+	ReasonNonRetryable:      ErrNonRetryable,
+	ReasonBudget:            ErrBudget,
+	ReasonBreakerOpen:       ErrBreakerOpen,
+	ReasonRateLimited:       ErrRateLimited,
+	ReasonBulkheadFull:      ErrBulkheadFull,
+	ReasonNonIdempotent:     ErrNonIdempotent,
+	ReasonRetryAfterTooLong: ErrRetryAfterTooLong,
+	ReasonPushback:          ErrPushback,
+	ReasonCancelled:         ErrCancelled,
+	ReasonFallbacksFailed:   ErrFallbacksFailed,
+}
+
+// SentinelFor returns the sentinel error of a reason (nil for ReasonNone or an unknown one).
+func SentinelFor(r Reason) error {
+	if int(r) < len(reasonSentinels) {
+		return reasonSentinels[r]
+	}
+	return nil
+}
+
+// Error is how a call under a policy ends without success.
+type Error struct {
+	Policy string
+	Reason Reason
+	// Attempts made (0 when the first attempt was rejected).
+	Attempts int
+	// RetryAfter is the core's hint when it rejected the call (0 = none).
+	RetryAfter time.Duration
+	// Last is the error of the last attempt (nil when no attempt failed with an error).
+	Last error
+	// FallbackErr is the error of the last fallback that failed, if any.
+	FallbackErr error
+	// Ctx is the context's error when the call was cancelled.
+	Ctx error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "levee: policy %q: %s after %d attempt(s)", e.Policy, e.Reason, e.Attempts)
+	if e.RetryAfter > 0 {
+		fmt.Fprintf(&b, " (retry after %s)", e.RetryAfter)
+	}
+	if e.Last != nil {
+		fmt.Fprintf(&b, ": %v", e.Last)
+	}
+	if e.FallbackErr != nil {
+		fmt.Fprintf(&b, "; fallback: %v", e.FallbackErr)
+	}
+	if e.Ctx != nil && e.Ctx != e.Last {
+		fmt.Fprintf(&b, "; %v", e.Ctx)
+	}
+	return b.String()
+}
+
+// Is matches the sentinel of the error's reason.
+func (e *Error) Is(target error) bool {
+	s := SentinelFor(e.Reason)
+	return s != nil && target == s
+}
+
+// Unwrap gives the last attempt's error, the fallback's error and the context's error.
+func (e *Error) Unwrap() []error {
+	out := make([]error, 0, 3)
+	for _, err := range []error{e.Last, e.FallbackErr, e.Ctx} {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	return out
+}
+
+// Outcome is what the host observed for one attempt, as the core's `report` takes it.
+type Outcome struct {
+	Kind OutcomeKind
+	Code int32
+	// Text is the raw Retry-After (http-status), the raw grpc-retry-pushback-ms
+	// (grpc-status), or the error class name (error-class).
+	Text string
+	// Overloaded marks a response carrying x-envoy-overloaded.
+	Overloaded bool
+}
+
+// OutcomeError is an error that says which outcome it stands for. Do reports
+// such an error's outcome as it is; see Classify for the others.
+type OutcomeError interface {
+	error
+	LeveeOutcome() Outcome
+}
+
+type outcomeError struct {
+	o   Outcome
+	err error
+}
+
+func (e *outcomeError) Error() string {
+	s := fmt.Sprintf("%s %d", e.o.Kind, e.o.Code)
+	if e.o.Kind == OutcomeErrorClass {
+		s = e.o.Text
+	}
+	if e.err != nil {
+		return s + ": " + e.err.Error()
+	}
+	return s
+}
+func (e *outcomeError) LeveeOutcome() Outcome { return e.o }
+func (e *outcomeError) Unwrap() error         { return e.err }
+
+// HTTPStatusError is an error for an HTTP response of this status, with its
+// raw Retry-After header ("" if absent).
+func HTTPStatusError(code int, retryAfter string) error {
+	return &outcomeError{o: Outcome{Kind: OutcomeHTTPStatus, Code: int32(code), Text: retryAfter}}
+}
+
+// GRPCStatusError is an error for a gRPC status, with the raw grpc-retry-pushback-ms ("" if absent).
+func GRPCStatusError(code int, pushback string) error {
+	return &outcomeError{o: Outcome{Kind: OutcomeGRPCStatus, Code: int32(code), Text: pushback}}
+}
+
+// ClassError names the class of err for the policy's classification.
+func ClassError(class string, err error) error {
+	return &outcomeError{o: Outcome{Kind: OutcomeErrorClass, Text: class}, err: err}
+}
