@@ -20,9 +20,9 @@ const here = dirname(fileURLToPath(import.meta.url));
 const pkg = resolve(here, '..');
 const repo = resolve(pkg, '../..');
 const wasmDir = process.env.LEVEE_WASM_DIR ? resolve(process.env.LEVEE_WASM_DIR) : join(repo, 'target/levee');
-const component = resolve(process.argv[2] ?? join(wasmDir, 'levee_policy.wasm'));
-const out = resolve(process.argv[3] ?? join(pkg, 'wasm'));
-const jco = resolve(process.argv[4] ?? join(pkg, 'node_modules/@bytecodealliance/jco/src/jco.js'));
+const component = resolve(process.argv[2] || join(wasmDir, 'levee_policy.wasm'));
+const out = resolve(process.argv[3] || join(pkg, 'wasm'));
+const jco = resolve(process.argv[4] || join(pkg, 'node_modules/@bytecodealliance/jco/src/jco.js'));
 
 if (!existsSync(component)) {
   console.error(`transpile: no component at ${component} (build it: cargo run -q --release -p levee-build -- target/levee)`);

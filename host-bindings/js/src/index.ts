@@ -1,6 +1,8 @@
 // levee for Node: `load` a policy document, then `run` calls under its policies or wrap `fetch`.
 
 import { readFile } from 'node:fs/promises';
+import { instantiate } from '../wasm/levee_policy.js';
+import type { Levee as ComponentExports } from '../wasm/levee_policy.js';
 import { Levee, defaultMeter } from './levee.js';
 import type { LoadOptions } from './levee.js';
 import { nodePlatform } from './platform-node.js';
@@ -20,6 +22,11 @@ export function loadSync(document: string, options: LoadOptions = {}): Levee {
   return new Levee(nodePlatform, document, options, options.meter ?? undefined);
 }
 
+/** A fresh instance of the policy component itself (low level: the raw `Engine` of the WIT). */
+export function instantiateComponent(): ComponentExports {
+  return instantiate(nodePlatform.getCoreModule, {});
+}
+
 /** Load a policy document from a file. */
 export async function loadFile(path: string | URL, options: LoadOptions = {}): Promise<Levee> {
   return load(await readFile(path, 'utf8'), options);
@@ -34,6 +41,7 @@ export type {
   LoadOptions,
   PolicyEntry,
   RunOptions,
+  TraceStep,
 } from './levee.js';
 export {
   GrpcStatusError,
@@ -45,7 +53,19 @@ export {
 } from './errors.js';
 export type { FailureReason, LeveeErrorDetails, Outcome } from './errors.js';
 export type { EngineFaultEvent, LeveeEvent, LeveeEventMap, LeveeEventName, Listener, MeterLike } from './events.js';
-export type { Analysis, BreakerState, CallInfo, Event, EventKind, LoadError, PolicyInfo, Reason } from './types.js';
+export type {
+  Analysis,
+  BreakerState,
+  CallInfo,
+  Engine,
+  Event,
+  EventKind,
+  LoadError,
+  OutcomeKind,
+  PolicyInfo,
+  Reason,
+} from './types.js';
+export type { ComponentExports };
 export { leveeFetch } from './fetch.js';
 export type { LeveeFetchOptions } from './fetch.js';
 export { decodeVerdict, encodeVerdict, REASONS } from './verdict.js';

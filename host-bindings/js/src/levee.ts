@@ -17,6 +17,8 @@ import { LeveeError, PolicyLoadError, outcomeOfError } from './errors.js';
 import type { FailureReason, Outcome } from './errors.js';
 import { Emitter, Metrics } from './events.js';
 import type { EngineFaultEvent, LeveeEvent, LeveeEventName, Listener, MeterLike } from './events.js';
+import { decodeVerdict } from './verdict.js';
+import type { Verdict } from './verdict.js';
 import {
   KIND_ATTEMPT,
   KIND_DONE,
@@ -102,6 +104,25 @@ export interface LoadOptions {
   checkpointIntervalMs?: number;
   /** jco's core instantiation hook (instrumentation, fault injection). */
   instantiateCore?: InstantiateCore;
+  /** Called after every step of every call with the core's verdict (debugging, demos). */
+  trace?: (step: TraceStep) => void;
+}
+
+/** One step of a call, as `LoadOptions.trace` sees it. */
+export interface TraceStep {
+  op: 'start' | 'acquire' | 'report' | 'report-fallback';
+  call: bigint;
+  /** The policy's name ("" for a held-back success sent by `flush`). */
+  policy: string;
+  /** Attempts started so far. */
+  attempts: number;
+  /** What was reported (for `report`). */
+  outcome?: Outcome;
+  /** Whether the fallback succeeded (for `report-fallback`). */
+  fallbackOk?: boolean;
+  /** The fallback's name (for a `fallback` verdict). */
+  fallback?: string;
+  verdict: Verdict;
 }
 
 /** What the host keeps of a policy after `load` (facts the core gave, never re-decided). */
@@ -276,12 +297,14 @@ export class Levee {
   #lastState: Uint8Array | undefined;
   #lastCheckpoint: bigint;
   readonly #checkpointNs: bigint;
+  readonly #trace: ((step: TraceStep) => void) | undefined;
 
   /** @internal Use `load` from `levee` (Node) or `levee/worker`. */
   constructor(platform: Platform, document: string, options: LoadOptions, meter: MeterLike | undefined) {
     this.#platform = platform;
     this.#document = document;
     this.#instantiateCore = options.instantiateCore;
+    this.#trace = options.trace;
     this.#seed = options.seed !== undefined ? BigInt.asUintN(64, BigInt(options.seed)) : platform.randomSeed();
     this.#checkpointNs = BigInt(Math.round((options.checkpointIntervalMs ?? 1000) * 1e6));
     this.#instantiateFresh();
@@ -420,9 +443,9 @@ export class Levee {
     return this.#engine;
   }
 
-  /** Fresh engines from the same component (the conformance runner uses them). */
-  newEngine(document: string, seed: bigint): Engine {
-    return this.#exports.engineApi.Engine.load(document, seed);
+  /** The instantiated component this host drives (its `Engine` class loads fresh engines). */
+  get component(): ComponentExports {
+    return this.#exports;
   }
 
   // ---------------------------------------------------------------- events
@@ -456,6 +479,9 @@ export class Levee {
     } catch (err) {
       this.#recover(err, 'flush', '');
       return;
+    }
+    if (this.#trace !== undefined) {
+      this.#trace({ op: 'report', call, policy: '', attempts: 0, outcome: { kind: 'success' }, verdict: decodeVerdict(v) });
     }
     if ((Number(v & 0x1fn) & 0x10) !== 0) this.#drain();
   }
@@ -587,6 +613,7 @@ export class Levee {
     }
 
     let attempts = 0;
+    if (this.#trace !== undefined) this.#traceStep('start', call, p, attempts, v, undefined, undefined);
     let lastError: unknown = undefined;
     let lastResult: unknown = undefined;
     let value: T | undefined = undefined;
@@ -665,6 +692,7 @@ export class Levee {
         try {
           if (this.#heldCall !== 0n) this.flush();
           v = this.#report(call, now, now - started, outcome);
+          if (this.#trace !== undefined) this.#traceStep('report', call, p, attempts, v, outcome, undefined);
         } catch (err) {
           this.#recover(err, 'report', p.name);
           throw new LeveeError('engine-fault', { policy: p.name, attempts, lastError, lastResult });
@@ -697,6 +725,7 @@ export class Levee {
         try {
           if (this.#heldCall !== 0n) this.flush();
           v = this.#engine.acquire(call, now);
+          if (this.#trace !== undefined) this.#traceStep('acquire', call, p, attempts, v, undefined, undefined);
         } catch (err) {
           this.#recover(err, 'acquire', p.name);
           return this.#single(p, fn, options, attempts, now, lastError, deadline);
@@ -732,6 +761,7 @@ export class Levee {
         try {
           if (this.#heldCall !== 0n) this.flush();
           v = this.#engine.reportFallback(call, now, ok);
+          if (this.#trace !== undefined) this.#traceStep('report-fallback', call, p, attempts, v, undefined, ok);
         } catch (err) {
           this.#recover(err, 'report-fallback', p.name);
           if (ok) return value as T;
@@ -781,6 +811,23 @@ export class Levee {
     }
     const wallSecs = BigInt(Math.floor(Date.now() / 1000));
     return this.#engine.report(call, now, elapsed, kind, code, text, wallSecs, flags);
+  }
+
+  #traceStep(
+    op: TraceStep['op'],
+    call: bigint,
+    p: PolicyEntry,
+    attempts: number,
+    v: bigint,
+    outcome: Outcome | undefined,
+    fallbackOk: boolean | undefined,
+  ): void {
+    const verdict = decodeVerdict(v);
+    const step: TraceStep = { op, call, policy: p.name, attempts, verdict };
+    if (outcome !== undefined) step.outcome = outcome;
+    if (fallbackOk !== undefined) step.fallbackOk = fallbackOk;
+    if (verdict.kind === 'fallback') step.fallback = p.fallbacks[verdict.payload] ?? '';
+    this.#trace?.(step);
   }
 
   #cancel(call: bigint, now: bigint, gen: number): void {

@@ -1,0 +1,86 @@
+// Per-call overhead of a function that succeeds first time, under retry + circuit breaker:
+// levee (this package: start crossing + held-back success), cockatiel (the equivalent policy), and a
+// bare await, measured in one run, in alternating rounds, reporting the median round.
+//
+//   node bench/overhead.mjs [--calls N] [--rounds R] [--json]
+
+import { performance } from 'node:perf_hooks';
+import { ConsecutiveBreaker, ExponentialBackoff, circuitBreaker, handleAll, retry, wrap } from 'cockatiel';
+import { loadSync } from '../dist/index.js';
+
+const args = process.argv.slice(2);
+const arg = (name, dflt) => {
+  const i = args.indexOf(name);
+  return i >= 0 ? Number(args[i + 1]) : dflt;
+};
+const CALLS = arg('--calls', 200_000);
+const ROUNDS = arg('--rounds', 7);
+
+// Three attempts with exponential backoff, a consecutive-failure breaker: the same in both libraries.
+const levee = loadSync(
+  `
+policies:
+  bench:
+    attempts: 3
+    backoff: { kind: exponential, base: 100ms, cap: 10s, jitter: full }
+    retry-on: ["error:*"]
+    breaker:
+      window: { kind: count, size: 5 }
+      minimum-calls: 5
+      failure-rate: 100
+      open-duration: 10s
+      failure-on: ["error:*"]
+`,
+  { seed: 1n, meter: null },
+);
+const policy = levee.policy('bench');
+const cockatiel = wrap(
+  retry(handleAll, { maxAttempts: 2, backoff: new ExponentialBackoff({ initialDelay: 100, maxDelay: 10_000 }) }),
+  circuitBreaker(handleAll, { halfOpenAfter: 10_000, breaker: new ConsecutiveBreaker(5) }),
+);
+
+const work = async () => 1;
+
+const cases = {
+  bare: async (n) => {
+    let s = 0;
+    for (let i = 0; i < n; i++) s += await work();
+    return s;
+  },
+  levee: async (n) => {
+    let s = 0;
+    for (let i = 0; i < n; i++) s += await levee.run(policy, work);
+    return s;
+  },
+  cockatiel: async (n) => {
+    let s = 0;
+    for (let i = 0; i < n; i++) s += await cockatiel.execute(work);
+    return s;
+  },
+};
+
+const results = Object.fromEntries(Object.keys(cases).map((k) => [k, []]));
+for (const fn of Object.values(cases)) await fn(20_000); // warm up
+for (let r = 0; r < ROUNDS; r++) {
+  for (const [name, fn] of Object.entries(cases)) {
+    const t0 = performance.now();
+    const s = await fn(CALLS);
+    const dt = performance.now() - t0;
+    if (s !== CALLS) throw new Error(`${name}: wrong sum ${s}`);
+    results[name].push((dt * 1e6) / CALLS);
+  }
+}
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const summary = Object.fromEntries(Object.entries(results).map(([k, v]) => [k, median(v)]));
+if (args.includes('--json')) {
+  console.log(JSON.stringify({ node: process.version, calls: CALLS, rounds: ROUNDS, ns_per_call: summary }));
+} else {
+  console.log(`node ${process.version}, ${CALLS} calls x ${ROUNDS} rounds, median ns per call`);
+  for (const [k, v] of Object.entries(summary)) {
+    const over = k === 'bare' ? '' : `  (overhead over bare: ${(v - summary.bare).toFixed(0)} ns)`;
+    console.log(`  ${k.padEnd(10)} ${v.toFixed(0).padStart(6)} ns${over}`);
+  }
+  const ok = summary.levee < summary.cockatiel;
+  console.log(ok ? 'levee is below cockatiel' : 'REGRESSION: levee is not below cockatiel');
+  if (args.includes('--check') && !ok) process.exit(1);
+}

@@ -1,0 +1,334 @@
+// The host API without I/O: run(), signals, errors, fallbacks, events, metrics, verdict decoding.
+
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import {
+  HttpStatusError,
+  LeveeError,
+  PolicyLoadError,
+  decodeVerdict,
+  encodeVerdict,
+  errorClassName,
+  load,
+  loadSync,
+  outcomeOfError,
+  sleep,
+  startFlags,
+} from '../dist/index.js';
+import { recordEvents } from './helpers.mjs';
+
+const DOC = `
+policies:
+  quick:
+    attempts: 3
+    backoff: { kind: constant, base: 1ms, jitter: none }
+    retry-on: [timeout, connection-error, "error:FlakyError", "http:503"]
+  timed:
+    attempts: 2
+    attempt-timeout: 50ms
+    backoff: { kind: constant, base: 1ms, jitter: none }
+  slow-retry:
+    attempts: 3
+    backoff: { kind: constant, base: 10s, jitter: none }
+    retry-on: ["error:*"]
+  chain:
+    attempts: 1
+    retry-on: ["error:*"]
+    fallbacks: [first, second]
+  single:
+    attempts: 1
+`;
+
+class FlakyError extends Error {}
+class FatalError extends Error {}
+
+describe('verdicts', () => {
+  test('decode and encode are inverse, exactly, for every field width', () => {
+    for (const [kind, detail, payload, pending] of [
+      [0, 1, 0, false],
+      [3, 0, 768, true],
+      [5, 12, 2 ** 48 - 1, true],
+      [6, 4, 0, false],
+      [1, 255, 123456789012, false],
+    ]) {
+      const v = encodeVerdict(kind, detail, payload, pending);
+      const d = decodeVerdict(v);
+      assert.deepEqual([d.kindCode, d.detail, d.payload, d.eventsPending], [kind, detail, payload, pending]);
+    }
+    assert.equal(decodeVerdict(50331651n).kind, 'retry');
+    assert.equal(decodeVerdict(50331651n).payload, 768);
+  });
+
+  test('start flags carry idempotency and the HTTP method', () => {
+    assert.equal(startFlags(undefined), 0);
+    assert.equal(startFlags({ idempotent: false }), 1);
+    assert.equal(startFlags({ idempotencyKey: true }), 2);
+    assert.equal(startFlags({ method: 'post' }), 3 << 8);
+    assert.equal(startFlags({ method: 'BREW' }), 15 << 8);
+  });
+});
+
+describe('outcomes of errors', () => {
+  test('classes, statuses and connection errors', () => {
+    assert.deepEqual(outcomeOfError(new FlakyError('x')), { kind: 'error-class', name: 'FlakyError' });
+    assert.deepEqual(outcomeOfError(new TypeError('x')), { kind: 'error-class', name: 'TypeError' });
+    assert.deepEqual(outcomeOfError(new HttpStatusError(503, { retryAfter: '2' })), {
+      kind: 'http-status',
+      status: 503,
+      retryAfter: '2',
+      overloaded: false,
+    });
+    const refused = new TypeError('fetch failed', { cause: Object.assign(new Error('x'), { code: 'ECONNREFUSED' }) });
+    assert.deepEqual(outcomeOfError(refused), { kind: 'connection-error' });
+    assert.deepEqual(outcomeOfError(Object.assign(new Error('x'), { code: 'UND_ERR_HEADERS_TIMEOUT' })), {
+      kind: 'timeout',
+    });
+    assert.equal(errorClassName(new DOMException('x', 'AbortError')), 'AbortError');
+    assert.equal(errorClassName('a string'), 'string');
+  });
+});
+
+describe('sleep', () => {
+  test('an aborted signal ends the sleep with its reason', async () => {
+    const c = new AbortController();
+    const p = sleep(10_000, c.signal);
+    c.abort(new Error('stop'));
+    await assert.rejects(p, /stop/);
+  });
+});
+
+describe('run', () => {
+  test('a call that succeeds first time returns its value, once', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    let calls = 0;
+    const value = await levee.run('quick', ({ attempt }) => {
+      calls++;
+      return `v${attempt}`;
+    });
+    assert.equal(value, 'v1');
+    assert.equal(calls, 1);
+  });
+
+  test('retryable error classes are retried, others are not', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    const events = recordEvents(levee);
+    const attempts = [];
+    const value = await levee.run('quick', async ({ attempt }) => {
+      attempts.push(attempt);
+      if (attempt < 3) throw new FlakyError('again');
+      return 'third';
+    });
+    assert.equal(value, 'third');
+    assert.deepEqual(attempts, [1, 2, 3]);
+    assert.equal(events.filter((e) => e.kind === 'retry-scheduled').length, 2);
+
+    await assert.rejects(
+      levee.run('quick', () => {
+        throw new FatalError('no');
+      }),
+      (err) => {
+        assert.ok(err instanceof LeveeError);
+        assert.equal(err.reason, 'non-retryable');
+        assert.equal(err.attempts, 1);
+        assert.ok(err.lastError instanceof FatalError);
+        assert.equal(err.cause, err.lastError);
+        return true;
+      },
+    );
+  });
+
+  test('retries run out: a typed error with the reason and the last error', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    let n = 0;
+    await assert.rejects(
+      levee.run('quick', () => {
+        throw new FlakyError(`failure ${++n}`);
+      }),
+      (err) => {
+        assert.equal(err.reason, 'retries-exhausted');
+        assert.equal(err.attempts, 3);
+        assert.equal(err.lastError.message, 'failure 3');
+        return true;
+      },
+    );
+  });
+
+  test('outcomeOf reports a returned value as an HTTP status', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    const values = [503, 200];
+    const value = await levee.run('quick', () => values.shift(), {
+      outcomeOf: (status) => ({ kind: 'http-status', status }),
+    });
+    assert.equal(value, 200);
+  });
+
+  test('the per-attempt timeout aborts the attempt signal, even if the attempt ignores it', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    const signals = [];
+    await assert.rejects(
+      levee.run('timed', ({ signal, timeoutMs }) => {
+        assert.equal(timeoutMs, 50);
+        signals.push(signal);
+        return new Promise(() => {});
+      }),
+      (err) => {
+        assert.equal(err.reason, 'retries-exhausted');
+        assert.equal(err.attempts, 2);
+        assert.equal(err.lastError.name, 'TimeoutError');
+        return true;
+      },
+    );
+    assert.equal(signals.length, 2);
+    assert.ok(signals.every((s) => s.aborted && s.reason.name === 'TimeoutError'));
+  });
+
+  test('the caller signal cancels a retry sleep', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    const controller = new AbortController();
+    const pending = levee.run(
+      'slow-retry',
+      () => {
+        setTimeout(() => controller.abort(new Error('shutdown')), 5);
+        throw new Error('fails');
+      },
+      { signal: controller.signal },
+    );
+    await assert.rejects(pending, (err) => {
+      assert.ok(err instanceof LeveeError);
+      assert.equal(err.reason, 'cancelled');
+      assert.equal(err.lastError.message, 'shutdown');
+      return true;
+    });
+  });
+
+  test('an already aborted signal starts nothing', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    let calls = 0;
+    await assert.rejects(
+      levee.run('quick', () => calls++, { signal: AbortSignal.abort() }),
+      (err) => err.reason === 'cancelled',
+    );
+    assert.equal(calls, 0);
+  });
+
+  test('fallbacks registered by name run in the chain order', async () => {
+    const levee = loadSync(DOC, { seed: 1n, fallbacks: { first: () => Promise.reject(new Error('first failed')) } });
+    levee.fallback('second', (ctx) => `second after ${ctx.lastError.message}`);
+    const events = recordEvents(levee);
+    const value = await levee.run('chain', () => {
+      throw new Error('primary');
+    });
+    assert.equal(value, 'second after first failed');
+    assert.deepEqual(
+      events.filter((e) => e.kind === 'fallback-chosen').map((e) => e.name),
+      ['first', 'second'],
+    );
+  });
+
+  test('every fallback fails: fallbacks-failed with the last error', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    await assert.rejects(
+      levee.run(
+        'chain',
+        () => {
+          throw new Error('primary');
+        },
+        { fallbacks: { first: () => { throw new Error('f1'); }, second: () => { throw new Error('f2'); } } },
+      ),
+      (err) => {
+        assert.equal(err.reason, 'fallbacks-failed');
+        assert.equal(err.lastError.message, 'f2');
+        return true;
+      },
+    );
+  });
+
+  test('an unknown policy name is refused before anything runs', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    await assert.rejects(levee.run('nope', () => 1), RangeError);
+  });
+
+  test('policies are listed as the core filled them in', () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    assert.deepEqual(
+      levee.policies.map((p) => p.name),
+      ['quick', 'timed', 'slow-retry', 'chain', 'single'],
+    );
+    const timed = levee.policy('timed');
+    assert.equal(timed.maxAttempts, 2);
+    assert.equal(timed.attemptTimeoutNs, 50_000_000);
+    assert.deepEqual(levee.policy('chain').fallbacks, ['first', 'second']);
+    assert.ok(JSON.parse(levee.policyJson('quick')));
+  });
+
+  test('a held-back success is settled on the next start with its events', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    for (let i = 0; i < 5; i++) assert.equal(await levee.run('single', () => i), i);
+    levee.flush();
+    const state = levee.exportState();
+    assert.ok(state.length > 0);
+    levee.importState(state);
+  });
+});
+
+describe('load', () => {
+  test('an invalid document names the field path', async () => {
+    await assert.rejects(load('policies:\n  p:\n    attempts: 0\n', { meter: null }), (err) => {
+      assert.ok(err instanceof PolicyLoadError);
+      assert.equal(err.errors[0].path, 'policies.p.attempts');
+      assert.match(err.message, /policies\.p\.attempts/);
+      return true;
+    });
+  });
+
+  test('reload keeps the engine and changes the policies; a bad reload changes nothing', () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    levee.reload('policies:\n  other:\n    attempts: 2\n');
+    assert.deepEqual(
+      levee.policies.map((p) => p.name),
+      ['other'],
+    );
+    assert.throws(() => levee.reload('policies:\n  other:\n    attempts: -1\n'), PolicyLoadError);
+    assert.deepEqual(
+      levee.policies.map((p) => p.name),
+      ['other'],
+    );
+  });
+});
+
+describe('metrics', () => {
+  function fakeMeter() {
+    const recorded = [];
+    const instrument = (name) => ({
+      add: (value, attributes) => recorded.push({ name, value, attributes }),
+      record: (value, attributes) => recorded.push({ name, value, attributes }),
+    });
+    return { recorded, meter: { createCounter: instrument, createHistogram: instrument } };
+  }
+
+  test('events become OpenTelemetry instruments', async () => {
+    const { recorded, meter } = fakeMeter();
+    const levee = loadSync(DOC, { seed: 1n, meter });
+    await levee.run('quick', ({ attempt }) => {
+      if (attempt === 1) throw new FlakyError('x');
+      return 1;
+    });
+    const retries = recorded.filter((r) => r.name === 'levee.retries');
+    assert.equal(retries.length, 1);
+    assert.deepEqual(retries[0].attributes, { policy: 'quick' });
+    assert.ok(recorded.some((r) => r.name === 'levee.retry.delay' && r.value === 1));
+  });
+
+  test('with @opentelemetry/api installed, load() uses its global meter', async () => {
+    const api = await import('@opentelemetry/api');
+    const { recorded, meter } = fakeMeter();
+    api.metrics.setGlobalMeterProvider({ getMeter: () => meter });
+    try {
+      const levee = await load(DOC, { seed: 1n });
+      await assert.rejects(levee.run('quick', () => Promise.reject(new FatalError('x'))));
+      assert.ok(recorded.some((r) => r.name === 'levee.calls.failed' && r.attributes.reason === 'non-retryable'));
+    } finally {
+      api.metrics.disable();
+    }
+  });
+});

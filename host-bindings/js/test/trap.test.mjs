@@ -1,0 +1,136 @@
+// Trap recovery (DESIGN.md, "Failure of the engine itself"): a trap in the component makes the host
+// re-instantiate it, restore the last exported state, let the current call run as a single attempt
+// without retries, and report the fault as an event. Traps are injected at the core-module boundary
+// through jco's instantiateCore hook, exactly where a real trap surfaces.
+
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { LeveeError, loadSync } from '../dist/index.js';
+
+const DOC = `
+policies:
+  guarded:
+    attempts: 3
+    backoff: { kind: constant, base: 1ms, jitter: none }
+    retry-on: ["error:*"]
+    breaker:
+      window: { kind: count, size: 2 }
+      minimum-calls: 2
+      failure-rate: 50
+      open-duration: 60s
+      failure-on: ["error:*"]
+  plain:
+    attempts: 3
+    backoff: { kind: constant, base: 1ms, jitter: none }
+    retry-on: ["error:*"]
+`;
+
+/** A jco instantiateCore hook that traps the next `times` calls of core exports whose name has `needle`. */
+function injector() {
+  const plan = { needle: '', times: 0, instances: 0 };
+  const hook = (module, imports) => {
+    const instance = new WebAssembly.Instance(module, imports);
+    plan.instances++;
+    const exports = {};
+    for (const [name, value] of Object.entries(instance.exports)) {
+      exports[name] =
+        typeof value === 'function'
+          ? (...args) => {
+              if (plan.times > 0 && plan.needle !== '' && name.includes(plan.needle)) {
+                plan.times--;
+                throw new WebAssembly.RuntimeError('unreachable (injected)');
+              }
+              return value(...args);
+            }
+          : value;
+    }
+    return { exports };
+  };
+  return { plan, hook };
+}
+
+test('a trap at start: fault event, the call runs once without retries, then all is normal', async () => {
+  const { plan, hook } = injector();
+  const levee = loadSync(DOC, { seed: 3n, instantiateCore: hook });
+  const faults = [];
+  levee.on('engine-fault', (e) => faults.push(e));
+  const before = plan.instances;
+  plan.needle = 'engine.start';
+  plan.times = 1;
+  let calls = 0;
+  await assert.rejects(
+    levee.run('plain', () => {
+      calls++;
+      throw new Error('boom');
+    }),
+    (err) => {
+      assert.ok(err instanceof LeveeError);
+      assert.equal(err.reason, 'engine-fault');
+      assert.equal(err.lastError.message, 'boom');
+      return true;
+    },
+  );
+  assert.equal(calls, 1, 'a single attempt, no retries');
+  assert.equal(faults.length, 1);
+  assert.equal(faults[0].phase, 'start');
+  assert.ok(faults[0].error instanceof WebAssembly.RuntimeError);
+  assert.ok(plan.instances > before, 're-instantiated');
+  // The next call is driven by the new instance, with retries again.
+  let n = 0;
+  const value = await levee.run('plain', () => {
+    if (++n < 3) throw new Error('again');
+    return 'ok';
+  });
+  assert.equal(value, 'ok');
+  assert.equal(n, 3);
+});
+
+test('a trap at start when the attempt succeeds: the caller gets the value', async () => {
+  const { plan, hook } = injector();
+  const levee = loadSync(DOC, { seed: 3n, instantiateCore: hook });
+  plan.needle = 'engine.start';
+  plan.times = 1;
+  assert.equal(await levee.run('plain', () => 42), 42);
+});
+
+test('a trap at report: the attempt already made was the single attempt', async () => {
+  const { plan, hook } = injector();
+  const levee = loadSync(DOC, { seed: 3n, instantiateCore: hook });
+  const faults = [];
+  levee.on('engine-fault', (e) => faults.push(e));
+  plan.needle = 'engine.report';
+  plan.times = 1;
+  let calls = 0;
+  await assert.rejects(
+    levee.run('plain', () => {
+      calls++;
+      throw new Error('first');
+    }),
+    (err) => err.reason === 'engine-fault' && err.lastError.message === 'first',
+  );
+  assert.equal(calls, 1);
+  assert.equal(faults[0].phase, 'report');
+});
+
+test('the state exported before the trap comes back: an open breaker stays open', async () => {
+  const { plan, hook } = injector();
+  const levee = loadSync(DOC, { seed: 3n, instantiateCore: hook });
+  const faults = [];
+  levee.on('engine-fault', (e) => faults.push(e));
+  for (let i = 0; i < 2; i++) {
+    await assert.rejects(
+      levee.run('guarded', () => {
+        throw new Error('down');
+      }),
+    );
+  }
+  assert.equal(levee.breakerState('guarded'), 'open');
+  plan.needle = 'engine.start';
+  plan.times = 1;
+  // The faulted call runs as one attempt (the core could not be asked).
+  assert.equal(await levee.run('guarded', () => 'probe'), 'probe');
+  assert.equal(faults.length, 1);
+  assert.equal(faults[0].restored, true);
+  assert.equal(levee.breakerState('guarded'), 'open', 'the breaker state survived the trap');
+  await assert.rejects(levee.run('guarded', () => 'x'), (err) => err.reason === 'breaker-open');
+});
