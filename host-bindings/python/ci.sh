@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# CI for the Python host: venv, install (pip install .[test]), mypy --strict, pytest (unit,
+# conformance, end-to-end on 127.0.0.1), and the benchmark in its short mode.
+# Expects the component built in $LEVEE_WASM_DIR (default <repo>/target/levee).
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$HERE"
+ROOT="$(git rev-parse --show-toplevel 2>/dev/null || (cd ../.. && pwd))"
+export LEVEE_WASM_DIR="${LEVEE_WASM_DIR:-$ROOT/target/levee}"
+if [ ! -f "$LEVEE_WASM_DIR/levee_policy.wasm" ]; then
+  echo "ci.sh: $LEVEE_WASM_DIR/levee_policy.wasm is missing; build it with:" >&2
+  echo "  cd $ROOT && cargo run -q --release -p levee-build -- target/levee" >&2
+  exit 1
+fi
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY="$HERE/.venv/bin/python"
+"$VPY" -m pip install -q --upgrade pip >/dev/null
+# a fresh wheel every time, so the component inside it is the one just built
+"$VPY" -m pip install -q --force-reinstall --no-deps . >/dev/null
+"$VPY" -m pip install -q ".[test]" >/dev/null
+rm -rf build src/*.egg-info
+
+echo "== mypy --strict"
+"$VPY" -m mypy --strict src/levee tests bench
+echo "== pytest"
+# run from a directory where `import levee` resolves to the installed wheel, not src/
+"$VPY" -m pytest -q -p no:cacheprovider tests
+echo "== benchmark (short)"
+"$VPY" bench/bench.py --quick

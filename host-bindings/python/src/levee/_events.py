@@ -1,0 +1,114 @@
+"""Events to `logging` (logger ``levee``), to user listeners, and to OpenTelemetry metrics when
+`opentelemetry-api` is installed (meter ``levee``; a no-op unless an SDK is configured)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .types import BreakerState, Event, EventKind
+
+logger = logging.getLogger("levee")
+
+Listener = Callable[[Event], None]
+
+_LEVELS = {
+    EventKind.RETRY_SCHEDULED: logging.DEBUG,
+    EventKind.RATE_LIMIT_WAIT: logging.DEBUG,
+    EventKind.KEY_EVICTED: logging.DEBUG,
+    EventKind.CALL_EVICTED: logging.DEBUG,
+    EventKind.PERMIT_EXPIRED: logging.DEBUG,
+    EventKind.GAVE_UP: logging.INFO,
+    EventKind.REJECTED: logging.INFO,
+    EventKind.BUDGET_REFUSED: logging.INFO,
+    EventKind.FALLBACK_CHOSEN: logging.INFO,
+    EventKind.BREAKER_TRANSITION: logging.INFO,
+    EventKind.ENGINE_FAULT: logging.ERROR,
+}
+
+
+def describe(ev: Event) -> str:
+    """One line for a log record."""
+    where = f"policy={ev.policy}" + (f" key={ev.key}" if ev.key else "") + (f" call={ev.call}" if ev.call else "")
+    k = ev.kind
+    if k is EventKind.RETRY_SCHEDULED:
+        return f"retry scheduled in {ev.duration / 1e6:.3f} ms after attempt {ev.attempt} ({where})"
+    if k is EventKind.GAVE_UP:
+        return f"gave up after attempt {ev.attempt}: {ev.reason.wit} ({where})"
+    if k is EventKind.REJECTED:
+        return f"attempt rejected: {ev.reason.wit}, retry after {ev.duration / 1e6:.3f} ms ({where})"
+    if k is EventKind.BUDGET_REFUSED:
+        return f"retry budget refused a retry, level {ev.value} ({where})"
+    if k is EventKind.BREAKER_TRANSITION:
+        return f"circuit breaker {ev.state_from.wit} -> {ev.state_to.wit} ({where})"
+    if k is EventKind.FALLBACK_CHOSEN:
+        return f"fallback {ev.name!r} chosen: {ev.reason.wit} ({where})"
+    if k is EventKind.RATE_LIMIT_WAIT:
+        return f"rate limiter asks to wait {ev.duration / 1e6:.3f} ms ({where})"
+    if k is EventKind.KEY_EVICTED:
+        return f"state of key {ev.name!r} evicted ({where})"
+    if k is EventKind.CALL_EVICTED:
+        return f"unfinished call evicted ({where})"
+    if k is EventKind.PERMIT_EXPIRED:
+        return f"half-open permit expired unreported ({where})"
+    return f"engine fault, component re-instantiated: {ev.name}"
+
+
+class _Otel:
+    """Lazily bound OpenTelemetry instruments (None when opentelemetry is not installed)."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.events: Any = None
+        self.delay: Any = None
+
+    def bind(self) -> None:
+        self.ready = True
+        try:
+            from opentelemetry import metrics
+        except ImportError:
+            return
+        meter = metrics.get_meter("levee")
+        self.events = meter.create_counter(
+            "levee.events", unit="{event}", description="Levee engine events by kind, policy and reason"
+        )
+        self.delay = meter.create_histogram(
+            "levee.retry.delay", unit="s", description="Delay before each scheduled retry"
+        )
+
+    def record(self, ev: Event) -> None:
+        if not self.ready:
+            self.bind()
+        if self.events is None:
+            return
+        attrs: dict[str, str] = {"levee.event": ev.kind.wit, "levee.policy": ev.policy, "levee.reason": ev.reason.wit}
+        if ev.kind is EventKind.BREAKER_TRANSITION:
+            attrs["levee.breaker.from"] = ev.state_from.wit
+            attrs["levee.breaker.to"] = ev.state_to.wit
+        elif ev.kind is EventKind.FALLBACK_CHOSEN:
+            attrs["levee.fallback"] = ev.name
+        self.events.add(1, attrs)
+        if ev.kind is EventKind.RETRY_SCHEDULED and self.delay is not None:
+            self.delay.record(ev.duration / 1e9, {"levee.policy": ev.policy})
+
+
+otel = _Otel()
+
+
+def dispatch(events: list[Event], listeners: list[Listener]) -> None:
+    for ev in events:
+        level = _LEVELS.get(ev.kind, logging.INFO)
+        if ev.kind is EventKind.BREAKER_TRANSITION and ev.state_to in (BreakerState.OPEN, BreakerState.FORCED_OPEN):
+            level = logging.WARNING
+        if logger.isEnabledFor(level):
+            logger.log(level, "%s", describe(ev), extra={"levee_event": ev})
+        try:
+            otel.record(ev)
+        except Exception:  # noqa: BLE001 - metrics must never break a call
+            logger.debug("levee: recording an OpenTelemetry metric failed", exc_info=True)
+        for listener in listeners:
+            try:
+                listener(ev)
+            except Exception:  # noqa: BLE001 - a listener must never break a call
+                logger.exception("levee: event listener %r failed", listener)

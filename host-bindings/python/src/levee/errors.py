@@ -1,0 +1,174 @@
+"""Typed exceptions. A call that the core ends with *fail* raises a `CallFailed` subclass chosen
+by the reason; it carries the reason, the attempts made, the last error (also `__cause__`) and
+the last result (say, the last HTTP response)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .types import LoadError, Reason
+
+__all__ = [
+    "BreakerOpen",
+    "BudgetExhausted",
+    "BulkheadFull",
+    "CallCancelled",
+    "CallFailed",
+    "DeadlineExceeded",
+    "FallbacksFailed",
+    "LeveeError",
+    "NonIdempotent",
+    "NotRetryable",
+    "PolicyError",
+    "ProtocolError",
+    "PushbackRefused",
+    "RateLimited",
+    "RetriesExhausted",
+    "RetryAfterTooLong",
+    "UnknownPolicy",
+]
+
+
+class LeveeError(Exception):
+    """Base of every Levee exception."""
+
+
+class PolicyError(LeveeError, ValueError):
+    """A policy document (or imported state) was refused; `errors` name each field path."""
+
+    def __init__(self, errors: list[LoadError]) -> None:
+        self.errors = list(errors)
+        lines = "\n".join(f"  {e}" for e in self.errors)
+        super().__init__(f"invalid policy document:\n{lines}" if lines else "invalid policy document")
+
+
+class UnknownPolicy(LeveeError, KeyError):
+    """No policy of that name in the engine's document."""
+
+    def __str__(self) -> str:
+        return f"no policy named {self.args[0]!r}"
+
+
+class ProtocolError(LeveeError):
+    """The engine answered `invalid` (a host bug, or an untrusted guest misbehaving)."""
+
+
+class CallFailed(LeveeError):
+    """The core ended the call with *fail*.
+
+    Attributes: `reason` (a `Reason`), `policy` (its name), `attempts` (attempts made),
+    `last_error` (the last attempt's exception, or `None`), `last_result` (the last attempt's
+    returned value, e.g. an HTTP response with status 503, or `None`), `retry_after` (seconds,
+    a hint from a breaker or limiter, or `None`).
+    """
+
+    def __init__(
+        self,
+        reason: Reason,
+        *,
+        policy: str,
+        attempts: int,
+        last_error: BaseException | None = None,
+        last_result: Any = None,
+        retry_after: float | None = None,
+    ) -> None:
+        self.reason = reason
+        self.policy = policy
+        self.attempts = attempts
+        self.last_error = last_error
+        self.last_result = last_result
+        self.retry_after = retry_after
+        detail = f"policy {policy!r} gave up ({reason.wit}) after {attempts} attempt(s)"
+        if last_error is not None:
+            detail += f"; last error: {type(last_error).__name__}: {last_error}"
+        elif last_result is not None:
+            detail += f"; last result: {last_result!r}"
+        if retry_after is not None:
+            detail += f"; retry after {retry_after:.3f}s"
+        super().__init__(detail)
+
+
+class RetriesExhausted(CallFailed):
+    """The last allowed attempt failed."""
+
+
+class DeadlineExceeded(CallFailed):
+    """The total deadline passed, or the next retry could not start before it."""
+
+
+class NotRetryable(CallFailed):
+    """The outcome is classified as never to be retried."""
+
+
+class BudgetExhausted(CallFailed):
+    """The retry budget refused the retry."""
+
+
+class BreakerOpen(CallFailed):
+    """The circuit breaker is open."""
+
+
+class RateLimited(CallFailed):
+    """The rate limiter has no token that fits the deadline and the policy's max wait."""
+
+
+class BulkheadFull(CallFailed):
+    """The concurrency limit is full."""
+
+
+class NonIdempotent(CallFailed):
+    """Retryable, but the operation is not idempotent and carries no idempotency key."""
+
+
+class RetryAfterTooLong(CallFailed):
+    """The server asked (Retry-After) for a wait above the policy's cap."""
+
+
+class PushbackRefused(CallFailed):
+    """gRPC pushback said do not retry."""
+
+
+class CallCancelled(CallFailed):
+    """The call was cancelled."""
+
+
+class FallbacksFailed(CallFailed):
+    """Every fallback of the chain failed."""
+
+
+_BY_REASON: dict[Reason, type[CallFailed]] = {
+    Reason.DEADLINE: DeadlineExceeded,
+    Reason.RETRIES_EXHAUSTED: RetriesExhausted,
+    Reason.NON_RETRYABLE: NotRetryable,
+    Reason.BUDGET: BudgetExhausted,
+    Reason.BREAKER_OPEN: BreakerOpen,
+    Reason.RATE_LIMITED: RateLimited,
+    Reason.BULKHEAD_FULL: BulkheadFull,
+    Reason.NON_IDEMPOTENT: NonIdempotent,
+    Reason.RETRY_AFTER_TOO_LONG: RetryAfterTooLong,
+    Reason.PUSHBACK: PushbackRefused,
+    Reason.CANCELLED: CallCancelled,
+    Reason.FALLBACKS_FAILED: FallbacksFailed,
+}
+
+
+def failure_for(
+    reason: Reason,
+    *,
+    policy: str,
+    attempts: int,
+    last_error: BaseException | None,
+    last_result: Any,
+    retry_after: float | None,
+) -> CallFailed:
+    cls = _BY_REASON.get(reason, CallFailed)
+    exc = cls(
+        reason,
+        policy=policy,
+        attempts=attempts,
+        last_error=last_error,
+        last_result=last_result,
+        retry_after=retry_after,
+    )
+    exc.__cause__ = last_error
+    return exc

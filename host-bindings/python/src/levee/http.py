@@ -1,0 +1,205 @@
+"""httpx transports that apply a policy to every request.
+
+```python
+engine = levee.load("policies.yaml")
+client = httpx.Client(transport=levee.http.LeveeTransport(engine, "api"))
+```
+
+Each request is one call: the key is the request's host (per-host breakers and limits), the
+HTTP method travels in the call's flags, a request carrying an `Idempotency-Key` header is
+marked as such. Every attempt is reported by its status and raw `Retry-After` header (or as
+a timeout or connection error); the core decides. The per-attempt timeout becomes the
+request's timeout.
+
+When the core gives up after a response (say the third 503, or a 400 it never retries),
+the transport returns that response: the client sees it as usual. When there is no response
+to return (a breaker open, a connection error on the last attempt) it raises the
+`CallFailed` subclass for the reason. A fallback registered on the engine receives a
+`FallbackContext` whose `args` is `(request,)` and must return an `httpx.Response`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from .engine import (
+    _ATTEMPT_DEADLINE,
+    _SLEEP,
+    ATTEMPT,
+    Engine,
+    Policy,
+    _AttemptResult,
+    _Call,
+    _monotonic_ns,
+    _protocol,
+    _run_fallback_async,
+    _run_fallback_sync,
+)
+from .errors import CallFailed
+from .outcomes import Outcome, outcome_for_exception, outcome_for_response
+
+__all__ = ["AsyncLeveeTransport", "LeveeTransport", "request_flags"]
+
+
+def request_flags(request: httpx.Request) -> int:
+    """`start` flags for a request: its method (bits 8-11) and an idempotency key (bit 1)."""
+    from .engine import method_flags
+
+    flags = method_flags(request.method)
+    if "idempotency-key" in request.headers:
+        flags |= 2
+    return flags
+
+
+def _with_timeout(request: httpx.Request, timeout_ns: int) -> None:
+    if not timeout_ns:
+        return
+    seconds = timeout_ns / 1e9
+    current = dict(request.extensions.get("timeout") or {})
+    for phase in ("connect", "read", "write", "pool"):
+        value = current.get(phase)
+        current[phase] = seconds if value is None else min(float(value), seconds)
+    request.extensions = {**request.extensions, "timeout": current}
+
+
+def _default_key(request: httpx.Request) -> str:
+    return request.url.host
+
+
+class _Base:
+    def __init__(self, engine: Engine, policy: str | Policy, key: Callable[[httpx.Request], str] | None) -> None:
+        self._policy = policy if isinstance(policy, Policy) else engine.policy(policy)
+        self._engine = self._policy.engine
+        self._key = key or _default_key
+
+    def _begin(self, request: httpx.Request) -> tuple[_Call, int]:
+        pol = self._policy
+        call, gen, v = self._engine._start(pol._slot, self._key(request), request_flags(request) | pol._flags)
+        return _Call(self._engine, pol._slot, call, gen, _monotonic_ns(), None, (request,), {}), v
+
+    @staticmethod
+    def _result(request: httpx.Request, response: httpx.Response | None, exc: BaseException | None,
+                start: int, timeout: int) -> _AttemptResult:  # fmt: skip
+        end = _monotonic_ns()
+        if exc is not None:
+            return _AttemptResult(outcome_for_exception(exc), None, exc, start, end)
+        assert response is not None
+        if timeout and end - start > timeout:
+            return _AttemptResult(Outcome.timeout(), response, None, start, end)
+        return _AttemptResult(outcome_for_response(response), response, None, start, end)
+
+
+class LeveeTransport(_Base, httpx.BaseTransport):
+    """A sync httpx transport applying `policy` to each request through `transport`."""
+
+    def __init__(self, engine: Engine, policy: str | Policy, *, transport: httpx.BaseTransport | None = None,
+                 key: Callable[[httpx.Request], str] | None = None) -> None:  # fmt: skip
+        super().__init__(engine, policy, key)
+        self._transport = transport or httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        st, v = self._begin(request)
+        proto = _protocol(st, v)
+        last: httpx.Response | None = None
+        try:
+            action = next(proto)
+            while True:
+                op = action[0]
+                if last is not None:
+                    last.close()
+                    last = None
+                if op == ATTEMPT:
+                    _with_timeout(request, action[2])
+                    start = _monotonic_ns()
+                    token = _ATTEMPT_DEADLINE.set(start + action[2]) if action[2] else None
+                    try:
+                        response = self._transport.handle_request(request)
+                        response.read()
+                        res = self._result(request, response, None, start, action[2])
+                    except Exception as e:  # noqa: BLE001 - reported to the core
+                        res = self._result(request, None, e, start, action[2])
+                    finally:
+                        if token is not None:
+                            _ATTEMPT_DEADLINE.reset(token)
+                    last = res.value
+                    action = proto.send(res)
+                elif op == _SLEEP:
+                    time.sleep(action[1] / 1e9)
+                    action = proto.send(None)
+                else:
+                    action = proto.send(_run_fallback_sync(st, action[1], action[2]))
+        except StopIteration as stop:
+            return _as_response(stop.value)
+        except CallFailed as failed:
+            if isinstance(failed.last_result, httpx.Response):
+                return failed.last_result
+            raise
+        finally:
+            proto.close()
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
+    """An asyncio httpx transport applying `policy` to each request through `transport`."""
+
+    def __init__(self, engine: Engine, policy: str | Policy, *, transport: httpx.AsyncBaseTransport | None = None,
+                 key: Callable[[httpx.Request], str] | None = None) -> None:  # fmt: skip
+        super().__init__(engine, policy, key)
+        self._transport = transport or httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        st, v = self._begin(request)
+        proto = _protocol(st, v)
+        last: httpx.Response | None = None
+        try:
+            action = next(proto)
+            while True:
+                op = action[0]
+                if last is not None:
+                    await last.aclose()
+                    last = None
+                if op == ATTEMPT:
+                    _with_timeout(request, action[2])
+                    start = _monotonic_ns()
+                    try:
+                        if action[2]:
+                            async with asyncio.timeout(action[2] / 1e9):
+                                response = await self._transport.handle_async_request(request)
+                                await response.aread()
+                        else:
+                            response = await self._transport.handle_async_request(request)
+                            await response.aread()
+                        res = self._result(request, response, None, start, action[2])
+                    except Exception as e:  # noqa: BLE001 - reported to the core
+                        res = self._result(request, None, e, start, action[2])
+                    last = res.value
+                    action = proto.send(res)
+                elif op == _SLEEP:
+                    await asyncio.sleep(action[1] / 1e9)
+                    action = proto.send(None)
+                else:
+                    action = proto.send(await _run_fallback_async(st, action[1], action[2]))
+        except StopIteration as stop:
+            return _as_response(stop.value)
+        except CallFailed as failed:
+            if isinstance(failed.last_result, httpx.Response):
+                return failed.last_result
+            raise
+        finally:
+            proto.close()
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+
+def _as_response(value: Any) -> httpx.Response:
+    if isinstance(value, httpx.Response):
+        return value
+    raise TypeError(f"a Levee fallback for an httpx transport must return an httpx.Response, got {type(value)!r}")

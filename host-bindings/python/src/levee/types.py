@@ -1,0 +1,220 @@
+"""Typed mirrors of the WIT types (`levee:policy/types@0.1.0`) and of packed verdicts."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple
+
+__all__ = [
+    "Analysis",
+    "BreakerState",
+    "CallInfo",
+    "Event",
+    "EventKind",
+    "LoadError",
+    "OutcomeKind",
+    "PolicyInfo",
+    "Reason",
+    "Verdict",
+    "VerdictKind",
+]
+
+
+class Reason(enum.IntEnum):
+    """Why the core refused an attempt, stopped retrying, or chose a fallback.
+
+    The numbering is the WIT's declaration order (it travels in packed verdicts).
+    """
+
+    NONE = 0
+    DEADLINE = 1
+    RETRIES_EXHAUSTED = 2
+    NON_RETRYABLE = 3
+    BUDGET = 4
+    BREAKER_OPEN = 5
+    RATE_LIMITED = 6
+    BULKHEAD_FULL = 7
+    NON_IDEMPOTENT = 8
+    RETRY_AFTER_TOO_LONG = 9
+    PUSHBACK = 10
+    CANCELLED = 11
+    FALLBACKS_FAILED = 12
+
+    @property
+    def wit(self) -> str:
+        """The WIT (kebab-case) name."""
+        return self.name.lower().replace("_", "-")
+
+    @classmethod
+    def from_wit(cls, name: str) -> Reason:
+        return cls[name.upper().replace("-", "_")]
+
+    @classmethod
+    def from_code(cls, code: int) -> Reason:
+        """Decode a reason byte from a verdict; unknown codes (an untrusted guest) read as NONE."""
+        try:
+            return cls(code)
+        except ValueError:
+            return cls.NONE
+
+
+class _WitEnum(enum.Enum):
+    """An enum whose values are the WIT kebab-case names."""
+
+    @property
+    def wit(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def from_wit(cls, name: str) -> _WitEnum:
+        return cls(name)
+
+
+class OutcomeKind(_WitEnum):
+    """What the host observed for one attempt."""
+
+    SUCCESS = "success"
+    TIMEOUT = "timeout"
+    CONNECTION_ERROR = "connection-error"
+    HTTP_STATUS = "http-status"
+    GRPC_STATUS = "grpc-status"
+    ERROR_CLASS = "error-class"
+
+
+class BreakerState(_WitEnum):
+    """Circuit breaker states."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half-open"
+    FORCED_OPEN = "forced-open"
+    FORCED_CLOSED = "forced-closed"
+    DISABLED = "disabled"
+
+
+class EventKind(_WitEnum):
+    """Kinds of event. All but `ENGINE_FAULT` come from the core; `ENGINE_FAULT` is the
+    host's report that the component trapped and was re-instantiated."""
+
+    RETRY_SCHEDULED = "retry-scheduled"
+    GAVE_UP = "gave-up"
+    REJECTED = "rejected"
+    BUDGET_REFUSED = "budget-refused"
+    BREAKER_TRANSITION = "breaker-transition"
+    FALLBACK_CHOSEN = "fallback-chosen"
+    RATE_LIMIT_WAIT = "rate-limit-wait"
+    KEY_EVICTED = "key-evicted"
+    CALL_EVICTED = "call-evicted"
+    PERMIT_EXPIRED = "permit-expired"
+    ENGINE_FAULT = "engine-fault"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One engine event. `policy` is the policy's name (`policy_index` its index).
+
+    Times (`at`) are on the host's monotonic clock in ns; `duration` is in ns.
+    For `ENGINE_FAULT`, `name` holds the error message.
+    """
+
+    at: int
+    kind: EventKind
+    policy: str
+    policy_index: int
+    key: str
+    call: int
+    attempt: int
+    reason: Reason
+    duration: int
+    state_from: BreakerState
+    state_to: BreakerState
+    name: str
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadError:
+    """An error in a policy document or in imported state: where (`path`) and why."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path or '<document>'}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyInfo:
+    """What the host needs to know of a policy (times in ns; 0 means none)."""
+
+    name: str
+    max_attempts: int
+    attempt_timeout: int
+    deadline: int
+    fallbacks: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """What the engine knows of a live call."""
+
+    policy: int
+    key: str
+    attempts: int
+    deadline: int
+    last_reason: Reason
+    in_flight: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """Worst cases of a policy (see `Engine.analyze`)."""
+
+    worst_attempts: int
+    worst_latency: int | None
+    amplification: float
+    amplification_with_budget: float
+
+
+class VerdictKind(enum.IntEnum):
+    """The kind nibble of a packed verdict."""
+
+    ATTEMPT = 0
+    WAIT = 1
+    DONE = 2
+    RETRY = 3
+    FALLBACK = 4
+    FAIL = 5
+    INVALID = 6
+
+    @property
+    def wit(self) -> str:
+        return self.name.lower()
+
+
+class Verdict(NamedTuple):
+    """A decoded packed verdict (layout in `wit/levee.wit`)."""
+
+    kind: VerdictKind | int
+    events_pending: bool
+    detail: int
+    payload: int
+
+    @classmethod
+    def unpack(cls, packed: int) -> Verdict:
+        k = packed & 0xF
+        kind: VerdictKind | int = VerdictKind(k) if k <= 6 else k
+        return cls(kind, bool(packed & 0x10), (packed >> 8) & 0xFF, packed >> 16)
+
+    def __str__(self) -> str:
+        kind = self.kind.wit if isinstance(self.kind, VerdictKind) else f"kind-{self.kind}"
+        if self.kind in (VerdictKind.WAIT, VerdictKind.RETRY, VerdictKind.FAIL):
+            return f"{kind}(reason={Reason.from_code(self.detail).wit}, ns={self.payload})"
+        if self.kind == VerdictKind.ATTEMPT:
+            return f"attempt(n={self.detail}, timeout_ns={self.payload})"
+        if self.kind == VerdictKind.FALLBACK:
+            return f"fallback(index={self.payload}, reason={Reason.from_code(self.detail).wit})"
+        if self.kind == VerdictKind.INVALID:
+            return f"invalid(code={self.detail})"
+        return kind

@@ -1,0 +1,554 @@
+"""API tests of the Python host, against the real component."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import levee
+from levee import (
+    BreakerState,
+    Event,
+    EventKind,
+    Outcome,
+    OutcomeKind,
+    Reason,
+    Verdict,
+    VerdictKind,
+)
+
+DOC = """
+policies:
+  fast:
+    attempts: 3
+    backoff: { kind: constant, base: 1ms, jitter: none }
+  one:
+    attempts: 1
+  timed:
+    attempts: 2
+    attempt-timeout: 50ms
+    backoff: { kind: constant, base: 1ms, jitter: none }
+  fallback:
+    attempts: 2
+    backoff: { kind: constant, base: 1ms, jitter: none }
+    fallbacks: [cached, stale]
+  breaker:
+    attempts: 1
+    breaker:
+      window: { kind: count, size: 4 }
+      minimum-calls: 4
+      failure-rate: 50
+      open-duration: 200ms
+      half-open-permits: 1
+  jitter:
+    attempts: 4
+    backoff: { kind: exponential, base: 1ms, cap: 4ms, jitter: full }
+"""
+
+
+@pytest.fixture
+def engine() -> levee.Engine:
+    return levee.Engine(DOC, seed=7)
+
+
+class Flaky:
+    """Raises the given exceptions in order, then returns `value`."""
+
+    def __init__(self, *errors: BaseException, value: Any = "ok") -> None:
+        self.errors = list(errors)
+        self.value = value
+        self.calls = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.value
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def test_load_from_string_path_and_file(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text(DOC)
+    for e in (levee.load(DOC), levee.load(f), levee.load(str(f)), levee.Engine.from_file(f)):
+        assert e.policies == ["fast", "one", "timed", "fallback", "breaker", "jitter"]
+        assert e.policy_info("timed").attempt_timeout == 50_000_000
+        assert e.policy_info("fallback").fallbacks == ("cached", "stale")
+
+
+def test_invalid_document_names_the_field() -> None:
+    with pytest.raises(levee.PolicyError) as info:
+        levee.load("policies:\n  p:\n    attempts: 0\n")
+    assert any(e.path == "policies.p.attempts" for e in info.value.errors), info.value.errors
+    assert "policies.p.attempts" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_unknown_policy(engine: levee.Engine) -> None:
+    with pytest.raises(levee.UnknownPolicy):
+        engine.policy("nope")
+
+
+def test_policy_json_and_analyze(engine: levee.Engine) -> None:
+    assert '"attempts"' in engine.policy_json("fast") or "3" in engine.policy_json("fast")
+    a = engine.analyze("fast", layers=2)
+    assert a.amplification == 9.0
+    assert a.worst_attempts == 3
+
+
+# ---------------------------------------------------------------------------- sync decorator
+
+
+def test_success_first_time(engine: levee.Engine) -> None:
+    f = Flaky(value=42)
+    wrapped = engine.policy("fast")(f)
+    assert wrapped() == 42
+    assert wrapped() == 42
+    assert f.calls == 2
+
+
+def test_retry_then_success(engine: levee.Engine) -> None:
+    f = Flaky(ConnectionError("a"), TimeoutError("b"), value="x")
+    assert engine.policy("fast").call(f) == "x"
+    assert f.calls == 3
+
+
+def test_retries_exhausted_carries_reason_and_last_error(engine: levee.Engine) -> None:
+    f = Flaky(ConnectionError("1"), ConnectionError("2"), ConnectionError("3"))
+    with pytest.raises(levee.RetriesExhausted) as info:
+        engine.policy("fast").call(f)
+    e = info.value
+    assert e.reason is Reason.RETRIES_EXHAUSTED
+    assert e.attempts == 3
+    assert isinstance(e.last_error, ConnectionError) and str(e.last_error) == "3"
+    assert e.__cause__ is e.last_error
+    assert isinstance(e, levee.CallFailed) and isinstance(e, levee.LeveeError)
+
+
+def test_non_retryable_error_class(engine: levee.Engine) -> None:
+    f = Flaky(ValueError("bad input"))
+    with pytest.raises(levee.NotRetryable) as info:
+        engine.policy("fast").call(f)
+    assert f.calls == 1
+    assert isinstance(info.value.last_error, ValueError)
+
+
+def test_keyboard_interrupt_is_not_swallowed(engine: levee.Engine) -> None:
+    f = Flaky(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        engine.policy("fast").call(f)
+    # the engine is still usable afterwards
+    assert engine.policy("fast").call(lambda: 1) == 1
+
+
+def test_sync_timeout_semantics(engine: levee.Engine) -> None:
+    """Sync attempts run to completion in the caller's thread; an attempt that overran its
+    timeout counts as a timeout (its result discarded); `attempt_timeout()` tells the time left."""
+    seen: list[float | None] = []
+    calls = 0
+
+    def slow_then_fast() -> str:
+        nonlocal calls
+        calls += 1
+        seen.append(levee.attempt_timeout())
+        if calls == 1:
+            time.sleep(0.08)
+        return f"result {calls}"
+
+    assert engine.policy("timed").call(slow_then_fast) == "result 2"
+    assert calls == 2
+    assert all(s is not None and 0 < s <= 0.05 for s in seen)
+    assert levee.attempt_timeout() is None
+
+
+def test_classify_override(engine: levee.Engine) -> None:
+    """A classifier can turn a returned value into a failure outcome."""
+    values = iter([{"status": "busy"}, {"status": "ok"}])
+
+    def classify(x: Any) -> Outcome | None:
+        if isinstance(x, dict) and x["status"] == "busy":
+            return Outcome.http(503)
+        return None
+
+    assert engine.policy("fast", classify=classify).call(lambda: next(values)) == {"status": "ok"}
+
+
+def test_key_function(engine: levee.Engine) -> None:
+    pol = engine.policy("breaker", key=lambda host: host)
+    for _ in range(4):
+        with pytest.raises(levee.CallFailed):
+            pol.call(Flaky(ConnectionError()), "a.example")
+    assert engine.breaker_state("breaker", "a.example") is BreakerState.OPEN
+    assert engine.breaker_state("breaker", "b.example") is BreakerState.CLOSED
+    assert pol.call(lambda host: host, "b.example") == "b.example"
+
+
+# ---------------------------------------------------------------------------- async
+
+
+async def test_async_decorator_and_retry(engine: levee.Engine) -> None:
+    attempts = 0
+
+    @engine.policy("fast")
+    async def fetch(x: int) -> int:
+        nonlocal attempts
+        attempts += 1
+        await asyncio.sleep(0)
+        if attempts < 2:
+            raise ConnectionError("refused")
+        return x * 2
+
+    assert await fetch(21) == 42
+    assert attempts == 2
+
+
+async def test_async_timeout_cancels_the_attempt(engine: levee.Engine) -> None:
+    cancelled = 0
+
+    async def hang() -> None:
+        nonlocal cancelled
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            cancelled += 1
+            raise
+
+    t0 = time.monotonic()
+    with pytest.raises(levee.CallFailed) as info:
+        await engine.policy("timed").acall(hang)
+    assert time.monotonic() - t0 < 1.0
+    assert cancelled == 2
+    assert isinstance(info.value.last_error, TimeoutError)
+
+
+async def test_task_cancellation_releases_the_call(engine: levee.Engine) -> None:
+    started = asyncio.Event()
+
+    async def wait_forever() -> None:
+        started.set()
+        await asyncio.sleep(10)
+
+    task = asyncio.create_task(engine.policy("one").acall(wait_forever))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await engine.policy("one").acall(asyncio.sleep, 0, "after") == "after"
+
+
+async def test_levee_call_sync_and_async(engine: levee.Engine) -> None:
+    pol = engine.policy("fast")
+    assert levee.call(pol, lambda a, b: a + b, 1, 2) == 3
+
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    assert await levee.call(pol, add, 2, 3) == 5
+
+
+# ---------------------------------------------------------------------------- attempts()
+
+
+def test_attempts_context_manager(engine: levee.Engine) -> None:
+    f = Flaky(ConnectionError(), value="done")
+    numbers = []
+    retrying = engine.policy("fast").attempts()
+    for attempt in retrying:
+        with attempt:
+            numbers.append(attempt.number)
+            attempt.result = f()
+    assert numbers == [1, 2]
+    assert retrying.result == "done"
+
+
+def test_attempts_gives_up_with_typed_error(engine: levee.Engine) -> None:
+    with pytest.raises(levee.NotRetryable):
+        for attempt in engine.policy("fast").attempts():
+            with attempt:
+                raise ValueError("no")
+
+
+async def test_async_attempts(engine: levee.Engine) -> None:
+    f = Flaky(TimeoutError(), value=9)
+    retrying = engine.policy("fast").attempts_async()
+    async for attempt in retrying:
+        async with attempt:
+            attempt.result = f()
+    assert retrying.result == 9
+
+
+async def test_async_attempts_timeout(engine: levee.Engine) -> None:
+    n = 0
+    retrying = engine.policy("timed").attempts_async()
+    async for attempt in retrying:
+        async with attempt:
+            n += 1
+            if n == 1:
+                await asyncio.sleep(5)
+            attempt.result = "second"
+    assert retrying.result == "second"
+
+
+# ---------------------------------------------------------------------------- fallbacks and events
+
+
+def test_fallback_used_and_reported(engine: levee.Engine) -> None:
+    events: list[Event] = []
+    engine.add_listener(events.append)
+    contexts: list[levee.FallbackContext] = []
+
+    @engine.fallback("cached")
+    def cached(ctx: levee.FallbackContext) -> str:
+        contexts.append(ctx)
+        return f"cached for {ctx.args[0]}"
+
+    f = Flaky(ConnectionError(), ConnectionError())
+    assert engine.policy("fallback").call(f, "k1") == "cached for k1"
+    assert contexts[0].fallback == "cached"
+    assert isinstance(contexts[0].error, ConnectionError)
+    chosen = [e for e in events if e.kind is EventKind.FALLBACK_CHOSEN]
+    assert chosen and chosen[0].name == "cached" and chosen[0].policy == "fallback"
+
+
+def test_fallback_chain_and_failure(engine: levee.Engine) -> None:
+    def broken(ctx: levee.FallbackContext) -> str:
+        raise RuntimeError("cache down")
+
+    engine.register_fallback("cached", broken)
+    engine.register_fallback("stale", lambda ctx: "stale value")
+    assert engine.policy("fallback").call(Flaky(ConnectionError(), ConnectionError())) == "stale value"
+    engine.register_fallback("stale", broken)
+    with pytest.raises(levee.FallbacksFailed):
+        engine.policy("fallback").call(Flaky(ConnectionError(), ConnectionError()))
+
+
+async def test_async_fallback(engine: levee.Engine) -> None:
+    async def cached(ctx: levee.FallbackContext) -> str:
+        await asyncio.sleep(0)
+        return "async cached"
+
+    engine.register_fallback("cached", cached)
+
+    async def fail() -> str:
+        raise ConnectionError()
+
+    assert await engine.policy("fallback").acall(fail) == "async cached"
+
+
+def test_events_go_to_logging(engine: levee.Engine, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="levee")
+    engine.policy("fast").call(Flaky(ConnectionError()))
+    assert any("retry scheduled" in r.getMessage() for r in caplog.records)
+    ev = next(r for r in caplog.records if "retry scheduled" in r.getMessage()).__dict__["levee_event"]
+    assert ev.kind is EventKind.RETRY_SCHEDULED and ev.attempt == 1
+
+
+def test_events_go_to_opentelemetry(engine: levee.Engine) -> None:
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    engine.policy("fast").call(Flaky(ConnectionError()))
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "levee.events"
+        for p in m.data.data_points  # type: ignore[union-attr]
+    ]
+    assert any(p.attributes.get("levee.event") == "retry-scheduled" and p.value >= 1 for p in points), points
+
+
+def test_seeded_jitter_is_deterministic() -> None:
+    def delays(seed: int) -> list[int]:
+        e = levee.Engine(DOC, seed=seed)
+        got: list[Event] = []
+        e.add_listener(got.append)
+        with pytest.raises(levee.RetriesExhausted):
+            e.policy("jitter").call(Flaky(*(ConnectionError() for _ in range(4))))
+        return [ev.duration for ev in got if ev.kind is EventKind.RETRY_SCHEDULED]
+
+    a, b = delays(99), delays(99)
+    assert len(a) == 3 and a == b
+    assert all(0 <= d <= 4_000_000 for d in a)
+
+
+# ---------------------------------------------------------------------------- breaker, state, reload
+
+
+def test_breaker_trip_and_recovery(engine: levee.Engine) -> None:
+    pol = engine.policy("breaker")
+    for _ in range(4):
+        with pytest.raises(levee.RetriesExhausted):
+            pol.call(Flaky(ConnectionError()))
+    assert engine.breaker_state("breaker") is BreakerState.OPEN
+    f = Flaky(value="x")
+    with pytest.raises(levee.BreakerOpen) as info:
+        pol.call(f)
+    assert f.calls == 0
+    assert info.value.retry_after is None or info.value.retry_after <= 0.2
+    time.sleep(0.25)
+    assert engine.breaker_state("breaker") is BreakerState.HALF_OPEN
+    assert pol.call(f) == "x"
+    engine.flush()
+    assert engine.breaker_state("breaker") is BreakerState.CLOSED
+
+
+def test_forced_breaker_and_state_export(engine: levee.Engine) -> None:
+    engine.set_breaker_state("breaker", BreakerState.FORCED_OPEN)
+    with pytest.raises(levee.BreakerOpen):
+        engine.policy("breaker").call(lambda: 1)
+    state = engine.export_state()
+    other = levee.Engine(DOC, seed=1)
+    other.import_state(state)
+    assert other.breaker_state("breaker") is BreakerState.FORCED_OPEN
+    with pytest.raises(levee.PolicyError):
+        other.import_state(b"not a state")
+
+
+def test_reload_keeps_engine_on_error(engine: levee.Engine) -> None:
+    with pytest.raises(levee.PolicyError):
+        engine.reload("policies:\n  fast:\n    attempts: -1\n")
+    assert engine.policy("fast").call(lambda: 5) == 5
+    engine.reload("policies:\n  fast:\n    attempts: 1\n")
+    assert engine.policies == ["fast"]
+    with pytest.raises(levee.RetriesExhausted):
+        engine.policy("fast").call(Flaky(ConnectionError(), value=1))
+
+
+# ---------------------------------------------------------------------------- concurrency
+
+
+def test_many_threads_share_one_engine(engine: levee.Engine) -> None:
+    pol = engine.policy("fast")
+    errors: list[BaseException] = []
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        try:
+            for j in range(300):
+                if j % 10 == 0:
+                    v = pol.call(Flaky(ConnectionError(), value=i * 1000 + j))
+                else:
+                    v = pol.call(lambda: i * 1000 + j)
+                with lock:
+                    results.append(v)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert sorted(results) == sorted(i * 1000 + j for i in range(8) for j in range(300))
+
+
+async def test_many_tasks_share_one_engine(engine: levee.Engine) -> None:
+    pol = engine.policy("fast")
+
+    async def one(i: int) -> int:
+        async def body() -> int:
+            await asyncio.sleep(0.001)
+            if i % 7 == 0 and body.__dict__.setdefault("failed", 0) == 0:
+                body.__dict__["failed"] = 1
+                raise ConnectionError()
+            return i
+
+        return await pol.acall(body)
+
+    got = await asyncio.gather(*(one(i) for i in range(300)))
+    assert got == list(range(300))
+
+
+# ---------------------------------------------------------------------------- trap recovery
+
+
+def test_trap_recovery_restores_state_and_runs_once(engine: levee.Engine) -> None:
+    events: list[Event] = []
+    engine.add_listener(events.append)
+    engine.set_breaker_state("breaker", BreakerState.FORCED_OPEN)
+    engine._snapshot_due = 0
+    engine.policy("fast").call(lambda: None)  # a success: takes a snapshot
+    assert engine._snapshot is not None
+
+    # Starve the guest of fuel: its next crossing traps (a real trap in the component).
+    engine._core.store.set_fuel(0)
+    engine._core._hot_left = 10**9
+    f = Flaky(ConnectionError("down"), value="never")
+    with pytest.raises(ConnectionError):  # one unguarded attempt, no retries
+        engine.policy("breaker").call(f)
+    assert f.calls == 1
+    faults = [e for e in events if e.kind is EventKind.ENGINE_FAULT]
+    assert len(faults) == 1 and "state restored" in faults[0].name
+    assert engine.faults == 1
+    # the new instance has the restored state: the forced-open breaker still rejects
+    with pytest.raises(levee.BreakerOpen):
+        engine.policy("breaker").call(lambda: 1)
+    assert engine.policy("fast").call(lambda: 2) == 2
+
+
+def test_trap_mid_call_keeps_the_attempt_outcome(engine: levee.Engine) -> None:
+    calls = 0
+
+    def fn() -> str:
+        nonlocal calls
+        calls += 1
+        engine._core.store.set_fuel(0)  # the report of this attempt will trap
+        engine._core._hot_left = 10**9
+        raise ConnectionError("x")
+
+    with pytest.raises(ConnectionError):
+        engine.policy("fast").call(fn)
+    assert calls == 1
+    assert engine.policy("fast").call(lambda: "fine") == "fine"
+
+
+# ---------------------------------------------------------------------------- small pieces
+
+
+def test_verdict_unpack() -> None:
+    v = Verdict.unpack((768 << 16) | (2 << 8) | 0x10 | 3)
+    assert v.kind is VerdictKind.RETRY and v.events_pending and v.detail == 2 and v.payload == 768
+    assert "retry" in str(v)
+
+
+def test_outcome_mapping() -> None:
+    import httpx
+    import requests
+
+    assert levee.outcome_for_exception(TimeoutError()).kind is OutcomeKind.TIMEOUT
+    assert levee.outcome_for_exception(ConnectionRefusedError()).kind is OutcomeKind.CONNECTION_ERROR
+    assert levee.outcome_for_exception(httpx.ConnectError("x")).kind is OutcomeKind.CONNECTION_ERROR
+    assert levee.outcome_for_exception(httpx.ReadTimeout("x")).kind is OutcomeKind.TIMEOUT
+    assert levee.outcome_for_exception(requests.ConnectionError()).kind is OutcomeKind.CONNECTION_ERROR
+    assert levee.outcome_for_exception(requests.ReadTimeout()).kind is OutcomeKind.TIMEOUT
+    assert levee.outcome_for_exception(KeyError("k")) == Outcome.error("KeyError")
+
+    resp = httpx.Response(429, headers={"Retry-After": "7"})
+    assert levee.outcome_for_result(resp) == Outcome.http(429, "7")
+    req = httpx.Request("GET", "http://x")
+    err = httpx.HTTPStatusError("x", request=req, response=httpx.Response(503, request=req))
+    assert levee.outcome_for_exception(err) == Outcome.http(503)
+    r = requests.Response()
+    r.status_code = 503
+    r.headers["Retry-After"] = "Wed, 21 Oct 2015 07:28:00 GMT"
+    r.headers["x-envoy-overloaded"] = "true"
+    assert levee.outcome_for_result(r) == Outcome.http(503, "Wed, 21 Oct 2015 07:28:00 GMT", overloaded=True)
+    assert levee.outcome_for_exception(requests.HTTPError(response=r)).code == 503
+    assert levee.outcome_for_result({"a": 1}) is None

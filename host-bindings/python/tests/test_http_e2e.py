@@ -1,0 +1,201 @@
+"""End-to-end: real HTTP servers on 127.0.0.1, httpx (sync and async transports) and requests."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+
+import httpx
+import pytest
+import requests
+
+import levee
+from levee import BreakerState, Event, EventKind
+from levee.http import AsyncLeveeTransport, LeveeTransport
+
+from .conftest import Reply, Server
+
+DOC = """
+policies:
+  http:
+    attempts: 3
+    backoff: { kind: constant, base: 10ms, jitter: none }
+  timed:
+    attempts: 3
+    attempt-timeout: 200ms
+    backoff: { kind: constant, base: 10ms, jitter: none }
+  breaker:
+    attempts: 1
+    breaker:
+      window: { kind: count, size: 4 }
+      minimum-calls: 4
+      failure-rate: 50
+      open-duration: 300ms
+      half-open-permits: 1
+  fallback:
+    attempts: 2
+    backoff: { kind: constant, base: 10ms, jitter: none }
+    fallbacks: [{ name: cached, on: [retries-exhausted, breaker-open] }]
+"""
+
+
+@pytest.fixture
+def engine() -> levee.Engine:
+    return levee.Engine(DOC, seed=3)
+
+
+def test_503_then_200_httpx(engine: levee.Engine, server: Server) -> None:
+    server.script("/a", Reply(503), Reply(200, body=b"hello"))
+    with httpx.Client(transport=LeveeTransport(engine, "http")) as client:
+        r = client.get(server.url("/a"))
+    assert r.status_code == 200 and r.text == "hello"
+    assert len(server.hits("/a")) == 2
+
+
+def test_503_then_200_requests_decorator(engine: levee.Engine, server: Server) -> None:
+    server.script("/b", Reply(503), Reply(503), Reply(200, body=b"fine"))
+
+    @engine.policy("http", method="GET")
+    def get() -> requests.Response:
+        return requests.get(server.url("/b"), timeout=5)
+
+    r = get()
+    assert r.status_code == 200 and r.text == "fine"
+    assert len(server.hits("/b")) == 3
+
+
+def test_429_retry_after_seconds(engine: levee.Engine, server: Server) -> None:
+    server.script("/c", Reply(429, {"Retry-After": "1"}), Reply(200))
+    with httpx.Client(transport=LeveeTransport(engine, "http")) as client:
+        assert client.get(server.url("/c")).status_code == 200
+    hits = server.hits("/c")
+    assert len(hits) == 2
+    assert 0.9 <= hits[1].at - hits[0].at < 3.0
+
+
+def test_429_retry_after_http_date(engine: levee.Engine, server: Server) -> None:
+    def reply() -> Reply:
+        when = email.utils.formatdate(time.time() + 2, usegmt=True)
+        return Reply(429, {"Retry-After": when})
+
+    server.script("/d", reply, Reply(200))
+    with httpx.Client(transport=LeveeTransport(engine, "http")) as client:
+        assert client.get(server.url("/d")).status_code == 200
+    hits = server.hits("/d")
+    assert len(hits) == 2
+    # the date has a resolution of one second: between 1 and 2 s from now
+    assert 0.9 <= hits[1].at - hits[0].at < 3.5
+
+
+def test_400_not_retried(engine: levee.Engine, server: Server) -> None:
+    server.script("/e", Reply(400))
+    with httpx.Client(transport=LeveeTransport(engine, "http")) as client:
+        assert client.get(server.url("/e")).status_code == 400
+    assert len(server.hits("/e")) == 1
+
+    @engine.policy("http")
+    def get() -> requests.Response:
+        r = requests.get(server.url("/e"), timeout=5)
+        r.raise_for_status()
+        return r
+
+    with pytest.raises(levee.NotRetryable) as info:
+        get()
+    assert isinstance(info.value.last_error, requests.HTTPError)
+    assert len(server.hits("/e")) == 2
+
+
+def test_connection_refused_is_retried_then_typed(engine: levee.Engine, server: Server) -> None:
+    url = server.url("/x")
+    server.close()
+    with httpx.Client(transport=LeveeTransport(engine, "http")) as client:
+        with pytest.raises(levee.RetriesExhausted) as info:
+            client.get(url)
+    assert info.value.attempts == 3
+    assert isinstance(info.value.last_error, httpx.ConnectError)
+
+
+def test_per_attempt_timeout_sync(engine: levee.Engine, server: Server) -> None:
+    server.script("/slow", Reply(200, delay=1.0, body=b"late"), Reply(200, body=b"quick"))
+    t0 = time.monotonic()
+    with httpx.Client(transport=LeveeTransport(engine, "timed")) as client:
+        r = client.get(server.url("/slow"))
+    assert r.text == "quick"
+    assert time.monotonic() - t0 < 0.9
+    assert len(server.hits("/slow")) == 2
+
+
+async def test_per_attempt_timeout_async(engine: levee.Engine, server: Server) -> None:
+    server.script("/aslow", Reply(200, delay=1.0, body=b"late"), Reply(503), Reply(200, body=b"quick"))
+    t0 = time.monotonic()
+    async with httpx.AsyncClient(transport=AsyncLeveeTransport(engine, "timed")) as client:
+        r = await client.get(server.url("/aslow"))
+    assert r.text == "quick"
+    assert time.monotonic() - t0 < 0.9
+    assert len(server.hits("/aslow")) == 3
+
+
+async def test_async_decorator_timeout_requests_style(engine: levee.Engine, server: Server) -> None:
+    server.script("/adec", Reply(200, delay=1.0), Reply(200, body=b"second"))
+
+    @engine.policy("timed")
+    async def get() -> httpx.Response:
+        async with httpx.AsyncClient() as c:
+            return await c.get(server.url("/adec"))
+
+    t0 = time.monotonic()
+    r = await get()
+    assert r.text == "second" and time.monotonic() - t0 < 0.9
+
+
+def test_breaker_trip_and_recovery_through_half_open(engine: levee.Engine, server: Server) -> None:
+    events: list[Event] = []
+    engine.add_listener(events.append)
+    server.script("/f", Reply(500))
+    host = "127.0.0.1"
+    with httpx.Client(transport=LeveeTransport(engine, "breaker")) as client:
+        for _ in range(4):
+            assert client.get(server.url("/f")).status_code == 500
+        assert engine.breaker_state("breaker", host) is BreakerState.OPEN
+        with pytest.raises(levee.BreakerOpen):
+            client.get(server.url("/f"))
+        assert len(server.hits("/f")) == 4  # rejected without a request
+        time.sleep(0.35)
+        assert engine.breaker_state("breaker", host) is BreakerState.HALF_OPEN
+        server.script("/f", Reply(200, body=b"back"))
+        assert client.get(server.url("/f")).text == "back"
+    engine.flush()
+    assert engine.breaker_state("breaker", host) is BreakerState.CLOSED
+    transitions = [(e.state_from, e.state_to) for e in events if e.kind is EventKind.BREAKER_TRANSITION]
+    assert (BreakerState.CLOSED, BreakerState.OPEN) in transitions
+    assert (BreakerState.HALF_OPEN, BreakerState.CLOSED) in transitions
+
+
+def test_fallback_used_and_reported(engine: levee.Engine, server: Server) -> None:
+    events: list[Event] = []
+    engine.add_listener(events.append)
+    server.script("/g", Reply(503))
+
+    @engine.fallback("cached")
+    def cached(ctx: levee.FallbackContext) -> httpx.Response:
+        request = ctx.args[0]
+        assert isinstance(request, httpx.Request)
+        return httpx.Response(200, text="from cache", request=request)
+
+    with httpx.Client(transport=LeveeTransport(engine, "fallback")) as client:
+        r = client.get(server.url("/g"))
+    assert r.text == "from cache"
+    assert len(server.hits("/g")) == 2
+    chosen = [e for e in events if e.kind is EventKind.FALLBACK_CHOSEN]
+    assert len(chosen) == 1 and chosen[0].name == "cached" and chosen[0].reason is levee.Reason.RETRIES_EXHAUSTED
+
+
+def test_fallback_with_decorator_and_requests(engine: levee.Engine, server: Server) -> None:
+    server.script("/h", Reply(503))
+    engine.register_fallback("cached", lambda ctx: {"cached": True, "status": ctx.result.status_code})
+
+    @engine.policy("fallback")
+    def get() -> object:
+        return requests.get(server.url("/h"), timeout=5)
+
+    assert get() == {"cached": True, "status": 503}
