@@ -419,6 +419,10 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 	if ferr != nil {
 		return singleAttempt()
 	}
+	tr := e.o.trace
+	if tr != nil {
+		tr(Step{Op: "start", Call: call, Now: start, Verdict: v})
+	}
 	for {
 		if v.EventsPending() || e.eventsPending.Load() {
 			e.drainEmit()
@@ -450,6 +454,9 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: attempts, Last: aerr, Ctx: cerr}
 			}
 			if o.Kind == OutcomeSuccess {
+				if tr != nil {
+					tr(Step{Op: "hold-success", Call: call, Now: t1, Outcome: o})
+				}
 				e.holdSuccess(call, t1, t1-t0, gen)
 				return nil, false, nil
 			}
@@ -463,6 +470,9 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 				wall = uint64(time.Now().Unix())
 			}
 			v, ferr = e.Report(call, t1, t1-t0, o.Kind, o.Code, o.Text, wall, flags)
+			if tr != nil && ferr == nil {
+				tr(Step{Op: "report", Call: call, Now: t1, Outcome: o, Verdict: v})
+			}
 		case VerdictWait, VerdictRetry:
 			d := v.Payload()
 			now = e.Now()
@@ -485,6 +495,9 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 			}
 			now = e.Now()
 			v, ferr = e.Acquire(call, now)
+			if tr != nil && ferr == nil {
+				tr(Step{Op: "acquire", Call: call, Now: now, Verdict: v})
+			}
 		case VerdictDone:
 			return fbVal, fbUsed, nil
 		case VerdictFallback:
@@ -508,6 +521,9 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 			}
 			now = e.Now()
 			v, ferr = e.ReportFallback(call, now, ok)
+			if tr != nil && ferr == nil {
+				tr(Step{Op: "report-fallback", Call: call, Now: now, Verdict: v})
+			}
 		case VerdictFail:
 			return nil, false, &Error{Policy: p.name, Reason: v.Reason(), Attempts: attempts,
 				RetryAfter: time.Duration(v.Payload()), Last: lastErr, FallbackErr: fbErr}

@@ -53,6 +53,7 @@ type options struct {
 	logger        *slog.Logger
 	fallbacks     map[string]Fallback
 	noTermination bool
+	trace         func(Step)
 }
 
 // Option configures Load.
@@ -79,6 +80,18 @@ func WithSnapshotInterval(d time.Duration) Option { return func(o *options) { o.
 func WithListener(l Listener) Option {
 	return func(o *options) { o.listeners = append(o.listeners, l) }
 }
+
+// Step is one exchange of the step protocol, as WithTrace sees it.
+type Step struct {
+	Op      string // start, acquire, report, report-fallback, hold-success, cancel
+	Call    uint64
+	Now     uint64
+	Outcome Outcome // for report
+	Verdict Verdict // the core's answer (0 for hold-success and cancel)
+}
+
+// WithTrace calls f after every step of Do and the Transport (for demos and debugging).
+func WithTrace(f func(Step)) Option { return func(o *options) { o.trace = f } }
 
 // WithLogger logs every event to l (at Info; faults, rejections and give-ups at Warn).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }

@@ -153,8 +153,8 @@ type Event struct {
 
 // LoadError is an error in a policy document or in imported state.
 type LoadError struct {
-	Path    string
-	Message string
+	Path    string `json:"path"`
+	Message string `json:"message"`
 }
 
 func (e LoadError) Error() string {

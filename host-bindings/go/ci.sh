@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# CI of the Go host: copies the core module in, then gofmt, go vet, go test -race
+# (unit, conformance, end-to-end) and a short benchmark run.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/../.." && pwd))"
+wasm_dir="${LEVEE_WASM_DIR:-$root/target/levee}"
+case "$wasm_dir" in /*) ;; *) wasm_dir="$root/$wasm_dir" ;; esac
+if [ ! -f "$wasm_dir/levee_policy_core.wasm" ]; then
+  echo "ci.sh: $wasm_dir/levee_policy_core.wasm is missing; build it with: cargo run -q --release -p levee-build -- target/levee" >&2
+  exit 1
+fi
+cp "$wasm_dir/levee_policy_core.wasm" "$here/levee_policy_core.wasm"
+cd "$here"
+export LEVEE_VECTORS_DIR="${LEVEE_VECTORS_DIR:-$root/conformance/vectors}"
+go mod download
+unformatted="$(gofmt -l .)"
+if [ -n "$unformatted" ]; then
+  echo "ci.sh: gofmt -l reports:" >&2
+  echo "$unformatted" >&2
+  exit 1
+fi
+go vet ./...
+go vet -tags levee_noembed ./...
+go test -race -count=1 ./...
+cd bench
+go mod download
+go vet ./...
+go test -run '^$' -bench . -benchtime 20000x -count 1 ./...

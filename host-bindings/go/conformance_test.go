@@ -1,0 +1,331 @@
+package levee
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// conformanceSkips lists vectors this host skips, with the reason. None today.
+var conformanceSkips = map[string]string{}
+
+func vectorsDir() string {
+	if d := os.Getenv("LEVEE_VECTORS_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join("..", "..", "conformance", "vectors")
+}
+
+type vector struct {
+	Name       string            `json:"name"`
+	Document   string            `json:"document"`
+	Seed       json.Number       `json:"seed"`
+	LoadErrors []LoadError       `json:"load_errors"`
+	Steps      []json.RawMessage `json:"steps"`
+}
+
+func decodeUseNumber(b []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	return d.Decode(v)
+}
+
+// norm makes decoded JSON comparable: numbers compare by value, exactly.
+func norm(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		s := string(x)
+		if u, err := strconv.ParseUint(s, 10, 64); err == nil {
+			return "i:" + strconv.FormatUint(u, 10)
+		}
+		if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+			return "i:" + strconv.FormatInt(i, 10)
+		}
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return "bad:" + s
+		}
+		return normFloat(f)
+	case float64:
+		return normFloat(x)
+	case map[string]any:
+		out := map[string]any{}
+		for k, e := range x {
+			out[k] = norm(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = norm(e)
+		}
+		return out
+	}
+	return v
+}
+
+func normFloat(f float64) string {
+	if f == math.Trunc(f) && math.Abs(f) < 1<<63 {
+		return "i:" + strconv.FormatInt(int64(f), 10)
+	}
+	return "f:" + strconv.FormatFloat(f, 'g', -1, 64)
+}
+
+func toJSONish(v any) any {
+	b, _ := json.Marshal(v)
+	var out any
+	_ = decodeUseNumber(b, &out)
+	return norm(out)
+}
+
+func eventJSON(ev Event) map[string]any {
+	return map[string]any{"at": ev.At, "kind": ev.Kind.String(), "policy": ev.Policy, "key": ev.Key,
+		"call": ev.Call, "attempt": ev.Attempt, "reason": ev.Reason.String(), "duration": ev.Duration,
+		"state_from": ev.StateFrom.String(), "state_to": ev.StateTo.String(), "name": ev.Name, "value": ev.Value}
+}
+
+type stepArgs struct {
+	Op            string          `json:"op"`
+	Call          uint64          `json:"call"`
+	Policy        string          `json:"policy"`
+	Key           string          `json:"key"`
+	Flags         uint32          `json:"flags"`
+	Now           uint64          `json:"now"`
+	SettleCall    uint64          `json:"settle_call"`
+	SettleAt      uint64          `json:"settle_at"`
+	SettleElapsed uint64          `json:"settle_elapsed"`
+	Elapsed       uint64          `json:"elapsed"`
+	Kind          string          `json:"kind"`
+	Code          int32           `json:"code"`
+	Text          string          `json:"text"`
+	WallSecs      uint64          `json:"wall_secs"`
+	Ok            bool            `json:"ok"`
+	State         string          `json:"state"`
+	Layers        uint32          `json:"layers"`
+	Document      string          `json:"document"`
+	BytesHex      string          `json:"bytes_hex"`
+	Expect        json.RawMessage `json:"expect"`
+}
+
+func runVector(t *testing.T, path string) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vec vector
+	if err := decodeUseNumber(raw, &vec); err != nil {
+		t.Fatalf("parse: %v", err)
+	}
+	seed, err := strconv.ParseUint(string(vec.Seed), 10, 64)
+	if err != nil {
+		t.Fatalf("seed %q: %v", vec.Seed, err)
+	}
+	ctx := context.Background()
+	load := func() (*Engine, error) { return Load(ctx, vec.Document, WithSeed(seed), WithSnapshotInterval(0)) }
+	e, err := load()
+	if vec.LoadErrors != nil {
+		lerrs, ok := err.(LoadErrors)
+		if !ok {
+			t.Fatalf("load: want errors %v, got %v", vec.LoadErrors, err)
+		}
+		if !reflect.DeepEqual([]LoadError(lerrs), vec.LoadErrors) {
+			t.Fatalf("load errors:\n got %#v\nwant %#v", []LoadError(lerrs), vec.LoadErrors)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	defer func() { _ = e.Close(ctx) }()
+	policy := func(name string) uint32 {
+		i, ok, err := e.PolicyIndex(name)
+		if err != nil {
+			t.Fatalf("policy-index: %v", err)
+		}
+		if !ok {
+			return math.MaxUint32
+		}
+		return i
+	}
+	for n, rawStep := range vec.Steps {
+		var s stepArgs
+		if err := decodeUseNumber(rawStep, &s); err != nil {
+			t.Fatalf("step %d: %v", n, err)
+		}
+		var got any
+		var err error
+		switch s.Op {
+		case "start":
+			var v Verdict
+			v, err = e.Start(s.Call, policy(s.Policy), s.Key, s.Flags, s.Now, s.SettleCall, s.SettleAt, s.SettleElapsed)
+			got = verdictJSON(v)
+		case "acquire":
+			var v Verdict
+			v, err = e.Acquire(s.Call, s.Now)
+			got = verdictJSON(v)
+		case "report":
+			k, ok := ParseOutcomeKind(s.Kind)
+			if !ok {
+				t.Fatalf("step %d: outcome kind %q", n, s.Kind)
+			}
+			var v Verdict
+			v, err = e.Report(s.Call, s.Now, s.Elapsed, k, s.Code, s.Text, s.WallSecs, s.Flags)
+			got = verdictJSON(v)
+		case "report_fallback":
+			var v Verdict
+			v, err = e.ReportFallback(s.Call, s.Now, s.Ok)
+			got = verdictJSON(v)
+		case "cancel":
+			err = e.Cancel(s.Call, s.Now)
+		case "drain_events":
+			var evs []Event
+			evs, err = e.DrainEvents()
+			l := make([]any, len(evs))
+			for i, ev := range evs {
+				l[i] = eventJSON(ev)
+			}
+			got = l
+		case "breaker_state":
+			var st BreakerState
+			var ok bool
+			st, ok, err = e.BreakerState(policy(s.Policy), s.Key, s.Now)
+			if ok {
+				got = st.String()
+			}
+		case "set_breaker_state":
+			st, ok := ParseBreakerState(s.State)
+			if !ok {
+				t.Fatalf("step %d: state %q", n, s.State)
+			}
+			var msg string
+			msg, ok, err = e.SetBreakerState(policy(s.Policy), s.Key, st, s.Now)
+			if ok {
+				got = map[string]any{"ok": nil}
+			} else {
+				got = map[string]any{"err": msg}
+			}
+		case "call_info":
+			var ci CallInfo
+			var ok bool
+			ci, ok, err = e.CallInfo(s.Call)
+			if ok {
+				got = map[string]any{"policy": ci.Policy, "key": ci.Key, "attempts": ci.Attempts,
+					"deadline": ci.Deadline, "last_reason": ci.LastReason.String(), "in_flight": ci.InFlight}
+			}
+		case "policy_info":
+			var pi PolicyInfo
+			var ok bool
+			pi, ok, err = e.PolicyInfo(policy(s.Policy))
+			if ok {
+				fb := pi.Fallbacks
+				if fb == nil {
+					fb = []string{}
+				}
+				got = map[string]any{"name": pi.Name, "max_attempts": pi.MaxAttempts,
+					"attempt_timeout": pi.AttemptTimeout, "deadline": pi.Deadline, "fallbacks": fb}
+			}
+		case "analyze":
+			var a Analysis
+			var ok bool
+			a, ok, err = e.Analyze(policy(s.Policy), s.Layers)
+			if ok {
+				got = map[string]any{"worst_attempts": a.WorstAttempts, "worst_latency": a.WorstLatency,
+					"amplification": a.Amplification, "amplification_with_budget": a.AmplificationWithBudget}
+			}
+		case "export_import":
+			var st []byte
+			if st, err = e.ExportState(); err != nil {
+				break
+			}
+			_ = e.Close(ctx)
+			if e, err = load(); err != nil {
+				t.Fatalf("step %d: reload fresh engine: %v", n, err)
+			}
+			if err = e.ImportState(st); err != nil {
+				t.Fatalf("step %d: import-state: %v", n, err)
+			}
+		case "reload":
+			err = e.Reload(s.Document)
+			if lerrs, ok := err.(LoadErrors); ok {
+				got, err = map[string]any{"err": []LoadError(lerrs)}, nil
+			} else if err == nil {
+				got = map[string]any{"ok": nil}
+			}
+		case "import_state":
+			b, herr := hex.DecodeString(s.BytesHex)
+			if herr != nil {
+				t.Fatalf("step %d: bytes_hex: %v", n, herr)
+			}
+			err = e.ImportState(b)
+			if le, ok := err.(*LoadError); ok {
+				got, err = map[string]any{"err": *le}, nil
+			} else if err == nil {
+				got = map[string]any{"ok": nil}
+			}
+		default:
+			t.Fatalf("step %d: unknown op %q", n, s.Op)
+		}
+		if err != nil {
+			t.Fatalf("step %d (%s): %v", n, s.Op, err)
+		}
+		if s.Op == "cancel" || s.Op == "export_import" {
+			continue
+		}
+		var want any
+		if err := decodeUseNumber(s.Expect, &want); err != nil {
+			t.Fatalf("step %d: expect: %v", n, err)
+		}
+		if s.Op == "start" || s.Op == "acquire" || s.Op == "report" || s.Op == "report_fallback" {
+			// compare the packed verdict (the other fields are its decoding)
+			wm, _ := want.(map[string]any)
+			gm := got.(map[string]any)
+			if norm(wm["verdict"]) != norm(json.Number(strconv.FormatUint(gm["verdict"].(uint64), 10))) {
+				t.Fatalf("step %d (%s): verdict\n got %v\nwant %s", n, s.Op, gm, s.Expect)
+			}
+			continue
+		}
+		if g, w := toJSONish(got), norm(want); !reflect.DeepEqual(g, w) {
+			gb, _ := json.Marshal(got)
+			t.Fatalf("step %d (%s):\n got %s\nwant %s", n, s.Op, gb, s.Expect)
+		}
+	}
+}
+
+func verdictJSON(v Verdict) map[string]any {
+	return map[string]any{"verdict": uint64(v), "kind": v.Kind().String(), "detail": v.Detail(),
+		"payload": v.Payload(), "events_pending": v.EventsPending()}
+}
+
+func TestConformance(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join(vectorsDir(), "*.json"))
+	sort.Strings(files)
+	if len(files) == 0 {
+		t.Fatalf("no conformance vectors in %s", vectorsDir())
+	}
+	ran := 0
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".json")
+		if name == "schema" {
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			if why, ok := conformanceSkips[name]; ok {
+				t.Skip(why)
+			}
+			runVector(t, f)
+		})
+		ran++
+	}
+	t.Logf("%d vectors", ran)
+	_ = fmt.Sprint
+}

@@ -1,0 +1,330 @@
+package levee
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+const doDoc = `
+policies:
+  fast:
+    attempts: 3
+    attempt-timeout: 50ms
+    backoff: { kind: exponential, base: 1ms, multiplier: 2, cap: 4ms, jitter: full }
+  slow-backoff:
+    attempts: 3
+    backoff: { kind: constant, base: 10s, cap: 10s, jitter: none }
+  classes:
+    attempts: 4
+    backoff: { kind: constant, base: 1ms, cap: 1ms, jitter: none }
+    retry-on: ["error:flaky"]
+  with-fallback:
+    attempts: 2
+    backoff: { kind: constant, base: 1ms, cap: 1ms, jitter: none }
+    fallbacks: [cached]
+`
+
+type recorder struct {
+	mu  sync.Mutex
+	evs []Event
+}
+
+func (r *recorder) listen(ev Event) { r.mu.Lock(); r.evs = append(r.evs, ev); r.mu.Unlock() }
+
+func (r *recorder) count(k EventKind) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, ev := range r.evs {
+		if ev.Kind == k {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *recorder) find(k EventKind) (Event, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ev := range r.evs {
+		if ev.Kind == k {
+			return ev, true
+		}
+	}
+	return Event{}, false
+}
+
+func mustLoad(t testing.TB, doc string, opts ...Option) *Engine {
+	t.Helper()
+	e, err := Load(context.Background(), doc, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	return e
+}
+
+func mustPolicy(t testing.TB, e *Engine, name string) *Policy {
+	t.Helper()
+	p, err := e.Policy(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type flaky struct{}
+
+func (flaky) Error() string      { return "flaky" }
+func (flaky) ErrorClass() string { return "flaky" }
+
+var connErr = &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+
+func TestLoadErrorsNamePaths(t *testing.T) {
+	_, err := Load(context.Background(), "policies:\n  p:\n    attempts: 0\n")
+	var lerrs LoadErrors
+	if !errors.As(err, &lerrs) || len(lerrs) == 0 || lerrs[0].Path != "policies.p.attempts" {
+		t.Fatalf("got %v", err)
+	}
+	e := mustLoad(t, doDoc)
+	if _, err := e.Policy("nope"); err == nil {
+		t.Fatal("unknown policy accepted")
+	}
+	info := mustPolicy(t, e, "fast").Info()
+	if info.MaxAttempts != 3 || info.AttemptTimeout != uint64(50*time.Millisecond) {
+		t.Fatalf("info %+v", info)
+	}
+}
+
+func TestDoSuccessAndRetry(t *testing.T) {
+	rec := &recorder{}
+	e := mustLoad(t, doDoc, WithSeed(7), WithListener(rec.listen))
+	p := mustPolicy(t, e, "fast")
+	if err := Do(context.Background(), p, func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	err := p.Do(context.Background(), func(context.Context) error {
+		n++
+		if n < 3 {
+			return connErr
+		}
+		return nil
+	})
+	if err != nil || n != 3 {
+		t.Fatalf("err %v after %d attempts", err, n)
+	}
+	if got := rec.count(EventRetryScheduled); got != 2 {
+		t.Fatalf("%d retry-scheduled events, want 2: %+v", got, rec.evs)
+	}
+}
+
+func TestDoErrors(t *testing.T) {
+	e := mustLoad(t, doDoc)
+	p := mustPolicy(t, e, "fast")
+	mine := errors.New("bad input")
+	n := 0
+	err := Do(context.Background(), p, func(context.Context) error { n++; return mine })
+	var le *Error
+	if !errors.Is(err, ErrNonRetryable) || !errors.Is(err, mine) || !errors.As(err, &le) || n != 1 {
+		t.Fatalf("err %v (n=%d)", err, n)
+	}
+	if le.Reason != ReasonNonRetryable || le.Attempts != 1 || le.Last != mine {
+		t.Fatalf("%+v", le)
+	}
+	n = 0
+	err = Do(context.Background(), p, func(context.Context) error { n++; return connErr })
+	if !errors.Is(err, ErrRetriesExhausted) || n != 3 {
+		t.Fatalf("err %v (n=%d)", err, n)
+	}
+	var ne *net.OpError
+	if !errors.As(err, &ne) {
+		t.Fatalf("last error lost: %v", err)
+	}
+	// error classes named by ErrorClass()
+	n = 0
+	err = Do(context.Background(), mustPolicy(t, e, "classes"), func(context.Context) error {
+		n++
+		if n < 3 {
+			return fmt.Errorf("wrapped: %w", flaky{})
+		}
+		return nil
+	})
+	if err != nil || n != 3 {
+		t.Fatalf("classes: %v (n=%d)", err, n)
+	}
+}
+
+func TestDoPerAttemptTimeout(t *testing.T) {
+	e := mustLoad(t, doDoc)
+	n := 0
+	err := Do(context.Background(), mustPolicy(t, e, "fast"), func(ctx context.Context) error {
+		n++
+		if n == 1 {
+			<-ctx.Done() // the attempt's deadline
+			return ctx.Err()
+		}
+		if _, ok := ctx.Deadline(); !ok {
+			return errors.New("attempt without a deadline")
+		}
+		return nil
+	})
+	if err != nil || n != 2 {
+		t.Fatalf("err %v (n=%d)", err, n)
+	}
+}
+
+func TestDoSleepStopsOnCancel(t *testing.T) {
+	e := mustLoad(t, doDoc)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(30 * time.Millisecond); cancel() }()
+	start := time.Now()
+	err := Do(ctx, mustPolicy(t, e, "slow-backoff"), func(context.Context) error { return connErr })
+	if !errors.Is(err, ErrCancelled) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatalf("the 10 s sleep did not stop on cancel")
+	}
+}
+
+func TestDoValueAndFallbacks(t *testing.T) {
+	rec := &recorder{}
+	e := mustLoad(t, doDoc, WithListener(rec.listen))
+	v, err := DoValue(context.Background(), mustPolicy(t, e, "fast"), func(context.Context) (int, error) { return 42, nil })
+	if err != nil || v != 42 {
+		t.Fatalf("%v %v", v, err)
+	}
+	fb := mustPolicy(t, e, "with-fallback")
+	// no fallback registered: the chain fails
+	_, err = DoValue(context.Background(), fb, func(context.Context) (string, error) { return "", connErr })
+	if !errors.Is(err, ErrFallbacksFailed) {
+		t.Fatalf("err %v", err)
+	}
+	// a per-call fallback
+	s, err := DoValue(context.Background(), fb, func(context.Context) (string, error) { return "", connErr },
+		WithCallFallback("cached", func(_ context.Context, cause error) (any, error) {
+			if !errors.Is(cause, connErr) {
+				return nil, errors.New("cause lost")
+			}
+			return "from cache", nil
+		}))
+	if err != nil || s != "from cache" {
+		t.Fatalf("%q %v", s, err)
+	}
+	ev, ok := rec.find(EventFallbackChosen)
+	if !ok || ev.Name != "cached" {
+		t.Fatalf("fallback-chosen not reported: %+v", rec.evs)
+	}
+	// an engine-wide fallback
+	e.RegisterFallback("cached", func(context.Context, error) (any, error) { return "engine", nil })
+	s, err = DoValue(context.Background(), fb, func(context.Context) (string, error) { return "", connErr })
+	if err != nil || s != "engine" {
+		t.Fatalf("%q %v", s, err)
+	}
+}
+
+func TestConcurrentCallsShareOneEngine(t *testing.T) {
+	e := mustLoad(t, doDoc)
+	p := mustPolicy(t, e, "classes")
+	var wg sync.WaitGroup
+	var ok, failed atomic.Int64
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 150; i++ {
+				n := 0
+				err := Do(context.Background(), p, func(context.Context) error {
+					n++
+					switch {
+					case (g+i)%3 == 0 && n < 2:
+						return flaky{}
+					case (g+i)%7 == 0:
+						return errors.New("hard")
+					}
+					return nil
+				}, WithKey(fmt.Sprintf("k%d", g%3)))
+				if err == nil {
+					ok.Add(1)
+				} else if errors.Is(err, ErrNonRetryable) {
+					failed.Add(1)
+				} else {
+					t.Errorf("unexpected %v", err)
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	if ok.Load()+failed.Load() != 8*150 || failed.Load() == 0 {
+		t.Fatalf("ok %d failed %d", ok.Load(), failed.Load())
+	}
+	if err := e.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTrapRecovery(t *testing.T) {
+	rec := &recorder{}
+	const doc = `
+policies:
+  b:
+    attempts: 1
+    breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 60s }
+`
+	e := mustLoad(t, doc, WithListener(rec.listen), WithSnapshotInterval(0))
+	p := mustPolicy(t, e, "b")
+	for i := 0; i < 2; i++ {
+		_ = Do(context.Background(), p, func(context.Context) error { return connErr })
+	}
+	if err := Do(context.Background(), p, func(context.Context) error { return nil }); !errors.Is(err, ErrBreakerOpen) {
+		t.Fatalf("breaker not open: %v", err)
+	}
+	if _, err := e.ExportState(); err != nil { // the snapshot restored after the trap
+		t.Fatal(err)
+	}
+	// The guest dies under the engine (as after a trap).
+	e.mu.Lock()
+	_ = e.in.mod.Close(context.Background())
+	e.mu.Unlock()
+	ran := 0
+	err := Do(context.Background(), p, func(context.Context) error { ran++; return nil })
+	if err != nil || ran != 1 {
+		t.Fatalf("the call did not proceed as a single attempt: %v (ran %d)", err, ran)
+	}
+	if ev, ok := rec.find(EventEngineFault); !ok || !errors.Is(ev.Err, ErrEngineFault) {
+		t.Fatalf("no engine-fault event: %+v", rec.evs)
+	}
+	// the state came back: the breaker is still open
+	if err := Do(context.Background(), p, func(context.Context) error { return nil }); !errors.Is(err, ErrBreakerOpen) {
+		t.Fatalf("breaker state lost: %v", err)
+	}
+}
+
+func TestGuestCallBound(t *testing.T) {
+	// A bound so small that the call cannot finish: the guest call is aborted,
+	// the engine re-instantiated, and the call still runs once.
+	rec := &recorder{}
+	e := mustLoad(t, doDoc, WithListener(rec.listen))
+	p := mustPolicy(t, e, "fast")
+	e.mu.Lock()
+	e.o.callLimit = time.Nanosecond
+	e.mu.Unlock()
+	ran := 0
+	_ = Do(context.Background(), p, func(context.Context) error { ran++; return nil })
+	if ran != 1 {
+		t.Fatalf("ran %d", ran)
+	}
+	e.mu.Lock()
+	e.o.callLimit = time.Second
+	e.mu.Unlock()
+	if err := Do(context.Background(), p, func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+}

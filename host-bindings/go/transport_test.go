@@ -1,0 +1,296 @@
+package levee
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+const httpDoc = `
+policies:
+  http:
+    attempts: 3
+    attempt-timeout: 100ms
+    deadline: 10s
+    backoff: { kind: exponential, base: 5ms, multiplier: 2, cap: 20ms, jitter: full }
+  breaker:
+    attempts: 1
+    breaker:
+      window: { kind: count, size: 4 }
+      minimum-calls: 4
+      failure-rate: 50
+      open-duration: 150ms
+      half-open-permits: 1
+  fallback:
+    attempts: 2
+    backoff: { kind: constant, base: 5ms, cap: 5ms, jitter: none }
+    fallbacks: [stale]
+`
+
+// script is an httptest handler that answers from a list of responses, then 200.
+type script struct {
+	mu     sync.Mutex
+	steps  []func(w http.ResponseWriter, r *http.Request)
+	hits   atomic.Int64
+	bodies []string
+}
+
+func (s *script) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := int(s.hits.Add(1)) - 1
+	b, _ := io.ReadAll(r.Body)
+	s.mu.Lock()
+	s.bodies = append(s.bodies, string(b))
+	var f func(w http.ResponseWriter, r *http.Request)
+	if n < len(s.steps) {
+		f = s.steps[n]
+	}
+	s.mu.Unlock()
+	if f == nil {
+		_, _ = io.WriteString(w, "ok")
+		return
+	}
+	f(w, r)
+}
+
+func status(code int, header ...string) func(w http.ResponseWriter, r *http.Request) {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		for i := 0; i+1 < len(header); i += 2 {
+			w.Header().Set(header[i], header[i+1])
+		}
+		w.WriteHeader(code)
+		_, _ = io.WriteString(w, http.StatusText(code))
+	}
+}
+
+func newClient(t *testing.T, policy string, opts ...Option) (*http.Client, *recorder, *Engine) {
+	rec := &recorder{}
+	e := mustLoad(t, httpDoc, append([]Option{WithListener(rec.listen)}, opts...)...)
+	return &http.Client{Transport: &Transport{Policy: mustPolicy(t, e, policy)}}, rec, e
+}
+
+func get(t *testing.T, c *http.Client, url string) (*http.Response, string, error) {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b), nil
+}
+
+func TestHTTP503Then200(t *testing.T) {
+	s := &script{steps: []func(http.ResponseWriter, *http.Request){status(503)}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	c, rec, _ := newClient(t, "http")
+	resp, body, err := get(t, c, srv.URL)
+	if err != nil || resp.StatusCode != 200 || body != "ok" || s.hits.Load() != 2 {
+		t.Fatalf("resp %v body %q err %v hits %d", resp, body, err, s.hits.Load())
+	}
+	if rec.count(EventRetryScheduled) != 1 {
+		t.Fatalf("events %+v", rec.evs)
+	}
+}
+
+func retryDelay(t *testing.T, rec *recorder) time.Duration {
+	t.Helper()
+	ev, ok := rec.find(EventRetryScheduled)
+	if !ok {
+		t.Fatalf("no retry-scheduled: %+v", rec.evs)
+	}
+	return time.Duration(ev.Duration)
+}
+
+func TestHTTP429RetryAfterSeconds(t *testing.T) {
+	s := &script{steps: []func(http.ResponseWriter, *http.Request){status(429, "Retry-After", "1")}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	c, rec, _ := newClient(t, "http")
+	start := time.Now()
+	resp, _, err := get(t, c, srv.URL)
+	if err != nil || resp.StatusCode != 200 || s.hits.Load() != 2 {
+		t.Fatalf("resp %v err %v hits %d", resp, err, s.hits.Load())
+	}
+	if d := retryDelay(t, rec); d < time.Second || d > 2*time.Second {
+		t.Fatalf("delay %v for Retry-After: 1", d)
+	}
+	if time.Since(start) < time.Second {
+		t.Fatalf("the host did not wait the delay")
+	}
+}
+
+func TestHTTP429RetryAfterDate(t *testing.T) {
+	date := time.Now().Add(2 * time.Second).UTC().Format(http.TimeFormat)
+	s := &script{steps: []func(http.ResponseWriter, *http.Request){status(429, "Retry-After", date)}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	c, rec, _ := newClient(t, "http")
+	resp, _, err := get(t, c, srv.URL)
+	if err != nil || resp.StatusCode != 200 || s.hits.Load() != 2 {
+		t.Fatalf("resp %v err %v hits %d", resp, err, s.hits.Load())
+	}
+	if d := retryDelay(t, rec); d < 500*time.Millisecond || d > 3*time.Second {
+		t.Fatalf("delay %v for Retry-After: %s", d, date)
+	}
+}
+
+func TestHTTP400NotRetried(t *testing.T) {
+	s := &script{steps: []func(http.ResponseWriter, *http.Request){status(400), status(400)}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	c, rec, _ := newClient(t, "http")
+	resp, _, err := get(t, c, srv.URL)
+	if err != nil || resp.StatusCode != 400 || s.hits.Load() != 1 {
+		t.Fatalf("resp %v err %v hits %d", resp, err, s.hits.Load())
+	}
+	if rec.count(EventRetryScheduled) != 0 {
+		t.Fatalf("events %+v", rec.evs)
+	}
+}
+
+func TestHTTPPerAttemptTimeout(t *testing.T) {
+	slow := func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(2 * time.Second):
+		}
+	}
+	s := &script{steps: []func(http.ResponseWriter, *http.Request){slow}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	c, rec, _ := newClient(t, "http")
+	resp, body, err := get(t, c, srv.URL)
+	if err != nil || resp.StatusCode != 200 || body != "ok" || s.hits.Load() != 2 {
+		t.Fatalf("resp %v err %v hits %d", resp, err, s.hits.Load())
+	}
+	if rec.count(EventRetryScheduled) != 1 {
+		t.Fatalf("events %+v", rec.evs)
+	}
+}
+
+func TestHTTPConnectionErrorRetried(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close() // nothing listens there any more
+	c, rec, _ := newClient(t, "http")
+	_, err := c.Get(url)
+	if !errors.Is(err, ErrRetriesExhausted) || rec.count(EventRetryScheduled) != 2 {
+		t.Fatalf("err %v events %+v", err, rec.evs)
+	}
+}
+
+func TestHTTPBreakerTripsAndRecovers(t *testing.T) {
+	var healthy atomic.Bool
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		if !healthy.Load() {
+			w.WriteHeader(500)
+		}
+	}))
+	defer srv.Close()
+	c, rec, _ := newClient(t, "breaker")
+	for i := 0; i < 4; i++ {
+		resp, _, err := get(t, c, srv.URL)
+		if err != nil || resp.StatusCode != 500 {
+			t.Fatalf("call %d: %v %v", i, resp, err)
+		}
+	}
+	_, err := c.Get(srv.URL)
+	if !errors.Is(err, ErrBreakerOpen) || hits.Load() != 4 {
+		t.Fatalf("breaker did not open: %v (hits %d)", err, hits.Load())
+	}
+	healthy.Store(true)
+	time.Sleep(200 * time.Millisecond) // past open-duration
+	resp, _, err := get(t, c, srv.URL)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("half-open probe: %v %v", resp, err)
+	}
+	resp, _, err = get(t, c, srv.URL)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after recovery: %v %v", resp, err)
+	}
+	var path []string
+	rec.mu.Lock()
+	for _, ev := range rec.evs {
+		if ev.Kind == EventBreakerTransition {
+			path = append(path, ev.StateFrom.String()+"->"+ev.StateTo.String())
+		}
+	}
+	rec.mu.Unlock()
+	want := "closed->open open->half-open half-open->closed"
+	if strings.Join(path, " ") != want {
+		t.Fatalf("transitions %v, want %s", path, want)
+	}
+}
+
+func TestHTTPFallbackUsedAndReported(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(503) }))
+	defer srv.Close()
+	c, rec, _ := newClient(t, "fallback", WithFallback("stale", func(_ context.Context, cause error) (any, error) {
+		return &http.Response{StatusCode: 200, Header: http.Header{"X-From": {"fallback"}},
+			Body: io.NopCloser(strings.NewReader("stale copy"))}, nil
+	}))
+	resp, body, err := get(t, c, srv.URL)
+	if err != nil || resp.StatusCode != 200 || body != "stale copy" || resp.Header.Get("X-From") != "fallback" {
+		t.Fatalf("resp %v body %q err %v", resp, body, err)
+	}
+	ev, ok := rec.find(EventFallbackChosen)
+	if !ok || ev.Name != "stale" {
+		t.Fatalf("fallback not reported: %+v", rec.evs)
+	}
+}
+
+func TestHTTPBodies(t *testing.T) {
+	// A replayable body (GetBody) is sent again on the retry.
+	s := &script{steps: []func(http.ResponseWriter, *http.Request){status(503)}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	c, _, _ := newClient(t, "http")
+	req, _ := http.NewRequest("PUT", srv.URL, bytes.NewReader([]byte("payload")))
+	resp, err := c.Do(req)
+	if err != nil || resp.StatusCode != 200 || s.hits.Load() != 2 {
+		t.Fatalf("resp %v err %v hits %d", resp, err, s.hits.Load())
+	}
+	resp.Body.Close()
+	if s.bodies[0] != "payload" || s.bodies[1] != "payload" {
+		t.Fatalf("bodies %q", s.bodies)
+	}
+	// A body that cannot be replayed: the request is not retried.
+	s2 := &script{steps: []func(http.ResponseWriter, *http.Request){status(503)}}
+	srv2 := httptest.NewServer(s2)
+	defer srv2.Close()
+	req, _ = http.NewRequest("PUT", srv2.URL, io.NopCloser(strings.NewReader("once")))
+	req.GetBody = nil
+	resp, err = c.Do(req)
+	if err != nil || resp.StatusCode != 503 || s2.hits.Load() != 1 {
+		t.Fatalf("resp %v err %v hits %d", resp, err, s2.hits.Load())
+	}
+	resp.Body.Close()
+	// POST is not idempotent: not retried without an idempotency key...
+	s3 := &script{steps: []func(http.ResponseWriter, *http.Request){status(503), status(503)}}
+	srv3 := httptest.NewServer(s3)
+	defer srv3.Close()
+	resp, err = c.Post(srv3.URL, "text/plain", strings.NewReader("order"))
+	if err != nil || resp.StatusCode != 503 || s3.hits.Load() != 1 {
+		t.Fatalf("POST: resp %v err %v hits %d", resp, err, s3.hits.Load())
+	}
+	resp.Body.Close()
+	// ...and retried with one.
+	req, _ = http.NewRequest("POST", srv3.URL, strings.NewReader("order"))
+	req.Header.Set("Idempotency-Key", "abc")
+	resp, err = c.Do(req)
+	if err != nil || resp.StatusCode != 200 || s3.hits.Load() != 3 {
+		t.Fatalf("POST with key: resp %v err %v hits %d", resp, err, s3.hits.Load())
+	}
+	resp.Body.Close()
+}
