@@ -2,7 +2,7 @@
 
 import { readFile } from 'node:fs/promises';
 import { instantiate } from '../wasm/levee_policy.js';
-import type { Levee as ComponentExports } from '../wasm/levee_policy.js';
+type ComponentExports = ReturnType<typeof instantiate>;
 import { Levee, defaultMeter } from './levee.js';
 import type { LoadOptions } from './levee.js';
 import { nodePlatform } from './platform-node.js';

@@ -3,7 +3,7 @@
 // this file does the I/O, clamps what comes out of the guest, and recovers from traps.
 
 import { instantiate } from '../wasm/levee_policy.js';
-import type { Levee as ComponentExports } from '../wasm/levee_policy.js';
+type ComponentExports = ReturnType<typeof instantiate>;
 import type { Engine } from '../wasm/interfaces/levee-policy-engine-api.js';
 import type {
   Analysis,
@@ -371,12 +371,14 @@ export class Levee {
 
   /** The policy with every default filled in, as the core renders it (JSON). */
   policyJson(name: string): string {
-    return this.#use('policy-json', (e) => e.policyJson(this.policy(name).index)) ?? '';
+    const index = this.policy(name).index;
+    return this.#use('policy-json', (e) => e.policyJson(index)) ?? '';
   }
 
   /** Worst cases of a policy when `layers` layers run it. */
   analyze(name: string, layers = 1): Analysis | undefined {
-    return this.#use('analyze', (e) => e.analyze(this.policy(name).index, layers));
+    const index = this.policy(name).index;
+    return this.#use('analyze', (e) => e.analyze(index, layers));
   }
 
   /** Replace the policies, keeping the state that still applies; on error nothing changes. */
@@ -529,7 +531,7 @@ export class Levee {
       return fn(this.#engine);
     } catch (err) {
       // A `result` error of the WIT is an answer, not a fault: jco throws it as ComponentError.
-      if ((err as { name?: unknown } | null)?.name === 'ComponentError' || err instanceof RangeError) throw err;
+      if ((err as { name?: unknown } | null)?.name === 'ComponentError') throw err;
       this.#recover(err, phase, '');
       throw err;
     }

@@ -98,7 +98,7 @@ const worker :Workerd.Worker = (
     ${modules.join(',\n    ')}
   ],
   compatibilityDate = "2025-01-01",
-  compatibilityFlags = ["nodejs_compat"],
+  compatibilityFlags = ["enable_weak_ref"],
 );
 `,
   );
