@@ -295,7 +295,7 @@ export class Levee {
   };
   // Trap recovery: the last exported state.
   #lastState: Uint8Array | undefined;
-  #lastCheckpoint: bigint;
+  #nextCheckpoint: bigint;
   readonly #checkpointNs: bigint;
   readonly #trace: ((step: TraceStep) => void) | undefined;
 
@@ -311,7 +311,7 @@ export class Levee {
     this.#readPolicies();
     for (const [name, fn] of Object.entries(options.fallbacks ?? {})) this.#fallbacks.set(name, fn);
     this.#metrics = meter ? new Metrics(meter) : undefined;
-    this.#lastCheckpoint = platform.now();
+    this.#nextCheckpoint = platform.now() + this.#checkpointNs;
     this.#lastState = this.#engine.exportState();
   }
 
@@ -516,7 +516,7 @@ export class Levee {
   }
 
   #checkpoint(now: bigint): void {
-    this.#lastCheckpoint = now;
+    this.#nextCheckpoint = now + this.#checkpointNs;
     try {
       this.#lastState = this.#engine.exportState();
     } catch (err) {
@@ -589,7 +589,7 @@ export class Levee {
     if (signal?.aborted) throw new LeveeError('cancelled', { policy: p.name, attempts: 0, lastError: signal.reason });
     const platform = this.#platform;
     let now = platform.now();
-    if (now - this.#lastCheckpoint > this.#checkpointNs) {
+    if (now > this.#nextCheckpoint) {
       this.flush();
       this.#checkpoint(now);
     }
