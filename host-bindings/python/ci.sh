@@ -23,6 +23,9 @@ VPY="$HERE/.venv/bin/python"
 "$VPY" -m pip install -q ".[test]" >/dev/null
 rm -rf build src/*.egg-info
 
+echo "== ruff"
+"$HERE/.venv/bin/ruff" check src tests bench demo.py setup.py
+"$HERE/.venv/bin/ruff" format --check src tests bench demo.py setup.py
 echo "== mypy --strict"
 "$VPY" -m mypy --strict src/levee tests bench
 echo "== pytest"

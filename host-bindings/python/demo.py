@@ -1,6 +1,6 @@
 """The cross-language demo: one policy against one URL, each decision on its own line.
 
-    python demo.py URL [policy-file] [policy-name]
+python demo.py URL [policy-file] [policy-name]
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ def main(argv: list[str]) -> int:
         if step.outcome is not None:
             o = step.outcome
             outcome = o.kind.wit + (f" {o.code}" if o.code else "") + (f" ({o.text})" if o.text else "")
-        print(f"step {n}: {step.op:15s} attempt={step.attempt} outcome={outcome:28s} verdict={step.verdict}", flush=True)
+        print(
+            f"step {n}: {step.op:15s} attempt={step.attempt} outcome={outcome:28s} verdict={step.verdict}", flush=True
+        )
 
     engine.trace = trace
     engine.add_listener(lambda ev: print(f"        event: {describe(ev)}", flush=True))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.metadata
 import platform
 import sys
 import time
@@ -21,7 +22,6 @@ from typing import Any
 
 import stamina
 import tenacity
-import wasmtime
 
 import levee
 
@@ -133,10 +133,11 @@ def main() -> int:
     engine.flush()
     with engine._lock:
         raw = best_per_call(raw_crossing, n // 2, max(1, rounds // 3))
-    rows.append(("raw crossing (acquire: call + post-return)", raw))
+    rows.append(("raw crossing (acquire of an unknown call)", raw))
 
-    print(f"# levee {levee.__version__}, wasmtime-py {wasmtime.__version__ if hasattr(wasmtime, '__version__') else '?'}, "
-          f"Python {platform.python_version()}, {platform.machine()}; n={n}, rounds={rounds}")  # fmt: skip
+    wt = importlib.metadata.version("wasmtime")
+    print(f"# levee {levee.__version__}, wasmtime-py {wt}, Python {platform.python_version()}, {platform.machine()}")
+    print(f"# n={n} calls per round, best of {rounds} rounds; post-return crossing needed: {core.needs_post_return}")
     for name, us in rows:
         print(f"{name:42s} {us:8.2f} us/call")
     for mode, best in (("sync", sync_best), ("async", async_best)):

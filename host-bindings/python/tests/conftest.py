@@ -40,7 +40,7 @@ class Server:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: object) -> None:
                 pass
 
             def _handle(self) -> None:
@@ -64,9 +64,9 @@ class Server:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-            do_GET = _handle  # noqa: N815
-            do_POST = _handle  # noqa: N815
-            do_PUT = _handle  # noqa: N815
+            do_GET = _handle
+            do_POST = _handle
+            do_PUT = _handle
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

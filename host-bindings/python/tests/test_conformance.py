@@ -61,7 +61,7 @@ class Runner:
     def step(self, i: int, step: dict[str, Any]) -> None:
         op = step["op"]
         where = f"{self.vector['name']} step {i} ({op})"
-        expect = step.get("expect")
+        expect: Any = step.get("expect")
         c = self.core
         if op == "start":
             got = c.start(
@@ -74,27 +74,33 @@ class Runner:
             _check_verdict(c.acquire(int(step["call"]), int(step["now"])), expect, where)
         elif op == "report":
             got = c.report(
-                int(step["call"]), int(step["now"]), int(step["elapsed"]), OutcomeKind(step["kind"]),
-                int(step.get("code", 0)), step.get("text", ""), int(step.get("wall_secs", 0)), int(step.get("flags", 0)),
-            )  # fmt: skip
+                int(step["call"]),
+                int(step["now"]),
+                int(step["elapsed"]),
+                OutcomeKind(step["kind"]),
+                int(step.get("code", 0)),
+                step.get("text", ""),
+                int(step.get("wall_secs", 0)),
+                int(step.get("flags", 0)),
+            )
             _check_verdict(got, expect, where)
         elif op == "report_fallback":
             _check_verdict(c.report_fallback(int(step["call"]), int(step["now"]), bool(step["ok"])), expect, where)
         elif op == "cancel":
             c.cancel(int(step["call"]), int(step["now"]))
         elif op == "drain_events":
-            got = [_snake(e) for e in c.drain_events()]
-            assert got == expect, f"{where}: events differ\n got: {got}\nwant: {expect}"
+            events = [_snake(e) for e in c.drain_events()]
+            assert events == expect, f"{where}: events differ\n got: {events}\nwant: {expect}"
         elif op == "breaker_state":
             st = c.breaker_state(self.policy(step["policy"]), step.get("key", ""), int(step["now"]))
             assert (None if st is None else st.wit) == expect, where
         elif op == "set_breaker_state":
             from levee.types import BreakerState
 
-            err = c.set_breaker_state(
+            serr = c.set_breaker_state(
                 self.policy(step["policy"]), step.get("key", ""), BreakerState(step["state"]), int(step["now"])
             )
-            assert ({"ok": None} if err is None else {"err": err}) == expect, where
+            assert ({"ok": None} if serr is None else {"err": serr}) == expect, where
         elif op == "call_info":
             info = c.call_info(int(step["call"]))
             got_info = None
@@ -131,11 +137,15 @@ class Runner:
             self.core = fresh
         elif op == "reload":
             errs = c.reload(step["document"])
-            got_r: dict[str, Any] = {"ok": None} if errs is None else {"err": [{"path": e.path, "message": e.message} for e in errs]}
+            got_r: dict[str, Any] = (
+                {"ok": None} if errs is None else {"err": [{"path": e.path, "message": e.message} for e in errs]}
+            )
             assert got_r == expect, where
         elif op == "import_state":
             ierr = c.import_state(bytes.fromhex(step["bytes_hex"]))
-            got_i: dict[str, Any] = {"ok": None} if ierr is None else {"err": {"path": ierr.path, "message": ierr.message}}
+            got_i: dict[str, Any] = (
+                {"ok": None} if ierr is None else {"err": {"path": ierr.path, "message": ierr.message}}
+            )
             assert got_i == expect, where
         else:
             raise AssertionError(f"{where}: unknown op {op!r}")

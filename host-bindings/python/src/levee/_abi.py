@@ -20,11 +20,11 @@ public `Engine` serialises access with a lock and replaces a `Core` that trapped
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, addressof, byref, c_size_t, c_ubyte, c_uint64, c_void_p
+from ctypes import POINTER, addressof, c_size_t, c_ubyte, c_uint64, c_void_p
 from typing import Any
 
 import wasmtime
-from wasmtime import _ffi as ffi  # noqa: PLC2701  (the C API, pinned to wasmtime 50.x)
+from wasmtime import _ffi as ffi
 from wasmtime.component import Component, Linker
 
 from .types import (
@@ -362,6 +362,30 @@ class Core:
         self._f_acquire = self._addr["acquire"]
         self._f_report = self._addr["report"]
         self._f_fallback = self._addr["report-fallback"]
+        self.needs_post_return = self._probe_post_return()
+
+    def _probe_post_return(self) -> bool:
+        """Whether this wasmtime still needs `post_return` after a call before the instance can
+        be entered again. wasmtime 42+ runs post-return inside `Func::call` and made
+        `post_return` a no-op (bytecodealliance/wasmtime#12498); older ones refuse the second
+        call. The hot path skips the no-op crossing when the probe shows it is not needed."""
+        f = self._addr["policy-count"]
+        arg = _Args(1).resource(0, self._res)
+        result = _V()
+        for _ in range(2):
+            err = _CALL(f, self._ctx, addressof(arg.arr), 1, addressof(result), 1)
+            if err:
+                wasmtime.WasmtimeError._from_ptr(ctypes.cast(err, POINTER(ffi.wasmtime_error_t)))
+                perr = _POST(f, self._ctx)
+                if perr:
+                    self.dead = True
+                    raise _fault(perr, "post-return")
+                return True
+        err = _POST(f, self._ctx)
+        if err:
+            self.dead = True
+            raise _fault(err, "post-return")
+        return False
 
     # ------------------------------------------------------------------ plumbing
 
@@ -381,10 +405,11 @@ class Core:
             self.dead = True
             raise _fault(err, "component call")
         r: int = self._result_words[1]
-        err = _POST(f, self._ctx)
-        if err:
-            self.dead = True
-            raise _fault(err, "post-return")
+        if self.needs_post_return:
+            err = _POST(f, self._ctx)
+            if err:
+                self.dead = True
+                raise _fault(err, "post-return")
         return r
 
     def _slow(self, name: str, args: _Args | None = None, has_result: bool = True) -> Any:
@@ -397,14 +422,15 @@ class Core:
             # every method takes the engine as its first argument
             full = _Args(args.n + 1)
             ctypes.memmove(addressof(full.arr) + 32, addressof(args.arr), 32 * args.n)
-            full.keep = args.keep + [args.arr]
+            full.keep = [*args.keep, args.arr]
             full.resource(0, self._res)
             args = full
         f = self._addr[name]
         self.store.set_fuel(SLOW_FUEL)
         result = _V()
-        err = _CALL(f, self._ctx, addressof(args.arr), args.n, addressof(result) if has_result else None,
-                    1 if has_result else 0)
+        err = _CALL(
+            f, self._ctx, addressof(args.arr), args.n, addressof(result) if has_result else None, 1 if has_result else 0
+        )
         if err:
             self.dead = True
             raise _fault(err, f"component call {name}")
@@ -444,8 +470,17 @@ class Core:
             self._key_bufs[key] = ref
         return ref
 
-    def start(self, call: int, policy: int, key: str, flags: int, now: int,
-              settle_call: int, settle_at: int, settle_elapsed: int) -> int:
+    def start(
+        self,
+        call: int,
+        policy: int,
+        key: str,
+        flags: int,
+        now: int,
+        settle_call: int,
+        settle_at: int,
+        settle_elapsed: int,
+    ) -> int:
         w = self._sw
         w[5] = call
         w[9] = policy & 0xFFFFFFFF
@@ -462,7 +497,24 @@ class Core:
         w[25] = settle_call
         w[29] = settle_at
         w[33] = settle_elapsed
-        return self._hot(self._f_start, self._start_addr, 9)
+        # `_hot`, inlined: this is the one crossing of a call that succeeds first time
+        if self.dead:
+            raise ComponentFault("the component instance is poisoned")
+        self._hot_left -= 1
+        if self._hot_left <= 0:
+            self._refuel_hot()
+        f = self._f_start
+        err = _CALL(f, self._ctx, self._start_addr, 9, self._result_addr, 1)
+        if err:
+            self.dead = True
+            raise _fault(err, "component call")
+        r: int = self._result_words[1]
+        if self.needs_post_return:
+            err = _POST(f, self._ctx)
+            if err:
+                self.dead = True
+                raise _fault(err, "post-return")
+        return r
 
     def acquire(self, call: int, now: int) -> int:
         w = self._aw
@@ -470,8 +522,9 @@ class Core:
         w[9] = now
         return self._hot(self._f_acquire, self._acq_addr, 3)
 
-    def report(self, call: int, now: int, elapsed: int, kind: OutcomeKind, code: int,
-               text: str, wall_secs: int, flags: int) -> int:
+    def report(
+        self, call: int, now: int, elapsed: int, kind: OutcomeKind, code: int, text: str, wall_secs: int, flags: int
+    ) -> int:
         w = self._rw
         w[5] = call
         w[9] = now

@@ -105,10 +105,10 @@ def dispatch(events: list[Event], listeners: list[Listener]) -> None:
             logger.log(level, "%s", describe(ev), extra={"levee_event": ev})
         try:
             otel.record(ev)
-        except Exception:  # noqa: BLE001 - metrics must never break a call
+        except Exception:
             logger.debug("levee: recording an OpenTelemetry metric failed", exc_info=True)
         for listener in listeners:
             try:
                 listener(ev)
-            except Exception:  # noqa: BLE001 - a listener must never break a call
+            except Exception:
                 logger.exception("levee: event listener %r failed", listener)

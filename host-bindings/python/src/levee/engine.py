@@ -7,17 +7,18 @@ sleeps, fallbacks), clamps what comes out of the guest, and recovers from traps.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import functools
 import inspect
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+from typing import Any, ParamSpec, TypeVar, cast
 
 from ._abi import ComponentFault, Core, LoadErrors, Runtime, event_from_raw
 from ._events import Listener, dispatch, logger
@@ -29,7 +30,6 @@ from .types import (
     CallInfo,
     Event,
     EventKind,
-    LoadError,
     OutcomeKind,
     PolicyInfo,
     Reason,
@@ -119,7 +119,9 @@ class TraceStep:
         what = ""
         if self.outcome is not None:
             o = self.outcome
-            what = f" outcome={o.kind.wit}" + (f":{o.code}" if o.kind in (OutcomeKind.HTTP_STATUS, OutcomeKind.GRPC_STATUS) else "")
+            what = f" outcome={o.kind.wit}" + (
+                f":{o.code}" if o.kind in (OutcomeKind.HTTP_STATUS, OutcomeKind.GRPC_STATUS) else ""
+            )
             if o.text:
                 what += f" text={o.text!r}"
         return f"call={self.call} {self.op} attempt={self.attempt}{what} -> {self.verdict}"
@@ -178,13 +180,12 @@ class Engine:
         self._core = self._make_core()
         self._generation = 0
         self._next_call = 1
-        # the held-back success, settled on the next `start` (0: none)
-        self._p_call = 0
-        self._p_at = 0
-        self._p_elapsed = 0
+        # Held-back successes (call, at, elapsed, generation): appended without the lock (a
+        # deque's append is atomic); the next `start` settles one, any extra are reported first.
+        self._pending: collections.deque[tuple[int, int, int, int]] = collections.deque()
         self._snapshot: bytes | None = None
         self._snapshot_every = max(0, int(snapshot_interval * 1e9))
-        self._snapshot_due = 0
+        self._snapshot_due = 0 if self._snapshot_every else 1 << 63
         self._fallbacks: dict[str, Callable[[FallbackContext], Any]] = {}
         self._listeners: list[Listener] = []
         self._tracer: Callable[[TraceStep], None] | None = None
@@ -234,23 +235,25 @@ class Engine:
             for raw in self._core.drain_events():
                 out.append(event_from_raw(raw, self._names))
 
-    def _flush_locked(self, out: list[Event]) -> None:
-        """Send the held-back success (it must precede any other operation)."""
-        call = self._p_call
-        if call:
-            self._p_call = 0
-            v = self._core.report(call, self._p_at, self._p_elapsed, OutcomeKind.SUCCESS, 0, "", 0, 0)
-            self._events_locked(v, out)
+    def _flush_locked(self, out: list[Event], keep: int = 0) -> None:
+        """Report held-back successes (they must precede any other operation), leaving `keep`."""
+        pending = self._pending
+        gen = self._generation
+        while len(pending) > keep:
+            call, at, elapsed, g = pending.popleft()
+            if g == gen:
+                v = self._core.report(call, at, elapsed, OutcomeKind.SUCCESS, 0, "", 0, 0)
+                self._events_locked(v, out)
 
     def _recover_locked(self, err: BaseException, out: list[Event]) -> None:
         """Replace a trapped instance: re-instantiate, reload, restore the last snapshot."""
         self.faults += 1
         self._generation += 1
-        self._p_call = 0
+        self._pending.clear()
         old = self._core
         try:
             old.close()
-        except Exception:  # noqa: BLE001 - the old instance is poisoned anyway
+        except Exception:
             pass
         restored = ""
         try:
@@ -259,7 +262,7 @@ class Engine:
                 bad = core.import_state(self._snapshot)
                 restored = "; state restored" if bad is None else f"; state not restored ({bad})"
             self._core = core
-        except Exception as e2:  # noqa: BLE001 - stays dead; calls run unguarded until it recovers
+        except Exception as e2:
             restored = f"; re-instantiation failed: {e2}"
         out.append(
             Event(
@@ -300,8 +303,15 @@ class Engine:
                         raise ComponentFault("the component is unavailable")
                 if slot.index < 0:
                     raise UnknownPolicy(next(n for n, s in self._slots.items() if s is slot))
-                v = core.start(call, slot.index, key, flags, _monotonic_ns(), self._p_call, self._p_at, self._p_elapsed)
-                self._p_call = 0
+                pending = self._pending
+                sc = sa = se = 0
+                if pending:
+                    if len(pending) > 1:
+                        self._flush_locked(events, keep=1)
+                    sc, sa, se, sg = pending.popleft()
+                    if sg != self._generation:
+                        sc = sa = se = 0
+                v = core.start(call, slot.index, key, flags, _monotonic_ns(), sc, sa, se)
                 if v & EVENTS_BIT:
                     self._events_locked(v, events)
             except ComponentFault as e:
@@ -337,24 +347,18 @@ class Engine:
             if events:
                 dispatch(events, self._listeners)
 
-    def _hold_success(self, call: int, gen: int, at: int, elapsed: int) -> None:
-        """Hold back the report of a success, to be settled by the next `start`."""
+    def _snapshot_tick(self, at: int) -> None:
+        """Export the state for trap recovery (at most once per `snapshot_interval`)."""
         events: list[Event] = []
         with self._lock:
-            if gen == self._generation:
-                core = self._core
-                try:
-                    if self._p_call:
-                        self._flush_locked(events)
-                    self._p_call = call
-                    self._p_at = at
-                    self._p_elapsed = elapsed
-                    if at >= self._snapshot_due and self._snapshot_every:
-                        self._maybe_snapshot_locked(at, events)
-                except ComponentFault as e:
-                    if not core.dead:
-                        raise
-                    self._recover_locked(e, events)
+            core = self._core
+            try:
+                if not core.dead:
+                    self._maybe_snapshot_locked(at, events)
+            except ComponentFault as e:
+                if not core.dead:
+                    raise
+                self._recover_locked(e, events)
         if events:
             dispatch(events, self._listeners)
 
@@ -532,7 +536,7 @@ def load(source: str | os.PathLike[str], **kwargs: Any) -> Engine:
 
 
 class _AttemptResult:
-    __slots__ = ("outcome", "value", "exc", "start", "end")
+    __slots__ = ("end", "exc", "outcome", "start", "value")
 
     def __init__(self, outcome: Outcome, value: Any, exc: BaseException | None, start: int, end: int) -> None:
         self.outcome = outcome
@@ -545,8 +549,22 @@ class _AttemptResult:
 class _Call:
     """The host side of one call: what the protocol needs to remember."""
 
-    __slots__ = ("engine", "slot", "call", "gen", "attempts", "classify", "args", "kwargs", "started",
-                 "deadline_at", "last", "fallback_value", "fell_back", "finished")  # fmt: skip
+    __slots__ = (
+        "args",
+        "attempts",
+        "call",
+        "classify",
+        "deadline_at",
+        "engine",
+        "fallback_value",
+        "fell_back",
+        "finished",
+        "gen",
+        "kwargs",
+        "last",
+        "slot",
+        "started",
+    )  # fmt: skip
 
     def __init__(self, engine: Engine, slot: _PolicySlot, call: int, gen: int, started: int,
                  classify: Classifier | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # fmt: skip
@@ -612,7 +630,9 @@ class _Call:
         wall = int(time.time()) if o.kind is OutcomeKind.HTTP_STATUS and o.text else 0
         flags = 1 if o.overloaded else 0
         call = self.call
-        v = eng._cross(self.gen, lambda c: c.report(call, res.end, res.end - res.start, o.kind, o.code, o.text, wall, flags))
+        v = eng._cross(
+            self.gen, lambda c: c.report(call, res.end, res.end - res.start, o.kind, o.code, o.text, wall, flags)
+        )
         if eng._tracer is not None:
             eng._trace("report", self, o, v)
         return v
@@ -741,7 +761,7 @@ def _run_fallback_sync(st: _Call, name: str, reason: Reason) -> tuple[bool, Any]
         return False, None
     try:
         value = fn(_fallback_context(st, name, reason))
-    except Exception:  # noqa: BLE001 - a failed fallback is reported to the core
+    except Exception:
         logger.warning("levee: fallback %r failed", name, exc_info=True)
         return False, None
     if inspect.isawaitable(value):
@@ -761,7 +781,7 @@ async def _run_fallback_async(st: _Call, name: str, reason: Reason) -> tuple[boo
         value = fn(_fallback_context(st, name, reason))
         if inspect.isawaitable(value):
             value = await value
-    except Exception:  # noqa: BLE001 - a failed fallback is reported to the core
+    except Exception:
         logger.warning("levee: fallback %r failed", name, exc_info=True)
         return False, None
     return True, value
@@ -774,7 +794,7 @@ def _attempt_sync(st: _Call, fn: Callable[..., Any], args: tuple[Any, ...], kwar
     try:
         value = fn(*args, **kwargs)
         exc: BaseException | None = None
-    except Exception as e:  # noqa: BLE001 - reported to the core as an outcome
+    except Exception as e:
         value, exc = None, e
     finally:
         if token is not None:
@@ -796,14 +816,14 @@ async def _attempt_async(st: _Call, fn: Callable[..., Awaitable[Any]], args: tup
             exc = e
             if cm.expired():
                 return _AttemptResult(Outcome.timeout(), None, e, start, _monotonic_ns())
-        except Exception as e:  # noqa: BLE001 - reported to the core as an outcome
+        except Exception as e:
             exc = e
         finally:
             _ATTEMPT_DEADLINE.reset(token)
     else:
         try:
             value = await fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - reported to the core as an outcome
+        except Exception as e:
             exc = e
     return st.outcome_of(value, exc, start, _monotonic_ns(), timeout)
 
@@ -856,7 +876,7 @@ class Policy:
     """A named policy of an engine, with per-use options. Use it as a decorator (sync or
     `async def`), with `call`/`acall`, or with `attempts()`/`attempts_async()`."""
 
-    __slots__ = ("engine", "_slot", "_key", "_key_fn", "_flags", "_classify")
+    __slots__ = ("_classify", "_flags", "_key", "_key_fn", "_slot", "engine")
 
     def __init__(self, engine: Engine, slot: _PolicySlot, key: str | Callable[..., str], flags: int,
                  classify: Classifier | None) -> None:  # fmt: skip
@@ -899,7 +919,7 @@ class Policy:
                 token = _ATTEMPT_DEADLINE.set(start + timeout)
                 try:
                     value = fn(*args, **kwargs)
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
                     return cast(T, self._after_first(st, v, None, e, start, fn, args, kwargs))
                 except BaseException:
@@ -910,7 +930,7 @@ class Policy:
             else:
                 try:
                     value = fn(*args, **kwargs)
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
                     return cast(T, self._after_first(st, v, None, e, start, fn, args, kwargs))
                 except BaseException:
@@ -922,7 +942,9 @@ class Policy:
                 and self._classify is None
                 and outcome_for_result(value) is None
             ):
-                eng._hold_success(call, gen, end, end - start)
+                eng._pending.append((call, end, end - start, gen))
+                if end >= eng._snapshot_due:
+                    eng._snapshot_tick(end)
                 return value
             st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
             return cast(T, self._after_first(st, v, value, None, start, fn, args, kwargs))
@@ -964,7 +986,7 @@ class Policy:
             start = _monotonic_ns()
             try:
                 value = await fn(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
                 return cast(T, await self._after_first_async(st, v, None, e, start, fn, args, kwargs))
             except BaseException:
@@ -972,7 +994,9 @@ class Policy:
                 raise
             end = _monotonic_ns()
             if self._classify is None and outcome_for_result(value) is None:
-                eng._hold_success(call, gen, end, end - start)
+                eng._pending.append((call, end, end - start, gen))
+                if end >= eng._snapshot_due:
+                    eng._snapshot_tick(end)
                 return value
             st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
             return cast(T, await self._after_first_async(st, v, value, None, start, fn, args, kwargs))
@@ -1004,13 +1028,7 @@ class Policy:
 
     # -------------------------------------------------------------- decorator
 
-    @overload
-    def __call__(self, fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]: ...
-
-    @overload
-    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
-
-    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
         """Decorate a function (or an `async def`) so every call runs under the policy."""
         if inspect.iscoroutinefunction(fn):
             afn = cast(Callable[P, Awaitable[Any]], fn)
@@ -1020,12 +1038,12 @@ class Policy:
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
                 return await acall(afn, *args, **kwargs)
 
-            return async_wrapper
+            return cast(Callable[P, T], async_wrapper)
 
         call = self.call
 
         @functools.wraps(fn)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
             return call(fn, *args, **kwargs)
 
         return wrapper
@@ -1047,7 +1065,7 @@ class Attempt:
     reported and swallowed when the policy retries; set `attempt.result` to the block's value
     (an HTTP response is classified by its status)."""
 
-    __slots__ = ("number", "timeout", "result", "_st", "_start", "_res", "_token", "_cm")
+    __slots__ = ("_cm", "_res", "_st", "_start", "_token", "number", "result", "timeout")
 
     def __init__(self, st: _Call, number: int, timeout: int) -> None:
         self.number = number
@@ -1175,14 +1193,9 @@ class AsyncAttempts:
 # ---------------------------------------------------------------------------- call()
 
 
-@overload
-def call(policy: Policy, fn: Callable[P, Coroutine[Any, Any, T]], /, *args: P.args,
-         **kwargs: P.kwargs) -> Coroutine[Any, Any, T]: ...  # fmt: skip
-@overload
-def call(policy: Policy, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T: ...
-def call(policy: Policy, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
-    """Run `fn(*args, **kwargs)` under `policy`; for an `async def`, return an awaitable."""
+def call(policy: Policy, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run `fn(*args, **kwargs)` under `policy`; for an `async def`, return an awaitable (of the
+    same type as `fn`'s coroutine)."""
     if inspect.iscoroutinefunction(fn):
-        return policy.acall(fn, *args, **kwargs)
+        return cast(T, policy.acall(cast(Callable[P, Awaitable[Any]], fn), *args, **kwargs))
     return policy.call(fn, *args, **kwargs)
-

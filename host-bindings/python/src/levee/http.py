@@ -121,7 +121,7 @@ class LeveeTransport(_Base, httpx.BaseTransport):
                         response = self._transport.handle_request(request)
                         response.read()
                         res = self._result(request, response, None, start, action[2])
-                    except Exception as e:  # noqa: BLE001 - reported to the core
+                    except Exception as e:
                         res = self._result(request, None, e, start, action[2])
                     finally:
                         if token is not None:
@@ -177,7 +177,7 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
                             response = await self._transport.handle_async_request(request)
                             await response.aread()
                         res = self._result(request, response, None, start, action[2])
-                    except Exception as e:  # noqa: BLE001 - reported to the core
+                    except Exception as e:
                         res = self._result(request, None, e, start, action[2])
                     last = res.value
                     action = proto.send(res)

@@ -72,7 +72,7 @@ Classifier = Callable[[Any], "Outcome | None"]
 def _headers_get(headers: Any, name: str) -> str:
     try:
         value = headers.get(name)
-    except Exception:  # noqa: BLE001 - a foreign header object: treat as absent
+    except Exception:
         return ""
     return str(value) if value is not None else ""
 
