@@ -1,0 +1,234 @@
+//! The Levee policy component: `levee-core` behind `wit/levee.wit`, nothing else.
+//!
+//! Built for `wasm32-unknown-unknown` and encoded as a component by `levee-build`; it has
+//! zero imports. Every function converts between the WIT types and `levee-core`'s and
+//! forwards; no decision is made here.
+
+use std::cell::RefCell;
+
+use exports::levee::policy::engine_api::{Engine as EngineHandle, Guest, GuestEngine};
+use exports::levee::policy::types as wit;
+use levee_core as core;
+
+wit_bindgen::generate!({
+    world: "levee",
+    path: "../../wit",
+});
+
+struct Component;
+
+/// The `engine` resource: one `levee_core::Engine`.
+pub struct EngineResource(RefCell<core::Engine>);
+
+impl Guest for Component {
+    type Engine = EngineResource;
+}
+
+fn load_error(e: core::LoadError) -> wit::LoadError {
+    wit::LoadError { path: e.path, message: e.message }
+}
+
+macro_rules! convert_enum {
+    ($from:ty => $to:ty { $($v:ident),* $(,)? }) => {
+        impl From<$from> for $to {
+            fn from(x: $from) -> $to {
+                match x { $(<$from>::$v => <$to>::$v,)* }
+            }
+        }
+    };
+}
+
+struct Conv;
+impl Conv {
+    fn reason(r: core::Reason) -> wit::Reason {
+        use core::Reason as R;
+        match r {
+            R::None => wit::Reason::None,
+            R::Deadline => wit::Reason::Deadline,
+            R::RetriesExhausted => wit::Reason::RetriesExhausted,
+            R::NonRetryable => wit::Reason::NonRetryable,
+            R::Budget => wit::Reason::Budget,
+            R::BreakerOpen => wit::Reason::BreakerOpen,
+            R::RateLimited => wit::Reason::RateLimited,
+            R::BulkheadFull => wit::Reason::BulkheadFull,
+            R::NonIdempotent => wit::Reason::NonIdempotent,
+            R::RetryAfterTooLong => wit::Reason::RetryAfterTooLong,
+            R::Pushback => wit::Reason::Pushback,
+            R::Cancelled => wit::Reason::Cancelled,
+            R::FallbacksFailed => wit::Reason::FallbacksFailed,
+        }
+    }
+    fn state(s: core::BreakerState) -> wit::BreakerState {
+        use core::BreakerState as S;
+        match s {
+            S::Closed => wit::BreakerState::Closed,
+            S::Open => wit::BreakerState::Open,
+            S::HalfOpen => wit::BreakerState::HalfOpen,
+            S::ForcedOpen => wit::BreakerState::ForcedOpen,
+            S::ForcedClosed => wit::BreakerState::ForcedClosed,
+            S::Disabled => wit::BreakerState::Disabled,
+        }
+    }
+    fn state_in(s: wit::BreakerState) -> core::BreakerState {
+        use core::BreakerState as S;
+        match s {
+            wit::BreakerState::Closed => S::Closed,
+            wit::BreakerState::Open => S::Open,
+            wit::BreakerState::HalfOpen => S::HalfOpen,
+            wit::BreakerState::ForcedOpen => S::ForcedOpen,
+            wit::BreakerState::ForcedClosed => S::ForcedClosed,
+            wit::BreakerState::Disabled => S::Disabled,
+        }
+    }
+    fn kind(k: core::EventKind) -> wit::EventKind {
+        use core::EventKind as K;
+        match k {
+            K::RetryScheduled => wit::EventKind::RetryScheduled,
+            K::GaveUp => wit::EventKind::GaveUp,
+            K::Rejected => wit::EventKind::Rejected,
+            K::BudgetRefused => wit::EventKind::BudgetRefused,
+            K::BreakerTransition => wit::EventKind::BreakerTransition,
+            K::FallbackChosen => wit::EventKind::FallbackChosen,
+            K::RateLimitWait => wit::EventKind::RateLimitWait,
+            K::KeyEvicted => wit::EventKind::KeyEvicted,
+            K::CallEvicted => wit::EventKind::CallEvicted,
+            K::PermitExpired => wit::EventKind::PermitExpired,
+        }
+    }
+}
+
+convert_enum!(wit::OutcomeKind => core::OutcomeKind { Success, Timeout, ConnectionError, HttpStatus, GrpcStatus, ErrorClass });
+
+impl GuestEngine for EngineResource {
+    fn load(document: String, seed: u64) -> Result<EngineHandle, Vec<wit::LoadError>> {
+        core::Engine::load(&document, seed)
+            .map(|e| EngineHandle::new(EngineResource(RefCell::new(e))))
+            .map_err(|errs| errs.into_iter().map(load_error).collect())
+    }
+
+    fn reload(&self, document: String) -> Result<(), Vec<wit::LoadError>> {
+        self.0.borrow_mut().reload(&document).map_err(|errs| errs.into_iter().map(load_error).collect())
+    }
+
+    fn policy_count(&self) -> u32 {
+        self.0.borrow().policy_count()
+    }
+
+    fn policy_index(&self, name: String) -> Option<u32> {
+        self.0.borrow().policy_index(&name)
+    }
+
+    fn policy_info(&self, policy: u32) -> Option<wit::PolicyInfo> {
+        self.0.borrow().policy_info(policy).map(|i| wit::PolicyInfo {
+            name: i.name,
+            max_attempts: i.max_attempts,
+            attempt_timeout: i.attempt_timeout,
+            deadline: i.deadline,
+            fallbacks: i.fallbacks,
+        })
+    }
+
+    fn policy_json(&self, policy: u32) -> Option<String> {
+        self.0.borrow().policy_json(policy)
+    }
+
+    fn analyze(&self, policy: u32, layers: u32) -> Option<wit::Analysis> {
+        self.0.borrow().analyze(policy, layers).map(|a| wit::Analysis {
+            worst_attempts: a.worst_attempts,
+            worst_latency: a.worst_latency,
+            amplification: a.amplification,
+            amplification_with_budget: a.amplification_with_budget,
+        })
+    }
+
+    fn start(
+        &self,
+        call: u64,
+        policy: u32,
+        key: String,
+        flags: u32,
+        now: u64,
+        settle_call: u64,
+        settle_at: u64,
+        settle_elapsed: u64,
+    ) -> u64 {
+        self.0.borrow_mut().start(call, policy, &key, flags, now, settle_call, settle_at, settle_elapsed).0
+    }
+
+    fn acquire(&self, call: u64, now: u64) -> u64 {
+        self.0.borrow_mut().acquire(call, now).0
+    }
+
+    fn report(
+        &self,
+        call: u64,
+        now: u64,
+        elapsed: u64,
+        kind: wit::OutcomeKind,
+        code: i32,
+        text: String,
+        wall_secs: u64,
+        flags: u32,
+    ) -> u64 {
+        self.0.borrow_mut().report(call, now, elapsed, kind.into(), code, &text, wall_secs, flags).0
+    }
+
+    fn report_fallback(&self, call: u64, now: u64, ok: bool) -> u64 {
+        self.0.borrow_mut().report_fallback(call, now, ok).0
+    }
+
+    fn cancel(&self, call: u64, now: u64) {
+        self.0.borrow_mut().cancel(call, now)
+    }
+
+    fn call_info(&self, call: u64) -> Option<wit::CallInfo> {
+        self.0.borrow().call_info(call).map(|c| wit::CallInfo {
+            policy: c.policy,
+            key: c.key,
+            attempts: c.attempts,
+            deadline: c.deadline,
+            last_reason: Conv::reason(c.last_reason),
+            in_flight: c.in_flight,
+        })
+    }
+
+    fn drain_events(&self) -> Vec<wit::Event> {
+        self.0
+            .borrow_mut()
+            .drain_events()
+            .into_iter()
+            .map(|e| wit::Event {
+                at: e.at,
+                kind: Conv::kind(e.kind),
+                policy: e.policy,
+                key: e.key,
+                call: e.call,
+                attempt: e.attempt,
+                reason: Conv::reason(e.reason),
+                duration: e.duration,
+                state_from: Conv::state(e.state_from),
+                state_to: Conv::state(e.state_to),
+                name: e.name,
+                value: e.value,
+            })
+            .collect()
+    }
+
+    fn breaker_state(&self, policy: u32, key: String, now: u64) -> Option<wit::BreakerState> {
+        self.0.borrow().breaker_state(policy, &key, now).map(Conv::state)
+    }
+
+    fn set_breaker_state(&self, policy: u32, key: String, state: wit::BreakerState, now: u64) -> Result<(), String> {
+        self.0.borrow_mut().set_breaker_state(policy, &key, Conv::state_in(state), now)
+    }
+
+    fn export_state(&self) -> Vec<u8> {
+        self.0.borrow().export_state()
+    }
+
+    fn import_state(&self, state: Vec<u8>) -> Result<(), wit::LoadError> {
+        self.0.borrow_mut().import_state(&state).map_err(load_error)
+    }
+}
+
+export!(Component);

@@ -1,0 +1,215 @@
+//! Backoff and jitter.
+//!
+//! For the n-th retry (n = 1 after the first failure):
+//!
+//! | kind | raw delay |
+//! |---|---|
+//! | `constant` | `base` |
+//! | `linear` | `base * n` |
+//! | `exponential` | `base * multiplier^(n-1)` |
+//! | `decorrelated` | Brooker: `sleep = min(cap, U(base, 3 * sleep))`, starting at `sleep = base` |
+//!
+//! The raw delay is capped at `cap` **before** jitter (AWS, Brooker), so every delay lies in
+//! `[0, cap]`. Jitter: `none` (the raw delay), `full` (`U(0, d)`), `equal` (`d/2 + U(0, d/2)`);
+//! `decorrelated` is the jitter of the `decorrelated` kind and only goes with it.
+//!
+//! Computation never overflows: `multiplier^(n-1)` is an exponentiation by squaring in IEEE
+//! `f64` (each step one correctly rounded multiplication, so the same on every platform) that
+//! stops as soon as it exceeds `cap / base`; any `n` up to `u32::MAX` is fine.
+
+use crate::rng::Rng;
+
+/// Backoff kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `base` every time.
+    Constant,
+    /// `base * n`.
+    Linear,
+    /// `base * multiplier^(n-1)`.
+    Exponential,
+    /// Brooker's decorrelated jitter.
+    Decorrelated,
+}
+
+/// Jitter kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Jitter {
+    /// No jitter.
+    None,
+    /// `U(0, d)`.
+    Full,
+    /// `d/2 + U(0, d/2)`.
+    Equal,
+    /// Brooker's recurrence (the `decorrelated` kind).
+    Decorrelated,
+}
+
+impl Kind {
+    /// Name in documents.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Constant => "constant",
+            Kind::Linear => "linear",
+            Kind::Exponential => "exponential",
+            Kind::Decorrelated => "decorrelated",
+        }
+    }
+    /// Every kind.
+    pub const ALL: [Kind; 4] = [Kind::Constant, Kind::Linear, Kind::Exponential, Kind::Decorrelated];
+}
+
+impl Jitter {
+    /// Name in documents.
+    pub fn name(self) -> &'static str {
+        match self {
+            Jitter::None => "none",
+            Jitter::Full => "full",
+            Jitter::Equal => "equal",
+            Jitter::Decorrelated => "decorrelated",
+        }
+    }
+    /// Every jitter.
+    pub const ALL: [Jitter; 4] = [Jitter::None, Jitter::Full, Jitter::Equal, Jitter::Decorrelated];
+}
+
+/// A validated backoff.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Backoff {
+    /// Kind (default `exponential`).
+    pub kind: Kind,
+    /// First delay (default 100ms).
+    pub base: u64,
+    /// Growth of `exponential` (default 2.0; at least 1).
+    pub multiplier: f64,
+    /// Largest delay (default 20s).
+    pub cap: u64,
+    /// Jitter (default `full`; `decorrelated` for the `decorrelated` kind).
+    pub jitter: Jitter,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            kind: Kind::Exponential,
+            base: 100 * crate::time::MILLISECOND,
+            multiplier: 2.0,
+            cap: 20 * crate::time::SECOND,
+            jitter: Jitter::Full,
+        }
+    }
+}
+
+impl Backoff {
+    /// The raw (un-jittered) delay of the n-th retry, capped. For `decorrelated`, the upper
+    /// bound `min(cap, 3 * prev)` of the next draw.
+    pub fn raw(&self, n: u32, prev: u64) -> u64 {
+        let n = n.max(1);
+        match self.kind {
+            Kind::Constant => self.base.min(self.cap),
+            Kind::Linear => self.base.saturating_mul(u64::from(n)).min(self.cap),
+            Kind::Exponential => exponential(self.base, self.multiplier, n - 1, self.cap),
+            Kind::Decorrelated => prev.max(self.base).saturating_mul(3).min(self.cap),
+        }
+    }
+
+    /// The delay of the n-th retry; `prev` is the previous delay of this call (0 before the first).
+    pub fn delay(&self, n: u32, prev: u64, rng: &mut Rng) -> u64 {
+        let d = self.raw(n, prev);
+        match self.jitter {
+            Jitter::None => d,
+            Jitter::Full => rng.between(0, d),
+            Jitter::Equal => {
+                let half = d / 2;
+                half.saturating_add(rng.between(0, d - half))
+            }
+            Jitter::Decorrelated => rng.between(self.base.min(self.cap), d),
+        }
+    }
+}
+
+/// `min(cap, base * m^e)` without overflow.
+pub(crate) fn exponential(base: u64, m: f64, e: u32, cap: u64) -> u64 {
+    if base == 0 {
+        return 0;
+    }
+    if base >= cap {
+        return cap;
+    }
+    let limit = cap as f64 / base as f64;
+    let mut result = 1.0f64;
+    let mut square = m;
+    let mut e = e;
+    while e > 0 {
+        if e & 1 == 1 {
+            result *= square;
+            if result >= limit {
+                return cap;
+            }
+        }
+        e >>= 1;
+        if e > 0 {
+            square *= square;
+            if !square.is_finite() || square >= limit {
+                // Any further set bit multiplies by at least this much (m >= 1).
+                return cap;
+            }
+        }
+    }
+    let v = base as f64 * result;
+    if v >= cap as f64 {
+        cap
+    } else {
+        v as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::{MILLISECOND, SECOND};
+
+    fn expo(base: u64, m: f64, cap: u64) -> Backoff {
+        Backoff { kind: Kind::Exponential, base, multiplier: m, cap, jitter: Jitter::None }
+    }
+
+    #[test]
+    fn exponential_values_and_cap() {
+        let b = expo(100 * MILLISECOND, 2.0, 10 * SECOND);
+        let mut rng = Rng::new(1);
+        let got: Vec<u64> = (1..=9).map(|n| b.delay(n, 0, &mut rng) / MILLISECOND).collect();
+        assert_eq!(got, vec![100, 200, 400, 800, 1600, 3200, 6400, 10000, 10000]);
+        for n in [22, 40, 63, 64, 65, 1000, u32::MAX] {
+            assert_eq!(b.delay(n, 0, &mut rng), 10 * SECOND, "n={n}");
+        }
+        let slow = expo(MILLISECOND, 1.0001, 10 * SECOND);
+        assert_eq!(slow.raw(u32::MAX, 0), 10 * SECOND);
+        assert_eq!(expo(MILLISECOND, 1.0, SECOND).raw(u32::MAX, 0), MILLISECOND);
+    }
+
+    #[test]
+    fn linear_constant_and_jitter_bounds() {
+        let mut rng = Rng::new(9);
+        let lin = Backoff { kind: Kind::Linear, base: SECOND, multiplier: 2.0, cap: 5 * SECOND, jitter: Jitter::None };
+        assert_eq!(lin.delay(3, 0, &mut rng), 3 * SECOND);
+        assert_eq!(lin.delay(u32::MAX, 0, &mut rng), 5 * SECOND);
+        for jitter in [Jitter::Full, Jitter::Equal] {
+            let b = Backoff { jitter, ..expo(100, 2.0, 1_000_000) };
+            for n in 1..200 {
+                let d = b.delay(n, 0, &mut rng);
+                let raw = b.raw(n, 0);
+                assert!(d <= raw);
+                if jitter == Jitter::Equal {
+                    assert!(d >= raw / 2);
+                }
+            }
+        }
+        let dec = Backoff { kind: Kind::Decorrelated, base: 10, multiplier: 2.0, cap: 1000, jitter: Jitter::Decorrelated };
+        let mut prev = 0;
+        for n in 1..500 {
+            let d = dec.delay(n, prev, &mut rng);
+            assert!(d >= 10 && d <= 1000 && d <= prev.max(10) * 3, "{d} after {prev}");
+            prev = d;
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Retry budgets.
+//!
+//! * **Token throttling** (gRPC A6): tokens start at `max-tokens` and stay in
+//!   `[0, max-tokens]`; each failed attempt that is retryable (or that carried a stop pushback)
+//!   costs 1, each success adds `token-ratio`; a retry is allowed only while
+//!   `tokens > max-tokens / 2`. Kept in milli-tokens, exactly as grpc's
+//!   `retry_throttle.cc`.
+//! * **Ratio budget** (Finagle / tower `TpsBudget`): each call deposits 1; a retry withdraws
+//!   `100 / percent`; deposits expire after `ttl` (kept in 10 slots of `ttl / 10`); a reserve
+//!   of `min-per-second * ttl` retries is always there. Kept in milli-units.
+
+/// Budget configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BudgetCfg {
+    /// gRPC A6 throttling.
+    Token {
+        /// Maximum tokens in milli-tokens (`max-tokens` * 1000; default 10 tokens).
+        max_milli: i64,
+        /// Tokens a success adds, in milli-tokens (`token-ratio` * 1000; default 0.1).
+        ratio_milli: i64,
+    },
+    /// Finagle/tower ratio budget.
+    Ratio {
+        /// Retries allowed per 100 calls (default 20).
+        percent: f64,
+        /// Retries always allowed per second (default 10).
+        min_per_second: u32,
+        /// How long a deposit counts (default 10s).
+        ttl: u64,
+    },
+}
+
+/// Number of slots a ratio budget keeps over its TTL.
+pub const RATIO_SLOTS: u64 = 10;
+
+/// Live budget state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BudgetState {
+    /// Token throttling: current milli-tokens.
+    Token {
+        /// Milli-tokens.
+        tokens: i64,
+    },
+    /// Ratio budget: `(slot number, balance in milli-units)` for the live slots.
+    Ratio {
+        /// Slots.
+        slots: Vec<(u64, i64)>,
+    },
+}
+
+impl BudgetCfg {
+    /// A fresh state.
+    pub fn fresh(&self) -> BudgetState {
+        match self {
+            BudgetCfg::Token { max_milli, .. } => BudgetState::Token { tokens: *max_milli },
+            BudgetCfg::Ratio { .. } => BudgetState::Ratio { slots: Vec::new() },
+        }
+    }
+
+    fn withdraw_milli(percent: f64) -> i64 {
+        (100_000.0 / percent).round() as i64
+    }
+
+    fn slot_len(ttl: u64) -> u64 {
+        (ttl / RATIO_SLOTS).max(1)
+    }
+
+    /// Whether a state made under `other` can be kept under `self` (same kind).
+    pub fn same_kind(&self, other: &BudgetCfg) -> bool {
+        matches!((self, other), (BudgetCfg::Token { .. }, BudgetCfg::Token { .. }) | (BudgetCfg::Ratio { .. }, BudgetCfg::Ratio { .. }))
+    }
+
+    /// Bring an imported state within this configuration's bounds.
+    pub fn clamp(&self, state: BudgetState) -> BudgetState {
+        match (self, state) {
+            (BudgetCfg::Token { max_milli, .. }, BudgetState::Token { tokens }) => {
+                BudgetState::Token { tokens: tokens.clamp(0, *max_milli) }
+            }
+            (BudgetCfg::Ratio { .. }, s @ BudgetState::Ratio { .. }) => s,
+            (cfg, _) => cfg.fresh(),
+        }
+    }
+}
+
+impl BudgetState {
+    /// A call begins (ratio budgets deposit).
+    pub fn on_call(&mut self, cfg: &BudgetCfg, now: u64) {
+        if let (BudgetCfg::Ratio { ttl, .. }, BudgetState::Ratio { slots }) = (cfg, self) {
+            let slot = now / BudgetCfg::slot_len(*ttl);
+            expire(slots, slot);
+            match slots.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, balance)) => *balance = balance.saturating_add(1000),
+                None => slots.push((slot, 1000)),
+            }
+        }
+    }
+
+    /// A success was reported (token throttling refills).
+    pub fn on_success(&mut self, cfg: &BudgetCfg) {
+        if let (BudgetCfg::Token { max_milli, ratio_milli }, BudgetState::Token { tokens }) = (cfg, self) {
+            *tokens = tokens.saturating_add(*ratio_milli).min(*max_milli);
+        }
+    }
+
+    /// A retryable failure (or a stop pushback) was reported (token throttling drains).
+    pub fn on_failure(&mut self, cfg: &BudgetCfg) {
+        if let (BudgetCfg::Token { .. }, BudgetState::Token { tokens }) = (cfg, self) {
+            *tokens = tokens.saturating_sub(1000).max(0);
+        }
+    }
+
+    /// Ask for a retry; withdraws from a ratio budget when allowed. Returns whether the retry
+    /// is allowed and the budget's level afterwards (milli-tokens, or retries now allowed).
+    pub fn try_retry(&mut self, cfg: &BudgetCfg, now: u64) -> (bool, i64) {
+        match (cfg, self) {
+            (BudgetCfg::Token { max_milli, .. }, BudgetState::Token { tokens }) => (tokens.saturating_mul(2) > *max_milli, *tokens),
+            (BudgetCfg::Ratio { percent, min_per_second, ttl }, BudgetState::Ratio { slots }) => {
+                let slot_len = BudgetCfg::slot_len(*ttl);
+                let slot = now / slot_len;
+                expire(slots, slot);
+                let withdraw = BudgetCfg::withdraw_milli(*percent);
+                let ttl_secs = *ttl as f64 / 1e9;
+                let reserve = (f64::from(*min_per_second) * ttl_secs * withdraw as f64) as i64;
+                let balance: i64 = slots.iter().fold(reserve, |acc, (_, b)| acc.saturating_add(*b));
+                if balance >= withdraw {
+                    match slots.iter_mut().find(|(s, _)| *s == slot) {
+                        Some((_, b)) => *b = b.saturating_sub(withdraw),
+                        None => slots.push((slot, -withdraw)),
+                    }
+                    (true, (balance - withdraw) / withdraw.max(1))
+                } else {
+                    (false, balance / withdraw.max(1))
+                }
+            }
+            (_, _) => (true, 0),
+        }
+    }
+
+    /// Token level in milli-tokens (token throttling), for invariants and metrics.
+    pub fn tokens(&self) -> Option<i64> {
+        match self {
+            BudgetState::Token { tokens } => Some(*tokens),
+            BudgetState::Ratio { .. } => None,
+        }
+    }
+}
+
+fn expire(slots: &mut Vec<(u64, i64)>, current: u64) {
+    slots.retain(|(s, _)| s.saturating_add(RATIO_SLOTS) > current && *s <= current);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// grpc `retry_throttle_test.cc`: max 4000 milli, ratio 1600 milli.
+    #[test]
+    fn grpc_a6_sequence_exactly() {
+        let cfg = BudgetCfg::Token { max_milli: 4000, ratio_milli: 1600 };
+        let mut s = cfg.fresh();
+        // (outcome, tokens after, retry allowed after a failure)
+        let steps: [(bool, i64, bool); 16] = [
+            (false, 3000, true),
+            (true, 4000, true),
+            (false, 3000, true),
+            (false, 2000, false),
+            (false, 1000, false),
+            (false, 0, false),
+            (false, 0, false),
+            (true, 1600, false),
+            (true, 3200, false),
+            (false, 2200, true),
+            (false, 1200, false),
+            (true, 2800, false),
+            (false, 1800, false),
+            (true, 3400, false),
+            (false, 2400, true),
+            (true, 4000, true),
+        ];
+        for (i, (success, tokens, allowed)) in steps.iter().enumerate() {
+            if *success {
+                s.on_success(&cfg);
+            } else {
+                s.on_failure(&cfg);
+                assert_eq!(s.try_retry(&cfg, 0).0, *allowed, "step {i}");
+            }
+            assert_eq!(s.tokens(), Some(*tokens), "step {i}");
+        }
+    }
+
+    #[test]
+    fn ratio_budget_reserve_deposits_and_expiry() {
+        let cfg = BudgetCfg::Ratio { percent: 20.0, min_per_second: 0, ttl: 10_000 };
+        let mut s = cfg.fresh();
+        assert!(!s.try_retry(&cfg, 0).0, "no deposits, no reserve");
+        for _ in 0..10 {
+            s.on_call(&cfg, 0);
+        }
+        assert!(s.try_retry(&cfg, 0).0);
+        assert!(s.try_retry(&cfg, 0).0);
+        assert!(!s.try_retry(&cfg, 0).0, "20% of 10 calls is 2 retries");
+        let mut t = cfg.fresh();
+        for _ in 0..10 {
+            t.on_call(&cfg, 0);
+        }
+        assert!(!t.try_retry(&cfg, 10_000).0, "deposits expire after the ttl");
+        let reserve = BudgetCfg::Ratio { percent: 20.0, min_per_second: 10, ttl: 10_000_000_000 };
+        let mut r = reserve.fresh();
+        let allowed = (0..200).filter(|_| r.try_retry(&reserve, 0).0).count();
+        assert_eq!(allowed, 100, "10/s for 10s");
+    }
+}

@@ -1,0 +1,675 @@
+//! The engine: policies, per-key state, live calls and the step protocol of `wit/levee.wit`.
+//!
+//! Composition, outside in: deadline -> fallback -> retry and its budget -> circuit breaker
+//! -> rate and concurrency limits -> per-attempt timeout -> the call. Every attempt passes
+//! the breaker; the concurrency slot is taken per attempt and never held while sleeping.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::breaker::{Breaker, Check};
+use crate::budget::BudgetState;
+use crate::classify::Observed;
+use crate::limiter::Gcra;
+use crate::policy::{self, LoadError, OverCap, Policy};
+use crate::retry_after::{parse_pushback, parse_retry_after, ServerDelay};
+use crate::rng::Rng;
+use crate::types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Reason, Verdict, VerdictKind};
+
+/// Most live calls an engine tracks; starting one more evicts the oldest (event `call-evicted`).
+pub const MAX_LIVE_CALLS: usize = 65_536;
+/// Most undrained events kept; older ones are dropped first.
+pub const MAX_PENDING_EVENTS: usize = 4_096;
+
+/// `start` flag: the operation is not idempotent.
+pub const FLAG_NON_IDEMPOTENT: u32 = 1;
+/// `start` flag: the call carries an idempotency key.
+pub const FLAG_IDEMPOTENCY_KEY: u32 = 2;
+/// `report` flag: the response is marked overloaded (`x-envoy-overloaded`).
+pub const FLAG_OVERLOADED: u32 = 1;
+
+/// What a host needs to know of a policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyInfo {
+    /// Name.
+    pub name: String,
+    /// Attempts, counting the first.
+    pub max_attempts: u32,
+    /// Per-attempt timeout in ns (0 = none).
+    pub attempt_timeout: u64,
+    /// Deadline in ns (0 = none).
+    pub deadline: u64,
+    /// Fallback chain.
+    pub fallbacks: Vec<String>,
+}
+
+/// What the engine knows of a live call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallInfo {
+    /// Policy index.
+    pub policy: u32,
+    /// Key.
+    pub key: String,
+    /// Attempts started.
+    pub attempts: u32,
+    /// Absolute deadline (0 = none).
+    pub deadline: u64,
+    /// Reason of the last failure or refusal.
+    pub last_reason: Reason,
+    /// Whether an attempt is in flight.
+    pub in_flight: bool,
+}
+
+/// State of one policy and key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct KeyState {
+    pub(crate) last_used: u64,
+    pub(crate) breaker: Option<Breaker>,
+    pub(crate) limiter: Option<Gcra>,
+    pub(crate) budget: Option<BudgetState>,
+    pub(crate) in_flight: u32,
+}
+
+impl KeyState {
+    pub(crate) fn fresh(p: &Policy, tick: u64) -> Self {
+        KeyState {
+            last_used: tick,
+            breaker: p.breaker.as_ref().map(|b| b.fresh()),
+            limiter: p.rate_limit.as_ref().map(|r| r.fresh()),
+            budget: p.budget.as_ref().map(|b| b.fresh()),
+            in_flight: 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Ready,
+    InFlight { permit: bool, slot: bool },
+    Fallback { index: usize, reason: Reason },
+}
+
+#[derive(Clone, Debug)]
+struct Call {
+    policy: usize,
+    key: String,
+    flags: u32,
+    started: u64,
+    deadline: Option<u64>,
+    attempts: u32,
+    phase: Phase,
+    last_reason: Reason,
+    prev_delay: u64,
+    reserved_at: Option<u64>,
+}
+
+/// A Levee engine. See the crate documentation and `wit/levee.wit`.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    pub(crate) policies: Vec<Policy>,
+    pub(crate) keys: Vec<BTreeMap<String, KeyState>>,
+    calls: BTreeMap<u64, Call>,
+    events: VecDeque<Event>,
+    pub(crate) rng: Rng,
+    pub(crate) tick: u64,
+}
+
+fn push_event(events: &mut VecDeque<Event>, e: Event) {
+    if events.len() >= MAX_PENDING_EVENTS {
+        events.pop_front();
+    }
+    events.push_back(e);
+}
+
+fn transition_events(events: &mut VecDeque<Event>, t: &[(BreakerState, BreakerState)], expired: &[u64], at: u64, policy: usize, key: &str) {
+    for c in expired {
+        let mut e = Event::new(at, EventKind::PermitExpired, policy as u32, key);
+        e.call = *c;
+        push_event(events, e);
+    }
+    for (from, to) in t {
+        let mut e = Event::new(at, EventKind::BreakerTransition, policy as u32, key);
+        e.state_from = *from;
+        e.state_to = *to;
+        push_event(events, e);
+    }
+}
+
+/// Find or make the state of `key`, evicting the least recently used key (idle ones first)
+/// when the policy's bound is reached.
+fn key_state<'a>(
+    keys: &'a mut BTreeMap<String, KeyState>,
+    p: &Policy,
+    policy: usize,
+    key: &str,
+    tick: &mut u64,
+    now: u64,
+    events: &mut VecDeque<Event>,
+) -> &'a mut KeyState {
+    *tick = tick.wrapping_add(1);
+    let t = *tick;
+    if !keys.contains_key(key) && keys.len() >= p.max_keys as usize {
+        let victim = keys.iter().min_by_key(|(_, s)| (s.in_flight > 0, s.last_used)).map(|(k, _)| k.clone());
+        if let Some(victim) = victim {
+            keys.remove(&victim);
+            let mut e = Event::new(now, EventKind::KeyEvicted, policy as u32, &victim);
+            e.name = victim;
+            push_event(events, e);
+        }
+    }
+    let state = keys.entry(key.to_string()).or_insert_with(|| KeyState::fresh(p, t));
+    state.last_used = t;
+    state
+}
+
+impl Engine {
+    /// Parse, validate and fill defaults; every error names its field path.
+    pub fn load(document: &str, seed: u64) -> Result<Engine, Vec<LoadError>> {
+        let policies = policy::parse_document(document)?;
+        Ok(Engine::from_policies(policies, seed))
+    }
+
+    pub(crate) fn from_policies(policies: Vec<Policy>, seed: u64) -> Engine {
+        let keys = policies.iter().map(|_| BTreeMap::new()).collect();
+        Engine { policies, keys, calls: BTreeMap::new(), events: VecDeque::new(), rng: Rng::new(seed), tick: 0 }
+    }
+
+    /// Replace the policies, keeping the state that still applies (see `import_state`) and the
+    /// live calls whose policy still exists. On error nothing changes.
+    pub fn reload(&mut self, document: &str) -> Result<(), Vec<LoadError>> {
+        let policies = policy::parse_document(document)?;
+        let snapshot = self.export_state();
+        let mut next = Engine::from_policies(policies, 0);
+        next.import_state(&snapshot).map_err(|e| vec![e])?;
+        // Live calls and their slots move over by policy name.
+        for (id, call) in &self.calls {
+            let Some(name) = self.policies.get(call.policy).map(|p| p.name.as_str()) else { continue };
+            let Some(index) = next.policies.iter().position(|p| p.name == name) else { continue };
+            let mut moved = call.clone();
+            moved.policy = index;
+            if let (Some(old), Some(new)) = (self.keys.get(call.policy).and_then(|k| k.get(&call.key)), next.keys.get_mut(index)) {
+                if let Some(ks) = new.get_mut(&call.key) {
+                    ks.in_flight = old.in_flight;
+                }
+            }
+            next.calls.insert(*id, moved);
+        }
+        next.events = std::mem::take(&mut self.events);
+        *self = next;
+        Ok(())
+    }
+
+    /// Number of policies.
+    pub fn policy_count(&self) -> u32 {
+        self.policies.len() as u32
+    }
+
+    /// Index of a named policy.
+    pub fn policy_index(&self, name: &str) -> Option<u32> {
+        self.policies.iter().position(|p| p.name == name).map(|i| i as u32)
+    }
+
+    /// The validated policy at an index.
+    pub fn policy(&self, index: u32) -> Option<&Policy> {
+        self.policies.get(index as usize)
+    }
+
+    /// What a host needs to know of a policy.
+    pub fn policy_info(&self, index: u32) -> Option<PolicyInfo> {
+        let p = self.policy(index)?;
+        Some(PolicyInfo {
+            name: p.name.clone(),
+            max_attempts: p.attempts,
+            attempt_timeout: p.attempt_timeout.unwrap_or(0),
+            deadline: p.deadline.unwrap_or(0),
+            fallbacks: p.fallbacks.iter().map(|f| f.name.clone()).collect(),
+        })
+    }
+
+    /// The policy with every default, as JSON.
+    pub fn policy_json(&self, index: u32) -> Option<String> {
+        self.policy(index).map(|p| crate::state::policy_to_json(p).to_string())
+    }
+
+    /// Worst cases of a policy run by `layers` layers.
+    pub fn analyze(&self, index: u32, layers: u32) -> Option<crate::Analysis> {
+        self.policy(index).map(|p| crate::analysis::analyze(p, layers))
+    }
+
+    fn finish(&self, v: Verdict) -> Verdict {
+        v.with_events(!self.events.is_empty())
+    }
+
+    /// Begin a call and acquire its first attempt (see the WIT for `flags` and settling).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        &mut self,
+        call: u64,
+        policy: u32,
+        key: &str,
+        flags: u32,
+        now: u64,
+        settle_call: u64,
+        settle_at: u64,
+        settle_elapsed: u64,
+    ) -> Verdict {
+        if settle_call != 0 {
+            // A held-back success; its answer is always `done` (or invalid, a host bug that
+            // the host learns of when the call's next operation fails).
+            let _ = self.report(settle_call, settle_at, settle_elapsed, OutcomeKind::Success, 0, "", 0, 0);
+        }
+        if call == 0 || self.calls.contains_key(&call) {
+            return self.finish(Verdict::invalid(InvalidCode::DuplicateCall));
+        }
+        let pi = policy as usize;
+        if pi >= self.policies.len() {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
+        }
+        if self.calls.len() >= MAX_LIVE_CALLS {
+            self.evict_oldest_call(now);
+        }
+        let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
+        };
+        let ks = key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events);
+        if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+            b.on_call(cfg, now);
+        }
+        let deadline = p.deadline.map(|d| now.saturating_add(d));
+        self.calls.insert(
+            call,
+            Call {
+                policy: pi,
+                key: key.to_string(),
+                flags,
+                started: now,
+                deadline,
+                attempts: 0,
+                phase: Phase::Ready,
+                last_reason: Reason::None,
+                prev_delay: 0,
+                reserved_at: None,
+            },
+        );
+        self.acquire(call, now)
+    }
+
+    fn evict_oldest_call(&mut self, now: u64) {
+        let oldest = self.calls.iter().min_by_key(|(_, c)| c.started).map(|(id, _)| *id);
+        if let Some(id) = oldest {
+            if let Some(c) = self.calls.get(&id) {
+                let mut e = Event::new(now, EventKind::CallEvicted, c.policy as u32, &c.key);
+                e.call = id;
+                e.attempt = c.attempts;
+                push_event(&mut self.events, e);
+            }
+            self.release(id, now);
+            self.calls.remove(&id);
+        }
+    }
+
+    /// Give back what an in-flight attempt holds (no outcome recorded).
+    fn release(&mut self, call: u64, now: u64) {
+        let Some(c) = self.calls.get_mut(&call) else { return };
+        let Phase::InFlight { permit, slot } = c.phase else { return };
+        c.phase = Phase::Ready;
+        let (Some(p), Some(keys)) = (self.policies.get(c.policy), self.keys.get_mut(c.policy)) else { return };
+        let ks = key_state(keys, p, c.policy, &c.key, &mut self.tick, now, &mut self.events);
+        if slot {
+            ks.in_flight = ks.in_flight.saturating_sub(1);
+        }
+        if permit {
+            if let Some(b) = ks.breaker.as_mut() {
+                b.give_back(call);
+            }
+        }
+    }
+
+    /// Acquire the next attempt of a call.
+    pub fn acquire(&mut self, call: u64, now: u64) -> Verdict {
+        let Some(c) = self.calls.get_mut(&call) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
+        };
+        if c.phase != Phase::Ready {
+            return self.finish(Verdict::invalid(InvalidCode::WrongStep));
+        }
+        let pi = c.policy;
+        let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
+        };
+        if let Some(dl) = c.deadline {
+            if now >= dl {
+                return self.reject(call, Reason::Deadline, 0, now);
+            }
+        }
+        if c.attempts >= p.attempts {
+            // Cannot happen through `report`; kept so that no path exceeds the maximum.
+            return self.end(call, Reason::RetriesExhausted, 0, now);
+        }
+        let ks = key_state(keys, p, pi, &c.key, &mut self.tick, now, &mut self.events);
+
+        // Circuit breaker.
+        let mut permit = false;
+        if let (Some(cfg), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
+            let (mut t, mut expired) = (Vec::new(), Vec::new());
+            let check = b.check(cfg, now, &mut t, &mut expired);
+            transition_events(&mut self.events, &t, &expired, now, pi, &c.key);
+            match check {
+                Check::Allow { permit: p } => permit = p,
+                Check::Reject(hint) => return self.reject(call, Reason::BreakerOpen, hint, now),
+            }
+        }
+        // Concurrency limit.
+        let slot = p.bulkhead.is_some();
+        if let Some(bh) = &p.bulkhead {
+            if ks.in_flight >= bh.max_concurrent {
+                return self.reject(call, Reason::BulkheadFull, 0, now);
+            }
+        }
+        // Rate limit.
+        if let (Some(cfg), Some(g)) = (&p.rate_limit, ks.limiter.as_mut()) {
+            match c.reserved_at {
+                Some(at) if now < at => return self.finish(Verdict::new(VerdictKind::Wait, Reason::RateLimited as u8, at - now)),
+                Some(_) => c.reserved_at = None,
+                None => {
+                    if let Err(wait) = g.try_take(cfg, now) {
+                        let fits = c.deadline.is_none_or(|dl| now.saturating_add(wait) < dl);
+                        if wait <= cfg.max_wait && fits {
+                            g.reserve(cfg, now);
+                            c.reserved_at = Some(now.saturating_add(wait));
+                            let mut e = Event::new(now, EventKind::RateLimitWait, pi as u32, &c.key);
+                            e.call = call;
+                            e.attempt = c.attempts.saturating_add(1);
+                            e.reason = Reason::RateLimited;
+                            e.duration = wait;
+                            push_event(&mut self.events, e);
+                            return self.finish(Verdict::new(VerdictKind::Wait, Reason::RateLimited as u8, wait));
+                        }
+                        return self.reject(call, Reason::RateLimited, wait, now);
+                    }
+                }
+            }
+        }
+        // Commit.
+        if permit {
+            if let Some(b) = ks.breaker.as_mut() {
+                b.take_permit(call, now);
+            }
+        }
+        if slot {
+            ks.in_flight = ks.in_flight.saturating_add(1);
+        }
+        c.attempts = c.attempts.saturating_add(1);
+        c.phase = Phase::InFlight { permit, slot };
+        let remaining = c.deadline.map(|dl| dl.saturating_sub(now));
+        let timeout = match (p.attempt_timeout, remaining) {
+            (Some(t), Some(r)) => t.min(r),
+            (Some(t), None) => t,
+            (None, Some(r)) => r,
+            (None, None) => 0,
+        };
+        let v = Verdict::attempt(c.attempts, timeout);
+        self.finish(v)
+    }
+
+    fn reject(&mut self, call: u64, reason: Reason, hint: u64, now: u64) -> Verdict {
+        if let Some(c) = self.calls.get(&call) {
+            let mut e = Event::new(now, EventKind::Rejected, c.policy as u32, &c.key);
+            e.call = call;
+            e.attempt = c.attempts.saturating_add(1);
+            e.reason = reason;
+            e.duration = hint;
+            push_event(&mut self.events, e);
+        }
+        self.end(call, reason, hint, now)
+    }
+
+    /// The retry loop stopped without success: choose a fallback or fail.
+    fn end(&mut self, call: u64, reason: Reason, hint: u64, now: u64) -> Verdict {
+        let Some(c) = self.calls.get_mut(&call) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
+        };
+        c.last_reason = reason;
+        let mut e = Event::new(now, EventKind::GaveUp, c.policy as u32, &c.key);
+        e.call = call;
+        e.attempt = c.attempts;
+        e.reason = reason;
+        e.duration = hint;
+        push_event(&mut self.events, e);
+        self.next_fallback(call, 0, reason, now).unwrap_or_else(|| {
+            self.calls.remove(&call);
+            self.finish(Verdict::new(VerdictKind::Fail, reason as u8, hint))
+        })
+    }
+
+    fn next_fallback(&mut self, call: u64, from: usize, reason: Reason, now: u64) -> Option<Verdict> {
+        let c = self.calls.get_mut(&call)?;
+        let p = self.policies.get(c.policy)?;
+        let (index, fb) = p.fallbacks.iter().enumerate().skip(from).find(|(_, f)| f.on.contains(&reason))?;
+        c.phase = Phase::Fallback { index, reason };
+        let mut e = Event::new(now, EventKind::FallbackChosen, c.policy as u32, &c.key);
+        e.call = call;
+        e.attempt = c.attempts;
+        e.reason = reason;
+        e.name = fb.name.clone();
+        push_event(&mut self.events, e);
+        Some(self.finish(Verdict::new(VerdictKind::Fallback, reason as u8, index as u64)))
+    }
+
+    /// Report the outcome of the attempt in flight.
+    #[allow(clippy::too_many_arguments)]
+    pub fn report(
+        &mut self,
+        call: u64,
+        now: u64,
+        elapsed: u64,
+        kind: OutcomeKind,
+        code: i32,
+        text: &str,
+        wall_secs: u64,
+        flags: u32,
+    ) -> Verdict {
+        let Some(c) = self.calls.get_mut(&call) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
+        };
+        let Phase::InFlight { permit: _, slot } = c.phase else {
+            return self.finish(Verdict::invalid(InvalidCode::WrongStep));
+        };
+        let pi = c.policy;
+        let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
+        };
+        c.phase = Phase::Ready;
+        let ks = key_state(keys, p, pi, &c.key, &mut self.tick, now, &mut self.events);
+        if slot {
+            ks.in_flight = ks.in_flight.saturating_sub(1);
+        }
+        let server = match kind {
+            OutcomeKind::HttpStatus if p.retry_after.honor => parse_retry_after(text, wall_secs),
+            OutcomeKind::GrpcStatus if p.retry_after.honor => parse_pushback(text),
+            _ => ServerDelay::None,
+        };
+        let observed = Observed {
+            kind,
+            code,
+            class: if kind == OutcomeKind::ErrorClass { text } else { "" },
+            has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
+        };
+        let success = observed.is_success();
+        if let (Some(cfg), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
+            let failure = !success && cfg.failure_on.matches(&observed);
+            let slow = elapsed >= cfg.slow_call_duration;
+            let mut t = Vec::new();
+            b.record(cfg, call, now, failure, slow, &mut t);
+            transition_events(&mut self.events, &t, &[], now, pi, &c.key);
+        }
+        if success {
+            if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+                b.on_success(cfg);
+            }
+            self.calls.remove(&call);
+            return self.finish(Verdict::new(VerdictKind::Done, 0, 0));
+        }
+        let overloaded = kind == OutcomeKind::HttpStatus && flags & FLAG_OVERLOADED != 0;
+        let retryable = !overloaded && p.retry_on.matches(&observed) && !p.never_retry.matches(&observed);
+        let stop = server == ServerDelay::Stop;
+        if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+            if retryable || stop {
+                b.on_failure(cfg);
+            }
+        }
+        if stop {
+            return self.end(call, Reason::Pushback, 0, now);
+        }
+        if !retryable {
+            return self.end(call, Reason::NonRetryable, 0, now);
+        }
+        let method = (c.flags >> 8) & 0xF;
+        let idempotent =
+            c.flags & FLAG_IDEMPOTENCY_KEY != 0 || (c.flags & FLAG_NON_IDEMPOTENT == 0 && policy::method_idempotent(p, method));
+        if !idempotent {
+            return self.end(call, Reason::NonIdempotent, 0, now);
+        }
+        if c.attempts >= p.attempts {
+            return self.end(call, Reason::RetriesExhausted, 0, now);
+        }
+        let delay = match server {
+            ServerDelay::After(d) if d > p.retry_after.cap => match p.retry_after.over_cap {
+                OverCap::Fail => return self.end(call, Reason::RetryAfterTooLong, d, now),
+                OverCap::Clamp => p.retry_after.cap,
+            },
+            ServerDelay::After(d) => d,
+            _ => p.backoff.delay(c.attempts, c.prev_delay, &mut self.rng),
+        };
+        if let Some(dl) = c.deadline {
+            if now.saturating_add(delay) >= dl {
+                return self.end(call, Reason::Deadline, 0, now);
+            }
+        }
+        if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+            let (allowed, level) = b.try_retry(cfg, now);
+            if !allowed {
+                let mut e = Event::new(now, EventKind::BudgetRefused, pi as u32, &c.key);
+                e.call = call;
+                e.attempt = c.attempts;
+                e.reason = Reason::Budget;
+                e.value = level;
+                push_event(&mut self.events, e);
+                return self.end(call, Reason::Budget, 0, now);
+            }
+        }
+        c.prev_delay = delay;
+        let mut e = Event::new(now, EventKind::RetryScheduled, pi as u32, &c.key);
+        e.call = call;
+        e.attempt = c.attempts;
+        e.duration = delay;
+        push_event(&mut self.events, e);
+        self.finish(Verdict::new(VerdictKind::Retry, 0, delay))
+    }
+
+    /// Report whether the fallback the last verdict chose succeeded.
+    pub fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> Verdict {
+        let Some(c) = self.calls.get(&call) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
+        };
+        let Phase::Fallback { index, reason } = c.phase else {
+            return self.finish(Verdict::invalid(InvalidCode::WrongStep));
+        };
+        if ok {
+            self.calls.remove(&call);
+            return self.finish(Verdict::new(VerdictKind::Done, 0, 0));
+        }
+        if let Some(v) = self.next_fallback(call, index.saturating_add(1), reason, now) {
+            return v;
+        }
+        self.calls.remove(&call);
+        self.finish(Verdict::new(VerdictKind::Fail, Reason::FallbacksFailed as u8, 0))
+    }
+
+    /// Abandon a call: release what it holds.
+    pub fn cancel(&mut self, call: u64, now: u64) {
+        self.release(call, now);
+        self.calls.remove(&call);
+    }
+
+    /// What the engine knows of a live call.
+    pub fn call_info(&self, call: u64) -> Option<CallInfo> {
+        let c = self.calls.get(&call)?;
+        Some(CallInfo {
+            policy: c.policy as u32,
+            key: c.key.clone(),
+            attempts: c.attempts,
+            deadline: c.deadline.unwrap_or(0),
+            last_reason: c.last_reason,
+            in_flight: matches!(c.phase, Phase::InFlight { .. }),
+        })
+    }
+
+    /// Number of live calls.
+    pub fn live_calls(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Take the events recorded since the last drain, oldest first.
+    pub fn drain_events(&mut self) -> Vec<Event> {
+        self.events.drain(..).collect()
+    }
+
+    /// Whether events wait to be drained.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    /// Breaker state of a policy and key at `now` (`None` when the policy has no breaker).
+    pub fn breaker_state(&self, policy: u32, key: &str, now: u64) -> Option<BreakerState> {
+        let p = self.policy(policy)?;
+        p.breaker.as_ref()?;
+        let state = self
+            .keys
+            .get(policy as usize)
+            .and_then(|k| k.get(key))
+            .and_then(|s| s.breaker.as_ref())
+            .map(|b| b.peek(now))
+            .unwrap_or(BreakerState::Closed);
+        Some(state)
+    }
+
+    /// Force a breaker state (forced-open, forced-closed, disabled; closed to return to normal).
+    pub fn set_breaker_state(&mut self, policy: u32, key: &str, state: BreakerState, now: u64) -> Result<(), String> {
+        let pi = policy as usize;
+        let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
+            return Err(format!("no policy with index {policy}"));
+        };
+        let Some(cfg) = &p.breaker else {
+            return Err(format!("policy `{}` has no breaker", p.name));
+        };
+        let ks = key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events);
+        let b = ks.breaker.get_or_insert_with(|| cfg.fresh());
+        let mut t = Vec::new();
+        b.force(cfg, state, now, &mut t)?;
+        transition_events(&mut self.events, &t, &[], now, pi, key);
+        Ok(())
+    }
+
+    /// In-flight attempts of a policy and key (for invariants and metrics).
+    pub fn in_flight(&self, policy: u32, key: &str) -> u32 {
+        self.keys.get(policy as usize).and_then(|k| k.get(key)).map(|s| s.in_flight).unwrap_or(0)
+    }
+
+    /// Token-throttling level in milli-tokens of a policy and key, if it has one.
+    pub fn budget_tokens(&self, policy: u32, key: &str) -> Option<i64> {
+        self.keys.get(policy as usize)?.get(key)?.budget.as_ref()?.tokens()
+    }
+
+    /// Rate-limit tokens available at `now` for a policy and key, if it has a limiter.
+    pub fn rate_tokens(&self, policy: u32, key: &str, now: u64) -> Option<u64> {
+        let cfg = self.policy(policy)?.rate_limit.as_ref()?;
+        let fresh = cfg.fresh();
+        let g = self.keys.get(policy as usize)?.get(key).and_then(|s| s.limiter.as_ref()).unwrap_or(&fresh);
+        Some(g.tokens(cfg, now))
+    }
+
+    /// Keys with state for a policy.
+    pub fn key_count(&self, policy: u32) -> usize {
+        self.keys.get(policy as usize).map(BTreeMap::len).unwrap_or(0)
+    }
+}

@@ -1,0 +1,36 @@
+//! # levee-core
+//!
+//! The sans-I/O policy core of Levee. It never reads a clock, never sleeps and never draws
+//! OS randomness: hosts pass a monotonic `now` (nanoseconds) at every step, and jitter comes
+//! from a seeded PRNG inside the engine ([`rng`]). The same policy, seed and trace of
+//! `(now, outcome)` give bit-identical decisions on every platform.
+//!
+//! The public API mirrors `wit/levee.wit` one to one: [`Engine::load`], [`Engine::start`],
+//! [`Engine::acquire`], [`Engine::report`], [`Engine::report_fallback`], [`Engine::cancel`],
+//! [`Engine::drain_events`], state export and import. Hot-path operations return a packed
+//! [`Verdict`].
+//!
+//! Nothing reachable from input panics: the crate denies `unwrap`, `expect`, `panic!` and
+//! unchecked indexing, and every policy error is returned with its field path.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod analysis;
+pub mod backoff;
+pub mod breaker;
+pub mod budget;
+pub mod classify;
+pub mod doc;
+mod engine;
+pub mod limiter;
+pub mod policy;
+pub mod retry_after;
+pub mod rng;
+mod state;
+pub mod time;
+pub mod types;
+
+pub use analysis::Analysis;
+pub use engine::{CallInfo, Engine, PolicyInfo, MAX_LIVE_CALLS, MAX_PENDING_EVENTS};
+pub use policy::{LoadError, Policy};
+pub use types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Reason, Verdict, VerdictKind};
