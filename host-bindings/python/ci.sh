@@ -17,10 +17,17 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY="$HERE/.venv/bin/python"
-"$VPY" -m pip install -q --upgrade pip >/dev/null
+quiet() { # run quietly; show the output only on failure
+  local log
+  log="$(mktemp)"
+  if ! "$@" >"$log" 2>&1; then cat "$log" >&2; rm -f "$log"; return 1; fi
+  rm -f "$log"
+}
+echo "== install"
+quiet "$VPY" -m pip install --upgrade pip
 # a fresh wheel every time, so the component inside it is the one just built
-"$VPY" -m pip install -q --force-reinstall --no-deps . >/dev/null
-"$VPY" -m pip install -q ".[test]" >/dev/null
+quiet "$VPY" -m pip install --force-reinstall --no-deps .
+quiet "$VPY" -m pip install ".[test]"
 rm -rf build src/*.egg-info
 
 echo "== ruff"

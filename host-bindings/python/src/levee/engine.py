@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from ._abi import ComponentFault, Core, LoadErrors, Runtime, event_from_raw
 from ._events import Listener, dispatch, logger
 from .errors import LeveeError, PolicyError, ProtocolError, UnknownPolicy, failure_for
-from .outcomes import Classifier, Outcome, outcome_for_exception, outcome_for_result
+from .outcomes import _RESULT_IS_RESPONSE, Classifier, Outcome, outcome_for_exception, outcome_for_result
 from .types import (
     Analysis,
     BreakerState,
@@ -907,6 +907,9 @@ class Policy:
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn(*args, **kwargs)` under the policy (synchronously)."""
+        return self._run(fn, args, kwargs)
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
         eng = self.engine
         slot = self._slot
         key = self._key if self._key_fn is None else self._key_for(args, kwargs)
@@ -940,7 +943,7 @@ class Policy:
             if (
                 (timeout == 0 or end - start <= timeout)
                 and self._classify is None
-                and outcome_for_result(value) is None
+                and (_RESULT_IS_RESPONSE.get(type(value)) is False or outcome_for_result(value) is None)
             ):
                 eng._pending.append((call, end, end - start, gen))
                 if end >= eng._snapshot_due:
@@ -1040,11 +1043,11 @@ class Policy:
 
             return cast(Callable[P, T], async_wrapper)
 
-        call = self.call
+        run = self._run
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-            return call(fn, *args, **kwargs)
+            return run(fn, args, kwargs)
 
         return wrapper
 
