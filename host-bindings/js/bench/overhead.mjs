@@ -17,8 +17,7 @@ const CALLS = arg('--calls', 200_000);
 const ROUNDS = arg('--rounds', 7);
 
 // Three attempts with exponential backoff, a consecutive-failure breaker: the same in both libraries.
-const levee = loadSync(
-  `
+const BENCH_POLICY = `
 policies:
   bench:
     attempts: 3
@@ -30,9 +29,8 @@ policies:
       failure-rate: 100
       open-duration: 10s
       failure-on: ["error:*"]
-`,
-  { seed: 1n, meter: null },
-);
+`;
+const levee = loadSync(BENCH_POLICY, { seed: 1n, meter: null });
 const policy = levee.policy('bench');
 const cockatiel = wrap(
   retry(handleAll, { maxAttempts: 2, backoff: new ExponentialBackoff({ initialDelay: 100, maxDelay: 10_000 }) }),
@@ -40,6 +38,11 @@ const cockatiel = wrap(
 );
 
 const work = async () => 1;
+
+// The floor this core sets: the same crossings (start with the previous success settled, two clock
+// reads) around the same awaited call, with no host logic at all.
+const engine = levee.component.engineApi.Engine.load(BENCH_POLICY, 1n);
+let floorCall = 1n;
 
 const cases = {
   bare: async (n) => {
@@ -50,6 +53,25 @@ const cases = {
   levee: async (n) => {
     let s = 0;
     for (let i = 0; i < n; i++) s += await levee.run(policy, work);
+    return s;
+  },
+  'core floor': async (n) => {
+    let s = 0;
+    let prev = 0n;
+    let prevAt = 0n;
+    let prevElapsed = 0n;
+    for (let i = 0; i < n; i++) {
+      const t0 = process.hrtime.bigint();
+      const call = floorCall++;
+      engine.start(call, 0, '', 0, t0, prev, prevAt, prevElapsed);
+      s += await work();
+      const t1 = process.hrtime.bigint();
+      prev = call;
+      prevAt = t1;
+      prevElapsed = t1 - t0;
+    }
+    if (prev !== 0n) engine.report(prev, prevAt, prevElapsed, 'success', 0, '', 0n, 0);
+    engine.drainEvents();
     return s;
   },
   cockatiel: async (n) => {

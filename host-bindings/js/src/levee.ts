@@ -232,6 +232,9 @@ class Attempt implements AttemptContext {
   }
 }
 
+/** The context of a first attempt without timeout or caller signal: it holds no state, so it is shared. */
+const FIRST_ATTEMPT: AttemptContext = Object.freeze({ signal: NO_SIGNAL, attempt: 1, timeoutMs: 0 });
+
 /** Sleep `ms`, rejecting with the signal's reason if it aborts first. */
 export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   if (signal?.aborted) return Promise.reject(signal.reason);
@@ -271,6 +274,7 @@ function loadErrors(err: unknown): LoadError[] | undefined {
  */
 export class Levee {
   readonly #platform: Platform;
+  readonly #now: () => bigint;
   readonly #instantiateCore: InstantiateCore | undefined;
   #document: string;
   readonly #seed: bigint;
@@ -302,6 +306,7 @@ export class Levee {
   /** @internal Use `load` from `levee` (Node) or `levee/worker`. */
   constructor(platform: Platform, document: string, options: LoadOptions, meter: MeterLike | undefined) {
     this.#platform = platform;
+    this.#now = platform.now;
     this.#document = document;
     this.#instantiateCore = options.instantiateCore;
     this.#trace = options.trace;
@@ -578,17 +583,18 @@ export class Levee {
    * attempt (or fallback) that succeeded; rejects with a `LeveeError` that carries the reason and
    * the last error.
    */
-  async run<T>(
+  run<T>(
     policy: string | PolicyEntry,
     fn: (ctx: AttemptContext) => T | PromiseLike<T>,
     options?: RunOptions<T>,
   ): Promise<T> {
     const p = typeof policy === 'string' ? this.#byName.get(policy) : policy;
-    if (p === undefined) throw new RangeError(`levee: no policy named "${String(policy)}"`);
+    if (p === undefined) return Promise.reject(new RangeError(`levee: no policy named "${String(policy)}"`));
     const signal = options?.signal;
-    if (signal?.aborted) throw new LeveeError('cancelled', { policy: p.name, attempts: 0, lastError: signal.reason });
-    const platform = this.#platform;
-    let now = platform.now();
+    if (signal?.aborted) {
+      return Promise.reject(new LeveeError('cancelled', { policy: p.name, attempts: 0, lastError: signal.reason }));
+    }
+    const now = this.#now();
     if (now > this.#nextCheckpoint) {
       this.flush();
       this.#checkpoint(now);
@@ -597,26 +603,107 @@ export class Levee {
       return this.#single(p, fn, options, 0, now, undefined, undefined);
     }
     const gen = this.#generation;
-    const engine = this.#engine;
     const call = BigInt(this.#nextCall++);
-    const deadline = p.deadlineNs > 0 ? now + p.deadlineBig : 0n;
     let v: bigint;
     try {
       const held = this.#heldCall;
+      const flags = options === undefined ? 0 : startFlags(options);
+      const key = options?.key ?? '';
       if (held !== 0n) {
         this.#heldCall = 0n;
-        v = engine.start(call, p.index, options?.key ?? '', startFlags(options), now, held, this.#heldAt, this.#heldElapsed);
+        v = this.#engine.start(call, p.index, key, flags, now, held, this.#heldAt, this.#heldElapsed);
       } else {
-        v = engine.start(call, p.index, options?.key ?? '', startFlags(options), now, 0n, 0n, 0n);
+        v = this.#engine.start(call, p.index, key, flags, now, 0n, 0n, 0n);
       }
     } catch (err) {
       this.#recover(err, 'start', p.name);
       return this.#single(p, fn, options, 0, now, undefined, undefined);
     }
+    if (this.#trace !== undefined) this.#traceStep('start', call, p, 0, v, undefined, undefined);
+    // The common case: a first attempt without timeout, deadline, caller signal or value to
+    // describe, and no events: run it on a short path whose success is held back for batching.
+    const n = Number(v);
+    if (n < 0x10000 && (n & 0x1f) === KIND_ATTEMPT && p.deadlineNs === 0 && signal === undefined && options?.outcomeOf === undefined) {
+      return this.#fast(p, fn, options, call, now, gen);
+    }
+    return this.#drive(p, fn, options, call, v, now, gen, 0, undefined);
+  }
 
-    let attempts = 0;
-    if (this.#trace !== undefined) this.#traceStep('start', call, p, attempts, v, undefined, undefined);
-    let lastError: unknown = undefined;
+  async #fast<T>(
+    p: PolicyEntry,
+    fn: (ctx: AttemptContext) => T | PromiseLike<T>,
+    options: RunOptions<T> | undefined,
+    call: bigint,
+    started: bigint,
+    gen: number,
+  ): Promise<T> {
+    let result: T;
+    try {
+      const r = fn(FIRST_ATTEMPT);
+      result = isThenable(r) ? await r : r;
+    } catch (err) {
+      const now = this.#now();
+      const outcome = options?.errorOutcome?.(err) ?? outcomeOfError(err);
+      const v = this.#reportAttempt(p, call, now, now - started, outcome, gen, 1, err, undefined);
+      return this.#drive(p, fn, options, call, v, now, gen, 1, err);
+    }
+    const now = this.#now();
+    if (this.#generation === gen) this.#hold(call, now, now - started);
+    return result;
+  }
+
+  /** Hold a success back: it rides on the next `start` (or a flush soon after). */
+  #hold(call: bigint, now: bigint, elapsed: bigint): void {
+    if (this.#heldCall !== 0n) this.flush();
+    this.#heldCall = call;
+    this.#heldAt = now;
+    this.#heldElapsed = elapsed;
+    if (this.#flushTimer === undefined) this.#scheduleFlush();
+  }
+
+  /** Report an attempt's outcome; on a fault (or if the engine was replaced) the call ends here. */
+  #reportAttempt(
+    p: PolicyEntry,
+    call: bigint,
+    now: bigint,
+    elapsed: bigint,
+    outcome: Outcome,
+    gen: number,
+    attempts: number,
+    lastError: unknown,
+    lastResult: unknown,
+  ): bigint {
+    if (this.#generation !== gen) {
+      // The engine was replaced while this attempt ran: that was the single attempt.
+      throw new LeveeError('engine-fault', { policy: p.name, attempts, lastError, lastResult });
+    }
+    let v: bigint;
+    try {
+      if (this.#heldCall !== 0n) this.flush();
+      v = this.#report(call, now, elapsed, outcome);
+    } catch (err) {
+      this.#recover(err, 'report', p.name);
+      throw new LeveeError('engine-fault', { policy: p.name, attempts, lastError, lastResult });
+    }
+    if (this.#trace !== undefined) this.#traceStep('report', call, p, attempts, v, outcome, undefined);
+    return v;
+  }
+
+  /** The step loop, from verdict `v` on. */
+  async #drive<T>(
+    p: PolicyEntry,
+    fn: (ctx: AttemptContext) => T | PromiseLike<T>,
+    options: RunOptions<T> | undefined,
+    call: bigint,
+    v: bigint,
+    now: bigint,
+    gen: number,
+    attempts: number,
+    lastError: unknown,
+  ): Promise<T> {
+    const platform = this.#platform;
+    const signal = options?.signal;
+    const deadline = p.deadlineNs > 0 ? now + p.deadlineBig : 0n;
     let lastResult: unknown = undefined;
     let value: T | undefined = undefined;
     for (;;) {
@@ -658,18 +745,13 @@ export class Levee {
         let outcome: Outcome | undefined;
         try {
           const r = fn(ctx);
-          const result = timeoutNs > 0 || signal !== undefined ? await ctx.race(r as PromiseLike<T>) : isThenable(r) ? await r : r;
+          const result =
+            timeoutNs > 0 || signal !== undefined ? await ctx.race(r as PromiseLike<T>) : isThenable(r) ? await r : r;
           now = platform.now();
+          ctx.dispose();
           outcome = options?.outcomeOf?.(result);
           if (outcome === undefined || outcome.kind === 'success') {
-            ctx.dispose();
-            if (this.#generation !== gen) return result;
-            // Hold the success back: it rides on the next `start` (or a flush soon after).
-            if (this.#heldCall !== 0n) this.flush();
-            this.#heldCall = call;
-            this.#heldAt = now;
-            this.#heldElapsed = now - started;
-            if (this.#flushTimer === undefined) this.#scheduleFlush();
+            if (this.#generation === gen) this.#hold(call, now, now - started);
             return result;
           }
           value = result;
@@ -687,18 +769,7 @@ export class Levee {
           lastResult = undefined;
           value = undefined;
         }
-        if (this.#generation !== gen) {
-          // The engine was replaced while this attempt ran: that was the single attempt.
-          throw new LeveeError('engine-fault', { policy: p.name, attempts, lastError, lastResult });
-        }
-        try {
-          if (this.#heldCall !== 0n) this.flush();
-          v = this.#report(call, now, now - started, outcome);
-          if (this.#trace !== undefined) this.#traceStep('report', call, p, attempts, v, outcome, undefined);
-        } catch (err) {
-          this.#recover(err, 'report', p.name);
-          throw new LeveeError('engine-fault', { policy: p.name, attempts, lastError, lastResult });
-        }
+        v = this.#reportAttempt(p, call, now, now - started, outcome, gen, attempts, lastError, lastResult);
         continue;
       }
 
@@ -727,11 +798,11 @@ export class Levee {
         try {
           if (this.#heldCall !== 0n) this.flush();
           v = this.#engine.acquire(call, now);
-          if (this.#trace !== undefined) this.#traceStep('acquire', call, p, attempts, v, undefined, undefined);
         } catch (err) {
           this.#recover(err, 'acquire', p.name);
           return this.#single(p, fn, options, attempts, now, lastError, deadline);
         }
+        if (this.#trace !== undefined) this.#traceStep('acquire', call, p, attempts, v, undefined, undefined);
         continue;
       }
 
@@ -763,12 +834,12 @@ export class Levee {
         try {
           if (this.#heldCall !== 0n) this.flush();
           v = this.#engine.reportFallback(call, now, ok);
-          if (this.#trace !== undefined) this.#traceStep('report-fallback', call, p, attempts, v, undefined, ok);
         } catch (err) {
           this.#recover(err, 'report-fallback', p.name);
           if (ok) return value as T;
           throw new LeveeError('engine-fault', { policy: p.name, attempts, lastError, lastResult });
         }
+        if (this.#trace !== undefined) this.#traceStep('report-fallback', call, p, attempts, v, undefined, ok);
         continue;
       }
 
