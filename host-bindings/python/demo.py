@@ -39,6 +39,7 @@ def main(argv: list[str]) -> int:
     name = argv[3] if len(argv) > 3 else engine.policies[0]
     print(f"policy {name!r} -> {url}")
     n = 0
+    pending: list[str] = []
 
     def trace(step: levee.TraceStep) -> None:
         nonlocal n
@@ -52,7 +53,7 @@ def main(argv: list[str]) -> int:
         )
 
     engine.trace = trace
-    engine.add_listener(lambda ev: print(f"        event: {describe(ev)}", flush=True))
+    engine.add_listener(lambda ev: pending.append(f"        event: {describe(ev)}"))
     with httpx.Client(transport=LeveeTransport(engine, name)) as client:
         try:
             r = client.get(url)
