@@ -44,16 +44,15 @@ type Listener func(Event)
 type Fallback func(ctx context.Context, cause error) (any, error)
 
 type options struct {
-	seed          *uint64
-	core          []byte
-	callLimit     time.Duration
-	memoryPages   uint32
-	snapEvery     time.Duration
-	listeners     []Listener
-	logger        *slog.Logger
-	fallbacks     map[string]Fallback
-	noTermination bool
-	trace         func(Step)
+	seed        *uint64
+	core        []byte
+	callLimit   time.Duration
+	memoryPages uint32
+	snapEvery   time.Duration
+	listeners   []Listener
+	logger      *slog.Logger
+	fallbacks   map[string]Fallback
+	trace       func(Step)
 }
 
 // Option configures Load.
@@ -66,7 +65,9 @@ func WithSeed(seed uint64) Option { return func(o *options) { o.seed = &seed } }
 func WithCoreModule(wasm []byte) Option { return func(o *options) { o.core = wasm } }
 
 // WithGuestCallLimit bounds every call into the guest (default 1 s); a call over it is
-// aborted and treated as a trap.
+// aborted and treated as a trap. The bound uses wazero's WithCloseOnContextDone,
+// which costs a goroutine per guest call. 0 turns the bound off, for a core
+// module you trust: guest calls are then cheaper but cannot be interrupted.
 func WithGuestCallLimit(d time.Duration) Option { return func(o *options) { o.callLimit = d } }
 
 // WithMemoryLimitPages bounds the guest's linear memory, in 64 KiB pages (default 512 = 32 MiB).
@@ -136,11 +137,10 @@ type Engine struct {
 	eventsPending atomic.Bool
 
 	// bounding of guest calls: a timer cancels gctx when a call runs too long
-	gctx    context.Context
-	gcancel context.CancelFunc
-	timer   *time.Timer
-	armed   atomic.Bool
-	fired   atomic.Bool
+	guard atomic.Pointer[guard]
+	timer *time.Timer
+	armed atomic.Bool
+	fired atomic.Bool
 
 	nextCall atomic.Uint64
 	fbMu     sync.RWMutex
@@ -148,6 +148,17 @@ type Engine struct {
 }
 
 type heldSuccess struct{ call, at, elapsed uint64 }
+
+// guard is the context guest calls run under; the watchdog cancels it.
+type guard struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newGuard() *guard {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &guard{ctx: ctx, cancel: cancel}
+}
 
 // Load parses, validates and fills defaults of a policy document (YAML or JSON)
 // in a new engine. An invalid document gives a LoadErrors error.
@@ -175,7 +186,7 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 		return nil, errors.New("levee: no core module: this build has none embedded (run ci.sh, or pass WithCoreModule)")
 	}
 	cfg := wazero.NewRuntimeConfig().WithCompilationCache(compileCache).
-		WithCloseOnContextDone(!e.o.noTermination).WithMemoryLimitPages(e.o.memoryPages)
+		WithCloseOnContextDone(e.o.callLimit > 0).WithMemoryLimitPages(e.o.memoryPages)
 	e.rt = wazero.NewRuntimeWithConfig(ctx, cfg)
 	cm, err := e.rt.CompileModule(ctx, wasm)
 	if err != nil {
@@ -192,7 +203,7 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 		_ = e.rt.Close(ctx)
 		return nil, err
 	}
-	e.gctx, e.gcancel = context.WithCancel(context.Background())
+	e.guard.Store(newGuard())
 	e.timer = time.AfterFunc(time.Hour, e.watchdog)
 	e.timer.Stop()
 	e.mu.Lock()
@@ -211,23 +222,29 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 func (e *Engine) watchdog() {
 	if e.armed.Load() {
 		e.fired.Store(true)
-		e.gcancel()
+		e.guard.Load().cancel()
 	}
 }
 
 // enter arms the guest-call bound and returns the context guest calls run under.
 func (e *Engine) enter() context.Context {
+	if e.o.callLimit <= 0 {
+		return e.guard.Load().ctx
+	}
 	if e.fired.Load() {
 		// The bound fired around the end of the last call: start afresh.
 		e.fired.Store(false)
-		e.gctx, e.gcancel = context.WithCancel(context.Background())
+		e.guard.Store(newGuard())
 	}
 	e.armed.Store(true)
 	e.timer.Reset(e.o.callLimit)
-	return e.gctx
+	return e.guard.Load().ctx
 }
 
 func (e *Engine) leave() {
+	if e.o.callLimit <= 0 {
+		return
+	}
 	e.armed.Store(false)
 	e.timer.Stop()
 }
@@ -297,7 +314,7 @@ func (e *Engine) faultLocked(cause error) error {
 	e.gen++
 	e.hold = heldSuccess{}
 	e.fired.Store(false)
-	e.gctx, e.gcancel = context.WithCancel(context.Background())
+	e.guard.Store(newGuard())
 	ev := Event{At: e.Now(), Kind: EventEngineFault, Err: cause}
 	if _, err := e.instantiateLocked(); err != nil {
 		ev.Err = fmt.Errorf("%w; re-instantiation failed: %w", cause, err)
@@ -312,6 +329,9 @@ func (e *Engine) faultLocked(cause error) error {
 				e.in = nil
 			}
 		}
+	}
+	if !errors.Is(ev.Err, ErrEngineFault) {
+		ev.Err = fmt.Errorf("%w: %w", ErrEngineFault, ev.Err)
 	}
 	e.faults = append(e.faults, ev)
 	if errors.Is(cause, ErrEngineFault) {
@@ -412,8 +432,8 @@ func (e *Engine) closeLocked(ctx context.Context) {
 	if e.timer != nil {
 		e.timer.Stop()
 	}
-	if e.gcancel != nil {
-		e.gcancel()
+	if g := e.guard.Load(); g != nil {
+		g.cancel()
 	}
 	_ = e.rt.Close(ctx)
 }

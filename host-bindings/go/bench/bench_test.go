@@ -35,8 +35,8 @@ var sink int
 
 func work(context.Context) error { sink++; return nil }
 
-func leveePolicy(b *testing.B) *levee.Policy {
-	e, err := levee.Load(context.Background(), doc, levee.WithSeed(1))
+func leveePolicy(b *testing.B, opts ...levee.Option) *levee.Policy {
+	e, err := levee.Load(context.Background(), doc, append([]levee.Option{levee.WithSeed(1)}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -57,6 +57,19 @@ func BenchmarkBare(b *testing.B) {
 
 func BenchmarkLevee(b *testing.B) {
 	p := leveePolicy(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := levee.Do(ctx, p, work); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkLeveeUnbounded turns the guest-call bound off (WithGuestCallLimit(0)).
+func BenchmarkLeveeUnbounded(b *testing.B) {
+	p := leveePolicy(b, levee.WithGuestCallLimit(0))
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.ResetTimer()
