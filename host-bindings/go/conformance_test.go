@@ -281,24 +281,49 @@ func runVector(t *testing.T, path string) {
 		if s.Op == "cancel" || s.Op == "export_import" {
 			continue
 		}
+		if len(s.Expect) == 0 {
+			continue // a step without an expectation is replayed, not checked
+		}
 		var want any
 		if err := decodeUseNumber(s.Expect, &want); err != nil {
 			t.Fatalf("step %d: expect: %v", n, err)
 		}
-		if s.Op == "start" || s.Op == "acquire" || s.Op == "report" || s.Op == "report_fallback" {
-			// compare the packed verdict (the other fields are its decoding)
-			wm, _ := want.(map[string]any)
-			gm := got.(map[string]any)
-			if norm(wm["verdict"]) != norm(json.Number(strconv.FormatUint(gm["verdict"].(uint64), 10))) {
-				t.Fatalf("step %d (%s): verdict\n got %v\nwant %s", n, s.Op, gm, s.Expect)
-			}
-			continue
-		}
-		if g, w := toJSONish(got), norm(want); !reflect.DeepEqual(g, w) {
+		if g := toJSONish(got); !matchesExpectation(norm(want), g) {
 			gb, _ := json.Marshal(got)
 			t.Fatalf("step %d (%s):\n got %s\nwant %s", n, s.Op, gb, s.Expect)
 		}
 	}
+}
+
+// matchesExpectation is the Rust runner's rule: objects compare the fields the
+// expectation names, arrays element by element, anything else exactly.
+func matchesExpectation(want, got any) bool {
+	switch w := want.(type) {
+	case map[string]any:
+		g, ok := got.(map[string]any)
+		if !ok {
+			return false
+		}
+		for k, wv := range w {
+			gv, ok := g[k]
+			if !ok || !matchesExpectation(wv, gv) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(w) {
+			return false
+		}
+		for i := range w {
+			if !matchesExpectation(w[i], g[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return reflect.DeepEqual(want, got)
 }
 
 func verdictJSON(v Verdict) map[string]any {
