@@ -416,6 +416,9 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 		_, err := a.attempt(ctx, time.Duration(info.AttemptTimeout))
 		return nil, false, err
 	}
+	if errors.Is(ferr, ErrClosed) {
+		return nil, false, ferr
+	}
 	if ferr != nil {
 		return singleAttempt()
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -308,23 +309,95 @@ policies:
 }
 
 func TestGuestCallBound(t *testing.T) {
-	// A bound so small that the call cannot finish: the guest call is aborted,
-	// the engine re-instantiated, and the call still runs once.
+	// A guest call over its bound (parsing a document of almost 1 MiB under a 20 us
+	// bound) is aborted: the engine is re-instantiated with the document it had,
+	// the fault is reported, and calls go on.
 	rec := &recorder{}
 	e := mustLoad(t, doDoc, WithListener(rec.listen))
 	p := mustPolicy(t, e, "fast")
-	e.mu.Lock()
-	e.o.callLimit = time.Nanosecond
-	e.mu.Unlock()
-	ran := 0
-	_ = Do(context.Background(), p, func(context.Context) error { ran++; return nil })
-	if ran != 1 {
-		t.Fatalf("ran %d", ran)
+	var big strings.Builder
+	big.WriteString("policies:\n")
+	for i := 0; big.Len() < 1000_000; i++ {
+		fmt.Fprintf(&big, "  p%d:\n    attempts: 3\n    backoff: { kind: exponential, base: 10ms, cap: 1s }\n", i)
 	}
+	e.mu.Lock()
+	e.o.callLimit = 20 * time.Microsecond
+	e.mu.Unlock()
+	err := e.Reload(big.String())
 	e.mu.Lock()
 	e.o.callLimit = time.Second
 	e.mu.Unlock()
+	if !errors.Is(err, ErrEngineFault) {
+		t.Fatalf("reload under a 20 us bound: %v", err)
+	}
+	if _, ok := rec.find(EventEngineFault); !ok {
+		t.Fatalf("no engine-fault event: %+v", rec.evs)
+	}
+	if n, err := e.PolicyCount(); err != nil || n != 4 {
+		t.Fatalf("the engine lost its document: %d %v", n, err)
+	}
 	if err := Do(context.Background(), p, func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestEngineStateAndReload(t *testing.T) {
+	const doc = `
+policies:
+  b:
+    attempts: 1
+    breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 60s }
+`
+	e := mustLoad(t, doc, WithSeed(3))
+	p := mustPolicy(t, e, "b")
+	if msg, ok, err := e.SetBreakerState(0, "", BreakerForcedOpen, e.Now()); err != nil || !ok {
+		t.Fatalf("set-breaker-state: %q %v", msg, err)
+	}
+	err := Do(context.Background(), p, func(context.Context) error { return nil })
+	if !errors.Is(err, ErrBreakerOpen) {
+		t.Fatalf("forced open: %v", err)
+	}
+	if st, ok, err := e.BreakerState(0, "", e.Now()); err != nil || !ok || st != BreakerForcedOpen {
+		t.Fatalf("breaker-state %v %v %v", st, ok, err)
+	}
+	state, err := e.ExportState()
+	if err != nil || len(state) == 0 {
+		t.Fatalf("export: %v", err)
+	}
+	// Another engine takes the state over.
+	e2 := mustLoad(t, doc, WithSeed(3))
+	if err := e2.ImportState(state); err != nil {
+		t.Fatal(err)
+	}
+	if st, ok, _ := e2.BreakerState(0, "", e2.Now()); !ok || st != BreakerForcedOpen {
+		t.Fatalf("imported state: %v", st)
+	}
+	var le *LoadError
+	if err := e2.ImportState([]byte("not a state")); !errors.As(err, &le) {
+		t.Fatalf("bad state accepted: %v", err)
+	}
+	// Reload: a bad document changes nothing; a good one keeps the policy handle working.
+	if err := e.Reload("policies:\n  b:\n    attempts: -1\n"); !errors.As(err, new(LoadErrors)) {
+		t.Fatalf("bad reload: %v", err)
+	}
+	if err := e.Reload("policies:\n  a:\n    attempts: 2\n  b:\n    attempts: 2\n"); err != nil {
+		t.Fatal(err)
+	}
+	if p.Info().MaxAttempts != 2 {
+		t.Fatalf("policy not re-resolved: %+v", p.Info())
+	}
+	js, ok, err := e.PolicyJSON(1)
+	if err != nil || !ok || js == "" {
+		t.Fatalf("policy-json %q %v %v", js, ok, err)
+	}
+	if a, ok, err := e.Analyze(1, 3); err != nil || !ok || a.Amplification != 8 {
+		t.Fatalf("analyze %+v %v %v", a, ok, err)
+	}
+	if _, err := e.Policy("a"); err != nil {
+		t.Fatal(err)
+	}
+	_ = e.Close(context.Background())
+	if err := Do(context.Background(), p, func(context.Context) error { return nil }); !errors.Is(err, ErrClosed) {
+		t.Fatalf("closed engine: %v", err)
 	}
 }

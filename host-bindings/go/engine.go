@@ -407,22 +407,26 @@ func (e *Engine) NewCallID() uint64 { return e.nextCall.Add(1) }
 // Seed is the engine's jitter seed.
 func (e *Engine) Seed() uint64 { return e.seed }
 
-// Close releases the guest. A held-back success is sent first.
+// Close releases the guest. A held-back success is sent first and the events
+// still recorded are delivered.
 func (e *Engine) Close(ctx context.Context) error {
 	e.mu.Lock()
-	defer e.unlockEmit()
 	if e.closed {
+		e.mu.Unlock()
 		return nil
 	}
-	if e.in != nil && e.hold.call != 0 {
-		_ = e.readyLocked(false)
-	}
-	if e.in != nil {
+	var evs []Event
+	if e.in != nil && e.readyLocked(false) == nil && e.in != nil {
 		gctx := e.enter()
+		evs, _ = e.in.drainEvents(gctx, e.rep)
 		_ = e.in.drop(gctx, e.rep)
 		e.leave()
 	}
 	e.closeLocked(ctx)
+	e.unlockEmit()
+	if len(evs) > 0 {
+		e.emit(evs)
+	}
 	return nil
 }
 
