@@ -10,7 +10,8 @@
 //! | `decorrelated` | Brooker: `sleep = min(cap, U(base, 3 * sleep))`, starting at `sleep = base` |
 //!
 //! The raw delay is capped at `cap` **before** jitter (AWS, Brooker), so every delay lies in
-//! `[0, cap]`. Jitter: `none` (the raw delay), `full` (`U(0, d)`), `equal` (`d/2 + U(0, d/2)`);
+//! `[0, cap]`. Jitter: `none` (the raw delay), `full` (`U(0, d)`), `equal` (`d/2 + U(0, d/2)`),
+//! `proportional` (Polly's `d ± ratio * d`, ratio 0.25 by default, then capped);
 //! `decorrelated` is the jitter of the `decorrelated` kind and only goes with it.
 //!
 //! Computation never overflows: `multiplier^(n-1)` is an exponentiation by squaring in IEEE
@@ -43,6 +44,8 @@ pub enum Jitter {
     Equal,
     /// Brooker's recurrence (the `decorrelated` kind).
     Decorrelated,
+    /// Polly's constant-backoff jitter: `U(d - r*d, d + r*d)`, capped.
+    Proportional,
 }
 
 impl Kind {
@@ -67,10 +70,11 @@ impl Jitter {
             Jitter::Full => "full",
             Jitter::Equal => "equal",
             Jitter::Decorrelated => "decorrelated",
+            Jitter::Proportional => "proportional",
         }
     }
     /// Every jitter.
-    pub const ALL: [Jitter; 4] = [Jitter::None, Jitter::Full, Jitter::Equal, Jitter::Decorrelated];
+    pub const ALL: [Jitter; 5] = [Jitter::None, Jitter::Full, Jitter::Equal, Jitter::Decorrelated, Jitter::Proportional];
 }
 
 /// A validated backoff.
@@ -86,6 +90,8 @@ pub struct Backoff {
     pub cap: u64,
     /// Jitter (default `full`; `decorrelated` for the `decorrelated` kind).
     pub jitter: Jitter,
+    /// Spread of `proportional` jitter, in (0, 1] (default 0.25, Polly's).
+    pub jitter_ratio: f64,
 }
 
 impl Default for Backoff {
@@ -96,6 +102,7 @@ impl Default for Backoff {
             multiplier: 2.0,
             cap: 20 * crate::time::SECOND,
             jitter: Jitter::Full,
+            jitter_ratio: 0.25,
         }
     }
 }
@@ -124,6 +131,10 @@ impl Backoff {
                 half.saturating_add(rng.between(0, d - half))
             }
             Jitter::Decorrelated => rng.between(self.base.min(self.cap), d),
+            Jitter::Proportional => {
+                let spread = (d as f64 * self.jitter_ratio) as u64;
+                rng.between(d.saturating_sub(spread), d.saturating_add(spread)).min(self.cap)
+            }
         }
     }
 }
@@ -170,7 +181,7 @@ mod tests {
     use crate::time::{MILLISECOND, SECOND};
 
     fn expo(base: u64, m: f64, cap: u64) -> Backoff {
-        Backoff { kind: Kind::Exponential, base, multiplier: m, cap, jitter: Jitter::None }
+        Backoff { kind: Kind::Exponential, base, multiplier: m, cap, jitter: Jitter::None, jitter_ratio: 0.25 }
     }
 
     #[test]
@@ -190,7 +201,7 @@ mod tests {
     #[test]
     fn linear_constant_and_jitter_bounds() {
         let mut rng = Rng::new(9);
-        let lin = Backoff { kind: Kind::Linear, base: SECOND, multiplier: 2.0, cap: 5 * SECOND, jitter: Jitter::None };
+        let lin = Backoff { kind: Kind::Linear, base: SECOND, multiplier: 2.0, cap: 5 * SECOND, jitter: Jitter::None, jitter_ratio: 0.25 };
         assert_eq!(lin.delay(3, 0, &mut rng), 3 * SECOND);
         assert_eq!(lin.delay(u32::MAX, 0, &mut rng), 5 * SECOND);
         for jitter in [Jitter::Full, Jitter::Equal] {
@@ -204,7 +215,14 @@ mod tests {
                 }
             }
         }
-        let dec = Backoff { kind: Kind::Decorrelated, base: 10, multiplier: 2.0, cap: 1000, jitter: Jitter::Decorrelated };
+        let dec =
+            Backoff { kind: Kind::Decorrelated, base: 10, multiplier: 2.0, cap: 1000, jitter: Jitter::Decorrelated, jitter_ratio: 0.25 };
+        let polly =
+            Backoff { kind: Kind::Constant, base: 1000, multiplier: 2.0, cap: 1200, jitter: Jitter::Proportional, jitter_ratio: 0.25 };
+        for n in 1..500 {
+            let d = polly.delay(n, 0, &mut rng);
+            assert!((750..=1200).contains(&d), "{d}");
+        }
         let mut prev = 0;
         for n in 1..500 {
             let d = dec.delay(n, prev, &mut rng);

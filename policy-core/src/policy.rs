@@ -308,13 +308,20 @@ fn parse_backoff(f: &mut Fields<'_>, errors: &mut Vec<LoadError>) -> Backoff {
             }
         }
     }
+    if let Some(r) = b.take("jitter-ratio") {
+        match number(r) {
+            Some(x) if x > 0.0 && x <= 1.0 => out.jitter_ratio = x,
+            _ => errors
+                .push(LoadError::new(&b.path_of("jitter-ratio"), format!("must be a number above 0 and at most 1, found {}", describe(r)))),
+        }
+    }
     if out.cap < out.base {
         errors.push(LoadError::new(
             &b.path_of("cap"),
             format!("({}) must not be below base ({})", crate::time::format_duration(out.cap), crate::time::format_duration(out.base)),
         ));
     }
-    b.finish(&["kind", "base", "multiplier", "cap", "jitter"], errors);
+    b.finish(&["kind", "base", "multiplier", "cap", "jitter", "jitter-ratio"], errors);
     out
 }
 

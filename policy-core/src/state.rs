@@ -269,6 +269,7 @@ pub fn policy_to_json(p: &Policy) -> Value {
             "multiplier": if p.backoff.kind == Kind::Exponential { json!(p.backoff.multiplier) } else { Value::Null },
             "cap": format_duration(p.backoff.cap),
             "jitter": p.backoff.jitter.name(),
+            "jitter-ratio": if p.backoff.jitter == crate::backoff::Jitter::Proportional { json!(p.backoff.jitter_ratio) } else { Value::Null },
         }),
     );
     m.insert("retry-on".into(), json!(p.retry_on.texts()));

@@ -1,0 +1,213 @@
+//! The component in wasmtime, as a [`Target`](crate::Target).
+
+use levee_core::{Analysis, BreakerState, CallInfo, Event, EventKind, OutcomeKind, PolicyInfo, Reason};
+use wasmtime::component::{Component, Linker, ResourceAny};
+use wasmtime::{Config, Engine, Store};
+
+use crate::{Errors, Target};
+
+wasmtime::component::bindgen!({
+    path: "../../wit",
+    world: "levee",
+});
+
+use exports::levee::policy::types as wit;
+
+/// The component bytes built by `levee-build` for this crate.
+pub static COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/levee_policy.wasm"));
+
+/// A compiled component, shared by every instance.
+pub struct Compiled {
+    engine: Engine,
+    component: Component,
+    linker: Linker<()>,
+}
+
+impl Compiled {
+    /// Compile the component (no imports are linked: it has none).
+    pub fn new() -> anyhow::Result<Self> {
+        let mut config = Config::new();
+        config.concurrency_support(false);
+        let engine = Engine::new(&config)?;
+        let component = Component::new(&engine, COMPONENT)?;
+        Ok(Compiled { linker: Linker::new(&engine), engine, component })
+    }
+
+    /// A fresh instance.
+    pub fn instantiate(&self) -> anyhow::Result<(Store<()>, Levee)> {
+        let mut store = Store::new(&self.engine, ());
+        let levee = Levee::instantiate(&mut store, &self.component, &self.linker)?;
+        Ok((store, levee))
+    }
+}
+
+thread_local! {
+    static COMPILED: Compiled = match Compiled::new() {
+        Ok(c) => c,
+        Err(e) => { eprintln!("compiling the component failed: {e:#}"); std::process::abort() }
+    };
+}
+
+/// One engine resource in one instance.
+pub struct Wasm {
+    store: Store<()>,
+    levee: Levee,
+    engine: ResourceAny,
+}
+
+fn reason(r: wit::Reason) -> Reason {
+    Reason::from_index(r as u32).unwrap_or(Reason::None)
+}
+
+fn state(s: wit::BreakerState) -> BreakerState {
+    BreakerState::from_index(s as u32).unwrap_or(BreakerState::Closed)
+}
+
+fn state_in(s: BreakerState) -> wit::BreakerState {
+    match s {
+        BreakerState::Closed => wit::BreakerState::Closed,
+        BreakerState::Open => wit::BreakerState::Open,
+        BreakerState::HalfOpen => wit::BreakerState::HalfOpen,
+        BreakerState::ForcedOpen => wit::BreakerState::ForcedOpen,
+        BreakerState::ForcedClosed => wit::BreakerState::ForcedClosed,
+        BreakerState::Disabled => wit::BreakerState::Disabled,
+    }
+}
+
+fn kind_in(k: OutcomeKind) -> wit::OutcomeKind {
+    match k {
+        OutcomeKind::Success => wit::OutcomeKind::Success,
+        OutcomeKind::Timeout => wit::OutcomeKind::Timeout,
+        OutcomeKind::ConnectionError => wit::OutcomeKind::ConnectionError,
+        OutcomeKind::HttpStatus => wit::OutcomeKind::HttpStatus,
+        OutcomeKind::GrpcStatus => wit::OutcomeKind::GrpcStatus,
+        OutcomeKind::ErrorClass => wit::OutcomeKind::ErrorClass,
+    }
+}
+
+fn must<T>(r: wasmtime::Result<T>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("the component trapped: {e:#}");
+            std::process::abort()
+        }
+    }
+}
+
+impl Wasm {
+    fn api(&self) -> exports::levee::policy::engine_api::GuestEngine<'_> {
+        self.levee.levee_policy_engine_api().engine()
+    }
+}
+
+impl Target for Wasm {
+    fn load(doc: &str, seed: u64) -> Result<Self, Errors> {
+        let (mut store, levee) = must(COMPILED.with(|c| c.instantiate()));
+        let loaded = must(levee.levee_policy_engine_api().engine().call_load(&mut store, doc, seed));
+        match loaded {
+            Ok(engine) => Ok(Wasm { store, levee, engine }),
+            Err(e) => Err(e.into_iter().map(|e| (e.path, e.message)).collect()),
+        }
+    }
+    fn policy_index(&mut self, name: &str) -> Option<u32> {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_policy_index(&mut self.store, e, name))
+    }
+    fn start(&mut self, call: u64, policy: u32, key: &str, flags: u32, now: u64, sc: u64, sa: u64, se: u64) -> u64 {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_start(&mut self.store, e, call, policy, key, flags, now, sc, sa, se))
+    }
+    fn acquire(&mut self, call: u64, now: u64) -> u64 {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_acquire(&mut self.store, e, call, now))
+    }
+    fn report(&mut self, call: u64, now: u64, elapsed: u64, kind: OutcomeKind, code: i32, text: &str, wall: u64, flags: u32) -> u64 {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_report(&mut self.store, e, call, now, elapsed, kind_in(kind), code, text, wall, flags))
+    }
+    fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> u64 {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_report_fallback(&mut self.store, e, call, now, ok))
+    }
+    fn cancel(&mut self, call: u64, now: u64) {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_cancel(&mut self.store, e, call, now))
+    }
+    fn drain_events(&mut self) -> Vec<Event> {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_drain_events(&mut self.store, e))
+            .into_iter()
+            .map(|w| Event {
+                at: w.at,
+                kind: EventKind::from_index(w.kind as u32).unwrap_or(EventKind::GaveUp),
+                policy: w.policy,
+                key: w.key,
+                call: w.call,
+                attempt: w.attempt,
+                reason: reason(w.reason),
+                duration: w.duration,
+                state_from: state(w.state_from),
+                state_to: state(w.state_to),
+                name: w.name,
+                value: w.value,
+            })
+            .collect()
+    }
+    fn breaker_state(&mut self, policy: u32, key: &str, now: u64) -> Option<BreakerState> {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_breaker_state(&mut self.store, e, policy, key, now)).map(state)
+    }
+    fn set_breaker_state(&mut self, policy: u32, key: &str, s: BreakerState, now: u64) -> Result<(), String> {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_set_breaker_state(&mut self.store, e, policy, key, state_in(s), now))
+    }
+    fn call_info(&mut self, call: u64) -> Option<CallInfo> {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_call_info(&mut self.store, e, call)).map(|c| CallInfo {
+            policy: c.policy,
+            key: c.key,
+            attempts: c.attempts,
+            deadline: c.deadline,
+            last_reason: reason(c.last_reason),
+            in_flight: c.in_flight,
+        })
+    }
+    fn policy_info(&mut self, policy: u32) -> Option<PolicyInfo> {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_policy_info(&mut self.store, e, policy)).map(|i| PolicyInfo {
+            name: i.name,
+            max_attempts: i.max_attempts,
+            attempt_timeout: i.attempt_timeout,
+            deadline: i.deadline,
+            fallbacks: i.fallbacks,
+        })
+    }
+    fn analyze(&mut self, policy: u32, layers: u32) -> Option<Analysis> {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_analyze(&mut self.store, e, policy, layers)).map(|a| Analysis {
+            worst_attempts: a.worst_attempts,
+            worst_latency: a.worst_latency,
+            amplification: a.amplification,
+            amplification_with_budget: a.amplification_with_budget,
+        })
+    }
+    fn export_state(&mut self) -> Vec<u8> {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_export_state(&mut self.store, e))
+    }
+    fn import_state(&mut self, bytes: &[u8]) -> Result<(), (String, String)> {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_import_state(&mut self.store, e, bytes)).map_err(|e| (e.path, e.message))
+    }
+    fn reload(&mut self, doc: &str) -> Result<(), Errors> {
+        let (e, api) = (self.engine, self.api());
+        must(api.call_reload(&mut self.store, e, doc)).map_err(|v| v.into_iter().map(|e| (e.path, e.message)).collect())
+    }
+}
+
+/// Imports of the component, for the zero-import test.
+pub fn component_imports() -> anyhow::Result<usize> {
+    let c = Compiled::new()?;
+    Ok(c.component.component_type().imports(&c.engine).count())
+}

@@ -1,0 +1,319 @@
+//! Levee conformance: replay the vectors of `conformance/vectors` against any [`Target`]:
+//! the native `levee-core` engine and the component running in wasmtime.
+//!
+//! Every result is turned into the JSON form of `conformance/README.md` and compared with the
+//! vector's expectation, field by field.
+#![allow(clippy::too_many_arguments)]
+
+pub mod component;
+
+use std::path::{Path, PathBuf};
+
+use levee_core::{Analysis, BreakerState, CallInfo, Event, OutcomeKind, PolicyInfo, Reason, Verdict, VerdictKind};
+use serde_json::{json, Map, Value};
+
+/// An error from `load` or `reload`: (path, message).
+pub type Errors = Vec<(String, String)>;
+
+/// Something that runs the step protocol: the native engine or a component instance.
+pub trait Target: Sized {
+    /// Load a document.
+    fn load(doc: &str, seed: u64) -> Result<Self, Errors>;
+    /// `policy-index`.
+    fn policy_index(&mut self, name: &str) -> Option<u32>;
+    /// `start`.
+    fn start(&mut self, call: u64, policy: u32, key: &str, flags: u32, now: u64, sc: u64, sa: u64, se: u64) -> u64;
+    /// `acquire`.
+    fn acquire(&mut self, call: u64, now: u64) -> u64;
+    /// `report`.
+    fn report(&mut self, call: u64, now: u64, elapsed: u64, kind: OutcomeKind, code: i32, text: &str, wall: u64, flags: u32) -> u64;
+    /// `report-fallback`.
+    fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> u64;
+    /// `cancel`.
+    fn cancel(&mut self, call: u64, now: u64);
+    /// `drain-events`.
+    fn drain_events(&mut self) -> Vec<Event>;
+    /// `breaker-state`.
+    fn breaker_state(&mut self, policy: u32, key: &str, now: u64) -> Option<BreakerState>;
+    /// `set-breaker-state`.
+    fn set_breaker_state(&mut self, policy: u32, key: &str, state: BreakerState, now: u64) -> Result<(), String>;
+    /// `call-info`.
+    fn call_info(&mut self, call: u64) -> Option<CallInfo>;
+    /// `policy-info`.
+    fn policy_info(&mut self, policy: u32) -> Option<PolicyInfo>;
+    /// `analyze`.
+    fn analyze(&mut self, policy: u32, layers: u32) -> Option<Analysis>;
+    /// `export-state`.
+    fn export_state(&mut self) -> Vec<u8>;
+    /// `import-state`.
+    fn import_state(&mut self, bytes: &[u8]) -> Result<(), (String, String)>;
+    /// `reload`.
+    fn reload(&mut self, doc: &str) -> Result<(), Errors>;
+}
+
+/// The native engine.
+pub struct Native(pub levee_core::Engine);
+
+fn errs(v: Vec<levee_core::LoadError>) -> Errors {
+    v.into_iter().map(|e| (e.path, e.message)).collect()
+}
+
+impl Target for Native {
+    fn load(doc: &str, seed: u64) -> Result<Self, Errors> {
+        levee_core::Engine::load(doc, seed).map(Native).map_err(errs)
+    }
+    fn policy_index(&mut self, name: &str) -> Option<u32> {
+        self.0.policy_index(name)
+    }
+    fn start(&mut self, call: u64, policy: u32, key: &str, flags: u32, now: u64, sc: u64, sa: u64, se: u64) -> u64 {
+        self.0.start(call, policy, key, flags, now, sc, sa, se).0
+    }
+    fn acquire(&mut self, call: u64, now: u64) -> u64 {
+        self.0.acquire(call, now).0
+    }
+    fn report(&mut self, call: u64, now: u64, elapsed: u64, kind: OutcomeKind, code: i32, text: &str, wall: u64, flags: u32) -> u64 {
+        self.0.report(call, now, elapsed, kind, code, text, wall, flags).0
+    }
+    fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> u64 {
+        self.0.report_fallback(call, now, ok).0
+    }
+    fn cancel(&mut self, call: u64, now: u64) {
+        self.0.cancel(call, now)
+    }
+    fn drain_events(&mut self) -> Vec<Event> {
+        self.0.drain_events()
+    }
+    fn breaker_state(&mut self, policy: u32, key: &str, now: u64) -> Option<BreakerState> {
+        self.0.breaker_state(policy, key, now)
+    }
+    fn set_breaker_state(&mut self, policy: u32, key: &str, state: BreakerState, now: u64) -> Result<(), String> {
+        self.0.set_breaker_state(policy, key, state, now)
+    }
+    fn call_info(&mut self, call: u64) -> Option<CallInfo> {
+        self.0.call_info(call)
+    }
+    fn policy_info(&mut self, policy: u32) -> Option<PolicyInfo> {
+        self.0.policy_info(policy)
+    }
+    fn analyze(&mut self, policy: u32, layers: u32) -> Option<Analysis> {
+        self.0.analyze(policy, layers)
+    }
+    fn export_state(&mut self) -> Vec<u8> {
+        self.0.export_state()
+    }
+    fn import_state(&mut self, bytes: &[u8]) -> Result<(), (String, String)> {
+        self.0.import_state(bytes).map_err(|e| (e.path, e.message))
+    }
+    fn reload(&mut self, doc: &str) -> Result<(), Errors> {
+        self.0.reload(doc).map_err(errs)
+    }
+}
+
+/// The JSON form of a verdict.
+pub fn verdict_json(raw: u64) -> Value {
+    let v = Verdict(raw);
+    let kind = v.kind();
+    let mut m = Map::new();
+    m.insert("verdict".into(), json!(raw));
+    m.insert("kind".into(), json!(kind.map(VerdictKind::name).unwrap_or("?")));
+    m.insert("detail".into(), json!(v.detail()));
+    if matches!(kind, Some(VerdictKind::Wait | VerdictKind::Retry | VerdictKind::Fallback | VerdictKind::Fail)) {
+        m.insert("reason".into(), json!(v.reason().name()));
+    }
+    m.insert("payload".into(), json!(v.payload()));
+    m.insert("events_pending".into(), json!(v.events_pending()));
+    Value::Object(m)
+}
+
+/// The JSON form of an event.
+pub fn event_json(e: &Event) -> Value {
+    json!({
+        "at": e.at, "kind": e.kind.name(), "policy": e.policy, "key": e.key, "call": e.call,
+        "attempt": e.attempt, "reason": e.reason.name(), "duration": e.duration,
+        "state_from": e.state_from.name(), "state_to": e.state_to.name(), "name": e.name, "value": e.value,
+    })
+}
+
+fn errors_json(e: &[(String, String)]) -> Value {
+    Value::Array(e.iter().map(|(p, m)| json!({"path": p, "message": m})).collect())
+}
+
+fn analysis_json(a: &Analysis) -> Value {
+    json!({"worst_attempts": a.worst_attempts, "worst_latency": a.worst_latency, "amplification": a.amplification, "amplification_with_budget": a.amplification_with_budget})
+}
+
+/// Replay one vector. Returns the vector with every expectation filled in from this target
+/// (for `bless`) and the list of mismatches against the expectations it had.
+pub fn replay<T: Target>(vector: &Value) -> Result<(Value, Vec<String>), String> {
+    let name = vector.get("name").and_then(Value::as_str).unwrap_or("?").to_string();
+    let doc = vector.get("document").and_then(Value::as_str).ok_or(format!("{name}: no document"))?;
+    let seed = vector.get("seed").and_then(Value::as_u64).ok_or(format!("{name}: no seed"))?;
+    let mut out = vector.clone();
+    let mut mismatches = Vec::new();
+    let mut target = match T::load(doc, seed) {
+        Err(e) => {
+            let actual = errors_json(&e);
+            if let Some(expected) = vector.get("load_errors").filter(|v| !v.is_null()) {
+                if *expected != actual {
+                    mismatches.push(format!("{name}: load errors differ\n  expected {expected}\n  actual   {actual}"));
+                }
+            } else {
+                mismatches.push(format!("{name}: the document did not load: {actual}"));
+            }
+            out["load_errors"] = actual;
+            return Ok((out, mismatches));
+        }
+        Ok(t) => {
+            if vector.get("load_errors").is_some_and(|v| !v.is_null()) {
+                mismatches.push(format!("{name}: the document loaded but errors were expected"));
+            }
+            out["load_errors"] = Value::Null;
+            t
+        }
+    };
+    let steps = vector.get("steps").and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut new_steps = Vec::with_capacity(steps.len());
+    for (i, step) in steps.iter().enumerate() {
+        let actual = run_step(&mut target, step, doc, seed).map_err(|e| format!("{name} step {i}: {e}"))?;
+        let mut s = step.clone();
+        if let Some(actual) = actual {
+            if let Some(expected) = step.get("expect") {
+                if !matches_expectation(expected, &actual) {
+                    mismatches.push(format!("{name} step {i} ({}): expected {expected}, got {actual}", step.get("op").unwrap_or(&Value::Null)));
+                }
+            }
+            s["expect"] = actual;
+        }
+        new_steps.push(s);
+    }
+    out["steps"] = Value::Array(new_steps);
+    Ok((out, mismatches))
+}
+
+/// Whether `actual` satisfies `expected`: objects compare the fields `expected` names,
+/// everything else compares exactly.
+pub fn matches_expectation(expected: &Value, actual: &Value) -> bool {
+    match (expected, actual) {
+        (Value::Object(e), Value::Object(a)) => e.iter().all(|(k, v)| a.get(k).is_some_and(|av| matches_expectation(v, av))),
+        (Value::Array(e), Value::Array(a)) => e.len() == a.len() && e.iter().zip(a).all(|(x, y)| matches_expectation(x, y)),
+        (e, a) => e == a,
+    }
+}
+
+fn arg_u64(step: &Value, field: &str) -> u64 {
+    step.get(field).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn arg_str<'a>(step: &'a Value, field: &str) -> &'a str {
+    step.get(field).and_then(Value::as_str).unwrap_or("")
+}
+
+fn policy_arg<T: Target>(t: &mut T, step: &Value) -> u32 {
+    t.policy_index(arg_str(step, "policy")).unwrap_or(u32::MAX)
+}
+
+fn run_step<T: Target>(t: &mut T, step: &Value, doc: &str, seed: u64) -> Result<Option<Value>, String> {
+    let op = step.get("op").and_then(Value::as_str).ok_or("no op")?;
+    Ok(Some(match op {
+        "start" => {
+            let p = policy_arg(t, step);
+            verdict_json(t.start(
+                arg_u64(step, "call"),
+                p,
+                arg_str(step, "key"),
+                arg_u64(step, "flags") as u32,
+                arg_u64(step, "now"),
+                arg_u64(step, "settle_call"),
+                arg_u64(step, "settle_at"),
+                arg_u64(step, "settle_elapsed"),
+            ))
+        }
+        "acquire" => verdict_json(t.acquire(arg_u64(step, "call"), arg_u64(step, "now"))),
+        "report" => {
+            let kind = OutcomeKind::from_name(arg_str(step, "kind")).ok_or_else(|| format!("unknown outcome kind {:?}", step.get("kind")))?;
+            let code = step.get("code").and_then(Value::as_i64).unwrap_or(0) as i32;
+            verdict_json(t.report(
+                arg_u64(step, "call"),
+                arg_u64(step, "now"),
+                arg_u64(step, "elapsed"),
+                kind,
+                code,
+                arg_str(step, "text"),
+                arg_u64(step, "wall_secs"),
+                arg_u64(step, "flags") as u32,
+            ))
+        }
+        "report_fallback" => verdict_json(t.report_fallback(arg_u64(step, "call"), arg_u64(step, "now"), step.get("ok").and_then(Value::as_bool).unwrap_or(false))),
+        "cancel" => {
+            t.cancel(arg_u64(step, "call"), arg_u64(step, "now"));
+            return Ok(None);
+        }
+        "drain_events" => Value::Array(t.drain_events().iter().map(event_json).collect()),
+        "breaker_state" => {
+            let p = policy_arg(t, step);
+            json!(t.breaker_state(p, arg_str(step, "key"), arg_u64(step, "now")).map(|s| s.name()))
+        }
+        "set_breaker_state" => {
+            let p = policy_arg(t, step);
+            let state = BreakerState::from_name(arg_str(step, "state")).ok_or("unknown breaker state")?;
+            match t.set_breaker_state(p, arg_str(step, "key"), state, arg_u64(step, "now")) {
+                Ok(()) => json!({"ok": null}),
+                Err(e) => json!({"err": e}),
+            }
+        }
+        "call_info" => match t.call_info(arg_u64(step, "call")) {
+            None => Value::Null,
+            Some(c) => json!({"policy": c.policy, "key": c.key, "attempts": c.attempts, "deadline": c.deadline, "last_reason": c.last_reason.name(), "in_flight": c.in_flight}),
+        },
+        "policy_info" => {
+            let p = policy_arg(t, step);
+            match t.policy_info(p) {
+                None => Value::Null,
+                Some(i) => json!({"name": i.name, "max_attempts": i.max_attempts, "attempt_timeout": i.attempt_timeout, "deadline": i.deadline, "fallbacks": i.fallbacks}),
+            }
+        }
+        "analyze" => {
+            let p = policy_arg(t, step);
+            t.analyze(p, arg_u64(step, "layers") as u32).as_ref().map(analysis_json).unwrap_or(Value::Null)
+        }
+        "export_import" => {
+            let bytes = t.export_state();
+            let mut fresh = T::load(doc, seed).map_err(|e| format!("reloading for export_import: {e:?}"))?;
+            fresh.import_state(&bytes).map_err(|e| format!("import_state of an export failed: {e:?}"))?;
+            *t = fresh;
+            return Ok(None);
+        }
+        "reload" => match t.reload(arg_str(step, "document")) {
+            Ok(()) => json!({"ok": null}),
+            Err(e) => json!({"err": errors_json(&e)}),
+        },
+        "import_state" => {
+            let hex = arg_str(step, "bytes_hex");
+            let bytes: Vec<u8> = (0..hex.len() / 2).filter_map(|i| hex.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
+            match t.import_state(&bytes) {
+                Ok(()) => json!({"ok": null}),
+                Err((p, m)) => json!({"err": {"path": p, "message": m}}),
+            }
+        }
+        other => return Err(format!("unknown op {other}")),
+    }))
+}
+
+/// The vectors directory.
+pub fn vectors_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("vectors")
+}
+
+/// Every vector file, sorted.
+pub fn vector_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(vectors_dir())
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+/// Reason names, for vector authors.
+pub fn reason_names() -> Vec<&'static str> {
+    Reason::ALL.iter().map(|r| r.name()).collect()
+}

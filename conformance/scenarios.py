@@ -1,0 +1,857 @@
+#!/usr/bin/env python3
+"""The conformance scenarios: the source of `vectors/*.json`.
+
+Each scenario is a policy, a seed and a trace. Where a person can state the right answer
+(the anchors of ../shared/ANCHORS.md: exact backoff values, the gRPC A6 throttling sequence,
+Retry-After forms, breaker transitions, ...) it is written here as a partial expectation
+(`kind`, `reason`, `payload`, ...). The Rust runner then fills in every expectation in full
+from the native engine (`LEVEE_BLESS=1 cargo test --release -p levee-conformance`), and
+refuses to do so if the engine disagrees with anything written here. The JSON files are the
+contract the hosts replay; regenerate them only when the core's intended behaviour changes.
+
+    python3 conformance/scenarios.py            # write vectors/ (expectations as written)
+    LEVEE_BLESS=1 cargo test --release -p levee-conformance --test vectors   # fill in the rest
+"""
+
+import json
+import os
+import sys
+
+MS = 1_000_000
+S = 1_000 * MS
+VECTORS = []
+
+# start flags
+NON_IDEMPOTENT = 1
+IDEMPOTENCY_KEY = 2
+GET, HEAD, POST, PUT, DELETE, PATCH = (m << 8 for m in (1, 2, 3, 4, 5, 6))
+OTHER_METHOD = 15 << 8
+OVERLOADED = 1
+
+
+def vec(name, description, features, document, steps, seed=42, load_errors=None):
+    assert all(v["name"] != name for v in VECTORS), name
+    VECTORS.append({
+        "name": name,
+        "description": description,
+        "features": features,
+        "document": document,
+        "seed": seed,
+        "load_errors": load_errors,
+        "steps": steps,
+    })
+
+
+def _x(expect):
+    return {} if expect is None else {"expect": expect}
+
+
+def start(call, now, policy="p", key="", flags=0, expect=None, settle=None):
+    s = {"op": "start", "call": call, "policy": policy, "key": key, "flags": flags, "now": now}
+    if settle:
+        s.update({"settle_call": settle[0], "settle_at": settle[1], "settle_elapsed": settle[2]})
+    s.update(_x(expect))
+    return s
+
+
+def acquire(call, now, expect=None):
+    return {"op": "acquire", "call": call, "now": now, **_x(expect)}
+
+
+def report(call, now, kind="success", code=0, text="", elapsed=0, wall=0, flags=0, expect=None):
+    return {"op": "report", "call": call, "now": now, "elapsed": elapsed, "kind": kind, "code": code,
+            "text": text, "wall_secs": wall, "flags": flags, **_x(expect)}
+
+
+def fallback(call, now, ok, expect=None):
+    return {"op": "report_fallback", "call": call, "now": now, "ok": ok, **_x(expect)}
+
+
+def cancel(call, now):
+    return {"op": "cancel", "call": call, "now": now}
+
+
+def drain(expect=None):
+    return {"op": "drain_events", **_x(expect)}
+
+
+def breaker(now, policy="p", key="", expect=None):
+    return {"op": "breaker_state", "policy": policy, "key": key, "now": now, **_x(expect)}
+
+
+def force(state, now, policy="p", key="", expect=None):
+    return {"op": "set_breaker_state", "policy": policy, "key": key, "state": state, "now": now, **_x(expect)}
+
+
+def info(call, expect=None):
+    return {"op": "call_info", "call": call, **_x(expect)}
+
+
+def pinfo(policy="p", expect=None):
+    return {"op": "policy_info", "policy": policy, **_x(expect)}
+
+
+def analyze(layers, policy="p", expect=None):
+    return {"op": "analyze", "policy": policy, "layers": layers, **_x(expect)}
+
+
+def export_import():
+    return {"op": "export_import"}
+
+
+def reload(document, expect=None):
+    return {"op": "reload", "document": document, **_x(expect)}
+
+
+def import_hex(data, expect=None):
+    return {"op": "import_state", "bytes_hex": data.hex(), **_x(expect)}
+
+
+# Partial verdict expectations.
+def attempt(n=None, timeout=None):
+    e = {"kind": "attempt"}
+    if n is not None:
+        e["detail"] = n
+    if timeout is not None:
+        e["payload"] = timeout
+    return e
+
+
+def retry(delay=None):
+    e = {"kind": "retry"}
+    if delay is not None:
+        e["payload"] = delay
+    return e
+
+
+def wait(d=None):
+    e = {"kind": "wait", "reason": "rate-limited"}
+    if d is not None:
+        e["payload"] = d
+    return e
+
+
+DONE = {"kind": "done", "payload": 0}
+
+
+def fail(reason, hint=None):
+    e = {"kind": "fail", "reason": reason}
+    if hint is not None:
+        e["payload"] = hint
+    return e
+
+
+def fb(index, reason):
+    return {"kind": "fallback", "payload": index, "reason": reason}
+
+
+def invalid(code):
+    return {"kind": "invalid", "detail": code}
+
+
+def policy(body, name="p"):
+    lines = [f"policies:", f"  {name}:"]
+    lines += ["    " + line for line in body.strip("\n").split("\n")] if body.strip() else ["    {}"]
+    return "\n".join(lines) + "\n"
+
+
+def fail_then(call, t, kind="http-status", code=503, text="", n=1, **kw):
+    """Report a failure at t."""
+    return report(call, t, kind=kind, code=code, text=text, **kw)
+
+
+# --------------------------------------------------------------------------------------
+# Attempts, timeouts, deadlines
+# --------------------------------------------------------------------------------------
+
+NOJ = "backoff: { kind: constant, base: 100ms, jitter: none }"
+
+vec("attempts-default-three", "The default policy makes 3 attempts and then gives up with retries-exhausted.",
+    ["attempts", "defaults"], policy(NOJ), [
+        start(1, 0, expect=attempt(1, 0)),
+        report(1, 10 * MS, "connection-error", expect=retry(100 * MS)),
+        acquire(1, 110 * MS, expect=attempt(2)),
+        report(1, 120 * MS, "connection-error", expect=retry(100 * MS)),
+        acquire(1, 220 * MS, expect=attempt(3)),
+        report(1, 230 * MS, "connection-error", expect=fail("retries-exhausted")),
+        drain(),
+    ])
+
+vec("attempts-one-means-no-retry", "attempts: 1 makes the first call only.", ["attempts"],
+    policy("attempts: 1"), [
+        start(1, 0, expect=attempt(1)),
+        report(1, MS, "timeout", expect=fail("retries-exhausted")),
+        drain(),
+    ])
+
+vec("attempts-zero-is-an-error", "attempts: 0 is refused with the field path.", ["attempts", "errors"],
+    policy("attempts: 0"), [], load_errors=[{"path": "policies.p.attempts", "message": "must be at least 1 (attempts count the first call; 1 means no retry)"}])
+
+vec("attempts-negative-and-text", "A negative or textual attempts value names the field.", ["attempts", "errors"],
+    "policies:\n  a: { attempts: -2 }\n  b: { attempts: three }\n", [])
+
+vec("attempts-max-u32", "attempts may be as large as u32::MAX; the backoff stays capped for late retries.", ["attempts", "backoff"],
+    policy("attempts: 4294967295\nbackoff: { base: 1ms, cap: 50ms, jitter: none }"),
+    [start(1, 0)] + sum([[report(1, i * S + 1, "timeout"), acquire(1, i * S + S // 2)] for i in range(12)], []) + [drain()])
+
+vec("attempt-timeout-in-verdict", "The per-attempt timeout rides in the attempt verdict.", ["timeout"],
+    policy("attempt-timeout: 250ms"), [start(1, 5, expect=attempt(1, 250 * MS)), report(1, 6, expect=DONE)])
+
+vec("deadline-shortens-attempt-timeout", "An attempt never gets more time than the deadline leaves.", ["timeout", "deadline"],
+    policy("attempt-timeout: 2s\ndeadline: 3s\n" + NOJ), [
+        start(1, 0, expect=attempt(1, 2 * S)),
+        report(1, 2 * S, "timeout", elapsed=2 * S, expect=retry(100 * MS)),
+        acquire(1, 2100 * MS, expect=attempt(2, 900 * MS)),
+        report(1, 3 * S, "timeout", elapsed=900 * MS, expect=fail("deadline")),
+    ])
+
+vec("deadline-only-gives-remaining-time", "With a deadline and no attempt timeout, the attempt gets what remains.", ["deadline"],
+    policy("deadline: 1s"), [start(1, 100, expect=attempt(1, S)), report(1, 200, expect=DONE)])
+
+vec("deadline-no-retry-past-it", "A retry whose start would fall past the deadline is not scheduled (tenacity #423).", ["deadline"],
+    policy("deadline: 1s\nbackoff: { kind: constant, base: 600ms, jitter: none }"), [
+        start(1, 0),
+        report(1, 300 * MS, "timeout", expect=retry(600 * MS)),
+        acquire(1, 900 * MS),
+        report(1, 950 * MS, "timeout", expect=fail("deadline")),
+        drain(),
+    ])
+
+vec("deadline-exact-boundary", "A retry that would start exactly at the deadline is refused.", ["deadline"],
+    policy("deadline: 1s\nbackoff: { kind: constant, base: 500ms, jitter: none }"), [
+        start(1, 0), report(1, 500 * MS, "timeout", expect=fail("deadline")),
+    ])
+
+vec("deadline-passed-at-acquire", "An acquire after the deadline is rejected with reason deadline.", ["deadline"],
+    policy("deadline: 1s\n" + NOJ), [
+        start(1, 0), report(1, 100 * MS, "timeout", expect=retry(100 * MS)),
+        acquire(1, 2 * S, expect=fail("deadline")), drain(),
+    ])
+
+vec("duration-needs-unit", "A duration without a unit is refused with a suggestion.", ["errors", "durations"],
+    policy("attempt-timeout: 250"), [], load_errors=[{"path": "policies.p.attempt-timeout", "message": "`250` needs a unit: ns, us, ms, s, m or h (such as \"250ms\")"}])
+
+vec("duration-forms", "Durations accept ns, us, ms, s, m, h and fractions.", ["durations"],
+    "policies:\n  a: { attempt-timeout: 1500us }\n  b: { attempt-timeout: 1.5s, deadline: 2m }\n  c: { attempt-timeout: 1h }\n",
+    [pinfo("a", {"attempt_timeout": 1_500_000}), pinfo("b", {"attempt_timeout": 1_500_000_000, "deadline": 120 * S}), pinfo("c", {"attempt_timeout": 3600 * S})])
+
+vec("duration-bad-unit-and-zero", "An unknown unit and a zero timeout are refused.", ["errors", "durations"],
+    "policies:\n  a: { attempt-timeout: 5 weeks }\n  b: { deadline: \"0\" }\n", [])
+
+# --------------------------------------------------------------------------------------
+# Backoff and jitter
+# --------------------------------------------------------------------------------------
+
+def retries(doc, n, name, desc, features, seed=42, code=503):
+    steps = [start(1, 0)]
+    t = 0
+    for _ in range(n):
+        t += MS
+        steps.append(report(1, t, "http-status", code=code))
+        t += 100 * S
+        steps.append(acquire(1, t))
+    steps.append(drain())
+    vec(name, desc, features, doc, steps, seed=seed)
+
+
+def expo_steps(delays):
+    steps = [start(1, 0)]
+    t = 0
+    for d in delays:
+        t += MS
+        steps.append(report(1, t, "http-status", code=503, expect=retry(d)))
+        t += d
+        steps.append(acquire(1, t, expect=attempt()))
+    return steps
+
+
+vec("backoff-exponential-exact", "expo(n) = min(cap, base * 2^(n-1)) without jitter: 100, 200, 400 ... capped at 5s.", ["backoff"],
+    policy("attempts: 10\nbackoff: { kind: exponential, base: 100ms, multiplier: 2, cap: 5s, jitter: none }"),
+    expo_steps([100 * MS, 200 * MS, 400 * MS, 800 * MS, 1600 * MS, 3200 * MS, 5 * S, 5 * S, 5 * S]))
+
+vec("backoff-exponential-multiplier-3", "A multiplier of 3: 10, 30, 90, 270ms.", ["backoff"],
+    policy("attempts: 5\nbackoff: { base: 10ms, multiplier: 3, cap: 1s, jitter: none }"),
+    expo_steps([10 * MS, 30 * MS, 90 * MS, 270 * MS]))
+
+vec("backoff-linear-exact", "linear: base * n, capped.", ["backoff"],
+    policy("attempts: 6\nbackoff: { kind: linear, base: 100ms, cap: 350ms, jitter: none }"),
+    expo_steps([100 * MS, 200 * MS, 300 * MS, 350 * MS, 350 * MS]))
+
+vec("backoff-constant-exact", "constant: base every time.", ["backoff"],
+    policy("attempts: 4\nbackoff: { kind: constant, base: 70ms, jitter: none }"),
+    expo_steps([70 * MS, 70 * MS, 70 * MS]))
+
+vec("backoff-overflow-safe", "Exponential backoff stays at the cap for retry 60 and beyond (no overflow, no zero delay: aws-sdk-java #874, Polly #2163).", ["backoff", "overflow"],
+    policy("attempts: 80\nbackoff: { base: 1s, multiplier: 10, cap: 1h, jitter: none }"),
+    expo_steps([S, 10 * S, 100 * S, 1000 * S] + [3600 * S] * 70))
+
+retries(policy("attempts: 40\nbackoff: { base: 10ms, cap: 2s, jitter: full }"), 39, "jitter-full-seeded",
+        "Full jitter U(0, expo(n)) from the seeded PRNG: exact values for seed 7.", ["jitter", "prng"], seed=7)
+retries(policy("attempts: 40\nbackoff: { base: 10ms, cap: 2s, jitter: equal }"), 39, "jitter-equal-seeded",
+        "Equal jitter expo/2 + U(0, expo/2): exact values for seed 7.", ["jitter", "prng"], seed=7)
+retries(policy("attempts: 40\nbackoff: { kind: decorrelated, base: 10ms, cap: 2s }"), 39, "jitter-decorrelated-seeded",
+        "Brooker's decorrelated jitter min(cap, U(base, 3*sleep)): exact values for seed 7.", ["jitter", "prng"], seed=7)
+retries(policy("attempts: 40\nbackoff: { kind: constant, base: 1s, cap: 2s, jitter: proportional }"), 39, "jitter-polly-proportional-seeded",
+        "Polly's constant-backoff jitter d +- 25%: exact values for seed 7.", ["jitter", "prng"], seed=7)
+retries(policy("attempts: 40\nbackoff: { base: 10ms, cap: 2s, jitter: full }"), 39, "jitter-full-other-seed",
+        "The same policy with another seed gives other, equally exact, delays.", ["jitter", "prng"], seed=123456789)
+
+vec("prng-same-seed-same-decisions", "Two calls with the same seed and trace draw the same jitter as a fresh engine would.", ["prng"],
+    policy("attempts: 3\nbackoff: { base: 100ms, cap: 1s, jitter: full }"), [
+        start(1, 0), report(1, MS, "timeout"), start(2, 2 * MS), report(2, 3 * MS, "timeout"),
+        export_import(), acquire(1, S), report(1, S + MS, "timeout"), acquire(2, S), report(2, S + MS, "timeout"),
+    ], seed=2026)
+
+vec("backoff-decorrelated-jitter-mismatch", "decorrelated jitter goes only with the decorrelated kind.", ["errors", "jitter"],
+    policy("backoff: { kind: exponential, jitter: decorrelated }"), [])
+
+vec("backoff-errors", "Bad backoff fields are each named: unknown kind (with a suggestion), multiplier below 1, cap below base, unknown field.", ["errors", "backoff"],
+    "policies:\n  a: { backoff: { kind: exponentail } }\n  b: { backoff: { multiplier: 0.5 } }\n  c: { backoff: { base: 2s, cap: 1s } }\n  d: { backoff: { jiter: full } }\n  e: { backoff: { jitter: proportional, jitter-ratio: 2 } }\n", [])
+
+# --------------------------------------------------------------------------------------
+# Classification
+# --------------------------------------------------------------------------------------
+
+def classify_vec(name, desc, body, outcomes):
+    steps = []
+    for i, (kind, code, text, expect, flags) in enumerate(outcomes, start=1):
+        steps.append(start(i, i * S))
+        steps.append(report(i, i * S + MS, kind, code=code, text=text, flags=flags, expect=expect))
+    vec(name, desc, ["classification"], policy(body), steps)
+
+
+classify_vec("classify-defaults", "By default: timeouts, connection errors, 429, 502, 503, 504 retry; 400, 401, 403, 404, 422 and 500 do not; 2xx and 3xx succeed.",
+             NOJ, [
+                 ("timeout", 0, "", retry(), 0), ("connection-error", 0, "", retry(), 0),
+                 ("http-status", 429, "", retry(), 0), ("http-status", 502, "", retry(), 0),
+                 ("http-status", 503, "", retry(), 0), ("http-status", 504, "", retry(), 0),
+                 ("http-status", 400, "", fail("non-retryable"), 0), ("http-status", 401, "", fail("non-retryable"), 0),
+                 ("http-status", 403, "", fail("non-retryable"), 0), ("http-status", 404, "", fail("non-retryable"), 0),
+                 ("http-status", 422, "", fail("non-retryable"), 0), ("http-status", 500, "", fail("non-retryable"), 0),
+                 ("http-status", 200, "", DONE, 0), ("http-status", 302, "", DONE, 0), ("success", 0, "", DONE, 0),
+             ])
+
+classify_vec("classify-ranges-and-never", "retry-on http:500-599 with never-retry http:501: 500 and 599 retry, 501 does not.",
+             'retry-on: ["http:500-599"]\nnever-retry: ["http:501"]\n' + NOJ, [
+                 ("http-status", 500, "", retry(), 0), ("http-status", 599, "", retry(), 0),
+                 ("http-status", 501, "", fail("non-retryable"), 0), ("timeout", 0, "", fail("non-retryable"), 0),
+             ])
+
+classify_vec("classify-class-5xx", "retry-on http:5xx covers 500-599.", 'retry-on: ["http:5xx"]\n' + NOJ,
+             [("http-status", 500, "", retry(), 0), ("http-status", 450, "", fail("non-retryable"), 0)])
+
+classify_vec("classify-grpc", "gRPC: UNAVAILABLE retries; OK succeeds; INVALID_ARGUMENT does not; RESOURCE_EXHAUSTED only with a pushback.",
+             NOJ, [
+                 ("grpc-status", 14, "", retry(), 0), ("grpc-status", 0, "", DONE, 0),
+                 ("grpc-status", 3, "", fail("non-retryable"), 0), ("grpc-status", 8, "", fail("non-retryable"), 0),
+                 ("grpc-status", 8, "250", retry(250 * MS), 0),
+             ])
+
+classify_vec("classify-grpc-by-name-and-number", "gRPC rules by UPPER_SNAKE name and by number.",
+             'retry-on: ["grpc:DEADLINE_EXCEEDED", "grpc:10"]\n' + NOJ,
+             [("grpc-status", 4, "", retry(), 0), ("grpc-status", 10, "", retry(), 0), ("grpc-status", 14, "", fail("non-retryable"), 0)])
+
+classify_vec("classify-error-classes", "Named error classes: listed ones retry, others do not.",
+             'retry-on: ["error:ThrottlingException", "timeout"]\n' + NOJ,
+             [("error-class", 0, "ThrottlingException", retry(), 0), ("error-class", 0, "ValidationException", fail("non-retryable"), 0)])
+
+classify_vec("classify-error-wildcard", "error:* retries any named error class.", 'retry-on: ["error:*"]\n' + NOJ,
+             [("error-class", 0, "Anything", retry(), 0), ("http-status", 503, "", fail("non-retryable"), 0)])
+
+classify_vec("classify-envoy-overloaded", "A response marked x-envoy-overloaded is never retried, even a 503.", NOJ,
+             [("http-status", 503, "", fail("non-retryable"), OVERLOADED), ("http-status", 503, "", retry(), 0)])
+
+vec("classify-bad-rules", "Bad rules are named by index: unknown kind, status out of range, reversed range, unknown gRPC name, empty error class.",
+    ["classification", "errors"],
+    policy('retry-on: ["bogus", "http:600", "http:599-500", "grpc:nope", "error:"]'), [])
+
+# --------------------------------------------------------------------------------------
+# Idempotency
+# --------------------------------------------------------------------------------------
+
+classify_steps = lambda flags_list: sum([[start(i, i * S, flags=f), report(i, i * S + 1, "http-status", code=503, expect=e)]
+                                         for i, (f, e) in enumerate(flags_list, start=1)], [])
+
+vec("idempotency-methods", "GET, PUT and DELETE are retried; POST and PATCH are not; an unknown method is not.", ["idempotency"],
+    policy(NOJ), classify_steps([(GET, retry()), (PUT, retry()), (DELETE, retry()), (POST, fail("non-idempotent")),
+                                 (PATCH, fail("non-idempotent")), (OTHER_METHOD, fail("non-idempotent")), (0, retry())]))
+
+vec("idempotency-key-allows-retry", "A POST that carries an idempotency key is retried.", ["idempotency"],
+    policy(NOJ), classify_steps([(POST | IDEMPOTENCY_KEY, retry()), (NON_IDEMPOTENT | IDEMPOTENCY_KEY, retry())]))
+
+vec("idempotency-flag-non-idempotent", "A call flagged non-idempotent is not retried, whatever its method.", ["idempotency"],
+    policy(NOJ), classify_steps([(NON_IDEMPOTENT, fail("non-idempotent")), (NON_IDEMPOTENT | GET, fail("non-idempotent"))]))
+
+vec("idempotency-custom-methods", "idempotent-methods can add POST.", ["idempotency"],
+    policy("idempotent-methods: [GET, POST]\n" + NOJ), classify_steps([(POST, retry()), (PUT, fail("non-idempotent"))]))
+
+vec("idempotency-bad-method", "An unknown method name in idempotent-methods is an error.", ["idempotency", "errors"],
+    policy("idempotent-methods: [GET, FETCH]"), [])
+
+# --------------------------------------------------------------------------------------
+# Retry-After and pushback
+# --------------------------------------------------------------------------------------
+
+WALL = 784_111_777  # Sun, 06 Nov 1994 08:49:37 GMT
+
+
+def ra_vec(name, desc, text, wall, expect, body=NOJ, code=503):
+    vec(name, desc, ["retry-after"], policy(body), [start(1, 0), report(1, MS, "http-status", code=code, text=text, wall=wall, expect=expect), drain()])
+
+
+ra_vec("retry-after-delta-seconds", "Retry-After: 3 means 3 seconds, no jitter.", "3", 0, retry(3 * S))
+ra_vec("retry-after-120-is-not-a-year", "\"120\" is delta-seconds, never the year 120 (denoland/std #7299).", "120", WALL, retry(120 * S))
+ra_vec("retry-after-zero", "Retry-After: 0 retries at once.", "0", 0, retry(0))
+ra_vec("retry-after-imf-fixdate", "IMF-fixdate, 30 s after the host's wall clock.", "Sun, 06 Nov 1994 08:49:37 GMT", WALL - 30, retry(30 * S))
+ra_vec("retry-after-rfc850", "The obsolete RFC 850 form.", "Sunday, 06-Nov-94 08:49:37 GMT", WALL - 30, retry(30 * S))
+ra_vec("retry-after-asctime", "The asctime form.", "Sun Nov  6 08:49:37 1994", WALL - 30, retry(30 * S))
+ra_vec("retry-after-date-in-past", "A date in the past means retry now.", "Sun, 06 Nov 1994 08:49:37 GMT", WALL + 100, retry(0))
+ra_vec("retry-after-date-without-wall-clock", "An HTTP-date with no wall clock falls back to the backoff.", "Sun, 06 Nov 1994 08:49:37 GMT", 0, retry(100 * MS))
+ra_vec("retry-after-garbage-ignored", "An unparseable Retry-After is ignored (RFC 9110): the backoff applies.", "soon-ish", WALL, retry(100 * MS))
+ra_vec("retry-after-over-cap-fails", "A Retry-After above the cap (default 300s) gives up with retry-after-too-long.", "301", 0, fail("retry-after-too-long", 301 * S))
+ra_vec("retry-after-over-cap-clamps", "over-cap: clamp waits the cap instead.", "3600", 0, retry(10 * S),
+       body="retry-after: { cap: 10s, over-cap: clamp }\n" + NOJ)
+ra_vec("retry-after-beyond-deadline", "A Retry-After that does not fit the deadline gives up with reason deadline.", "5", 0, fail("deadline"),
+       body="deadline: 2s\n" + NOJ)
+ra_vec("retry-after-not-honoured", "honor: false ignores Retry-After.", "5", 0, retry(100 * MS), body="retry-after: { honor: false }\n" + NOJ)
+ra_vec("retry-after-on-429", "429 with Retry-After waits as told.", "2", 0, retry(2 * S), code=429)
+ra_vec("retry-after-on-non-retryable-status", "A Retry-After on a 400 does not make it retryable.", "2", 0, fail("non-retryable"), code=400)
+
+
+def pb_vec(name, desc, text, expect, body=NOJ):
+    vec(name, desc, ["pushback", "grpc"], policy(body), [start(1, 0), report(1, MS, "grpc-status", code=14, text=text, expect=expect), drain()])
+
+
+pb_vec("pushback-valid", "grpc-retry-pushback-ms: 1500 delays the retry by 1.5 s.", "1500", retry(1500 * MS))
+pb_vec("pushback-negative-stops", "A negative pushback means do not retry (gRPC A6).", "-1", fail("pushback"))
+pb_vec("pushback-unparseable-stops", "An unparseable pushback means do not retry.", "abc", fail("pushback"))
+pb_vec("pushback-over-cap", "A pushback above the cap gives up.", "400000", fail("retry-after-too-long"))
+
+# --------------------------------------------------------------------------------------
+# Budgets
+# --------------------------------------------------------------------------------------
+
+# gRPC retry_throttle_test.cc: max 4000 milli-tokens (4), ratio 1600 milli (1.6).
+A6 = policy("attempts: 5\nbudget: { kind: token, max-tokens: 4, token-ratio: 1.6 }\n" + NOJ)
+a6 = []
+call = 0
+t = 0
+live = None
+for outcome, allowed in [("F", True), ("S", None), ("F", True), ("F", False), ("F", False), ("F", False), ("F", False),
+                         ("S", None), ("S", None), ("F", True), ("F", False), ("S", None), ("F", False), ("S", None), ("F", True)]:
+    t += S
+    call += 1
+    a6.append(start(call, t, expect=attempt(1)))
+    if outcome == "S":
+        a6.append(report(call, t + MS, "success", expect=DONE))
+    else:
+        a6.append(report(call, t + MS, "http-status", code=503, expect=retry(100 * MS) if allowed else fail("budget")))
+        if allowed:
+            a6.append(cancel(call, t + 2 * MS))
+a6.append(drain())
+vec("budget-grpc-a6-sequence", "The exact token sequence of grpc's retry_throttle_test.cc: F->3000 allowed, S->4000, F->3000 allowed, F->2000 refused, ... F->2400 allowed.",
+    ["budget", "anchor"], A6, a6)
+
+vec("budget-token-refusal-event", "A token refusal records a budget-refused event with the level in milli-tokens.", ["budget", "events"],
+    policy("budget: { kind: token, max-tokens: 2, token-ratio: 0.5 }\n" + NOJ), [
+        start(1, 0), report(1, MS, "timeout", expect=retry()), cancel(1, 2 * MS),
+        start(2, S), report(2, S + MS, "timeout", expect=fail("budget")), drain(),
+    ])
+
+vec("budget-token-non-retryable-costs-nothing", "Non-retryable failures do not drain token throttling.", ["budget"],
+    policy("budget: { kind: token, max-tokens: 2, token-ratio: 0.5 }\n" + NOJ),
+    sum([[start(i, i * S), report(i, i * S + 1, "http-status", code=404)] for i in range(1, 5)], []) +
+    [start(9, 9 * S), report(9, 9 * S + 1, "timeout", expect=retry())])
+
+ratio = policy("attempts: 2\nbudget: { kind: ratio, percent: 20, min-per-second: 0, ttl: 10s }\n" + NOJ)
+rs = []
+for i in range(1, 11):
+    rs.append(start(i, i * MS))
+for i in range(1, 11):
+    rs.append(report(i, 100 * MS + i, "timeout", expect=retry() if i <= 2 else fail("budget")))
+rs.append(drain())
+vec("budget-ratio-twenty-percent", "tower's TpsBudget: 10 calls deposit 10; at 20% two retries are allowed, the third is refused.", ["budget", "anchor"], ratio, rs)
+
+vec("budget-ratio-reserve", "min-per-second 1 over a 10 s ttl reserves 10 retries with no traffic.", ["budget"],
+    policy("attempts: 2\nbudget: { kind: ratio, percent: 20, min-per-second: 1, ttl: 10s }\n" + NOJ),
+    [start(i, 0) for i in range(1, 13)] + [report(i, MS, "timeout") for i in range(1, 13)] + [drain()])
+
+vec("budget-ratio-deposits-expire", "Deposits older than the ttl no longer pay for retries.", ["budget"],
+    policy("attempts: 2\nbudget: { kind: ratio, percent: 50, min-per-second: 0, ttl: 1s }\n" + NOJ),
+    [start(1, 0), start(2, 1), report(2, 2, "success"), report(1, 2 * S, "timeout", expect=fail("budget"))])
+
+vec("budget-errors", "Budget errors: a missing kind, an unknown kind, an out-of-range ratio, a ttl outside tower's bounds.", ["budget", "errors"],
+    "policies:\n  a: { budget: { max-tokens: 3 } }\n  b: { budget: { kind: tokens } }\n  c: { budget: { kind: token, token-ratio: 0 } }\n  d: { budget: { kind: ratio, ttl: 100s } }\n", [])
+
+# --------------------------------------------------------------------------------------
+# Documents and errors
+# --------------------------------------------------------------------------------------
+
+JSON_DOC = json.dumps({"policies": {"p": {"attempts": 2, "attempt-timeout": "1s", "backoff": {"kind": "constant", "base": "50ms", "jitter": "none"}}}})
+vec("document-json", "A JSON document gives the same policy as YAML.", ["documents"], JSON_DOC,
+    [pinfo(expect={"max_attempts": 2, "attempt_timeout": S}), start(1, 0), report(1, 1, "timeout", expect=retry(50 * MS))])
+
+vec("document-many-policies", "Several named policies in one document; policy indices follow document order.", ["documents"],
+    "policies:\n  fast: { attempts: 1 }\n  slow: { attempts: 5, deadline: 30s }\n  third: {}\n",
+    [pinfo("fast", {"name": "fast", "max_attempts": 1}), pinfo("slow", {"max_attempts": 5, "deadline": 30 * S}), pinfo("third", {"max_attempts": 3}),
+     pinfo("missing", None), start(1, 0, "slow"), start(2, 0, "fast")])
+
+vec("document-defaults", "An empty policy gets every default.", ["documents", "defaults"], policy(""),
+    [pinfo(expect={"max_attempts": 3, "attempt_timeout": 0, "deadline": 0, "fallbacks": []}), analyze(1)])
+
+vec("document-unknown-field-suggests", "A misspelt field is named with a suggestion and the known fields.", ["documents", "errors"],
+    policy("atempts: 3"), [])
+
+vec("document-no-policies", "A document without policies says so.", ["documents", "errors"], "version: 1\n", [])
+vec("document-empty-policies", "An empty policies mapping is an error.", ["documents", "errors"], "policies: {}\n", [])
+vec("document-bad-policy-name", "Policy names are checked.", ["documents", "errors"], "policies:\n  \"bad name!\": {}\n", [])
+vec("document-wrong-version", "Only document version 1 exists.", ["documents", "errors"], "version: 2\npolicies:\n  p: {}\n", [])
+vec("document-invalid-yaml", "YAML syntax errors give a line and column.", ["documents", "errors"], "policies:\n  p: [1, 2\n", [])
+vec("document-invalid-json", "JSON syntax errors give a line and column.", ["documents", "errors"], "{\"policies\": {\"p\": }}", [])
+vec("document-not-a-mapping", "A policy must be a mapping.", ["documents", "errors"], "policies:\n  p: 3\n", [])
+vec("document-too-deep", "Deep nesting is refused, not a stack overflow.", ["documents", "errors"], "policies:\n  p: " + "[" * 100 + "]" * 100 + "\n", [])
+vec("document-many-errors-at-once", "Every error is reported, each with its path, not only the first.", ["documents", "errors"],
+    "policies:\n  a: { attempts: 0, deadline: soon, backoff: { kind: x } }\n  b: { breaker: { failure-rate: 150 } }\n", [])
+
+# --------------------------------------------------------------------------------------
+# Protocol: settling, invalid operations, events, call-info
+# --------------------------------------------------------------------------------------
+
+vec("settle-success-on-next-start", "A success held back and settled on the next start gives the same state as reporting it at once.", ["protocol", "batching"],
+    policy("attempts: 2\nbulkhead: { max-concurrent: 1 }\n" + NOJ), [
+        start(1, 0, expect=attempt(1)),
+        start(2, 10, settle=(1, 5, 5), expect=attempt(1)),
+        start(3, 20, settle=(2, 15, 5), expect=attempt(1)),
+        report(3, 30, "success", expect=DONE),
+        info(1, None), info(2, None),
+    ])
+
+vec("protocol-invalid-operations", "Protocol errors are invalid verdicts: unknown call, duplicate or zero id, unknown policy, wrong step.", ["protocol", "errors"],
+    policy(NOJ), [
+        acquire(99, 0, expect=invalid(1)),
+        start(0, 0, expect=invalid(2)),
+        start(1, 0, expect=attempt(1)),
+        start(1, 0, expect=invalid(2)),
+        start(2, 0, policy="nope", expect=invalid(3)),
+        acquire(1, 0, expect=invalid(4)),
+        fallback(1, 0, True, expect=invalid(4)),
+        report(1, 1, "timeout", expect=retry()),
+        report(1, 2, "timeout", expect=invalid(4)),
+        report(77, 2, "timeout", expect=invalid(1)),
+        fallback(77, 2, True, expect=invalid(1)),
+    ])
+
+vec("call-info-tracks-a-call", "call-info shows attempts, deadline, last reason and whether an attempt is in flight.", ["protocol"],
+    policy("deadline: 5s\n" + NOJ), [
+        start(1, S), info(1, {"attempts": 1, "deadline": 6 * S, "in_flight": True}),
+        report(1, S + 1, "timeout"), info(1, {"in_flight": False}), cancel(1, S + 2), info(1, None),
+    ])
+
+vec("events-retry-and-give-up", "Events for a retry scheduled and the give-up, with attempt numbers and delays.", ["events"],
+    policy("attempts: 2\n" + NOJ), [start(1, 0), report(1, 5, "timeout"), acquire(1, 100 * MS + 5), report(1, 100 * MS + 9, "timeout"), drain()])
+
+vec("events-drain-empties", "A drain takes every event once.", ["events"], policy("attempts: 1"),
+    [start(1, 0), report(1, 1, "timeout"), drain(), drain([])])
+
+vec("analyze-worst-cases", "Worst-case attempts, latency and amplification (3 attempts over 3 layers: 27x).", ["analysis", "anchor"],
+    policy("attempts: 3\nattempt-timeout: 1s\nbackoff: { base: 100ms, cap: 1s, jitter: full }"),
+    [analyze(1, {"worst_attempts": 3, "worst_latency": 3 * S + 300 * MS, "amplification": 3.0}),
+     analyze(3, {"amplification": 27.0, "amplification_with_budget": 27.0})])
+
+vec("analyze-deadline-limits-attempts", "A deadline bounds the worst case: fewer attempts and latency at most the deadline.", ["analysis"],
+    policy("attempts: 10\nattempt-timeout: 1s\ndeadline: 2500ms\nbackoff: { kind: constant, base: 200ms, jitter: none }"),
+    [analyze(1, {"worst_attempts": 3, "worst_latency": 2500 * MS})])
+
+vec("analyze-budgets", "With a budget, amplification is bounded: token throttling long-run 1, a 10% ratio budget 1.1 per layer.", ["analysis", "budget", "anchor"],
+    "policies:\n  t: { attempts: 3, budget: { kind: token } }\n  r: { attempts: 4, budget: { kind: ratio, percent: 10 } }\n",
+    [analyze(3, "t", {"amplification": 27.0, "amplification_with_budget": 1.0}), analyze(3, "r", {"amplification": 64.0})])
+
+vec("analyze-unbounded", "No timeout and no deadline: the worst latency is unbounded (null).", ["analysis"], policy(""),
+    [analyze(1, {"worst_latency": None})])
+
+# --------------------------------------------------------------------------------------
+# Circuit breaker
+# --------------------------------------------------------------------------------------
+
+BRK = "attempts: 1\nbreaker: { window: { kind: count, size: 4 }, minimum-calls: 4, failure-rate: 50, open-duration: 10s, half-open-permits: 2, half-open-permit-timeout: 5s }\n"
+
+
+def outcomes(seq, t0=0, first_call=1, key=""):
+    steps = []
+    t = t0
+    for i, o in enumerate(seq):
+        c = first_call + i
+        t += MS
+        steps.append(start(c, t, key=key))
+        if o == "F":
+            steps.append(report(c, t + 1, "http-status", code=503, elapsed=1))
+        elif o == "T":
+            steps.append(report(c, t + 1, "timeout", elapsed=1))
+        else:
+            steps.append(report(c, t + 1, "success", elapsed=1))
+    return steps
+
+
+vec("breaker-count-trips", "A count window of 4 with minimum 4 calls trips at a 50% failure rate.", ["breaker"],
+    policy(BRK), outcomes("SFSF") + [breaker(10 * MS, expect="open"), start(9, 20 * MS, expect=fail("breaker-open")), drain()])
+
+vec("breaker-minimum-calls", "Three failures out of three do not trip before the minimum number of calls.", ["breaker"],
+    policy(BRK), outcomes("FFF") + [breaker(10 * MS, expect="closed"), start(9, 20 * MS, expect=attempt(1))])
+
+vec("breaker-open-hint", "An open breaker rejects with a retry-after hint of the time left open.", ["breaker"],
+    policy(BRK), outcomes("FFFF") + [start(9, 4 * MS + 1 + 4 * S, expect=fail("breaker-open", 6 * S))])
+
+vec("breaker-half-open-closes", "After open-duration, exactly 2 trial calls are admitted; two successes close it.", ["breaker"],
+    policy(BRK), outcomes("FFFF") + [
+        breaker(11 * S, expect="half-open"),
+        start(10, 11 * S, expect=attempt(1)), start(11, 11 * S, expect=attempt(1)),
+        start(12, 11 * S, expect=fail("breaker-open")),
+        report(10, 11 * S + 1, "success"), report(11, 11 * S + 2, "success"),
+        breaker(11 * S + 3, expect="closed"), start(13, 11 * S + 3, expect=attempt(1)), drain(),
+    ])
+
+vec("breaker-half-open-reopens-longer", "A failed trial reopens the breaker; with a multiplier the second open lasts twice as long.", ["breaker"],
+    policy(BRK.replace("open-duration: 10s", "open-duration: 10s, open-duration-max: 30s")), outcomes("FFFF") + [
+        start(10, 11 * S), start(11, 11 * S),
+        report(10, 11 * S + 1, "timeout"), report(11, 11 * S + 2, "success"),
+        breaker(11 * S + 3, expect="open"),
+        start(12, 30 * S, expect=fail("breaker-open")), breaker(31 * S + 2, expect="half-open"), drain(),
+    ])
+
+vec("breaker-open-duration-capped", "Consecutive trips grow the open duration up to open-duration-max.", ["breaker"],
+    policy(BRK.replace("open-duration: 10s", "open-duration: 10s, open-duration-max: 25s").replace("half-open-permits: 2", "half-open-permits: 1")),
+    outcomes("FFFF") + [start(10, 11 * S), report(10, 11 * S, "timeout"),
+                        start(11, 32 * S), report(11, 32 * S, "timeout"),
+                        start(12, 57 * S - 1, expect=fail("breaker-open", 1)), start(13, 57 * S, expect=attempt(1)), drain()])
+
+vec("breaker-permit-expires", "A half-open permit never reported expires and is given back (resilience4j #2172).", ["breaker"],
+    policy(BRK), outcomes("FFFF") + [
+        start(10, 11 * S), start(11, 11 * S), start(12, 12 * S, expect=fail("breaker-open")),
+        start(13, 16 * S, expect=attempt(1)), drain(),
+    ])
+
+vec("breaker-cancel-returns-permit-once", "A cancelled trial gives its permit back once; capacity never exceeds the permits (failsafe #391).", ["breaker"],
+    policy(BRK), outcomes("FFFF") + [
+        start(10, 11 * S), start(11, 11 * S), cancel(10, 11 * S), cancel(10, 11 * S),
+        start(12, 11 * S, expect=attempt(1)), start(13, 11 * S, expect=fail("breaker-open")),
+    ])
+
+vec("breaker-late-result-after-reopen-ignored", "A trial reported after its half-open episode ended does not count.", ["breaker"],
+    policy(BRK.replace("half-open-permits: 2", "half-open-permits: 1")), outcomes("FFFF") + [
+        start(10, 11 * S), report(10, 11 * S, "timeout"), breaker(11 * S, expect="open"), drain(),
+    ])
+
+vec("breaker-time-window", "A time window forgets outcomes older than its size.", ["breaker"],
+    policy("attempts: 1\nbreaker: { window: { kind: time, size: 10s, bucket: 1s }, minimum-calls: 4, failure-rate: 50 }\n"),
+    outcomes("FF") + outcomes("FF", t0=20 * S, first_call=20) + [breaker(21 * S, expect="closed")] +
+    outcomes("F", t0=21 * S, first_call=40) + [breaker(22 * S, expect="open"), drain()])
+
+vec("breaker-slow-calls-trip", "Calls slower than slow-call-duration trip a slow-call-rate breaker even when they succeed.", ["breaker"],
+    policy("attempts: 1\nbreaker: { window: { kind: count, size: 3 }, minimum-calls: 3, slow-call-rate: 60, slow-call-duration: 1s }\n"),
+    sum([[start(i, i * S), report(i, i * S + 2 * S, "success", elapsed=2 * S)] for i in (1, 2, 3)], []) + [breaker(10 * S, expect="open"), drain()])
+
+vec("breaker-failure-on-custom", "failure-on decides what counts: here 404s count, 503s do not.", ["breaker", "classification"],
+    policy('attempts: 1\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-on: ["http:404"] }\n'),
+    [start(1, 0), report(1, 1, "http-status", code=503), start(2, 2), report(2, 3, "http-status", code=503), breaker(4, expect="closed"),
+     start(3, 5), report(3, 6, "http-status", code=404), start(4, 7), report(4, 8, "http-status", code=404), breaker(9, expect="open")])
+
+vec("breaker-4xx-not-failures-by-default", "Client errors do not count against the dependency by default.", ["breaker", "defaults"],
+    policy(BRK), sum([[start(i, i), report(i, i, "http-status", code=404)] for i in range(1, 6)], []) + [breaker(10, expect="closed")])
+
+vec("breaker-in-retry-loop", "Every retry passes the breaker: when it opens mid-call, the call stops with breaker-open.", ["breaker", "retry"],
+    policy("attempts: 5\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1m }\n" + NOJ), [
+        start(1, 0), report(1, 1, "timeout", expect=retry()), acquire(1, 100 * MS + 1, expect=attempt(2)),
+        report(1, 100 * MS + 2, "timeout", expect=retry()), acquire(1, 200 * MS + 2, expect=fail("breaker-open")), drain(),
+    ])
+
+vec("breaker-forced-open", "forced-open rejects every call until an operator sets closed.", ["breaker", "operator"],
+    policy(BRK), [force("forced-open", 0, expect={"ok": None}), start(1, 1, expect=fail("breaker-open", 0)), breaker(2, expect="forced-open"),
+                  force("closed", 3, expect={"ok": None}), start(2, 4, expect=attempt(1)), drain()])
+
+vec("breaker-forced-closed-records-no-trip", "forced-closed admits everything and never trips.", ["breaker", "operator"],
+    policy(BRK), [force("forced-closed", 0)] + outcomes("FFFFFF", t0=1) + [breaker(S, expect="forced-closed"), start(99, S, expect=attempt(1))])
+
+vec("breaker-disabled", "disabled admits everything.", ["breaker", "operator"],
+    policy(BRK), [force("disabled", 0)] + outcomes("FFFFF", t0=1) + [breaker(S, expect="disabled")])
+
+vec("breaker-illegal-operator-states", "An operator cannot set open or half-open; a policy without a breaker says so.", ["breaker", "operator", "errors"],
+    "policies:\n  p: { breaker: {} }\n  q: {}\n", [force("open", 0), force("half-open", 0), force("forced-open", 0, policy="q"),
+                                                  breaker(0, policy="q", expect=None)])
+
+vec("breaker-per-key", "Breakers are per key: one key open, another closed.", ["breaker", "keys"],
+    policy(BRK), outcomes("FFFF", key="a") + [start(10, S, key="a", expect=fail("breaker-open")), start(11, S, key="b", expect=attempt(1)),
+                                            breaker(S, key="a", expect="open"), breaker(S, key="b", expect="closed")])
+
+vec("breaker-errors", "Breaker fields out of range are named.", ["breaker", "errors"],
+    "policies:\n  a: { breaker: { failure-rate: 0 } }\n  b: { breaker: { window: { kind: count, size: 0 } } }\n  c: { breaker: { open-duration: 10s, open-duration-max: 5s } }\n  d: { breaker: { window: { kind: time, size: 1s, bucket: 2s } } }\n  e: { breaker: { half-open-permits: 0 } }\n",
+    [])
+
+vec("breaker-defaults-resilience4j", "Default breaker: count window 100, minimum 100 calls, 50% failure rate.", ["breaker", "defaults", "anchor"],
+    policy("attempts: 1\nbreaker: {}\n"), outcomes("F" * 99) + [breaker(S, expect="closed")] + outcomes("F", t0=S, first_call=200) + [breaker(2 * S, expect="open")])
+
+# --------------------------------------------------------------------------------------
+# Rate limit and bulkhead
+# --------------------------------------------------------------------------------------
+
+RATE = "attempts: 2\nrate-limit: { rate: 10, per: 1s, burst: 2, max-wait: 150ms }\n" + NOJ
+
+vec("rate-burst-then-wait", "A burst of 2, then the third caller waits 100 ms for a reserved token.", ["rate-limit"],
+    policy(RATE), [start(1, 0, expect=attempt(1)), start(2, 0, expect=attempt(1)), start(3, 0, expect=wait(100 * MS)),
+                   acquire(3, 40 * MS, expect=wait(60 * MS)), acquire(3, 100 * MS, expect=attempt(1)), drain()])
+
+vec("rate-reject-over-max-wait", "A wait above max-wait is a rejection with the time until a token.", ["rate-limit"],
+    policy(RATE), [start(1, 0), start(2, 0), start(3, 0, expect=wait(100 * MS)), start(4, 0, expect=fail("rate-limited", 200 * MS)), drain()])
+
+vec("rate-wait-must-fit-deadline", "A wait that does not fit the deadline is a rejection.", ["rate-limit", "deadline"],
+    policy("deadline: 50ms\n" + RATE), [start(1, 0), start(2, 0), start(3, 0, expect=fail("rate-limited", 100 * MS))])
+
+vec("rate-clock-going-back", "A now earlier than the last counts as no time passed (tikv/pd #10744).", ["rate-limit"],
+    policy("attempts: 1\nrate-limit: { rate: 1, per: 1s, burst: 1 }\n"),
+    [start(1, 10 * S, expect=attempt(1)), start(2, 0, expect=fail("rate-limited", S)), start(3, 11 * S, expect=attempt(1))])
+
+vec("rate-refill", "Tokens refill at the rate and never above the burst.", ["rate-limit"],
+    policy("attempts: 1\nrate-limit: { rate: 2, per: 1s, burst: 2 }\n"),
+    [start(i, 100 * S) for i in (1, 2)] + [start(3, 100 * S, expect=fail("rate-limited"))] +
+    [start(i, 200 * S) for i in (4, 5)] + [start(6, 200 * S, expect=fail("rate-limited"))])
+
+vec("rate-retries-pass-the-limiter", "Every retry takes a token too.", ["rate-limit", "retry"],
+    policy("attempts: 3\nrate-limit: { rate: 1, per: 1s, burst: 1 }\n" + NOJ),
+    [start(1, 0), report(1, 1, "timeout", expect=retry(100 * MS)), acquire(1, 100 * MS + 1, expect=fail("rate-limited"))])
+
+vec("rate-errors", "Rate limit errors: rate missing, zero period, unknown field.", ["rate-limit", "errors"],
+    "policies:\n  a: { rate-limit: { burst: 3 } }\n  b: { rate-limit: { rate: 5, per: \"0\" } }\n  c: { rate-limit: { rate: 5, burts: 2 } }\n", [])
+
+BULK = "attempts: 3\nbulkhead: { max-concurrent: 2 }\n" + NOJ
+
+vec("bulkhead-limit", "At most 2 attempts in flight; the third is rejected with bulkhead-full.", ["bulkhead"],
+    policy(BULK), [start(1, 0), start(2, 0), start(3, 0, expect=fail("bulkhead-full")), report(1, 5, "success"), start(4, 6, expect=attempt(1)), drain()])
+
+vec("bulkhead-not-held-while-sleeping", "A call sleeping before its retry holds no slot.", ["bulkhead"],
+    policy(BULK), [start(1, 0), start(2, 0), report(1, 1, "timeout", expect=retry()), start(3, 2, expect=attempt(1)),
+                   acquire(1, 100 * MS + 1, expect=fail("bulkhead-full"))])
+
+vec("bulkhead-cancel-releases", "A cancelled call gives its slot back.", ["bulkhead"],
+    policy(BULK), [start(1, 0), start(2, 0), cancel(2, 1), start(3, 2, expect=attempt(1))])
+
+vec("bulkhead-per-key", "Slots are per key.", ["bulkhead", "keys"],
+    policy(BULK), [start(1, 0, key="a"), start(2, 0, key="a"), start(3, 0, key="b", expect=attempt(1)), start(4, 0, key="a", expect=fail("bulkhead-full"))])
+
+# --------------------------------------------------------------------------------------
+# Fallbacks
+# --------------------------------------------------------------------------------------
+
+FB = ("attempts: 2\nfallbacks:\n  - { name: cache, on: [retries-exhausted, breaker-open] }\n  - { name: static, on: [any] }\n"
+      "breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 10s }\n" + NOJ)
+
+vec("fallback-on-retries-exhausted", "Retries exhausted: the first matching fallback is chosen; its success ends the call done.", ["fallback"],
+    policy(FB), [start(1, 0), report(1, 1, "timeout"), acquire(1, 100 * MS + 1), report(1, 100 * MS + 2, "timeout", expect=fb(0, "retries-exhausted")),
+                 info(1, {"last_reason": "retries-exhausted"}), fallback(1, 100 * MS + 3, True, expect=DONE), drain()])
+
+vec("fallback-chain", "When a fallback fails the next matching one runs; when all fail, fallbacks-failed.", ["fallback"],
+    policy(FB), [start(1, 0), report(1, 1, "timeout"), acquire(1, 100 * MS + 1), report(1, 100 * MS + 2, "timeout", expect=fb(0, "retries-exhausted")),
+                 fallback(1, 100 * MS + 3, False, expect=fb(1, "retries-exhausted")), fallback(1, 100 * MS + 4, False, expect=fail("fallbacks-failed")), drain()])
+
+vec("fallback-trigger-filters", "A non-retryable failure skips the fallback that does not list it.", ["fallback"],
+    policy(FB), [start(1, 0), report(1, 1, "http-status", code=400, expect=fb(1, "non-retryable"))])
+
+vec("fallback-on-breaker-open", "A breaker rejection triggers the fallback chain.", ["fallback", "breaker"],
+    policy("attempts: 1\nfallbacks: [{ name: cache, on: [breaker-open] }]\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2 }\n"),
+    outcomes("FF") + [start(9, S, expect=fb(0, "breaker-open")), fallback(9, S, True, expect=DONE), drain()])
+
+vec("fallback-on-rate-limit-and-bulkhead", "Rate-limited and bulkhead-full rejections trigger fallbacks that list them.", ["fallback", "rate-limit", "bulkhead"],
+    "policies:\n  r: { attempts: 1, rate-limit: { rate: 1, burst: 1 }, fallbacks: [{ name: later, on: [rate-limited] }] }\n"
+    "  b: { attempts: 1, bulkhead: { max-concurrent: 1 }, fallbacks: [{ name: shed, on: [bulkhead-full] }] }\n",
+    [start(1, 0, "r"), start(2, 0, "r", expect=fb(0, "rate-limited")), start(3, 0, "b"), start(4, 0, "b", expect=fb(0, "bulkhead-full")), drain()])
+
+vec("fallback-on-deadline", "A deadline failure triggers a fallback listing deadline.", ["fallback", "deadline"],
+    policy("deadline: 100ms\nfallbacks: [{ name: cached, on: [deadline] }]\nbackoff: { kind: constant, base: 200ms, jitter: none }"),
+    [start(1, 0), report(1, 10 * MS, "timeout", expect=fb(0, "deadline"))])
+
+vec("fallback-none-matches", "When no fallback lists the reason, the call fails with it.", ["fallback"],
+    policy("attempts: 1\nfallbacks: [{ name: cache, on: [breaker-open] }]"), [start(1, 0), report(1, 1, "timeout", expect=fail("retries-exhausted"))])
+
+vec("fallback-plain-names", "A fallback given as a plain name triggers on any failure.", ["fallback"],
+    policy("attempts: 1\nfallbacks: [cache]"), [pinfo(expect={"fallbacks": ["cache"]}), start(1, 0), report(1, 1, "http-status", code=404, expect=fb(0, "non-retryable"))])
+
+vec("fallback-errors", "Fallback errors: a duplicate name, a misspelt trigger, a missing name.", ["fallback", "errors"],
+    policy("fallbacks: [a, a, { name: b, on: [breaker-opn] }, { on: [any] }]"), [])
+
+# --------------------------------------------------------------------------------------
+# Keys
+# --------------------------------------------------------------------------------------
+
+vec("keys-evict-lru", "With keys.max 2, a third key evicts the least recently used idle key.", ["keys"],
+    policy("attempts: 1\nkeys: { max: 2 }\n" + BRK.split("\n", 1)[1]),
+    outcomes("FFFF", key="a") + [start(10, S, key="b"), report(10, S, "success"), start(11, S, key="c", expect=attempt(1)), drain(),
+                                 breaker(2 * S, key="a", expect="closed")])
+
+vec("keys-busy-keys-survive", "A key with an attempt in flight is evicted only after idle ones.", ["keys"],
+    policy("attempts: 1\nkeys: { max: 2 }\nbulkhead: { max-concurrent: 1 }"),
+    [start(1, 0, key="a"), start(2, 1, key="b"), report(2, 2, "success"), start(3, 3, key="c"), start(4, 4, key="a", expect=fail("bulkhead-full")), drain()])
+
+vec("keys-errors", "keys.max must be at least 1.", ["keys", "errors"], policy("keys: { max: 0 }"), [])
+
+# --------------------------------------------------------------------------------------
+# State export and import, reload
+# --------------------------------------------------------------------------------------
+
+vec("state-breaker-survives-restart", "An open breaker stays open across export and import into a fresh engine.", ["state"],
+    policy(BRK), outcomes("FFFF") + [export_import(), start(10, S, expect=fail("breaker-open")), breaker(S, expect="open"),
+                                    start(11, 11 * S, expect=attempt(1))])
+
+vec("state-budget-survives-restart", "Token throttling levels survive export and import.", ["state", "budget"],
+    A6, [start(1, 0), report(1, 1, "timeout", expect=retry()), cancel(1, 2), start(2, 3), report(2, 4, "timeout", expect=retry()), cancel(2, 5),
+         export_import(), start(3, 6), report(3, 7, "timeout", expect=fail("budget"))])
+
+vec("state-limiter-survives-restart", "A spent rate limiter stays spent across export and import.", ["state", "rate-limit"],
+    policy("attempts: 1\nrate-limit: { rate: 1, per: 10s, burst: 1 }\n"),
+    [start(1, S), export_import(), start(2, 2 * S, expect=fail("rate-limited", 9 * S))])
+
+vec("state-identical-future-decisions", "After export and import, jitter and every decision continue exactly as without the round trip.", ["state", "prng"],
+    policy("attempts: 4\nbackoff: { base: 100ms, cap: 10s, jitter: full }\nbudget: { kind: ratio, percent: 50 }\n"),
+    [start(1, 0), report(1, 1, "timeout"), export_import(), acquire(1, S), report(1, S + 1, "timeout"), start(2, S + 2), report(2, S + 3, "timeout")],
+    seed=99)
+
+vec("state-import-garbage", "Importing garbage is an error and changes nothing.", ["state", "errors"],
+    policy(BRK), outcomes("FFFF") + [import_hex(b"not json at all"), import_hex(b'{"format":"levee-state","version":9}'),
+                                    import_hex(b'{"format":"other"}'), breaker(S, expect="open")])
+
+vec("state-import-wrong-shapes", "Importing state with wrong shapes names the field and changes nothing.", ["state", "errors"],
+    policy(BRK), [import_hex(b'{"format":"levee-state","version":1,"rng":[1,2,3],"tick":0,"policies":[]}'),
+                  import_hex(b'{"format":"levee-state","version":1,"rng":[1,2,3,4],"tick":0,"policies":[{"name":"p","keys":[{"key":"","last_used":1,"breaker":{"state":"ajar"}}]}]}'),
+                  breaker(0, expect="closed")])
+
+vec("reload-keeps-breaker", "A hot reload that changes retries keeps the open breaker.", ["state", "reload"],
+    policy(BRK), outcomes("FFFF") + [reload(policy(BRK.replace("attempts: 1", "attempts: 3")), {"ok": None}), breaker(S, expect="open"),
+                                    pinfo(expect={"max_attempts": 3})])
+
+vec("reload-changed-window-resets-counts", "A reload that changes the window keeps the breaker's state but starts a fresh window.", ["state", "reload", "breaker"],
+    policy(BRK), outcomes("FFF") + [reload(policy(BRK.replace("size: 4", "size: 8"))), start(20, S), report(20, S, "timeout"), breaker(S, expect="closed")])
+
+vec("reload-error-leaves-engine", "A reload with errors changes nothing.", ["state", "reload", "errors"],
+    policy(BRK), outcomes("FFFF") + [reload(policy("attempts: 0")), breaker(S, expect="open"), pinfo(expect={"max_attempts": 1})])
+
+vec("reload-drops-removed-policy", "A reload that removes a policy drops its state; live calls of kept policies continue.", ["state", "reload"],
+    "policies:\n  p: { attempts: 2, backoff: { kind: constant, base: 100ms, jitter: none } }\n  q: {}\n",
+    [start(1, 0), report(1, 1, "timeout", expect=retry()), reload("policies:\n  p: { attempts: 2, backoff: { kind: constant, base: 100ms, jitter: none } }\n"),
+     acquire(1, 100 * MS + 1, expect=attempt(2)), pinfo("q", None)])
+
+
+def main():
+    out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")
+    os.makedirs(out_dir, exist_ok=True)
+    names = set()
+    for v in VECTORS:
+        names.add(v["name"])
+        path = os.path.join(out_dir, v["name"] + ".json")
+        with open(path, "w") as f:
+            json.dump(v, f, indent=2)
+            f.write("\n")
+    for stale in os.listdir(out_dir):
+        if stale.endswith(".json") and stale[:-5] not in names:
+            os.remove(os.path.join(out_dir, stale))
+    print(f"{len(VECTORS)} vectors written to {out_dir}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

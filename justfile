@@ -1,0 +1,63 @@
+# Levee's tasks. Run them through ./dev (which installs `just` itself when it is missing):
+#   ./dev demo    the cross-language demo
+#   ./dev test    every test, lint and type check of every part
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+root := justfile_directory()
+wasm_dir := root / "target" / "levee"
+
+export LEVEE_WASM_DIR := wasm_dir
+export CARGO_TERM_COLOR := "never"
+
+default:
+    @just --list
+
+# Install what the Rust side needs (the toolchain of rust-toolchain.toml and its wasm target).
+setup:
+    rustup show active-toolchain >/dev/null 2>&1 || rustup toolchain install
+    rustup target add wasm32-unknown-unknown >/dev/null
+
+# Build the policy component (zero imports) and its core module into target/levee/.
+component: setup
+    cargo run -q --release -p levee-build -- {{wasm_dir}}
+
+# The cross-language demo: a flaky server on 127.0.0.1, the same policy through every host.
+demo: component
+    bash examples/demo/run.sh
+
+# Every test: Rust (core, component, conformance, host, CLI), then Python, JavaScript, Go.
+test: component lint-rust test-rust test-hosts
+    @echo "levee: all tests passed"
+
+# Formatting and clippy (warnings are errors).
+lint-rust: setup
+    cargo fmt --all --check
+    cargo clippy --release --workspace --all-targets -- -D warnings
+
+# Rust tests, release profile (wasmtime is built once, for tests and benches alike).
+test-rust: component
+    cargo test --release --workspace
+
+# The hosts in other languages, each through its own ci.sh (installs its own dependencies).
+test-hosts: component
+    #!/usr/bin/env bash
+    set -euo pipefail
+    for host in host-bindings/python host-bindings/js host-bindings/go; do
+      if [ -f "$host/ci.sh" ]; then
+        echo "=== $host"
+        bash "$host/ci.sh"
+      else
+        echo "=== $host: no ci.sh yet" >&2
+        exit 1
+      fi
+    done
+
+# Benchmarks (release): the decision cycle natively and through the component.
+bench: component
+    cargo bench -p levee-conformance --bench decision_cycle
+
+# Regenerate conformance vectors from conformance/scenarios.py and fill in expectations.
+vectors:
+    python3 conformance/scenarios.py
+    LEVEE_BLESS=1 cargo test --release -p levee-conformance --test vectors
