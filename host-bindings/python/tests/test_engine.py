@@ -552,3 +552,14 @@ def test_outcome_mapping() -> None:
     assert levee.outcome_for_result(r) == Outcome.http(503, "Wed, 21 Oct 2015 07:28:00 GMT", overloaded=True)
     assert levee.outcome_for_exception(requests.HTTPError(response=r)).code == 503
     assert levee.outcome_for_result({"a": 1}) is None
+
+
+def test_closed_engine_refuses_calls() -> None:
+    e = levee.Engine(DOC, seed=1)
+    assert e.policy("fast").call(lambda: 1) == 1
+    e.close()
+    with pytest.raises(levee.LeveeError, match="closed"):
+        e.policy("fast").call(lambda: 1)
+    with pytest.raises(levee.LeveeError, match="closed"):
+        e.export_state()
+    e.close()

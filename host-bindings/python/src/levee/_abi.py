@@ -43,9 +43,9 @@ IFACE = "levee:policy/engine-api@0.1.0"
 
 # Fuel given to one slow-path crossing (load, drain-events, export-state...) and, shared, to
 # a batch of `HOT_BATCH` hot crossings. A runaway guest traps when it runs out.
-SLOW_FUEL = 2_000_000_000
-HOT_FUEL_PER_CALL = 2_000_000
-HOT_BATCH = 256
+SLOW_FUEL = 500_000_000
+HOT_FUEL_PER_CALL = 1_000_000
+HOT_BATCH = 64
 MEMORY_LIMIT = 256 << 20
 
 _V = ffi.wasmtime_component_val_t

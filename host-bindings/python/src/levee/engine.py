@@ -192,6 +192,8 @@ class Engine:
         self._slots: dict[str, _PolicySlot] = {}
         self._names: list[str] = []
         self._refresh_policies()
+        self._closed = False
+        #: how many times the component trapped and was re-instantiated
         self.faults = 0
 
     @classmethod
@@ -296,6 +298,8 @@ class Engine:
             self._next_call = call + 1
             core = self._core
             try:
+                if self._closed:
+                    raise LeveeError("the engine is closed")
                 if core.dead:
                     self._recover_locked(ComponentFault("the previous recovery failed"), events)
                     core = self._core
@@ -368,6 +372,8 @@ class Engine:
         try:
             with self._lock:
                 core = self._core
+                if self._closed:
+                    raise LeveeError("the engine is closed")
                 try:
                     if core.dead:
                         raise ComponentFault("the component is unavailable")
@@ -512,8 +518,11 @@ class Engine:
         self._tracer = tracer
 
     def close(self) -> None:
-        """Flush and drop the component instance."""
+        """Flush and drop the component instance; the engine cannot be used afterwards."""
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             try:
                 events: list[Event] = []
                 self._flush_locked(events)
@@ -1136,7 +1145,7 @@ class Attempts:
     def __iter__(self) -> Generator[Attempt, None, None]:
         pol = self._policy
         eng = pol.engine
-        call, gen_no, v = eng._start(pol._slot, pol._key, pol._flags)
+        call, gen_no, v = eng._start(pol._slot, pol._key_for((), {}), pol._flags)
         st = _Call(eng, pol._slot, call, gen_no, _monotonic_ns(), pol._classify, (), {})
         proto = _protocol(st, v)
         try:
@@ -1171,7 +1180,7 @@ class AsyncAttempts:
     async def _iterate(self) -> Any:
         pol = self._policy
         eng = pol.engine
-        call, gen_no, v = eng._start(pol._slot, pol._key, pol._flags)
+        call, gen_no, v = eng._start(pol._slot, pol._key_for((), {}), pol._flags)
         st = _Call(eng, pol._slot, call, gen_no, _monotonic_ns(), pol._classify, (), {})
         proto = _protocol(st, v)
         try:
