@@ -10,7 +10,8 @@ trap 'rm -rf "$work"' EXIT
 for v in "${versions[@]}"; do
   mkdir -p "$work/$v"
   (cd "$work/$v" && npm init -y >/dev/null && npm install --silent --no-audit --no-fund "@bytecodealliance/jco@$v" >/dev/null)
-  node "$here/scripts/transpile.mjs" "" "$work/$v/out" "$work/$v/node_modules/@bytecodealliance/jco/src/jco.js" >/dev/null
+  node "$here/scripts/transpile.mjs" "" "$work/$v/out" "$(readlink -f "$work/$v/node_modules/.bin/jco")" >/dev/null
+  echo '{"type":"module"}' > "$work/$v/out/package.json"
   echo "== jco $v"
   node "$here/bench/crossing.mjs" "$work/$v/out"
 done
