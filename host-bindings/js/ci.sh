@@ -9,6 +9,7 @@ export LEVEE_WASM_DIR="${LEVEE_WASM_DIR:-$repo/target/levee}"
 
 npm ci --no-audit --no-fund
 node scripts/transpile.mjs
+npx prettier --check .
 npx tsc -p tsconfig.json --noEmit
 npx tsc -p tsconfig.json
 node --test --test-concurrency=1 test/

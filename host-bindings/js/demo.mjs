@@ -28,9 +28,22 @@ const stamp = () => `+${(performance.now() - t0).toFixed(0).padStart(5)}ms`;
 
 function describe(step) {
   const v = step.verdict;
-  const reason = (code) => ['none', 'deadline', 'retries-exhausted', 'non-retryable', 'budget', 'breaker-open',
-    'rate-limited', 'bulkhead-full', 'non-idempotent', 'retry-after-too-long', 'pushback', 'cancelled',
-    'fallbacks-failed'][code] ?? `reason ${code}`;
+  const reason = (code) =>
+    [
+      'none',
+      'deadline',
+      'retries-exhausted',
+      'non-retryable',
+      'budget',
+      'breaker-open',
+      'rate-limited',
+      'bulkhead-full',
+      'non-idempotent',
+      'retry-after-too-long',
+      'pushback',
+      'cancelled',
+      'fallbacks-failed',
+    ][code] ?? `reason ${code}`;
   switch (v.kind) {
     case 'attempt':
       return `attempt ${v.detail}${v.payload > 0 ? ` (timeout ${ms(v.payload)})` : ''}`;
@@ -75,7 +88,8 @@ try {
   const res = await leveeFetch(levee, levee.policies[0].name)(url);
   console.log(`${stamp()} js result HTTP ${res.status}`);
 } catch (err) {
-  if (err instanceof LeveeError) console.log(`${stamp()} js result gave up: ${err.reason} after ${err.attempts} attempts`);
+  if (err instanceof LeveeError)
+    console.log(`${stamp()} js result gave up: ${err.reason} after ${err.attempts} attempts`);
   else console.log(`${stamp()} js result error: ${err}`);
   process.exitCode = 1;
 }

@@ -25,7 +25,9 @@ const out = resolve(process.argv[3] || join(pkg, 'wasm'));
 const jco = resolve(process.argv[4] || join(pkg, 'node_modules/@bytecodealliance/jco/src/jco.js'));
 
 if (!existsSync(component)) {
-  console.error(`transpile: no component at ${component} (build it: cargo run -q --release -p levee-build -- target/levee)`);
+  console.error(
+    `transpile: no component at ${component} (build it: cargo run -q --release -p levee-build -- target/levee)`,
+  );
   process.exit(1);
 }
 rmSync(out, { recursive: true, force: true });

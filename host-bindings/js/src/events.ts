@@ -105,10 +105,16 @@ export class Emitter {
 
 /** The part of an OpenTelemetry `Meter` that Levee uses (structural, so the API stays optional). */
 export interface MeterLike {
-  createCounter(name: string, options?: { description?: string; unit?: string }): {
+  createCounter(
+    name: string,
+    options?: { description?: string; unit?: string },
+  ): {
     add(value: number, attributes?: Record<string, string | number | boolean>): void;
   };
-  createHistogram(name: string, options?: { description?: string; unit?: string }): {
+  createHistogram(
+    name: string,
+    options?: { description?: string; unit?: string },
+  ): {
     record(value: number, attributes?: Record<string, string | number | boolean>): void;
   };
 }

@@ -38,24 +38,20 @@ export function leveeFetch(
     const outer = init?.signal ?? (input instanceof Request ? input.signal : undefined) ?? undefined;
     const url = new URL(request.url);
     try {
-      return await levee.run<Response>(
-        entry,
-        ({ signal }) => base(new Request(request.clone(), { signal })),
-        {
-          key: keyOf(url, request),
-          signal: outer,
-          method: request.method,
-          idempotencyKey: request.headers.has('idempotency-key'),
-          outcomeOf: (response) => ({
-            kind: 'http-status',
-            status: response.status,
-            retryAfter: response.headers.get('retry-after'),
-            overloaded: response.headers.has('x-envoy-overloaded'),
-          }),
-          discard: discardBody,
-          fallbacks: options.fallbacks,
-        },
-      );
+      return await levee.run<Response>(entry, ({ signal }) => base(new Request(request.clone(), { signal })), {
+        key: keyOf(url, request),
+        signal: outer,
+        method: request.method,
+        idempotencyKey: request.headers.has('idempotency-key'),
+        outcomeOf: (response) => ({
+          kind: 'http-status',
+          status: response.status,
+          retryAfter: response.headers.get('retry-after'),
+          overloaded: response.headers.has('x-envoy-overloaded'),
+        }),
+        discard: discardBody,
+        fallbacks: options.fallbacks,
+      });
     } catch (err) {
       if (err instanceof LeveeError) {
         if (err.reason === 'cancelled' && outer?.aborted) throw outer.reason;

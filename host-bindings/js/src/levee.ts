@@ -151,7 +151,9 @@ const METHOD_CODES: Readonly<Record<string, number>> = {
 };
 
 /** The `flags` argument of `start`. */
-export function startFlags(options: { idempotent?: boolean; idempotencyKey?: boolean; method?: string } | undefined): number {
+export function startFlags(
+  options: { idempotent?: boolean; idempotencyKey?: boolean; method?: string } | undefined,
+): number {
   if (options === undefined) return 0;
   let flags = 0;
   if (options.idempotent === false) flags |= 1;
@@ -207,7 +209,10 @@ class Attempt implements AttemptContext {
         this.#timer = setTimeout(
           () => {
             this.timedOut = true;
-            const reason = new DOMException(`attempt ${this.attempt} timed out after ${this.timeoutMs} ms`, 'TimeoutError');
+            const reason = new DOMException(
+              `attempt ${this.attempt} timed out after ${this.timeoutMs} ms`,
+              'TimeoutError',
+            );
             controller.abort(reason);
             reject(reason);
           },
@@ -488,7 +493,14 @@ export class Levee {
       return;
     }
     if (this.#trace !== undefined) {
-      this.#trace({ op: 'report', call, policy: '', attempts: 0, outcome: { kind: 'success' }, verdict: decodeVerdict(v) });
+      this.#trace({
+        op: 'report',
+        call,
+        policy: '',
+        attempts: 0,
+        outcome: { kind: 'success' },
+        verdict: decodeVerdict(v),
+      });
     }
     if ((Number(v & 0x1fn) & 0x10) !== 0) this.#drain();
   }
@@ -623,7 +635,13 @@ export class Levee {
     // The common case: a first attempt without timeout, deadline, caller signal or value to
     // describe, and no events: run it on a short path whose success is held back for batching.
     const n = Number(v);
-    if (n < 0x10000 && (n & 0x1f) === KIND_ATTEMPT && p.deadlineNs === 0 && signal === undefined && options?.outcomeOf === undefined) {
+    if (
+      n < 0x10000 &&
+      (n & 0x1f) === KIND_ATTEMPT &&
+      p.deadlineNs === 0 &&
+      signal === undefined &&
+      options?.outcomeOf === undefined
+    ) {
       return this.#fast(p, fn, options, call, now, gen);
     }
     return this.#drive(p, fn, options, call, v, now, gen, 0, undefined);

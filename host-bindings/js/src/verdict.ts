@@ -83,7 +83,12 @@ export function decodeVerdict(v: bigint): Verdict {
 }
 
 /** Pack verdict fields (used by the conformance runner to rebuild expected verdicts exactly). */
-export function encodeVerdict(kindCode: number, detail: number, payload: number | bigint, eventsPending: boolean): bigint {
+export function encodeVerdict(
+  kindCode: number,
+  detail: number,
+  payload: number | bigint,
+  eventsPending: boolean,
+): bigint {
   return (
     (BigInt(payload) << 16n) | (BigInt(detail & 0xff) << 8n) | (eventsPending ? 0x10n : 0n) | BigInt(kindCode & 0xf)
   );

@@ -29,7 +29,15 @@ export function load(document: string, options: WorkerLoadOptions): Levee {
 }
 
 export { Levee, sleep } from './levee.js';
-export type { AttemptContext, FallbackContext, FallbackFn, LoadOptions, PolicyEntry, RunOptions, TraceStep } from './levee.js';
+export type {
+  AttemptContext,
+  FallbackContext,
+  FallbackFn,
+  LoadOptions,
+  PolicyEntry,
+  RunOptions,
+  TraceStep,
+} from './levee.js';
 export { GrpcStatusError, HttpStatusError, LeveeError, PolicyLoadError, outcomeOfError } from './errors.js';
 export type { FailureReason, Outcome } from './errors.js';
 export type { EngineFaultEvent, LeveeEvent, LeveeEventMap, LeveeEventName, MeterLike } from './events.js';

@@ -54,7 +54,9 @@ function matches(expected, actual) {
     return Number.isSafeInteger(expected) ? BigInt(expected) === actual : Number(actual) === expected;
   }
   if (Array.isArray(expected)) {
-    return Array.isArray(actual) && expected.length === actual.length && expected.every((e, i) => matches(e, actual[i]));
+    return (
+      Array.isArray(actual) && expected.length === actual.length && expected.every((e, i) => matches(e, actual[i]))
+    );
   }
   if (expected !== null && typeof expected === 'object') {
     if (actual === null || typeof actual !== 'object' || Array.isArray(actual)) return false;
@@ -123,7 +125,16 @@ function replay(component, vector) {
         break;
       case 'report':
         actual = verdictJson(
-          engine.report(u64(s.call), u64(s.now), u64(s.elapsed), s.kind, s.code ?? 0, s.text ?? '', u64(s.wall_secs), s.flags ?? 0),
+          engine.report(
+            u64(s.call),
+            u64(s.now),
+            u64(s.elapsed),
+            s.kind,
+            s.code ?? 0,
+            s.text ?? '',
+            u64(s.wall_secs),
+            s.flags ?? 0,
+          ),
         );
         break;
       case 'report_fallback':
@@ -146,7 +157,14 @@ function replay(component, vector) {
         actual =
           c === undefined
             ? null
-            : { policy: c.policy, key: c.key, attempts: c.attempts, deadline: c.deadline, last_reason: c.lastReason, in_flight: c.inFlight };
+            : {
+                policy: c.policy,
+                key: c.key,
+                attempts: c.attempts,
+                deadline: c.deadline,
+                last_reason: c.lastReason,
+                in_flight: c.inFlight,
+              };
         break;
       }
       case 'policy_info': {
@@ -154,7 +172,13 @@ function replay(component, vector) {
         actual =
           p === undefined
             ? null
-            : { name: p.name, max_attempts: p.maxAttempts, attempt_timeout: p.attemptTimeout, deadline: p.deadline, fallbacks: p.fallbacks };
+            : {
+                name: p.name,
+                max_attempts: p.maxAttempts,
+                attempt_timeout: p.attemptTimeout,
+                deadline: p.deadline,
+                fallbacks: p.fallbacks,
+              };
         break;
       }
       case 'analyze': {

@@ -117,7 +117,10 @@ describe('fetch against a real server', () => {
 
   test('per-attempt timeout: the slow attempt is aborted through its signal, the next one answers', async () => {
     fresh();
-    server.script('/slow', [{ status: 200, delay: 2000, body: 'late' }, { status: 200, body: 'fast' }]);
+    server.script('/slow', [
+      { status: 200, delay: 2000, body: 'late' },
+      { status: 200, body: 'fast' },
+    ]);
     const res = await leveeFetch(levee, 'http')(server.url('/slow'));
     assert.equal(await res.text(), 'fast');
     const [first, second] = server.requests('/slow');

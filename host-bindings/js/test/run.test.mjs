@@ -233,7 +233,16 @@ describe('run', () => {
         () => {
           throw new Error('primary');
         },
-        { fallbacks: { first: () => { throw new Error('f1'); }, second: () => { throw new Error('f2'); } } },
+        {
+          fallbacks: {
+            first: () => {
+              throw new Error('f1');
+            },
+            second: () => {
+              throw new Error('f2');
+            },
+          },
+        },
       ),
       (err) => {
         assert.equal(err.reason, 'fallbacks-failed');
@@ -245,7 +254,10 @@ describe('run', () => {
 
   test('an unknown policy name is refused before anything runs', async () => {
     const levee = loadSync(DOC, { seed: 1n });
-    await assert.rejects(levee.run('nope', () => 1), RangeError);
+    await assert.rejects(
+      levee.run('nope', () => 1),
+      RangeError,
+    );
   });
 
   test('policies are listed as the core filled them in', () => {

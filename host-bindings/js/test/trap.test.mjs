@@ -132,5 +132,8 @@ test('the state exported before the trap comes back: an open breaker stays open'
   assert.equal(faults.length, 1);
   assert.equal(faults[0].restored, true);
   assert.equal(levee.breakerState('guarded'), 'open', 'the breaker state survived the trap');
-  await assert.rejects(levee.run('guarded', () => 'x'), (err) => err.reason === 'breaker-open');
+  await assert.rejects(
+    levee.run('guarded', () => 'x'),
+    (err) => err.reason === 'breaker-open',
+  );
 });
