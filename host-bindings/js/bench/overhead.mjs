@@ -32,6 +32,23 @@ policies:
 `;
 const levee = loadSync(BENCH_POLICY, { seed: 1n, meter: null });
 const policy = levee.policy('bench');
+
+// The host alone: the same Levee, whose core module's `start` answers "attempt 1" at once (the
+// first-attempt verdict, 0x100) without entering the guest. It separates this package's cost from
+// the core's.
+const stubbed = loadSync(BENCH_POLICY, {
+  seed: 1n,
+  meter: null,
+  instantiateCore: (module, imports) => {
+    const instance = new WebAssembly.Instance(module, imports);
+    const exports = { ...instance.exports };
+    for (const name of Object.keys(exports)) {
+      if (name.endsWith('[method]engine.start')) exports[name] = () => 0x100n;
+    }
+    return { exports };
+  },
+});
+const stubbedPolicy = stubbed.policy('bench');
 const cockatiel = wrap(
   retry(handleAll, { maxAttempts: 2, backoff: new ExponentialBackoff({ initialDelay: 100, maxDelay: 10_000 }) }),
   circuitBreaker(handleAll, { halfOpenAfter: 10_000, breaker: new ConsecutiveBreaker(5) }),
@@ -53,6 +70,11 @@ const cases = {
   levee: async (n) => {
     let s = 0;
     for (let i = 0; i < n; i++) s += await levee.run(policy, work);
+    return s;
+  },
+  'levee, core stubbed': async (n) => {
+    let s = 0;
+    for (let i = 0; i < n; i++) s += await stubbed.run(stubbedPolicy, work);
     return s;
   },
   'core floor': async (n) => {
@@ -100,7 +122,7 @@ if (args.includes('--json')) {
   console.log(`node ${process.version}, ${CALLS} calls x ${ROUNDS} rounds, median ns per call`);
   for (const [k, v] of Object.entries(summary)) {
     const over = k === 'bare' ? '' : `  (overhead over bare: ${(v - summary.bare).toFixed(0)} ns)`;
-    console.log(`  ${k.padEnd(10)} ${v.toFixed(0).padStart(6)} ns${over}`);
+    console.log(`  ${k.padEnd(20)} ${v.toFixed(0).padStart(6)} ns${over}`);
   }
   const ok = summary.levee < summary.cockatiel;
   console.log(ok ? 'levee is below cockatiel' : 'REGRESSION: levee is not below cockatiel');

@@ -14,6 +14,7 @@ import {
   outcomeOfError,
   sleep,
   startFlags,
+  instantiateComponent,
 } from '../dist/index.js';
 import { recordEvents } from './helpers.mjs';
 
@@ -65,6 +66,29 @@ describe('verdicts', () => {
     assert.equal(startFlags({ idempotencyKey: true }), 2);
     assert.equal(startFlags({ method: 'post' }), 3 << 8);
     assert.equal(startFlags({ method: 'BREW' }), 15 << 8);
+  });
+});
+
+describe('strings into the component', () => {
+  test('keys round-trip exactly, ASCII (fast path) or not, short or long', () => {
+    const { Engine } = instantiateComponent().engineApi;
+    const engine = Engine.load('policies:\n  p:\n    attempts: 2\n', 1n);
+    const keys = [
+      'svc',
+      'api.example.test:443',
+      'ключ-🙂',
+      'a'.repeat(256),
+      'b'.repeat(300),
+      'c'.repeat(255) + 'é',
+      '\u007f\u0000x',
+    ];
+    keys.forEach((key, i) => {
+      const call = BigInt(i + 1);
+      engine.start(call, 0, key, 0, 1000n, 0n, 0n, 0n);
+      assert.equal(engine.callInfo(call).key, key);
+      assert.equal(engine.policyIndex(key), undefined);
+    });
+    assert.equal(engine.policyIndex('p'), 0);
   });
 });
 
