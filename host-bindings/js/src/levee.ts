@@ -104,6 +104,11 @@ export interface LoadOptions {
   checkpointIntervalMs?: number;
   /** jco's core instantiation hook (instrumentation, fault injection). */
   instantiateCore?: InstantiateCore;
+  /**
+   * Bound on the component's memory, in bytes (default 256 MiB). Checked at each checkpoint; a
+   * component above it is treated as faulty: re-instantiated with the last exported state.
+   */
+  maxMemoryBytes?: number;
   /** Called after every step of every call with the core's verdict (debugging, demos). */
   trace?: (step: TraceStep) => void;
 }
@@ -201,7 +206,7 @@ class Attempt implements AttemptContext {
    * does, or when the timeout fires or the caller aborts, whichever is first, even if the attempt
    * ignores its signal.
    */
-  race<T>(promise: PromiseLike<T>): Promise<T> {
+  race<T>(promise: T | PromiseLike<T>): Promise<T> {
     return new Promise<T>((resolve, reject) => {
       const outer = this.#outer;
       if (this.timeoutMs > 0) {
@@ -227,7 +232,7 @@ class Attempt implements AttemptContext {
         this.#onOuterAbort = onAbort;
         outer.addEventListener('abort', onAbort, { once: true });
       }
-      promise.then(resolve, reject);
+      Promise.resolve(promise).then(resolve, reject);
     });
   }
 
@@ -306,6 +311,8 @@ export class Levee {
   #lastState: Uint8Array | undefined;
   #nextCheckpoint: bigint;
   readonly #checkpointNs: bigint;
+  #memories: WebAssembly.Memory[] = [];
+  readonly #maxMemoryBytes: number;
   readonly #trace: ((step: TraceStep) => void) | undefined;
 
   /** @internal Use `load` from `levee` (Node) or `levee/worker`. */
@@ -317,6 +324,7 @@ export class Levee {
     this.#trace = options.trace;
     this.#seed = options.seed !== undefined ? BigInt.asUintN(64, BigInt(options.seed)) : platform.randomSeed();
     this.#checkpointNs = BigInt(Math.round((options.checkpointIntervalMs ?? 1000) * 1e6));
+    this.#maxMemoryBytes = options.maxMemoryBytes ?? 256 * 1024 * 1024;
     this.#instantiateFresh();
     this.#readPolicies();
     for (const [name, fn] of Object.entries(options.fallbacks ?? {})) this.#fallbacks.set(name, fn);
@@ -326,9 +334,16 @@ export class Levee {
   }
 
   #instantiateFresh(): void {
-    const exports = this.#instantiateCore
-      ? instantiate(this.#platform.getCoreModule, {}, this.#instantiateCore)
-      : instantiate(this.#platform.getCoreModule, {});
+    const base = this.#instantiateCore ?? ((m, i) => new WebAssembly.Instance(m, i as WebAssembly.Imports));
+    const memories: WebAssembly.Memory[] = [];
+    const exports = instantiate(this.#platform.getCoreModule, {}, (module, imports) => {
+      const instance = base(module, imports);
+      for (const value of Object.values(instance.exports)) {
+        if (value instanceof WebAssembly.Memory) memories.push(value);
+      }
+      return instance;
+    });
+    this.#memories = memories;
     let engine: Engine;
     try {
       engine = exports.engineApi.Engine.load(this.#document, this.#seed);
@@ -534,6 +549,18 @@ export class Levee {
 
   #checkpoint(now: bigint): void {
     this.#nextCheckpoint = now + this.#checkpointNs;
+    // JavaScript cannot cap a Wasm memory it did not create: check its size here, and treat a
+    // component whose memory outgrew the bound like one that trapped (the last state comes back).
+    let bytes = 0;
+    for (const memory of this.#memories) bytes += memory.buffer.byteLength;
+    if (bytes > this.#maxMemoryBytes) {
+      this.#recover(
+        new RangeError(`levee: the policy component's memory grew to ${bytes} bytes (bound ${this.#maxMemoryBytes})`),
+        'memory-limit',
+        '',
+      );
+      return;
+    }
     try {
       this.#lastState = this.#engine.exportState();
     } catch (err) {
@@ -629,7 +656,7 @@ export class Levee {
       }
     } catch (err) {
       this.#recover(err, 'start', p.name);
-      return this.#single(p, fn, options, 0, now, undefined, undefined);
+      return this.#single(p, fn, options, 0, now, undefined, p.deadlineNs > 0 ? now + p.deadlineBig : undefined);
     }
     if (this.#trace !== undefined) this.#traceStep('start', call, p, 0, v, undefined, undefined);
     // The common case: a first attempt without timeout, deadline, caller signal or value to
@@ -763,8 +790,7 @@ export class Levee {
         let outcome: Outcome | undefined;
         try {
           const r = fn(ctx);
-          const result =
-            timeoutNs > 0 || signal !== undefined ? await ctx.race(r as PromiseLike<T>) : isThenable(r) ? await r : r;
+          const result = timeoutNs > 0 || signal !== undefined ? await ctx.race(r) : isThenable(r) ? await r : r;
           now = platform.now();
           ctx.dispose();
           outcome = options?.outcomeOf?.(result);
@@ -960,7 +986,7 @@ export class Levee {
     let result: T;
     try {
       const r = fn(ctx);
-      result = timeoutNs > 0 || options?.signal !== undefined ? await ctx.race(r as PromiseLike<T>) : await r;
+      result = timeoutNs > 0 || options?.signal !== undefined ? await ctx.race(r) : await r;
     } catch (err) {
       ctx.dispose();
       const reason: FailureReason = options?.signal?.aborted && !ctx.timedOut ? 'cancelled' : 'engine-fault';

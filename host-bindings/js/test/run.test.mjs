@@ -206,6 +206,12 @@ describe('run', () => {
     assert.ok(signals.every((s) => s.aborted && s.reason.name === 'TimeoutError'));
   });
 
+  test('a synchronous attempt under a timeout or a caller signal returns its value', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    assert.equal(await levee.run('timed', () => 'sync'), 'sync');
+    assert.equal(await levee.run('quick', () => 'sync', { signal: new AbortController().signal }), 'sync');
+  });
+
   test('the caller signal cancels a retry sleep', async () => {
     const levee = loadSync(DOC, { seed: 1n });
     const controller = new AbortController();

@@ -137,3 +137,27 @@ test('the state exported before the trap comes back: an open breaker stays open'
     (err) => err.reason === 'breaker-open',
   );
 });
+
+test('a component whose memory outgrows the bound is replaced, its state restored', async () => {
+  const levee = loadSync(DOC, { seed: 3n, checkpointIntervalMs: 0, maxMemoryBytes: 8 * 1024 * 1024 });
+  const faults = [];
+  levee.on('engine-fault', (e) => faults.push(e));
+  for (let i = 0; i < 2; i++) {
+    await assert.rejects(
+      levee.run('guarded', () => {
+        throw new Error('down');
+      }),
+    );
+  }
+  assert.equal(levee.breakerState('guarded'), 'open');
+  assert.equal(faults.length, 0);
+  // A 12 MiB key makes the guest grow its memory past the bound; the next checkpoint sees it.
+  assert.equal(await levee.run('plain', () => 1, { key: 'k'.repeat(12 * 1024 * 1024) }), 1);
+  assert.equal(await levee.run('plain', () => 1), 1);
+  assert.equal(faults.length, 1);
+  assert.equal(faults[0].phase, 'memory-limit');
+  assert.equal(faults[0].restored, true);
+  assert.equal(levee.breakerState('guarded'), 'open', 'state came back');
+  assert.equal(await levee.run('plain', () => 2), 2);
+  assert.equal(faults.length, 1, 'the new instance is within the bound');
+});
