@@ -22,6 +22,8 @@ from typing import Any
 
 import stamina
 import tenacity
+from wasmtime import _ffi as wffi
+from wasmtime.component import ResourceAny
 
 import levee
 
@@ -90,13 +92,13 @@ def main() -> int:
 
     ten_fn = tenacity.retry(
         stop=tenacity.stop_after_attempt(3),
-        wait=tenacity.wait_exponential_jitter(initial=0.1, max=2),
+        wait=tenacity.wait_exponential_jitter(multiplier=0.1, max=2),
         retry=tenacity.retry_if_exception_type(ConnectionError),
         reraise=True,
     )(work)
     ten_afn = tenacity.retry(
         stop=tenacity.stop_after_attempt(3),
-        wait=tenacity.wait_exponential_jitter(initial=0.1, max=2),
+        wait=tenacity.wait_exponential_jitter(multiplier=0.1, max=2),
         retry=tenacity.retry_if_exception_type(ConnectionError),
         reraise=True,
     )(awork)
@@ -134,6 +136,18 @@ def main() -> int:
     with engine._lock:
         raw = best_per_call(raw_crossing, n // 2, max(1, rounds // 3))
     rows.append(("raw crossing (acquire of an unknown call)", raw))
+
+    # the same crossing through wasmtime-py's stock `Func.__call__` (reflects types on every call)
+    stock = core._funcs["acquire"]
+    handle = ResourceAny._from_ptr(wffi.wasmtime_component_resource_any_clone(core._res_ptr))
+
+    def stock_crossing() -> None:
+        stock(core.store, handle, 0xFFFF_FFFF_FFFF, time.monotonic_ns())
+        stock.post_return(core.store)
+
+    with engine._lock:
+        stock_us = best_per_call(stock_crossing, max(200, n // 20), max(1, rounds // 3))
+    rows.append(("same, stock wasmtime-py Func.__call__", stock_us))
 
     # the hot crossing alone: `start` settling the previous call's success, as the decorator does
     side = levee.Engine(POLICY, seed=1)
