@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email.utils
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -199,3 +200,15 @@ def test_fallback_with_decorator_and_requests(engine: levee.Engine, server: Serv
         return requests.get(server.url("/h"), timeout=5)
 
     assert get() == {"cached": True, "status": 503}
+
+
+def test_demo_prints_each_decision(server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+    import runpy
+
+    server.script("/demo", Reply(503, {"Retry-After": "0"}), Reply(200))
+    demo = runpy.run_path(str(Path(__file__).resolve().parents[1] / "demo.py"))
+    assert demo["main"](["demo.py", server.url("/demo")]) == 0
+    out = capsys.readouterr().out
+    assert "outcome=http-status 503" in out and "verdict=retry" in out
+    assert "outcome=http-status 200" in out and "verdict=done" in out
+    assert "result: HTTP 200" in out

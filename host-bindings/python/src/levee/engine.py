@@ -14,7 +14,7 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -1174,10 +1174,10 @@ class AsyncAttempts:
         self._policy = policy
         self.result: Any = None
 
-    def __aiter__(self) -> Any:
+    def __aiter__(self) -> AsyncGenerator[Attempt, None]:
         return self._iterate()
 
-    async def _iterate(self) -> Any:
+    async def _iterate(self) -> AsyncGenerator[Attempt, None]:
         pol = self._policy
         eng = pol.engine
         call, gen_no, v = eng._start(pol._slot, pol._key_for((), {}), pol._flags)
