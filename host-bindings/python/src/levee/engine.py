@@ -30,6 +30,7 @@ from .types import (
     CallInfo,
     Event,
     EventKind,
+    LoadError,
     OutcomeKind,
     PolicyInfo,
     Reason,
@@ -447,12 +448,18 @@ class Engine:
     def reload(self, document: str) -> None:
         """Replace the policies, keeping the state that still applies. On error (a
         `PolicyError`) the engine is left as it was."""
-        errors = self._locked_op(lambda c: c.reload(document))
+
+        def op(c: Core) -> list[LoadError] | None:
+            errors = c.reload(document)
+            if errors is None:
+                # under the same lock hold: no call may start with a stale policy index
+                self._document = document
+                self._refresh_policies()
+            return errors
+
+        errors = self._locked_op(op)
         if errors is not None:
             raise PolicyError(errors)
-        with self._lock:
-            self._document = document
-            self._refresh_policies()
 
     def breaker_state(self, name: str, key: str = "") -> BreakerState | None:
         """The breaker state of a policy and key now (`None` when the policy has no breaker)."""
