@@ -291,6 +291,7 @@ export class Levee {
   #exports!: ComponentExports;
   #engine!: Engine;
   #healthy = true;
+  #closed = false;
   #generation = 0;
   #policies: PolicyEntry[] = [];
   #byName = new Map<string, PolicyEntry>();
@@ -475,6 +476,24 @@ export class Levee {
     return this.#exports;
   }
 
+  /**
+   * Send any held-back success, stop the flush timer and release the component instance. The
+   * Levee must not be used afterwards.
+   */
+  close(): void {
+    this.flush();
+    if (this.#flushTimer !== undefined) clearTimeout(this.#flushTimer);
+    this.#flushTimer = undefined;
+    const dispose = (this.#engine as { [Symbol.dispose]?: () => void })[Symbol.dispose];
+    if (typeof dispose === 'function') dispose.call(this.#engine);
+    this.#healthy = false;
+    this.#closed = true;
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
+  }
+
   // ---------------------------------------------------------------- events
 
   on<K extends LeveeEventName>(name: K, listener: Listener<K>): this {
@@ -633,6 +652,7 @@ export class Levee {
     if (signal?.aborted) {
       return Promise.reject(new LeveeError('cancelled', { policy: p.name, attempts: 0, lastError: signal.reason }));
     }
+    if (this.#closed) return Promise.reject(new Error('levee: this Levee was closed'));
     const now = this.#now();
     if (now > this.#nextCheckpoint) {
       this.flush();

@@ -282,6 +282,16 @@ describe('run', () => {
     );
   });
 
+  test('close sends the held success and refuses further calls', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    assert.equal(await levee.run('single', () => 1), 1);
+    levee.close();
+    await assert.rejects(
+      levee.run('single', () => 1),
+      /closed/,
+    );
+  });
+
   test('an unknown policy name is refused before anything runs', async () => {
     const levee = loadSync(DOC, { seed: 1n });
     await assert.rejects(
