@@ -33,10 +33,11 @@ def main(argv: list[str]) -> int:
     url = argv[1]
     root = Path(__file__).resolve().parents[2]
     source = argv[2] if len(argv) > 2 else os.environ.get("LEVEE_DEMO_POLICY") or ""
-    if not source and (root / "examples" / "demo.yaml").is_file():
-        source = str(root / "examples" / "demo.yaml")
+    for shared in (root / "examples" / "demo" / "policy.yaml", root / "examples" / "demo.yaml"):
+        if not source and shared.is_file():
+            source = str(shared)
     engine = levee.load(Path(source)) if source else levee.Engine(BUILTIN)
-    name = argv[3] if len(argv) > 3 else engine.policies[0]
+    name = argv[3] if len(argv) > 3 else ("demo" if "demo" in engine.policies else engine.policies[0])
     print(f"policy {name!r} -> {url}")
     n = 0
     pending: list[str] = []

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run one policy against a URL and print each decision, one line per step:
 #   ./demo.sh http://127.0.0.1:8080/flaky [policy.yaml] [policy-name]
-# (default policy: $LEVEE_DEMO_POLICY, else the repository's examples/demo.yaml if present,
-# else a built-in one). Installs the package into .venv on first use.
+# (default policy: $LEVEE_DEMO_POLICY, else the repository's examples/demo/policy.yaml if present,
+# else a built-in one; default name: `demo`, else the first policy). Installs the package into .venv on first use.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [ $# -lt 1 ]; then

@@ -202,12 +202,14 @@ def test_fallback_with_decorator_and_requests(engine: levee.Engine, server: Serv
     assert get() == {"cached": True, "status": 503}
 
 
-def test_demo_prints_each_decision(server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_prints_each_decision(server: Server, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     import runpy
 
     server.script("/demo", Reply(503, {"Retry-After": "0"}), Reply(200))
+    policy = tmp_path / "demo.yaml"
+    policy.write_text(DOC)
     demo = runpy.run_path(str(Path(__file__).resolve().parents[1] / "demo.py"))
-    assert demo["main"](["demo.py", server.url("/demo")]) == 0
+    assert demo["main"](["demo.py", server.url("/demo"), str(policy), "http"]) == 0
     out = capsys.readouterr().out
     assert "outcome=http-status 503" in out and "verdict=retry" in out
     assert "outcome=http-status 200" in out and "verdict=done" in out
