@@ -563,3 +563,49 @@ def test_closed_engine_refuses_calls() -> None:
     with pytest.raises(levee.LeveeError, match="closed"):
         e.export_state()
     e.close()
+
+
+def test_threads_never_leak_bulkhead_slots() -> None:
+    """Held-back successes and failures from many threads release every slot."""
+    e = levee.Engine("policies:\n  bh:\n    attempts: 1\n    bulkhead: { max-concurrent: 3 }\n", seed=5)
+    pol = e.policy("bh")
+    outcomes: dict[str, int] = {"ok": 0, "full": 0, "failed": 0}
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        for j in range(150):
+            try:
+                if (i + j) % 5 == 0:
+                    pol.call(Flaky(ConnectionError()))
+                else:
+                    pol.call(time.sleep, 0.0002)
+                kind = "ok"
+            except levee.BulkheadFull:
+                kind = "full"
+            except levee.CallFailed:
+                kind = "failed"
+            with lock:
+                outcomes[kind] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sum(outcomes.values()) == 900
+    assert outcomes["ok"] > 0 and outcomes["failed"] > 0
+    # every slot came back: three calls can be in flight at once again
+    e.flush()
+    barrier = threading.Barrier(3)
+    results: list[str] = []
+
+    def hold() -> str:
+        barrier.wait(5)
+        return "in"
+
+    ts = [threading.Thread(target=lambda: results.append(pol.call(hold))) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(10)
+    assert results == ["in", "in", "in"]
