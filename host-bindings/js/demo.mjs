@@ -1,12 +1,14 @@
 // Run one policy against a URL and print each decision, one line per step.
-//   node demo.mjs URL [policy-file]
+//   node demo.mjs URL [policy-file] [policy-name]
+// Default policy: $LEVEE_DEMO_POLICY, else the repository's examples/demo/policy.yaml (or
+// examples/demo.yaml) if present, else a built-in one; default name: `demo`, else the first policy.
 
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { LeveeError, leveeFetch, load } from './dist/index.js';
 
 const url = process.argv[2];
 if (!url) {
-  console.error('usage: demo.sh URL [policy.yaml]');
+  console.error('usage: demo.sh URL [policy.yaml] [policy-name]');
   process.exit(2);
 }
 const DEFAULT_POLICY = `
@@ -21,7 +23,11 @@ policies:
       minimum-calls: 5
       open-duration: 5s
 `;
-const document = process.argv[3] ? readFileSync(process.argv[3], 'utf8') : DEFAULT_POLICY;
+const shared = ['../../examples/demo/policy.yaml', '../../examples/demo.yaml']
+  .map((p) => new URL(p, import.meta.url))
+  .find((u) => existsSync(u));
+const source = process.argv[3] || process.env.LEVEE_DEMO_POLICY || shared;
+const document = source ? readFileSync(source, 'utf8') : DEFAULT_POLICY;
 const ms = (ns) => `${(ns / 1e6).toFixed(1)}ms`;
 const t0 = performance.now();
 const stamp = () => `+${(performance.now() - t0).toFixed(0).padStart(5)}ms`;
@@ -81,11 +87,13 @@ const levee = await load(document, {
     console.log(`${stamp()} js ${what.padEnd(34)} -> ${describe(s)}`);
   },
 });
+const policyName = process.argv[4] || (levee.policies.some((p) => p.name === 'demo') ? 'demo' : levee.policies[0].name);
+console.log(`policy '${policyName}' -> ${url}`);
 levee.on('event', (e) => {
   if (e.kind === 'breaker-transition') console.log(`${stamp()} js event breaker ${e.stateFrom} -> ${e.stateTo}`);
 });
 try {
-  const res = await leveeFetch(levee, levee.policies[0].name)(url);
+  const res = await leveeFetch(levee, policyName)(url);
   console.log(`${stamp()} js result HTTP ${res.status}`);
 } catch (err) {
   if (err instanceof LeveeError)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run one policy against a URL and print each decision (one line per step).
-#   ./demo.sh URL [policy.yaml]
+#   ./demo.sh URL [policy.yaml] [policy-name]
+# (default policy: $LEVEE_DEMO_POLICY, else examples/demo/policy.yaml if present, else a built-in one)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
