@@ -10,6 +10,7 @@ from typing import Any
 from .types import BreakerState, Event, EventKind
 
 logger = logging.getLogger("levee")
+logger.addHandler(logging.NullHandler())  # a library leaves output to the application's logging setup
 
 Listener = Callable[[Event], None]
 
