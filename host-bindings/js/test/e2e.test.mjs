@@ -98,6 +98,14 @@ describe('fetch against a real server', () => {
     assert.equal(last.verdict.kind, 'fail');
   });
 
+  test('a 503 marked x-envoy-overloaded is not retried', async () => {
+    fresh();
+    server.script('/overloaded', [{ status: 503, headers: { 'x-envoy-overloaded': 'true' } }, { status: 200 }]);
+    const res = await leveeFetch(levee, 'http')(server.url('/overloaded'));
+    assert.equal(res.status, 503);
+    assert.equal(server.requests('/overloaded').length, 1);
+  });
+
   test('a POST is not retried without an idempotency key, and is with one', async () => {
     fresh();
     server.script('/post', [{ status: 503 }]);

@@ -3,6 +3,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
+  GrpcStatusError,
   HttpStatusError,
   LeveeError,
   PolicyLoadError,
@@ -174,6 +175,27 @@ describe('run', () => {
         assert.equal(err.lastError.message, 'failure 3');
         return true;
       },
+    );
+  });
+
+  test('gRPC statuses are reported with their pushback', async () => {
+    const levee = loadSync(
+      'policies:\n  g:\n    attempts: 3\n    backoff: { kind: constant, base: 1ms, jitter: none }\n',
+      {
+        seed: 1n,
+      },
+    );
+    let n = 0;
+    const value = await levee.run('g', () => {
+      if (++n === 1) throw new GrpcStatusError(14);
+      return 'ok';
+    });
+    assert.equal(value, 'ok');
+    await assert.rejects(
+      levee.run('g', () => {
+        throw new GrpcStatusError(8, { pushback: '-1' });
+      }),
+      (err) => err.reason === 'pushback',
     );
   });
 
