@@ -304,6 +304,30 @@ describe('run', () => {
     );
   });
 
+  test('many interleaved calls: every held-back success is settled, no step is out of order', async () => {
+    const levee = loadSync(DOC, { seed: 9n });
+    const steps = [];
+    const traced = loadSync(DOC, { seed: 9n, trace: (s) => steps.push(s) });
+    for (const l of [levee, traced]) {
+      const results = await Promise.all(
+        Array.from({ length: 300 }, (_, i) =>
+          l.run('quick', async ({ attempt }) => {
+            await new Promise((r) => setTimeout(r, i % 7));
+            if (i % 3 === 0 && attempt === 1) throw new FlakyError('first try');
+            return i;
+          }),
+        ),
+      );
+      assert.deepEqual(
+        results,
+        Array.from({ length: 300 }, (_, i) => i),
+      );
+      l.flush();
+      for (let call = 1n; call <= 300n; call++) assert.equal(l.callInfo(call), undefined, `call ${call} ended`);
+    }
+    assert.ok(steps.every((s) => s.verdict.kind !== 'invalid'));
+  });
+
   test('close sends the held success and refuses further calls', async () => {
     const levee = loadSync(DOC, { seed: 1n });
     assert.equal(await levee.run('single', () => 1), 1);
