@@ -214,6 +214,8 @@ class Engine:
             return Core(self._runtime, self._document, self._seed)
         except LoadErrors as e:
             raise PolicyError(e.errors) from None
+        except ComponentFault as e:
+            raise LeveeError(f"the Levee component failed to load the document: {e}") from e
 
     def _refresh_policies(self) -> None:
         core = self._core
