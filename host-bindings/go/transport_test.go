@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -18,7 +20,7 @@ const httpDoc = `
 policies:
   http:
     attempts: 3
-    attempt-timeout: 100ms
+    attempt-timeout: 300ms
     deadline: 10s
     backoff: { kind: exponential, base: 5ms, multiplier: 2, cap: 20ms, jitter: full }
   breaker:
@@ -294,3 +296,55 @@ func TestHTTPBodies(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+func TestHTTPConcurrentClientsAndSlog(t *testing.T) {
+	var buf syncBuffer
+	logger := slog.New(slog.NewTextHandler(&buf, nil))
+	var seen sync.Map
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// the first request for every fourth path fails once
+		if _, dup := seen.LoadOrStore(r.URL.Path, true); !dup && len(r.URL.Path)%4 == 0 {
+			w.WriteHeader(503)
+		}
+	}))
+	defer srv.Close()
+	c, _, _ := newClient(t, "http", WithLogger(logger))
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	for g := 0; g < 6; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 25; i++ {
+				resp, err := c.Get(fmt.Sprintf("%s/%s/%d", srv.URL, strings.Repeat("x", g), i))
+				if err != nil || resp.StatusCode != 200 {
+					t.Errorf("call failed: %v %v", resp, err)
+					bad.Add(1)
+				}
+				if resp != nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	if bad.Load() != 0 {
+		t.Fatalf("%d calls failed", bad.Load())
+	}
+	if out := buf.String(); !strings.Contains(out, "levee retry-scheduled") || !strings.Contains(out, "policy=http") {
+		t.Fatalf("slog output: %q", out)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
