@@ -124,8 +124,9 @@ func (p *Policy) Do(ctx context.Context, fn func(ctx context.Context) error, opt
 	return err
 }
 
-// DoValue is Do for a function that returns a value. When a fallback succeeds,
-// its value is returned if it is a T (otherwise the zero T).
+// DoValue is Do for a function that returns a value. A fallback's value is
+// returned when it succeeds; a fallback that returns anything but a T (or nil)
+// is reported to the core as failed.
 func DoValue[T any](ctx context.Context, p *Policy, fn func(ctx context.Context) (T, error), opts ...CallOption) (T, error) {
 	a := &valueAttempt[T]{fn: fn}
 	fbv, used, err := p.run(ctx, a, opts)
@@ -163,6 +164,22 @@ func (f funcAttempt) attempt(ctx context.Context, timeout time.Duration) (Outcom
 type valueAttempt[T any] struct {
 	fn  func(ctx context.Context) (T, error)
 	val T
+}
+
+func (a *valueAttempt[T]) checkFallback(v any) error {
+	if v == nil {
+		return nil
+	}
+	if _, ok := v.(T); !ok {
+		var zero T
+		return fmt.Errorf("levee: the fallback returned a %T, not a %T", v, zero)
+	}
+	return nil
+}
+
+// fallbackChecker is an attempter that checks the value a fallback returns.
+type fallbackChecker interface {
+	checkFallback(v any) error
 }
 
 func (a *valueAttempt[T]) attempt(ctx context.Context, timeout time.Duration) (Outcome, error) {
@@ -514,6 +531,9 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 			ok := false
 			if f := e.fallback(name, &co); f != nil {
 				val, err := f(ctx, lastErr)
+				if fc, isFC := a.(fallbackChecker); isFC && err == nil {
+					err = fc.checkFallback(val)
+				}
 				if err == nil {
 					ok, fbVal, fbUsed = true, val, true
 				} else {

@@ -401,3 +401,13 @@ policies:
 		t.Fatalf("closed engine: %v", err)
 	}
 }
+
+func TestDoValueFallbackOfTheWrongType(t *testing.T) {
+	e := mustLoad(t, doDoc)
+	_, err := DoValue(context.Background(), mustPolicy(t, e, "with-fallback"),
+		func(context.Context) (string, error) { return "", connErr },
+		WithCallFallback("cached", func(context.Context, error) (any, error) { return 42, nil }))
+	if !errors.Is(err, ErrFallbacksFailed) || !strings.Contains(err.Error(), "not a string") {
+		t.Fatalf("err %v", err)
+	}
+}

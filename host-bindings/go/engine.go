@@ -203,6 +203,7 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 		_ = e.rt.Close(ctx)
 		return nil, err
 	}
+	e.epoch = time.Now() // the clock starts once the module is compiled
 	e.guard.Store(newGuard())
 	e.timer = time.AfterFunc(time.Hour, e.watchdog)
 	e.timer.Stop()

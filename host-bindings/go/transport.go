@@ -90,6 +90,13 @@ type httpAttempt struct {
 	n       int
 }
 
+func (h *httpAttempt) checkFallback(v any) error {
+	if r, ok := v.(*http.Response); !ok || r == nil {
+		return errFallbackNotResponse
+	}
+	return nil
+}
+
 func (h *httpAttempt) attempt(ctx context.Context, timeout time.Duration) (Outcome, error) {
 	h.discard()
 	actx, cancel := ctx, context.CancelFunc(nil)
