@@ -214,3 +214,16 @@ def test_demo_prints_each_decision(server: Server, capsys: pytest.CaptureFixture
     assert "outcome=http-status 503" in out and "verdict=retry" in out
     assert "outcome=http-status 200" in out and "verdict=done" in out
     assert "result: HTTP 200" in out
+
+
+def test_transport_fallback_of_the_wrong_type_counts_as_failed(engine: levee.Engine, server: Server) -> None:
+    """The core then gives up (fallbacks-failed) and, as for any give-up after a response, the
+    transport returns the last response."""
+    events: list[Event] = []
+    engine.add_listener(events.append)
+    server.script("/wrong", Reply(503))
+    engine.register_fallback("cached", lambda ctx: "not a response")
+    with httpx.Client(transport=LeveeTransport(engine, "fallback")) as client:
+        assert client.get(server.url("/wrong")).status_code == 503
+    kinds = [e.kind for e in events]
+    assert EventKind.FALLBACK_CHOSEN in kinds and kinds[-1] is EventKind.GAVE_UP

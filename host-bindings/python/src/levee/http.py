@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from ._events import logger
 from .engine import (
     _ATTEMPT_DEADLINE,
     _SLEEP,
@@ -132,7 +133,7 @@ class LeveeTransport(_Base, httpx.BaseTransport):
                     time.sleep(action[1] / 1e9)
                     action = proto.send(None)
                 else:
-                    action = proto.send(_run_fallback_sync(st, action[1], action[2]))
+                    action = proto.send(_checked(action[1], *_run_fallback_sync(st, action[1], action[2])))
         except StopIteration as stop:
             return _as_response(stop.value)
         except CallFailed as failed:
@@ -185,7 +186,7 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
                     await asyncio.sleep(action[1] / 1e9)
                     action = proto.send(None)
                 else:
-                    action = proto.send(await _run_fallback_async(st, action[1], action[2]))
+                    action = proto.send(_checked(action[1], *await _run_fallback_async(st, action[1], action[2])))
         except StopIteration as stop:
             return _as_response(stop.value)
         except CallFailed as failed:
@@ -197,6 +198,14 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._transport.aclose()
+
+
+def _checked(name: str, ok: bool, value: Any) -> tuple[bool, Any]:
+    """A fallback of a transport must give a response; anything else is a failed fallback."""
+    if ok and not isinstance(value, httpx.Response):
+        logger.warning("levee: fallback %r returned %r, not an httpx.Response: counted as failed", name, type(value))
+        return False, None
+    return ok, value
 
 
 def _as_response(value: Any) -> httpx.Response:
