@@ -935,6 +935,9 @@ class Policy:
         if v & 0x1F == 0 and eng._tracer is None:
             # The hot path: an attempt, no events pending. One crossing if it succeeds.
             timeout = v >> 16
+            d = slot.info.deadline
+            if d and (timeout == 0 or timeout > d):
+                timeout = d  # never trust the guest past the policy's deadline
             start = _monotonic_ns()
             if timeout:
                 token = _ATTEMPT_DEADLINE.set(start + timeout)
@@ -942,7 +945,7 @@ class Policy:
                     value = fn(*args, **kwargs)
                 except Exception as e:
                     st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
-                    return cast(T, self._after_first(st, v, None, e, start, fn, args, kwargs))
+                    return cast(T, self._after_first(st, v, timeout, None, e, start, fn, args, kwargs))
                 except BaseException:
                     _Call(eng, slot, call, gen, start, None, (), {}).cancel()
                     raise
@@ -953,7 +956,7 @@ class Policy:
                     value = fn(*args, **kwargs)
                 except Exception as e:
                     st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
-                    return cast(T, self._after_first(st, v, None, e, start, fn, args, kwargs))
+                    return cast(T, self._after_first(st, v, timeout, None, e, start, fn, args, kwargs))
                 except BaseException:
                     _Call(eng, slot, call, gen, start, None, (), {}).cancel()
                     raise
@@ -968,14 +971,14 @@ class Policy:
                     eng._snapshot_tick(end)
                 return value
             st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
-            return cast(T, self._after_first(st, v, value, None, start, fn, args, kwargs))
+            return cast(T, self._after_first(st, v, timeout, value, None, start, fn, args, kwargs))
         st = _Call(eng, slot, call, gen, _monotonic_ns(), self._classify, args, kwargs)
         return cast(T, _drive_sync(st, v, fn, args, kwargs))
 
-    def _after_first(self, st: _Call, v: int, value: Any, exc: BaseException | None, start: int,
+    def _after_first(self, st: _Call, v: int, timeout: int, value: Any, exc: BaseException | None, start: int,
                      fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # fmt: skip
         """Continue the protocol after a first attempt that ran on the hot path."""
-        res = st.outcome_of(value, exc, start, _monotonic_ns(), v >> 16)
+        res = st.outcome_of(value, exc, start, _monotonic_ns(), timeout)
         gen = _protocol(st, v)
         try:
             action = next(gen)  # the first attempt, already run
@@ -1003,13 +1006,26 @@ class Policy:
         slot = self._slot
         key = self._key if self._key_fn is None else self._key_for(args, kwargs)
         call, gen, v = eng._start(slot, key, self._flags)
-        if v & 0x1F == 0 and v >> 16 == 0 and eng._tracer is None:
+        if v & 0x1F == 0 and eng._tracer is None:
+            # The hot path, as in `call`; the attempt's timeout cancels it.
+            timeout = v >> 16
+            d = slot.info.deadline
+            if d and (timeout == 0 or timeout > d):
+                timeout = d  # never trust the guest past the policy's deadline
             start = _monotonic_ns()
             try:
-                value = await fn(*args, **kwargs)
+                if timeout:
+                    token = _ATTEMPT_DEADLINE.set(start + timeout)
+                    try:
+                        async with asyncio.timeout(timeout / 1e9):
+                            value = await fn(*args, **kwargs)
+                    finally:
+                        _ATTEMPT_DEADLINE.reset(token)
+                else:
+                    value = await fn(*args, **kwargs)
             except Exception as e:
                 st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
-                return cast(T, await self._after_first_async(st, v, None, e, start, fn, args, kwargs))
+                return cast(T, await self._after_first_async(st, v, timeout, None, e, start, fn, args, kwargs))
             except BaseException:
                 _Call(eng, slot, call, gen, start, None, (), {}).cancel()
                 raise
@@ -1020,14 +1036,14 @@ class Policy:
                     eng._snapshot_tick(end)
                 return value
             st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
-            return cast(T, await self._after_first_async(st, v, value, None, start, fn, args, kwargs))
+            return cast(T, await self._after_first_async(st, v, timeout, value, None, start, fn, args, kwargs))
         st = _Call(eng, slot, call, gen, _monotonic_ns(), self._classify, args, kwargs)
         return cast(T, await _drive_async(st, v, fn, args, kwargs))
 
-    async def _after_first_async(self, st: _Call, v: int, value: Any, exc: BaseException | None, start: int,
-                                 fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
+    async def _after_first_async(self, st: _Call, v: int, timeout: int, value: Any, exc: BaseException | None,
+                                 start: int, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
                                  kwargs: dict[str, Any]) -> Any:  # fmt: skip
-        res = st.outcome_of(value, exc, start, _monotonic_ns(), v >> 16)
+        res = st.outcome_of(value, exc, start, _monotonic_ns(), timeout)
         gen = _protocol(st, v)
         try:
             next(gen)
