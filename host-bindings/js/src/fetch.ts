@@ -50,6 +50,7 @@ export function leveeFetch(
           overloaded: response.headers.has('x-envoy-overloaded'),
         }),
         discard: discardBody,
+        acceptFallback: (value) => value instanceof Response,
         fallbacks: options.fallbacks,
       });
     } catch (err) {

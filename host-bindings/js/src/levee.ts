@@ -91,6 +91,8 @@ export interface RunOptions<T> {
   fallbacks?: Record<string, FallbackFn<T>>;
   /** Called with a returned value that a retry supersedes (e.g. to free a response body). */
   discard?: (value: T) => void;
+  /** Checks a fallback's value; a value it refuses counts as a failed fallback (e.g. not a Response). */
+  acceptFallback?: (value: unknown) => boolean;
 }
 
 export interface LoadOptions {
@@ -884,8 +886,13 @@ export class Levee {
         } else {
           try {
             const r = fb({ name: name ?? '', policy: p.name, reason, lastError, lastResult, signal });
-            value = (isThenable(r) ? await r : r) as T;
-            ok = true;
+            const fallbackValue = isThenable(r) ? await r : r;
+            if (options?.acceptFallback !== undefined && !options.acceptFallback(fallbackValue)) {
+              lastError = new TypeError(`levee: fallback "${name ?? ''}" returned a value of the wrong type`);
+            } else {
+              value = fallbackValue as T;
+              ok = true;
+            }
           } catch (err) {
             lastError = err;
           }

@@ -205,6 +205,17 @@ describe('fetch against a real server', () => {
     assert.equal(chosen.policyName, 'with-fallback');
   });
 
+  test('a fallback that returns no Response counts as failed', async () => {
+    fresh();
+    server.script('/unavailable2', [{ status: 503 }]);
+    const fetch = leveeFetch(levee, 'with-fallback', { fallbacks: { cached: () => 'not a response' } });
+    const res = await fetch(server.url('/unavailable2'));
+    assert.equal(res.status, 503, 'the last response is returned when the fallback fails');
+    assert.equal(steps.at(-1).op, 'report-fallback');
+    assert.equal(steps.at(-1).fallbackOk, false);
+    assert.equal(steps.at(-1).verdict.kind, 'fail');
+  });
+
   test('the caller aborts: fetch rejects with the signal reason and the call is cancelled', async () => {
     fresh();
     server.script('/hang', [{ status: 200, delay: 5000 }]);
