@@ -1,0 +1,261 @@
+//! The `levee` binary on real files: exit codes, output, determinism, and simulation results
+//! checked against the analytic amplification.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn levee(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_levee")).args(args).env("NO_COLOR", "1").output().expect("run levee")
+}
+
+fn path(rel: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel).display().to_string()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("levee-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn json_lines(o: &Output) -> Vec<Value> {
+    stdout(o).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}"))).collect()
+}
+
+#[test]
+fn check_valid_files_exit_0_with_worst_cases() {
+    let o = levee(&["check", &path("examples/checkout.yaml"), &path("examples/retries-only.yaml")]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(out.contains("checkout.yaml: valid (1 policy)"), "{out}");
+    // 3 attempts at 2 s + backoff caps 100 ms and 200 ms, under the 10 s deadline.
+    assert!(out.contains("worst-case latency   6.3s"), "{out}");
+    assert!(out.contains("27x on 3 layers without a budget (3^3)"), "{out}");
+    assert!(out.contains("1x with this policy's retry budget"), "{out}");
+    assert!(out.contains("no retry budget"), "{out}");
+}
+
+#[test]
+fn check_invalid_prints_every_error_with_its_path_and_exits_1() {
+    let o = levee(&["check", &path("examples/invalid.yaml")]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    for p in ["policies.checkout.attempts:", "policies.checkout.backoff.base:", "policies.checkout.breaker.failure-rate:"] {
+        assert!(out.contains(p), "missing {p} in {out}");
+    }
+    assert!(out.contains("(3 errors)"), "{out}");
+    let o = levee(&["check", &path("tests/data/unknown-field.yaml")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("policies.a.retires"), "{}", stdout(&o));
+    let o = levee(&["check", &path("tests/data/empty.yaml")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("policies"), "{}", stdout(&o));
+}
+
+#[test]
+fn check_exit_codes_fit_scripts() {
+    // A missing file is invalid input (1); a bad command line is clap's 2.
+    assert_eq!(levee(&["check", "/nonexistent/levee.yaml"]).status.code(), Some(1));
+    assert_eq!(levee(&["check"]).status.code(), Some(2));
+    assert_eq!(levee(&["check", "--layers", "0", &path("examples/checkout.yaml")]).status.code(), Some(2));
+    // Thresholds: 3 when a valid policy is over them.
+    let plain = path("examples/retries-only.yaml");
+    assert_eq!(levee(&["check", "--max-amplification", "2", &plain]).status.code(), Some(3));
+    assert_eq!(levee(&["check", "--max-amplification", "27", &plain]).status.code(), Some(0));
+    assert_eq!(levee(&["check", "--max-amplification", "2", &path("examples/checkout.yaml")]).status.code(), Some(0));
+    assert_eq!(levee(&["check", "--max-latency", "10s", &path("examples/unbounded.yaml")]).status.code(), Some(3));
+    assert_eq!(levee(&["check", "--max-latency", "10s", &path("examples/checkout.yaml")]).status.code(), Some(0));
+    // Invalid wins over a threshold.
+    let o = levee(&["check", "--max-amplification", "2", &plain, &path("examples/invalid.yaml")]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn check_json_matches_the_analysis() {
+    let o = levee(&["check", "--json", "--layers", "2", &path("tests/data/edge-json.json"), &path("tests/data/deadline-cuts.yaml")]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let docs = json_lines(&o);
+    assert_eq!(docs.len(), 2);
+    let p = &docs[0]["policies"];
+    assert_eq!(p[0]["name"], "one-shot");
+    assert_eq!(p[0]["worst_attempts"], 1);
+    assert_eq!(p[0]["amplification"], 1.0);
+    assert_eq!(p[0]["worst_latency"], 500_000_000u64);
+    assert_eq!(p[1]["amplification"], 16.0);
+    // 4 attempts of 1 s and 3 delays of 100 ms.
+    assert_eq!(p[1]["worst_latency"], 4_300_000_000u64);
+    // The deadline cuts 10 attempts to 3: 1 s, 200 ms, 1 s, 200 ms, then 100 ms left of the third.
+    let t = &docs[1]["policies"][0];
+    assert_eq!(t["worst_attempts"], 3);
+    assert_eq!(t["worst_latency"], 2_500_000_000u64);
+    assert_eq!(t["amplification"], 9.0);
+    let o = levee(&["check", "--json", &path("examples/invalid.yaml")]);
+    let d = &json_lines(&o)[0];
+    assert_eq!(d["valid"], false);
+    assert_eq!(d["errors"].as_array().map(Vec::len), Some(3));
+    assert_eq!(d["errors"][0]["path"], "policies.checkout.attempts");
+}
+
+#[test]
+fn check_show_defaults_prints_the_filled_policy() {
+    let o = levee(&["check", "--show-defaults", &path("examples/retries-only.yaml")]);
+    let out = stdout(&o);
+    assert!(out.contains("with every default filled in"), "{out}");
+    assert!(out.contains("\"retry-on\""), "{out}");
+}
+
+#[test]
+fn explain_prints_each_decision_and_is_deterministic() {
+    let args = ["explain", &path("examples/checkout.yaml"), "--trace", &path("examples/flaky.jsonl"), "--json", "--seed", "7"];
+    let o = levee(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let steps = json_lines(&o);
+    let kinds: Vec<&str> = steps.iter().map(|s| s["verdict"]["kind"].as_str().unwrap_or("")).collect();
+    assert_eq!(
+        kinds,
+        ["attempt", "retry", "attempt", "retry", "attempt", "done", "attempt", "retry", "attempt", "retry", "attempt", "done", "attempt", "fail"]
+    );
+    // Retry-After: 1 gives exactly a 1 s delay.
+    assert_eq!(steps[7]["verdict"]["payload"], 1_000_000_000u64);
+    assert_eq!(steps[7]["input"], "http 429 (Retry-After: 1)");
+    // The 404 is never retried.
+    assert_eq!(steps[13]["reason"], "non-retryable");
+    // The timeout is reported after the attempt's timeout (2 s).
+    assert_eq!(steps[9]["at"].as_u64().unwrap() - steps[8]["at"].as_u64().unwrap(), 2_000_000_000);
+    // Events ride along.
+    assert_eq!(steps[1]["events"][0]["kind"], "retry-scheduled");
+    assert_eq!(stdout(&levee(&args)), stdout(&o), "same seed, same output");
+    let text = stdout(&levee(&["explain", &path("examples/checkout.yaml"), "--trace", &path("examples/flaky.jsonl")]));
+    assert!(text.contains("fail: non-retryable"), "{text}");
+    assert!(text.contains("retry after 1s"), "{text}");
+}
+
+#[test]
+fn explain_outage_opens_the_breaker_and_falls_back() {
+    let o = levee(&["explain", &path("examples/checkout.yaml"), "--trace", &path("examples/outage.jsonl"), "--json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let steps = json_lines(&o);
+    let events: Vec<&Value> = steps.iter().filter_map(|s| s["events"].as_array()).flatten().collect();
+    assert!(events.iter().any(|e| e["kind"] == "breaker-transition" && e["state_to"] == "open"));
+    assert!(events.iter().any(|e| e["kind"] == "budget-refused"));
+    assert!(steps.iter().any(|s| s["verdict"]["kind"] == "fallback" && s["reason"] == "breaker-open"));
+    assert!(steps.iter().any(|s| s["op"] == "skip"));
+    let last = steps.last().unwrap();
+    assert_eq!(last["verdict"]["kind"], "done");
+}
+
+#[test]
+fn explain_rejects_bad_traces_with_the_line_number() {
+    let o = levee(&["explain", &path("examples/checkout.yaml"), "--trace", &path("tests/data/bad-trace.jsonl")]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("trace line 2") && err.contains("teapot"), "{err}");
+    let o = levee(&["explain", &path("examples/checkout.yaml"), "--trace", &path("examples/flaky.jsonl"), "--policy", "nope"]);
+    assert_eq!(o.status.code(), Some(1));
+    let o = levee(&["explain", &path("examples/invalid.yaml"), "--trace", &path("examples/flaky.jsonl")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("policies.checkout.attempts"));
+}
+
+fn simulate(policy: &str, scenario: &str, extra: &[&str]) -> Value {
+    let svg = tmp(&format!("{scenario}-{}.svg", policy.replace(['/', '.'], "_")));
+    let mut args = vec!["simulate", policy, "--scenario", scenario, "--json", "--svg"];
+    let svg_s = svg.display().to_string();
+    args.push(&svg_s);
+    args.extend_from_slice(extra);
+    let o = levee(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
+    assert!(chart.contains("<polyline"));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for r in v["runs"].as_array().unwrap() {
+        assert_eq!(r["invalid"], 0, "no protocol errors");
+    }
+    v
+}
+
+#[test]
+fn three_layer_outage_multiplies_to_a_pow_l_without_budgets() {
+    let v = simulate(&path("examples/retries-only.yaml"), "three-layer-outage", &["--duration", "45s"]);
+    assert_eq!(v["analytic"]["amplification"], 27.0);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4);
+    assert_eq!(runs[0]["label"], "retries only");
+    // Every request inside the outage makes exactly 3 x 3 x 3 dependency calls.
+    assert_eq!(runs[0]["window_amplification"], 27.0);
+    // A token budget holds each layer near 1 attempt per call; a breaker cuts below 1.
+    let budget = runs[1]["window_amplification"].as_f64().unwrap();
+    assert!(budget < 1.5, "budget {budget}");
+    for r in &runs[2..] {
+        let a = r["window_amplification"].as_f64().unwrap();
+        assert!(a < 1.0, "{}: {a}", r["label"]);
+        assert!(r["layers"][0]["transitions"].as_array().is_some_and(|t| !t.is_empty()));
+    }
+    // 4 attempts on 3 layers: 64.
+    let v = simulate(&path("tests/data/four-plain.yaml"), "three-layer-outage", &["--duration", "30s", "--rate", "20"]);
+    assert_eq!(v["analytic"]["amplification"], 64.0);
+    assert_eq!(v["runs"][0]["window_amplification"], 64.0);
+}
+
+#[test]
+fn single_layer_outage_matches_the_attempts() {
+    let v = simulate(&path("examples/retries-only.yaml"), "outage", &["--duration", "45s", "--seed", "3"]);
+    assert_eq!(v["analytic"]["amplification"], 3.0);
+    assert_eq!(v["runs"][0]["window_amplification"], 3.0);
+}
+
+#[test]
+fn simulations_repeat_with_the_same_seed() {
+    let a = simulate(&path("examples/checkout.yaml"), "outage", &["--seed", "11"]);
+    let b = simulate(&path("examples/checkout.yaml"), "outage", &["--seed", "11"]);
+    let c = simulate(&path("examples/checkout.yaml"), "outage", &["--seed", "12"]);
+    assert_eq!(a, b);
+    assert_ne!(a["runs"][0]["load"], c["runs"][0]["load"]);
+    // The breaker opens during the outage and closes after it.
+    let strip = a["runs"][0]["layers"][0]["breaker"].as_str().unwrap().to_string();
+    assert!(strip[..10].chars().all(|c| c == '.'), "{strip}");
+    assert!(strip[12..38].contains('O'), "{strip}");
+    assert!(strip[50..].chars().all(|c| c == '.'), "{strip}");
+}
+
+#[test]
+fn healthy_slow_and_rate_limited_scenarios() {
+    let v = simulate(&path("examples/retries-only.yaml"), "healthy", &["--duration", "20s"]);
+    let r = &v["runs"][0];
+    // 1% transient errors, 3 attempts: practically every request succeeds, with ~1% retries.
+    assert!(r["success_rate"].as_f64().unwrap() > 0.999, "{r}");
+    let amp = r["amplification"].as_f64().unwrap();
+    assert!((1.0..1.05).contains(&amp), "{amp}");
+    // Slow: answers take 3x the 5 s timeout, so every attempt inside the window times out.
+    let v = simulate(&path("examples/retries-only.yaml"), "slow", &["--rate", "10"]);
+    let r = &v["runs"][0];
+    assert_eq!(r["window_amplification"], 3.0);
+    assert!(r["latency"]["max"].as_u64().unwrap() >= 15_000_000_000);
+    // Rate limited: Retry-After: 1 spaces the retries by a second at least.
+    let v = simulate(&path("examples/retries-only.yaml"), "rate-limit", &["--duration", "20s"]);
+    let r = &v["runs"][0];
+    assert!(r["layers"][0]["retries"].as_u64().unwrap() > 0);
+    assert!(r["latency"]["max"].as_u64().unwrap() >= 1_000_000_000);
+}
+
+#[test]
+fn simulate_errors_and_help() {
+    let o = levee(&["simulate", &path("examples/checkout.yaml"), "--scenario", "nope"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = levee(&["simulate", &path("examples/checkout.yaml"), "--scenario", "healthy", "--rate", "0", "--no-svg"]);
+    assert_eq!(o.status.code(), Some(1));
+    let o = levee(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    let help = stdout(&o);
+    assert!(help.contains("levee check policy.yaml") && help.contains("three-layer-outage"), "{help}");
+    let o = levee(&["simulate", "--help"]);
+    assert!(stdout(&o).contains("rate-limit"));
+}
