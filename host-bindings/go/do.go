@@ -400,13 +400,13 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// run drives one call through the step protocol.
+// run drives one call through the step protocol. If the function (or a
+// fallback) panics, the call is cancelled in the core and the panic goes on.
 func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal any, fbUsed bool, err error) {
 	var co callOpts
 	for _, o := range opts {
 		o(&co)
 	}
-	e := p.e
 	st := p.st.Load()
 	if !st.ok {
 		return nil, false, fmt.Errorf("levee: policy %q is gone after a reload", p.name)
@@ -414,8 +414,21 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 	if err := ctx.Err(); err != nil {
 		return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Ctx: err}
 	}
+	call := p.e.nextCall.Add(1)
+	finished := false
+	defer func() {
+		if !finished {
+			_ = p.e.Cancel(call, p.e.Now())
+		}
+	}()
+	fbVal, fbUsed, err = p.steps(ctx, a, &co, st, call)
+	finished = true
+	return fbVal, fbUsed, err
+}
+
+func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *policyState, call uint64) (fbVal any, fbUsed bool, err error) {
+	e := p.e
 	info := &st.info
-	call := e.nextCall.Add(1)
 	v, start, gen, ferr := e.startCall(call, st.index, co.key, co.flags)
 	var deadline uint64
 	if info.Deadline > 0 {
@@ -529,7 +542,7 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 			}
 			name := info.Fallbacks[idx]
 			ok := false
-			if f := e.fallback(name, &co); f != nil {
+			if f := e.fallback(name, co); f != nil {
 				val, err := f(ctx, lastErr)
 				if fc, isFC := a.(fallbackChecker); isFC && err == nil {
 					err = fc.checkFallback(val)

@@ -411,3 +411,21 @@ func TestDoValueFallbackOfTheWrongType(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+func TestPanicCancelsTheCall(t *testing.T) {
+	const doc = "policies:\n  one:\n    attempts: 2\n    bulkhead: { max-concurrent: 1 }\n"
+	e := mustLoad(t, doc)
+	p := mustPolicy(t, e, "one")
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v", r)
+			}
+		}()
+		_ = Do(context.Background(), p, func(context.Context) error { panic("boom") })
+	}()
+	// The bulkhead slot came back: the next call runs.
+	if err := Do(context.Background(), p, func(context.Context) error { return nil }); err != nil {
+		t.Fatalf("after a panic: %v", err)
+	}
+}
