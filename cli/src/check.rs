@@ -134,7 +134,9 @@ fn report_policies(eng: &mut Engine, name: &str, args: &CheckArgs, style: Style)
         let cut = if a.worst_attempts < info.max_attempts { " (the deadline cuts it short)" } else { "" };
         println!("    worst-case attempts  {}{cut}", a.worst_attempts);
         match a.worst_latency {
-            Some(l) => println!("    worst-case latency   {} (every attempt at its timeout, plus capped backoff, under the deadline)", human(l)),
+            Some(l) => {
+                println!("    worst-case latency   {} (every attempt at its timeout, plus capped backoff, under the deadline)", human(l))
+            }
             None => println!(
                 "    worst-case latency   {} (no attempt-timeout and no deadline: a hung dependency hangs the caller)",
                 style.yellow("unbounded")

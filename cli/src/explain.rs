@@ -26,16 +26,7 @@ pub struct Line {
 #[derive(Clone, Debug, PartialEq)]
 pub enum What {
     /// An attempt's outcome.
-    Outcome {
-        kind: OutcomeKind,
-        code: i32,
-        text: String,
-        elapsed: Option<u64>,
-        wall_secs: u64,
-        overloaded: bool,
-        key: String,
-        flags: u32,
-    },
+    Outcome { kind: OutcomeKind, code: i32, text: String, elapsed: Option<u64>, wall_secs: u64, overloaded: bool, key: String, flags: u32 },
     /// The fallback chosen last succeeded (`true`) or failed.
     Fallback(bool),
 }
@@ -45,7 +36,9 @@ const METHODS: [&str; 10] = ["", "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"
 fn duration_field(obj: &serde_json::Map<String, Value>, field: &str) -> Result<Option<u64>, String> {
     match obj.get(field) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(|| format!("`{field}` must be a duration such as \"250ms\" or whole nanoseconds")),
+        Some(Value::Number(n)) => {
+            n.as_u64().map(Some).ok_or_else(|| format!("`{field}` must be a duration such as \"250ms\" or whole nanoseconds"))
+        }
         Some(Value::String(s)) => engine::parse_duration(s).map(Some).map_err(|e| format!("`{field}`: {e}")),
         Some(_) => Err(format!("`{field}` must be a duration such as \"250ms\" or whole nanoseconds")),
     }
@@ -66,9 +59,7 @@ pub fn parse_outcome(text: &str) -> Result<(OutcomeKind, i32, String), String> {
         ("http", r) => Ok((OutcomeKind::HttpStatus, code(r)?, String::new())),
         ("grpc", r) => Ok((OutcomeKind::GrpcStatus, code(r)?, String::new())),
         ("error", Some(class)) if !class.trim().is_empty() => Ok((OutcomeKind::ErrorClass, 0, class.trim().to_string())),
-        _ => Err(format!(
-            "unknown outcome `{t}`: use success, timeout, connection-error, http:STATUS, grpc:CODE or error:CLASS"
-        )),
+        _ => Err(format!("unknown outcome `{t}`: use success, timeout, connection-error, http:STATUS, grpc:CODE or error:CLASS")),
     }
 }
 
@@ -317,13 +308,18 @@ impl Replay<'_> {
             }
             What::Outcome { kind, code, text, elapsed, wall_secs, overloaded, key, flags } => {
                 if let Some(CallState::Fallback) = self.calls.get(&c) {
-                    return Err(format!("trace line {}: call {c} waits for its fallback's result: give a {{\"fallback\": \"ok\"}} line first", line.number));
+                    return Err(format!(
+                        "trace line {}: call {c} waits for its fallback's result: give a {{\"fallback\": \"ok\"}} line first",
+                        line.number
+                    ));
                 }
                 let input = outcome_text(*kind, *code, text);
                 let Some((attempt, started)) = self.obtain_attempt(line, key, *flags) else {
                     let msg = format!("line {}: `{input}` not run: the engine refused the attempt", line.number);
                     if self.json {
-                        self.out.push(serde_json::json!({"line": line.number, "call": c, "op": "skip", "input": input, "note": msg}).to_string());
+                        self.out.push(
+                            serde_json::json!({"line": line.number, "call": c, "op": "skip", "input": input, "note": msg}).to_string(),
+                        );
                     } else {
                         self.out.push(format!("{:>10}  {}", "", self.style.dim(&format!("({msg})"))));
                     }
@@ -362,7 +358,18 @@ pub fn replay(document: &str, policy: Option<&str>, seed: u64, trace: &[Line], j
         format!("the policy document is invalid (run `levee check`):\n{}", list.join("\n"))
     })?;
     let mut out = Vec::new();
-    let mut r = Replay { eng, policy: 0, fallbacks: Vec::new(), json, style, calls: BTreeMap::new(), clock: 0, out: &mut out, lines: trace, pos: 0 };
+    let mut r = Replay {
+        eng,
+        policy: 0,
+        fallbacks: Vec::new(),
+        json,
+        style,
+        calls: BTreeMap::new(),
+        clock: 0,
+        out: &mut out,
+        lines: trace,
+        pos: 0,
+    };
     r.policy = match policy {
         Some(name) => r.eng.policy_index(name).ok_or_else(|| format!("no policy named `{name}` in the document"))?,
         None => 0,

@@ -66,7 +66,9 @@ enum Command {
     /// Exit codes: 0 every document is valid (and within the thresholds); 1 a document is
     /// invalid or unreadable; 2 wrong command line; 3 valid, but a policy exceeds
     /// --max-amplification or --max-latency.
-    #[command(after_help = "Examples:\n  levee check cli/examples/checkout.yaml\n  levee check --layers 4 --max-amplification 2 policies/*.yaml   # fail CI above 2x\n  levee check --json policy.yaml | jq .policies[0].worst_latency")]
+    #[command(
+        after_help = "Examples:\n  levee check cli/examples/checkout.yaml\n  levee check --layers 4 --max-amplification 2 policies/*.yaml   # fail CI above 2x\n  levee check --json policy.yaml | jq .policies[0].worst_latency"
+    )]
     Check {
         /// Policy documents (YAML or JSON); `-` reads stdin.
         #[arg(required = true, value_name = "POLICY")]
@@ -98,7 +100,9 @@ enum Command {
     /// new call). Outcomes: success, timeout, connection-error, http:STATUS, grpc:CODE,
     /// error:CLASS. A line {"fallback": "ok"|"failed"} answers a fallback verdict.
     /// See docs/cli.md for every field.
-    #[command(after_help = "Examples:\n  levee explain cli/examples/checkout.yaml --trace cli/examples/flaky.jsonl\n  levee explain policy.yaml --trace - --json < trace.jsonl")]
+    #[command(
+        after_help = "Examples:\n  levee explain cli/examples/checkout.yaml --trace cli/examples/flaky.jsonl\n  levee explain policy.yaml --trace - --json < trace.jsonl"
+    )]
     Explain {
         /// The policy document (YAML or JSON).
         #[arg(value_name = "POLICY")]
@@ -132,7 +136,9 @@ enum Command {
     ///   rate-limit          the dependency serves 60/s, above that 429 + Retry-After: 1 (60 s)
     ///   three-layer-outage  3 layers over a dependency failing from 10 s to 40 s, run four
     ///                       times: retries only, + budget, + breaker, + both (70 s)
-    #[command(after_help = "Examples:\n  levee simulate cli/examples/checkout.yaml --scenario three-layer-outage --svg out.svg\n  levee simulate policy.yaml --scenario outage --seed 7 --json > run.json\n  for s in healthy outage slow rate-limit; do levee simulate p.yaml --scenario $s; done")]
+    #[command(
+        after_help = "Examples:\n  levee simulate cli/examples/checkout.yaml --scenario three-layer-outage --svg out.svg\n  levee simulate policy.yaml --scenario outage --seed 7 --json > run.json\n  for s in healthy outage slow rate-limit; do levee simulate p.yaml --scenario $s; done"
+    )]
     Simulate {
         /// The policy document (YAML or JSON).
         #[arg(value_name = "POLICY")]
@@ -213,7 +219,13 @@ fn main() -> ExitCode {
             if !(rate.is_finite() && rate > 0.0 && rate <= 100_000.0) {
                 return fail(style, "--rate must be above 0 and at most 100000 requests per second");
             }
-            let opts = sim::RunOptions { scenario, seed, rate, duration: duration.unwrap_or_else(|| scenario_default(scenario)), quiet: quiet || json };
+            let opts = sim::RunOptions {
+                scenario,
+                seed,
+                rate,
+                duration: duration.unwrap_or_else(|| scenario_default(scenario)),
+                quiet: quiet || json,
+            };
             if opts.duration == 0 || opts.duration > 3600 * 1_000_000_000 {
                 return fail(style, "--duration must be above 0 and at most 1h");
             }

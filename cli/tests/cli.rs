@@ -120,7 +120,10 @@ fn explain_prints_each_decision_and_is_deterministic() {
     let kinds: Vec<&str> = steps.iter().map(|s| s["verdict"]["kind"].as_str().unwrap_or("")).collect();
     assert_eq!(
         kinds,
-        ["attempt", "retry", "attempt", "retry", "attempt", "done", "attempt", "retry", "attempt", "retry", "attempt", "done", "attempt", "fail"]
+        [
+            "attempt", "retry", "attempt", "retry", "attempt", "done", "attempt", "retry", "attempt", "retry", "attempt", "done",
+            "attempt", "fail"
+        ]
     );
     // Retry-After: 1 gives exactly a 1 s delay.
     assert_eq!(steps[7]["verdict"]["payload"], 1_000_000_000u64);

@@ -484,7 +484,8 @@ pub fn run_once(document: &str, policy: &str, label: &str, o: &RunOptions) -> Re
         policy_ix.push(ix);
         engines.push(eng);
     }
-    let timeout = engines.first_mut().and_then(|e| e.policy_info(policy_ix.first().copied().unwrap_or(0))).map(|i| i.attempt_timeout).unwrap_or(0);
+    let timeout =
+        engines.first_mut().and_then(|e| e.policy_info(policy_ix.first().copied().unwrap_or(0))).map(|i| i.attempt_timeout).unwrap_or(0);
     let (from, to) = o.scenario.window().unwrap_or((0, 0));
     let kind = match o.scenario {
         Scenario::Healthy => Dep::Healthy { error_rate: 0.01 },
@@ -688,13 +689,11 @@ pub fn report_text(o: &Outcome, opts: &RunOptions, style: crate::term::Style) ->
             r.failed,
             if r.unfinished > 0 { format!(", {} unfinished", r.unfinished) } else { String::new() }
         );
-        let _ = writeln!(
-            s,
-            "  dependency calls  {} ({:.2} per request overall, peak {}/s)",
-            r.dependency_calls, r.amplification, r.peak_load
-        );
+        let _ =
+            writeln!(s, "  dependency calls  {} ({:.2} per request overall, peak {}/s)", r.dependency_calls, r.amplification, r.peak_load);
         if let Some(w) = r.window_amplification {
-            let _ = writeln!(s, "  amplification     {} dependency calls per request during the impairment", style.bold(&format!("{w:.2}x")));
+            let _ =
+                writeln!(s, "  amplification     {} dependency calls per request during the impairment", style.bold(&format!("{w:.2}x")));
         }
         let [p50, p90, p99, max] = r.latency;
         let _ = writeln!(s, "  latency           p50 {}  p90 {}  p99 {}  max {}", human(p50), human(p90), human(p99), human(max));
@@ -765,7 +764,11 @@ pub fn chart(o: &Outcome, opts: &RunOptions) -> String {
     }
     for (i, r) in o.runs.iter().enumerate() {
         let name = if o.runs.len() == 1 { "dependency calls/s".to_string() } else { r.label.clone() };
-        series.push(svg::Series { name, color: COLORS.get(i % COLORS.len()).copied().unwrap_or("#000"), values: r.load.iter().map(|v| *v as f64).collect() });
+        series.push(svg::Series {
+            name,
+            color: COLORS.get(i % COLORS.len()).copied().unwrap_or("#000"),
+            values: r.load.iter().map(|v| *v as f64).collect(),
+        });
     }
     let mut bands = Vec::new();
     for r in &o.runs {

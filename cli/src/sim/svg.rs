@@ -49,7 +49,10 @@ pub fn render(title: &str, y_label: &str, bucket_secs: f64, series: &[Series], b
     let ymax = nice_ceiling(max);
     let y = |v: f64| top + plot_h - plot_h * v / ymax;
     let mut o = String::new();
-    let _ = writeln!(o, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#);
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
     let _ = writeln!(o, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
     let _ = writeln!(o, r#"<text x="{left}" y="22" font-size="15" font-weight="bold">{}</text>"#, esc(title));
     for (a, b, label) in marks {
@@ -69,11 +72,18 @@ pub fn render(title: &str, y_label: &str, bucket_secs: f64, series: &[Series], b
     let mut t = 0.0;
     while t <= total_secs + 1e-9 {
         let xx = x(t / bucket_secs);
-        let _ = writeln!(o, r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#6b7280"/>"##, top + plot_h, top + plot_h + 4.0);
+        let _ =
+            writeln!(o, r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#6b7280"/>"##, top + plot_h, top + plot_h + 4.0);
         let _ = writeln!(o, r#"<text x="{xx:.1}" y="{:.1}" text-anchor="middle">{}s</text>"#, top + plot_h + 16.0, fmt_num(t));
         t += step;
     }
-    let _ = writeln!(o, r##"<line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#374151"/>"##, top + plot_h, left + plot_w, top + plot_h);
+    let _ = writeln!(
+        o,
+        r##"<line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#374151"/>"##,
+        top + plot_h,
+        left + plot_w,
+        top + plot_h
+    );
     let _ = writeln!(o, r##"<line x1="{left}" y1="{top}" x2="{left}" y2="{:.1}" stroke="#374151"/>"##, top + plot_h);
     let _ = writeln!(
         o,

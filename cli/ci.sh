@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# CI for the `levee` command line (crate levee-cli): format, clippy -D warnings, tests, and
+# every simulation scenario once. Release builds only (wasmtime is shared in target/).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/.." && pwd))"
+export LEVEE_WASM_DIR="${LEVEE_WASM_DIR:-$root/target/levee}"
+cd "$root"
+
+echo "== rustfmt"
+cargo fmt -p levee-cli -- --check
+echo "== clippy"
+cargo clippy --release -p levee-cli --all-targets -- -D warnings
+echo "== tests"
+cargo test --release -p levee-cli
+echo "== build"
+cargo build --release -p levee-cli
+bin="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/levee"
+
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+echo "== check the examples"
+valid=(cli/examples/checkout.yaml cli/examples/retries-only.yaml cli/examples/ratio-budget.yaml cli/examples/rate-limited.yaml cli/examples/unbounded.yaml)
+"$bin" check --color never "${valid[@]}" >/dev/null
+set +e
+"$bin" check --color never cli/examples/invalid.yaml >/dev/null
+rc=$?
+set -e
+[ "$rc" -eq 1 ] || { echo "levee check on an invalid document exited $rc, not 1" >&2; exit 1; }
+"$bin" explain --color never cli/examples/checkout.yaml --trace cli/examples/flaky.jsonl >/dev/null
+"$bin" explain --color never cli/examples/checkout.yaml --trace cli/examples/outage.jsonl --json >/dev/null
+
+echo "== every scenario once"
+for s in healthy outage slow rate-limit three-layer-outage; do
+  start=$(date +%s%N)
+  "$bin" simulate cli/examples/checkout.yaml --scenario "$s" --quiet --color never --svg "$out/$s.svg" >"$out/$s.txt"
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  grep -q '<polyline' "$out/$s.svg"
+  if grep -q 'invalid verdicts' "$out/$s.txt"; then cat "$out/$s.txt"; exit 1; fi
+  echo "  $s: ok (${ms} ms)"
+done
+"$bin" simulate cli/examples/retries-only.yaml --scenario three-layer-outage --quiet --color never --no-svg | grep -q '27.00x dependency calls per request' \
+  || { echo "three-layer-outage without budgets did not show 27x" >&2; exit 1; }
+echo "levee-cli: all checks passed"
