@@ -333,6 +333,9 @@ func TestGuestCallBound(t *testing.T) {
 	if _, ok := rec.find(EventEngineFault); !ok {
 		t.Fatalf("no engine-fault event: %+v", rec.evs)
 	}
+	// (re-instantiation under the 20 us bound may have failed too: the engine
+	// tries again at most every 100 ms)
+	time.Sleep(120 * time.Millisecond)
 	if n, err := e.PolicyCount(); err != nil || n != 4 {
 		t.Fatalf("the engine lost its document: %d %v", n, err)
 	}

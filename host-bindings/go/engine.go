@@ -118,21 +118,23 @@ type Engine struct {
 	seed  uint64
 	epoch time.Time
 
-	mu       sync.Mutex
-	doc      string
-	rt       wazero.Runtime
-	cm       wazero.CompiledModule
-	table    *handleTable
-	in       *instance // nil while the engine could not be re-instantiated
-	rep      uint32
-	gen      uint64
-	closed   bool
-	hold     heldSuccess
-	snap     []byte
-	snapAt   uint64
-	infos    []PolicyInfo
-	policies map[string]*Policy
-	faults   []Event
+	mu     sync.Mutex
+	doc    string
+	rt     wazero.Runtime
+	cm     wazero.CompiledModule
+	table  *handleTable
+	in     *instance // nil while the engine could not be re-instantiated
+	rep    uint32
+	gen    uint64
+	closed bool
+	hold   heldSuccess
+	// when the engine last re-instantiated after a fault (0: never)
+	lastRecovery uint64
+	snap         []byte
+	snapAt       uint64
+	infos        []PolicyInfo
+	policies     map[string]*Policy
+	faults       []Event
 	// a verdict said events are pending and nobody drained them yet
 	eventsPending atomic.Bool
 
@@ -313,6 +315,7 @@ func (e *Engine) faultLocked(cause error) error {
 		e.in = nil
 	}
 	e.gen++
+	e.lastRecovery = max(e.Now(), 1)
 	e.hold = heldSuccess{}
 	e.fired.Store(false)
 	e.guard.Store(newGuard())
@@ -347,6 +350,10 @@ func (e *Engine) readyLocked(keep bool) error {
 		return ErrClosed
 	}
 	if e.in == nil {
+		// The last re-instantiation failed: try again, at most every 100 ms.
+		if now := e.Now(); now-e.lastRecovery < uint64(100*time.Millisecond) && e.lastRecovery != 0 {
+			return fmt.Errorf("%w: engine unavailable since a failed re-instantiation", ErrEngineFault)
+		}
 		if err := e.faultLocked(errors.New("engine unavailable")); e.in == nil {
 			return err
 		}
