@@ -181,7 +181,8 @@ def main() -> int:
     wt = importlib.metadata.version("wasmtime")
     print(f"# levee {levee.__version__}, wasmtime-py {wt}, Python {platform.python_version()}, {platform.machine()}")
     print(
-        f"# n={n} calls per round (async: {n // 2}), {rounds} rounds, best round shown; post-return needed: {core.needs_post_return}"
+        f"# n={n} calls per round (async: {n // 2}), {rounds} rounds, best round shown; "
+        f"post-return needed: {core.needs_post_return}"
     )
     for name, us in rows:
         print(f"{name:42s} {us:8.2f} us/call")
