@@ -91,6 +91,9 @@ enum Command {
     },
     /// Replay a trace of (time, outcome) through the engine and print each decision.
     ///
+    /// Prints every engine step (start, acquire, report, report-fallback) with the decision,
+    /// its reason and the events it raised; --json prints one JSON object per step.
+    ///
     /// The trace is JSON lines, one attempt per line, for example
     ///   {"at": "0ms", "outcome": "http:503"}
     ///   {"outcome": "http:429", "retry_after": "1"}
@@ -101,6 +104,7 @@ enum Command {
     /// error:CLASS. A line {"fallback": "ok"|"failed"} answers a fallback verdict.
     /// See docs/cli.md for every field.
     #[command(
+        verbatim_doc_comment,
         after_help = "Examples:\n  levee explain cli/examples/checkout.yaml --trace cli/examples/flaky.jsonl\n  levee explain policy.yaml --trace - --json < trace.jsonl"
     )]
     Explain {
@@ -137,6 +141,7 @@ enum Command {
     ///   three-layer-outage  3 layers over a dependency failing from 10 s to 40 s, run four
     ///                       times: retries only, + budget, + breaker, + both (70 s)
     #[command(
+        verbatim_doc_comment,
         after_help = "Examples:\n  levee simulate cli/examples/checkout.yaml --scenario three-layer-outage --svg out.svg\n  levee simulate policy.yaml --scenario outage --seed 7 --json > run.json\n  for s in healthy outage slow rate-limit; do levee simulate p.yaml --scenario $s; done"
     )]
     Simulate {

@@ -5,11 +5,9 @@ use std::io::{IsTerminal, Write};
 /// Colour choice of the `--color` flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ColorChoice {
-    /// Colours when stdout is a terminal and `NO_COLOR` is unset.
+    // No doc comments here: clap would list each value on its own lines.
     Auto,
-    /// Always colour.
     Always,
-    /// Never colour.
     Never,
 }
 
