@@ -555,9 +555,8 @@ def test_outcome_mapping() -> None:
 
 
 def test_closed_engine_refuses_calls() -> None:
-    e = levee.Engine(DOC, seed=1)
-    assert e.policy("fast").call(lambda: 1) == 1
-    e.close()
+    with levee.Engine(DOC, seed=1) as e:
+        assert e.policy("fast").call(lambda: 1) == 1
     with pytest.raises(levee.LeveeError, match="closed"):
         e.policy("fast").call(lambda: 1)
     with pytest.raises(levee.LeveeError, match="closed"):

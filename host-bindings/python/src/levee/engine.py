@@ -526,6 +526,12 @@ class Engine:
         """Call `tracer(step)` at every step (slower: no success is held back while set)."""
         self._tracer = tracer
 
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Flush and drop the component instance; the engine cannot be used afterwards."""
         with self._lock:
