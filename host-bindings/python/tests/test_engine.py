@@ -608,3 +608,18 @@ def test_threads_never_leak_bulkhead_slots() -> None:
     for t in ts:
         t.join(10)
     assert results == ["in", "in", "in"]
+
+
+def test_rate_limit_wait_is_slept() -> None:
+    e = levee.Engine(
+        "policies:\n  rl:\n    attempts: 1\n    rate-limit: { rate: 10, per: 1s, burst: 1, max-wait: 2s }\n", seed=1
+    )
+    events: list[Event] = []
+    e.add_listener(events.append)
+    pol = e.policy("rl")
+    t0 = time.monotonic()
+    assert [pol.call(int, i) for i in range(3)] == [0, 1, 2]
+    elapsed = time.monotonic() - t0
+    assert 0.15 <= elapsed < 2.0  # two waits of ~100 ms
+    waits = [ev for ev in events if ev.kind is EventKind.RATE_LIMIT_WAIT]
+    assert len(waits) >= 1 and all(0 < ev.duration <= 100_000_000 for ev in waits)
