@@ -623,3 +623,18 @@ def test_rate_limit_wait_is_slept() -> None:
     assert 0.15 <= elapsed < 2.0  # two waits of ~100 ms
     waits = [ev for ev in events if ev.kind is EventKind.RATE_LIMIT_WAIT]
     assert len(waits) >= 1 and all(0 < ev.duration <= 100_000_000 for ev in waits)
+
+
+def test_trap_recovery_restores_state_built_by_failures(engine: levee.Engine) -> None:
+    pol = engine.policy("breaker")
+    for i in range(4):
+        if i == 3:
+            engine._snapshot_due = 0  # the snapshot is due: taken when this failing call ends
+        with pytest.raises(levee.RetriesExhausted):
+            pol.call(Flaky(ConnectionError()))
+    assert engine.breaker_state("breaker") is BreakerState.OPEN
+    engine._core.store.set_fuel(0)
+    engine._core._hot_left = 10**9
+    assert pol.call(lambda: "unguarded") == "unguarded"  # the faulted call runs once
+    assert engine.faults == 1
+    assert engine.breaker_state("breaker") is BreakerState.OPEN  # restored from the snapshot

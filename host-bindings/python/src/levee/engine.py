@@ -354,6 +354,11 @@ class Engine:
             if events:
                 dispatch(events, self._listeners)
 
+    def _maybe_snapshot(self) -> None:
+        now = _monotonic_ns()
+        if now >= self._snapshot_due:
+            self._snapshot_tick(now)
+
     def _snapshot_tick(self, at: int) -> None:
         """Export the state for trap recovery (at most once per `snapshot_interval`)."""
         events: list[Event] = []
@@ -748,6 +753,7 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                     return st.degraded_value()
             elif kind == DONE:
                 st.finished = True
+                st.engine._maybe_snapshot()
                 if st.fell_back:
                     return st.fallback_value
                 last = st.last
@@ -756,6 +762,7 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                 return last.value if last is not None else None
             elif kind == FAIL:
                 st.finished = True
+                st.engine._maybe_snapshot()
                 raise st.failure(Reason.from_code((v >> 8) & 0xFF), v >> 16)
             else:
                 st.finished = True
