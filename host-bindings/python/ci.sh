@@ -7,6 +7,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE"
 ROOT="$(git rev-parse --show-toplevel 2>/dev/null || (cd ../.. && pwd))"
 export LEVEE_WASM_DIR="${LEVEE_WASM_DIR:-$ROOT/target/levee}"
+case "$LEVEE_WASM_DIR" in /*) ;; *) LEVEE_WASM_DIR="$ROOT/$LEVEE_WASM_DIR" ;; esac  # relative: to the repo root
 if [ ! -f "$LEVEE_WASM_DIR/levee_policy.wasm" ]; then
   echo "ci.sh: $LEVEE_WASM_DIR/levee_policy.wasm is missing; build it with:" >&2
   echo "  cd $ROOT && cargo run -q --release -p levee-build -- target/levee" >&2

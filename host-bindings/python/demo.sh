@@ -12,6 +12,7 @@ fi
 if [ ! -x "$HERE/.venv/bin/python" ] || ! "$HERE/.venv/bin/python" -c "import levee, httpx" 2>/dev/null; then
   ROOT="$(git -C "$HERE" rev-parse --show-toplevel 2>/dev/null || (cd "$HERE/../.." && pwd))"
   export LEVEE_WASM_DIR="${LEVEE_WASM_DIR:-$ROOT/target/levee}"
+  case "$LEVEE_WASM_DIR" in /*) ;; *) LEVEE_WASM_DIR="$ROOT/$LEVEE_WASM_DIR" ;; esac
   [ -x "$HERE/.venv/bin/python" ] || python3 -m venv "$HERE/.venv"
   "$HERE/.venv/bin/python" -m pip install -q "$HERE[httpx]" >&2
 fi
