@@ -58,6 +58,17 @@ func (e *Engine) Policy(name string) (*Policy, error) {
 
 func (p *Policy) publish() { p.st.Store(&policyState{index: p.index, info: p.info, ok: p.ok}) }
 
+// Policies lists the policy names of the loaded document, in order.
+func (e *Engine) Policies() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	names := make([]string, len(e.infos))
+	for i, info := range e.infos {
+		names[i] = info.Name
+	}
+	return names
+}
+
 // Name is the policy's name.
 func (p *Policy) Name() string { return p.name }
 

@@ -63,7 +63,7 @@ func outcome(o levee.Outcome) string {
 
 func main() {
 	file := flag.String("policy-file", "", "policy document (YAML or JSON); default: a built-in demo policy")
-	name := flag.String("policy", "demo", "policy name")
+	name := flag.String("policy", "", "policy name (default: demo, else the first policy)")
 	seed := flag.Uint64("seed", 1, "jitter seed")
 	flag.Parse()
 	if flag.NArg() != 1 {
@@ -102,6 +102,15 @@ func main() {
 		os.Exit(1)
 	}
 	defer e.Close(ctx)
+	if *name == "" {
+		*name = e.Policies()[0]
+		for _, n := range e.Policies() {
+			if n == "demo" {
+				*name = n
+			}
+		}
+	}
+	fmt.Printf("go policy %q, url %s\n", *name, flag.Arg(0))
 	p, err := e.Policy(*name)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
