@@ -313,6 +313,7 @@ export class Levee {
   // Trap recovery: the last exported state.
   #lastState: Uint8Array | undefined;
   #nextCheckpoint: bigint;
+  #lastCheckpointAt = 0n;
   readonly #checkpointNs: bigint;
   #memories: WebAssembly.Memory[] = [];
   readonly #maxMemoryBytes: number;
@@ -570,6 +571,7 @@ export class Levee {
 
   #checkpoint(now: bigint): void {
     this.#nextCheckpoint = now + this.#checkpointNs;
+    this.#lastCheckpointAt = now;
     // JavaScript cannot cap a Wasm memory it did not create: check its size here, and treat a
     // component whose memory outgrew the bound like one that trapped (the last state comes back).
     let bytes = 0;
@@ -915,6 +917,12 @@ export class Levee {
       }
 
       if (kind === KIND_FAIL) {
+        // A failure changed the breaker and budget state: keep it for trap recovery (at most
+        // every 10 ms, so a storm of rejections does not export on every call).
+        if (this.#generation === gen && now - this.#lastCheckpointAt > 10_000_000n) {
+          if (this.#heldCall !== 0n) this.flush();
+          this.#checkpoint(now);
+        }
         throw new LeveeError(REASONS[detail] ?? 'none', {
           policy: p.name,
           attempts,

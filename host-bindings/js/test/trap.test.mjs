@@ -23,6 +23,14 @@ policies:
     attempts: 3
     backoff: { kind: constant, base: 1ms, jitter: none }
     retry-on: ["error:*"]
+  tripwire:
+    attempts: 1
+    breaker:
+      window: { kind: count, size: 2 }
+      minimum-calls: 2
+      failure-rate: 100
+      open-duration: 60s
+      failure-on: ["error:*"]
 `;
 
 /** A jco instantiateCore hook that traps the next `times` calls of core exports whose name has `needle`. */
@@ -136,6 +144,20 @@ test('the state exported before the trap comes back: an open breaker stays open'
     levee.run('guarded', () => 'x'),
     (err) => err.reason === 'breaker-open',
   );
+});
+
+test('failures are kept for recovery: a breaker one failure from tripping still trips after a trap', async () => {
+  const { plan, hook } = injector();
+  const levee = loadSync(DOC, { seed: 3n, instantiateCore: hook, checkpointIntervalMs: 60_000 });
+  await assert.rejects(levee.run('tripwire', () => Promise.reject(new Error('down'))));
+  assert.equal(levee.breakerState('tripwire'), 'closed');
+  await new Promise((r) => setTimeout(r, 15));
+  plan.needle = 'engine.start';
+  plan.times = 1;
+  assert.equal(await levee.run('plain', () => 'during the fault'), 'during the fault');
+  // The restored engine remembers the failures: one more failed call trips the breaker.
+  await assert.rejects(levee.run('tripwire', () => Promise.reject(new Error('down'))));
+  assert.equal(levee.breakerState('tripwire'), 'open');
 });
 
 test('a component whose memory outgrows the bound is replaced, its state restored', async () => {
