@@ -4,7 +4,9 @@
 //! -> rate and concurrency limits -> per-attempt timeout -> the call. Every attempt passes
 //! the breaker; the concurrency slot is taken per attempt and never held while sleeping.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::vecmap::VecMap;
 
 use crate::breaker::{Breaker, Check};
 use crate::budget::BudgetState;
@@ -106,8 +108,8 @@ struct Call {
 #[derive(Clone, Debug)]
 pub struct Engine {
     pub(crate) policies: Vec<Policy>,
-    pub(crate) keys: Vec<BTreeMap<String, KeyState>>,
-    calls: BTreeMap<u64, Call>,
+    pub(crate) keys: Vec<VecMap<String, KeyState>>,
+    calls: VecMap<u64, Call>,
     events: VecDeque<Event>,
     pub(crate) rng: Rng,
     pub(crate) tick: u64,
@@ -137,7 +139,7 @@ fn transition_events(events: &mut VecDeque<Event>, t: &[(BreakerState, BreakerSt
 /// Find or make the state of `key`, evicting the least recently used key (idle ones first)
 /// when the policy's bound is reached.
 fn key_state<'a>(
-    keys: &'a mut BTreeMap<String, KeyState>,
+    keys: &'a mut VecMap<String, KeyState>,
     p: &Policy,
     policy: usize,
     key: &str,
@@ -150,13 +152,13 @@ fn key_state<'a>(
     if !keys.contains_key(key) && keys.len() >= p.max_keys as usize {
         let victim = keys.iter().min_by_key(|(_, s)| (s.in_flight > 0, s.last_used)).map(|(k, _)| k.clone());
         if let Some(victim) = victim {
-            keys.remove(&victim);
+            keys.remove(victim.as_str());
             let mut e = Event::new(now, EventKind::KeyEvicted, policy as u32, &victim);
             e.name = victim;
             push_event(events, e);
         }
     }
-    let state = keys.entry(key.to_string()).or_insert_with(|| KeyState::fresh(p, t));
+    let state = keys.get_or_insert_with(key, || key.to_string(), || KeyState::fresh(p, t));
     state.last_used = t;
     state
 }
@@ -169,8 +171,8 @@ impl Engine {
     }
 
     pub(crate) fn from_policies(policies: Vec<Policy>, seed: u64) -> Engine {
-        let keys = policies.iter().map(|_| BTreeMap::new()).collect();
-        Engine { policies, keys, calls: BTreeMap::new(), events: VecDeque::new(), rng: Rng::new(seed), tick: 0 }
+        let keys = policies.iter().map(|_| VecMap::default()).collect();
+        Engine { policies, keys, calls: VecMap::default(), events: VecDeque::new(), rng: Rng::new(seed), tick: 0 }
     }
 
     /// Replace the policies, keeping the state that still applies (see `import_state`) and the
@@ -181,13 +183,13 @@ impl Engine {
         let mut next = Engine::from_policies(policies, 0);
         next.import_state(&snapshot).map_err(|e| vec![e])?;
         // Live calls and their slots move over by policy name.
-        for (id, call) in &self.calls {
+        for (id, call) in self.calls.iter() {
             let Some(name) = self.policies.get(call.policy).map(|p| p.name.as_str()) else { continue };
             let Some(index) = next.policies.iter().position(|p| p.name == name) else { continue };
             let mut moved = call.clone();
             moved.policy = index;
-            if let (Some(old), Some(new)) = (self.keys.get(call.policy).and_then(|k| k.get(&call.key)), next.keys.get_mut(index)) {
-                if let Some(ks) = new.get_mut(&call.key) {
+            if let (Some(old), Some(new)) = (self.keys.get(call.policy).and_then(|k| k.get(call.key.as_str())), next.keys.get_mut(index)) {
+                if let Some(ks) = new.get_mut(call.key.as_str()) {
                     ks.in_flight = old.in_flight;
                 }
             }
@@ -227,7 +229,7 @@ impl Engine {
 
     /// The policy with every default, as JSON.
     pub fn policy_json(&self, index: u32) -> Option<String> {
-        self.policy(index).map(|p| crate::state::policy_to_json(p).to_string())
+        self.policy(index).map(|p| crate::doc::to_json(&crate::state::policy_to_json(p)))
     }
 
     /// Worst cases of a policy run by `layers` layers.
@@ -670,6 +672,6 @@ impl Engine {
 
     /// Keys with state for a policy.
     pub fn key_count(&self, policy: u32) -> usize {
-        self.keys.get(policy as usize).map(BTreeMap::len).unwrap_or(0)
+        self.keys.get(policy as usize).map(VecMap::len).unwrap_or(0)
     }
 }

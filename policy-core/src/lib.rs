@@ -29,6 +29,7 @@ pub mod rng;
 mod state;
 pub mod time;
 pub mod types;
+mod vecmap;
 
 pub use analysis::Analysis;
 pub use engine::{CallInfo, Engine, PolicyInfo, MAX_LIVE_CALLS, MAX_PENDING_EVENTS};

@@ -644,7 +644,7 @@ fn methods(f: &mut Fields<'_>, errors: &mut Vec<LoadError>) -> u16 {
 fn describe(v: &Value) -> String {
     match v {
         Value::Int(i) => format!("{i}"),
-        Value::Float(x) => format!("{x}"),
+        Value::Float(x) => doc::format_number(*x),
         Value::Str(s) => format!("\"{s}\""),
         Value::Bool(b) => format!("{b}"),
         other => other.type_name().to_string(),
@@ -653,7 +653,7 @@ fn describe(v: &Value) -> String {
 
 fn int(v: &Value) -> Option<i64> {
     match v {
-        Value::Int(i) => Some(*i),
+        Value::Int(i) => i64::try_from(*i).ok(),
         Value::Float(x) if x.fract() == 0.0 && x.abs() < 9.0e15 => Some(*x as i64),
         _ => None,
     }
@@ -686,7 +686,10 @@ fn fraction(f: &mut Fields<'_>, field: &str, default: f64, lo: f64, hi: f64, err
         Some(v) => match number(v) {
             Some(x) if x.is_finite() && x >= lo && x <= hi => x,
             _ => {
-                errors.push(LoadError::new(&f.path_of(field), format!("must be a number from {lo} to {hi}, found {}", describe(v))));
+                errors.push(LoadError::new(
+                    &f.path_of(field),
+                    format!("must be a number from {} to {}, found {}", doc::format_number(lo), doc::format_number(hi), describe(v)),
+                ));
                 default
             }
         },

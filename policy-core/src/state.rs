@@ -11,9 +11,7 @@
 //! new bounds). Everything is validated before anything changes: garbage or a foreign version
 //! is an error and leaves the engine as it was.
 
-use std::collections::BTreeMap;
-
-use serde_json::{json, Map, Value};
+use crate::doc::{self, obj, Value};
 
 use crate::backoff::Kind;
 use crate::breaker::{Breaker, Window, WindowState};
@@ -24,6 +22,7 @@ use crate::policy::{LoadError, OverCap, Policy};
 use crate::rng::Rng;
 use crate::time::format_duration;
 use crate::types::BreakerState;
+use crate::vecmap::VecMap;
 
 const FORMAT: &str = "levee-state";
 const VERSION: u64 = 1;
@@ -37,23 +36,28 @@ impl Engine {
             .zip(self.keys.iter())
             .map(|(p, keys)| {
                 let keys: Vec<Value> = keys.iter().map(|(k, s)| key_to_json(p, k, s)).collect();
-                json!({ "name": p.name, "fingerprint": fingerprint(p), "keys": keys })
+                obj([("name", p.name.as_str().into()), ("fingerprint", fingerprint(p)), ("keys", Value::List(keys))])
             })
             .collect();
-        let doc = json!({
-            "format": FORMAT,
-            "version": VERSION,
-            "rng": self.rng.state().to_vec(),
-            "tick": self.tick,
-            "policies": policies,
-        });
-        doc.to_string().into_bytes()
+        let doc = obj([
+            ("format", FORMAT.into()),
+            ("version", VERSION.into()),
+            ("rng", self.rng.state().to_vec().into()),
+            ("tick", self.tick.into()),
+            ("policies", Value::List(policies)),
+        ]);
+        doc::to_json(&doc).into_bytes()
     }
 
     /// Restore exported state; see the module documentation. On error nothing changes.
     pub fn import_state(&mut self, bytes: &[u8]) -> Result<(), LoadError> {
-        let doc: Value = serde_json::from_slice(bytes).map_err(|e| LoadError::new("", format!("not Levee state: {e}")))?;
-        let obj = doc.as_object().ok_or_else(|| LoadError::new("", "not Levee state: expected a JSON object"))?;
+        let text = std::str::from_utf8(bytes).map_err(|_| LoadError::new("", "not Levee state: not UTF-8"))?;
+        let trimmed = text.trim_start();
+        if !trimmed.starts_with('{') {
+            return Err(LoadError::new("", "not Levee state: expected a JSON object"));
+        }
+        let doc = doc::parse(text).map_err(|e| LoadError::new("", format!("not Levee state: {}", e.message)))?;
+        let obj = &doc;
         if obj.get("format").and_then(Value::as_str) != Some(FORMAT) {
             return Err(LoadError::new("format", "not Levee state (format is not \"levee-state\")"));
         }
@@ -64,7 +68,7 @@ impl Engine {
             }
             None => return Err(LoadError::new("version", "is missing")),
         }
-        let rng_words = obj.get("rng").and_then(Value::as_array).ok_or_else(|| LoadError::new("rng", "is missing"))?;
+        let rng_words = obj.get("rng").and_then(Value::as_list).ok_or_else(|| LoadError::new("rng", "is missing"))?;
         let mut words = [0u64; 4];
         if rng_words.len() != 4 {
             return Err(LoadError::new("rng", "must hold 4 words"));
@@ -73,14 +77,14 @@ impl Engine {
             *w = v.as_u64().ok_or_else(|| LoadError::new("rng", "words must be unsigned 64-bit integers"))?;
         }
         let tick = obj.get("tick").and_then(Value::as_u64).ok_or_else(|| LoadError::new("tick", "is missing"))?;
-        let policies = obj.get("policies").and_then(Value::as_array).ok_or_else(|| LoadError::new("policies", "is missing"))?;
+        let policies = obj.get("policies").and_then(Value::as_list).ok_or_else(|| LoadError::new("policies", "is missing"))?;
 
-        let mut new_keys: Vec<BTreeMap<String, KeyState>> = self.policies.iter().map(|_| BTreeMap::new()).collect();
+        let mut new_keys: Vec<VecMap<String, KeyState>> = self.policies.iter().map(|_| VecMap::default()).collect();
         for (i, entry) in policies.iter().enumerate() {
             let path = format!("policies[{i}]");
             let name = entry.get("name").and_then(Value::as_str).ok_or_else(|| LoadError::new(&path, "has no name"))?;
             let old_fingerprint = entry.get("fingerprint").cloned().unwrap_or(Value::Null);
-            let keys = entry.get("keys").and_then(Value::as_array).ok_or_else(|| LoadError::new(&path, "has no keys"))?;
+            let keys = entry.get("keys").and_then(Value::as_list).ok_or_else(|| LoadError::new(&path, "has no keys"))?;
             let Some(pi) = self.policies.iter().position(|p| p.name == name) else {
                 continue; // the policy is gone: nothing of it applies
             };
@@ -94,7 +98,9 @@ impl Engine {
             // Keep the most recently used keys within the bound.
             parsed.sort_by_key(|(_, s)| std::cmp::Reverse(s.last_used));
             parsed.truncate(p.max_keys as usize);
-            target.extend(parsed);
+            for (k, st) in parsed {
+                target.insert(k, st);
+            }
         }
         self.keys = new_keys;
         self.rng = Rng::from_state(words);
@@ -104,40 +110,60 @@ impl Engine {
 }
 
 fn fingerprint(p: &Policy) -> Value {
-    json!({
-        "window": p.breaker.as_ref().map(|b| match b.window {
-            Window::Count(n) => json!({"kind": "count", "size": n}),
-            Window::Time { size, bucket } => json!({"kind": "time", "size": size, "bucket": bucket}),
-        }),
-    })
+    let window = p.breaker.as_ref().map(|b| match b.window {
+        Window::Count(n) => obj([("kind", "count".into()), ("size", n.into())]),
+        Window::Time { size, bucket } => obj([("kind", "time".into()), ("size", size.into()), ("bucket", bucket.into())]),
+    });
+    obj([("window", window.unwrap_or(Value::Null))])
+}
+
+fn rows<T, const N: usize>(items: impl Iterator<Item = [T; N]>) -> Value
+where
+    T: Into<Value>,
+{
+    Value::List(items.map(|row| Value::List(row.into_iter().map(Into::into).collect())).collect())
 }
 
 fn key_to_json(_p: &Policy, key: &str, s: &KeyState) -> Value {
     let breaker = s.breaker.as_ref().map(|b| {
         let window = match &b.window {
-            WindowState::Count { ring, pos, failures, slow } => {
-                json!({"count": {"ring": ring, "pos": pos, "failures": failures, "slow": slow}})
+            WindowState::Count { ring, pos, failures, slow } => obj([(
+                "count",
+                obj([
+                    ("ring", Value::List(ring.iter().map(|x| u32::from(*x).into()).collect())),
+                    ("pos", (*pos).into()),
+                    ("failures", (*failures).into()),
+                    ("slow", (*slow).into()),
+                ]),
+            )]),
+            WindowState::Time { buckets } => {
+                obj([("time", rows(buckets.iter().map(|(i, c, f, s)| [*i, u64::from(*c), u64::from(*f), u64::from(*s)])))])
             }
-            WindowState::Time { buckets } => json!({"time": buckets.iter().map(|(i, c, f, s)| json!([i, c, f, s])).collect::<Vec<_>>()}),
         };
-        json!({
-            "state": b.state.name(),
-            "open_until": b.open_until,
-            "trips": b.trips,
-            "epoch": b.epoch,
-            "permits": b.permits.iter().map(|(c, at)| json!([c, at])).collect::<Vec<_>>(),
-            "issued": b.issued,
-            "trial": [b.trial.0, b.trial.1, b.trial.2],
-            "last_now": b.last_now,
-            "window": window,
-        })
+        obj([
+            ("state", b.state.name().into()),
+            ("open_until", b.open_until.into()),
+            ("trips", b.trips.into()),
+            ("epoch", b.epoch.into()),
+            ("permits", rows(b.permits.iter().map(|(c, at)| [*c, *at]))),
+            ("issued", b.issued.into()),
+            ("trial", Value::List(vec![b.trial.0.into(), b.trial.1.into(), b.trial.2.into()])),
+            ("last_now", b.last_now.into()),
+            ("window", window),
+        ])
     });
-    let limiter = s.limiter.as_ref().map(|g| json!({"tat": g.tat, "last_now": g.last_now}));
+    let limiter = s.limiter.as_ref().map(|g| obj([("tat", g.tat.into()), ("last_now", g.last_now.into())]));
     let budget = s.budget.as_ref().map(|b| match b {
-        BudgetState::Token { tokens } => json!({"token": tokens}),
-        BudgetState::Ratio { slots } => json!({"ratio": slots.iter().map(|(s, v)| json!([s, v])).collect::<Vec<_>>()}),
+        BudgetState::Token { tokens } => obj([("token", (*tokens).into())]),
+        BudgetState::Ratio { slots } => obj([("ratio", rows(slots.iter().map(|(s, v)| [Value::from(*s), Value::from(*v)])))]),
     });
-    json!({ "key": key, "last_used": s.last_used, "breaker": breaker, "limiter": limiter, "budget": budget })
+    obj([
+        ("key", key.into()),
+        ("last_used", s.last_used.into()),
+        ("breaker", breaker.unwrap_or(Value::Null)),
+        ("limiter", limiter.unwrap_or(Value::Null)),
+        ("budget", budget.unwrap_or(Value::Null)),
+    ])
 }
 
 fn u64_at(v: &Value, field: &str, path: &str) -> Result<u64, LoadError> {
@@ -149,12 +175,12 @@ fn u32_at(v: &Value, field: &str, path: &str) -> Result<u32, LoadError> {
 }
 
 fn pairs(v: Option<&Value>, path: &str, width: usize) -> Result<Vec<Vec<i64>>, LoadError> {
-    let items = v.and_then(Value::as_array).ok_or_else(|| LoadError::new(path, "must be a list"))?;
+    let items = v.and_then(Value::as_list).ok_or_else(|| LoadError::new(path, "must be a list"))?;
     items
         .iter()
         .map(|item| {
             let row = item
-                .as_array()
+                .as_list()
                 .filter(|r| r.len() == width)
                 .ok_or_else(|| LoadError::new(path, format!("entries must be lists of {width} integers")))?;
             row.iter().map(|x| x.as_i64().ok_or_else(|| LoadError::new(path, "entries must be integers"))).collect()
@@ -172,7 +198,7 @@ fn key_from_json(p: &Policy, v: &Value, path: &str, same_window: bool) -> Result
             .and_then(Value::as_str)
             .and_then(BreakerState::from_name)
             .ok_or_else(|| LoadError::new(&format!("{bp}.state"), "is not a breaker state"))?;
-        let trial = pairs(Some(&json!([b.get("trial").cloned().unwrap_or(Value::Null)])), &format!("{bp}.trial"), 3)?;
+        let trial = pairs(Some(&Value::List(vec![b.get("trial").cloned().unwrap_or(Value::Null)])), &format!("{bp}.trial"), 3)?;
         let trial = trial.first().cloned().unwrap_or_default();
         let t = |i: usize| trial.get(i).copied().unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32;
         let window_v = b.get("window").ok_or_else(|| LoadError::new(&format!("{bp}.window"), "is missing"))?;
@@ -180,7 +206,7 @@ fn key_from_json(p: &Policy, v: &Value, path: &str, same_window: bool) -> Result
             let wp = format!("{bp}.window.count");
             let ring: Vec<u8> = c
                 .get("ring")
-                .and_then(Value::as_array)
+                .and_then(Value::as_list)
                 .ok_or_else(|| LoadError::new(&wp, "ring must be a list"))?
                 .iter()
                 .map(|x| x.as_u64().filter(|b| *b < 4).map(|b| b as u8).ok_or_else(|| LoadError::new(&wp, "ring entries are 0 to 3")))
@@ -188,7 +214,11 @@ fn key_from_json(p: &Policy, v: &Value, path: &str, same_window: bool) -> Result
             let failures = ring.iter().filter(|b| *b & 1 != 0).count() as u32;
             let slow = ring.iter().filter(|b| *b & 2 != 0).count() as u32;
             let pos = u32_at(c, "pos", &wp)?;
-            WindowState::Count { pos: if ring.is_empty() { 0 } else { pos % ring.len() as u32 }, ring, failures, slow }
+            let size = match cfg.window {
+                Window::Count(n) => n.max(1),
+                Window::Time { .. } => 1,
+            };
+            WindowState::Count { pos: pos % size, ring, failures, slow }
         } else if let Some(t) = window_v.get("time") {
             let rows = pairs(Some(t), &format!("{bp}.window.time"), 4)?;
             let clamp = |x: i64| x.clamp(0, i64::from(u32::MAX)) as u32;
@@ -253,94 +283,111 @@ fn key_from_json(p: &Policy, v: &Value, path: &str, same_window: bool) -> Result
     Ok((key, s))
 }
 
-/// A policy with every default filled in, as JSON (durations in their text form).
+/// A policy with every default filled in, as a JSON tree (durations in their text form).
 pub fn policy_to_json(p: &Policy) -> Value {
-    let d = |ns: Option<u64>| ns.map(format_duration);
-    let mut m = Map::new();
-    m.insert("name".into(), json!(p.name));
-    m.insert("attempts".into(), json!(p.attempts));
-    m.insert("attempt-timeout".into(), json!(d(p.attempt_timeout)));
-    m.insert("deadline".into(), json!(d(p.deadline)));
-    m.insert(
-        "backoff".into(),
-        json!({
-            "kind": p.backoff.kind.name(),
-            "base": format_duration(p.backoff.base),
-            "multiplier": if p.backoff.kind == Kind::Exponential { json!(p.backoff.multiplier) } else { Value::Null },
-            "cap": format_duration(p.backoff.cap),
-            "jitter": p.backoff.jitter.name(),
-            "jitter-ratio": if p.backoff.jitter == crate::backoff::Jitter::Proportional { json!(p.backoff.jitter_ratio) } else { Value::Null },
-        }),
-    );
-    m.insert("retry-on".into(), json!(p.retry_on.texts()));
-    m.insert("never-retry".into(), json!(p.never_retry.texts()));
+    let d = |ns: Option<u64>| Value::from(ns.map(format_duration));
+    let texts = |r: &crate::classify::Rules| Value::from(r.texts());
     let methods: Vec<&str> = crate::classify::HTTP_METHODS
         .iter()
         .enumerate()
         .filter(|(i, _)| *i > 0 && p.idempotent_methods & (1 << i) != 0)
         .map(|(_, m)| *m)
         .collect();
-    m.insert("idempotent-methods".into(), json!(methods));
-    m.insert(
-        "retry-after".into(),
-        json!({"honor": p.retry_after.honor, "cap": format_duration(p.retry_after.cap), "over-cap": match p.retry_after.over_cap { OverCap::Fail => "fail", OverCap::Clamp => "clamp" }}),
-    );
-    m.insert(
-        "budget".into(),
-        match &p.budget {
-            None => Value::Null,
-            Some(BudgetCfg::Token { max_milli, ratio_milli }) => {
-                json!({"kind": "token", "max-tokens": *max_milli as f64 / 1000.0, "token-ratio": *ratio_milli as f64 / 1000.0})
+    let backoff = obj([
+        ("kind", p.backoff.kind.name().into()),
+        ("base", format_duration(p.backoff.base).into()),
+        ("multiplier", if p.backoff.kind == Kind::Exponential { p.backoff.multiplier.into() } else { Value::Null }),
+        ("cap", format_duration(p.backoff.cap).into()),
+        ("jitter", p.backoff.jitter.name().into()),
+        (
+            "jitter-ratio",
+            if p.backoff.jitter == crate::backoff::Jitter::Proportional { p.backoff.jitter_ratio.into() } else { Value::Null },
+        ),
+    ]);
+    let retry_after = obj([
+        ("honor", p.retry_after.honor.into()),
+        ("cap", format_duration(p.retry_after.cap).into()),
+        (
+            "over-cap",
+            match p.retry_after.over_cap {
+                OverCap::Fail => "fail",
+                OverCap::Clamp => "clamp",
             }
-            Some(BudgetCfg::Ratio { percent, min_per_second, ttl }) => {
-                json!({"kind": "ratio", "percent": percent, "min-per-second": min_per_second, "ttl": format_duration(*ttl)})
-            }
-        },
-    );
-    m.insert(
-        "breaker".into(),
-        match &p.breaker {
-            None => Value::Null,
-            Some(b) => json!({
-                "window": match b.window {
-                    Window::Count(n) => json!({"kind": "count", "size": n}),
-                    Window::Time { size, bucket } => json!({"kind": "time", "size": format_duration(size), "bucket": format_duration(bucket)}),
+            .into(),
+        ),
+    ]);
+    let budget = match &p.budget {
+        None => Value::Null,
+        Some(BudgetCfg::Token { max_milli, ratio_milli }) => obj([
+            ("kind", "token".into()),
+            ("max-tokens", (*max_milli as f64 / 1000.0).into()),
+            ("token-ratio", (*ratio_milli as f64 / 1000.0).into()),
+        ]),
+        Some(BudgetCfg::Ratio { percent, min_per_second, ttl }) => obj([
+            ("kind", "ratio".into()),
+            ("percent", (*percent).into()),
+            ("min-per-second", (*min_per_second).into()),
+            ("ttl", format_duration(*ttl).into()),
+        ]),
+    };
+    let breaker = match &p.breaker {
+        None => Value::Null,
+        Some(b) => obj([
+            (
+                "window",
+                match b.window {
+                    Window::Count(n) => obj([("kind", "count".into()), ("size", n.into())]),
+                    Window::Time { size, bucket } => {
+                        obj([("kind", "time".into()), ("size", format_duration(size).into()), ("bucket", format_duration(bucket).into())])
+                    }
                 },
-                "failure-rate": b.failure_rate,
-                "slow-call-rate": b.slow_call_rate,
-                "slow-call-duration": format_duration(b.slow_call_duration),
-                "minimum-calls": b.minimum_calls,
-                "open-duration": format_duration(b.open_duration),
-                "open-duration-max": format_duration(b.open_duration_max),
-                "open-duration-multiplier": b.open_duration_multiplier,
-                "half-open-permits": b.half_open_permits,
-                "half-open-permit-timeout": format_duration(b.half_open_permit_timeout),
-                "failure-on": b.failure_on.texts(),
-            }),
-        },
-    );
-    m.insert(
-        "rate-limit".into(),
-        match &p.rate_limit {
-            None => Value::Null,
-            Some(r) => json!({"rate": r.rate, "per": format_duration(r.per), "burst": r.burst, "max-wait": format_duration(r.max_wait)}),
-        },
-    );
-    m.insert(
-        "bulkhead".into(),
-        match &p.bulkhead {
-            None => Value::Null,
-            Some(b) => json!({"max-concurrent": b.max_concurrent}),
-        },
-    );
-    m.insert(
-        "fallbacks".into(),
-        json!(p
-            .fallbacks
+            ),
+            ("failure-rate", b.failure_rate.into()),
+            ("slow-call-rate", b.slow_call_rate.into()),
+            ("slow-call-duration", format_duration(b.slow_call_duration).into()),
+            ("minimum-calls", b.minimum_calls.into()),
+            ("open-duration", format_duration(b.open_duration).into()),
+            ("open-duration-max", format_duration(b.open_duration_max).into()),
+            ("open-duration-multiplier", b.open_duration_multiplier.into()),
+            ("half-open-permits", b.half_open_permits.into()),
+            ("half-open-permit-timeout", format_duration(b.half_open_permit_timeout).into()),
+            ("failure-on", texts(&b.failure_on)),
+        ]),
+    };
+    let rate_limit = match &p.rate_limit {
+        None => Value::Null,
+        Some(r) => obj([
+            ("rate", r.rate.into()),
+            ("per", format_duration(r.per).into()),
+            ("burst", r.burst.into()),
+            ("max-wait", format_duration(r.max_wait).into()),
+        ]),
+    };
+    let bulkhead = match &p.bulkhead {
+        None => Value::Null,
+        Some(b) => obj([("max-concurrent", b.max_concurrent.into())]),
+    };
+    let fallbacks = Value::List(
+        p.fallbacks
             .iter()
-            .map(|f| json!({"name": f.name, "on": f.on.iter().map(|r| r.name()).collect::<Vec<_>>()}))
-            .collect::<Vec<_>>()),
+            .map(|f| obj([("name", f.name.as_str().into()), ("on", Value::from(f.on.iter().map(|r| r.name()).collect::<Vec<_>>()))]))
+            .collect(),
     );
-    m.insert("keys".into(), json!({"max": p.max_keys}));
-    Value::Object(m)
+    obj([
+        ("name", p.name.as_str().into()),
+        ("attempts", p.attempts.into()),
+        ("attempt-timeout", d(p.attempt_timeout)),
+        ("deadline", d(p.deadline)),
+        ("backoff", backoff),
+        ("retry-on", texts(&p.retry_on)),
+        ("never-retry", texts(&p.never_retry)),
+        ("idempotent-methods", methods.into()),
+        ("retry-after", retry_after),
+        ("budget", budget),
+        ("breaker", breaker),
+        ("rate-limit", rate_limit),
+        ("bulkhead", bulkhead),
+        ("fallbacks", fallbacks),
+        ("keys", obj([("max", p.max_keys.into())])),
+    ])
 }

@@ -7,7 +7,8 @@ use levee_conformance::component::Wasm;
 use levee_conformance::{Native, Target};
 use levee_core::OutcomeKind;
 
-const POLICY: &str = "policies:\n  api:\n    attempts: 3\n    attempt-timeout: 1s\n    breaker: { minimum-calls: 20, window: { kind: count, size: 50 } }\n";
+const POLICY: &str =
+    "policies:\n  api:\n    attempts: 3\n    attempt-timeout: 1s\n    breaker: { minimum-calls: 20, window: { kind: count, size: 50 } }\n";
 
 fn cycle<T: Target>(t: &mut T, call: &mut u64, now: &mut u64) {
     *call += 1;

@@ -25,7 +25,7 @@ pub struct Compiled {
 
 impl Compiled {
     /// Compile the component (no imports are linked: it has none).
-    pub fn new() -> anyhow::Result<Self> {
+    pub fn new() -> wasmtime::Result<Self> {
         let mut config = Config::new();
         config.concurrency_support(false);
         let engine = Engine::new(&config)?;
@@ -34,7 +34,7 @@ impl Compiled {
     }
 
     /// A fresh instance.
-    pub fn instantiate(&self) -> anyhow::Result<(Store<()>, Levee)> {
+    pub fn instantiate(&self) -> wasmtime::Result<(Store<()>, Levee)> {
         let mut store = Store::new(&self.engine, ());
         let levee = Levee::instantiate(&mut store, &self.component, &self.linker)?;
         Ok((store, levee))
@@ -95,12 +95,6 @@ fn must<T>(r: wasmtime::Result<T>) -> T {
     }
 }
 
-impl Wasm {
-    fn api(&self) -> exports::levee::policy::engine_api::GuestEngine<'_> {
-        self.levee.levee_policy_engine_api().engine()
-    }
-}
-
 impl Target for Wasm {
     fn load(doc: &str, seed: u64) -> Result<Self, Errors> {
         let (mut store, levee) = must(COMPILED.with(|c| c.instantiate()));
@@ -111,31 +105,31 @@ impl Target for Wasm {
         }
     }
     fn policy_index(&mut self, name: &str) -> Option<u32> {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_policy_index(&mut self.store, e, name))
     }
     fn start(&mut self, call: u64, policy: u32, key: &str, flags: u32, now: u64, sc: u64, sa: u64, se: u64) -> u64 {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_start(&mut self.store, e, call, policy, key, flags, now, sc, sa, se))
     }
     fn acquire(&mut self, call: u64, now: u64) -> u64 {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_acquire(&mut self.store, e, call, now))
     }
     fn report(&mut self, call: u64, now: u64, elapsed: u64, kind: OutcomeKind, code: i32, text: &str, wall: u64, flags: u32) -> u64 {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_report(&mut self.store, e, call, now, elapsed, kind_in(kind), code, text, wall, flags))
     }
     fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> u64 {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_report_fallback(&mut self.store, e, call, now, ok))
     }
     fn cancel(&mut self, call: u64, now: u64) {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_cancel(&mut self.store, e, call, now))
     }
     fn drain_events(&mut self) -> Vec<Event> {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_drain_events(&mut self.store, e))
             .into_iter()
             .map(|w| Event {
@@ -155,15 +149,15 @@ impl Target for Wasm {
             .collect()
     }
     fn breaker_state(&mut self, policy: u32, key: &str, now: u64) -> Option<BreakerState> {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_breaker_state(&mut self.store, e, policy, key, now)).map(state)
     }
     fn set_breaker_state(&mut self, policy: u32, key: &str, s: BreakerState, now: u64) -> Result<(), String> {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_set_breaker_state(&mut self.store, e, policy, key, state_in(s), now))
     }
     fn call_info(&mut self, call: u64) -> Option<CallInfo> {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_call_info(&mut self.store, e, call)).map(|c| CallInfo {
             policy: c.policy,
             key: c.key,
@@ -174,7 +168,7 @@ impl Target for Wasm {
         })
     }
     fn policy_info(&mut self, policy: u32) -> Option<PolicyInfo> {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_policy_info(&mut self.store, e, policy)).map(|i| PolicyInfo {
             name: i.name,
             max_attempts: i.max_attempts,
@@ -184,7 +178,7 @@ impl Target for Wasm {
         })
     }
     fn analyze(&mut self, policy: u32, layers: u32) -> Option<Analysis> {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_analyze(&mut self.store, e, policy, layers)).map(|a| Analysis {
             worst_attempts: a.worst_attempts,
             worst_latency: a.worst_latency,
@@ -193,21 +187,21 @@ impl Target for Wasm {
         })
     }
     fn export_state(&mut self) -> Vec<u8> {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_export_state(&mut self.store, e))
     }
     fn import_state(&mut self, bytes: &[u8]) -> Result<(), (String, String)> {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_import_state(&mut self.store, e, bytes)).map_err(|e| (e.path, e.message))
     }
     fn reload(&mut self, doc: &str) -> Result<(), Errors> {
-        let (e, api) = (self.engine, self.api());
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_reload(&mut self.store, e, doc)).map_err(|v| v.into_iter().map(|e| (e.path, e.message)).collect())
     }
 }
 
 /// Imports of the component, for the zero-import test.
-pub fn component_imports() -> anyhow::Result<usize> {
+pub fn component_imports() -> wasmtime::Result<usize> {
     let c = Compiled::new()?;
     Ok(c.component.component_type().imports(&c.engine).count())
 }

@@ -6,6 +6,11 @@
 
 use std::cell::RefCell;
 
+// SAFETY: the component is single-threaded wasm; talc's wasm allocator grows linear memory itself.
+#[cfg(target_family = "wasm")]
+#[global_allocator]
+static ALLOCATOR: talc::TalckWasm = unsafe { talc::TalckWasm::new_global() };
+
 use exports::levee::policy::engine_api::{Engine as EngineHandle, Guest, GuestEngine};
 use exports::levee::policy::types as wit;
 use levee_core as core;

@@ -1,0 +1,93 @@
+//! A sorted-vector map: the few operations the engine needs, with a fraction of a B-tree's
+//! code size (the component's size budget) and no allocation on lookup.
+//!
+//! Keys per policy are bounded by `keys.max` and live calls arrive with mostly increasing
+//! ids, so inserts are near the end and lookups are binary searches.
+
+use std::borrow::Borrow;
+
+/// A map kept as a vector sorted by key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct VecMap<K, V> {
+    items: Vec<(K, V)>,
+}
+
+impl<K, V> Default for VecMap<K, V> {
+    fn default() -> Self {
+        VecMap { items: Vec::new() }
+    }
+}
+
+impl<K: Ord, V> VecMap<K, V> {
+    fn find<Q: Ord + ?Sized>(&self, key: &Q) -> Result<usize, usize>
+    where
+        K: Borrow<Q>,
+    {
+        self.items.binary_search_by(|(k, _)| k.borrow().cmp(key))
+    }
+
+    pub(crate) fn get<Q: Ord + ?Sized>(&self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
+        self.find(key).ok().and_then(|i| self.items.get(i)).map(|(_, v)| v)
+    }
+
+    pub(crate) fn get_mut<Q: Ord + ?Sized>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+    {
+        let i = self.find(key).ok()?;
+        self.items.get_mut(i).map(|(_, v)| v)
+    }
+
+    pub(crate) fn contains_key<Q: Ord + ?Sized>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+    {
+        self.find(key).is_ok()
+    }
+
+    /// The value for `key`, inserting `make()` under `owned()` when absent.
+    #[allow(clippy::indexing_slicing)] // `i` was found, or an element was just inserted at it.
+    pub(crate) fn get_or_insert_with<Q: Ord + ?Sized>(&mut self, key: &Q, owned: impl FnOnce() -> K, make: impl FnOnce() -> V) -> &mut V
+    where
+        K: Borrow<Q>,
+    {
+        let i = match self.find(key) {
+            Ok(i) => i,
+            Err(i) => {
+                self.items.insert(i, (owned(), make()));
+                i
+            }
+        };
+        &mut self.items[i].1
+    }
+
+    pub(crate) fn insert(&mut self, key: K, value: V) {
+        match self.find(&key) {
+            Ok(i) => {
+                if let Some(slot) = self.items.get_mut(i) {
+                    slot.1 = value;
+                }
+            }
+            Err(i) => self.items.insert(i, (key, value)),
+        }
+    }
+
+    pub(crate) fn remove<Q: Ord + ?Sized>(&mut self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
+        let i = self.find(key).ok()?;
+        Some(self.items.remove(i).1)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.items.iter().map(|(k, v)| (k, v))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.items.len()
+    }
+}
