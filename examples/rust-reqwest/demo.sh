@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs one policy against the URL $1 through the Rust host (levee::client::Client over
+# reqwest, the component in wasmtime) and prints each decision of the core, one line per
+# step. Extra arguments go to the example before the URL
+# (for example: ./demo.sh http://127.0.0.1:8080/ --policy-file p.yaml --policy name --native).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ $# -lt 1 ]; then
+  echo "usage: demo.sh URL [--policy-file FILE] [--policy NAME] [--seed N] [--native]" >&2
+  exit 2
+fi
+url="$1"; shift
+cd "$here"
+exec cargo run -q --release -p levee-example-reqwest -- "$@" "$url"

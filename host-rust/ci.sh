@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# CI for the Rust host (crate `levee`) and its example: format, clippy -D warnings, tests
+# (release, sharing target/ with the rest of the workspace), and the minimal feature set the
+# CLI builds with. The crate builds the policy component itself (build.rs -> levee-build),
+# so LEVEE_WASM_DIR is not needed here; it is honoured by the component build of the caller.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/.." && pwd))"
+cd "$root"
+
+rustup target list --installed 2>/dev/null | grep -q '^wasm32-unknown-unknown$' || rustup target add wasm32-unknown-unknown
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+
+echo "== rustfmt"
+cargo fmt -p levee -p levee-example-reqwest -- --check
+
+echo "== clippy"
+cargo clippy --release -p levee -p levee-example-reqwest --all-targets -- -D warnings
+cargo clippy --release -p levee --no-default-features --features wasm -- -D warnings
+
+echo "== tests"
+cargo test --release -p levee -p levee-example-reqwest
+
+echo "== the example against a local server"
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
+python3 -m http.server "$port" --bind 127.0.0.1 --directory "$here" >/dev/null 2>&1 &
+server=$!
+trap 'kill "$server" 2>/dev/null || true' EXIT
+for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+out="$("$root/examples/rust-reqwest/demo.sh" "http://127.0.0.1:$port/ci.sh")"
+echo "$out"
+grep -q '^rust step 1 .* start -> attempt #1' <<<"$out"
+grep -q '^rust result http 200' <<<"$out"
+echo "ci: ok"

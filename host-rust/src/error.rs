@@ -1,0 +1,133 @@
+//! The error a guarded call returns when the policy gives up.
+
+use std::fmt;
+use std::time::Duration;
+
+use levee_core::{InvalidCode, LoadError, Reason};
+
+use crate::raw::Trap;
+
+/// Why a call guarded by a policy did not produce a value.
+///
+/// `reason` is the core's (a rejection by the breaker, the rate limiter, the bulkhead or the
+/// budget; the deadline; retries exhausted; a non-retryable outcome; ...), `last` the last
+/// error an attempt returned, if one ran and failed with an error.
+pub struct LeveeError<E> {
+    /// Why the policy stopped.
+    pub reason: Reason,
+    /// The policy's name.
+    pub policy: String,
+    /// Attempts that ran.
+    pub attempts: u32,
+    /// A retry-after hint from the core (a breaker's remaining open time, a rate limiter's
+    /// wait), when it gave one.
+    pub retry_after: Option<Duration>,
+    /// The last error an attempt returned.
+    pub last: Option<E>,
+    /// The error of the last fallback that failed, if one ran.
+    pub fallback_error: Option<E>,
+    /// The engine fault that made the call proceed as a single attempt, if any.
+    pub trap: Option<Trap>,
+    /// A protocol error between host and core (a host bug, or an unknown policy name).
+    pub invalid: Option<InvalidCode>,
+}
+
+impl<E> LeveeError<E> {
+    pub(crate) fn new(reason: Reason, policy: &str) -> Self {
+        LeveeError {
+            reason,
+            policy: policy.to_string(),
+            attempts: 0,
+            retry_after: None,
+            last: None,
+            fallback_error: None,
+            trap: None,
+            invalid: None,
+        }
+    }
+
+    /// Whether the call was refused before its first attempt ran (breaker, rate limit,
+    /// bulkhead, deadline).
+    pub fn is_rejected(&self) -> bool {
+        self.attempts == 0 && self.last.is_none()
+    }
+
+    /// The last error of an attempt, if any.
+    pub fn into_last(self) -> Option<E> {
+        self.last
+    }
+
+    /// Map the inner errors.
+    pub fn map<F, G: FnMut(E) -> F>(self, mut g: G) -> LeveeError<F> {
+        LeveeError {
+            reason: self.reason,
+            policy: self.policy,
+            attempts: self.attempts,
+            retry_after: self.retry_after,
+            last: self.last.map(&mut g),
+            fallback_error: self.fallback_error.map(&mut g),
+            trap: self.trap,
+            invalid: self.invalid,
+        }
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for LeveeError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeveeError")
+            .field("reason", &self.reason)
+            .field("policy", &self.policy)
+            .field("attempts", &self.attempts)
+            .field("retry_after", &self.retry_after)
+            .field("last", &self.last)
+            .field("fallback_error", &self.fallback_error)
+            .field("trap", &self.trap)
+            .field("invalid", &self.invalid)
+            .finish()
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for LeveeError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(code) = self.invalid {
+            return write!(f, "levee: policy `{}`: protocol error ({code})", self.policy);
+        }
+        write!(f, "levee: policy `{}` gave up after {} attempt(s): {}", self.policy, self.attempts, self.reason)?;
+        if let Some(d) = self.retry_after {
+            write!(f, " (retry after {d:?})")?;
+        }
+        if let Some(e) = &self.last {
+            write!(f, "; last error: {e}")?;
+        }
+        if let Some(t) = &self.trap {
+            write!(f, "; {t}")?;
+        }
+        Ok(())
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for LeveeError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.last.as_ref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A policy document did not load: every error names its field path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadErrors(pub Vec<LoadError>);
+
+impl fmt::Display for LoadErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the policy document is invalid")?;
+        for e in &self.0 {
+            if e.path.is_empty() {
+                write!(f, "\n  {}", e.message)?;
+            } else {
+                write!(f, "\n  {}: {}", e.path, e.message)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for LoadErrors {}

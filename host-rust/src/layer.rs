@@ -1,0 +1,119 @@
+//! A `tower::Layer` that runs every `http` request of a service under a Levee policy.
+//!
+//! The request body must be `Clone` (each attempt sends a copy); the key of each call is the
+//! request's authority (`host:port`), so every downstream has its own breaker, limiter and
+//! budget. Responses are described by status, `Retry-After` and `x-envoy-overloaded`; the
+//! service's errors by [`IntoOutcome`]. A response the policy does not retry further (say a
+//! last 503) is returned as it is; a call the policy refuses, or whose last attempt failed
+//! with an error, is a [`LeveeError`].
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use crate::handle::BoxFuture;
+use crate::outcome::{method_flags, IntoOutcome, Outcome};
+use crate::{Levee, LeveeError};
+
+/// Wraps services in [`LeveeService`].
+#[derive(Clone, Debug)]
+pub struct LeveeLayer {
+    levee: Levee,
+    policy: Arc<str>,
+    key: Option<Arc<str>>,
+}
+
+impl LeveeLayer {
+    /// Run requests under the named policy of `levee`.
+    pub fn new(levee: Levee, policy: &str) -> Self {
+        LeveeLayer { levee, policy: Arc::from(policy), key: None }
+    }
+
+    /// Use one fixed key instead of each request's authority.
+    pub fn with_key(mut self, key: &str) -> Self {
+        self.key = Some(Arc::from(key));
+        self
+    }
+}
+
+impl<S> tower_layer::Layer<S> for LeveeLayer {
+    type Service = LeveeService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LeveeService { inner, levee: self.levee.clone(), policy: self.policy.clone(), key: self.key.clone() }
+    }
+}
+
+/// A service whose requests run under a Levee policy.
+#[derive(Clone, Debug)]
+pub struct LeveeService<S> {
+    inner: S,
+    levee: Levee,
+    policy: Arc<str>,
+    key: Option<Arc<str>>,
+}
+
+fn copy_request<B: Clone>(r: &http::Request<B>) -> http::Request<B> {
+    let mut out = http::Request::new(r.body().clone());
+    *out.method_mut() = r.method().clone();
+    *out.uri_mut() = r.uri().clone();
+    *out.version_mut() = r.version();
+    *out.headers_mut() = r.headers().clone();
+    *out.extensions_mut() = r.extensions().clone();
+    out
+}
+
+impl<S, B, RB> tower_service::Service<http::Request<B>> for LeveeService<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<RB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: IntoOutcome + Send + 'static,
+    B: Clone + Send + Sync + 'static,
+    RB: Send + 'static,
+{
+    type Response = http::Response<RB>;
+    type Error = LeveeError<S::Error>;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Readiness is awaited per attempt, on a clone of the inner service.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let levee = self.levee.clone();
+        let policy = self.policy.clone();
+        let inner = self.inner.clone();
+        let key = match &self.key {
+            Some(k) => k.to_string(),
+            None => req.uri().authority().map(|a| a.as_str().to_string()).unwrap_or_default(),
+        };
+        let flags = method_flags(req.method());
+        Box::pin(async move {
+            levee
+                .call(&policy)
+                .key(key)
+                .flags(flags)
+                .run_classified(
+                    |r: &Result<http::Response<RB>, S::Error>| match r {
+                        Ok(resp) => resp.outcome(),
+                        Err(e) => e.outcome(),
+                    },
+                    move |_attempt| {
+                        let mut svc = inner.clone();
+                        let req = copy_request(&req);
+                        async move {
+                            std::future::poll_fn(|cx| svc.poll_ready(cx)).await?;
+                            svc.call(req).await
+                        }
+                    },
+                )
+                .await
+        })
+    }
+}
+
+impl IntoOutcome for std::convert::Infallible {
+    fn outcome(&self) -> Outcome {
+        match *self {}
+    }
+}

@@ -1,0 +1,41 @@
+//! # levee
+//!
+//! Retries with backoff and jitter, classification, retry budgets, circuit breakers, rate and
+//! concurrency limits, deadlines and fallbacks for Rust, decided by the Levee policy core:
+//! the zero-import Wasm component this crate carries (run in wasmtime), or the same core
+//! linked natively (`native` feature, or [`Backend::Native`]). Hosts do the I/O; every
+//! decision is the core's.
+//!
+//! - [`RawEngine`]: the low-level, synchronous engine, one method per WIT operation.
+//! - [`Levee`] (feature `tokio`): the async handle; [`Levee::call`] runs a closure under a
+//!   named policy and returns a [`LeveeError`] when the policy gives up.
+//! - [`tower`] (feature `tower`): a `tower::Layer` for `http` services.
+//! - [`reqwest`] (feature `reqwest`): a client wrapper and a `reqwest-middleware` middleware.
+//! - Events go to `tracing` (target `levee`) and to the `metrics` facade (see `events`).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod outcome;
+pub mod raw;
+
+#[cfg(feature = "tokio")]
+mod error;
+#[cfg(feature = "tokio")]
+pub mod events;
+#[cfg(feature = "tokio")]
+mod handle;
+
+/// The policy core's own types (`levee-core`), re-exported.
+pub use levee_core as core;
+pub use outcome::{IntoOutcome, Outcome};
+pub use raw::{Backend, Limits, RawEngine, Trap};
+
+#[cfg(feature = "tokio")]
+pub use error::{LeveeError, LoadErrors};
+#[cfg(feature = "tokio")]
+pub use handle::{Attempt, BoxFuture, Builder, Call, FallbackContext, FallbackFn, Levee, Step};
+
+#[cfg(feature = "reqwest")]
+pub mod client;
+#[cfg(feature = "tower")]
+pub mod layer;

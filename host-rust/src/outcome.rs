@@ -1,0 +1,245 @@
+//! What an attempt observed, in the terms of the WIT `outcome-kind`, and the mapping from
+//! what Rust code returns (`std::io::Error`, `http` responses, `reqwest` responses and
+//! errors). The mapping only *describes* the attempt; whether it is retried is the core's
+//! decision under the policy's `retry-on` and `never-retry` rules.
+
+use std::borrow::Cow;
+use std::error::Error as StdError;
+
+use levee_core::OutcomeKind;
+
+/// The outcome of one attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The attempt succeeded (use `Http` for an HTTP response, even a 200).
+    Success,
+    /// The per-attempt timeout fired.
+    Timeout,
+    /// The connection could not be made or broke.
+    ConnectionError,
+    /// An HTTP response.
+    Http {
+        /// The status code.
+        status: u16,
+        /// The raw `Retry-After` header ("" when absent).
+        retry_after: Cow<'static, str>,
+        /// Whether the response carried `x-envoy-overloaded`.
+        overloaded: bool,
+    },
+    /// A gRPC status.
+    Grpc {
+        /// The status code.
+        code: i32,
+        /// The raw `grpc-retry-pushback-ms` ("" when absent).
+        pushback: Cow<'static, str>,
+    },
+    /// An error of a named class (matched by `error:NAME` rules).
+    Error(Cow<'static, str>),
+}
+
+/// `report` flag: the response is marked overloaded.
+const FLAG_OVERLOADED: u32 = 1;
+
+impl Outcome {
+    /// An HTTP status without headers.
+    pub fn http(status: u16) -> Outcome {
+        Outcome::Http { status, retry_after: Cow::Borrowed(""), overloaded: false }
+    }
+
+    /// An error class.
+    pub fn error(class: impl Into<Cow<'static, str>>) -> Outcome {
+        Outcome::Error(class.into())
+    }
+
+    /// The arguments of the WIT `report`: kind, code, text, flags.
+    pub fn parts(&self) -> (OutcomeKind, i32, &str, u32) {
+        match self {
+            Outcome::Success => (OutcomeKind::Success, 0, "", 0),
+            Outcome::Timeout => (OutcomeKind::Timeout, 0, "", 0),
+            Outcome::ConnectionError => (OutcomeKind::ConnectionError, 0, "", 0),
+            Outcome::Http { status, retry_after, overloaded } => {
+                (OutcomeKind::HttpStatus, i32::from(*status), retry_after, if *overloaded { FLAG_OVERLOADED } else { 0 })
+            }
+            Outcome::Grpc { code, pushback } => (OutcomeKind::GrpcStatus, *code, pushback, 0),
+            Outcome::Error(class) => (OutcomeKind::ErrorClass, 0, class, 0),
+        }
+    }
+
+    /// Whether this is `Success` (the only outcome whose report may be held back).
+    pub fn is_plain_success(&self) -> bool {
+        matches!(self, Outcome::Success)
+    }
+}
+
+/// Describe a value or an error as an attempt's outcome.
+pub trait IntoOutcome {
+    /// The outcome this value stands for.
+    fn outcome(&self) -> Outcome;
+}
+
+impl IntoOutcome for Outcome {
+    fn outcome(&self) -> Outcome {
+        self.clone()
+    }
+}
+
+impl IntoOutcome for std::io::Error {
+    fn outcome(&self) -> Outcome {
+        io_outcome(self.kind())
+    }
+}
+
+impl IntoOutcome for Box<dyn StdError + Send + Sync> {
+    fn outcome(&self) -> Outcome {
+        chain_outcome(self.as_ref()).unwrap_or_else(|| Outcome::error("error"))
+    }
+}
+
+fn io_outcome(kind: std::io::ErrorKind) -> Outcome {
+    use std::io::ErrorKind as K;
+    match kind {
+        K::TimedOut => Outcome::Timeout,
+        K::ConnectionRefused
+        | K::ConnectionReset
+        | K::ConnectionAborted
+        | K::NotConnected
+        | K::AddrNotAvailable
+        | K::BrokenPipe
+        | K::UnexpectedEof
+        | K::HostUnreachable
+        | K::NetworkUnreachable
+        | K::NetworkDown => Outcome::ConnectionError,
+        other => Outcome::Error(Cow::Owned(format!("io:{other:?}"))),
+    }
+}
+
+/// The outcome of the first error in a source chain that says what happened: an I/O error, or
+/// an elapsed timer (tokio's `Elapsed`).
+pub fn chain_outcome(e: &(dyn StdError + 'static)) -> Option<Outcome> {
+    let mut cur: Option<&(dyn StdError + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return Some(io_outcome(io.kind()));
+        }
+        #[cfg(feature = "tokio")]
+        if err.is::<tokio::time::error::Elapsed>() {
+            return Some(Outcome::Timeout);
+        }
+        #[cfg(feature = "reqwest")]
+        if let Some(r) = err.downcast_ref::<reqwest::Error>() {
+            return Some(r.outcome());
+        }
+        cur = err.source();
+    }
+    None
+}
+
+#[cfg(feature = "http")]
+mod http_impls {
+    use std::borrow::Cow;
+
+    use super::{IntoOutcome, Outcome};
+
+    /// The outcome of an HTTP response head: its status, raw `Retry-After` and
+    /// `x-envoy-overloaded`.
+    pub fn response_outcome(status: http::StatusCode, headers: &http::HeaderMap) -> Outcome {
+        let retry_after = headers
+            .get(http::header::RETRY_AFTER)
+            .map(|v| Cow::Owned(String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .unwrap_or(Cow::Borrowed(""));
+        Outcome::Http { status: status.as_u16(), retry_after, overloaded: headers.contains_key("x-envoy-overloaded") }
+    }
+
+    impl<B> IntoOutcome for http::Response<B> {
+        fn outcome(&self) -> Outcome {
+            response_outcome(self.status(), self.headers())
+        }
+    }
+
+    /// The `start` flags for an HTTP method (bits 8-11, see the WIT).
+    pub fn method_flags(method: &http::Method) -> u32 {
+        let code = match *method {
+            http::Method::GET => 1,
+            http::Method::HEAD => 2,
+            http::Method::POST => 3,
+            http::Method::PUT => 4,
+            http::Method::DELETE => 5,
+            http::Method::PATCH => 6,
+            http::Method::OPTIONS => 7,
+            http::Method::TRACE => 8,
+            http::Method::CONNECT => 9,
+            _ => 15,
+        };
+        code << 8
+    }
+}
+
+#[cfg(feature = "http")]
+pub use http_impls::{method_flags, response_outcome};
+
+#[cfg(feature = "reqwest")]
+mod reqwest_impls {
+    use super::{chain_outcome, response_outcome, IntoOutcome, Outcome};
+
+    impl IntoOutcome for reqwest::Response {
+        fn outcome(&self) -> Outcome {
+            response_outcome(self.status(), self.headers())
+        }
+    }
+
+    impl IntoOutcome for reqwest::Error {
+        fn outcome(&self) -> Outcome {
+            if self.is_timeout() {
+                return Outcome::Timeout;
+            }
+            if self.is_connect() {
+                return Outcome::ConnectionError;
+            }
+            if let Some(status) = self.status() {
+                return Outcome::http(status.as_u16());
+            }
+            if let Some(o) = std::error::Error::source(self).and_then(chain_outcome) {
+                return o;
+            }
+            // A request that failed on the wire after connecting (a reset, a closed
+            // connection) is a connection error; a body or decode error is the caller's own.
+            if self.is_request() {
+                return Outcome::ConnectionError;
+            }
+            let class = if self.is_body() {
+                "reqwest:body"
+            } else if self.is_decode() {
+                "reqwest:decode"
+            } else if self.is_builder() {
+                "reqwest:builder"
+            } else if self.is_redirect() {
+                "reqwest:redirect"
+            } else {
+                "reqwest:error"
+            };
+            Outcome::error(class)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_map_to_kinds() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(refused.outcome(), Outcome::ConnectionError);
+        assert_eq!(std::io::Error::from(std::io::ErrorKind::TimedOut).outcome(), Outcome::Timeout);
+        assert_eq!(std::io::Error::from(std::io::ErrorKind::InvalidData).outcome(), Outcome::error("io:InvalidData"));
+        let boxed: Box<dyn StdError + Send + Sync> = Box::new(refused);
+        assert_eq!(boxed.outcome(), Outcome::ConnectionError);
+    }
+
+    #[test]
+    fn parts_follow_the_wit() {
+        let o = Outcome::Http { status: 429, retry_after: Cow::Borrowed("3"), overloaded: true };
+        assert_eq!(o.parts(), (OutcomeKind::HttpStatus, 429, "3", 1));
+        assert_eq!(Outcome::error("Throttled").parts(), (OutcomeKind::ErrorClass, 0, "Throttled", 0));
+    }
+}

@@ -1,0 +1,849 @@
+//! The low-level engine: one policy engine, synchronous, mirroring `levee_core::Engine`
+//! (and so the WIT `engine` resource) method for method.
+//!
+//! [`RawEngine`] runs the Levee policy component in wasmtime (the default backend), or
+//! links `levee-core` directly ([`Backend::Native`], the default with the `native` cargo
+//! feature). Both give identical decisions; the conformance vectors prove it.
+//!
+//! # Traps: the contract
+//! The component is treated as untrusted. Every guest call is bounded by fuel
+//! ([`Limits::fuel_per_call`], [`Limits::fuel_per_load`]) and the store's memory by
+//! `StoreLimits` ([`Limits::memory_bytes`]). When a guest call traps (fuel exhausted, out of
+//! bounds, a malformed answer such as a verdict of unknown kind):
+//!
+//! 1. the engine **recovers before returning**: it instantiates the component again, loads
+//!    the current document with the same seed and imports the last good state snapshot
+//!    (taken by [`RawEngine::checkpoint`], which the engine calls itself after breaker
+//!    transitions, budget refusals and key evictions it drains, after `reload` and
+//!    `import_state`, and every [`Limits::checkpoint_every`] state-changing operations).
+//!    Live calls are not state (see `levee-core`): after a recovery every call that was
+//!    in progress is unknown to the engine, and its next operation answers `invalid`
+//!    (`unknown-call`).
+//! 2. the `try_` twin of every method (`try_start`, `try_report`, ...) returns
+//!    `Err(`[`Trap`]`)`: this is the fallible variant, and the one hosts that act on a trap
+//!    (the async handle of this crate: it lets the affected call proceed as one attempt
+//!    without retries and emits an event) must use.
+//! 3. the plain methods, whose names, arguments and return types are exactly those of
+//!    `levee_core::Engine`, never fail: after recovering they return a fixed answer:
+//!    - a verdict: [`TRAPPED`], i.e. `invalid` with code 0 (`ok`), a code the core never
+//!      emits (it only emits 1-4), so the caller can tell a trap from a protocol error;
+//!    - an `Option`: `None`; a list: empty; a count: 0; `cancel`: nothing;
+//!    - a `Result`: an error whose message starts with `the policy engine trapped`
+//!      (path `""` for load errors).
+//!
+//!    [`RawEngine::traps`] counts recoveries and [`RawEngine::last_trap`] tells the last one.
+//!
+//! The native backend never traps (`levee-core` has no panicking path reachable from input),
+//! so its `try_` methods always return `Ok`.
+
+use std::fmt;
+
+pub use levee_core::{
+    Analysis, BreakerState, CallInfo, Event, EventKind, InvalidCode, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict, VerdictKind,
+};
+
+/// Which implementation of the policy core runs the decisions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The Levee policy component in wasmtime (needs the `wasm` cargo feature).
+    Wasm,
+    /// `levee-core` linked directly.
+    Native,
+}
+
+impl Backend {
+    /// The default backend: `Wasm`, or `Native` with the `native` cargo feature (or when the
+    /// `wasm` feature is off).
+    pub const DEFAULT: Backend = if cfg!(all(feature = "wasm", not(feature = "native"))) { Backend::Wasm } else { Backend::Native };
+
+    /// The lower-case name (`wasm`, `native`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Wasm => "wasm",
+            Backend::Native => "native",
+        }
+    }
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Backend::DEFAULT
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The verdict the plain (non-`try_`) methods return after a trap: `invalid` with code 0.
+pub const TRAPPED: Verdict = Verdict(VerdictKind::Invalid as u64);
+
+/// Whether a verdict is [`TRAPPED`] (ignoring the events-pending bit).
+pub fn is_trapped(v: Verdict) -> bool {
+    v.with_events(false) == TRAPPED
+}
+
+/// A guest call trapped (or answered something malformed); the engine has recovered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trap {
+    /// The WIT operation that trapped (`start`, `report`, ...).
+    pub operation: &'static str,
+    /// What wasmtime (or the validation of the answer) said.
+    pub message: String,
+    /// Whether the last good state was restored into the new instance (false when the
+    /// import of the snapshot failed, or there was none yet: the state then starts fresh).
+    pub restored: bool,
+}
+
+impl fmt::Display for Trap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the policy engine trapped in `{}`: {} (re-instantiated, state {})",
+            self.operation,
+            self.message,
+            if self.restored { "restored" } else { "fresh" }
+        )
+    }
+}
+
+impl std::error::Error for Trap {}
+
+/// Bounds on the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Fuel (about one unit per Wasm instruction) for one hot-path call (`start`, `acquire`,
+    /// `report`, queries...).
+    pub fuel_per_call: u64,
+    /// Fuel for `load`, `reload`, `export-state` and `import-state`.
+    pub fuel_per_load: u64,
+    /// Largest linear memory the guest may grow to, in bytes.
+    pub memory_bytes: usize,
+    /// Take a state snapshot after this many state-changing operations (0: only on events).
+    pub checkpoint_every: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { fuel_per_call: 50_000_000, fuel_per_load: 2_000_000_000, memory_bytes: 512 << 20, checkpoint_every: 4096 }
+    }
+}
+
+enum Inner {
+    Native(Box<levee_core::Engine>),
+    #[cfg(feature = "wasm")]
+    Wasm(Box<wasm::Instance>),
+}
+
+/// One policy engine (one wasmtime store and instance, or one native engine). `Send`, not
+/// `Sync`: share it behind a lock (the async handle [`crate::Levee`] does).
+pub struct RawEngine {
+    inner: Inner,
+    document: String,
+    seed: u64,
+    limits: Limits,
+    snapshot: Option<Vec<u8>>,
+    ops: u32,
+    traps: u64,
+    last_trap: Option<Trap>,
+}
+
+impl fmt::Debug for RawEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawEngine").field("backend", &self.backend()).field("traps", &self.traps).finish_non_exhaustive()
+    }
+}
+
+fn trapped_load(t: &Trap) -> Vec<LoadError> {
+    vec![LoadError::new("", t.to_string())]
+}
+
+impl RawEngine {
+    /// Load a document (YAML or JSON) with a seed on the default backend ([`Backend::DEFAULT`]).
+    pub fn load(doc: &str, seed: u64) -> Result<RawEngine, Vec<LoadError>> {
+        RawEngine::load_with(Backend::DEFAULT, doc, seed, Limits::default())
+    }
+
+    /// Load on a chosen backend with chosen limits. Choosing `Wasm` without the `wasm`
+    /// feature is an error (path `""`).
+    pub fn load_with(backend: Backend, doc: &str, seed: u64, limits: Limits) -> Result<RawEngine, Vec<LoadError>> {
+        let inner = match backend {
+            Backend::Native => Inner::Native(Box::new(levee_core::Engine::load(doc, seed)?)),
+            #[cfg(feature = "wasm")]
+            Backend::Wasm => Inner::Wasm(Box::new(wasm::Instance::load(doc, seed, limits)?)),
+            #[cfg(not(feature = "wasm"))]
+            Backend::Wasm => return Err(vec![LoadError::new("", "this build of levee has no wasm backend (enable the `wasm` feature)")]),
+        };
+        Ok(RawEngine { inner, document: doc.to_string(), seed, limits, snapshot: None, ops: 0, traps: 0, last_trap: None })
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> Backend {
+        match self.inner {
+            Inner::Native(_) => Backend::Native,
+            #[cfg(feature = "wasm")]
+            Inner::Wasm(_) => Backend::Wasm,
+        }
+    }
+
+    /// The limits in use.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Change the limits (they apply from the next guest call). Lowering `fuel_per_call` far
+    /// enough makes the next call trap: the tests of trap recovery do so.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+        #[cfg(feature = "wasm")]
+        if let Inner::Wasm(w) = &mut self.inner {
+            w.limits = limits;
+        }
+    }
+
+    /// The document currently loaded (the last that loaded or reloaded successfully).
+    pub fn document(&self) -> &str {
+        &self.document
+    }
+
+    /// The seed given at load.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// How many traps this engine recovered from.
+    pub fn traps(&self) -> u64 {
+        self.traps
+    }
+
+    /// The last trap, if any.
+    pub fn last_trap(&self) -> Option<&Trap> {
+        self.last_trap.as_ref()
+    }
+
+    /// Take a snapshot of the state now (the state a recovery restores). A no-op on the native
+    /// backend, which never needs recovering.
+    pub fn checkpoint(&mut self) -> Result<(), Trap> {
+        self.ops = 0;
+        #[cfg(feature = "wasm")]
+        if let Inner::Wasm(_) = self.inner {
+            let bytes = self.try_export_state()?;
+            self.snapshot = Some(bytes);
+        }
+        Ok(())
+    }
+
+    /// The last snapshot taken by [`RawEngine::checkpoint`].
+    pub fn snapshot(&self) -> Option<&[u8]> {
+        self.snapshot.as_deref()
+    }
+
+    fn changed(&mut self) {
+        self.ops = self.ops.wrapping_add(1);
+        if self.limits.checkpoint_every != 0 && self.ops >= self.limits.checkpoint_every {
+            let _ = self.checkpoint();
+        }
+    }
+
+    /// Re-instantiate after a trap and restore the last snapshot; returns the trap to report.
+    #[cfg(feature = "wasm")]
+    fn recover(&mut self, operation: &'static str, message: String) -> Trap {
+        self.traps = self.traps.saturating_add(1);
+        let mut restored = false;
+        match wasm::Instance::load(&self.document, self.seed, self.limits) {
+            Ok(mut fresh) => {
+                if let Some(snap) = &self.snapshot {
+                    restored = matches!(fresh.import_state(snap), Ok(Ok(())));
+                }
+                self.inner = Inner::Wasm(Box::new(fresh));
+            }
+            Err(e) => {
+                // The document loaded before, so only a trap during load lands here; keep the
+                // poisoned instance out of the way by loading natively: decisions stay the same.
+                let _ = e;
+                if let Ok(mut native) = levee_core::Engine::load(&self.document, self.seed) {
+                    if let Some(snap) = &self.snapshot {
+                        restored = native.import_state(snap).is_ok();
+                    }
+                    self.inner = Inner::Native(Box::new(native));
+                }
+            }
+        }
+        let trap = Trap { operation, message, restored };
+        self.last_trap = Some(trap.clone());
+        trap
+    }
+}
+
+/// Run an operation on whichever backend, recovering from a trap on the wasm one.
+macro_rules! op {
+    ($self:ident, $name:literal, |$n:ident| $native:expr, |$w:ident| $wasm:expr) => {{
+        match &mut $self.inner {
+            Inner::Native($n) => Ok($native),
+            #[cfg(feature = "wasm")]
+            Inner::Wasm($w) => match $wasm {
+                Ok(v) => Ok(v),
+                Err(message) => Err($self.recover($name, message)),
+            },
+        }
+    }};
+}
+
+/// A verdict from the guest is checked before it is believed.
+#[cfg(feature = "wasm")]
+fn checked(raw: Result<u64, String>) -> Result<Verdict, String> {
+    let v = Verdict(raw?);
+    if v.kind().is_none() || v.0 & 0xE0 != 0 {
+        return Err(format!("malformed verdict {:#x}", v.0));
+    }
+    Ok(v)
+}
+
+impl RawEngine {
+    /// `start`, fallible: see the module documentation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_start(
+        &mut self,
+        call: u64,
+        policy: u32,
+        key: &str,
+        flags: u32,
+        now: u64,
+        settle_call: u64,
+        settle_at: u64,
+        settle_elapsed: u64,
+    ) -> Result<Verdict, Trap> {
+        let r = op!(self, "start", |n| n.start(call, policy, key, flags, now, settle_call, settle_at, settle_elapsed), |w| checked(
+            w.start(call, policy, key, flags, now, settle_call, settle_at, settle_elapsed)
+        ));
+        self.changed();
+        r
+    }
+
+    /// `acquire`, fallible.
+    pub fn try_acquire(&mut self, call: u64, now: u64) -> Result<Verdict, Trap> {
+        let r = op!(self, "acquire", |n| n.acquire(call, now), |w| checked(w.acquire(call, now)));
+        self.changed();
+        r
+    }
+
+    /// `report`, fallible.
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_report(
+        &mut self,
+        call: u64,
+        now: u64,
+        elapsed: u64,
+        kind: OutcomeKind,
+        code: i32,
+        text: &str,
+        wall_secs: u64,
+        flags: u32,
+    ) -> Result<Verdict, Trap> {
+        let r = op!(self, "report", |n| n.report(call, now, elapsed, kind, code, text, wall_secs, flags), |w| checked(
+            w.report(call, now, elapsed, kind, code, text, wall_secs, flags)
+        ));
+        self.changed();
+        r
+    }
+
+    /// `report-fallback`, fallible.
+    pub fn try_report_fallback(&mut self, call: u64, now: u64, ok: bool) -> Result<Verdict, Trap> {
+        let r = op!(self, "report-fallback", |n| n.report_fallback(call, now, ok), |w| checked(w.report_fallback(call, now, ok)));
+        self.changed();
+        r
+    }
+
+    /// `cancel`, fallible.
+    pub fn try_cancel(&mut self, call: u64, now: u64) -> Result<(), Trap> {
+        op!(self, "cancel", |n| n.cancel(call, now), |w| w.cancel(call, now))
+    }
+
+    /// `drain-events`, fallible. Draining a breaker transition, a budget refusal or a key
+    /// eviction takes a state snapshot.
+    pub fn try_drain_events(&mut self) -> Result<Vec<Event>, Trap> {
+        let events = op!(self, "drain-events", |n| n.drain_events(), |w| w.drain_events())?;
+        if events.iter().any(|e| matches!(e.kind, EventKind::BreakerTransition | EventKind::BudgetRefused | EventKind::KeyEvicted)) {
+            // A failed checkpoint has recovered already; the events stand.
+            let _ = self.checkpoint();
+        }
+        Ok(events)
+    }
+
+    /// `policy-index`, fallible.
+    pub fn try_policy_index(&mut self, name: &str) -> Result<Option<u32>, Trap> {
+        op!(self, "policy-index", |n| n.policy_index(name), |w| w.policy_index(name))
+    }
+
+    /// `policy-info`, fallible.
+    pub fn try_policy_info(&mut self, policy: u32) -> Result<Option<PolicyInfo>, Trap> {
+        op!(self, "policy-info", |n| n.policy_info(policy), |w| w.policy_info(policy))
+    }
+
+    /// `policy-json`, fallible.
+    pub fn try_policy_json(&mut self, policy: u32) -> Result<Option<String>, Trap> {
+        op!(self, "policy-json", |n| n.policy_json(policy), |w| w.policy_json(policy))
+    }
+
+    /// `analyze`, fallible.
+    pub fn try_analyze(&mut self, policy: u32, layers: u32) -> Result<Option<Analysis>, Trap> {
+        op!(self, "analyze", |n| n.analyze(policy, layers), |w| w.analyze(policy, layers))
+    }
+
+    /// `policy-count`, fallible.
+    pub fn try_policy_count(&mut self) -> Result<u32, Trap> {
+        op!(self, "policy-count", |n| n.policy_count(), |w| w.policy_count())
+    }
+
+    /// `breaker-state`, fallible.
+    pub fn try_breaker_state(&mut self, policy: u32, key: &str, now: u64) -> Result<Option<BreakerState>, Trap> {
+        op!(self, "breaker-state", |n| n.breaker_state(policy, key, now), |w| w.breaker_state(policy, key, now))
+    }
+
+    /// `set-breaker-state`, fallible (the outer `Result` is the trap). A success takes a snapshot.
+    pub fn try_set_breaker_state(&mut self, policy: u32, key: &str, state: BreakerState, now: u64) -> Result<Result<(), String>, Trap> {
+        let r = op!(self, "set-breaker-state", |n| n.set_breaker_state(policy, key, state, now), |w| w.set_breaker_state(policy, key, state, now))?;
+        if r.is_ok() {
+            let _ = self.checkpoint();
+        }
+        Ok(r)
+    }
+
+    /// `export-state`, fallible.
+    pub fn try_export_state(&mut self) -> Result<Vec<u8>, Trap> {
+        op!(self, "export-state", |n| n.export_state(), |w| w.export_state())
+    }
+
+    /// `import-state`, fallible (the outer `Result` is the trap). A success takes a snapshot.
+    pub fn try_import_state(&mut self, state: &[u8]) -> Result<Result<(), LoadError>, Trap> {
+        let r = op!(self, "import-state", |n| n.import_state(state), |w| w.import_state(state))?;
+        if r.is_ok() {
+            let _ = self.checkpoint();
+        }
+        Ok(r)
+    }
+
+    /// `reload`, fallible (the outer `Result` is the trap). A success becomes the document a
+    /// recovery loads, and takes a snapshot.
+    pub fn try_reload(&mut self, document: &str) -> Result<Result<(), Vec<LoadError>>, Trap> {
+        let r = op!(self, "reload", |n| n.reload(document), |w| w.reload(document))?;
+        if r.is_ok() {
+            self.document = document.to_string();
+            let _ = self.checkpoint();
+        }
+        Ok(r)
+    }
+
+    /// `call-info`, fallible.
+    pub fn try_call_info(&mut self, call: u64) -> Result<Option<CallInfo>, Trap> {
+        op!(self, "call-info", |n| n.call_info(call), |w| w.call_info(call))
+    }
+}
+
+/// The plain methods: exactly `levee_core::Engine`'s names, arguments and return types.
+/// After a trap they answer as the module documentation says.
+impl RawEngine {
+    /// Begin a call and acquire its first attempt.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        &mut self,
+        call: u64,
+        policy: u32,
+        key: &str,
+        flags: u32,
+        now: u64,
+        settle_call: u64,
+        settle_at: u64,
+        settle_elapsed: u64,
+    ) -> Verdict {
+        self.try_start(call, policy, key, flags, now, settle_call, settle_at, settle_elapsed).unwrap_or(TRAPPED)
+    }
+
+    /// Acquire the next attempt of a call.
+    pub fn acquire(&mut self, call: u64, now: u64) -> Verdict {
+        self.try_acquire(call, now).unwrap_or(TRAPPED)
+    }
+
+    /// Report the outcome of the attempt in flight.
+    #[allow(clippy::too_many_arguments)]
+    pub fn report(
+        &mut self,
+        call: u64,
+        now: u64,
+        elapsed: u64,
+        kind: OutcomeKind,
+        code: i32,
+        text: &str,
+        wall_secs: u64,
+        flags: u32,
+    ) -> Verdict {
+        self.try_report(call, now, elapsed, kind, code, text, wall_secs, flags).unwrap_or(TRAPPED)
+    }
+
+    /// Report whether the chosen fallback succeeded.
+    pub fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> Verdict {
+        self.try_report_fallback(call, now, ok).unwrap_or(TRAPPED)
+    }
+
+    /// Abandon a call.
+    pub fn cancel(&mut self, call: u64, now: u64) {
+        let _ = self.try_cancel(call, now);
+    }
+
+    /// Take the events recorded since the last drain.
+    pub fn drain_events(&mut self) -> Vec<Event> {
+        self.try_drain_events().unwrap_or_default()
+    }
+
+    /// Index of a named policy.
+    pub fn policy_index(&mut self, name: &str) -> Option<u32> {
+        self.try_policy_index(name).unwrap_or(None)
+    }
+
+    /// What a host needs to know of a policy.
+    pub fn policy_info(&mut self, index: u32) -> Option<PolicyInfo> {
+        self.try_policy_info(index).unwrap_or(None)
+    }
+
+    /// The policy with every default, as JSON.
+    pub fn policy_json(&mut self, index: u32) -> Option<String> {
+        self.try_policy_json(index).unwrap_or(None)
+    }
+
+    /// Worst cases of a policy run by `layers` layers.
+    pub fn analyze(&mut self, index: u32, layers: u32) -> Option<Analysis> {
+        self.try_analyze(index, layers).unwrap_or(None)
+    }
+
+    /// Number of policies.
+    pub fn policy_count(&mut self) -> u32 {
+        self.try_policy_count().unwrap_or(0)
+    }
+
+    /// Breaker state of a policy and key at `now`.
+    pub fn breaker_state(&mut self, policy: u32, key: &str, now: u64) -> Option<BreakerState> {
+        self.try_breaker_state(policy, key, now).unwrap_or(None)
+    }
+
+    /// Force a breaker state.
+    pub fn set_breaker_state(&mut self, policy: u32, key: &str, state: BreakerState, now: u64) -> Result<(), String> {
+        self.try_set_breaker_state(policy, key, state, now).unwrap_or_else(|t| Err(t.to_string()))
+    }
+
+    /// The whole engine state as versioned bytes.
+    pub fn export_state(&mut self) -> Vec<u8> {
+        self.try_export_state().unwrap_or_default()
+    }
+
+    /// Restore exported state.
+    pub fn import_state(&mut self, bytes: &[u8]) -> Result<(), LoadError> {
+        self.try_import_state(bytes).unwrap_or_else(|t| Err(LoadError::new("", t.to_string())))
+    }
+
+    /// Replace the policies, keeping the state that still applies.
+    pub fn reload(&mut self, document: &str) -> Result<(), Vec<LoadError>> {
+        self.try_reload(document).unwrap_or_else(|t| Err(trapped_load(&t)))
+    }
+
+    /// What the engine knows of a live call.
+    pub fn call_info(&mut self, call: u64) -> Option<CallInfo> {
+        self.try_call_info(call).unwrap_or(None)
+    }
+}
+
+#[cfg(feature = "wasm")]
+mod wasm {
+    //! The component in wasmtime: compiled once per process, one store per engine.
+
+    use std::sync::OnceLock;
+
+    use levee_core::{Analysis, BreakerState, CallInfo, Event, EventKind, LoadError, OutcomeKind, PolicyInfo, Reason};
+    use wasmtime::component::{Component, Linker, ResourceAny};
+    use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
+
+    use super::Limits;
+
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "levee",
+    });
+
+    use exports::levee::policy::types as wit;
+
+    /// The component bytes built by `levee-build` for this crate.
+    pub(crate) static COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/levee_policy.wasm"));
+
+    pub(crate) struct Ctx {
+        limits: StoreLimits,
+    }
+
+    struct Compiled {
+        engine: Engine,
+        pre: LeveePre<Ctx>,
+    }
+
+    static COMPILED: OnceLock<Result<Compiled, String>> = OnceLock::new();
+
+    fn compiled() -> Result<&'static Compiled, String> {
+        COMPILED
+            .get_or_init(|| {
+                let mut config = Config::new();
+                config.concurrency_support(false);
+                config.consume_fuel(true);
+                let engine = Engine::new(&config).map_err(|e| format!("{e:#}"))?;
+                let component = Component::new(&engine, COMPONENT).map_err(|e| format!("compiling the policy component: {e:#}"))?;
+                let linker = Linker::<Ctx>::new(&engine);
+                let pre = linker.instantiate_pre(&component).map_err(|e| format!("{e:#}"))?;
+                let pre = LeveePre::new(pre).map_err(|e| format!("{e:#}"))?;
+                Ok(Compiled { engine, pre })
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    pub(crate) struct Instance {
+        store: Store<Ctx>,
+        levee: Levee,
+        handle: ResourceAny,
+        pub(crate) limits: Limits,
+    }
+
+    fn msg(e: wasmtime::Error) -> String {
+        format!("{e:#}")
+    }
+
+    fn reason(r: wit::Reason) -> Reason {
+        Reason::from_index(r as u32).unwrap_or(Reason::None)
+    }
+
+    fn state(s: wit::BreakerState) -> BreakerState {
+        BreakerState::from_index(s as u32).unwrap_or(BreakerState::Closed)
+    }
+
+    fn state_in(s: BreakerState) -> wit::BreakerState {
+        match s {
+            BreakerState::Closed => wit::BreakerState::Closed,
+            BreakerState::Open => wit::BreakerState::Open,
+            BreakerState::HalfOpen => wit::BreakerState::HalfOpen,
+            BreakerState::ForcedOpen => wit::BreakerState::ForcedOpen,
+            BreakerState::ForcedClosed => wit::BreakerState::ForcedClosed,
+            BreakerState::Disabled => wit::BreakerState::Disabled,
+        }
+    }
+
+    fn kind_in(k: OutcomeKind) -> wit::OutcomeKind {
+        match k {
+            OutcomeKind::Success => wit::OutcomeKind::Success,
+            OutcomeKind::Timeout => wit::OutcomeKind::Timeout,
+            OutcomeKind::ConnectionError => wit::OutcomeKind::ConnectionError,
+            OutcomeKind::HttpStatus => wit::OutcomeKind::HttpStatus,
+            OutcomeKind::GrpcStatus => wit::OutcomeKind::GrpcStatus,
+            OutcomeKind::ErrorClass => wit::OutcomeKind::ErrorClass,
+        }
+    }
+
+    fn load_error(e: wit::LoadError) -> LoadError {
+        LoadError::new(&e.path, e.message)
+    }
+
+    /// Call a method of the engine resource with the hot-path fuel.
+    macro_rules! call {
+        ($self:ident, $fuel:ident, $method:ident ( $($arg:expr),* )) => {{
+            $self.store.set_fuel($self.limits.$fuel).map_err(msg)?;
+            let handle = $self.handle;
+            $self.levee.levee_policy_engine_api().engine().$method(&mut $self.store, handle $(, $arg)*).map_err(msg)
+        }};
+    }
+
+    impl Instance {
+        /// A fresh instance holding a loaded engine.
+        pub(crate) fn load(doc: &str, seed: u64, limits: Limits) -> Result<Instance, Vec<LoadError>> {
+            let fail = |m: String| vec![LoadError::new("", m)];
+            let c = compiled().map_err(fail)?;
+            let ctx = Ctx { limits: StoreLimitsBuilder::new().memory_size(limits.memory_bytes).instances(16).tables(16).memories(4).build() };
+            let mut store = Store::new(&c.engine, ctx);
+            store.limiter(|ctx| &mut ctx.limits);
+            store.set_fuel(limits.fuel_per_load).map_err(|e| fail(msg(e)))?;
+            let levee = c.pre.instantiate(&mut store).map_err(|e| fail(format!("instantiating the policy component: {e:#}")))?;
+            let loaded = levee
+                .levee_policy_engine_api()
+                .engine()
+                .call_load(&mut store, doc, seed)
+                .map_err(|e| fail(format!("the policy engine trapped in `load`: {e:#}")))?;
+            match loaded {
+                Ok(handle) => Ok(Instance { store, levee, handle, limits }),
+                Err(errors) => Err(errors.into_iter().map(load_error).collect()),
+            }
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn start(&mut self, call: u64, policy: u32, key: &str, flags: u32, now: u64, sc: u64, sa: u64, se: u64) -> Result<u64, String> {
+            call!(self, fuel_per_call, call_start(call, policy, key, flags, now, sc, sa, se))
+        }
+
+        pub(crate) fn acquire(&mut self, call: u64, now: u64) -> Result<u64, String> {
+            call!(self, fuel_per_call, call_acquire(call, now))
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn report(&mut self, call: u64, now: u64, elapsed: u64, kind: OutcomeKind, code: i32, text: &str, wall: u64, flags: u32) -> Result<u64, String> {
+            call!(self, fuel_per_call, call_report(call, now, elapsed, kind_in(kind), code, text, wall, flags))
+        }
+
+        pub(crate) fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> Result<u64, String> {
+            call!(self, fuel_per_call, call_report_fallback(call, now, ok))
+        }
+
+        pub(crate) fn cancel(&mut self, call: u64, now: u64) -> Result<(), String> {
+            call!(self, fuel_per_call, call_cancel(call, now))
+        }
+
+        pub(crate) fn drain_events(&mut self) -> Result<Vec<Event>, String> {
+            let events = call!(self, fuel_per_call, call_drain_events())?;
+            events
+                .into_iter()
+                .map(|w| {
+                    Ok(Event {
+                        at: w.at,
+                        kind: EventKind::from_index(w.kind as u32).ok_or("an event of unknown kind")?,
+                        policy: w.policy,
+                        key: w.key,
+                        call: w.call,
+                        attempt: w.attempt,
+                        reason: reason(w.reason),
+                        duration: w.duration,
+                        state_from: state(w.state_from),
+                        state_to: state(w.state_to),
+                        name: w.name,
+                        value: w.value,
+                    })
+                })
+                .collect::<Result<Vec<_>, &str>>()
+                .map_err(str::to_string)
+        }
+
+        pub(crate) fn policy_index(&mut self, name: &str) -> Result<Option<u32>, String> {
+            call!(self, fuel_per_call, call_policy_index(name))
+        }
+
+        pub(crate) fn policy_info(&mut self, policy: u32) -> Result<Option<PolicyInfo>, String> {
+            let info = call!(self, fuel_per_call, call_policy_info(policy))?;
+            Ok(info.map(|i| PolicyInfo {
+                name: i.name,
+                max_attempts: i.max_attempts,
+                attempt_timeout: i.attempt_timeout,
+                deadline: i.deadline,
+                fallbacks: i.fallbacks,
+            }))
+        }
+
+        pub(crate) fn policy_json(&mut self, policy: u32) -> Result<Option<String>, String> {
+            call!(self, fuel_per_call, call_policy_json(policy))
+        }
+
+        pub(crate) fn analyze(&mut self, policy: u32, layers: u32) -> Result<Option<Analysis>, String> {
+            let a = call!(self, fuel_per_call, call_analyze(policy, layers))?;
+            Ok(a.map(|a| Analysis {
+                worst_attempts: a.worst_attempts,
+                worst_latency: a.worst_latency,
+                amplification: a.amplification,
+                amplification_with_budget: a.amplification_with_budget,
+            }))
+        }
+
+        pub(crate) fn policy_count(&mut self) -> Result<u32, String> {
+            call!(self, fuel_per_call, call_policy_count())
+        }
+
+        pub(crate) fn breaker_state(&mut self, policy: u32, key: &str, now: u64) -> Result<Option<BreakerState>, String> {
+            Ok(call!(self, fuel_per_call, call_breaker_state(policy, key, now))?.map(state))
+        }
+
+        pub(crate) fn set_breaker_state(&mut self, policy: u32, key: &str, s: BreakerState, now: u64) -> Result<Result<(), String>, String> {
+            call!(self, fuel_per_call, call_set_breaker_state(policy, key, state_in(s), now))
+        }
+
+        pub(crate) fn export_state(&mut self) -> Result<Vec<u8>, String> {
+            call!(self, fuel_per_load, call_export_state())
+        }
+
+        pub(crate) fn import_state(&mut self, bytes: &[u8]) -> Result<Result<(), LoadError>, String> {
+            Ok(call!(self, fuel_per_load, call_import_state(bytes))?.map_err(load_error))
+        }
+
+        pub(crate) fn reload(&mut self, doc: &str) -> Result<Result<(), Vec<LoadError>>, String> {
+            Ok(call!(self, fuel_per_load, call_reload(doc))?.map_err(|v| v.into_iter().map(load_error).collect()))
+        }
+
+        pub(crate) fn call_info(&mut self, call: u64) -> Result<Option<CallInfo>, String> {
+            let c = call!(self, fuel_per_call, call_call_info(call))?;
+            Ok(c.map(|c| CallInfo {
+                policy: c.policy,
+                key: c.key,
+                attempts: c.attempts,
+                deadline: c.deadline,
+                last_reason: reason(c.last_reason),
+                in_flight: c.in_flight,
+            }))
+        }
+    }
+
+    /// Imports of the compiled component (zero by construction; checked by a test).
+    pub(crate) fn component_imports() -> Result<usize, String> {
+        let c = compiled()?;
+        let component = Component::new(&c.engine, COMPONENT).map_err(msg)?;
+        Ok(component.component_type().imports(&c.engine).count())
+    }
+}
+
+/// The number of imports of the embedded component (`Some(0)` by construction), or `None`
+/// without the `wasm` feature.
+pub fn component_imports() -> Option<Result<usize, String>> {
+    #[cfg(feature = "wasm")]
+    {
+        Some(wasm::component_imports())
+    }
+    #[cfg(not(feature = "wasm"))]
+    {
+        None
+    }
+}
+
+/// The embedded component's bytes (`None` without the `wasm` feature).
+pub fn component_bytes() -> Option<&'static [u8]> {
+    #[cfg(feature = "wasm")]
+    {
+        Some(wasm::COMPONENT)
+    }
+    #[cfg(not(feature = "wasm"))]
+    {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOC: &str = "policies:\n  default:\n    attempts: 3\n";
+
+    #[test]
+    fn trapped_is_distinct_from_every_protocol_error() {
+        assert!(is_trapped(TRAPPED));
+        assert!(is_trapped(TRAPPED.with_events(true)));
+        for code in InvalidCode::ALL.iter().skip(1) {
+            assert!(!is_trapped(Verdict::invalid(*code)));
+        }
+    }
+
+    #[test]
+    fn native_engine_loads_and_answers() {
+        let mut e = RawEngine::load_with(Backend::Native, DOC, 1, Limits::default()).map_err(|e| format!("{e:?}"));
+        let Ok(e) = e.as_mut() else { return assert!(e.is_ok()) };
+        assert_eq!(e.policy_count(), 1);
+        let v = e.start(1, 0, "", 0, 10, 0, 0, 0);
+        assert_eq!(v.kind(), Some(VerdictKind::Attempt));
+    }
+}

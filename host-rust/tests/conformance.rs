@@ -1,0 +1,101 @@
+//! Every conformance vector through BOTH backends of `RawEngine` (the component in wasmtime
+#![allow(clippy::panic)]
+//! and levee-core linked natively), with the replay logic of `levee-conformance`; the two
+//! must match the vectors and each other exactly.
+
+use levee::core::{Analysis, BreakerState, CallInfo, Event, OutcomeKind, PolicyInfo};
+use levee::{Backend, Limits, RawEngine};
+use levee_conformance::{replay, vector_files, Errors, Target};
+use serde_json::Value;
+
+fn errs(v: Vec<levee::core::LoadError>) -> Errors {
+    v.into_iter().map(|e| (e.path, e.message)).collect()
+}
+
+macro_rules! target {
+    ($name:ident, $backend:expr) => {
+        struct $name(RawEngine);
+
+        impl Target for $name {
+            fn load(doc: &str, seed: u64) -> Result<Self, Errors> {
+                RawEngine::load_with($backend, doc, seed, Limits::default()).map($name).map_err(errs)
+            }
+            fn policy_index(&mut self, name: &str) -> Option<u32> {
+                self.0.try_policy_index(name).unwrap_or_else(|t| panic!("{t}"))
+            }
+            fn start(&mut self, call: u64, policy: u32, key: &str, flags: u32, now: u64, sc: u64, sa: u64, se: u64) -> u64 {
+                self.0.try_start(call, policy, key, flags, now, sc, sa, se).unwrap_or_else(|t| panic!("{t}")).0
+            }
+            fn acquire(&mut self, call: u64, now: u64) -> u64 {
+                self.0.try_acquire(call, now).unwrap_or_else(|t| panic!("{t}")).0
+            }
+            fn report(&mut self, call: u64, now: u64, elapsed: u64, kind: OutcomeKind, code: i32, text: &str, wall: u64, flags: u32) -> u64 {
+                self.0.try_report(call, now, elapsed, kind, code, text, wall, flags).unwrap_or_else(|t| panic!("{t}")).0
+            }
+            fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> u64 {
+                self.0.try_report_fallback(call, now, ok).unwrap_or_else(|t| panic!("{t}")).0
+            }
+            fn cancel(&mut self, call: u64, now: u64) {
+                self.0.try_cancel(call, now).unwrap_or_else(|t| panic!("{t}"))
+            }
+            fn drain_events(&mut self) -> Vec<Event> {
+                self.0.try_drain_events().unwrap_or_else(|t| panic!("{t}"))
+            }
+            fn breaker_state(&mut self, policy: u32, key: &str, now: u64) -> Option<BreakerState> {
+                self.0.try_breaker_state(policy, key, now).unwrap_or_else(|t| panic!("{t}"))
+            }
+            fn set_breaker_state(&mut self, policy: u32, key: &str, state: BreakerState, now: u64) -> Result<(), String> {
+                self.0.try_set_breaker_state(policy, key, state, now).unwrap_or_else(|t| panic!("{t}"))
+            }
+            fn call_info(&mut self, call: u64) -> Option<CallInfo> {
+                self.0.try_call_info(call).unwrap_or_else(|t| panic!("{t}"))
+            }
+            fn policy_info(&mut self, policy: u32) -> Option<PolicyInfo> {
+                self.0.try_policy_info(policy).unwrap_or_else(|t| panic!("{t}"))
+            }
+            fn analyze(&mut self, policy: u32, layers: u32) -> Option<Analysis> {
+                self.0.try_analyze(policy, layers).unwrap_or_else(|t| panic!("{t}"))
+            }
+            fn export_state(&mut self) -> Vec<u8> {
+                self.0.try_export_state().unwrap_or_else(|t| panic!("{t}"))
+            }
+            fn import_state(&mut self, bytes: &[u8]) -> Result<(), (String, String)> {
+                self.0.try_import_state(bytes).unwrap_or_else(|t| panic!("{t}")).map_err(|e| (e.path, e.message))
+            }
+            fn reload(&mut self, doc: &str) -> Result<(), Errors> {
+                self.0.try_reload(doc).unwrap_or_else(|t| panic!("{t}")).map_err(errs)
+            }
+        }
+    };
+}
+
+target!(WasmTarget, Backend::Wasm);
+target!(NativeTarget, Backend::Native);
+
+#[test]
+fn every_vector_through_both_backends() {
+    let files = vector_files();
+    assert!(!files.is_empty(), "no conformance vectors found");
+    let mut failures = Vec::new();
+    let mut replayed = 0;
+    for path in &files {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let vector: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        assert!(vector.is_object(), "{} is not a JSON object", path.display());
+        let native = replay::<NativeTarget>(&vector);
+        let wasm = replay::<WasmTarget>(&vector);
+        match (native, wasm) {
+            (Ok((n_out, n_bad)), Ok((w_out, w_bad))) => {
+                failures.extend(n_bad.into_iter().map(|m| format!("native: {m}")));
+                failures.extend(w_bad.into_iter().map(|m| format!("wasm: {m}")));
+                if n_out != w_out {
+                    failures.push(format!("{}: the backends differ", path.display()));
+                }
+            }
+            (n, w) => failures.push(format!("{}: replay error: native {:?} wasm {:?}", path.display(), n.err(), w.err())),
+        }
+        replayed += 1;
+    }
+    assert!(failures.is_empty(), "{} of {replayed} vectors failed:\n{}", failures.len(), failures.join("\n"));
+    eprintln!("{replayed} vectors replayed through both backends");
+}

@@ -1,0 +1,261 @@
+//! The raw engine and the async handle: trap recovery for real (the guest runs out of fuel),
+//! state kept across traps and reloads, many tasks on one engine, cancellation, both backends.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use levee::core::{BreakerState, InvalidCode, OutcomeKind, Reason, VerdictKind};
+use levee::{Backend, Levee, Limits, Outcome, RawEngine};
+
+const DOC: &str = r#"
+policies:
+  api:
+    attempts: 3
+    attempt-timeout: 1s
+    backoff: {base: 1ms, cap: 2ms}
+    breaker:
+      window: {kind: count, size: 4}
+      minimum-calls: 4
+      failure-rate: 50
+      open-duration: 60s
+  one:
+    attempts: 2
+    attempt-timeout: 1s
+    backoff: {base: 1ms, cap: 2ms}
+    bulkhead: {max-concurrent: 1}
+  shared:
+    attempts: 3
+    attempt-timeout: 1s
+    backoff: {base: 1ms, cap: 2ms}
+"#;
+
+fn starved() -> Limits {
+    Limits { fuel_per_call: 0, ..Limits::default() }
+}
+
+fn trip(e: &mut RawEngine, first_call: u64) {
+    for i in 0..4 {
+        let call = first_call + i;
+        let v = e.try_start(call, 0, "k", 0, 1_000 + i, 0, 0, 0).expect("no trap");
+        assert_eq!(v.kind(), Some(VerdictKind::Attempt));
+        // attempts: 3, but a connection error on a fresh call is retried: cancel after it.
+        let v = e.try_report(call, 1_100 + i, 100, OutcomeKind::ConnectionError, 0, "", 0, 0).expect("no trap");
+        assert!(matches!(v.kind(), Some(VerdictKind::Retry | VerdictKind::Fail)), "{v:?}");
+        e.try_cancel(call, 1_200 + i).expect("no trap");
+    }
+}
+
+#[test]
+fn a_trap_reinstantiates_and_restores_the_last_good_state() {
+    let mut e = RawEngine::load_with(Backend::Wasm, DOC, 3, Limits::default()).expect("loads");
+    trip(&mut e, 1);
+    assert_eq!(e.breaker_state(0, "k", 2_000), Some(BreakerState::Open));
+    // Draining the transition takes the snapshot.
+    let events = e.drain_events();
+    assert!(events.iter().any(|ev| ev.state_to == BreakerState::Open), "{events:?}");
+    assert!(e.snapshot().is_some());
+
+    // A call in flight when the engine traps is lost with the instance.
+    let v = e.try_start(99, 1, "", 0, 3_000, 0, 0, 0).expect("no trap");
+    assert_eq!(v.kind(), Some(VerdictKind::Attempt));
+    e.set_limits(starved());
+    let trap = e.try_acquire(5, 3_100).expect_err("the guest runs out of fuel");
+    assert_eq!(trap.operation, "acquire");
+    assert!(trap.restored);
+    assert_eq!(e.traps(), 1);
+    e.set_limits(Limits::default());
+
+    // The breaker is still open in the new instance; the lost call is unknown.
+    assert_eq!(e.breaker_state(0, "k", 4_000), Some(BreakerState::Open));
+    let v = e.report(99, 4_100, 10, OutcomeKind::Success, 0, "", 0, 0);
+    assert_eq!(v.kind(), Some(VerdictKind::Invalid));
+    assert_eq!(v.detail(), InvalidCode::UnknownCall as u8);
+
+    // The plain methods answer TRAPPED after recovering.
+    e.set_limits(starved());
+    let v = e.start(100, 0, "k", 0, 5_000, 0, 0, 0);
+    assert!(levee::raw::is_trapped(v));
+    assert_eq!(e.policy_count(), 0);
+    assert!(e.last_trap().is_some_and(|t| t.operation == "policy-count"));
+    assert_eq!(e.traps(), 3);
+    e.set_limits(Limits::default());
+    assert_eq!(e.policy_count(), 3);
+    assert_eq!(e.breaker_state(0, "k", 6_000), Some(BreakerState::Open));
+}
+
+#[test]
+fn the_native_backend_never_traps_and_decides_the_same() {
+    let mut w = RawEngine::load_with(Backend::Wasm, DOC, 3, Limits::default()).expect("loads");
+    let mut n = RawEngine::load_with(Backend::Native, DOC, 3, Limits::default()).expect("loads");
+    trip(&mut w, 1);
+    trip(&mut n, 1);
+    assert_eq!(w.drain_events(), n.drain_events());
+    assert_eq!(w.export_state(), n.export_state());
+    n.set_limits(starved());
+    assert!(n.try_policy_count().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_mid_call_lets_the_call_end_after_one_attempt() {
+    let rec = common::recorder();
+    let l = Levee::builder().backend(Backend::Wasm).seed(1).load(DOC).expect("loads");
+    let runs = AtomicU32::new(0);
+    let err = l
+        .call::<(), std::io::Error>("api")
+        .run(|_| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            // The guest will run out of fuel on the report of this attempt.
+            l.with_raw(|r| r.set_limits(starved()));
+            async { Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)) }
+        })
+        .await
+        .expect_err("the attempt failed");
+    l.with_raw(|r| r.set_limits(Limits::default()));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "no retry after a trap");
+    assert!(err.trap.as_ref().is_some_and(|t| t.operation == "report"), "{err:?}");
+    assert_eq!(err.attempts, 1);
+    assert!(err.last.is_some());
+    assert!(l.traps() >= 1);
+    assert!(rec.counter("levee_engine_traps_total{operation=report}") >= 1);
+
+    // A trap in `start` runs the call as a single attempt.
+    l.with_raw(|r| r.set_limits(starved()));
+    let runs = AtomicU32::new(0);
+    let r = l
+        .call::<u32, std::io::Error>("api")
+        .run(|a| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async move { Ok(a.number) }
+        })
+        .await;
+    l.with_raw(|r| r.set_limits(Limits::default()));
+    assert_eq!(r.expect("the single attempt succeeds"), 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // And the engine works normally afterwards.
+    let runs = AtomicU32::new(0);
+    let r = l
+        .call::<u32, std::io::Error>("api")
+        .run(|a| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if a.number < 2 {
+                    Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+                } else {
+                    Ok(a.number)
+                }
+            }
+        })
+        .await;
+    assert_eq!(r.expect("retried to success"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_tasks_share_one_engine() {
+    for backend in [Backend::Wasm, Backend::Native] {
+        let l = Levee::builder().backend(backend).seed(9).load(DOC).expect("loads");
+        let ok = Arc::new(AtomicU32::new(0));
+        let mut tasks = Vec::new();
+        for t in 0..16u32 {
+            let (l, ok) = (l.clone(), ok.clone());
+            tasks.push(tokio::spawn(async move {
+                for i in 0..200u32 {
+                    let r = l
+                        .call::<u32, Outcome>("shared")
+                        .key(format!("k{}", t % 4))
+                        .run(|a| async move {
+                            if (i + t) % 7 == 0 && a.number == 1 {
+                                Err(Outcome::http(503))
+                            } else {
+                                tokio::task::yield_now().await;
+                                Ok(a.number)
+                            }
+                        })
+                        .await;
+                    if r.is_ok() {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("task");
+        }
+        assert_eq!(ok.load(Ordering::Relaxed), 16 * 200, "{backend}");
+        assert_eq!(l.traps(), 0);
+        // Every call finished: nothing is left in flight.
+        let live = l.with_raw(|r| (1..=16 * 200 * 3).filter(|c| r.call_info(*c).is_some()).count());
+        assert_eq!(live, 0, "{backend}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bulkhead_slot_is_released_when_a_call_is_dropped() {
+    let l = Levee::builder().seed(2).load(DOC).expect("loads");
+    let l2 = l.clone();
+    let hung = tokio::spawn(async move {
+        l2.call::<(), std::io::Error>("one")
+            .run(|_| async {
+                std::future::pending::<()>().await;
+                Ok(())
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let err = l.call::<(), std::io::Error>("one").run(|_| async { Ok(()) }).await.expect_err("the only slot is taken");
+    assert_eq!(err.reason, Reason::BulkheadFull);
+    assert!(err.is_rejected());
+    hung.abort();
+    let _ = hung.await;
+    l.call::<(), std::io::Error>("one").run(|_| async { Ok(()) }).await.expect("the slot came back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_reload_keeps_the_breaker_state() {
+    let l = Levee::builder().seed(4).load(DOC).expect("loads");
+    for _ in 0..4 {
+        let _ = l
+            .call::<(), Outcome>("api")
+            .key("down")
+            .run(|_| async { Err(Outcome::ConnectionError) })
+            .await;
+    }
+    assert_eq!(l.breaker_state("api", "down"), Some(BreakerState::Open));
+    let bad = l.reload("policies:\n  api:\n    attempts: 0\n").expect_err("attempts 0 is invalid");
+    assert_eq!(bad.0[0].path, "policies.api.attempts");
+    assert_eq!(l.policy_info("api").map(|p| p.max_attempts), Some(3));
+    l.reload(&DOC.replace("attempts: 3", "attempts: 5")).expect("reloads");
+    assert_eq!(l.policy_info("api").map(|p| p.max_attempts), Some(5));
+    assert_eq!(l.breaker_state("api", "down"), Some(BreakerState::Open));
+    let err = l.call::<(), Outcome>("api").key("down").run(|_| async { Ok(()) }).await.expect_err("still open");
+    assert_eq!(err.reason, Reason::BreakerOpen);
+
+    // From a watched file too.
+    let dir = std::env::temp_dir().join(format!("levee-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let path = dir.join("policy.yaml");
+    std::fs::write(&path, DOC).expect("write");
+    let watch = l.watch_file(&path, Duration::from_millis(20));
+    std::fs::write(&path, DOC.replace("attempts: 3", "attempts: 4")).expect("write");
+    for _ in 0..200 {
+        if l.policy_info("api").map(|p| p.max_attempts) == Some(4) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    watch.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(l.policy_info("api").map(|p| p.max_attempts), Some(4));
+    assert_eq!(l.breaker_state("api", "down"), Some(BreakerState::Open));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_policy_is_a_protocol_error() {
+    let l = Levee::from_str(DOC).expect("loads");
+    let err = l.run("nope", |_| async { Ok::<(), std::io::Error>(()) }).await.expect_err("unknown");
+    assert_eq!(err.invalid, Some(InvalidCode::UnknownPolicy));
+}

@@ -1,0 +1,264 @@
+//! End to end against a real HTTP server on 127.0.0.1, through the reqwest client wrapper,
+//! the reqwest-middleware middleware and the tower layer, on the default (wasm) backend.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+
+mod common;
+
+use std::time::{Duration, Instant, SystemTime};
+
+use common::{dead_port, recorder, Resp, Server};
+use levee::client::{Client, Middleware};
+use levee::core::{BreakerState, Reason};
+use levee::{Backend, LeveeError, Outcome};
+
+const DOC: &str = r#"
+policies:
+  flaky:
+    attempts: 3
+    attempt-timeout: 2s
+    backoff: {base: 10ms, cap: 40ms}
+  throttled:
+    attempts: 2
+    attempt-timeout: 2s
+    backoff: {base: 10ms, cap: 40ms}
+  slow:
+    attempts: 2
+    attempt-timeout: 100ms
+    backoff: {base: 10ms, cap: 20ms}
+  dead:
+    attempts: 1
+    attempt-timeout: 1s
+    breaker:
+      window: {kind: count, size: 4}
+      minimum-calls: 4
+      failure-rate: 50
+      open-duration: 300ms
+      half-open-permits: 1
+  fb:
+    attempts: 2
+    attempt-timeout: 1s
+    backoff: {base: 5ms, cap: 10ms}
+    fallbacks:
+      - {name: cached, on: [retries-exhausted]}
+"#;
+
+fn levee() -> levee::Levee {
+    assert_eq!(levee::Backend::DEFAULT, Backend::Wasm, "these tests run the component");
+    levee::Levee::builder().seed(7).load(DOC).expect("the document loads")
+}
+
+fn client(l: &levee::Levee, policy: &str) -> Client {
+    Client::new(reqwest::Client::new(), l.clone(), policy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_then_a_200_is_retried_to_success() {
+    let server = Server::start(|_, n| if n == 1 { Resp::status(503) } else { Resp::status(200) }).await;
+    let l = levee();
+    let c = client(&l, "flaky");
+    let resp = c.send(c.get(server.url("/flaky"))).await.expect("a response");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(server.hits("/flaky"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_with_retry_after_in_seconds_waits_that_long() {
+    let server = Server::start(|_, n| if n == 1 { Resp::status(429).header("Retry-After", "1") } else { Resp::status(200) }).await;
+    let l = levee();
+    let c = client(&l, "throttled");
+    let t0 = Instant::now();
+    let resp = c.send(c.get(server.url("/seconds"))).await.expect("a response");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(server.hits("/seconds"), 2);
+    assert!(t0.elapsed() >= Duration::from_millis(950), "the retry waited only {:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_with_retry_after_as_an_http_date_waits_until_then() {
+    let server = Server::start(|_, n| {
+        if n == 1 {
+            let at = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(2));
+            Resp::status(429).header("Retry-After", &at)
+        } else {
+            Resp::status(200)
+        }
+    })
+    .await;
+    let l = levee();
+    let c = client(&l, "throttled");
+    let t0 = Instant::now();
+    let resp = c.send(c.get(server.url("/date"))).await.expect("a response");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(server.hits("/date"), 2);
+    // Whole seconds on both sides: the date is 1 to 2 s ahead when the core reads it.
+    assert!(t0.elapsed() >= Duration::from_millis(900), "the retry waited only {:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_400_is_never_retried() {
+    let server = Server::start(|_, _| Resp::status(400)).await;
+    let l = levee();
+    let c = client(&l, "flaky");
+    let resp = c.send(c.get(server.url("/bad"))).await.expect("the 400 comes back as a response");
+    assert_eq!(resp.status(), 400);
+    assert_eq!(server.hits("/bad"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_responses_hit_the_per_attempt_timeout() {
+    let server = Server::start(|_, _| Resp::status(200).delay(Duration::from_secs(3))).await;
+    let l = levee();
+    let c = client(&l, "slow");
+    let t0 = Instant::now();
+    let err: LeveeError<reqwest::Error> = c.send(c.get(server.url("/slow"))).await.expect_err("every attempt times out");
+    assert_eq!(err.reason, Reason::RetriesExhausted);
+    assert_eq!(err.attempts, 2);
+    assert!(t0.elapsed() < Duration::from_secs(3), "the timeout did not cut the attempts: {:?}", t0.elapsed());
+    // Both attempts reached the server.
+    for _ in 0..100 {
+        if server.hits("/slow") == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(server.hits("/slow"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_port_trips_the_breaker_which_recovers_through_half_open() {
+    let rec = recorder();
+    let port = dead_port();
+    let key = format!("127.0.0.1:{port}");
+    let l = levee();
+    let c = client(&l, "dead");
+    let url = format!("http://127.0.0.1:{port}/up");
+    for _ in 0..4 {
+        let err = c.send(c.get(&url)).await.expect_err("nobody listens");
+        assert_eq!(err.reason, Reason::RetriesExhausted);
+        assert!(err.last.as_ref().is_some_and(|e| e.is_connect()), "{err:?}");
+    }
+    assert_eq!(l.breaker_state("dead", &key), Some(BreakerState::Open));
+    let err = c.send(c.get(&url)).await.expect_err("the breaker is open");
+    assert_eq!(err.reason, Reason::BreakerOpen);
+    assert_eq!(err.attempts, 0);
+    assert!(err.is_rejected());
+    assert!(err.retry_after.is_some_and(|d| d <= Duration::from_millis(300)), "{:?}", err.retry_after);
+
+    // The port comes back; after the open duration a half-open probe closes the breaker.
+    let server = Server::start_on(port, |_, _| Resp::status(200)).await;
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(l.breaker_state("dead", &key), Some(BreakerState::HalfOpen));
+    let resp = c.send(c.get(&url)).await.expect("the probe goes through");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(server.hits("/up"), 1);
+    assert_eq!(l.breaker_state("dead", &key), Some(BreakerState::Closed));
+    let labels = |from: &str, to: &str| format!("levee_breaker_transitions_total{{from={from},key={key},policy=dead,to={to}}}");
+    assert_eq!(rec.counter(&labels("closed", "open")), 1);
+    assert_eq!(rec.counter(&labels("open", "half-open")), 1);
+    assert_eq!(rec.counter(&labels("half-open", "closed")), 1);
+    assert_eq!(rec.gauge(&format!("levee_breaker_state{{key={key},policy=dead}}")), Some(0.0));
+    assert!(rec.counter("levee_rejections_total{policy=dead,reason=breaker-open}") >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_is_used_and_reported() {
+    let rec = recorder();
+    let server = Server::start(|_, _| Resp::status(503)).await;
+    let l = levee();
+    let http = reqwest::Client::new();
+    let url = server.url("/fb");
+    let fetch = |_a: levee::Attempt| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let r = http.get(&url).send().await?;
+            let status = r.status().as_u16();
+            Ok::<_, reqwest::Error>((status, r.text().await?))
+        }
+    };
+    let classify = |r: &Result<(u16, String), reqwest::Error>| match r {
+        Ok((status, _)) => Outcome::http(*status),
+        Err(e) => levee::IntoOutcome::outcome(e),
+    };
+    let got = l
+        .call("fb")
+        .key("origin")
+        .fallback("cached", |ctx| async move {
+            assert_eq!(ctx.reason, Reason::RetriesExhausted);
+            assert_eq!(ctx.attempts, 2);
+            Ok((200, "from cache".to_string()))
+        })
+        .run_classified(classify, fetch)
+        .await
+        .expect("the fallback answers");
+    assert_eq!(got, (200, "from cache".to_string()));
+    assert_eq!(server.hits("/fb"), 2);
+    assert_eq!(rec.counter("levee_fallbacks_total{fallback=cached,policy=fb,reason=retries-exhausted}"), 1);
+    assert_eq!(rec.counter("levee_retries_total{policy=fb}"), 1);
+
+    // A fallback registered on the handle serves calls that bring none.
+    l.register_fallback("cached", |_ctx| async { Ok::<_, reqwest::Error>((200u16, "registered".to_string())) });
+    let got = l.call("fb").key("origin").run_classified(classify, fetch).await.expect("the registered fallback answers");
+    assert_eq!(got.1, "registered");
+    assert_eq!(rec.counter("levee_fallbacks_total{fallback=cached,policy=fb,reason=retries-exhausted}"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reqwest_middleware_retries_and_reports_refusals() {
+    let server = Server::start(|path, n| match path {
+        "/mw" if n == 1 => Resp::status(502),
+        "/mw" => Resp::status(200),
+        _ => Resp::status(404),
+    })
+    .await;
+    let l = levee();
+    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "flaky")).build();
+    let resp = c.get(server.url("/mw")).send().await.expect("a response");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(server.hits("/mw"), 2);
+    let resp = c.get(server.url("/missing")).send().await.expect("a 404 response");
+    assert_eq!(resp.status(), 404);
+    assert_eq!(server.hits("/missing"), 1);
+
+    // A refusal is a LeveeError inside Error::Middleware.
+    let port = dead_port();
+    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "dead")).build();
+    for _ in 0..4 {
+        let _ = c.get(format!("http://127.0.0.1:{port}/")).send().await;
+    }
+    let err = c.get(format!("http://127.0.0.1:{port}/")).send().await.expect_err("open");
+    let reqwest_middleware::Error::Middleware(e) = err else { panic!("expected a middleware error") };
+    let levee_err = e.downcast_ref::<LeveeError<reqwest_middleware::Error>>().expect("a LeveeError");
+    assert_eq!(levee_err.reason, Reason::BreakerOpen);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tower_layer_retries_an_http_service() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use tower::{Layer, ServiceExt};
+
+    let l = levee();
+    let seen = Arc::new(AtomicU32::new(0));
+    let s = seen.clone();
+    let svc = tower::service_fn(move |req: http::Request<String>| {
+        let n = s.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            assert_eq!(req.body(), "payload");
+            let status = if n < 3 { 503 } else { 200 };
+            Ok::<_, std::io::Error>(http::Response::builder().status(status).body(format!("try {n}")).expect("response"))
+        }
+    });
+    let svc = levee::layer::LeveeLayer::new(l.clone(), "flaky").layer(svc);
+    let req = http::Request::builder().method("GET").uri("http://svc.local/x").body("payload".to_string()).expect("request");
+    let resp = svc.clone().oneshot(req).await.expect("a response");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.body(), "try 3");
+    assert_eq!(seen.load(Ordering::SeqCst), 3);
+
+    // POST is not idempotent by default: a 503 is not retried.
+    let req = http::Request::builder().method("POST").uri("http://svc.local/x").body("payload".to_string()).expect("request");
+    seen.store(0, Ordering::SeqCst);
+    let resp = svc.oneshot(req).await.expect("the 503 comes back");
+    assert_eq!(resp.status(), 503);
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+}
