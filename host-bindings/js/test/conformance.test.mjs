@@ -102,7 +102,9 @@ function replay(component, vector) {
   } catch (err) {
     assert.fail(`the document did not load: ${show(err.payload ?? err)}`);
   }
-  const policy = (name) => (typeof name === 'number' ? name : (engine.policyIndex(name) ?? UNKNOWN_POLICY));
+  // As the Rust runner: a policy is named by a string (anything else reads as ""), and a name the
+  // engine does not know resolves to 4294967295.
+  const policy = (name) => engine.policyIndex(typeof name === 'string' ? name : '') ?? UNKNOWN_POLICY;
   vector.steps.forEach((s, i) => {
     let actual = null;
     switch (s.op) {
