@@ -1,10 +1,12 @@
 package levee
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -134,5 +136,63 @@ func TestVerdictDecoding(t *testing.T) {
 	}
 	if MethodFlag("POST") != 3<<8 || MethodFlag("BREW") != 15<<8 {
 		t.Error("method flags")
+	}
+}
+
+// The fused adapter (adapter.go) lowers a key exactly as the two-call path does.
+func TestFusedStartMatchesTwoCallLowering(t *testing.T) {
+	const doc = `
+policies:
+  p:
+    attempts: 3
+    backoff: { kind: exponential, base: 10ms, cap: 1s, jitter: full }
+    breaker: { window: { kind: count, size: 4 }, minimum-calls: 2, failure-rate: 50, open-duration: 1s }
+`
+	run := func(fused bool) ([]Verdict, []Event) {
+		e, err := Load(context.Background(), doc, WithSeed(9))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close(context.Background())
+		if !fused {
+			e.in.fusedStart = nil
+		}
+		var vs []Verdict
+		keys := []string{"a", "b.example.com", strings.Repeat("k", 100), strings.Repeat("z", 5000), "ü-ключ", "a"}
+		now := uint64(1000)
+		for i, k := range keys {
+			for j := 0; j < 3; j++ {
+				c := uint64(i*10 + j + 1)
+				v, err := e.Start(c, 0, k, 0, now, 0, 0, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				vs = append(vs, v)
+				now += 1000
+				v, err = e.Report(c, now, 500, OutcomeConnectionError, 0, "", 0, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				vs = append(vs, v)
+				_ = e.Cancel(c, now)
+			}
+		}
+		evs, err := e.DrainEvents()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vs, evs
+	}
+	v1, e1 := run(true)
+	v2, e2 := run(false)
+	if !reflect.DeepEqual(v1, v2) || !reflect.DeepEqual(e1, e2) || len(e1) == 0 {
+		t.Fatalf("fused and two-call lowering differ:\n%v\n%v", v1, v2)
+	}
+	keys := map[string]bool{}
+	for _, ev := range e1 {
+		keys[ev.Key] = true
+	}
+	if !keys["ü-ключ"] || !keys[strings.Repeat("z", 5000)] {
+		t.Fatalf("keys lost: %v", keys)
 	}
 }

@@ -193,7 +193,15 @@ type instance struct {
 	dtor    api.Function
 	table   *handleTable
 	stack   [maxFlatParams]uint64
+	// the fused adapter for keyed starts (adapter.go) and its scratch buffer in guest memory
+	adapter    api.Module
+	fusedStart api.Function
+	scratch    uint32
+	scratchCap uint32
 }
+
+// maxScratch bounds the scratch buffer; longer keys take the two-call path.
+const maxScratch = 4096
 
 // checkModule verifies a compiled core module against the WIT before it is used.
 func checkModule(cm wazero.CompiledModule) error {
@@ -232,9 +240,9 @@ func checkModule(cm wazero.CompiledModule) error {
 	return nil
 }
 
-func newInstance(ctx context.Context, r wazero.Runtime, cm wazero.CompiledModule, table *handleTable) (*instance, error) {
+func newInstance(ctx context.Context, r wazero.Runtime, cm, adapter wazero.CompiledModule, table *handleTable) (*instance, error) {
 	table.reset()
-	mod, err := r.InstantiateModule(ctx, cm, wazero.NewModuleConfig().WithName("").WithStartFunctions())
+	mod, err := r.InstantiateModule(ctx, cm, wazero.NewModuleConfig().WithName(coreModuleName).WithStartFunctions())
 	if err != nil {
 		return nil, err
 	}
@@ -244,10 +252,23 @@ func newInstance(ctx context.Context, r wazero.Runtime, cm wazero.CompiledModule
 		in.post[i] = mod.ExportedFunction(postPrefix + s.export) // nil if absent
 	}
 	in.dtor = mod.ExportedFunction(exportDtor)
+	if adapter != nil {
+		am, err := r.InstantiateModule(ctx, adapter, wazero.NewModuleConfig().WithName("").WithStartFunctions())
+		if err != nil {
+			_ = mod.Close(ctx)
+			return nil, err
+		}
+		in.adapter, in.fusedStart = am, am.ExportedFunction("start")
+	}
 	return in, nil
 }
 
-func (in *instance) close(ctx context.Context) { _ = in.mod.Close(ctx) }
+func (in *instance) close(ctx context.Context) {
+	if in.adapter != nil {
+		_ = in.adapter.Close(ctx)
+	}
+	_ = in.mod.Close(ctx)
+}
 
 // call runs a core function with flat params; results land in in.stack.
 func (in *instance) call(ctx context.Context, fn int, params ...uint64) error {
@@ -472,17 +493,52 @@ func (in *instance) analyze(ctx context.Context, rep, policy, layers uint32) (An
 // start, acquire, report, report-fallback: primitives in, one u64 out (the hot path).
 func (in *instance) start(ctx context.Context, rep uint32, call uint64, policy uint32, key string, flags uint32,
 	now, settleCall, settleAt, settleElapsed uint64) (Verdict, error) {
-	p, n, err := in.lowerBytes(ctx, key, nil)
-	if err != nil {
-		return 0, err
-	}
 	st := &in.stack
+	fn := in.fns[fnStart]
+	var p, n uint32
+	if key != "" && in.fusedStart != nil && len(key) <= maxScratch {
+		// One call: the adapter lowers the key from the scratch buffer (adapter.go).
+		if uint32(len(key)) > in.scratchCap {
+			if err := in.growScratch(ctx, uint32(len(key))); err != nil {
+				return 0, err
+			}
+		}
+		if !in.memory.WriteString(in.scratch, key) {
+			return 0, trapf("scratch buffer at %d out of bounds", in.scratch)
+		}
+		fn, p, n = in.fusedStart, in.scratch, uint32(len(key))
+	} else {
+		var err error
+		if p, n, err = in.lowerBytes(ctx, key, nil); err != nil {
+			return 0, err
+		}
+	}
 	st[0], st[1], st[2], st[3], st[4], st[5] = uint64(rep), call, uint64(policy), uint64(p), uint64(n), uint64(flags)
 	st[6], st[7], st[8], st[9] = now, settleCall, settleAt, settleElapsed
-	if err := in.fns[fnStart].CallWithStack(ctx, st[:]); err != nil {
+	if err := fn.CallWithStack(ctx, st[:]); err != nil {
 		return 0, err
 	}
 	return Verdict(st[0]), nil
+}
+
+// growScratch (re)allocates the host's scratch buffer in the guest with cabi_realloc.
+func (in *instance) growScratch(ctx context.Context, need uint32) error {
+	c := max(uint32(64), in.scratchCap)
+	for c < need {
+		c *= 2
+	}
+	c = min(c, maxScratch)
+	var st [4]uint64
+	st[0], st[1], st[2], st[3] = uint64(in.scratch), uint64(in.scratchCap), 1, uint64(c)
+	if err := in.realloc.CallWithStack(ctx, st[:]); err != nil {
+		return err
+	}
+	ptr := api.DecodeU32(st[0])
+	if uint64(ptr)+uint64(c) > uint64(in.memory.Size()) {
+		return trapf("cabi_realloc returned %d for %d bytes, out of bounds", ptr, c)
+	}
+	in.scratch, in.scratchCap = ptr, c
+	return nil
 }
 
 func (in *instance) acquire(ctx context.Context, rep uint32, call, now uint64) (Verdict, error) {

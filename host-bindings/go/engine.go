@@ -118,16 +118,17 @@ type Engine struct {
 	seed  uint64
 	epoch time.Time
 
-	mu     sync.Mutex
-	doc    string
-	rt     wazero.Runtime
-	cm     wazero.CompiledModule
-	table  *handleTable
-	in     *instance // nil while the engine could not be re-instantiated
-	rep    uint32
-	gen    uint64
-	closed bool
-	hold   heldSuccess
+	mu      sync.Mutex
+	doc     string
+	rt      wazero.Runtime
+	cm      wazero.CompiledModule
+	adapter wazero.CompiledModule
+	table   *handleTable
+	in      *instance // nil while the engine could not be re-instantiated
+	rep     uint32
+	gen     uint64
+	closed  bool
+	hold    heldSuccess
 	// when the engine last re-instantiated after a fault (0: never)
 	lastRecovery uint64
 	snap         []byte
@@ -200,6 +201,10 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 		return nil, err
 	}
 	e.cm = cm
+	if e.adapter, err = e.rt.CompileModule(ctx, startAdapterWasm()); err != nil {
+		_ = e.rt.Close(ctx)
+		return nil, fmt.Errorf("levee: compile the start adapter: %w", err)
+	}
 	e.table = &handleTable{}
 	if err := defineResourceImports(ctx, e.rt, e.table); err != nil {
 		_ = e.rt.Close(ctx)
@@ -256,7 +261,7 @@ func (e *Engine) leave() {
 func (e *Engine) instantiateLocked() ([]LoadError, error) {
 	ctx := e.enter()
 	defer e.leave()
-	in, err := newInstance(ctx, e.rt, e.cm, e.table)
+	in, err := newInstance(ctx, e.rt, e.cm, e.adapter, e.table)
 	if err != nil {
 		return nil, fmt.Errorf("%w: instantiate: %w", ErrEngineFault, err)
 	}
