@@ -638,3 +638,17 @@ def test_trap_recovery_restores_state_built_by_failures(engine: levee.Engine) ->
     assert pol.call(lambda: "unguarded") == "unguarded"  # the faulted call runs once
     assert engine.faults == 1
     assert engine.breaker_state("breaker") is BreakerState.OPEN  # restored from the snapshot
+
+
+def test_an_invalid_verdict_lets_the_call_proceed_unguarded(engine: levee.Engine) -> None:
+    from levee.engine import _Call, _drive_sync
+
+    slot = engine._slots["fast"]
+    invalid_unknown_call = 6 | (1 << 8)
+    st = _Call(engine, slot, 999_999, engine._generation, time.monotonic_ns(), None, (), {})
+    f = Flaky(value="ran once")
+    assert _drive_sync(st, invalid_unknown_call, f, (), {}) == "ran once"
+    assert f.calls == 1
+    st2 = _Call(engine, slot, 999_998, engine._generation, time.monotonic_ns(), None, (), {})
+    with pytest.raises(ConnectionError):  # no retries: the attempt's own error stands
+        _drive_sync(st2, invalid_unknown_call, Flaky(ConnectionError(), value=1), (), {})

@@ -765,8 +765,19 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                 st.engine._maybe_snapshot()
                 raise st.failure(Reason.from_code((v >> 8) & 0xFF), v >> 16)
             else:
+                # `invalid` (say, the call was evicted from the engine's bounded call table) or a
+                # kind no contract knows: an untrusted answer. The call goes on without the policy:
+                # the attempt that ran stands, or one attempt runs.
                 st.finished = True
-                raise ProtocolError(f"the engine answered {Verdict.unpack(v)} for call {st.call}")
+                logger.warning(
+                    "levee: the engine answered %s for call %d of policy %r; the call proceeds unguarded",
+                    Verdict.unpack(v),
+                    st.call,
+                    info.name,
+                )
+                if st.last is None:
+                    st.last = yield (ATTEMPT, st.attempts + 1, 0)
+                return st.degraded_value()
     except GeneratorExit:
         st.cancel()
         raise
