@@ -50,7 +50,7 @@ class UnknownPolicy(LeveeError, KeyError):
 
 
 class ProtocolError(LeveeError):
-    """The engine answered `invalid` (a host bug, or an untrusted guest misbehaving)."""
+    """The engine answered something the contract rules out (an untrusted guest misbehaving)."""
 
 
 class CallFailed(LeveeError):
