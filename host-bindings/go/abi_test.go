@@ -4,9 +4,14 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"io"
 	"math"
+	"net"
+	"os"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -194,5 +199,27 @@ policies:
 	}
 	if !keys["ü-ключ"] || !keys[strings.Repeat("z", 5000)] {
 		t.Fatalf("keys lost: %v", keys)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	cases := []struct {
+		err  error
+		want Outcome
+	}{
+		{nil, Outcome{Kind: OutcomeSuccess}},
+		{context.DeadlineExceeded, Outcome{Kind: OutcomeTimeout}},
+		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, Outcome{Kind: OutcomeConnectionError}},
+		{fmt.Errorf("read: %w", io.ErrUnexpectedEOF), Outcome{Kind: OutcomeConnectionError}},
+		{HTTPStatusError(429, "1"), Outcome{Kind: OutcomeHTTPStatus, Code: 429, Text: "1"}},
+		{GRPCStatusError(14, ""), Outcome{Kind: OutcomeGRPCStatus, Code: 14}},
+		{ClassError("Throttled", errors.New("x")), Outcome{Kind: OutcomeErrorClass, Text: "Throttled"}},
+		{fmt.Errorf("ctx: %w", os.ErrNotExist), Outcome{Kind: OutcomeErrorClass, Text: "*errors.errorString"}},
+		{fmt.Errorf("wrapped: %w", &os.PathError{Op: "open", Err: os.ErrPermission}), Outcome{Kind: OutcomeErrorClass, Text: "*fs.PathError"}},
+	}
+	for _, c := range cases {
+		if got := Classify(context.Background(), c.err); got != c.want {
+			t.Errorf("Classify(%v) = %+v, want %+v", c.err, got, c.want)
+		}
 	}
 }
