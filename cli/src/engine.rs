@@ -1,20 +1,22 @@
 //! The one place that names the engine the CLI drives.
 //!
-//! Every command goes through [`Engine`]: today `levee::RawEngine` (the policy component run
-//! by the Rust host), whose methods have exactly the names and signatures of
-//! `levee_core::Engine` and return `levee_core` types. Nothing here decides policy behaviour:
-//! the CLI only formats what the engine answers.
+//! Every command goes through [`Engine`]: `levee::RawEngine` (the policy component run by
+//! the Rust host), whose methods have exactly the names and signatures of
+//! `levee_core::Engine` and return `levee_core` types (re-exported as `levee::core`).
+//! Nothing here decides policy behaviour: the CLI only formats what the engine answers.
 
-pub use levee_core as core;
+pub use levee::core;
 
-/// The engine every command drives.
-pub type Engine = core::Engine;
+/// The engine every command drives: the Levee policy component in wasmtime, through the
+/// Rust host. Its methods have exactly the names and signatures of `levee_core::Engine`.
+pub type Engine = levee::RawEngine;
 
 use core::{Reason, Verdict, VerdictKind};
 
-/// Load a document, or return every error with its field path.
+/// Load a document, or return every error with its field path. Always the component
+/// (`Backend::Wasm`), whatever cargo features another crate of the build turns on.
 pub fn load(document: &str, seed: u64) -> Result<Engine, Vec<core::LoadError>> {
-    Engine::load(document, seed)
+    Engine::load_with(levee::Backend::Wasm, document, seed, levee::Limits::default())
 }
 
 /// A duration for people: `0`, `850us`, `142.3ms`, `1.25s`, `2m05s`.

@@ -36,7 +36,7 @@ fn esc(s: &str) -> String {
 /// Render. `bucket_secs` is the width of one bucket in seconds; `marks` are shaded intervals
 /// (in seconds) such as an outage.
 pub fn render(title: &str, y_label: &str, bucket_secs: f64, series: &[Series], bands: &[Band], marks: &[(f64, f64, &str)]) -> String {
-    let (w, left, right, top) = (960.0f64, 70.0f64, 200.0f64, 40.0f64);
+    let (w, left, right, top) = (1120.0f64, 70.0f64, 330.0f64, 40.0f64);
     let plot_h = 300.0f64;
     let band_h = 18.0f64;
     let band_gap = 6.0f64;
