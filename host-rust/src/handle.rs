@@ -358,8 +358,9 @@ impl Levee {
     pub fn watch_file(&self, path: impl AsRef<Path>, every: Duration) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(&self.shared);
         let path = path.as_ref().to_path_buf();
+        // What is on disk now is what runs (or the caller loaded); changes from here on reload.
+        let mut last = std::fs::read(&path).ok();
         tokio::spawn(async move {
-            let mut last = std::fs::read(&path).ok();
             loop {
                 tokio::time::sleep(every).await;
                 let Some(shared) = weak.upgrade() else { return };
