@@ -23,7 +23,9 @@ fn bench(c: &mut Criterion) {
 
     g.bench_function("bare", |b| b.to_async(&rt).iter(|| work(1)));
 
-    g.bench_function("bare_with_timeout", |b| b.to_async(&rt).iter(|| async { tokio::time::timeout(Duration::from_secs(1), work(1)).await }));
+    g.bench_function("bare_with_timeout", |b| {
+        b.to_async(&rt).iter(|| async { tokio::time::timeout(Duration::from_secs(1), work(1)).await })
+    });
 
     for backend in [Backend::Wasm, Backend::Native] {
         let l = Levee::builder().backend(backend).seed(1).load(DOC).expect("loads");
@@ -38,7 +40,13 @@ fn bench(c: &mut Criterion) {
     g.bench_function("backon", |b| {
         b.to_async(&rt).iter(|| async {
             (|| async { tokio::time::timeout(Duration::from_secs(1), work(1)).await.map_err(std::io::Error::other)? })
-                .retry(ExponentialBuilder::default().with_min_delay(Duration::from_millis(10)).with_max_delay(Duration::from_secs(1)).with_max_times(2).with_jitter())
+                .retry(
+                    ExponentialBuilder::default()
+                        .with_min_delay(Duration::from_millis(10))
+                        .with_max_delay(Duration::from_secs(1))
+                        .with_max_times(2)
+                        .with_jitter(),
+                )
                 .sleep(tokio::time::sleep)
                 .await
         })

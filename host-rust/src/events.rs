@@ -46,7 +46,8 @@ pub(crate) fn emit(e: &Event, policy: &str) {
         }
         EventKind::FallbackChosen => {
             tracing::info!(target: "levee", policy, key = %e.key, call = e.call, fallback = %e.name, reason = e.reason.name(), "fallback chosen");
-            metrics::counter!("levee_fallbacks_total", "policy" => p, "fallback" => e.name.clone(), "reason" => e.reason.name()).increment(1);
+            metrics::counter!("levee_fallbacks_total", "policy" => p, "fallback" => e.name.clone(), "reason" => e.reason.name())
+                .increment(1);
         }
         EventKind::RateLimitWait => {
             tracing::debug!(target: "levee", policy, key = %e.key, call = e.call, wait_ns = e.duration, "rate limiter asked to wait");

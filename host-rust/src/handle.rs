@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,8 +74,27 @@ struct Held {
     elapsed: u64,
 }
 
+/// FNV-1a: policy names come from the document, so a DoS-resistant hash buys nothing on
+/// the hot path.
+#[derive(Clone, Copy, Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 struct Policies {
-    by_name: HashMap<String, u32>,
+    by_name: HashMap<String, u32, BuildHasherDefault<Fnv>>,
     info: Vec<Arc<PolicyInfo>>,
 }
 
@@ -185,7 +204,11 @@ pub struct Builder {
 
 impl std::fmt::Debug for Builder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Builder").field("seed", &self.seed).field("backend", &self.backend).field("limits", &self.limits).finish_non_exhaustive()
+        f.debug_struct("Builder")
+            .field("seed", &self.seed)
+            .field("backend", &self.backend)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
     }
 }
 
@@ -202,7 +225,7 @@ impl Builder {
         self
     }
 
-    /// Bounds on the guest (fuel, memory, snapshot interval).
+    /// Bounds on the guest (epoch deadlines, memory, snapshot interval).
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = Some(limits);
         self
@@ -224,7 +247,8 @@ impl Builder {
     /// Load a policy document (YAML or JSON).
     pub fn load(self, document: &str) -> Result<Levee, LoadErrors> {
         let seed = self.seed.unwrap_or_else(os_seed);
-        let mut raw = RawEngine::load_with(self.backend.unwrap_or_default(), document, seed, self.limits.unwrap_or_default()).map_err(LoadErrors)?;
+        let mut raw =
+            RawEngine::load_with(self.backend.unwrap_or_default(), document, seed, self.limits.unwrap_or_default()).map_err(LoadErrors)?;
         let policies = Policies::read(&mut raw).map_err(|t| LoadErrors(vec![LoadError::new("", t.to_string())]))?;
         // The first snapshot: a trap before any state change restores to this.
         let _ = raw.checkpoint();
@@ -664,16 +688,17 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         self.levee.cancel_now(call);
                         return finish_fail(Reason::RetriesExhausted, 0, self.policy, attempts - 1, last, fallback_err);
                     }
-                    let now = shared.now();
-                    let timeout = clamp_timeout(verdict.payload(), deadline, now);
+                    // The first attempt begins at `start`'s clock reading: two readings per call
+                    // that succeeds first time.
+                    let begin = if attempts == 1 { started } else { shared.now() };
+                    let timeout = clamp_timeout(verdict.payload(), deadline, begin);
                     let attempt = Attempt { number: attempts, timeout: timeout.map(nanos), call };
-                    let t0 = Instant::now();
                     let result = match attempt.timeout {
                         Some(d) => tokio::time::timeout(d, f(attempt)).await.ok(),
                         None => Some(f(attempt).await),
                     };
-                    let elapsed = t0.elapsed().as_nanos() as u64;
                     let now = shared.now();
+                    let elapsed = now.saturating_sub(begin);
                     let outcome = match &result {
                         None => Outcome::Timeout,
                         Some(r) => classify(r),
@@ -876,7 +901,14 @@ fn clamp_delay(payload: u64, deadline: Option<u64>, now: u64) -> Option<u64> {
     }
 }
 
-fn finish_fail<T, E>(reason: Reason, hint: u64, policy: &str, attempts: u32, last: Last<T, E>, fallback_err: Option<E>) -> Result<T, LeveeError<E>> {
+fn finish_fail<T, E>(
+    reason: Reason,
+    hint: u64,
+    policy: &str,
+    attempts: u32,
+    last: Last<T, E>,
+    fallback_err: Option<E>,
+) -> Result<T, LeveeError<E>> {
     let mut err = LeveeError::new(reason, policy);
     err.attempts = attempts;
     err.retry_after = (hint > 0).then(|| nanos(hint));

@@ -6,9 +6,11 @@
 //! feature). Both give identical decisions; the conformance vectors prove it.
 //!
 //! # Traps: the contract
-//! The component is treated as untrusted. Every guest call is bounded by fuel
-//! ([`Limits::fuel_per_call`], [`Limits::fuel_per_load`]) and the store's memory by
-//! `StoreLimits` ([`Limits::memory_bytes`]). When a guest call traps (fuel exhausted, out of
+//! The component is treated as untrusted. Every guest call is bounded in time by wasmtime's
+//! epoch interruption ([`Limits::call_ticks`], [`Limits::load_ticks`]: ticks of
+//! [`EPOCH_TICK`], advanced by one background thread per process; epochs cost far less per
+//! call than fuel, which doubled the cost of a call here) and the store's memory by
+//! `StoreLimits` ([`Limits::memory_bytes`]). When a guest call traps (interrupted, out of
 //! bounds, a malformed answer such as a verdict of unknown kind):
 //!
 //! 1. the engine **recovers before returning**: it instantiates the component again, loads
@@ -111,14 +113,18 @@ impl fmt::Display for Trap {
 
 impl std::error::Error for Trap {}
 
+/// The period of the epoch ticker that bounds guest calls.
+pub const EPOCH_TICK: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Bounds on the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Fuel (about one unit per Wasm instruction) for one hot-path call (`start`, `acquire`,
-    /// `report`, queries...).
-    pub fuel_per_call: u64,
-    /// Fuel for `load`, `reload`, `export-state` and `import-state`.
-    pub fuel_per_load: u64,
+    /// Epoch ticks ([`EPOCH_TICK`]) one hot-path call (`start`, `acquire`, `report`,
+    /// queries...) may run before it is interrupted: it traps within `call_ticks` to
+    /// `call_ticks + 1` ticks. 0 interrupts every call at once (the trap tests use it).
+    pub call_ticks: u64,
+    /// Epoch ticks for `load`, `reload`, `export-state` and `import-state`.
+    pub load_ticks: u64,
     /// Largest linear memory the guest may grow to, in bytes.
     pub memory_bytes: usize,
     /// Take a state snapshot after this many state-changing operations (0: only on events).
@@ -127,7 +133,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { fuel_per_call: 50_000_000, fuel_per_load: 2_000_000_000, memory_bytes: 512 << 20, checkpoint_every: 4096 }
+        Limits { call_ticks: 10, load_ticks: 500, memory_bytes: 512 << 20, checkpoint_every: 4096 }
     }
 }
 
@@ -193,8 +199,8 @@ impl RawEngine {
         self.limits
     }
 
-    /// Change the limits (they apply from the next guest call). Lowering `fuel_per_call` far
-    /// enough makes the next call trap: the tests of trap recovery do so.
+    /// Change the limits (they apply from the next guest call). `call_ticks: 0` makes the
+    /// next hot-path call trap: the tests of trap recovery do so.
     pub fn set_limits(&mut self, limits: Limits) {
         self.limits = limits;
         #[cfg(feature = "wasm")]
@@ -404,7 +410,8 @@ impl RawEngine {
 
     /// `set-breaker-state`, fallible (the outer `Result` is the trap). A success takes a snapshot.
     pub fn try_set_breaker_state(&mut self, policy: u32, key: &str, state: BreakerState, now: u64) -> Result<Result<(), String>, Trap> {
-        let r = op!(self, "set-breaker-state", |n| n.set_breaker_state(policy, key, state, now), |w| w.set_breaker_state(policy, key, state, now))?;
+        let r = op!(self, "set-breaker-state", |n| n.set_breaker_state(policy, key, state, now), |w| w
+            .set_breaker_state(policy, key, state, now))?;
         if r.is_ok() {
             let _ = self.checkpoint();
         }
@@ -591,8 +598,16 @@ mod wasm {
             .get_or_init(|| {
                 let mut config = Config::new();
                 config.concurrency_support(false);
-                config.consume_fuel(true);
+                config.epoch_interruption(true);
                 let engine = Engine::new(&config).map_err(|e| format!("{e:#}"))?;
+                let ticker = engine.clone();
+                std::thread::Builder::new()
+                    .name("levee-epoch".into())
+                    .spawn(move || loop {
+                        std::thread::sleep(super::EPOCH_TICK);
+                        ticker.increment_epoch();
+                    })
+                    .map_err(|e| format!("starting the epoch thread: {e}"))?;
                 let component = Component::new(&engine, COMPONENT).map_err(|e| format!("compiling the policy component: {e:#}"))?;
                 let linker = Linker::<Ctx>::new(&engine);
                 let pre = linker.instantiate_pre(&component).map_err(|e| format!("{e:#}"))?;
@@ -648,10 +663,10 @@ mod wasm {
         LoadError::new(&e.path, e.message)
     }
 
-    /// Call a method of the engine resource with the hot-path fuel.
+    /// Call a method of the engine resource within an epoch deadline.
     macro_rules! call {
-        ($self:ident, $fuel:ident, $method:ident ( $($arg:expr),* )) => {{
-            $self.store.set_fuel($self.limits.$fuel).map_err(msg)?;
+        ($self:ident, $ticks:ident, $method:ident ( $($arg:expr),* )) => {{
+            $self.store.set_epoch_deadline($self.limits.$ticks);
             let handle = $self.handle;
             $self.levee.levee_policy_engine_api().engine().$method(&mut $self.store, handle $(, $arg)*).map_err(msg)
         }};
@@ -662,10 +677,11 @@ mod wasm {
         pub(crate) fn load(doc: &str, seed: u64, limits: Limits) -> Result<Instance, Vec<LoadError>> {
             let fail = |m: String| vec![LoadError::new("", m)];
             let c = compiled().map_err(fail)?;
-            let ctx = Ctx { limits: StoreLimitsBuilder::new().memory_size(limits.memory_bytes).instances(16).tables(16).memories(4).build() };
+            let ctx =
+                Ctx { limits: StoreLimitsBuilder::new().memory_size(limits.memory_bytes).instances(16).tables(16).memories(4).build() };
             let mut store = Store::new(&c.engine, ctx);
             store.limiter(|ctx| &mut ctx.limits);
-            store.set_fuel(limits.fuel_per_load).map_err(|e| fail(msg(e)))?;
+            store.set_epoch_deadline(limits.load_ticks);
             let levee = c.pre.instantiate(&mut store).map_err(|e| fail(format!("instantiating the policy component: {e:#}")))?;
             let loaded = levee
                 .levee_policy_engine_api()
@@ -679,29 +695,49 @@ mod wasm {
         }
 
         #[allow(clippy::too_many_arguments)]
-        pub(crate) fn start(&mut self, call: u64, policy: u32, key: &str, flags: u32, now: u64, sc: u64, sa: u64, se: u64) -> Result<u64, String> {
-            call!(self, fuel_per_call, call_start(call, policy, key, flags, now, sc, sa, se))
+        pub(crate) fn start(
+            &mut self,
+            call: u64,
+            policy: u32,
+            key: &str,
+            flags: u32,
+            now: u64,
+            sc: u64,
+            sa: u64,
+            se: u64,
+        ) -> Result<u64, String> {
+            call!(self, call_ticks, call_start(call, policy, key, flags, now, sc, sa, se))
         }
 
         pub(crate) fn acquire(&mut self, call: u64, now: u64) -> Result<u64, String> {
-            call!(self, fuel_per_call, call_acquire(call, now))
+            call!(self, call_ticks, call_acquire(call, now))
         }
 
         #[allow(clippy::too_many_arguments)]
-        pub(crate) fn report(&mut self, call: u64, now: u64, elapsed: u64, kind: OutcomeKind, code: i32, text: &str, wall: u64, flags: u32) -> Result<u64, String> {
-            call!(self, fuel_per_call, call_report(call, now, elapsed, kind_in(kind), code, text, wall, flags))
+        pub(crate) fn report(
+            &mut self,
+            call: u64,
+            now: u64,
+            elapsed: u64,
+            kind: OutcomeKind,
+            code: i32,
+            text: &str,
+            wall: u64,
+            flags: u32,
+        ) -> Result<u64, String> {
+            call!(self, call_ticks, call_report(call, now, elapsed, kind_in(kind), code, text, wall, flags))
         }
 
         pub(crate) fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> Result<u64, String> {
-            call!(self, fuel_per_call, call_report_fallback(call, now, ok))
+            call!(self, call_ticks, call_report_fallback(call, now, ok))
         }
 
         pub(crate) fn cancel(&mut self, call: u64, now: u64) -> Result<(), String> {
-            call!(self, fuel_per_call, call_cancel(call, now))
+            call!(self, call_ticks, call_cancel(call, now))
         }
 
         pub(crate) fn drain_events(&mut self) -> Result<Vec<Event>, String> {
-            let events = call!(self, fuel_per_call, call_drain_events())?;
+            let events = call!(self, call_ticks, call_drain_events())?;
             events
                 .into_iter()
                 .map(|w| {
@@ -725,11 +761,11 @@ mod wasm {
         }
 
         pub(crate) fn policy_index(&mut self, name: &str) -> Result<Option<u32>, String> {
-            call!(self, fuel_per_call, call_policy_index(name))
+            call!(self, call_ticks, call_policy_index(name))
         }
 
         pub(crate) fn policy_info(&mut self, policy: u32) -> Result<Option<PolicyInfo>, String> {
-            let info = call!(self, fuel_per_call, call_policy_info(policy))?;
+            let info = call!(self, call_ticks, call_policy_info(policy))?;
             Ok(info.map(|i| PolicyInfo {
                 name: i.name,
                 max_attempts: i.max_attempts,
@@ -740,11 +776,11 @@ mod wasm {
         }
 
         pub(crate) fn policy_json(&mut self, policy: u32) -> Result<Option<String>, String> {
-            call!(self, fuel_per_call, call_policy_json(policy))
+            call!(self, call_ticks, call_policy_json(policy))
         }
 
         pub(crate) fn analyze(&mut self, policy: u32, layers: u32) -> Result<Option<Analysis>, String> {
-            let a = call!(self, fuel_per_call, call_analyze(policy, layers))?;
+            let a = call!(self, call_ticks, call_analyze(policy, layers))?;
             Ok(a.map(|a| Analysis {
                 worst_attempts: a.worst_attempts,
                 worst_latency: a.worst_latency,
@@ -754,31 +790,37 @@ mod wasm {
         }
 
         pub(crate) fn policy_count(&mut self) -> Result<u32, String> {
-            call!(self, fuel_per_call, call_policy_count())
+            call!(self, call_ticks, call_policy_count())
         }
 
         pub(crate) fn breaker_state(&mut self, policy: u32, key: &str, now: u64) -> Result<Option<BreakerState>, String> {
-            Ok(call!(self, fuel_per_call, call_breaker_state(policy, key, now))?.map(state))
+            Ok(call!(self, call_ticks, call_breaker_state(policy, key, now))?.map(state))
         }
 
-        pub(crate) fn set_breaker_state(&mut self, policy: u32, key: &str, s: BreakerState, now: u64) -> Result<Result<(), String>, String> {
-            call!(self, fuel_per_call, call_set_breaker_state(policy, key, state_in(s), now))
+        pub(crate) fn set_breaker_state(
+            &mut self,
+            policy: u32,
+            key: &str,
+            s: BreakerState,
+            now: u64,
+        ) -> Result<Result<(), String>, String> {
+            call!(self, call_ticks, call_set_breaker_state(policy, key, state_in(s), now))
         }
 
         pub(crate) fn export_state(&mut self) -> Result<Vec<u8>, String> {
-            call!(self, fuel_per_load, call_export_state())
+            call!(self, load_ticks, call_export_state())
         }
 
         pub(crate) fn import_state(&mut self, bytes: &[u8]) -> Result<Result<(), LoadError>, String> {
-            Ok(call!(self, fuel_per_load, call_import_state(bytes))?.map_err(load_error))
+            Ok(call!(self, load_ticks, call_import_state(bytes))?.map_err(load_error))
         }
 
         pub(crate) fn reload(&mut self, doc: &str) -> Result<Result<(), Vec<LoadError>>, String> {
-            Ok(call!(self, fuel_per_load, call_reload(doc))?.map_err(|v| v.into_iter().map(load_error).collect()))
+            Ok(call!(self, load_ticks, call_reload(doc))?.map_err(|v| v.into_iter().map(load_error).collect()))
         }
 
         pub(crate) fn call_info(&mut self, call: u64) -> Result<Option<CallInfo>, String> {
-            let c = call!(self, fuel_per_call, call_call_info(call))?;
+            let c = call!(self, call_ticks, call_call_info(call))?;
             Ok(c.map(|c| CallInfo {
                 policy: c.policy,
                 key: c.key,

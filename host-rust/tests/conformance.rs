@@ -29,7 +29,17 @@ macro_rules! target {
             fn acquire(&mut self, call: u64, now: u64) -> u64 {
                 self.0.try_acquire(call, now).unwrap_or_else(|t| panic!("{t}")).0
             }
-            fn report(&mut self, call: u64, now: u64, elapsed: u64, kind: OutcomeKind, code: i32, text: &str, wall: u64, flags: u32) -> u64 {
+            fn report(
+                &mut self,
+                call: u64,
+                now: u64,
+                elapsed: u64,
+                kind: OutcomeKind,
+                code: i32,
+                text: &str,
+                wall: u64,
+                flags: u32,
+            ) -> u64 {
                 self.0.try_report(call, now, elapsed, kind, code, text, wall, flags).unwrap_or_else(|t| panic!("{t}")).0
             }
             fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> u64 {

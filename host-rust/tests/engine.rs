@@ -1,4 +1,4 @@
-//! The raw engine and the async handle: trap recovery for real (the guest runs out of fuel),
+//! The raw engine and the async handle: trap recovery for real (every guest call interrupted at once by a zero epoch deadline),
 //! state kept across traps and reloads, many tasks on one engine, cancellation, both backends.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
@@ -34,7 +34,7 @@ policies:
 "#;
 
 fn starved() -> Limits {
-    Limits { fuel_per_call: 0, ..Limits::default() }
+    Limits { call_ticks: 0, ..Limits::default() }
 }
 
 fn trip(e: &mut RawEngine, first_call: u64) {
@@ -63,7 +63,7 @@ fn a_trap_reinstantiates_and_restores_the_last_good_state() {
     let v = e.try_start(99, 1, "", 0, 3_000, 0, 0, 0).expect("no trap");
     assert_eq!(v.kind(), Some(VerdictKind::Attempt));
     e.set_limits(starved());
-    let trap = e.try_acquire(5, 3_100).expect_err("the guest runs out of fuel");
+    let trap = e.try_acquire(5, 3_100).expect_err("the guest is interrupted");
     assert_eq!(trap.operation, "acquire");
     assert!(trap.restored);
     assert_eq!(e.traps(), 1);
@@ -108,7 +108,7 @@ async fn a_trap_mid_call_lets_the_call_end_after_one_attempt() {
         .call::<(), std::io::Error>("api")
         .run(|_| {
             runs.fetch_add(1, Ordering::SeqCst);
-            // The guest will run out of fuel on the report of this attempt.
+            // The guest will be interrupted in the report of this attempt.
             l.with_raw(|r| r.set_limits(starved()));
             async { Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)) }
         })
@@ -218,11 +218,7 @@ async fn the_bulkhead_slot_is_released_when_a_call_is_dropped() {
 async fn hot_reload_keeps_the_breaker_state() {
     let l = Levee::builder().seed(4).load(DOC).expect("loads");
     for _ in 0..4 {
-        let _ = l
-            .call::<(), Outcome>("api")
-            .key("down")
-            .run(|_| async { Err(Outcome::ConnectionError) })
-            .await;
+        let _ = l.call::<(), Outcome>("api").key("down").run(|_| async { Err(Outcome::ConnectionError) }).await;
     }
     assert_eq!(l.breaker_state("api", "down"), Some(BreakerState::Open));
     let bad = l.reload("policies:\n  api:\n    attempts: 0\n").expect_err("attempts 0 is invalid");
