@@ -55,7 +55,7 @@ test-hosts: component
 
 # Benchmarks (release): the decision cycle natively and through the component.
 bench: component
-    cargo bench -p levee-conformance --bench decision_cycle
+    cargo bench -p levee-benches --bench decision_cycle
 
 # Regenerate conformance vectors from conformance/scenarios.py and fill in expectations.
 vectors:

@@ -560,19 +560,19 @@ vec("events-drain-empties", "A drain takes every event once.", ["events"], polic
 
 vec("analyze-worst-cases", "Worst-case attempts, latency and amplification (3 attempts over 3 layers: 27x).", ["analysis", "anchor"],
     policy("attempts: 3\nattempt-timeout: 1s\nbackoff: { base: 100ms, cap: 1s, jitter: full }"),
-    [analyze(1, {"worst_attempts": 3, "worst_latency": 3 * S + 300 * MS, "amplification": 3.0}),
-     analyze(3, {"amplification": 27.0, "amplification_with_budget": 27.0})])
+    [analyze(1, expect={"worst_attempts": 3, "worst_latency": 3 * S + 300 * MS, "amplification": 3.0}),
+     analyze(3, expect={"amplification": 27.0, "amplification_with_budget": 27.0})])
 
 vec("analyze-deadline-limits-attempts", "A deadline bounds the worst case: fewer attempts and latency at most the deadline.", ["analysis"],
     policy("attempts: 10\nattempt-timeout: 1s\ndeadline: 2500ms\nbackoff: { kind: constant, base: 200ms, jitter: none }"),
-    [analyze(1, {"worst_attempts": 3, "worst_latency": 2500 * MS})])
+    [analyze(1, expect={"worst_attempts": 3, "worst_latency": 2500 * MS})])
 
 vec("analyze-budgets", "With a budget, amplification is bounded: token throttling long-run 1, a 10% ratio budget 1.1 per layer.", ["analysis", "budget", "anchor"],
     "policies:\n  t: { attempts: 3, budget: { kind: token } }\n  r: { attempts: 4, budget: { kind: ratio, percent: 10 } }\n",
     [analyze(3, "t", {"amplification": 27.0, "amplification_with_budget": 1.0}), analyze(3, "r", {"amplification": 64.0})])
 
 vec("analyze-unbounded", "No timeout and no deadline: the worst latency is unbounded (null).", ["analysis"], policy(""),
-    [analyze(1, {"worst_latency": None})])
+    [analyze(1, expect={"worst_latency": None})])
 
 # --------------------------------------------------------------------------------------
 # Circuit breaker

@@ -226,7 +226,7 @@ mod tests {
         let mut prev = 0;
         for n in 1..500 {
             let d = dec.delay(n, prev, &mut rng);
-            assert!(d >= 10 && d <= 1000 && d <= prev.max(10) * 3, "{d} after {prev}");
+            assert!((10..=1000).contains(&d) && d <= prev.max(10) * 3, "{d} after {prev}");
             prev = d;
         }
     }

@@ -275,9 +275,8 @@ fn parse_backoff(f: &mut Fields<'_>, errors: &mut Vec<LoadError>) -> Backoff {
         return out;
     };
     if let Some(k) = b.take("kind") {
-        match choose(&b.path_of("kind"), k, &Kind::ALL.map(|k| (k.name(), k)), errors) {
-            Some(kind) => out.kind = kind,
-            None => {}
+        if let Some(kind) = choose(&b.path_of("kind"), k, &Kind::ALL.map(|k| (k.name(), k)), errors) {
+            out.kind = kind;
         }
     }
     if out.kind == Kind::Decorrelated {
@@ -364,7 +363,7 @@ fn parse_budget(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Option<Bu
         }
         Some(k) => choose(&b.path_of("kind"), k, &[("token", 0u8), ("ratio", 1u8)], errors),
     };
-    let out = match kind {
+    match kind {
         Some(0) => {
             let max = fraction(&mut b, "max-tokens", 10.0, 0.001, 1000.0, errors);
             let ratio = fraction(&mut b, "token-ratio", 0.1, 0.001, 1000.0, errors);
@@ -382,8 +381,7 @@ fn parse_budget(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Option<Bu
             Some(BudgetCfg::Ratio { percent, min_per_second, ttl })
         }
         None => None,
-    };
-    out
+    }
 }
 
 fn parse_breaker(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Option<BreakerCfg> {

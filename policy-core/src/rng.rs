@@ -100,7 +100,7 @@ mod tests {
             assert!((0.0..1.0).contains(&f));
         }
         assert_eq!(Rng::new(7).between(5, 5), 5);
-        assert_eq!(Rng::new(7).between(u64::MAX - 1, u64::MAX) >= u64::MAX - 1, true);
+        assert!(Rng::new(7).between(u64::MAX - 1, u64::MAX) >= u64::MAX - 1);
     }
 
     #[test]

@@ -161,14 +161,14 @@ pub fn replay<T: Target>(vector: &Value) -> Result<(Value, Vec<String>), String>
             } else {
                 mismatches.push(format!("{name}: the document did not load: {actual}"));
             }
-            out["load_errors"] = actual;
+            set(&mut out, "load_errors", actual);
             return Ok((out, mismatches));
         }
         Ok(t) => {
             if vector.get("load_errors").is_some_and(|v| !v.is_null()) {
                 mismatches.push(format!("{name}: the document loaded but errors were expected"));
             }
-            out["load_errors"] = Value::Null;
+            set(&mut out, "load_errors", Value::Null);
             t
         }
     };
@@ -184,12 +184,18 @@ pub fn replay<T: Target>(vector: &Value) -> Result<(Value, Vec<String>), String>
                         .push(format!("{name} step {i} ({}): expected {expected}, got {actual}", step.get("op").unwrap_or(&Value::Null)));
                 }
             }
-            s["expect"] = actual;
+            set(&mut s, "expect", actual);
         }
         new_steps.push(s);
     }
-    out["steps"] = Value::Array(new_steps);
+    set(&mut out, "steps", Value::Array(new_steps));
     Ok((out, mismatches))
+}
+
+fn set(target: &mut Value, key: &str, value: Value) {
+    if let Some(map) = target.as_object_mut() {
+        map.insert(key.to_string(), value);
+    }
 }
 
 /// Whether `actual` satisfies `expected`: objects compare the fields `expected` names,
@@ -210,15 +216,20 @@ fn arg_str<'a>(step: &'a Value, field: &str) -> &'a str {
     step.get(field).and_then(Value::as_str).unwrap_or("")
 }
 
-fn policy_arg<T: Target>(t: &mut T, step: &Value) -> u32 {
-    t.policy_index(arg_str(step, "policy")).unwrap_or(u32::MAX)
+/// The policy a step names, resolved by name; a name that does not exist resolves to
+/// `u32::MAX` (the unknown-policy path), but a `policy` that is not a string is a broken vector.
+fn policy_arg<T: Target>(t: &mut T, step: &Value) -> Result<u32, String> {
+    match step.get("policy") {
+        Some(Value::String(name)) => Ok(t.policy_index(name).unwrap_or(u32::MAX)),
+        other => Err(format!("`policy` must be a policy name, found {other:?}")),
+    }
 }
 
 fn run_step<T: Target>(t: &mut T, step: &Value, doc: &str, seed: u64) -> Result<Option<Value>, String> {
     let op = step.get("op").and_then(Value::as_str).ok_or("no op")?;
     Ok(Some(match op {
         "start" => {
-            let p = policy_arg(t, step);
+            let p = policy_arg(t, step)?;
             verdict_json(t.start(
                 arg_u64(step, "call"),
                 p,
@@ -257,11 +268,11 @@ fn run_step<T: Target>(t: &mut T, step: &Value, doc: &str, seed: u64) -> Result<
         }
         "drain_events" => Value::Array(t.drain_events().iter().map(event_json).collect()),
         "breaker_state" => {
-            let p = policy_arg(t, step);
+            let p = policy_arg(t, step)?;
             json!(t.breaker_state(p, arg_str(step, "key"), arg_u64(step, "now")).map(|s| s.name()))
         }
         "set_breaker_state" => {
-            let p = policy_arg(t, step);
+            let p = policy_arg(t, step)?;
             let state = BreakerState::from_name(arg_str(step, "state")).ok_or("unknown breaker state")?;
             match t.set_breaker_state(p, arg_str(step, "key"), state, arg_u64(step, "now")) {
                 Ok(()) => json!({"ok": null}),
@@ -275,7 +286,7 @@ fn run_step<T: Target>(t: &mut T, step: &Value, doc: &str, seed: u64) -> Result<
             }
         },
         "policy_info" => {
-            let p = policy_arg(t, step);
+            let p = policy_arg(t, step)?;
             match t.policy_info(p) {
                 None => Value::Null,
                 Some(i) => {
@@ -284,7 +295,7 @@ fn run_step<T: Target>(t: &mut T, step: &Value, doc: &str, seed: u64) -> Result<
             }
         }
         "analyze" => {
-            let p = policy_arg(t, step);
+            let p = policy_arg(t, step)?;
             t.analyze(p, arg_u64(step, "layers") as u32).as_ref().map(analysis_json).unwrap_or(Value::Null)
         }
         "export_import" => {

@@ -1,5 +1,7 @@
 //! Every vector, natively and through the component; both must match the expectations and
 //! each other exactly.
+// Tests may index and panic: the no-panic lints guard library code reachable from input.
+#![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use levee_conformance::component::Wasm;
 use levee_conformance::{replay, vector_files, Native};
