@@ -42,4 +42,7 @@ for s in healthy outage slow rate-limit three-layer-outage; do
 done
 "$bin" simulate cli/examples/retries-only.yaml --scenario three-layer-outage --quiet --color never --no-svg | grep -q '27.00x dependency calls per request' \
   || { echo "three-layer-outage without budgets did not show 27x" >&2; exit 1; }
+echo "== the demo's flaky server and side-by-side comparison"
+bash -n examples/demo/run.sh
+python3 examples/demo/test_demo.py
 echo "levee-cli: all checks passed"
