@@ -5,6 +5,7 @@
 //! the breaker; the concurrency slot is taken per attempt and never held while sleeping.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::vecmap::VecMap;
 
@@ -93,7 +94,10 @@ enum Phase {
 #[derive(Clone, Debug)]
 struct Call {
     policy: usize,
-    key: String,
+    /// The key, shared with the key table (cloning it does not allocate).
+    key: Arc<str>,
+    /// Where the key's state was last found: lets acquire and report skip the lookup.
+    key_at: usize,
     flags: u32,
     started: u64,
     deadline: Option<u64>,
@@ -108,11 +112,13 @@ struct Call {
 #[derive(Clone, Debug)]
 pub struct Engine {
     pub(crate) policies: Vec<Policy>,
-    pub(crate) keys: Vec<VecMap<String, KeyState>>,
+    pub(crate) keys: Vec<VecMap<Arc<str>, KeyState>>,
     calls: VecMap<u64, Call>,
     events: VecDeque<Event>,
     pub(crate) rng: Rng,
     pub(crate) tick: u64,
+    /// A shared empty key, so that starting a call allocates nothing.
+    no_key: Arc<str>,
 }
 
 fn push_event(events: &mut VecDeque<Event>, e: Event) {
@@ -122,7 +128,11 @@ fn push_event(events: &mut VecDeque<Event>, e: Event) {
     events.push_back(e);
 }
 
+#[inline]
 fn transition_events(events: &mut VecDeque<Event>, t: &[(BreakerState, BreakerState)], expired: &[u64], at: u64, policy: usize, key: &str) {
+    if t.is_empty() && expired.is_empty() {
+        return;
+    }
     for c in expired {
         let mut e = Event::new(at, EventKind::PermitExpired, policy as u32, key);
         e.call = *c;
@@ -137,28 +147,46 @@ fn transition_events(events: &mut VecDeque<Event>, t: &[(BreakerState, BreakerSt
 }
 
 /// Find or make the state of `key`, evicting the least recently used key (idle ones first)
-/// when the policy's bound is reached.
+/// when the policy's bound is reached. `hint` is where the caller last found this key (with
+/// the table's own `Arc`): when it still holds there, no string is compared.
+#[allow(clippy::too_many_arguments)]
 fn key_state<'a>(
-    keys: &'a mut VecMap<String, KeyState>,
+    keys: &'a mut VecMap<Arc<str>, KeyState>,
     p: &Policy,
     policy: usize,
     key: &str,
+    hint: Option<(&mut usize, &mut Arc<str>)>,
     tick: &mut u64,
     now: u64,
     events: &mut VecDeque<Event>,
 ) -> &'a mut KeyState {
     *tick = tick.wrapping_add(1);
     let t = *tick;
-    if !keys.contains_key(key) && keys.len() >= p.max_keys as usize {
-        let victim = keys.iter().min_by_key(|(_, s)| (s.in_flight > 0, s.last_used)).map(|(k, _)| k.clone());
-        if let Some(victim) = victim {
-            keys.remove(victim.as_str());
-            let mut e = Event::new(now, EventKind::KeyEvicted, policy as u32, &victim);
-            e.name = victim;
-            push_event(events, e);
+    let fast = match &hint {
+        Some((at, name)) => keys.at_mut(**at).is_some_and(|(k, _)| Arc::ptr_eq(k, name)),
+        None => false,
+    };
+    let index = match hint {
+        Some((at, _)) if fast => *at,
+        hint => {
+            if keys.len() >= p.max_keys as usize && !keys.contains_key(key) {
+                let victim = keys.iter().min_by_key(|(_, s)| (s.in_flight > 0, s.last_used)).map(|(k, _)| k.clone());
+                if let Some(victim) = victim {
+                    keys.remove(&*victim);
+                    let mut e = Event::new(now, EventKind::KeyEvicted, policy as u32, &victim);
+                    e.name = victim.to_string();
+                    push_event(events, e);
+                }
+            }
+            let i = keys.position_or_insert_with(key, || Arc::from(key), || KeyState::fresh(p, t));
+            if let (Some((at, name)), Some((k, _))) = (hint, keys.at_mut(i)) {
+                *at = i;
+                *name = k.clone();
+            }
+            i
         }
-    }
-    let state = keys.get_or_insert_with(key, || key.to_string(), || KeyState::fresh(p, t));
+    };
+    let state = keys.value_at_or_insert_with(index, key, || Arc::from(key), || KeyState::fresh(p, t));
     state.last_used = t;
     state
 }
@@ -172,7 +200,7 @@ impl Engine {
 
     pub(crate) fn from_policies(policies: Vec<Policy>, seed: u64) -> Engine {
         let keys = policies.iter().map(|_| VecMap::default()).collect();
-        Engine { policies, keys, calls: VecMap::default(), events: VecDeque::new(), rng: Rng::new(seed), tick: 0 }
+        Engine { policies, keys, calls: VecMap::default(), events: VecDeque::new(), rng: Rng::new(seed), tick: 0, no_key: Arc::from("") }
     }
 
     /// Replace the policies, keeping the state that still applies (see `import_state`) and the
@@ -188,8 +216,8 @@ impl Engine {
             let Some(index) = next.policies.iter().position(|p| p.name == name) else { continue };
             let mut moved = call.clone();
             moved.policy = index;
-            if let (Some(old), Some(new)) = (self.keys.get(call.policy).and_then(|k| k.get(call.key.as_str())), next.keys.get_mut(index)) {
-                if let Some(ks) = new.get_mut(call.key.as_str()) {
+            if let (Some(old), Some(new)) = (self.keys.get(call.policy).and_then(|k| k.get(&*call.key)), next.keys.get_mut(index)) {
+                if let Some(ks) = new.get_mut(&*call.key) {
                     ks.in_flight = old.in_flight;
                 }
             }
@@ -272,7 +300,8 @@ impl Engine {
         let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
-        let ks = key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events);
+        let (mut key_at, mut key_arc) = (usize::MAX, Arc::clone(&self.no_key));
+        let ks = key_state(keys, p, pi, key, Some((&mut key_at, &mut key_arc)), &mut self.tick, now, &mut self.events);
         if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
             b.on_call(cfg, now);
         }
@@ -281,7 +310,8 @@ impl Engine {
             call,
             Call {
                 policy: pi,
-                key: key.to_string(),
+                key: key_arc,
+                key_at,
                 flags,
                 started: now,
                 deadline,
@@ -315,7 +345,7 @@ impl Engine {
         let Phase::InFlight { permit, slot } = c.phase else { return };
         c.phase = Phase::Ready;
         let (Some(p), Some(keys)) = (self.policies.get(c.policy), self.keys.get_mut(c.policy)) else { return };
-        let ks = key_state(keys, p, c.policy, &c.key, &mut self.tick, now, &mut self.events);
+        let ks = key_state(keys, p, c.policy, &c.key.clone(), Some((&mut c.key_at, &mut c.key)), &mut self.tick, now, &mut self.events);
         if slot {
             ks.in_flight = ks.in_flight.saturating_sub(1);
         }
@@ -347,7 +377,8 @@ impl Engine {
             // Cannot happen through `report`; kept so that no path exceeds the maximum.
             return self.end(call, Reason::RetriesExhausted, 0, now);
         }
-        let ks = key_state(keys, p, pi, &c.key, &mut self.tick, now, &mut self.events);
+        let name = Arc::clone(&c.key);
+        let ks = key_state(keys, p, pi, &name, Some((&mut c.key_at, &mut c.key)), &mut self.tick, now, &mut self.events);
 
         // Circuit breaker.
         let mut permit = false;
@@ -481,7 +512,8 @@ impl Engine {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         c.phase = Phase::Ready;
-        let ks = key_state(keys, p, pi, &c.key, &mut self.tick, now, &mut self.events);
+        let name = Arc::clone(&c.key);
+        let ks = key_state(keys, p, pi, &name, Some((&mut c.key_at, &mut c.key)), &mut self.tick, now, &mut self.events);
         if slot {
             ks.in_flight = ks.in_flight.saturating_sub(1);
         }
@@ -598,7 +630,7 @@ impl Engine {
         let c = self.calls.get(&call)?;
         Some(CallInfo {
             policy: c.policy as u32,
-            key: c.key.clone(),
+            key: c.key.to_string(),
             attempts: c.attempts,
             deadline: c.deadline.unwrap_or(0),
             last_reason: c.last_reason,
@@ -644,7 +676,7 @@ impl Engine {
         let Some(cfg) = &p.breaker else {
             return Err(format!("policy `{}` has no breaker", p.name));
         };
-        let ks = key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events);
+        let ks = key_state(keys, p, pi, key, None, &mut self.tick, now, &mut self.events);
         let b = ks.breaker.get_or_insert_with(|| cfg.fresh());
         let mut t = Vec::new();
         b.force(cfg, state, now, &mut t)?;

@@ -79,7 +79,7 @@ impl Engine {
         let tick = obj.get("tick").and_then(Value::as_u64).ok_or_else(|| LoadError::new("tick", "is missing"))?;
         let policies = obj.get("policies").and_then(Value::as_list).ok_or_else(|| LoadError::new("policies", "is missing"))?;
 
-        let mut new_keys: Vec<VecMap<String, KeyState>> = self.policies.iter().map(|_| VecMap::default()).collect();
+        let mut new_keys: Vec<VecMap<std::sync::Arc<str>, KeyState>> = self.policies.iter().map(|_| VecMap::default()).collect();
         for (i, entry) in policies.iter().enumerate() {
             let path = format!("policies[{i}]");
             let name = entry.get("name").and_then(Value::as_str).ok_or_else(|| LoadError::new(&path, "has no name"))?;
@@ -99,7 +99,7 @@ impl Engine {
             parsed.sort_by_key(|(_, s)| std::cmp::Reverse(s.last_used));
             parsed.truncate(p.max_keys as usize);
             for (k, st) in parsed {
-                target.insert(k, st);
+                target.insert(std::sync::Arc::from(k), st);
             }
         }
         self.keys = new_keys;

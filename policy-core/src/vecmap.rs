@@ -87,6 +87,43 @@ impl<K: Ord, V> VecMap<K, V> {
         self.items.iter().map(|(k, v)| (k, v))
     }
 
+    /// The entry at a position, if any (for callers that remember where a key was).
+    pub(crate) fn at_mut(&mut self, i: usize) -> Option<(&K, &mut V)> {
+        self.items.get_mut(i).map(|(k, v)| (&*k, v))
+    }
+
+    /// Position of `key`, inserting `make()` under `owned()` when absent.
+    pub(crate) fn position_or_insert_with<Q: Ord + ?Sized>(&mut self, key: &Q, owned: impl FnOnce() -> K, make: impl FnOnce() -> V) -> usize
+    where
+        K: Borrow<Q>,
+    {
+        match self.find(key) {
+            Ok(i) => i,
+            Err(i) => {
+                self.items.insert(i, (owned(), make()));
+                i
+            }
+        }
+    }
+
+    /// The value at a position known to be valid, or (should it not be) the value for `key`.
+    #[allow(clippy::indexing_slicing)] // bounds checked on the line before.
+    pub(crate) fn value_at_or_insert_with<Q: Ord + ?Sized>(
+        &mut self,
+        i: usize,
+        key: &Q,
+        owned: impl FnOnce() -> K,
+        make: impl FnOnce() -> V,
+    ) -> &mut V
+    where
+        K: Borrow<Q>,
+    {
+        if i < self.items.len() {
+            return &mut self.items[i].1;
+        }
+        self.get_or_insert_with(key, owned, make)
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.items.len()
     }
