@@ -20,6 +20,8 @@ cargo clippy --release -p levee --no-default-features --features wasm -- -D warn
 
 echo "== tests"
 cargo test --release -p levee -p levee-example-reqwest
+# The same end-to-end tests with the native backend as the default (the `native` feature).
+cargo test --release -p levee --features native --test http --test engine
 
 echo "== the example against a local server"
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"

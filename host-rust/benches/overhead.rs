@@ -58,7 +58,7 @@ fn bench(c: &mut Criterion) {
         g.bench_function(format!("raw_{backend}_start_settle"), |b| {
             b.iter(|| {
                 call += 1;
-                let settle = if call > 1 { call - 1 } else { 0 };
+                let settle = call.saturating_sub(1);
                 black_box(e.start(call, 0, "", 0, call * 1000, settle, call * 1000, 10))
             })
         });

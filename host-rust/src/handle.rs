@@ -171,6 +171,11 @@ impl Shared {
         self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The tokio instant of a reading of [`Shared::now`].
+    fn instant(&self, at: u64) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.epoch + Duration::from_nanos(at.saturating_sub(1)))
+    }
+
     fn now(&self) -> u64 {
         // Never 0, so that `settle-at` and deadlines are never mistaken for "none".
         (self.epoch.elapsed().as_nanos() as u64).saturating_add(1)
@@ -693,8 +698,9 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     let begin = if attempts == 1 { started } else { shared.now() };
                     let timeout = clamp_timeout(verdict.payload(), deadline, begin);
                     let attempt = Attempt { number: attempts, timeout: timeout.map(nanos), call };
-                    let result = match attempt.timeout {
-                        Some(d) => tokio::time::timeout(d, f(attempt)).await.ok(),
+                    let result = match timeout {
+                        // `timeout_at` from the reading already taken: no third clock reading.
+                        Some(t) => tokio::time::timeout_at(shared.instant(begin.saturating_add(t)), f(attempt)).await.ok(),
                         None => Some(f(attempt).await),
                     };
                     let now = shared.now();
