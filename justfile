@@ -27,7 +27,7 @@ demo: component
     bash examples/demo/run.sh
 
 # Every test: Rust (core, component, conformance, host, CLI), then Python, JavaScript, Go.
-test: component lint-rust test-rust test-hosts
+test: component lint-rust test-rust test-vectors-schema test-hosts
     @echo "levee: all tests passed"
 
 # Formatting and clippy (warnings are errors).
@@ -38,6 +38,12 @@ lint-rust: setup
 # Rust tests, release profile (wasmtime is built once, for tests and benches alike).
 test-rust: component
     cargo test --release --workspace
+
+# Every conformance vector against conformance/schema.json.
+test-vectors-schema:
+    python3 -m venv target/tools-venv
+    target/tools-venv/bin/pip install --quiet --disable-pip-version-check jsonschema==4.26.0
+    target/tools-venv/bin/python conformance/check_schema.py
 
 # The hosts in other languages, each through its own ci.sh (installs its own dependencies).
 test-hosts: component
