@@ -689,6 +689,13 @@ impl Engine {
         self.keys.get(policy as usize).and_then(|k| k.get(key)).map(|s| s.in_flight).unwrap_or(0)
     }
 
+    /// Half-open trial permits issued and not yet reported, expired or given back, of a
+    /// policy and key (for invariants and metrics).
+    pub fn breaker_trials(&self, policy: u32, key: &str) -> Option<u32> {
+        let b = self.keys.get(policy as usize)?.get(key)?.breaker.as_ref()?;
+        Some(b.permits.len() as u32)
+    }
+
     /// Token-throttling level in milli-tokens of a policy and key, if it has one.
     pub fn budget_tokens(&self, policy: u32, key: &str) -> Option<i64> {
         self.keys.get(policy as usize)?.get(key)?.budget.as_ref()?.tokens()

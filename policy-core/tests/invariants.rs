@@ -56,7 +56,7 @@ struct Host {
     engine: Engine,
     now: u64,
     next_id: u64,
-    calls: BTreeMap<u64, (Phase, u32)>,
+    calls: BTreeMap<u64, (Phase, u32, &'static str)>,
     log: Vec<u64>,
 }
 
@@ -73,29 +73,29 @@ fn outcome(o: u8) -> (OutcomeKind, i32, &'static str) {
 }
 
 impl Host {
-    fn check(&mut self, call: u64, v: Verdict, max_attempts: u32, deadline: Option<u64>) -> Result<(), TestCaseError> {
+    fn check(&mut self, call: u64, key: &'static str, v: Verdict, max_attempts: u32, deadline: Option<u64>) -> Result<(), TestCaseError> {
         self.log.push(v.0);
         let kind = v.kind();
         prop_assert!(kind.is_some() && kind != Some(VerdictKind::Invalid), "a well-behaved host got {v:?}");
         let entry = self.calls.get(&call).copied();
         match kind {
             Some(VerdictKind::Attempt) => {
-                let attempts = entry.map(|(_, a)| a).unwrap_or(0) + 1;
+                let attempts = entry.map(|(_, a, _)| a).unwrap_or(0) + 1;
                 prop_assert!(attempts <= max_attempts, "attempt {attempts} above the maximum {max_attempts}");
                 prop_assert_eq!(u32::from(v.detail()), attempts.min(255));
-                self.calls.insert(call, (Phase::InFlight, attempts));
+                self.calls.insert(call, (Phase::InFlight, attempts, key));
             }
             Some(VerdictKind::Retry) | Some(VerdictKind::Wait) => {
                 let d = v.payload();
                 if let (Some(dl), Some(VerdictKind::Retry)) = (deadline, kind) {
                     prop_assert!(self.now + d < dl, "retry at {} + {d} past the deadline {dl}", self.now);
                 }
-                let attempts = entry.map(|(_, a)| a).unwrap_or(0);
-                self.calls.insert(call, (Phase::Sleeping(self.now + d), attempts));
+                let attempts = entry.map(|(_, a, _)| a).unwrap_or(0);
+                self.calls.insert(call, (Phase::Sleeping(self.now + d), attempts, key));
             }
             Some(VerdictKind::Fallback) => {
-                let attempts = entry.map(|(_, a)| a).unwrap_or(0);
-                self.calls.insert(call, (Phase::Fallback, attempts));
+                let attempts = entry.map(|(_, a, _)| a).unwrap_or(0);
+                self.calls.insert(call, (Phase::Fallback, attempts, key));
             }
             _ => {
                 self.calls.remove(&call);
@@ -105,7 +105,7 @@ impl Host {
     }
 }
 
-fn run(doc: &str, seed: u64, ops: &[Op], max_attempts: u32, deadline_ms: u32) -> Result<Vec<u64>, TestCaseError> {
+fn run(doc: &str, seed: u64, ops: &[Op], max_attempts: u32, deadline_ms: u32, limits: bool) -> Result<Vec<u64>, TestCaseError> {
     let engine = Engine::load(doc, seed).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
     let mut h = Host { engine, now: 1, next_id: 1, calls: BTreeMap::new(), log: Vec::new() };
     let keys = ["a", "b", "c"];
@@ -117,12 +117,13 @@ fn run(doc: &str, seed: u64, ops: &[Op], max_attempts: u32, deadline_ms: u32) ->
                 h.now += u64::from(*advance) * MS / 10;
                 let id = h.next_id;
                 h.next_id += 1;
-                let v = h.engine.start(id, 0, keys[*key as usize % 3], 0, h.now, 0, 0, 0);
+                let k = keys[*key as usize % 3];
+                let v = h.engine.start(id, 0, k, 0, h.now, 0, 0, 0);
                 if deadline_ms > 0 {
                     deadlines.insert(id, h.now + u64::from(deadline_ms) * MS);
                 }
                 let dl = deadlines.get(&id).copied();
-                h.check(id, v, max_attempts, dl)?;
+                h.check(id, k, v, max_attempts, dl)?;
             }
             Op::Step { pick, outcome: o, elapsed, advance } => {
                 h.now += u64::from(*advance) * MS / 10;
@@ -132,7 +133,7 @@ fn run(doc: &str, seed: u64, ops: &[Op], max_attempts: u32, deadline_ms: u32) ->
                 }
                 let id = live[*pick as usize % live.len()];
                 let dl = deadlines.get(&id).copied();
-                let (phase, _) = h.calls[&id];
+                let (phase, _, k) = h.calls[&id];
                 let v = match phase {
                     Phase::InFlight => {
                         let (kind, code, text) = outcome(*o);
@@ -144,7 +145,7 @@ fn run(doc: &str, seed: u64, ops: &[Op], max_attempts: u32, deadline_ms: u32) ->
                     }
                     Phase::Fallback => h.engine.report_fallback(id, h.now, *o % 2 == 0),
                 };
-                h.check(id, v, max_attempts, dl)?;
+                h.check(id, k, v, max_attempts, dl)?;
             }
             Op::Cancel { pick } => {
                 let live: Vec<u64> = h.calls.keys().copied().collect();
@@ -165,13 +166,17 @@ fn run(doc: &str, seed: u64, ops: &[Op], max_attempts: u32, deadline_ms: u32) ->
             prop_assert!((0..=5000).contains(&tokens), "budget tokens {tokens}");
             let in_flight = h.engine.in_flight(0, key);
             prop_assert!(in_flight <= 2, "in flight {in_flight}");
+            // Slots are only ever held by attempts the host is running.
+            let running = h.calls.iter().filter(|(_, (p, _, k))| *p == Phase::InFlight && *k == key).count() as u32;
+            prop_assert!(!limits || in_flight <= running, "{in_flight} slots held for {running} running attempts");
+            // Half-open never has more than its 2 permits out.
+            let trials = h.engine.breaker_trials(0, key).unwrap_or(0);
+            prop_assert!(trials <= 2, "{trials} half-open trials");
             if let Some(t) = h.engine.rate_tokens(0, key, h.now) {
                 prop_assert!(t <= 3, "rate tokens {t}");
             }
         }
         prop_assert!(h.engine.key_count(0) <= 2);
-        let trial_in_flight: BTreeMap<&str, u32> = BTreeMap::new();
-        let _ = trial_in_flight;
         for e in h.engine.drain_events() {
             if e.kind == EventKind::BreakerTransition {
                 let key: &str = keys.iter().find(|k| **k == e.key).copied().unwrap_or("a");
@@ -203,9 +208,9 @@ proptest! {
         limits in any::<bool>(), seed in any::<u64>(), ops in prop::collection::vec(op(), 1..120)
     ) {
         let doc = document(attempts, deadline_ms, kind, jitter, limits);
-        let first = run(&doc, seed, &ops, attempts, deadline_ms)?;
+        let first = run(&doc, seed, &ops, attempts, deadline_ms, limits)?;
         // Same seed, same trace: the same decisions, bit for bit.
-        let second = run(&doc, seed, &ops, attempts, deadline_ms)?;
+        let second = run(&doc, seed, &ops, attempts, deadline_ms, limits)?;
         prop_assert_eq!(first, second);
     }
 
