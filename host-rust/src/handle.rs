@@ -478,14 +478,17 @@ impl Levee {
     }
 
     /// Unlock, then emit the events and traps collected.
-    fn finish_locked(&self, mut core: MutexGuard<'_, Core>) {
+    fn finish_locked(&self, core: MutexGuard<'_, Core>) {
+        drop(self.unlock(core));
+    }
+
+    /// Unlock; the events and traps collected are emitted when the result is dropped (so
+    /// that a trace hook sees a step before the events it caused).
+    fn unlock(&self, mut core: MutexGuard<'_, Core>) -> Pending<'_> {
         let (events, traps) = core.take_events();
-        if events.is_empty() && traps.is_empty() {
-            return;
-        }
-        let names: Vec<String> = core.policies.info.iter().map(|p| p.name.clone()).collect();
+        let names = if events.is_empty() { Vec::new() } else { core.policies.info.iter().map(|p| p.name.clone()).collect() };
         drop(core);
-        self.shared.emit(events, traps, &|i| names.get(i as usize).cloned().unwrap_or_default());
+        Pending { levee: self, events, traps, names }
     }
 
     /// Start describing a call under a named policy.
@@ -503,6 +506,26 @@ impl Levee {
         Fut: Future<Output = Result<T, E>>,
     {
         self.call(policy).run(f).await
+    }
+}
+
+/// Events and traps to emit once the lock is released.
+struct Pending<'a> {
+    levee: &'a Levee,
+    events: Vec<Event>,
+    traps: Vec<Trap>,
+    names: Vec<String>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.events.is_empty() && self.traps.is_empty() {
+            return;
+        }
+        let names = std::mem::take(&mut self.names);
+        self.levee.shared.emit(std::mem::take(&mut self.events), std::mem::take(&mut self.traps), &|i| {
+            names.get(i as usize).cloned().unwrap_or_default()
+        });
     }
 }
 
@@ -636,7 +659,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         let started = shared.now();
 
         // Start (settling a held-back success first), in one guest call.
-        let (info, first) = {
+        let (info, first, pending) = {
             let mut core = shared.lock();
             let Some(index) = core.policies.by_name.get(self.policy).copied() else {
                 drop(core);
@@ -651,8 +674,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                 core.note(v);
             }
             let info = core.policies.info.get(index as usize).cloned();
-            self.levee.finish_locked(core);
-            (info, r)
+            (info, r, self.levee.unlock(core))
         };
         let Some(info) = info else {
             let mut err = LeveeError::new(Reason::None, self.policy);
@@ -669,10 +691,12 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         let mut verdict = match first {
             Ok(v) => {
                 shared.step("start", started, call, self.policy, None, Some(v));
+                drop(pending);
                 v
             }
             Err(trap) => {
                 guard.live = false;
+                drop(pending);
                 shared.traps.fetch_add(1, Ordering::Relaxed);
                 events::trap(&trap, self.policy);
                 return degraded(&info, deadline, shared.now(), call, 0, self.policy, Some(trap), &mut f).await;
@@ -726,23 +750,24 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     };
                     let (k, code, text, flags) = outcome.parts();
                     let wall = if k == OutcomeKind::HttpStatus && !text.is_empty() { wall_secs() } else { 0 };
-                    let r = {
+                    let (r, pending) = {
                         let mut core = shared.lock();
                         core.flush();
                         let r = core.raw.try_report(call, now, elapsed, k, code, text, wall, flags);
                         if let Ok(v) = r {
                             core.note(v);
                         }
-                        self.levee.finish_locked(core);
-                        r
+                        (r, self.levee.unlock(core))
                     };
                     match r {
                         Ok(v) => {
                             shared.step("report", now, call, self.policy, Some(&outcome), Some(v));
+                            drop(pending);
                             verdict = v;
                         }
                         Err(trap) => {
                             guard.live = false;
+                            drop(pending);
                             shared.traps.fetch_add(1, Ordering::Relaxed);
                             events::trap(&trap, self.policy);
                             return lost(last, self.policy, attempts, Some(trap));
@@ -766,23 +791,24 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     // Sleep holding nothing: the engine released the attempt's permits.
                     tokio::time::sleep(nanos(delay)).await;
                     let now = shared.now();
-                    let r = {
+                    let (r, pending) = {
                         let mut core = shared.lock();
                         core.flush();
                         let r = core.raw.try_acquire(call, now);
                         if let Ok(v) = r {
                             core.note(v);
                         }
-                        self.levee.finish_locked(core);
-                        r
+                        (r, self.levee.unlock(core))
                     };
                     match r {
                         Ok(v) => {
                             shared.step("acquire", now, call, self.policy, None, Some(v));
+                            drop(pending);
                             verdict = v;
                         }
                         Err(trap) => {
                             guard.live = false;
+                            drop(pending);
                             shared.traps.fetch_add(1, Ordering::Relaxed);
                             events::trap(&trap, self.policy);
                             return degraded(&info, deadline, now, call, attempts, self.policy, Some(trap), &mut f).await;
@@ -828,23 +854,24 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         },
                     };
                     let now = shared.now();
-                    let r = {
+                    let (r, pending) = {
                         let mut core = shared.lock();
                         core.flush();
                         let r = core.raw.try_report_fallback(call, now, ok);
                         if let Ok(v) = r {
                             core.note(v);
                         }
-                        self.levee.finish_locked(core);
-                        r
+                        (r, self.levee.unlock(core))
                     };
                     match r {
                         Ok(v) => {
                             shared.step("report-fallback", now, call, self.policy, None, Some(v));
+                            drop(pending);
                             verdict = v;
                         }
                         Err(trap) => {
                             guard.live = false;
+                            drop(pending);
                             shared.traps.fetch_add(1, Ordering::Relaxed);
                             events::trap(&trap, self.policy);
                             return lost(last, self.policy, attempts, Some(trap));
