@@ -27,7 +27,7 @@ demo: component
     bash examples/demo/run.sh
 
 # Every test: Rust (core, component, conformance, host, CLI), then Python, JavaScript, Go.
-test: component lint-rust test-rust test-vectors-schema test-hosts
+test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts
     @echo "levee: all tests passed"
 
 # Formatting and clippy (warnings are errors).
@@ -38,6 +38,14 @@ lint-rust: setup
 # Rust tests, release profile (wasmtime is built once, for tests and benches alike).
 test-rust: component
     cargo test --release --workspace
+
+# The Rust host's own checks: its e2e tests on the native backend too, the example on 127.0.0.1.
+test-rust-host: component
+    bash host-rust/ci.sh
+
+# The CLI's checks: example documents, every simulation scenario once (27x shown), the demo's server.
+test-cli: component
+    bash cli/ci.sh
 
 # Every conformance vector against conformance/schema.json.
 test-vectors-schema:
