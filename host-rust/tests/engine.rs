@@ -255,3 +255,15 @@ async fn an_unknown_policy_is_a_protocol_error() {
     let err = l.run("nope", |_| async { Ok::<(), std::io::Error>(()) }).await.expect_err("unknown");
     assert_eq!(err.invalid, Some(InvalidCode::UnknownPolicy));
 }
+
+#[test]
+fn the_handle_and_its_futures_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    fn send<T: Send>(_: &T) {}
+    let l = Levee::from_str(DOC).expect("loads");
+    send_sync(&l);
+    let fut = l.call::<u32, std::io::Error>("api").run(|_| async { Ok(1) });
+    send(&fut);
+    let raw = RawEngine::load(DOC, 1).expect("loads");
+    send(&raw);
+}
