@@ -128,11 +128,23 @@ fn push_event(events: &mut VecDeque<Event>, e: Event) {
     events.push_back(e);
 }
 
-#[inline]
+#[inline(always)]
 fn transition_events(events: &mut VecDeque<Event>, t: &[(BreakerState, BreakerState)], expired: &[u64], at: u64, policy: usize, key: &str) {
     if t.is_empty() && expired.is_empty() {
         return;
     }
+    transition_events_slow(events, t, expired, at, policy, key);
+}
+
+#[cold]
+fn transition_events_slow(
+    events: &mut VecDeque<Event>,
+    t: &[(BreakerState, BreakerState)],
+    expired: &[u64],
+    at: u64,
+    policy: usize,
+    key: &str,
+) {
     for c in expired {
         let mut e = Event::new(at, EventKind::PermitExpired, policy as u32, key);
         e.call = *c;
