@@ -7,7 +7,7 @@ import (
 )
 
 // Costs of single guest calls, with and without the guest-call bound
-// (wazero's WithCloseOnContextDone), for docs/perf/go.md.
+// (the instrumented module and its watchdog), for docs/perf/go.md.
 func BenchmarkGuestCalls(b *testing.B) {
 	const doc = "policies:\n  api:\n    attempts: 3\n"
 	for _, limit := range []time.Duration{time.Second, 0} {

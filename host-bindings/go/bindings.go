@@ -198,6 +198,8 @@ type instance struct {
 	fusedStart api.Function
 	scratch    uint32
 	scratchCap uint32
+	// the interrupt global (interrupt.go); nil when the module is not instrumented
+	interrupt api.MutableGlobal
 }
 
 // maxScratch bounds the scratch buffer; longer keys take the two-call path.
@@ -252,6 +254,9 @@ func newInstance(ctx context.Context, r wazero.Runtime, cm, adapter wazero.Compi
 		in.post[i] = mod.ExportedFunction(postPrefix + s.export) // nil if absent
 	}
 	in.dtor = mod.ExportedFunction(exportDtor)
+	if g, ok := mod.ExportedGlobal(interruptExport).(api.MutableGlobal); ok {
+		in.interrupt = g
+	}
 	if adapter != nil {
 		am, err := r.InstantiateModule(ctx, adapter, wazero.NewModuleConfig().WithName("").WithStartFunctions())
 		if err != nil {

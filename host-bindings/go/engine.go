@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
 )
 
 // ErrEngineFault is wrapped by every error that comes from the guest failing
@@ -65,9 +66,12 @@ func WithSeed(seed uint64) Option { return func(o *options) { o.seed = &seed } }
 func WithCoreModule(wasm []byte) Option { return func(o *options) { o.core = wasm } }
 
 // WithGuestCallLimit bounds every call into the guest (default 1 s); a call over it is
-// aborted and treated as a trap. The bound uses wazero's WithCloseOnContextDone,
-// which costs a goroutine per guest call. 0 turns the bound off, for a core
-// module you trust: guest calls are then cheaper but cannot be interrupted.
+// interrupted and treated as a trap. The engine instruments the core module with an
+// interrupt check at every loop head (interrupt.go) and runs one watchdog goroutine
+// that sets it, waking every limit/4 (between 1 ms and 250 ms), so a call is
+// interrupted at most about limit + limit/4 after it started; Close stops the
+// watchdog. 0 turns the bound off, for a core module you trust: no instrumentation,
+// no watchdog, but a guest call cannot be interrupted.
 func WithGuestCallLimit(d time.Duration) Option { return func(o *options) { o.callLimit = d } }
 
 // WithMemoryLimitPages bounds the guest's linear memory, in 64 KiB pages (default 512 = 32 MiB).
@@ -139,11 +143,10 @@ type Engine struct {
 	// a verdict said events are pending and nobody drained them yet
 	eventsPending atomic.Bool
 
-	// bounding of guest calls: a timer cancels gctx when a call runs too long
-	guard atomic.Pointer[guard]
-	timer *time.Timer
-	armed atomic.Bool
-	fired atomic.Bool
+	// bounding of guest calls (see watch)
+	watch *watch
+	// the start (engine ns) of the last guest call, to keep starts distinct
+	lastStart int64
 
 	nextCall atomic.Uint64
 	fbMu     sync.RWMutex
@@ -152,15 +155,62 @@ type Engine struct {
 
 type heldSuccess struct{ call, at, elapsed uint64 }
 
-// guard is the context guest calls run under; the watchdog cancels it.
-type guard struct {
-	ctx    context.Context
-	cancel context.CancelFunc
+// watch bounds guest calls: one goroutine per engine (started by Load, stopped by
+// Close) wakes every tick and, when the guest call in progress started more than
+// limit ago, sets the interrupt global of its instance (interrupt.go), so the
+// call traps at its next loop head. A guest call costs two atomic stores.
+type watch struct {
+	epoch time.Time
+	limit int64
+	tick  time.Duration
+	// the start (ns since epoch, > 0) of the guest call in progress; 0 when
+	// none is; -1 once the watchdog interrupted it
+	start atomic.Int64
+	// the interrupt global of the current instance
+	intr  atomic.Pointer[api.MutableGlobal]
+	fired atomic.Bool
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once
 }
 
-func newGuard() *guard {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &guard{ctx: ctx, cancel: cancel}
+func newWatch(epoch time.Time, limit time.Duration) *watch {
+	tick := min(max(limit/4, time.Millisecond), 250*time.Millisecond)
+	w := &watch{epoch: epoch, limit: int64(limit), tick: tick, stop: make(chan struct{}), done: make(chan struct{})}
+	go w.run()
+	return w
+}
+
+func (w *watch) run() {
+	defer close(w.done)
+	t := time.NewTicker(w.tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+		}
+		s := w.start.Load()
+		if s <= 0 || int64(time.Since(w.epoch))-s <= w.limit {
+			continue
+		}
+		// The instance is read after the start it belongs to (the engine sets it
+		// before the call), and is the call's own if the call is still in progress
+		// at the swap: instances are replaced only between guest calls.
+		g := w.intr.Load()
+		if w.start.CompareAndSwap(s, -1) {
+			w.fired.Store(true)
+			if g != nil {
+				(*g).Set(1)
+			}
+		}
+	}
+}
+
+func (w *watch) close() {
+	w.once.Do(func() { close(w.stop) })
+	<-w.done
 }
 
 // Load parses, validates and fills defaults of a policy document (YAML or JSON)
@@ -188,8 +238,13 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 	if len(wasm) == 0 {
 		return nil, errors.New("levee: no core module: this build has none embedded (run ci.sh, or pass WithCoreModule)")
 	}
-	cfg := wazero.NewRuntimeConfig().WithCompilationCache(compileCache).
-		WithCloseOnContextDone(e.o.callLimit > 0).WithMemoryLimitPages(e.o.memoryPages)
+	if e.o.callLimit > 0 {
+		var err error
+		if wasm, err = instrumentInterrupt(wasm); err != nil {
+			return nil, err
+		}
+	}
+	cfg := wazero.NewRuntimeConfig().WithCompilationCache(compileCache).WithMemoryLimitPages(e.o.memoryPages)
 	e.rt = wazero.NewRuntimeWithConfig(ctx, cfg)
 	cm, err := e.rt.CompileModule(ctx, wasm)
 	if err != nil {
@@ -211,9 +266,9 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 		return nil, err
 	}
 	e.epoch = time.Now() // the clock starts once the module is compiled
-	e.guard.Store(newGuard())
-	e.timer = time.AfterFunc(time.Hour, e.watchdog)
-	e.timer.Stop()
+	if e.o.callLimit > 0 {
+		e.watch = newWatch(e.epoch, e.o.callLimit)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	lerrs, err := e.instantiateLocked()
@@ -227,34 +282,39 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 	return e, nil
 }
 
-func (e *Engine) watchdog() {
-	if e.armed.Load() {
-		e.fired.Store(true)
-		e.guard.Load().cancel()
-	}
-}
-
-// enter arms the guest-call bound and returns the context guest calls run under.
+// enter starts the guest-call bound and returns the context guest calls run
+// under (one without Done, so wazero starts no goroutine).
 func (e *Engine) enter() context.Context {
-	if e.o.callLimit <= 0 {
-		return e.guard.Load().ctx
+	if w := e.watch; w != nil {
+		s := max(int64(e.Now()), e.lastStart+1)
+		e.lastStart = s
+		w.start.Store(s)
 	}
-	if e.fired.Load() {
-		// The bound fired around the end of the last call: start afresh.
-		e.fired.Store(false)
-		e.guard.Store(newGuard())
-	}
-	e.armed.Store(true)
-	e.timer.Reset(e.o.callLimit)
-	return e.guard.Load().ctx
+	return context.Background()
 }
 
 func (e *Engine) leave() {
-	if e.o.callLimit <= 0 {
+	if w := e.watch; w != nil {
+		w.start.Store(0)
+	}
+}
+
+// setInstanceLocked makes in the current instance (nil: none).
+func (e *Engine) setInstanceLocked(in *instance) {
+	e.in = in
+	e.setIntr(in)
+}
+
+// setIntr points the watchdog at in's interrupt global; only between guest calls.
+func (e *Engine) setIntr(in *instance) {
+	if e.watch == nil {
 		return
 	}
-	e.armed.Store(false)
-	e.timer.Stop()
+	if in != nil && in.interrupt != nil {
+		e.watch.intr.Store(&in.interrupt)
+	} else {
+		e.watch.intr.Store(nil)
+	}
 }
 
 // instantiateLocked makes a fresh instance and loads the document into it.
@@ -265,6 +325,10 @@ func (e *Engine) instantiateLocked() ([]LoadError, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: instantiate: %w", ErrEngineFault, err)
 	}
+	// the watchdog interrupts the new instance from now on
+	e.leave()
+	e.setIntr(in)
+	ctx = e.enter()
 	rep, lerrs, err := in.load(ctx, e.doc, e.seed)
 	if err != nil {
 		in.close(context.Background())
@@ -274,9 +338,10 @@ func (e *Engine) instantiateLocked() ([]LoadError, error) {
 		in.close(context.Background())
 		return lerrs, nil
 	}
-	e.in, e.rep = in, rep
+	e.setInstanceLocked(in)
+	e.rep = rep
 	if err := e.refreshInfosLocked(ctx); err != nil {
-		e.in = nil
+		e.setInstanceLocked(nil)
 		in.close(context.Background())
 		return nil, fmt.Errorf("%w: %w", ErrEngineFault, err)
 	}
@@ -317,13 +382,14 @@ func (e *Engine) refreshInfosLocked(ctx context.Context) error {
 func (e *Engine) faultLocked(cause error) error {
 	if e.in != nil {
 		e.in.close(context.Background())
-		e.in = nil
+		e.setInstanceLocked(nil)
+	}
+	if e.watch != nil && e.watch.fired.Swap(false) {
+		cause = fmt.Errorf("guest call over its time bound of %v: %w", e.o.callLimit, cause)
 	}
 	e.gen++
 	e.lastRecovery = max(e.Now(), 1)
 	e.hold = heldSuccess{}
-	e.fired.Store(false)
-	e.guard.Store(newGuard())
 	ev := Event{At: e.Now(), Kind: EventEngineFault, Err: cause}
 	if _, err := e.instantiateLocked(); err != nil {
 		ev.Err = fmt.Errorf("%w; re-instantiation failed: %w", cause, err)
@@ -335,7 +401,7 @@ func (e *Engine) faultLocked(cause error) error {
 			ev.Err = fmt.Errorf("%w; snapshot not restored: %v %v", cause, err, lerr)
 			if err != nil {
 				e.in.close(context.Background())
-				e.in = nil
+				e.setInstanceLocked(nil)
 			}
 		}
 	}
@@ -362,8 +428,9 @@ func (e *Engine) readyLocked(keep bool) error {
 		if err := e.faultLocked(errors.New("engine unavailable")); e.in == nil {
 			return err
 		}
-	} else if e.fired.Load() && e.in.mod.IsClosed() {
-		return e.faultLocked(errors.New("guest call over its time bound"))
+	} else if e.watch != nil && e.watch.fired.Load() {
+		// the last guest call overran its bound (and perhaps still returned)
+		return e.faultLocked(errors.New("interrupted"))
 	}
 	if !keep && e.hold.call != 0 {
 		h := e.hold
@@ -445,12 +512,9 @@ func (e *Engine) Close(ctx context.Context) error {
 
 func (e *Engine) closeLocked(ctx context.Context) {
 	e.closed = true
-	e.in = nil
-	if e.timer != nil {
-		e.timer.Stop()
-	}
-	if g := e.guard.Load(); g != nil {
-		g.cancel()
+	e.setInstanceLocked(nil)
+	if e.watch != nil {
+		e.watch.close()
 	}
 	_ = e.rt.Close(ctx)
 }
