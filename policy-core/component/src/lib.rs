@@ -20,6 +20,10 @@ wit_bindgen::generate!({
     path: "../../wit",
 });
 
+// Native builds (clippy, `cargo test --workspace`) compile and check this layer, but only the
+// wasm build exports it: the canonical-ABI export names (`levee:policy/engine-api@0.1.0#...`)
+// are not valid symbols in a native linker's version script.
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 struct Component;
 
 /// The `engine` resource: one `levee_core::Engine`.
@@ -236,4 +240,5 @@ impl GuestEngine for EngineResource {
     }
 }
 
+#[cfg(target_arch = "wasm32")]
 export!(Component);
