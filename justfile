@@ -45,7 +45,7 @@ test-rust-host: component
 
 # The CLI's checks: example documents, every simulation scenario once (27x shown), the demo's server.
 test-cli: component
-    bash cli/ci.sh
+    LEVEE_WORKSPACE_TESTED=1 bash cli/ci.sh
 
 # Every conformance vector against conformance/schema.json.
 test-vectors-schema:
