@@ -9,7 +9,7 @@ pub mod component;
 
 use std::path::{Path, PathBuf};
 
-use levee_core::{Analysis, BreakerState, CallInfo, Event, OutcomeKind, PolicyInfo, Reason, Verdict, VerdictKind};
+use levee_core::{Analysis, BreakerState, CallInfo, Event, OutcomeKind, PolicyInfo, Verdict, VerdictKind};
 use serde_json::{json, Map, Value};
 
 /// An error from `load` or `reload`: (path, message).
@@ -334,9 +334,4 @@ pub fn vector_files() -> Vec<PathBuf> {
         .unwrap_or_default();
     files.sort();
     files
-}
-
-/// Reason names, for vector authors.
-pub fn reason_names() -> Vec<&'static str> {
-    Reason::ALL.iter().map(|r| r.name()).collect()
 }
