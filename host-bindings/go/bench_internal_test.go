@@ -6,37 +6,60 @@ import (
 	"time"
 )
 
+// benchDoc is the policy of bench/bench_test.go (retry + breaker).
+const benchDoc = `
+policies:
+  api:
+    attempts: 3
+    backoff: { kind: exponential, base: 100ms, multiplier: 2, cap: 5s, jitter: full }
+    breaker:
+      window: { kind: count, size: 100 }
+      failure-rate: 50
+      minimum-calls: 100
+      open-duration: 60s
+`
+
 // Costs of single guest calls, with and without the guest-call bound
-// (the instrumented module and its watchdog), for docs/perf/go.md.
+// (the instrumented module and its watchdog), for docs/perf/go.md:
+// a bare crossing, and `start` settling the previous call's success (the
+// whole guest work of a call that succeeds first time) under a retry-only
+// policy and under the retry + breaker policy of the bench/ comparison.
 func BenchmarkGuestCalls(b *testing.B) {
-	const doc = "policies:\n  api:\n    attempts: 3\n"
+	docs := []struct{ name, doc string }{
+		{"retry", "policies:\n  api:\n    attempts: 3\n"},
+		{"retry+breaker", benchDoc},
+	}
 	for _, limit := range []time.Duration{time.Second, 0} {
 		name := "bounded"
 		if limit == 0 {
 			name = "unbounded"
 		}
-		e, err := Load(context.Background(), doc, WithGuestCallLimit(limit), WithSeed(1))
-		if err != nil {
-			b.Fatal(err)
+		for _, d := range docs {
+			e, err := Load(context.Background(), d.doc, WithGuestCallLimit(limit), WithSeed(1))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if d.name == "retry" {
+				b.Run(name+"/policy-count", func(b *testing.B) {
+					for i := 0; i < b.N; i++ {
+						if _, err := e.PolicyCount(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+			b.Run(name+"/start-settling-previous/"+d.name, func(b *testing.B) {
+				prev := uint64(0)
+				for i := 0; i < b.N; i++ {
+					c := e.NewCallID()
+					now := e.Now()
+					if _, err := e.Start(c, 0, "", 0, now, prev, now, 1); err != nil {
+						b.Fatal(err)
+					}
+					prev = c
+				}
+			})
+			_ = e.Close(context.Background())
 		}
-		b.Run(name+"/policy-count", func(b *testing.B) {
-			for i := 0; i < b.N; i++ {
-				if _, err := e.PolicyCount(); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-		b.Run(name+"/start-settling-previous", func(b *testing.B) {
-			prev := uint64(0)
-			for i := 0; i < b.N; i++ {
-				c := e.NewCallID()
-				now := e.Now()
-				if _, err := e.Start(c, 0, "", 0, now, prev, now, 1); err != nil {
-					b.Fatal(err)
-				}
-				prev = c
-			}
-		})
-		_ = e.Close(context.Background())
 	}
 }

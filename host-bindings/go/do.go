@@ -85,8 +85,24 @@ func (e *Engine) RegisterFallback(name string, f Fallback) {
 	e.fbMu.Unlock()
 }
 
-// CallOption configures one call.
-type CallOption func(*callOpts)
+// CallOption configures one call. Options are plain values (not closures), so
+// applying them costs no allocation.
+type CallOption struct {
+	kind  callOptKind
+	s     string
+	flags uint32
+	mask  uint32 // flag bits cleared before flags are set
+	fb    Fallback
+}
+
+type callOptKind uint8
+
+const (
+	optNone callOptKind = iota
+	optKey
+	optFlags
+	optFallback
+)
 
 type callOpts struct {
 	key       string
@@ -94,29 +110,41 @@ type callOpts struct {
 	fallbacks map[string]Fallback
 }
 
-// WithKey runs the call under a key (say, a downstream host): breakers, buckets
-// and budgets are kept per policy and key.
-func WithKey(key string) CallOption { return func(c *callOpts) { c.key = key } }
-
-// NotIdempotent marks the operation as not idempotent.
-func NotIdempotent() CallOption { return func(c *callOpts) { c.flags |= FlagNotIdempotent } }
-
-// WithIdempotencyKey says the operation carries an idempotency key.
-func WithIdempotencyKey() CallOption { return func(c *callOpts) { c.flags |= FlagIdempotencyKey } }
-
-// WithMethod passes the HTTP method of the operation to the core.
-func WithMethod(method string) CallOption {
-	return func(c *callOpts) { c.flags = c.flags&^(0xf<<flagMethodShift) | MethodFlag(method) }
-}
-
-// WithCallFallback registers a fallback for this call only (it wins over the engine's).
-func WithCallFallback(name string, f Fallback) CallOption {
-	return func(c *callOpts) {
+func (o *CallOption) apply(c *callOpts) {
+	switch o.kind {
+	case optKey:
+		c.key = o.s
+	case optFlags:
+		c.flags = c.flags&^o.mask | o.flags
+	case optFallback:
 		if c.fallbacks == nil {
 			c.fallbacks = map[string]Fallback{}
 		}
-		c.fallbacks[name] = f
+		c.fallbacks[o.s] = o.fb
 	}
+}
+
+// WithKey runs the call under a key (say, a downstream host): breakers, buckets
+// and budgets are kept per policy and key.
+func WithKey(key string) CallOption { return CallOption{kind: optKey, s: key} }
+
+// NotIdempotent marks the operation as not idempotent.
+func NotIdempotent() CallOption { return CallOption{kind: optFlags, flags: FlagNotIdempotent} }
+
+// WithIdempotencyKey says the operation carries an idempotency key.
+func WithIdempotencyKey() CallOption { return CallOption{kind: optFlags, flags: FlagIdempotencyKey} }
+
+// WithMethod passes the HTTP method of the operation to the core.
+func WithMethod(method string) CallOption {
+	return CallOption{kind: optFlags, mask: 0xf << flagMethodShift, flags: MethodFlag(method)}
+}
+
+// withFlags sets flag bits.
+func withFlags(flags uint32) CallOption { return CallOption{kind: optFlags, flags: flags} }
+
+// WithCallFallback registers a fallback for this call only (it wins over the engine's).
+func WithCallFallback(name string, f Fallback) CallOption {
+	return CallOption{kind: optFallback, s: name, fb: f}
 }
 
 // Do runs fn under the policy: every attempt under its per-attempt timeout (a
@@ -270,7 +298,7 @@ func (e *Engine) startCall(call uint64, index uint32, key string, flags uint32) 
 	h := e.hold
 	e.hold = heldSuccess{}
 	now = e.Now()
-	ctx := e.enter()
+	ctx := e.enterAt(now) // one clock reading serves the call's start and the bound
 	v, err = e.in.start(ctx, e.rep, call, index, key, flags, now, h.call, h.at, h.elapsed)
 	e.leave()
 	if err != nil {
@@ -415,8 +443,8 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // fallback) panics, the call is cancelled in the core and the panic goes on.
 func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal any, fbUsed bool, err error) {
 	var co callOpts
-	for _, o := range opts {
-		o(&co)
+	for i := range opts {
+		opts[i].apply(&co)
 	}
 	st := p.st.Load()
 	if !st.ok {
@@ -457,10 +485,10 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 		_, err := a.attempt(ctx, time.Duration(info.AttemptTimeout))
 		return nil, false, err
 	}
-	if errors.Is(ferr, ErrClosed) {
-		return nil, false, ferr
-	}
 	if ferr != nil {
+		if errors.Is(ferr, ErrClosed) {
+			return nil, false, ferr
+		}
 		return singleAttempt()
 	}
 	tr := e.o.trace
@@ -489,7 +517,10 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 					timeout = max(left, 1)
 				}
 			}
-			t0 := e.Now()
+			// The attempt runs from the reading the verdict was asked at (one
+			// clock reading fewer; the crossing, well under a microsecond, counts
+			// toward its elapsed time).
+			t0 := now
 			o, aerr := a.attempt(ctx, timeout)
 			t1 := e.Now()
 			now = t1

@@ -285,8 +285,16 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 // enter starts the guest-call bound and returns the context guest calls run
 // under (one without Done, so wazero starts no goroutine).
 func (e *Engine) enter() context.Context {
+	if e.watch != nil {
+		return e.enterAt(e.Now())
+	}
+	return context.Background()
+}
+
+// enterAt is enter with a reading of the clock the caller has just taken.
+func (e *Engine) enterAt(now uint64) context.Context {
 	if w := e.watch; w != nil {
-		s := max(int64(e.Now()), e.lastStart+1)
+		s := max(int64(now), e.lastStart+1)
 		e.lastStart = s
 		w.start.Store(s)
 	}

@@ -48,7 +48,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		flags |= FlagIdempotencyKey
 	}
 	h := &httpAttempt{base: t.base(), req: req, body: req.Body}
-	fbv, used, err := t.Policy.run(req.Context(), h, []CallOption{WithKey(key), func(c *callOpts) { c.flags |= flags }})
+	fbv, used, err := t.Policy.run(req.Context(), h, []CallOption{WithKey(key), withFlags(flags)})
 	if used && err == nil {
 		h.discard()
 		if r, ok := fbv.(*http.Response); ok && r != nil {
