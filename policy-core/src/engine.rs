@@ -117,8 +117,6 @@ pub struct Engine {
     events: VecDeque<Event>,
     pub(crate) rng: Rng,
     pub(crate) tick: u64,
-    /// A shared empty key, so that starting a call allocates nothing.
-    no_key: Arc<str>,
 }
 
 fn push_event(events: &mut VecDeque<Event>, e: Event) {
@@ -158,30 +156,21 @@ fn transition_events_slow(
     }
 }
 
-/// Find or make the state of `key`, evicting the least recently used key (idle ones first)
-/// when the policy's bound is reached. `hint` is where the caller last found this key (with
-/// the table's own `Arc`): when it still holds there, no string is compared.
-#[allow(clippy::too_many_arguments)]
-fn key_state<'a>(
-    keys: &'a mut VecMap<Arc<str>, KeyState>,
+/// Position of the state of `key`, made when absent, evicting the least recently used key
+/// (idle ones first) when the policy's bound is reached.
+fn key_position(
+    keys: &mut VecMap<Arc<str>, KeyState>,
     p: &Policy,
     policy: usize,
     key: &str,
-    hint: Option<(&mut usize, &mut Arc<str>)>,
-    tick: &mut u64,
+    tick: u64,
     now: u64,
     events: &mut VecDeque<Event>,
-) -> &'a mut KeyState {
-    *tick = tick.wrapping_add(1);
-    let t = *tick;
-    let fast = match &hint {
-        Some((at, name)) => keys.at_mut(**at).is_some_and(|(k, _)| Arc::ptr_eq(k, name)),
-        None => false,
-    };
-    let index = match hint {
-        Some((at, _)) if fast => *at,
-        hint => {
-            if keys.len() >= p.max_keys as usize && !keys.contains_key(key) {
+) -> usize {
+    match keys.find(key) {
+        Ok(i) => i,
+        Err(_) => {
+            if keys.len() >= p.max_keys as usize {
                 let victim = keys.iter().min_by_key(|(_, s)| (s.in_flight > 0, s.last_used)).map(|(k, _)| k.clone());
                 if let Some(victim) = victim {
                     keys.remove(&*victim);
@@ -190,15 +179,37 @@ fn key_state<'a>(
                     push_event(events, e);
                 }
             }
-            let i = keys.position_or_insert_with(key, || Arc::from(key), || KeyState::fresh(p, t));
-            if let (Some((at, name)), Some((k, _))) = (hint, keys.at_mut(i)) {
-                *at = i;
-                *name = k.clone();
-            }
-            i
+            keys.position_or_insert_with(key, || Arc::from(key), || KeyState::fresh(p, tick))
         }
-    };
-    let state = keys.value_at_or_insert_with(index, key, || Arc::from(key), || KeyState::fresh(p, t));
+    }
+}
+
+/// The state of a live call's key. `at` is where the call last found it: when the table still
+/// holds the call's own `Arc` there, nothing is searched or compared; otherwise (the table
+/// changed, or the key was evicted and is made again) it is found by name and `at` and `name`
+/// are brought up to date.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn call_key_state<'a>(
+    keys: &'a mut VecMap<Arc<str>, KeyState>,
+    p: &Policy,
+    policy: usize,
+    name: &mut Arc<str>,
+    at: &mut usize,
+    tick: &mut u64,
+    now: u64,
+    events: &mut VecDeque<Event>,
+) -> &'a mut KeyState {
+    *tick = tick.wrapping_add(1);
+    let t = *tick;
+    if !keys.at(*at).is_some_and(|(k, _)| Arc::ptr_eq(k, name)) {
+        let key = Arc::clone(name);
+        *at = key_position(keys, p, policy, &key, t, now, events);
+        if let Some((k, _)) = keys.at(*at) {
+            *name = Arc::clone(k);
+        }
+    }
+    let state = keys.value_at_or_insert_with(*at, name, || Arc::clone(name), || KeyState::fresh(p, t));
     state.last_used = t;
     state
 }
@@ -212,7 +223,7 @@ impl Engine {
 
     pub(crate) fn from_policies(policies: Vec<Policy>, seed: u64) -> Engine {
         let keys = policies.iter().map(|_| VecMap::default()).collect();
-        Engine { policies, keys, calls: VecMap::default(), events: VecDeque::new(), rng: Rng::new(seed), tick: 0, no_key: Arc::from("") }
+        Engine { policies, keys, calls: VecMap::default(), events: VecDeque::new(), rng: Rng::new(seed), tick: 0 }
     }
 
     /// Replace the policies, keeping the state that still applies (see `import_state`) and the
@@ -299,26 +310,35 @@ impl Engine {
             // the host learns of when the call's next operation fails).
             let _ = self.report(settle_call, settle_at, settle_elapsed, OutcomeKind::Success, 0, "", 0, 0);
         }
-        if call == 0 || self.calls.contains_key(&call) {
+        let found = self.calls.find(&call);
+        if call == 0 || found.is_ok() {
             return self.finish(Verdict::invalid(InvalidCode::DuplicateCall));
         }
         let pi = policy as usize;
         if pi >= self.policies.len() {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         }
+        let mut slot = found.unwrap_or_else(|i| i);
         if self.calls.len() >= MAX_LIVE_CALLS {
             self.evict_oldest_call(now);
+            slot = self.calls.find(&call).unwrap_or_else(|i| i);
         }
         let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
-        let (mut key_at, mut key_arc) = (usize::MAX, Arc::clone(&self.no_key));
-        let ks = key_state(keys, p, pi, key, Some((&mut key_at, &mut key_arc)), &mut self.tick, now, &mut self.events);
+        self.tick = self.tick.wrapping_add(1);
+        let key_at = key_position(keys, p, pi, key, self.tick, now, &mut self.events);
+        let Some((key_arc, ks)) = keys.at_mut(key_at) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
+        };
+        let key_arc = Arc::clone(key_arc);
+        ks.last_used = self.tick;
         if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
             b.on_call(cfg, now);
         }
         let deadline = p.deadline.map(|d| now.saturating_add(d));
-        self.calls.insert(
+        self.calls.insert_at(
+            slot,
             call,
             Call {
                 policy: pi,
@@ -334,7 +354,7 @@ impl Engine {
                 reserved_at: None,
             },
         );
-        self.acquire(call, now)
+        self.acquire_at(slot, now)
     }
 
     fn evict_oldest_call(&mut self, now: u64) {
@@ -357,7 +377,7 @@ impl Engine {
         let Phase::InFlight { permit, slot } = c.phase else { return };
         c.phase = Phase::Ready;
         let (Some(p), Some(keys)) = (self.policies.get(c.policy), self.keys.get_mut(c.policy)) else { return };
-        let ks = key_state(keys, p, c.policy, &c.key.clone(), Some((&mut c.key_at, &mut c.key)), &mut self.tick, now, &mut self.events);
+        let ks = call_key_state(keys, p, c.policy, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events);
         if slot {
             ks.in_flight = ks.in_flight.saturating_sub(1);
         }
@@ -370,7 +390,15 @@ impl Engine {
 
     /// Acquire the next attempt of a call.
     pub fn acquire(&mut self, call: u64, now: u64) -> Verdict {
-        let Some(c) = self.calls.get_mut(&call) else {
+        match self.calls.find(&call) {
+            Ok(slot) => self.acquire_at(slot, now),
+            Err(_) => self.finish(Verdict::invalid(InvalidCode::UnknownCall)),
+        }
+    }
+
+    /// Acquire the next attempt of the call at a position of the call table.
+    fn acquire_at(&mut self, slot: usize, now: u64) -> Verdict {
+        let Some((&call, c)) = self.calls.at_mut(slot) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
         if c.phase != Phase::Ready {
@@ -389,8 +417,7 @@ impl Engine {
             // Cannot happen through `report`; kept so that no path exceeds the maximum.
             return self.end(call, Reason::RetriesExhausted, 0, now);
         }
-        let name = Arc::clone(&c.key);
-        let ks = key_state(keys, p, pi, &name, Some((&mut c.key_at, &mut c.key)), &mut self.tick, now, &mut self.events);
+        let ks = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events);
 
         // Circuit breaker.
         let mut permit = false;
@@ -513,7 +540,10 @@ impl Engine {
         wall_secs: u64,
         flags: u32,
     ) -> Verdict {
-        let Some(c) = self.calls.get_mut(&call) else {
+        let Ok(at) = self.calls.find(&call) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
+        };
+        let Some((_, c)) = self.calls.at_mut(at) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
         let Phase::InFlight { permit: _, slot } = c.phase else {
@@ -524,8 +554,7 @@ impl Engine {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         c.phase = Phase::Ready;
-        let name = Arc::clone(&c.key);
-        let ks = key_state(keys, p, pi, &name, Some((&mut c.key_at, &mut c.key)), &mut self.tick, now, &mut self.events);
+        let ks = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events);
         if slot {
             ks.in_flight = ks.in_flight.saturating_sub(1);
         }
@@ -552,7 +581,7 @@ impl Engine {
             if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
                 b.on_success(cfg);
             }
-            self.calls.remove(&call);
+            self.calls.remove_at(at);
             return self.finish(Verdict::new(VerdictKind::Done, 0, 0));
         }
         let overloaded = kind == OutcomeKind::HttpStatus && flags & FLAG_OVERLOADED != 0;
@@ -688,7 +717,12 @@ impl Engine {
         let Some(cfg) = &p.breaker else {
             return Err(format!("policy `{}` has no breaker", p.name));
         };
-        let ks = key_state(keys, p, pi, key, None, &mut self.tick, now, &mut self.events);
+        self.tick = self.tick.wrapping_add(1);
+        let at = key_position(keys, p, pi, key, self.tick, now, &mut self.events);
+        let Some((_, ks)) = keys.at_mut(at) else {
+            return Err(format!("no state for key `{key}`"));
+        };
+        ks.last_used = self.tick;
         let b = ks.breaker.get_or_insert_with(|| cfg.fresh());
         let mut t = Vec::new();
         b.force(cfg, state, now, &mut t)?;

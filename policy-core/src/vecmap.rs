@@ -19,7 +19,8 @@ impl<K, V> Default for VecMap<K, V> {
 }
 
 impl<K: Ord, V> VecMap<K, V> {
-    fn find<Q: Ord + ?Sized>(&self, key: &Q) -> Result<usize, usize>
+    /// Where `key` is (`Ok`), or where it would be inserted (`Err`).
+    pub(crate) fn find<Q: Ord + ?Sized>(&self, key: &Q) -> Result<usize, usize>
     where
         K: Borrow<Q>,
     {
@@ -39,13 +40,6 @@ impl<K: Ord, V> VecMap<K, V> {
     {
         let i = self.find(key).ok()?;
         self.items.get_mut(i).map(|(_, v)| v)
-    }
-
-    pub(crate) fn contains_key<Q: Ord + ?Sized>(&self, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-    {
-        self.find(key).is_ok()
     }
 
     /// The value for `key`, inserting `make()` under `owned()` when absent.
@@ -87,6 +81,22 @@ impl<K: Ord, V> VecMap<K, V> {
         self.items.iter().map(|(k, v)| (k, v))
     }
 
+    /// The entry at a position, if any.
+    pub(crate) fn at(&self, i: usize) -> Option<(&K, &V)> {
+        self.items.get(i).map(|(k, v)| (k, v))
+    }
+
+    /// Insert at a position `find` answered `Err` with (nothing else changed the map since).
+    pub(crate) fn insert_at(&mut self, i: usize, key: K, value: V) {
+        debug_assert!(self.items.get(i).is_none_or(|(k, _)| *k > key) && (i == 0 || self.items.get(i - 1).is_some_and(|(k, _)| *k < key)));
+        self.items.insert(i.min(self.items.len()), (key, value));
+    }
+
+    /// Remove the entry at a position.
+    pub(crate) fn remove_at(&mut self, i: usize) -> Option<(K, V)> {
+        (i < self.items.len()).then(|| self.items.remove(i))
+    }
+
     /// The entry at a position, if any (for callers that remember where a key was).
     pub(crate) fn at_mut(&mut self, i: usize) -> Option<(&K, &mut V)> {
         self.items.get_mut(i).map(|(k, v)| (&*k, v))
@@ -108,6 +118,7 @@ impl<K: Ord, V> VecMap<K, V> {
 
     /// The value at a position known to be valid, or (should it not be) the value for `key`.
     #[allow(clippy::indexing_slicing)] // bounds checked on the line before.
+    #[inline]
     pub(crate) fn value_at_or_insert_with<Q: Ord + ?Sized>(
         &mut self,
         i: usize,
