@@ -512,6 +512,8 @@ func (in *instance) start(ctx context.Context, rep uint32, call uint64, policy u
 			return 0, trapf("scratch buffer at %d out of bounds", in.scratch)
 		}
 		fn, p, n = in.fusedStart, in.scratch, uint32(len(key))
+	} else if key == "" {
+		p, n = 1, 0 // as lowerBytes gives a zero-length value, without the call
 	} else {
 		var err error
 		if p, n, err = in.lowerBytes(ctx, key, nil); err != nil {
