@@ -302,6 +302,8 @@ export class Levee {
   readonly #metrics: Metrics | undefined;
   #nextCall = 1;
   // The success held back to ride on the next `start` (DESIGN.md, "batching").
+  // `#holding` says whether there is one (a boolean: comparing BigInts costs a builtin call).
+  #holding = false;
   #heldCall = 0n;
   #heldAt = 0n;
   #heldElapsed = 0n;
@@ -519,9 +521,9 @@ export class Levee {
    * themselves; call it before reading state or events right after a success.
    */
   flush(): void {
-    if (this.#heldCall === 0n) return;
+    if (!this.#holding) return;
     const call = this.#heldCall;
-    this.#heldCall = 0n;
+    this.#holding = false;
     let v: bigint;
     try {
       v = this.#engine.report(call, this.#heldAt, this.#heldElapsed, 'success', 0, '', 0n, 0);
@@ -613,7 +615,7 @@ export class Levee {
    */
   #recover(error: unknown, phase: string, policyName: string): void {
     this.#generation++;
-    this.#heldCall = 0n;
+    this.#holding = false;
     const restored = this.#reinstantiate();
     const event: EngineFaultEvent = { kind: 'engine-fault', phase, error, restored, policyName };
     this.#metrics?.fault(event);
@@ -669,12 +671,11 @@ export class Levee {
     const call = BigInt(this.#nextCall++);
     let v: bigint;
     try {
-      const held = this.#heldCall;
       const flags = options === undefined ? 0 : startFlags(options);
       const key = options?.key ?? '';
-      if (held !== 0n) {
-        this.#heldCall = 0n;
-        v = this.#engine.start(call, p.index, key, flags, now, held, this.#heldAt, this.#heldElapsed);
+      if (this.#holding) {
+        this.#holding = false;
+        v = this.#engine.start(call, p.index, key, flags, now, this.#heldCall, this.#heldAt, this.#heldElapsed);
       } else {
         v = this.#engine.start(call, p.index, key, flags, now, 0n, 0n, 0n);
       }
@@ -698,7 +699,12 @@ export class Levee {
     return this.#drive(p, fn, options, call, v, now, gen, 0, undefined);
   }
 
-  async #fast<T>(
+  /**
+   * The first attempt of the common case. Not an `async` function: the attempt's promise gets one
+   * reaction (read the clock, hold the success back) and the caller awaits the promise it returns,
+   * the fewest hops and allocations that can still time the attempt.
+   */
+  #fast<T>(
     p: PolicyEntry,
     fn: (ctx: AttemptContext) => T | PromiseLike<T>,
     options: RunOptions<T> | undefined,
@@ -706,24 +712,54 @@ export class Levee {
     started: bigint,
     gen: number,
   ): Promise<T> {
-    let result: T;
+    let r: T | PromiseLike<T>;
     try {
-      const r = fn(FIRST_ATTEMPT);
-      result = isThenable(r) ? await r : r;
+      r = fn(FIRST_ATTEMPT);
     } catch (err) {
-      const now = this.#now();
-      const outcome = options?.errorOutcome?.(err) ?? outcomeOfError(err);
-      const v = this.#reportAttempt(p, call, now, now - started, outcome, gen, 1, err, undefined);
-      return this.#drive(p, fn, options, call, v, now, gen, 1, err);
+      return this.#firstFailed(p, fn, options, call, started, gen, err);
     }
+    const onValue = (value: T): T => {
+      this.#succeeded(call, started, gen);
+      return value;
+    };
+    const onError = (err: unknown): Promise<T> => this.#firstFailed(p, fn, options, call, started, gen, err);
+    // A native promise (what an async function returns) gets its reaction directly; another
+    // thenable is adopted first, as `await` would.
+    if (r instanceof Promise) return (r as Promise<T>).then(onValue, onError);
+    if (isThenable(r)) return Promise.resolve(r).then(onValue, onError);
+    this.#succeeded(call, started, gen);
+    return Promise.resolve(r);
+  }
+
+  #succeeded(call: bigint, started: bigint, gen: number): void {
     const now = this.#now();
     if (this.#generation === gen) this.#hold(call, now, now - started);
-    return result;
+  }
+
+  #firstFailed<T>(
+    p: PolicyEntry,
+    fn: (ctx: AttemptContext) => T | PromiseLike<T>,
+    options: RunOptions<T> | undefined,
+    call: bigint,
+    started: bigint,
+    gen: number,
+    err: unknown,
+  ): Promise<T> {
+    const now = this.#now();
+    let v: bigint;
+    try {
+      const outcome = options?.errorOutcome?.(err) ?? outcomeOfError(err);
+      v = this.#reportAttempt(p, call, now, now - started, outcome, gen, 1, err, undefined);
+    } catch (failure) {
+      return Promise.reject(failure);
+    }
+    return this.#drive(p, fn, options, call, v, now, gen, 1, err);
   }
 
   /** Hold a success back: it rides on the next `start` (or a flush soon after). */
   #hold(call: bigint, now: bigint, elapsed: bigint): void {
-    if (this.#heldCall !== 0n) this.flush();
+    if (this.#holding) this.flush();
+    this.#holding = true;
     this.#heldCall = call;
     this.#heldAt = now;
     this.#heldElapsed = elapsed;
@@ -748,7 +784,7 @@ export class Levee {
     }
     let v: bigint;
     try {
-      if (this.#heldCall !== 0n) this.flush();
+      if (this.#holding) this.flush();
       v = this.#report(call, now, elapsed, outcome);
     } catch (err) {
       this.#recover(err, 'report', p.name);
@@ -864,7 +900,7 @@ export class Levee {
           return this.#single(p, fn, options, attempts, now, lastError, deadline);
         }
         try {
-          if (this.#heldCall !== 0n) this.flush();
+          if (this.#holding) this.flush();
           v = this.#engine.acquire(call, now);
         } catch (err) {
           this.#recover(err, 'acquire', p.name);
@@ -905,7 +941,7 @@ export class Levee {
           throw new LeveeError('engine-fault', { policy: p.name, attempts, lastError, lastResult });
         }
         try {
-          if (this.#heldCall !== 0n) this.flush();
+          if (this.#holding) this.flush();
           v = this.#engine.reportFallback(call, now, ok);
         } catch (err) {
           this.#recover(err, 'report-fallback', p.name);
@@ -920,7 +956,7 @@ export class Levee {
         // A failure changed the breaker and budget state: keep it for trap recovery (at most
         // every 10 ms, so a storm of rejections does not export on every call).
         if (this.#generation === gen && now - this.#lastCheckpointAt > 10_000_000n) {
-          if (this.#heldCall !== 0n) this.flush();
+          if (this.#holding) this.flush();
           this.#checkpoint(now);
         }
         throw new LeveeError(REASONS[detail] ?? 'none', {
