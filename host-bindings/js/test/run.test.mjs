@@ -359,6 +359,60 @@ describe('run', () => {
     assert.ok(JSON.parse(levee.policyJson('quick')));
   });
 
+  test('the core module called directly (empty key) answers as the glue does (a key)', async () => {
+    const runs = [];
+    for (const key of ['', 'k']) {
+      const steps = [];
+      const levee = loadSync(DOC, { seed: 5n, trace: (s) => steps.push(s) });
+      const proto = levee.component.engineApi.Engine.prototype;
+      const glueStart = proto.start;
+      let glueCalls = 0;
+      proto.start = function (...args) {
+        glueCalls++;
+        return glueStart.apply(this, args);
+      };
+      for (let i = 0; i < 20; i++) {
+        await levee.run(
+          'quick',
+          ({ attempt }) => {
+            if (i % 4 === 0 && attempt === 1) throw new FlakyError('first try');
+            return i;
+          },
+          { key },
+        );
+      }
+      levee.flush();
+      assert.equal(glueCalls, key === '' ? 0 : 20, `start through the glue with key "${key}"`);
+      runs.push(steps.map((s) => [s.op, s.call, s.verdict]));
+    }
+    assert.ok(runs[0].length > 20);
+    assert.deepEqual(runs[0], runs[1]);
+  });
+
+  test('a verdict with the top bit set comes out of the core module as a u64', async () => {
+    // fail, retry-after-too-long, payload 2^48-1: negative as the core module's i64.
+    const verdict = encodeVerdict(5, 9, 2 ** 48 - 1, false);
+    const levee = loadSync(DOC, {
+      seed: 1n,
+      instantiateCore: (module, imports) => {
+        const exports = { ...new WebAssembly.Instance(module, imports).exports };
+        for (const name of Object.keys(exports)) {
+          if (name.endsWith('[method]engine.start')) exports[name] = () => BigInt.asIntN(64, verdict);
+        }
+        return { exports };
+      },
+    });
+    await assert.rejects(
+      levee.run('single', () => 1),
+      (err) => {
+        assert.ok(err instanceof LeveeError);
+        assert.equal(err.reason, 'retry-after-too-long');
+        assert.equal(err.retryAfterMs, (2 ** 48 - 1) / 1e6);
+        return true;
+      },
+    );
+  });
+
   test('a held-back success is settled on the next start with its events', async () => {
     const levee = loadSync(DOC, { seed: 1n });
     for (let i = 0; i < 5; i++) assert.equal(await levee.run('single', () => i), i);
