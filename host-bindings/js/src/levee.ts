@@ -187,8 +187,10 @@ type CoreStart = (
   settleAt: bigint,
   settleElapsed: bigint,
 ) => bigint;
-// Names the component model gives the core module's export and the resource constructor it imports.
+type CoreRealloc = (ptr: number, oldSize: number, align: number, size: number) => number;
+// Names the component model gives the core module's exports and the resource constructor it imports.
 const CORE_START = 'levee:policy/engine-api@0.1.0#[method]engine.start';
+const CORE_REALLOC = 'cabi_realloc';
 const RESOURCE_IMPORTS = '[export]levee:policy/engine-api@0.1.0';
 const RESOURCE_NEW = '[resource-new]engine';
 
@@ -313,10 +315,14 @@ export class Levee {
   readonly #seed: bigint;
   #exports!: ComponentExports;
   #engine!: Engine;
-  // The hot path calls the core module's `start` directly when the key is empty (no string to
-  // lower): the same ABI call jco's glue makes, without its per-argument coercions (about 200
-  // instructions a call). `#rep` is the engine's representation, captured when the guest creates it.
+  // The hot path calls the core module's `start` directly: the same canonical-ABI call jco's glue
+  // makes, without its per-argument coercions (about 250 instructions a call) and with a key of
+  // ASCII characters written straight into guest memory (the glue's TextEncoder costs 1-2 us a call).
+  // `#rep` is the engine's representation, captured when the guest creates it.
   #coreStart: CoreStart | undefined;
+  #coreRealloc: CoreRealloc | undefined;
+  #coreMemory: WebAssembly.Memory | undefined;
+  #coreBytes = new Uint8Array(0);
   #rep = 0;
   #healthy = true;
   #closed = false;
@@ -369,6 +375,8 @@ export class Levee {
     const base = this.#instantiateCore ?? ((m, i) => new WebAssembly.Instance(m, i as WebAssembly.Imports));
     const memories: WebAssembly.Memory[] = [];
     let coreStart: CoreStart | undefined;
+    let coreRealloc: CoreRealloc | undefined;
+    let coreMemory: WebAssembly.Memory | undefined;
     let reps: number[] = [];
     const exports = instantiate(this.#platform.getCoreModule, {}, (module, imports) => {
       const resources = (imports as Record<string, Record<string, unknown>> | undefined)?.[RESOURCE_IMPORTS];
@@ -380,9 +388,17 @@ export class Levee {
         };
       }
       const instance = base(module, imports);
-      for (const [name, value] of Object.entries(instance.exports)) {
+      const core = instance.exports;
+      for (const value of Object.values(core)) {
         if (value instanceof WebAssembly.Memory) memories.push(value);
-        else if (name === CORE_START && typeof value === 'function') coreStart = value as CoreStart;
+      }
+      const start = core[CORE_START];
+      if (typeof start === 'function') {
+        // The module that exports `start` owns the memory and allocator its arguments go into.
+        coreStart = start as CoreStart;
+        const realloc = core[CORE_REALLOC];
+        coreRealloc = typeof realloc === 'function' ? (realloc as CoreRealloc) : undefined;
+        coreMemory = core.memory instanceof WebAssembly.Memory ? core.memory : undefined;
       }
       return instance;
     });
@@ -400,11 +416,21 @@ export class Levee {
     this.#engine = engine;
     // Exactly one engine made by this load, with an i32 rep: otherwise always go through the glue.
     const rep = reps.length === 1 ? reps[0] : undefined;
-    if (coreStart !== undefined && typeof rep === 'number' && rep === (rep | 0)) {
+    if (
+      coreStart !== undefined &&
+      coreRealloc !== undefined &&
+      coreMemory !== undefined &&
+      typeof rep === 'number' &&
+      rep === (rep | 0)
+    ) {
       this.#coreStart = coreStart;
+      this.#coreRealloc = coreRealloc;
+      this.#coreMemory = coreMemory;
       this.#rep = rep;
     } else {
       this.#coreStart = undefined;
+      this.#coreRealloc = undefined;
+      this.#coreMemory = undefined;
       this.#rep = 0;
     }
   }
@@ -723,11 +749,22 @@ export class Levee {
       const held = this.#holding;
       this.#holding = false;
       const coreStart = this.#coreStart;
-      if (key === '' && coreStart !== undefined) {
-        // An empty string lowers to (1, 0), as the glue lowers it; the i64 verdict is read as u64.
+      const keyPtr = coreStart === undefined ? -1 : this.#lowerKey(key);
+      if (coreStart !== undefined && keyPtr >= 0) {
         v = held
-          ? coreStart(this.#rep, call, p.index, 1, 0, flags, now, this.#heldCall, this.#heldAt, this.#heldElapsed)
-          : coreStart(this.#rep, call, p.index, 1, 0, flags, now, 0n, 0n, 0n);
+          ? coreStart(
+              this.#rep,
+              call,
+              p.index,
+              keyPtr,
+              key.length,
+              flags,
+              now,
+              this.#heldCall,
+              this.#heldAt,
+              this.#heldElapsed,
+            )
+          : coreStart(this.#rep, call, p.index, keyPtr, key.length, flags, now, 0n, 0n, 0n);
       } else if (held) {
         v = this.#engine.start(call, p.index, key, flags, now, this.#heldCall, this.#heldAt, this.#heldElapsed);
       } else {
@@ -756,6 +793,26 @@ export class Levee {
       return this.#fast(p, fn, options, call, now, gen);
     }
     return this.#drive(p, fn, options, call, v, now, gen, 0, undefined);
+  }
+
+  /**
+   * Lower a key for the core module's `start` as the canonical ABI lowers a string: UTF-8 bytes in
+   * memory the guest allocated with `cabi_realloc(0, 0, 1, len)` (the guest takes ownership), or
+   * (1, 0) for an empty key. Only ASCII keys are written here (their UTF-8 length is their length);
+   * for any other key this answers -1 and the call goes through jco's glue.
+   */
+  #lowerKey(key: string): number {
+    const len = key.length;
+    if (len === 0) return 1;
+    for (let i = 0; i < len; i++) if (key.charCodeAt(i) > 0x7f) return -1;
+    const ptr = this.#coreRealloc!(0, 0, 1, len) >>> 0;
+    // After the allocation: it may have grown the memory and replaced its buffer.
+    const buffer = this.#coreMemory!.buffer;
+    let bytes = this.#coreBytes;
+    if (bytes.buffer !== buffer) this.#coreBytes = bytes = new Uint8Array(buffer);
+    if (ptr + len > bytes.length) throw new RangeError('levee: cabi_realloc returned memory out of bounds');
+    for (let i = 0; i < len; i++) bytes[ptr + i] = key.charCodeAt(i);
+    return ptr;
   }
 
   /**

@@ -71,7 +71,7 @@ describe('verdicts', () => {
 });
 
 describe('strings into the component', () => {
-  test('keys round-trip exactly, ASCII (fast path) or not, short or long', () => {
+  test('keys round-trip exactly through the glue, ASCII or not, short or long', () => {
     const { Engine } = instantiateComponent().engineApi;
     const engine = Engine.load('policies:\n  p:\n    attempts: 2\n', 1n);
     const keys = [
@@ -90,6 +90,33 @@ describe('strings into the component', () => {
       assert.equal(engine.policyIndex(key), undefined);
     });
     assert.equal(engine.policyIndex('p'), 0);
+  });
+
+  test('keys that run() lowers into guest memory itself arrive exactly (and others through the glue)', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    const seen = [];
+    levee.on('retry-scheduled', (e) => seen.push(e.key));
+    const keys = [
+      'svc',
+      'api.example.test:443',
+      'ключ-🙂',
+      'a'.repeat(300),
+      'c'.repeat(255) + 'é',
+      '\u007f\u0000x',
+      '',
+    ];
+    for (const key of keys) {
+      const value = await levee.run(
+        'quick',
+        ({ attempt }) => {
+          if (attempt === 1) throw new FlakyError('first try');
+          return key;
+        },
+        { key },
+      );
+      assert.equal(value, key);
+    }
+    assert.deepEqual(seen, keys);
   });
 });
 
@@ -359,9 +386,9 @@ describe('run', () => {
     assert.ok(JSON.parse(levee.policyJson('quick')));
   });
 
-  test('the core module called directly (empty key) answers as the glue does (a key)', async () => {
+  test('the core module called directly (ASCII keys) answers as the glue does (other keys)', async () => {
     const runs = [];
-    for (const key of ['', 'k']) {
+    for (const key of ['', 'k', 'ключ']) {
       const steps = [];
       const levee = loadSync(DOC, { seed: 5n, trace: (s) => steps.push(s) });
       const proto = levee.component.engineApi.Engine.prototype;
@@ -382,11 +409,12 @@ describe('run', () => {
         );
       }
       levee.flush();
-      assert.equal(glueCalls, key === '' ? 0 : 20, `start through the glue with key "${key}"`);
+      assert.equal(glueCalls, key === 'ключ' ? 20 : 0, `start through the glue with key "${key}"`);
       runs.push(steps.map((s) => [s.op, s.call, s.verdict]));
     }
     assert.ok(runs[0].length > 20);
     assert.deepEqual(runs[0], runs[1]);
+    assert.deepEqual(runs[0], runs[2]);
   });
 
   test('a verdict with the top bit set comes out of the core module as a u64', async () => {
