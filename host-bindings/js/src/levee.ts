@@ -204,6 +204,8 @@ class Attempt implements AttemptContext {
   #controller: AbortController | undefined;
   #timer: ReturnType<typeof setTimeout> | undefined;
   #onOuterAbort: (() => void) | undefined;
+  #aborted = false;
+  #abortReason: unknown = undefined;
   timedOut = false;
 
   constructor(attempt: number, timeoutMs: number, outer: AbortSignal | undefined) {
@@ -214,16 +216,20 @@ class Attempt implements AttemptContext {
 
   get signal(): AbortSignal {
     if (this.#controller !== undefined) return this.#controller.signal;
-    // Without a timeout the caller's signal is the attempt's: made lazily, so an attempt that never
-    // looks at its signal costs no AbortController.
+    // Without a timeout the caller's signal is the attempt's. Otherwise the controller is made on
+    // first use, so an attempt that never looks at its signal costs no AbortController.
     if (this.timeoutMs === 0) return this.#outer ?? NO_SIGNAL;
-    return this.#arm().signal;
-  }
-
-  #arm(): AbortController {
     const controller = new AbortController();
     this.#controller = controller;
-    return controller;
+    if (this.#aborted) controller.abort(this.#abortReason);
+    return controller.signal;
+  }
+
+  #abort(reason: unknown): void {
+    if (this.#aborted) return;
+    this.#aborted = true;
+    this.#abortReason = reason;
+    this.#controller?.abort(reason);
   }
 
   /**
@@ -235,7 +241,6 @@ class Attempt implements AttemptContext {
     return new Promise<T>((resolve, reject) => {
       const outer = this.#outer;
       if (this.timeoutMs > 0) {
-        const controller = this.#controller ?? this.#arm();
         this.#timer = setTimeout(
           () => {
             this.timedOut = true;
@@ -243,7 +248,7 @@ class Attempt implements AttemptContext {
               `attempt ${this.attempt} timed out after ${this.timeoutMs} ms`,
               'TimeoutError',
             );
-            controller.abort(reason);
+            this.#abort(reason);
             reject(reason);
           },
           Math.min(Math.max(this.timeoutMs, 0), MAX_TIMER_MS),
@@ -251,7 +256,7 @@ class Attempt implements AttemptContext {
       }
       if (outer !== undefined) {
         const onAbort = (): void => {
-          this.#controller?.abort(outer.reason);
+          this.#abort(outer.reason);
           reject(outer.reason);
         };
         this.#onOuterAbort = onAbort;

@@ -255,6 +255,21 @@ describe('run', () => {
     assert.ok(signals.every((s) => s.aborted && s.reason.name === 'TimeoutError'));
   });
 
+  test('an attempt signal first read after its timeout fired is already aborted', async () => {
+    const levee = loadSync(DOC, { seed: 1n });
+    const late = [];
+    await assert.rejects(
+      levee.run('timed', async (ctx) => {
+        await new Promise((r) => setTimeout(r, 80));
+        late.push(ctx.signal);
+      }),
+      (err) => err.reason === 'retries-exhausted',
+    );
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(late.length, 2);
+    assert.ok(late.every((s) => s.aborted && s.reason.name === 'TimeoutError'));
+  });
+
   test('a synchronous attempt under a timeout or a caller signal returns its value', async () => {
     const levee = loadSync(DOC, { seed: 1n });
     assert.equal(await levee.run('timed', () => 'sync'), 'sync');
