@@ -560,7 +560,7 @@ fn triggers(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Vec<Reason> {
                     let hint = doc::closest(s, &names).map(|n| format!("; did you mean `{n}`?")).unwrap_or_default();
                     errors.push(LoadError::new(
                         &format!("{path}[{i}]"),
-                        format!("`{s}` is not a fallback trigger{hint} (use any, {})", names.join(", ")),
+                        format!("`{s}` is not a fallback trigger{hint} (use any, {})", doc::list(&names)),
                     ));
                 }
             },
@@ -630,7 +630,7 @@ fn methods(f: &mut Fields<'_>, errors: &mut Vec<LoadError>) -> u16 {
             Some(p) => bits |= 1 << (p + 1),
             None => errors.push(LoadError::new(
                 &format!("{}[{i}]", f.path_of("idempotent-methods")),
-                format!("`{name}` is not one of {}", HTTP_METHODS[1..].join(", ")),
+                format!("`{name}` is not one of {}", doc::list(HTTP_METHODS.get(1..).unwrap_or_default())),
             )),
         }
     }
@@ -723,12 +723,12 @@ fn choose<T: Copy>(path: &str, v: &Value, options: &[(&str, T)], errors: &mut Ve
             Some((_, t)) => Some(*t),
             None => {
                 let hint = doc::closest(s, &names).map(|n| format!("; did you mean `{n}`?")).unwrap_or_default();
-                errors.push(LoadError::new(path, format!("`{s}` is not one of {}{hint}", names.join(", "))));
+                errors.push(LoadError::new(path, format!("`{s}` is not one of {}{hint}", doc::list(&names))));
                 None
             }
         },
         other => {
-            errors.push(LoadError::new(path, format!("must be one of {}, found {}", names.join(", "), describe(other))));
+            errors.push(LoadError::new(path, format!("must be one of {}, found {}", doc::list(&names), describe(other))));
             None
         }
     }

@@ -27,7 +27,7 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
         return Ok(0);
     }
     let split = t.char_indices().find(|(_, c)| !(c.is_ascii_digit() || *c == '.')).map(|(i, _)| i).unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
+    let (number, unit) = t.split_at_checked(split).unwrap_or((t, ""));
     let unit = unit.trim();
     if number.is_empty() {
         return Err(format!("`{text}` is not a duration: expected a number and a unit, such as \"250ms\" or \"2s\""));
