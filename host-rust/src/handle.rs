@@ -8,7 +8,7 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use levee_core::{BreakerState, Event, InvalidCode, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict, VerdictKind};
 
@@ -114,6 +114,8 @@ impl Policies {
 
 struct Core {
     raw: RawEngine,
+    /// The next call id (taken under the lock that `start` holds anyway).
+    next_call: u64,
     held: Option<Held>,
     policies: Policies,
     events: Vec<Event>,
@@ -150,10 +152,38 @@ impl Core {
     }
 }
 
+/// The monotonic `now` the host passes the core: ns since the handle was made, never 0 (so
+/// that `settle-at` and deadlines are never mistaken for "none"). Read from the CPU's
+/// invariant time-stamp counter through `quanta` (calibrated against the OS clock; the OS
+/// clock where there is no such counter): two readings per call, each about half the cost of
+/// `Instant::now` on this hardware. Timers use tokio's own clock ([`Clock::instant`]).
+struct Clock {
+    source: quanta::Clock,
+    origin: quanta::Instant,
+}
+
+impl Clock {
+    fn new() -> Self {
+        let source = quanta::Clock::new();
+        let origin = source.now();
+        Clock { source, origin }
+    }
+
+    #[inline]
+    fn now(&self) -> u64 {
+        (self.source.now().saturating_duration_since(self.origin).as_nanos() as u64).saturating_add(1)
+    }
+
+    /// The tokio instant of a reading of [`Clock::now`] (by the time still to go, so that the
+    /// two clocks need not share an origin).
+    fn instant(&self, at: u64) -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_nanos(at.saturating_sub(self.now()))
+    }
+}
+
 struct Shared {
     core: Mutex<Core>,
-    epoch: Instant,
-    next_call: AtomicU64,
+    clock: Clock,
     traps: AtomicU64,
     fallbacks: Mutex<HashMap<String, Arc<dyn Any + Send + Sync>>>,
     trace: Option<TraceFn>,
@@ -161,6 +191,7 @@ struct Shared {
 }
 
 impl Shared {
+    #[inline]
     fn step(&self, op: &'static str, now: u64, call: u64, policy: &str, outcome: Option<&Outcome>, verdict: Option<Verdict>) {
         if let Some(t) = &self.trace {
             t(&Step { op, now, call, policy, outcome, verdict });
@@ -171,14 +202,9 @@ impl Shared {
         self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The tokio instant of a reading of [`Shared::now`].
-    fn instant(&self, at: u64) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(self.epoch + Duration::from_nanos(at.saturating_sub(1)))
-    }
-
+    #[inline]
     fn now(&self) -> u64 {
-        // Never 0, so that `settle-at` and deadlines are never mistaken for "none".
-        (self.epoch.elapsed().as_nanos() as u64).saturating_add(1)
+        self.clock.now()
     }
 
     /// Emit what a locked section collected (outside the lock).
@@ -257,12 +283,11 @@ impl Builder {
         let policies = Policies::read(&mut raw).map_err(|t| LoadErrors(vec![LoadError::new("", t.to_string())]))?;
         // The first snapshot: a trap before any state change restores to this.
         let _ = raw.checkpoint();
-        let core = Core { raw, held: None, policies, events: Vec::new(), traps: Vec::new() };
+        let core = Core { raw, next_call: 1, held: None, policies, events: Vec::new(), traps: Vec::new() };
         Ok(Levee {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
-                epoch: Instant::now(),
-                next_call: AtomicU64::new(1),
+                clock: Clock::new(),
                 traps: AtomicU64::new(0),
                 fallbacks: Mutex::new(HashMap::new()),
                 trace: self.trace,
@@ -484,7 +509,12 @@ impl Levee {
 
     /// Unlock; the events and traps collected are emitted when the result is dropped (so
     /// that a trace hook sees a step before the events it caused).
+    #[inline]
     fn unlock(&self, mut core: MutexGuard<'_, Core>) -> Pending<'_> {
+        if core.events.is_empty() && core.traps.is_empty() {
+            drop(core);
+            return Pending { levee: self, events: Vec::new(), traps: Vec::new(), names: Vec::new() };
+        }
         let (events, traps) = core.take_events();
         let names = if events.is_empty() { Vec::new() } else { core.policies.info.iter().map(|p| p.name.clone()).collect() };
         drop(core);
@@ -506,6 +536,54 @@ impl Levee {
         Fut: Future<Output = Result<T, E>>,
     {
         self.call(policy).run(f).await
+    }
+}
+
+/// What a running call needs of its policy (copied at `start`: no allocation, no shared count).
+#[derive(Clone, Copy)]
+struct PolicyLimits {
+    max_attempts: u32,
+    attempt_timeout: u64,
+    deadline: u64,
+}
+
+impl PolicyLimits {
+    fn of(p: &PolicyInfo) -> Self {
+        PolicyLimits { max_attempts: p.max_attempts, attempt_timeout: p.attempt_timeout, deadline: p.deadline }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An attempt under its timeout. The attempt is polled first and the timer is made only
+    /// when it does not finish at once, so that an attempt that completes on its first poll (a
+    /// cache hit, a ready future) costs no timer registration; `None` when the timeout fired.
+    struct AttemptTimeout<'c, F> {
+        #[pin]
+        attempt: F,
+        clock: &'c Clock,
+        // A reading of `clock`.
+        deadline: u64,
+        timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    }
+}
+
+impl<'c, F> AttemptTimeout<'c, F> {
+    fn new(attempt: F, clock: &'c Clock, deadline: u64) -> Self {
+        AttemptTimeout { attempt, clock, deadline, timer: None }
+    }
+}
+
+impl<F: Future> Future for AttemptTimeout<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        if let std::task::Poll::Ready(v) = this.attempt.poll(cx) {
+            return std::task::Poll::Ready(Some(v));
+        }
+        let (clock, deadline) = (*this.clock, *this.deadline);
+        let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(clock.instant(deadline))));
+        timer.as_mut().poll(cx).map(|()| None)
     }
 }
 
@@ -655,33 +733,30 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         Fut: Future<Output = Result<T, E>>,
     {
         let shared = &self.levee.shared;
-        let call = shared.next_call.fetch_add(1, Ordering::Relaxed);
         let started = shared.now();
 
         // Start (settling a held-back success first), in one guest call.
-        let (info, first, pending) = {
+        let (call, limits, first, pending) = {
             let mut core = shared.lock();
-            let Some(index) = core.policies.by_name.get(self.policy).copied() else {
+            let limits =
+                core.policies.by_name.get(self.policy).and_then(|i| core.policies.info.get(*i as usize).map(|p| (*i, PolicyLimits::of(p))));
+            let Some((index, limits)) = limits else {
                 drop(core);
                 let mut err = LeveeError::new(Reason::None, self.policy);
                 err.invalid = Some(InvalidCode::UnknownPolicy);
                 return Err(err);
             };
+            let call = core.next_call;
+            core.next_call = call.wrapping_add(1).max(1);
             let held = core.held.take();
             let (sc, sa, se) = held.map(|h| (h.call, h.at, h.elapsed)).unwrap_or((0, 0, 0));
             let r = core.raw.try_start(call, index, &self.key, self.flags, started, sc, sa, se);
             if let Ok(v) = r {
                 core.note(v);
             }
-            let info = core.policies.info.get(index as usize).cloned();
-            (info, r, self.levee.unlock(core))
+            (call, limits, r, self.levee.unlock(core))
         };
-        let Some(info) = info else {
-            let mut err = LeveeError::new(Reason::None, self.policy);
-            err.invalid = Some(InvalidCode::UnknownPolicy);
-            return Err(err);
-        };
-        let deadline = (info.deadline > 0).then(|| started.saturating_add(info.deadline));
+        let deadline = (limits.deadline > 0).then(|| started.saturating_add(limits.deadline));
         let mut guard = Guard { levee: self.levee, call, live: true };
         let mut attempts: u32 = 0;
         let mut last: Last<T, E> = Last::None;
@@ -699,7 +774,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                 drop(pending);
                 shared.traps.fetch_add(1, Ordering::Relaxed);
                 events::trap(&trap, self.policy);
-                return degraded(&info, deadline, shared.now(), call, 0, self.policy, Some(trap), &mut f).await;
+                return degraded(limits.attempt_timeout, deadline, shared.now(), call, 0, self.policy, Some(trap), &mut f).await;
             }
         };
         loop {
@@ -711,7 +786,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
             match kind {
                 VerdictKind::Attempt => {
                     attempts = attempts.saturating_add(1);
-                    if attempts > info.max_attempts {
+                    if attempts > limits.max_attempts {
                         // The guest asked for more attempts than the policy allows: stop.
                         guard.live = false;
                         self.levee.cancel_now(call);
@@ -723,8 +798,9 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     let timeout = clamp_timeout(verdict.payload(), deadline, begin);
                     let attempt = Attempt { number: attempts, timeout: timeout.map(nanos), call };
                     let result = match timeout {
-                        // `timeout_at` from the reading already taken: no third clock reading.
-                        Some(t) => tokio::time::timeout_at(shared.instant(begin.saturating_add(t)), f(attempt)).await.ok(),
+                        // Counted from the reading already taken; the timer is made only if
+                        // the attempt does not finish on its first poll.
+                        Some(t) => AttemptTimeout::new(f(attempt), &shared.clock, begin.saturating_add(t)).await,
                         None => Some(f(attempt).await),
                     };
                     let now = shared.now();
@@ -811,7 +887,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                             drop(pending);
                             shared.traps.fetch_add(1, Ordering::Relaxed);
                             events::trap(&trap, self.policy);
-                            return degraded(&info, deadline, now, call, attempts, self.policy, Some(trap), &mut f).await;
+                            return degraded(limits.attempt_timeout, deadline, now, call, attempts, self.policy, Some(trap), &mut f).await;
                         }
                     }
                 }
@@ -829,8 +905,13 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     };
                 }
                 VerdictKind::Fallback => {
+                    // The policy as the engine has it now (a reload may have changed the chain).
                     let index = verdict.payload() as usize;
-                    let name = info.fallbacks.get(index).cloned().unwrap_or_default();
+                    let name = {
+                        let core = shared.lock();
+                        let info = core.policies.by_name.get(self.policy).and_then(|i| core.policies.info.get(*i as usize));
+                        info.and_then(|p| p.fallbacks.get(index)).cloned().unwrap_or_default()
+                    };
                     let ctx = FallbackContext { policy: self.policy.to_string(), name: name.clone(), reason: verdict.reason(), attempts };
                     let fb = fallbacks
                         .iter()
@@ -889,7 +970,8 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         // Another task's trap recovery dropped this call from the engine: it
                         // proceeds as a single attempt (or ends with what it has).
                         if attempts == 0 || matches!(last, Last::None) {
-                            return degraded(&info, deadline, shared.now(), call, attempts, self.policy, None, &mut f).await;
+                            return degraded(limits.attempt_timeout, deadline, shared.now(), call, attempts, self.policy, None, &mut f)
+                                .await;
                         }
                         return lost(last, self.policy, attempts, None);
                     }
@@ -969,7 +1051,7 @@ fn lost<T, E>(last: Last<T, E>, policy: &str, attempts: u32, trap: Option<Trap>)
 /// policy's own timeout and deadline, without retries, and return its result.
 #[allow(clippy::too_many_arguments)]
 async fn degraded<T, E, F, Fut>(
-    info: &PolicyInfo,
+    attempt_timeout: u64,
     deadline: Option<u64>,
     now: u64,
     call: u64,
@@ -982,7 +1064,7 @@ where
     F: FnMut(Attempt) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let timeout = clamp_timeout(info.attempt_timeout, deadline, now).map(nanos);
+    let timeout = clamp_timeout(attempt_timeout, deadline, now).map(nanos);
     let attempt = Attempt { number: attempts.saturating_add(1), timeout, call };
     let result = match timeout {
         Some(d) => tokio::time::timeout(d, f(attempt)).await.ok(),
