@@ -510,15 +510,15 @@ impl Levee {
     /// Unlock; the events and traps collected are emitted when the result is dropped (so
     /// that a trace hook sees a step before the events it caused).
     #[inline]
-    fn unlock(&self, mut core: MutexGuard<'_, Core>) -> Pending<'_> {
+    fn unlock(&self, mut core: MutexGuard<'_, Core>) -> Option<Pending<'_>> {
         if core.events.is_empty() && core.traps.is_empty() {
             drop(core);
-            return Pending { levee: self, events: Vec::new(), traps: Vec::new(), names: Vec::new() };
+            return None;
         }
         let (events, traps) = core.take_events();
         let names = if events.is_empty() { Vec::new() } else { core.policies.info.iter().map(|p| p.name.clone()).collect() };
         drop(core);
-        Pending { levee: self, events, traps, names }
+        Some(Pending { levee: self, events, traps, names })
     }
 
     /// Start describing a call under a named policy.

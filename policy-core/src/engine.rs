@@ -189,7 +189,7 @@ fn key_position(
 /// changed, or the key was evicted and is made again) it is found by name and `at` and `name`
 /// are brought up to date.
 #[allow(clippy::too_many_arguments)]
-#[inline]
+#[inline(always)]
 fn call_key_state<'a>(
     keys: &'a mut VecMap<Arc<str>, KeyState>,
     p: &Policy,
@@ -203,15 +203,31 @@ fn call_key_state<'a>(
     *tick = tick.wrapping_add(1);
     let t = *tick;
     if !keys.at(*at).is_some_and(|(k, _)| Arc::ptr_eq(k, name)) {
-        let key = Arc::clone(name);
-        *at = key_position(keys, p, policy, &key, t, now, events);
-        if let Some((k, _)) = keys.at(*at) {
-            *name = Arc::clone(k);
-        }
+        relocate_key(keys, p, policy, name, at, t, now, events);
     }
     let state = keys.value_at_or_insert_with(*at, name, || Arc::clone(name), || KeyState::fresh(p, t));
     state.last_used = t;
     state
+}
+
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn relocate_key(
+    keys: &mut VecMap<Arc<str>, KeyState>,
+    p: &Policy,
+    policy: usize,
+    name: &mut Arc<str>,
+    at: &mut usize,
+    tick: u64,
+    now: u64,
+    events: &mut VecDeque<Event>,
+) {
+    let key = Arc::clone(name);
+    *at = key_position(keys, p, policy, &key, tick, now, events);
+    if let Some((k, _)) = keys.at(*at) {
+        *name = Arc::clone(k);
+    }
 }
 
 impl Engine {
