@@ -9,6 +9,7 @@ package bench
 
 import (
 	"context"
+	_ "embed"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -18,18 +19,11 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
-// Doc is the Levee policy document; its policy is "api".
-const Doc = `
-policies:
-  api:
-    attempts: 3
-    backoff: { kind: exponential, base: 100ms, multiplier: 2, cap: 5s, jitter: full }
-    breaker:
-      window: { kind: count, size: 100 }
-      failure-rate: 50
-      minimum-calls: 100
-      open-duration: 60s
-`
+// Doc is the Levee policy document (policy.yaml, which the host's own guest-call
+// benchmark reads too); its policy is "api".
+//
+//go:embed policy.yaml
+var Doc string
 
 var sink int
 

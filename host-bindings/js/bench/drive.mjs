@@ -4,22 +4,10 @@
 
 import { ConsecutiveBreaker, ExponentialBackoff, circuitBreaker, handleAll, retry, wrap } from 'cockatiel';
 import { loadSync } from '../dist/index.js';
+import { BENCH_POLICY } from './policy.mjs';
 
 const [mode, count] = process.argv.slice(2);
 const N = Number(count);
-const BENCH_POLICY = `
-policies:
-  bench:
-    attempts: 3
-    backoff: { kind: exponential, base: 100ms, cap: 10s, jitter: full }
-    retry-on: ["error:*"]
-    breaker:
-      window: { kind: count, size: 5 }
-      minimum-calls: 5
-      failure-rate: 100
-      open-duration: 10s
-      failure-on: ["error:*"]
-`;
 const work = async () => 1;
 let run;
 if (mode === 'levee' || mode === 'stubbed') {

@@ -7,6 +7,7 @@
 import { performance } from 'node:perf_hooks';
 import { ConsecutiveBreaker, ExponentialBackoff, circuitBreaker, handleAll, retry, wrap } from 'cockatiel';
 import { loadSync } from '../dist/index.js';
+import { BENCH_POLICY } from './policy.mjs';
 
 const args = process.argv.slice(2);
 const arg = (name, dflt) => {
@@ -16,20 +17,6 @@ const arg = (name, dflt) => {
 const CALLS = arg('--calls', 200_000);
 const ROUNDS = arg('--rounds', 7);
 
-// Three attempts with exponential backoff, a consecutive-failure breaker: the same in both libraries.
-const BENCH_POLICY = `
-policies:
-  bench:
-    attempts: 3
-    backoff: { kind: exponential, base: 100ms, cap: 10s, jitter: full }
-    retry-on: ["error:*"]
-    breaker:
-      window: { kind: count, size: 5 }
-      minimum-calls: 5
-      failure-rate: 100
-      open-duration: 10s
-      failure-on: ["error:*"]
-`;
 const levee = loadSync(BENCH_POLICY, { seed: 1n, meter: null });
 const policy = levee.policy('bench');
 
