@@ -4,7 +4,7 @@
 // examples/demo.yaml) if present, else a built-in one; default name: `demo`, else the first policy.
 
 import { existsSync, readFileSync } from 'node:fs';
-import { LeveeError, leveeFetch, load } from './dist/index.js';
+import { LeveeError, REASONS, leveeFetch, load } from './dist/index.js';
 
 const url = process.argv[2];
 if (!url) {
@@ -34,22 +34,7 @@ const stamp = () => `+${(performance.now() - t0).toFixed(0).padStart(5)}ms`;
 
 function describe(step) {
   const v = step.verdict;
-  const reason = (code) =>
-    [
-      'none',
-      'deadline',
-      'retries-exhausted',
-      'non-retryable',
-      'budget',
-      'breaker-open',
-      'rate-limited',
-      'bulkhead-full',
-      'non-idempotent',
-      'retry-after-too-long',
-      'pushback',
-      'cancelled',
-      'fallbacks-failed',
-    ][code] ?? `reason ${code}`;
+  const reason = (code) => REASONS[code] ?? `reason ${code}`;
   switch (v.kind) {
     case 'attempt':
       return `attempt ${v.detail}${v.payload > 0 ? ` (timeout ${ms(v.payload)})` : ''}`;
