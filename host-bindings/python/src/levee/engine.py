@@ -870,10 +870,15 @@ async def _attempt_async(st: _Call, fn: Callable[..., Awaitable[Any]], args: tup
     return st.outcome_of(value, exc, start, _monotonic_ns(), timeout)
 
 
-def _drive_sync(st: _Call, v: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _drive_sync(st: _Call, v: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                first: _AttemptResult | None = None) -> Any:  # fmt: skip
+    """Run the protocol from the verdict `v` of `start`, doing its I/O synchronously; `first` is
+    the result of the first attempt when the hot path already ran it."""
     gen = _protocol(st, v)
     try:
         action = next(gen)
+        if first is not None:
+            action = gen.send(first)
         while True:
             op = action[0]
             if op == ATTEMPT:
@@ -891,10 +896,13 @@ def _drive_sync(st: _Call, v: int, fn: Callable[..., Any], args: tuple[Any, ...]
 
 
 async def _drive_async(st: _Call, v: int, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> Any:  # fmt: skip
+                       kwargs: dict[str, Any], first: _AttemptResult | None = None) -> Any:  # fmt: skip
+    """`_drive_sync` for coroutines: attempts are awaited and cancelled by their timeout."""
     gen = _protocol(st, v)
     try:
         action = next(gen)
+        if first is not None:
+            action = gen.send(first)
         while True:
             op = action[0]
             if op == ATTEMPT:
@@ -1002,25 +1010,7 @@ class Policy:
     def _after_first(self, st: _Call, v: int, timeout: int, value: Any, exc: BaseException | None, start: int,
                      fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # fmt: skip
         """Continue the protocol after a first attempt that ran on the hot path."""
-        res = st.outcome_of(value, exc, start, _monotonic_ns(), timeout)
-        gen = _protocol(st, v)
-        try:
-            action = next(gen)  # the first attempt, already run
-            action = gen.send(res)
-            while True:
-                op = action[0]
-                if op == ATTEMPT:
-                    action = gen.send(_attempt_sync(st, fn, args, kwargs, action[2]))
-                elif op == _SLEEP:
-                    time.sleep(action[1] / 1e9)
-                    action = gen.send(None)
-                else:
-                    action = gen.send(_run_fallback_sync(st, action[1], action[2]))
-        except StopIteration as stop:
-            return stop.value
-        except BaseException:
-            gen.close()
-            raise
+        return _drive_sync(st, v, fn, args, kwargs, st.outcome_of(value, exc, start, _monotonic_ns(), timeout))
 
     # -------------------------------------------------------------- async
 
@@ -1068,24 +1058,7 @@ class Policy:
                                  start: int, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
                                  kwargs: dict[str, Any]) -> Any:  # fmt: skip
         res = st.outcome_of(value, exc, start, _monotonic_ns(), timeout)
-        gen = _protocol(st, v)
-        try:
-            next(gen)
-            action = gen.send(res)
-            while True:
-                op = action[0]
-                if op == ATTEMPT:
-                    action = gen.send(await _attempt_async(st, fn, args, kwargs, action[2]))
-                elif op == _SLEEP:
-                    await asyncio.sleep(action[1] / 1e9)
-                    action = gen.send(None)
-                else:
-                    action = gen.send(await _run_fallback_async(st, action[1], action[2]))
-        except StopIteration as stop:
-            return stop.value
-        except BaseException:
-            gen.close()
-            raise
+        return await _drive_async(st, v, fn, args, kwargs, res)
 
     # -------------------------------------------------------------- decorator
 
