@@ -41,7 +41,7 @@ test-rust: component
 
 # The Rust host's own checks: its e2e tests on the native backend too, the example on 127.0.0.1.
 test-rust-host: component
-    bash host-rust/ci.sh
+    LEVEE_WORKSPACE_TESTED=1 bash host-rust/ci.sh
 
 # The CLI's checks: example documents, every simulation scenario once (27x shown), the demo's server.
 test-cli: component

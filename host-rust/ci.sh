@@ -11,17 +11,29 @@ cd "$root"
 rustup target list --installed 2>/dev/null | grep -q '^wasm32-unknown-unknown$' || rustup target add wasm32-unknown-unknown
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 
-echo "== rustfmt"
-cargo fmt -p levee -p levee-example-reqwest -- --check
+# `just test` sets LEVEE_WORKSPACE_TESTED after workspace-wide fmt, clippy and tests, which
+# cover these crates with the default backend; building with -p alone would resolve features
+# for these packages only and rebuild wasmtime (~5-10 minutes on 2 cores) for nothing. What the
+# workspace run does not cover is then built with the workspace's feature set.
+if [ -z "${LEVEE_WORKSPACE_TESTED:-}" ]; then
+  echo "== rustfmt"
+  cargo fmt -p levee -p levee-example-reqwest -- --check
 
-echo "== clippy"
-cargo clippy --release -p levee -p levee-example-reqwest --all-targets -- -D warnings
-cargo clippy --release -p levee --no-default-features --features wasm -- -D warnings
+  echo "== clippy"
+  cargo clippy --release -p levee -p levee-example-reqwest --all-targets -- -D warnings
+  cargo clippy --release -p levee --no-default-features --features wasm -- -D warnings
 
-echo "== tests"
-cargo test --release -p levee -p levee-example-reqwest
-# The same end-to-end tests with the native backend as the default (the `native` feature).
-cargo test --release -p levee --features native --test http --test engine
+  echo "== tests"
+  cargo test --release -p levee -p levee-example-reqwest
+  # The same end-to-end tests with the native backend as the default (the `native` feature).
+  cargo test --release -p levee --features native --test http --test engine
+else
+  echo "== clippy (the wasm backend alone)"
+  cargo clippy --release -p levee --no-default-features --features wasm -- -D warnings
+
+  echo "== tests (the end-to-end tests with the native backend as the default)"
+  cargo test --release --workspace --features levee/native --test http --test engine
+fi
 
 echo "== the example against a local server"
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
