@@ -184,6 +184,26 @@ fn key_position(
     }
 }
 
+/// The state of `key` by name (made when absent, as `key_position`), touched for the LRU:
+/// its position, the table's `Arc` of the name, and the state.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn named_key_state<'a>(
+    keys: &'a mut VecMap<Arc<str>, KeyState>,
+    p: &Policy,
+    policy: usize,
+    key: &str,
+    tick: &mut u64,
+    now: u64,
+    events: &mut VecDeque<Event>,
+) -> Option<(usize, &'a Arc<str>, &'a mut KeyState)> {
+    *tick = tick.wrapping_add(1);
+    let at = key_position(keys, p, policy, key, *tick, now, events);
+    let (name, state) = keys.at_mut(at)?;
+    state.last_used = *tick;
+    Some((at, name, state))
+}
+
 /// The state of a live call's key. `at` is where the call last found it: when the table still
 /// holds the call's own `Arc` there, nothing is searched or compared; otherwise (the table
 /// changed, or the key was evicted and is made again) it is found by name and `at` and `name`
@@ -342,13 +362,10 @@ impl Engine {
         let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
-        self.tick = self.tick.wrapping_add(1);
-        let key_at = key_position(keys, p, pi, key, self.tick, now, &mut self.events);
-        let Some((key_arc, ks)) = keys.at_mut(key_at) else {
+        let Some((key_at, key_arc, ks)) = named_key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         let key_arc = Arc::clone(key_arc);
-        ks.last_used = self.tick;
         if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
             b.on_call(cfg, now);
         }
@@ -733,12 +750,9 @@ impl Engine {
         let Some(cfg) = &p.breaker else {
             return Err(format!("policy `{}` has no breaker", p.name));
         };
-        self.tick = self.tick.wrapping_add(1);
-        let at = key_position(keys, p, pi, key, self.tick, now, &mut self.events);
-        let Some((_, ks)) = keys.at_mut(at) else {
+        let Some((_, _, ks)) = named_key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events) else {
             return Err(format!("no state for key `{key}`"));
         };
-        ks.last_used = self.tick;
         let b = ks.breaker.get_or_insert_with(|| cfg.fresh());
         let mut t = Vec::new();
         b.force(cfg, state, now, &mut t)?;
