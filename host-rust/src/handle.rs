@@ -110,6 +110,13 @@ impl Policies {
         let by_name = info.iter().enumerate().map(|(i, p)| (p.name.clone(), i as u32)).collect();
         Ok(Policies { by_name, info })
     }
+
+    /// A policy by name: its index and what the host knows of it.
+    #[inline]
+    fn named(&self, name: &str) -> Option<(u32, &PolicyInfo)> {
+        let index = *self.by_name.get(name)?;
+        self.info.get(index as usize).map(|p| (index, &**p))
+    }
 }
 
 struct Core {
@@ -370,7 +377,7 @@ impl Levee {
     /// What the host knows of a policy.
     pub fn policy_info(&self, name: &str) -> Option<PolicyInfo> {
         let core = self.shared.lock();
-        core.policies.by_name.get(name).and_then(|i| core.policies.info.get(*i as usize)).map(|p| PolicyInfo::clone(p))
+        core.policies.named(name).map(|(_, p)| p.clone())
     }
 
     /// Traps the engine recovered from.
@@ -738,8 +745,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         // Start (settling a held-back success first), in one guest call.
         let (call, limits, first, pending) = {
             let mut core = shared.lock();
-            let limits =
-                core.policies.by_name.get(self.policy).and_then(|i| core.policies.info.get(*i as usize).map(|p| (*i, PolicyLimits::of(p))));
+            let limits = core.policies.named(self.policy).map(|(i, p)| (i, PolicyLimits::of(p)));
             let Some((index, limits)) = limits else {
                 drop(core);
                 let mut err = LeveeError::new(Reason::None, self.policy);
@@ -909,8 +915,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     let index = verdict.payload() as usize;
                     let name = {
                         let core = shared.lock();
-                        let info = core.policies.by_name.get(self.policy).and_then(|i| core.policies.info.get(*i as usize));
-                        info.and_then(|p| p.fallbacks.get(index)).cloned().unwrap_or_default()
+                        core.policies.named(self.policy).and_then(|(_, p)| p.fallbacks.get(index)).cloned().unwrap_or_default()
                     };
                     let ctx = FallbackContext { policy: self.policy.to_string(), name: name.clone(), reason: verdict.reason(), attempts };
                     let fb = fallbacks
