@@ -41,7 +41,16 @@ python3 -m http.server "$port" --bind 127.0.0.1 --directory "$here" >/dev/null 2
 server=$!
 trap 'kill "$server" 2>/dev/null || true' EXIT
 for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
-out="$("$root/examples/rust-reqwest/demo.sh" "http://127.0.0.1:$port/ci.sh")"
+if [ -n "${LEVEE_WORKSPACE_TESTED:-}" ]; then
+  # The binary as the workspace builds it (cli/ci.sh builds the same right after): demo.sh's
+  # `cargo run -p` would resolve features for the example alone and rebuild wasmtime.
+  cargo build -q --release --workspace --bins
+  target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+  example=("$target_dir/release/levee-example-reqwest")
+else
+  example=("$root/examples/rust-reqwest/demo.sh")
+fi
+out="$("${example[@]}" "http://127.0.0.1:$port/ci.sh")"
 echo "$out"
 grep -q '^rust step 1 .* start -> attempt #1' <<<"$out"
 grep -q '^rust result http 200' <<<"$out"
