@@ -19,8 +19,13 @@ if [ -z "${LEVEE_WORKSPACE_TESTED:-}" ]; then
   cargo test --release -p levee-cli
 fi
 echo "== build"
-# The workspace's feature set (the one its tests were built with).
-cargo build --release --workspace --bins
+# Under `just test`, the feature set of the workspace's test build (bins and tests in one
+# invocation resolve features as `cargo test --workspace` did, so this only links).
+if [ -n "${LEVEE_WORKSPACE_TESTED:-}" ]; then
+  cargo build --release --workspace --bins --tests
+else
+  cargo build --release --workspace --bins
+fi
 bin="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/levee"
 
 out="$(mktemp -d)"

@@ -42,9 +42,10 @@ server=$!
 trap 'kill "$server" 2>/dev/null || true' EXIT
 for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
 if [ -n "${LEVEE_WORKSPACE_TESTED:-}" ]; then
-  # The binary as the workspace builds it (cli/ci.sh builds the same right after): demo.sh's
-  # `cargo run -p` would resolve features for the example alone and rebuild wasmtime.
-  cargo build -q --release --workspace --bins
+  # The binary with the feature set of the workspace's test build (bins and tests in one
+  # invocation resolve features as `cargo test --workspace` did, so this links and reuses):
+  # demo.sh's `cargo run -p` would resolve features for the example alone and rebuild wasmtime.
+  cargo build -q --release --workspace --bins --tests
   target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
   example=("$target_dir/release/levee-example-reqwest")
 else
