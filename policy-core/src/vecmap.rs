@@ -48,13 +48,7 @@ impl<K: Ord, V> VecMap<K, V> {
     where
         K: Borrow<Q>,
     {
-        let i = match self.find(key) {
-            Ok(i) => i,
-            Err(i) => {
-                self.items.insert(i, (owned(), make()));
-                i
-            }
-        };
+        let i = self.position_or_insert_with(key, owned, make);
         &mut self.items[i].1
     }
 
