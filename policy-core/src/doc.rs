@@ -155,7 +155,7 @@ fn write_json(v: &Value, out: &mut String) {
         Value::Float(x) if x.is_finite() => {
             let text = format_number(*x);
             out.push_str(&text);
-            if !text.contains('.') {
+            if !text.as_bytes().contains(&b'.') {
                 out.push_str(".0");
             }
         }

@@ -171,7 +171,10 @@ pub fn parse_document(text: &str) -> Result<Vec<Policy>, Vec<LoadError>> {
                 }
                 for (name, body) in entries.iter().take(4096) {
                     let path = doc::join("policies", name);
-                    if name.is_empty() || name.len() > 128 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+                    if name.is_empty()
+                        || name.len() > 128
+                        || !name.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+                    {
                         errors.push(LoadError::new(&path, "policy names are 1 to 128 characters of letters, digits, `-`, `_` and `.`"));
                         continue;
                     }

@@ -43,7 +43,7 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
         Some((i, f)) => (i, f),
         None => (number, ""),
     };
-    if frac_part.contains('.') || (int_part.is_empty() && frac_part.is_empty()) {
+    if frac_part.as_bytes().contains(&b'.') || (int_part.is_empty() && frac_part.is_empty()) {
         return Err(format!("`{text}` is not a number followed by a unit"));
     }
     let too_long = || format!("`{text}` is too long: durations must stay below 292 years");
