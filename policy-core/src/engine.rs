@@ -167,7 +167,15 @@ fn key_position(
     now: u64,
     events: &mut VecDeque<Event>,
 ) -> usize {
-    match keys.find(key) {
+    // "" sorts first: the key of every unkeyed call is found without a search.
+    let found = if !key.is_empty() {
+        keys.find(key)
+    } else if keys.at(0).is_some_and(|(k, _)| k.is_empty()) {
+        Ok(0)
+    } else {
+        Err(0)
+    };
+    match found {
         Ok(i) => i,
         Err(_) => {
             if keys.len() >= p.max_keys as usize {
