@@ -79,6 +79,8 @@ func TestSignatures(t *testing.T) {
 		fnBreakerState:   {[]flatType{fI32, fI32, fI32, fI32, fI64}, []flatType{fI32}, true},
 		fnImportState:    {[]flatType{fI32, fI32, fI32}, []flatType{fI32}, true},
 		fnReportFallback: {[]flatType{fI32, fI64, fI64, fI32}, []flatType{fI64}, false},
+		fnID:             {[]flatType{fI32}, []flatType{fI32}, false},
+		fnStartUnkeyed:   {[]flatType{fI32, fI64, fI32, fI32, fI64, fI64, fI64, fI64}, []flatType{fI64}, false},
 	}
 	for fn, w := range want {
 		s := sigs[fn]

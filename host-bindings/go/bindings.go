@@ -53,6 +53,7 @@ const (
 	fnPolicyJSON
 	fnAnalyze
 	fnStart
+	fnID
 	fnAcquire
 	fnReport
 	fnReportFallback
@@ -63,6 +64,10 @@ const (
 	fnSetBreakerState
 	fnExportState
 	fnImportState
+	// start-unkeyed is a plain function of the interface, after the resource: the Go host
+	// passes borrows as reps and skips lowering an empty key already, so it gains nothing
+	// from it and binds it only to keep the bindings exactly the WIT's.
+	fnStartUnkeyed
 	nFuncs
 )
 
@@ -81,6 +86,7 @@ var sigs = [nFuncs]*funcSig{
 	fnPolicyJSON:     method("policy-json", ts(tU32), ts(optionOf(tString))),
 	fnAnalyze:        method("analyze", ts(tU32, tU32), ts(optionOf(tAnalysis))),
 	fnStart:          method("start", ts(tU64, tU32, tString, tU32, tU64, tU64, tU64, tU64), ts(tU64)),
+	fnID:             method("id", nil, ts(tU32)),
 	fnAcquire:        method("acquire", ts(tU64, tU64), ts(tU64)),
 	fnReport:         method("report", ts(tU64, tU64, tU64, tOutcomeKind, tS32, tString, tU64, tU32), ts(tU64)),
 	fnReportFallback: method("report-fallback", ts(tU64, tU64, tBool), ts(tU64)),
@@ -92,6 +98,8 @@ var sigs = [nFuncs]*funcSig{
 		ts(resultOf(nil, tString))),
 	fnExportState: method("export-state", nil, ts(listOf(tU8))),
 	fnImportState: method("import-state", ts(listOf(tU8)), ts(resultOf(nil, tLoadError))),
+	fnStartUnkeyed: newFuncSig(ifaceEngineAPI+"#start-unkeyed", ts(tU32, tU64, tU32, tU32, tU64, tU64, tU64, tU64),
+		ts(tU64)),
 }
 
 const (

@@ -243,6 +243,7 @@ const (
 	InvalidDuplicateCall = 2
 	InvalidUnknownPolicy = 3
 	InvalidWrongStep     = 4
+	InvalidUnknownEngine = 5 // start-unkeyed with an id that names no live engine
 )
 
 // Call flags for start.

@@ -72,6 +72,7 @@ func (p *witParser) expect(t *testing.T, s string) {
 type witFunc struct {
 	name    string
 	static  bool
+	free    bool // a function of the interface, not of the resource
 	params  []*witType
 	results []*witType
 }
@@ -140,6 +141,33 @@ func (p *witParser) typ(t *testing.T, d *witDefs) *witType {
 	return nil
 }
 
+// function parses `name: [static] func(params) [-> result];` after its name.
+func (p *witParser) function(t *testing.T, d *witDefs, name string) witFunc {
+	f := witFunc{name: name}
+	p.expect(t, ":")
+	if p.peek() == "static" {
+		p.next()
+		f.static = true
+	}
+	p.expect(t, "func")
+	p.expect(t, "(")
+	for p.peek() != ")" {
+		p.next()
+		p.expect(t, ":")
+		f.params = append(f.params, p.typ(t, d))
+		if p.peek() == "," {
+			p.next()
+		}
+	}
+	p.next()
+	if p.peek() == "->" {
+		p.next()
+		f.results = []*witType{p.typ(t, d)}
+	}
+	p.expect(t, ";")
+	return f
+}
+
 func (p *witParser) block(t *testing.T, d *witDefs) {
 	p.expect(t, "{")
 	for p.peek() != "}" {
@@ -177,33 +205,16 @@ func (p *witParser) block(t *testing.T, d *witDefs) {
 			p.next()
 			p.expect(t, "{")
 			for p.peek() != "}" {
-				f := witFunc{name: p.next()}
-				p.expect(t, ":")
-				if p.peek() == "static" {
-					p.next()
-					f.static = true
-				}
-				p.expect(t, "func")
-				p.expect(t, "(")
-				for p.peek() != ")" {
-					p.next()
-					p.expect(t, ":")
-					f.params = append(f.params, p.typ(t, d))
-					if p.peek() == "," {
-						p.next()
-					}
-				}
-				p.next()
-				if p.peek() == "->" {
-					p.next()
-					f.results = []*witType{p.typ(t, d)}
-				}
-				p.expect(t, ";")
-				d.funcs = append(d.funcs, f)
+				d.funcs = append(d.funcs, p.function(t, d, p.next()))
 			}
 			p.next()
 		default:
-			t.Fatalf("WIT: unexpected %q at token %d", p.toks[p.i-1], p.i-1)
+			if p.peek() != ":" {
+				t.Fatalf("WIT: unexpected %q at token %d", p.toks[p.i-1], p.i-1)
+			}
+			f := p.function(t, d, p.toks[p.i-1])
+			f.free = true
+			d.funcs = append(d.funcs, f)
 		}
 	}
 	p.next()
@@ -263,6 +274,10 @@ func TestBindingsMatchTheWIT(t *testing.T) {
 		params := append([]*witType{tBorrowEngine}, f.params...)
 		if f.static {
 			export = ifaceEngineAPI + "#[static]engine." + f.name
+			params = f.params
+		}
+		if f.free {
+			export = ifaceEngineAPI + "#" + f.name
 			params = f.params
 		}
 		w := newFuncSig(export, params, f.results)

@@ -140,6 +140,9 @@ wit_enum! {
         UnknownPolicy = "unknown-policy",
         /// The call is not at a step where this operation is allowed.
         WrongStep = "wrong-step",
+        /// No live engine has this id (`start-unkeyed`; answered by the component, whose
+        /// engines have ids, never by `Engine` itself).
+        UnknownEngine = "unknown-engine",
     }
 }
 

@@ -48,11 +48,19 @@ thread_local! {
     };
 }
 
-/// One engine resource in one instance.
-pub struct Wasm {
+/// One engine resource in one instance, started through `engine.start`.
+pub type Wasm = WasmWith<false>;
+
+/// As [`Wasm`], but calls without a key start through `start-unkeyed` (the engine named by
+/// its id), as hosts do on their hot path: the vectors prove both give the same decisions.
+pub type WasmUnkeyed = WasmWith<true>;
+
+/// One engine resource in one instance; `UNKEYED` picks how calls without a key start.
+pub struct WasmWith<const UNKEYED: bool> {
     store: Store<()>,
     levee: Levee,
     engine: ResourceAny,
+    id: u32,
 }
 
 fn reason(r: wit::Reason) -> Reason {
@@ -95,12 +103,15 @@ fn must<T>(r: wasmtime::Result<T>) -> T {
     }
 }
 
-impl Target for Wasm {
+impl<const UNKEYED: bool> Target for WasmWith<UNKEYED> {
     fn load(doc: &str, seed: u64) -> Result<Self, Errors> {
         let (mut store, levee) = must(COMPILED.with(|c| c.instantiate()));
         let loaded = must(levee.levee_policy_engine_api().engine().call_load(&mut store, doc, seed));
         match loaded {
-            Ok(engine) => Ok(Wasm { store, levee, engine }),
+            Ok(engine) => {
+                let id = must(levee.levee_policy_engine_api().engine().call_id(&mut store, engine));
+                Ok(WasmWith { store, levee, engine, id })
+            }
             Err(e) => Err(e.into_iter().map(|e| (e.path, e.message)).collect()),
         }
     }
@@ -109,6 +120,10 @@ impl Target for Wasm {
         must(api.call_policy_index(&mut self.store, e, name))
     }
     fn start(&mut self, call: u64, policy: u32, key: &str, flags: u32, now: u64, sc: u64, sa: u64, se: u64) -> u64 {
+        if UNKEYED && key.is_empty() {
+            let api = self.levee.levee_policy_engine_api();
+            return must(api.call_start_unkeyed(&mut self.store, self.id, call, policy, flags, now, sc, sa, se));
+        }
         let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_start(&mut self.store, e, call, policy, key, flags, now, sc, sa, se))
     }

@@ -1,10 +1,11 @@
-//! Every vector, natively and through the component; both must match the expectations and
-//! each other exactly.
+//! Every vector, natively and through the component (starting unkeyed calls through both
+//! `engine.start` and `start-unkeyed`); all must match the expectations and each other exactly.
 // Tests may index and panic: the no-panic lints guard library code reachable from input.
 #![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use levee_conformance::component::Wasm;
+use levee_conformance::component::{Compiled, Wasm, WasmUnkeyed};
 use levee_conformance::{replay, vector_files, Native};
+use levee_core::{InvalidCode, Verdict, VerdictKind};
 use serde_json::Value;
 
 fn load(path: &std::path::Path) -> Value {
@@ -39,6 +40,11 @@ fn every_vector_natively_and_through_the_component() {
         };
         if native_out != wasm_out {
             failures.push(format!("{stem}: native and component differ"));
+        }
+        match replay::<WasmUnkeyed>(&vector) {
+            Ok((out, _)) if out == wasm_out => {}
+            Ok(_) => failures.push(format!("{stem}: `start-unkeyed` and `engine.start` differ")),
+            Err(e) => failures.push(e),
         }
         if bless {
             // Blessing fills in expectations a vector leaves out; it never overrides one that
@@ -76,4 +82,37 @@ fn the_component_has_zero_imports_and_fits_the_size_budget() {
     assert_eq!(levee_build::count_imports(levee_conformance::component::COMPONENT).ok(), Some(0));
     let size = levee_conformance::component::COMPONENT.len();
     assert!(size < 200 * 1024, "the component is {size} bytes; the budget is 200 KiB");
+}
+
+#[test]
+fn start_unkeyed_names_engines_by_an_id_that_dies_with_them() {
+    const DOC: &str = "policies:\n  api: {attempts: 2}\n";
+    let (mut store, levee) = Compiled::new().unwrap().instantiate().unwrap();
+    let api = levee.levee_policy_engine_api();
+    let a = api.engine().call_load(&mut store, DOC, 1).unwrap().unwrap();
+    let b = api.engine().call_load(&mut store, DOC, 1).unwrap().unwrap();
+    let (ia, ib) = (api.engine().call_id(&mut store, a).unwrap(), api.engine().call_id(&mut store, b).unwrap());
+    assert!(ia != 0 && ib != 0 && ia != ib, "ids {ia} and {ib}");
+
+    let first = Verdict(api.call_start_unkeyed(&mut store, ib, 1, 0, 0, 10, 0, 0, 0).unwrap());
+    assert_eq!(first.kind(), Some(VerdictKind::Attempt));
+    // The call lives in engine b only.
+    let live = |store: &mut wasmtime::Store<()>, e, call| api.engine().call_call_info(store, e, call).unwrap().is_some();
+    assert!(live(&mut store, b, 1) && !live(&mut store, a, 1));
+
+    a.resource_drop(&mut store).unwrap();
+    let gone = Verdict(api.call_start_unkeyed(&mut store, ia, 2, 0, 0, 20, 0, 0, 0).unwrap());
+    assert_eq!(gone.kind(), Some(VerdictKind::Invalid));
+    assert_eq!(gone.detail(), InvalidCode::UnknownEngine as u8);
+    assert_eq!(Verdict(api.call_start_unkeyed(&mut store, 0, 3, 0, 0, 30, 0, 0, 0).unwrap()).detail(), InvalidCode::UnknownEngine as u8);
+
+    // A new engine never takes a dead engine's id.
+    let c = api.engine().call_load(&mut store, DOC, 1).unwrap().unwrap();
+    let ic = api.engine().call_id(&mut store, c).unwrap();
+    assert!(ic != ia && ic != ib);
+    // Settling through start-unkeyed applies the held success to the same engine.
+    let next = Verdict(api.call_start_unkeyed(&mut store, ib, 2, 0, 0, 40, 1, 35, 25).unwrap());
+    assert_eq!(next.kind(), Some(VerdictKind::Attempt));
+    assert!(live(&mut store, b, 2));
+    assert!(!live(&mut store, b, 1), "call 1 was settled");
 }

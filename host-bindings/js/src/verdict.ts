@@ -46,6 +46,7 @@ export const INVALID_CODES: Readonly<Record<number, string>> = {
   2: 'duplicate or zero call id',
   3: 'unknown policy',
   4: 'call not in the right step for this operation',
+  5: 'unknown engine id',
 };
 
 /** A verdict split into its fields. */

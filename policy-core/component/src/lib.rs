@@ -4,7 +4,8 @@
 //! zero imports. Every function converts between the WIT types and `levee-core`'s and
 //! forwards; no decision is made here.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 
 // SAFETY: the component is single-threaded wasm; talc's wasm allocator grows linear memory itself.
 #[cfg(target_family = "wasm")]
@@ -26,11 +27,71 @@ wit_bindgen::generate!({
 #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 struct Component;
 
-/// The `engine` resource: one `levee_core::Engine`.
-pub struct EngineResource(RefCell<core::Engine>);
+/// The `engine` resource: one `levee_core::Engine`, also reachable by its id (`start-unkeyed`).
+pub struct EngineResource {
+    id: u32,
+    engine: Rc<RefCell<core::Engine>>,
+}
+
+/// The live engines by id, for the functions that name an engine by its id instead of a
+/// borrowed handle. An instance holds one engine or a few: a short list searched in order.
+struct Engines {
+    live: RefCell<Vec<(u32, Rc<RefCell<core::Engine>>)>>,
+    last_id: Cell<u32>,
+}
+
+// A component instance is single-threaded: its globals are per thread, of which it has one.
+thread_local! {
+    static ENGINES: Engines = const { Engines { live: RefCell::new(Vec::new()), last_id: Cell::new(0) } };
+}
+
+impl EngineResource {
+    fn new(engine: core::Engine) -> EngineResource {
+        let engine = Rc::new(RefCell::new(engine));
+        ENGINES.with(|all| {
+            // Ids are never reused: after 2^32 - 1 engines, `wrapping_add` would only revisit
+            // ids long dead (an instance does not live through that many loads).
+            let id = all.last_id.get().wrapping_add(1).max(1);
+            all.last_id.set(id);
+            all.live.borrow_mut().push((id, Rc::clone(&engine)));
+            EngineResource { id, engine }
+        })
+    }
+
+    fn get(&self) -> std::cell::Ref<'_, core::Engine> {
+        self.engine.borrow()
+    }
+
+    fn get_mut(&self) -> std::cell::RefMut<'_, core::Engine> {
+        self.engine.borrow_mut()
+    }
+}
+
+impl Drop for EngineResource {
+    fn drop(&mut self) {
+        let id = self.id;
+        ENGINES.with(|all| all.live.borrow_mut().retain(|(live, _)| *live != id));
+    }
+}
 
 impl Guest for Component {
     type Engine = EngineResource;
+
+    fn start_unkeyed(
+        engine: u32,
+        call: u64,
+        policy: u32,
+        flags: u32,
+        now: u64,
+        settle_call: u64,
+        settle_at: u64,
+        settle_elapsed: u64,
+    ) -> u64 {
+        ENGINES.with(|all| match all.live.borrow().iter().find(|(id, _)| *id == engine) {
+            Some((_, e)) => e.borrow_mut().start(call, policy, "", flags, now, settle_call, settle_at, settle_elapsed).0,
+            None => core::Verdict::invalid(core::InvalidCode::UnknownEngine).0,
+        })
+    }
 }
 
 fn load_error(e: core::LoadError) -> wit::LoadError {
@@ -111,24 +172,24 @@ convert_enum!(wit::OutcomeKind => core::OutcomeKind { Success, Timeout, Connecti
 impl GuestEngine for EngineResource {
     fn load(document: String, seed: u64) -> Result<EngineHandle, Vec<wit::LoadError>> {
         core::Engine::load(&document, seed)
-            .map(|e| EngineHandle::new(EngineResource(RefCell::new(e))))
+            .map(|e| EngineHandle::new(EngineResource::new(e)))
             .map_err(|errs| errs.into_iter().map(load_error).collect())
     }
 
     fn reload(&self, document: String) -> Result<(), Vec<wit::LoadError>> {
-        self.0.borrow_mut().reload(&document).map_err(|errs| errs.into_iter().map(load_error).collect())
+        self.get_mut().reload(&document).map_err(|errs| errs.into_iter().map(load_error).collect())
     }
 
     fn policy_count(&self) -> u32 {
-        self.0.borrow().policy_count()
+        self.get().policy_count()
     }
 
     fn policy_index(&self, name: String) -> Option<u32> {
-        self.0.borrow().policy_index(&name)
+        self.get().policy_index(&name)
     }
 
     fn policy_info(&self, policy: u32) -> Option<wit::PolicyInfo> {
-        self.0.borrow().policy_info(policy).map(|i| wit::PolicyInfo {
+        self.get().policy_info(policy).map(|i| wit::PolicyInfo {
             name: i.name,
             max_attempts: i.max_attempts,
             attempt_timeout: i.attempt_timeout,
@@ -138,11 +199,11 @@ impl GuestEngine for EngineResource {
     }
 
     fn policy_json(&self, policy: u32) -> Option<String> {
-        self.0.borrow().policy_json(policy)
+        self.get().policy_json(policy)
     }
 
     fn analyze(&self, policy: u32, layers: u32) -> Option<wit::Analysis> {
-        self.0.borrow().analyze(policy, layers).map(|a| wit::Analysis {
+        self.get().analyze(policy, layers).map(|a| wit::Analysis {
             worst_attempts: a.worst_attempts,
             worst_latency: a.worst_latency,
             amplification: a.amplification,
@@ -161,11 +222,15 @@ impl GuestEngine for EngineResource {
         settle_at: u64,
         settle_elapsed: u64,
     ) -> u64 {
-        self.0.borrow_mut().start(call, policy, &key, flags, now, settle_call, settle_at, settle_elapsed).0
+        self.get_mut().start(call, policy, &key, flags, now, settle_call, settle_at, settle_elapsed).0
+    }
+
+    fn id(&self) -> u32 {
+        self.id
     }
 
     fn acquire(&self, call: u64, now: u64) -> u64 {
-        self.0.borrow_mut().acquire(call, now).0
+        self.get_mut().acquire(call, now).0
     }
 
     fn report(
@@ -179,19 +244,19 @@ impl GuestEngine for EngineResource {
         wall_secs: u64,
         flags: u32,
     ) -> u64 {
-        self.0.borrow_mut().report(call, now, elapsed, kind.into(), code, &text, wall_secs, flags).0
+        self.get_mut().report(call, now, elapsed, kind.into(), code, &text, wall_secs, flags).0
     }
 
     fn report_fallback(&self, call: u64, now: u64, ok: bool) -> u64 {
-        self.0.borrow_mut().report_fallback(call, now, ok).0
+        self.get_mut().report_fallback(call, now, ok).0
     }
 
     fn cancel(&self, call: u64, now: u64) {
-        self.0.borrow_mut().cancel(call, now)
+        self.get_mut().cancel(call, now)
     }
 
     fn call_info(&self, call: u64) -> Option<wit::CallInfo> {
-        self.0.borrow().call_info(call).map(|c| wit::CallInfo {
+        self.get().call_info(call).map(|c| wit::CallInfo {
             policy: c.policy,
             key: c.key,
             attempts: c.attempts,
@@ -202,8 +267,7 @@ impl GuestEngine for EngineResource {
     }
 
     fn drain_events(&self) -> Vec<wit::Event> {
-        self.0
-            .borrow_mut()
+        self.get_mut()
             .drain_events()
             .into_iter()
             .map(|e| wit::Event {
@@ -224,19 +288,19 @@ impl GuestEngine for EngineResource {
     }
 
     fn breaker_state(&self, policy: u32, key: String, now: u64) -> Option<wit::BreakerState> {
-        self.0.borrow().breaker_state(policy, &key, now).map(Conv::state)
+        self.get().breaker_state(policy, &key, now).map(Conv::state)
     }
 
     fn set_breaker_state(&self, policy: u32, key: String, state: wit::BreakerState, now: u64) -> Result<(), String> {
-        self.0.borrow_mut().set_breaker_state(policy, &key, Conv::state_in(state), now)
+        self.get_mut().set_breaker_state(policy, &key, Conv::state_in(state), now)
     }
 
     fn export_state(&self) -> Vec<u8> {
-        self.0.borrow().export_state()
+        self.get().export_state()
     }
 
     fn import_state(&self, state: Vec<u8>) -> Result<(), wit::LoadError> {
-        self.0.borrow_mut().import_state(&state).map_err(load_error)
+        self.get_mut().import_state(&state).map_err(load_error)
     }
 }
 
