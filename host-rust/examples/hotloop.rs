@@ -2,7 +2,8 @@
 //! `valgrind --tool=callgrind target/release/examples/hotloop wasm handle 20000` or
 //! `perf record -g target/release/examples/hotloop native handle 2000000`.
 //! Modes: `handle` (the async handle, as users call it), `raw` (`RawEngine::try_start` settling
-//! the previous success), `empty` (a guest call that does nothing: the crossing alone).
+//! the previous success), `empty` (a guest call that does nothing: the crossing alone),
+//! `backon` (the peer of `benches/overhead.rs` with the same policy; the backend is ignored).
 //! Prints the mean time per call; the criterion bench (`benches/overhead.rs`) is the measurement.
 use std::time::Instant;
 
@@ -27,6 +28,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     raw.try_cancel(call, call * 1000).map(|()| 0)
                 };
             }
+        }
+        "backon" => {
+            use backon::{ExponentialBuilder, Retryable};
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+            started = Instant::now();
+            rt.block_on(async {
+                for i in 0..n {
+                    let _ = (|| async move {
+                        tokio::time::timeout(std::time::Duration::from_secs(1), async move { Ok::<_, std::io::Error>(i) })
+                            .await
+                            .map_err(std::io::Error::other)?
+                    })
+                    .retry(
+                        ExponentialBuilder::default()
+                            .with_min_delay(std::time::Duration::from_millis(10))
+                            .with_max_delay(std::time::Duration::from_secs(1))
+                            .with_max_times(2)
+                            .with_jitter(),
+                    )
+                    .sleep(tokio::time::sleep)
+                    .await;
+                }
+            });
         }
         _ => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;

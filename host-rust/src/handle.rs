@@ -6,7 +6,7 @@ use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -68,10 +68,61 @@ pub struct Step<'a> {
 type TraceFn = Arc<dyn Fn(&Step<'_>) + Send + Sync>;
 type ListenFn = Arc<dyn Fn(&Event, &str) + Send + Sync>;
 
+#[derive(Clone, Copy)]
 struct Held {
     call: u64,
     at: u64,
     elapsed: u64,
+}
+
+/// Where a call that succeeded leaves its held-back report without taking the engine's lock
+/// (the lock is the one `start` takes; a second per call doubled the contention between
+/// tasks). Whoever takes the lock next moves it into [`Core::held`] ([`Shared::lock`]), so
+/// that it is settled before anything else the engine does.
+struct HeldSlot {
+    state: AtomicU8,
+    call: AtomicU64,
+    at: AtomicU64,
+    elapsed: AtomicU64,
+}
+
+impl HeldSlot {
+    const EMPTY: u8 = 0;
+    const WRITING: u8 = 1;
+    const FULL: u8 = 2;
+
+    fn new() -> Self {
+        HeldSlot { state: AtomicU8::new(Self::EMPTY), call: AtomicU64::new(0), at: AtomicU64::new(0), elapsed: AtomicU64::new(0) }
+    }
+
+    /// Leave `h` here; `false` when the slot is taken (the caller takes the lock instead).
+    #[inline]
+    fn put(&self, h: Held) -> bool {
+        if self.state.compare_exchange(Self::EMPTY, Self::WRITING, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return false;
+        }
+        self.call.store(h.call, Ordering::Relaxed);
+        self.at.store(h.at, Ordering::Relaxed);
+        self.elapsed.store(h.elapsed, Ordering::Relaxed);
+        self.state.store(Self::FULL, Ordering::Release);
+        true
+    }
+
+    /// Take what was left here. Only under the engine's lock, so there is one taker at a time;
+    /// a report still being written is left for the next taker.
+    #[inline]
+    fn take(&self) -> Option<Held> {
+        if self.state.load(Ordering::Acquire) != Self::FULL {
+            return None;
+        }
+        let h = Held {
+            call: self.call.load(Ordering::Relaxed),
+            at: self.at.load(Ordering::Relaxed),
+            elapsed: self.elapsed.load(Ordering::Relaxed),
+        };
+        self.state.store(Self::EMPTY, Ordering::Release);
+        Some(h)
+    }
 }
 
 /// FNV-1a: policy names come from the document, so a DoS-resistant hash buys nothing on
@@ -149,9 +200,9 @@ impl Core {
         }
     }
 
-    fn hold(&mut self, call: u64, at: u64, elapsed: u64) {
+    fn hold(&mut self, h: Held) {
         self.flush();
-        self.held = Some(Held { call, at, elapsed });
+        self.held = Some(h);
     }
 
     fn take_events(&mut self) -> (Vec<Event>, Vec<Trap>) {
@@ -190,6 +241,7 @@ impl Clock {
 
 struct Shared {
     core: Mutex<Core>,
+    held: HeldSlot,
     clock: Clock,
     traps: AtomicU64,
     fallbacks: Mutex<HashMap<String, Arc<dyn Any + Send + Sync>>>,
@@ -205,8 +257,23 @@ impl Shared {
         }
     }
 
+    /// The engine, with any success left in the slot moved in to be settled first.
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, Core> {
-        self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        let mut core = self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(h) = self.held.take() {
+            core.hold(h);
+        }
+        core
+    }
+
+    /// Hold back the report of a success (its answer is always `done`) for the next `start`.
+    #[inline]
+    fn hold(&self, h: Held) {
+        if !self.held.put(h) {
+            // Another success is in the slot (or being written): settle through the lock.
+            self.lock().hold(h);
+        }
     }
 
     #[inline]
@@ -294,6 +361,7 @@ impl Builder {
         Ok(Levee {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
+                held: HeldSlot::new(),
                 clock: Clock::new(),
                 traps: AtomicU64::new(0),
                 fallbacks: Mutex::new(HashMap::new()),
@@ -820,7 +888,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         // next `start` settles it (one guest call per successful call).
                         if let Some(Ok(v)) = result {
                             guard.live = false;
-                            shared.lock().hold(call, now, elapsed);
+                            shared.hold(Held { call, at: now, elapsed });
                             shared.step("hold-success", now, call, self.policy, Some(&outcome), None);
                             return Ok(v);
                         }

@@ -622,6 +622,8 @@ mod wasm {
         store: Store<Ctx>,
         levee: Levee,
         handle: ResourceAny,
+        /// The engine's id, for `start-unkeyed`.
+        id: u32,
         pub(crate) limits: Limits,
     }
 
@@ -688,10 +690,13 @@ mod wasm {
                 .engine()
                 .call_load(&mut store, doc, seed)
                 .map_err(|e| fail(format!("the policy engine trapped in `load`: {e:#}")))?;
-            match loaded {
-                Ok(handle) => Ok(Instance { store, levee, handle, limits }),
-                Err(errors) => Err(errors.into_iter().map(load_error).collect()),
-            }
+            let handle = loaded.map_err(|errors| errors.into_iter().map(load_error).collect::<Vec<_>>())?;
+            let id = levee
+                .levee_policy_engine_api()
+                .engine()
+                .call_id(&mut store, handle)
+                .map_err(|e| fail(format!("the policy engine trapped in `id`: {e:#}")))?;
+            Ok(Instance { store, levee, handle, id, limits })
         }
 
         #[allow(clippy::too_many_arguments)]
@@ -706,6 +711,15 @@ mod wasm {
             sa: u64,
             se: u64,
         ) -> Result<u64, String> {
+            if key.is_empty() {
+                // The hot path: primitives only (no handle-table lend, no string copied in).
+                self.store.set_epoch_deadline(self.limits.call_ticks);
+                return self
+                    .levee
+                    .levee_policy_engine_api()
+                    .call_start_unkeyed(&mut self.store, self.id, call, policy, flags, now, sc, sa, se)
+                    .map_err(msg);
+            }
             call!(self, call_ticks, call_start(call, policy, key, flags, now, sc, sa, se))
         }
 
