@@ -91,11 +91,45 @@ enum Phase {
     Fallback { index: usize, reason: Reason },
 }
 
+/// A live call's key: the key table's `Arc` of the name (cloning it does not allocate), or
+/// nothing for "", the key of every unkeyed call, which then costs no reference count.
+#[derive(Clone, Debug)]
+struct CallKey(Option<Arc<str>>);
+
+impl CallKey {
+    /// The call's key for the table's `Arc` of its name.
+    #[inline]
+    fn of(name: &Arc<str>) -> CallKey {
+        CallKey((!name.is_empty()).then(|| Arc::clone(name)))
+    }
+
+    /// Whether `name`, a key of the table, is this key (by identity for a named key).
+    #[inline]
+    fn is(&self, name: &Arc<str>) -> bool {
+        match &self.0 {
+            Some(own) => Arc::ptr_eq(own, name),
+            None => name.is_empty(),
+        }
+    }
+
+    fn to_arc(&self) -> Arc<str> {
+        self.0.clone().unwrap_or_else(|| Arc::from(""))
+    }
+}
+
+impl std::ops::Deref for CallKey {
+    type Target = str;
+
+    #[inline]
+    fn deref(&self) -> &str {
+        self.0.as_deref().unwrap_or("")
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Call {
     policy: usize,
-    /// The key, shared with the key table (cloning it does not allocate).
-    key: Arc<str>,
+    key: CallKey,
     /// Where the key's state was last found: lets acquire and report skip the lookup.
     key_at: usize,
     flags: u32,
@@ -213,7 +247,7 @@ fn named_key_state<'a>(
 }
 
 /// The state of a live call's key. `at` is where the call last found it: when the table still
-/// holds the call's own `Arc` there, nothing is searched or compared; otherwise (the table
+/// holds the call's own key there, nothing is searched; otherwise (the table
 /// changed, or the key was evicted and is made again) it is found by name and `at` and `name`
 /// are brought up to date.
 #[allow(clippy::too_many_arguments)]
@@ -222,7 +256,7 @@ fn call_key_state<'a>(
     keys: &'a mut VecMap<Arc<str>, KeyState>,
     p: &Policy,
     policy: usize,
-    name: &mut Arc<str>,
+    name: &mut CallKey,
     at: &mut usize,
     tick: &mut u64,
     now: u64,
@@ -230,10 +264,10 @@ fn call_key_state<'a>(
 ) -> &'a mut KeyState {
     *tick = tick.wrapping_add(1);
     let t = *tick;
-    if !keys.at(*at).is_some_and(|(k, _)| Arc::ptr_eq(k, name)) {
+    if !keys.at(*at).is_some_and(|(k, _)| name.is(k)) {
         relocate_key(keys, p, policy, name, at, t, now, events);
     }
-    let state = keys.value_at_or_insert_with(*at, name, || Arc::clone(name), || KeyState::fresh(p, t));
+    let state = keys.value_at_or_insert_with(*at, &**name, || name.to_arc(), || KeyState::fresh(p, t));
     state.last_used = t;
     state
 }
@@ -245,16 +279,16 @@ fn relocate_key(
     keys: &mut VecMap<Arc<str>, KeyState>,
     p: &Policy,
     policy: usize,
-    name: &mut Arc<str>,
+    name: &mut CallKey,
     at: &mut usize,
     tick: u64,
     now: u64,
     events: &mut VecDeque<Event>,
 ) {
-    let key = Arc::clone(name);
+    let key = name.clone();
     *at = key_position(keys, p, policy, &key, tick, now, events);
     if let Some((k, _)) = keys.at(*at) {
-        *name = Arc::clone(k);
+        *name = CallKey::of(k);
     }
 }
 
@@ -373,7 +407,7 @@ impl Engine {
         let Some((key_at, key_arc, ks)) = named_key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
-        let key_arc = Arc::clone(key_arc);
+        let key = CallKey::of(key_arc);
         if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
             b.on_call(cfg, now);
         }
@@ -383,7 +417,7 @@ impl Engine {
             call,
             Call {
                 policy: pi,
-                key: key_arc,
+                key,
                 key_at,
                 flags,
                 started: now,
