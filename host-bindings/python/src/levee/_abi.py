@@ -6,12 +6,16 @@ module skips the reflection entirely. We know the WIT, so arguments are lowered 
 into `wasmtime_component_val_t` arrays, and results are lifted by reading the C values'
 own kind tags.
 
-The hot operations (`start`, `acquire`, `report`, `report-fallback`) keep one argument
-array each for the life of the instance; a call only overwrites the integer words that
-change (through a `c_uint64` overlay of the array) and makes the raw
+The hot operations (`start`, `start-unkeyed`, `acquire`, `report`, `report-fallback`) keep
+one argument array each for the life of the instance; a call only overwrites the integer
+words that change (through a `c_uint64` overlay of the array) and makes the raw
 `wasmtime_component_func_call`, then `wasmtime_component_func_post_return`. Arguments are
 borrowed by wasmtime (`*const`, copied into `Val`s), so string arguments may point at
 buffers we own.
+
+A call with no key starts through `start-unkeyed`, which names the engine by its `id` (read
+once per instance) instead of lending the `borrow<engine>` handle, and takes no string: the
+C API lowers a string through a second guest call (`realloc`, even for "").
 
 A `Core` is one component instance in one `wasmtime.Store`: it is NOT thread-safe; the
 public `Engine` serialises access with a lock and replaces a `Core` that trapped.
@@ -302,6 +306,8 @@ class Core:
             "[method]engine.policy-json",
             "[method]engine.analyze",
             "[method]engine.start",
+            "[method]engine.id",
+            "start-unkeyed",
             "[method]engine.acquire",
             "[method]engine.report",
             "[method]engine.report-fallback",
@@ -317,7 +323,7 @@ class Core:
             func = self.instance.get_func(self.store, idx) if idx is not None else None
             if func is None:
                 raise ComponentFault(f"the component does not export {IFACE}#{name}")
-            short = name.split(".", 1)[1]
+            short = name.split(".", 1)[-1]
             self._funcs[short] = func
             self._addr[short] = addressof(func._func)
         self._res = 0
@@ -327,6 +333,8 @@ class Core:
             raise LoadErrors([LoadError(e["path"], e["message"]) for e in val])
         self._res = int(val)
         self._res_ptr = ctypes.cast(self._res, POINTER(ffi.wasmtime_component_resource_any_t))
+        #: the engine's id in this instance, for `start-unkeyed`
+        self.id = int(self._slow("id"))
 
         self._result = _V()
         self._result_addr = addressof(self._result)
@@ -343,6 +351,11 @@ class Core:
         self._sw[13] = 0
         self._sw[14] = _EMPTY_ADDR
         self._key_bufs: dict[str, tuple[int, int, Any]] = {"": (0, _EMPTY_ADDR, _EMPTY)}
+        # start-unkeyed(engine, call, policy, flags, now, settle-call, settle-at, settle-elapsed)
+        self._unk_arr, self._uw, self._unk_addr = _hot_args(8)
+        for i, k in enumerate((_K_U32, _K_U64, _K_U32, _K_U32, _K_U64, _K_U64, _K_U64, _K_U64)):
+            self._unk_arr[i].kind = k
+        self._uw[1] = self.id
         # acquire(self, call, now)
         self._acq_arr, self._aw, self._acq_addr = _hot_args(3)
         for i, k in enumerate((_K_RESOURCE, _K_U64, _K_U64)):
@@ -359,6 +372,7 @@ class Core:
             self._fb_arr[i].kind = k
         self._fw[1] = self._res
         self._f_start = self._addr["start"]
+        self._f_unkeyed = self._addr["start-unkeyed"]
         self._f_acquire = self._addr["acquire"]
         self._f_report = self._addr["report"]
         self._f_fallback = self._addr["report-fallback"]
@@ -481,30 +495,39 @@ class Core:
         settle_at: int,
         settle_elapsed: int,
     ) -> int:
-        w = self._sw
-        w[5] = call
-        w[9] = policy & 0xFFFFFFFF
+        """`engine.start`; through `start-unkeyed` when `key` is "" (the same core function)."""
         if key:
+            w = self._sw
+            w[5] = call
+            w[9] = policy & 0xFFFFFFFF
             size, addr, _buf = self.key_ref(key)
             w[13] = size
-            w[14] = addr
-            # `_buf` lives in `_key_bufs` for the crossing
+            w[14] = addr  # `_buf` lives in `_key_bufs` for the crossing
+            w[17] = flags & 0xFFFFFFFF
+            w[21] = now
+            w[25] = settle_call
+            w[29] = settle_at
+            w[33] = settle_elapsed
+            f = self._f_start
+            args, n = self._start_addr, 9
         else:
-            w[13] = 0
-            w[14] = _EMPTY_ADDR
-        w[17] = flags & 0xFFFFFFFF
-        w[21] = now
-        w[25] = settle_call
-        w[29] = settle_at
-        w[33] = settle_elapsed
+            w = self._uw
+            w[5] = call
+            w[9] = policy & 0xFFFFFFFF
+            w[13] = flags & 0xFFFFFFFF
+            w[17] = now
+            w[21] = settle_call
+            w[25] = settle_at
+            w[29] = settle_elapsed
+            f = self._f_unkeyed
+            args, n = self._unk_addr, 8
         # `_hot`, inlined: this is the one crossing of a call that succeeds first time
         if self.dead:
             raise ComponentFault("the component instance is poisoned")
         self._hot_left -= 1
         if self._hot_left <= 0:
             self._refuel_hot()
-        f = self._f_start
-        err = _CALL(f, self._ctx, self._start_addr, 9, self._result_addr, 1)
+        err = _CALL(f, self._ctx, args, n, self._result_addr, 1)
         if err:
             self.dead = True
             raise _fault(err, "component call")
