@@ -656,7 +656,7 @@ impl Engine {
             if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
                 b.on_success(cfg);
             }
-            self.calls.remove_at(at);
+            self.calls.delete_at(at);
             return self.finish(Verdict::new(VerdictKind::Done, 0, 0));
         }
         let overloaded = kind == OutcomeKind::HttpStatus && flags & FLAG_OVERLOADED != 0;
