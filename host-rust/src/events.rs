@@ -70,6 +70,6 @@ pub(crate) fn emit(e: &Event, policy: &str) {
 
 /// The engine trapped and was re-instantiated.
 pub(crate) fn trap(t: &Trap, policy: &str) {
-    tracing::error!(target: "levee", policy, operation = t.operation, restored = t.restored, error = %t.message, "policy engine trapped; re-instantiated, the call proceeds as one attempt");
-    metrics::counter!("levee_engine_traps_total", "operation" => t.operation).increment(1);
+    tracing::error!(target: "levee", policy, operation = t.operation(), restored = t.restored(), error = %t.message(), "policy engine trapped; re-instantiated, the call proceeds as one attempt");
+    metrics::counter!("levee_engine_traps_total", "operation" => t.operation()).increment(1);
 }

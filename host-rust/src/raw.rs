@@ -88,15 +88,39 @@ pub fn is_trapped(v: Verdict) -> bool {
 }
 
 /// A guest call trapped (or answered something malformed); the engine has recovered.
+///
+/// One pointer wide, so that the `Result<Verdict, Trap>` of every step is returned in
+/// registers (a 48-byte result went through the stack on the hot path).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Trap {
+pub struct Trap(Box<TrapInfo>);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TrapInfo {
+    operation: &'static str,
+    message: String,
+    restored: bool,
+}
+
+impl Trap {
+    fn new(operation: &'static str, message: String, restored: bool) -> Trap {
+        Trap(Box::new(TrapInfo { operation, message, restored }))
+    }
+
     /// The WIT operation that trapped (`start`, `report`, ...).
-    pub operation: &'static str,
+    pub fn operation(&self) -> &'static str {
+        self.0.operation
+    }
+
     /// What wasmtime (or the validation of the answer) said.
-    pub message: String,
+    pub fn message(&self) -> &str {
+        &self.0.message
+    }
+
     /// Whether the last good state was restored into the new instance (false when the
     /// import of the snapshot failed, or there was none yet: the state then starts fresh).
-    pub restored: bool,
+    pub fn restored(&self) -> bool {
+        self.0.restored
+    }
 }
 
 impl fmt::Display for Trap {
@@ -104,9 +128,9 @@ impl fmt::Display for Trap {
         write!(
             f,
             "the policy engine trapped in `{}`: {} (re-instantiated, state {})",
-            self.operation,
-            self.message,
-            if self.restored { "restored" } else { "fresh" }
+            self.0.operation,
+            self.0.message,
+            if self.0.restored { "restored" } else { "fresh" }
         )
     }
 }
@@ -277,7 +301,7 @@ impl RawEngine {
                 }
             }
         }
-        let trap = Trap { operation, message, restored };
+        let trap = Trap::new(operation, message, restored);
         self.last_trap = Some(trap.clone());
         trap
     }
