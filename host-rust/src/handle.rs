@@ -145,9 +145,13 @@ impl Hasher for Fnv {
 }
 
 struct Policies {
-    by_name: HashMap<String, u32, BuildHasherDefault<Fnv>>,
     info: Vec<Arc<PolicyInfo>>,
+    /// For documents of many policies; a few are found faster by comparing names in order.
+    by_name: Option<HashMap<String, u32, BuildHasherDefault<Fnv>>>,
 }
+
+/// Up to this many policies, a name is looked up by comparing it with each in turn.
+const SCAN_POLICIES: usize = 8;
 
 impl Policies {
     fn read(raw: &mut RawEngine) -> Result<Policies, Trap> {
@@ -158,15 +162,26 @@ impl Policies {
                 info.push(Arc::new(p));
             }
         }
-        let by_name = info.iter().enumerate().map(|(i, p)| (p.name.clone(), i as u32)).collect();
-        Ok(Policies { by_name, info })
+        let by_name = (info.len() > SCAN_POLICIES).then(|| info.iter().enumerate().map(|(i, p)| (p.name.clone(), i as u32)).collect());
+        Ok(Policies { info, by_name })
     }
 
     /// A policy by name: its index and what the host knows of it.
     #[inline]
     fn named(&self, name: &str) -> Option<(u32, &PolicyInfo)> {
-        let index = *self.by_name.get(name)?;
+        let index = match &self.by_name {
+            None => self.info.iter().position(|p| p.name == name)? as u32,
+            Some(map) => *map.get(name)?,
+        };
         self.info.get(index as usize).map(|p| (index, &**p))
+    }
+
+    fn index(&self, name: &str) -> Option<u32> {
+        self.named(name).map(|(i, _)| i)
+    }
+
+    fn len(&self) -> usize {
+        self.info.len()
     }
 }
 
@@ -411,7 +426,7 @@ pub struct Levee {
 impl std::fmt::Debug for Levee {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let core = self.shared.lock();
-        f.debug_struct("Levee").field("backend", &core.raw.backend()).field("policies", &core.policies.by_name.len()).finish()
+        f.debug_struct("Levee").field("backend", &core.raw.backend()).field("policies", &core.policies.len()).finish()
     }
 }
 
@@ -511,7 +526,7 @@ impl Levee {
         let now = self.shared.now();
         let mut core = self.shared.lock();
         core.flush();
-        let index = *core.policies.by_name.get(policy)?;
+        let index = core.policies.index(policy)?;
         let r = core.raw.try_breaker_state(index, key, now);
         self.finish_locked(core);
         r.ok().flatten()
@@ -522,7 +537,7 @@ impl Levee {
         let now = self.shared.now();
         let mut core = self.shared.lock();
         core.flush();
-        let Some(index) = core.policies.by_name.get(policy).copied() else {
+        let Some(index) = core.policies.index(policy) else {
             return Err(format!("no policy named `{policy}`"));
         };
         let r = core.raw.try_set_breaker_state(index, key, state, now).unwrap_or_else(|t| Err(t.to_string()));

@@ -64,8 +64,8 @@ fn a_trap_reinstantiates_and_restores_the_last_good_state() {
     assert_eq!(v.kind(), Some(VerdictKind::Attempt));
     e.set_limits(starved());
     let trap = e.try_acquire(5, 3_100).expect_err("the guest is interrupted");
-    assert_eq!(trap.operation, "acquire");
-    assert!(trap.restored);
+    assert_eq!(trap.operation(), "acquire");
+    assert!(trap.restored());
     assert_eq!(e.traps(), 1);
     e.set_limits(Limits::default());
 
@@ -80,7 +80,7 @@ fn a_trap_reinstantiates_and_restores_the_last_good_state() {
     let v = e.start(100, 0, "k", 0, 5_000, 0, 0, 0);
     assert!(levee::raw::is_trapped(v));
     assert_eq!(e.policy_count(), 0);
-    assert!(e.last_trap().is_some_and(|t| t.operation == "policy-count"));
+    assert!(e.last_trap().is_some_and(|t| t.operation() == "policy-count"));
     assert_eq!(e.traps(), 3);
     e.set_limits(Limits::default());
     assert_eq!(e.policy_count(), 3);
@@ -116,7 +116,7 @@ async fn a_trap_mid_call_lets_the_call_end_after_one_attempt() {
         .expect_err("the attempt failed");
     l.with_raw(|r| r.set_limits(Limits::default()));
     assert_eq!(runs.load(Ordering::SeqCst), 1, "no retry after a trap");
-    assert!(err.trap.as_ref().is_some_and(|t| t.operation == "report"), "{err:?}");
+    assert!(err.trap.as_ref().is_some_and(|t| t.operation() == "report"), "{err:?}");
     assert_eq!(err.attempts, 1);
     assert!(err.last.is_some());
     assert!(l.traps() >= 1);
@@ -255,6 +255,38 @@ async fn an_unknown_policy_is_a_protocol_error() {
     let l = Levee::from_str(DOC).expect("loads");
     let err = l.run("nope", |_| async { Ok::<(), std::io::Error>(()) }).await.expect_err("unknown");
     assert_eq!(err.invalid, Some(InvalidCode::UnknownPolicy));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_are_found_by_name_in_small_and_large_documents() {
+    // A few policies are compared in turn, many go through a map: both must find every one.
+    for count in [3usize, 12] {
+        let doc: String = std::iter::once("policies:\n".to_string())
+            .chain(
+                (0..count).map(|i| format!("  p{i}: {{attempts: {}, backoff: {{kind: exponential, base: 1ms, cap: 1ms}}}}\n", i % 5 + 1)),
+            )
+            .collect();
+        let l = Levee::from_str(&doc).expect("loads");
+        assert_eq!(l.policy_names().len(), count);
+        for i in 0..count {
+            let name = format!("p{i}");
+            assert_eq!(l.policy_info(&name).map(|p| p.max_attempts), Some((i % 5 + 1) as u32), "{name} of {count}");
+            let calls = Arc::new(AtomicU32::new(0));
+            let c = calls.clone();
+            let r = l
+                .run(&name, move |_| {
+                    c.fetch_add(1, Ordering::Relaxed);
+                    async { Err::<(), _>(Outcome::http(503)) }
+                })
+                .await;
+            assert!(r.is_err());
+            // The policy found is the one named: its attempts ran.
+            assert_eq!(calls.load(Ordering::Relaxed), (i % 5 + 1) as u32, "{name} of {count}");
+        }
+        assert!(l.policy_info("p99").is_none());
+        let err = l.run("p99", |_| async { Ok::<(), std::io::Error>(()) }).await.expect_err("unknown");
+        assert_eq!(err.invalid, Some(InvalidCode::UnknownPolicy));
+    }
 }
 
 #[test]
