@@ -570,7 +570,7 @@ fn triggers(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Vec<Reason> {
             other => errors.push(LoadError::new(&format!("{path}[{i}]"), format!("must be a reason name, found {}", describe(other)))),
         }
     }
-    out.sort();
+    out.sort_unstable();
     out.dedup();
     out
 }

@@ -95,8 +95,9 @@ impl Engine {
                 let kp = format!("{path}.keys[{j}]");
                 parsed.push(key_from_json(p, k, &kp, same_window)?);
             }
-            // Keep the most recently used keys within the bound.
-            parsed.sort_by_key(|(_, s)| std::cmp::Reverse(s.last_used));
+            // Keep the most recently used keys within the bound (ties by name, the order they
+            // were exported in).
+            parsed.sort_unstable_by(|(a, sa), (b, sb)| sb.last_used.cmp(&sa.last_used).then_with(|| a.cmp(b)));
             parsed.truncate(p.max_keys as usize);
             for (k, st) in parsed {
                 target.insert(std::sync::Arc::from(k), st);
