@@ -41,6 +41,8 @@ pub fn sources() -> Vec<PathBuf> {
         root.join("policy-core/component/src"),
         root.join("policy-core/Cargo.toml"),
         root.join("policy-core/component/Cargo.toml"),
+        // The `wasm` profile lives in the workspace manifest.
+        root.join("Cargo.toml"),
     ]
 }
 
