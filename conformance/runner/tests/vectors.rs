@@ -106,7 +106,7 @@ fn start_unkeyed_names_engines_by_an_id_that_dies_with_them() {
     assert_eq!(gone.detail(), InvalidCode::UnknownEngine as u8);
     assert_eq!(Verdict(api.call_start_unkeyed(&mut store, 0, 3, 0, 0, 30, 0, 0, 0).unwrap()).detail(), InvalidCode::UnknownEngine as u8);
 
-    // A new engine never takes a dead engine's id.
+    // Ids count up: a new engine does not take a dead engine's id.
     let c = api.engine().call_load(&mut store, DOC, 1).unwrap().unwrap();
     let ic = api.engine().call_id(&mut store, c).unwrap();
     assert!(ic != ia && ic != ib);

@@ -49,11 +49,18 @@ impl EngineResource {
     fn new(engine: core::Engine) -> EngineResource {
         let engine = Rc::new(RefCell::new(engine));
         ENGINES.with(|all| {
-            // Ids are never reused: after 2^32 - 1 engines, `wrapping_add` would only revisit
-            // ids long dead (an instance does not live through that many loads).
-            let id = all.last_id.get().wrapping_add(1).max(1);
+            let mut live = all.live.borrow_mut();
+            // Ids count up from 1; only after 2^32 - 1 loads do they come round again, and then
+            // an id still in use is skipped.
+            let mut id = all.last_id.get();
+            loop {
+                id = id.wrapping_add(1).max(1);
+                if !live.iter().any(|(used, _)| *used == id) {
+                    break;
+                }
+            }
             all.last_id.set(id);
-            all.live.borrow_mut().push((id, Rc::clone(&engine)));
+            live.push((id, Rc::clone(&engine)));
             EngineResource { id, engine }
         })
     }
