@@ -102,10 +102,6 @@ struct TrapInfo {
 }
 
 impl Trap {
-    fn new(operation: &'static str, message: String, restored: bool) -> Trap {
-        Trap(Box::new(TrapInfo { operation, message, restored }))
-    }
-
     /// The WIT operation that trapped (`start`, `report`, ...).
     pub fn operation(&self) -> &'static str {
         self.0.operation
@@ -270,10 +266,16 @@ impl RawEngine {
         self.snapshot.as_deref()
     }
 
+    /// Count a state change of the wasm backend, taking a snapshot every
+    /// [`Limits::checkpoint_every`] of them (the native backend never traps: nothing to count).
+    #[inline]
     fn changed(&mut self) {
-        self.ops = self.ops.wrapping_add(1);
-        if self.limits.checkpoint_every != 0 && self.ops >= self.limits.checkpoint_every {
-            let _ = self.checkpoint();
+        #[cfg(feature = "wasm")]
+        if let Inner::Wasm(_) = self.inner {
+            self.ops = self.ops.wrapping_add(1);
+            if self.limits.checkpoint_every != 0 && self.ops >= self.limits.checkpoint_every {
+                let _ = self.checkpoint();
+            }
         }
     }
 
@@ -301,7 +303,7 @@ impl RawEngine {
                 }
             }
         }
-        let trap = Trap::new(operation, message, restored);
+        let trap = Trap(Box::new(TrapInfo { operation, message, restored }));
         self.last_trap = Some(trap.clone());
         trap
     }
