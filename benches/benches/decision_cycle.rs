@@ -1,11 +1,12 @@
 //! One full decision cycle of a call that succeeds first time (start + report success),
 //! natively and through the component in wasmtime, under a policy with retry and breaker.
-//! Also the same cycle with the success settled on the next start (one crossing per call).
+//! Also the same cycle with the success settled on the next start (one crossing per call),
+//! through `engine.start` and through `start-unkeyed` (what hosts use for calls without a key).
 // Tests may index and panic: the no-panic lints guard library code reachable from input.
 #![allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use levee_conformance::component::Wasm;
+use levee_conformance::component::{Wasm, WasmUnkeyed};
 use levee_conformance::{Native, Target};
 use levee_core::OutcomeKind;
 
@@ -46,6 +47,10 @@ fn bench(c: &mut Criterion) {
     call += 1;
     wasm.start(call, 0, "", 0, now, 0, 0, 0);
     g.bench_function("wasm start(settle)", |b| b.iter(|| settled(&mut wasm, &mut call, &mut now)));
+    let Ok(mut unkeyed) = WasmUnkeyed::load(POLICY, 1) else { return };
+    call += 1;
+    unkeyed.start(call, 0, "", 0, now, 0, 0, 0);
+    g.bench_function("wasm start-unkeyed(settle)", |b| b.iter(|| settled(&mut unkeyed, &mut call, &mut now)));
     g.finish();
 }
 
