@@ -691,8 +691,13 @@ mod wasm {
         LoadError::new(&e.path, e.message)
     }
 
-    /// Call a method of the engine resource within an epoch deadline.
+    /// Call a method of the engine resource (or, after `fn`, a function of the interface)
+    /// within an epoch deadline.
     macro_rules! call {
+        ($self:ident, $ticks:ident, fn $function:ident ( $($arg:expr),* )) => {{
+            $self.store.set_epoch_deadline($self.limits.$ticks);
+            $self.levee.levee_policy_engine_api().$function(&mut $self.store $(, $arg)*).map_err(msg)
+        }};
         ($self:ident, $ticks:ident, $method:ident ( $($arg:expr),* )) => {{
             $self.store.set_epoch_deadline($self.limits.$ticks);
             let handle = $self.handle;
@@ -739,12 +744,8 @@ mod wasm {
         ) -> Result<u64, String> {
             if key.is_empty() {
                 // The hot path: primitives only (no handle-table lend, no string copied in).
-                self.store.set_epoch_deadline(self.limits.call_ticks);
-                return self
-                    .levee
-                    .levee_policy_engine_api()
-                    .call_start_unkeyed(&mut self.store, self.id, call, policy, flags, now, sc, sa, se)
-                    .map_err(msg);
+                let id = self.id;
+                return call!(self, call_ticks, fn call_start_unkeyed(id, call, policy, flags, now, sc, sa, se));
             }
             call!(self, call_ticks, call_start(call, policy, key, flags, now, sc, sa, se))
         }
