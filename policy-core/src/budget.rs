@@ -86,7 +86,7 @@ impl BudgetState {
     /// A call begins (ratio budgets deposit).
     pub fn on_call(&mut self, cfg: &BudgetCfg, now: u64) {
         if let (BudgetCfg::Ratio { ttl, .. }, BudgetState::Ratio { slots }) = (cfg, self) {
-            let slot = now / BudgetCfg::slot_len(*ttl);
+            let slot = current_slot(slots, now, *ttl);
             expire(slots, slot);
             match slots.iter_mut().find(|(s, _)| *s == slot) {
                 Some((_, balance)) => *balance = balance.saturating_add(1000),
@@ -115,8 +115,7 @@ impl BudgetState {
         match (cfg, self) {
             (BudgetCfg::Token { max_milli, .. }, BudgetState::Token { tokens }) => (tokens.saturating_mul(2) > *max_milli, *tokens),
             (BudgetCfg::Ratio { percent, min_per_second, ttl }, BudgetState::Ratio { slots }) => {
-                let slot_len = BudgetCfg::slot_len(*ttl);
-                let slot = now / slot_len;
+                let slot = current_slot(slots, now, *ttl);
                 expire(slots, slot);
                 let withdraw = BudgetCfg::withdraw_milli(*percent);
                 let ttl_secs = *ttl as f64 / 1e9;
@@ -143,6 +142,13 @@ impl BudgetState {
             BudgetState::Ratio { .. } => None,
         }
     }
+}
+
+/// The slot `now` falls in, never one before the latest slot with deposits: a `now` earlier
+/// than one already seen counts as no time passed (it must not expire newer deposits).
+fn current_slot(slots: &[(u64, i64)], now: u64, ttl: u64) -> u64 {
+    let latest = slots.iter().map(|(s, _)| *s).max().unwrap_or(0);
+    (now / BudgetCfg::slot_len(ttl)).max(latest)
 }
 
 fn expire(slots: &mut Vec<(u64, i64)>, current: u64) {
@@ -204,6 +210,13 @@ mod tests {
             t.on_call(&cfg, 0);
         }
         assert!(!t.try_retry(&cfg, 10_000).0, "deposits expire after the ttl");
+        let mut b = cfg.fresh();
+        for _ in 0..10 {
+            b.on_call(&cfg, 5_000);
+        }
+        b.on_call(&cfg, 1_000);
+        assert!(b.try_retry(&cfg, 0).0, "an earlier now keeps the newer deposits");
+        assert_eq!(b, BudgetState::Ratio { slots: vec![(5, 11_000 - 5_000)] }, "and counts in the latest slot");
         let reserve = BudgetCfg::Ratio { percent: 20.0, min_per_second: 10, ttl: 10_000_000_000 };
         let mut r = reserve.fresh();
         let allowed = (0..200).filter(|_| r.try_retry(&reserve, 0).0).count();

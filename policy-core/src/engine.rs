@@ -7,10 +7,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::vecmap::VecMap;
+use crate::table::Table;
 
 use crate::breaker::{Breaker, Check};
-use crate::budget::BudgetState;
+use crate::budget::{BudgetCfg, BudgetState};
 use crate::classify::Observed;
 use crate::limiter::Gcra;
 use crate::policy::{self, LoadError, OverCap, Policy};
@@ -111,10 +111,6 @@ impl CallKey {
             None => name.is_empty(),
         }
     }
-
-    fn to_arc(&self) -> Arc<str> {
-        self.0.clone().unwrap_or_else(|| Arc::from(""))
-    }
 }
 
 impl std::ops::Deref for CallKey {
@@ -131,9 +127,10 @@ struct Call {
     policy: usize,
     key: CallKey,
     /// Where the key's state was last found: lets acquire and report skip the lookup.
-    key_at: usize,
+    key_at: u32,
     flags: u32,
-    started: u64,
+    /// The latest `now` this call was given: an earlier one counts as no time passed.
+    seen: u64,
     deadline: Option<u64>,
     attempts: u32,
     phase: Phase,
@@ -142,15 +139,37 @@ struct Call {
     reserved_at: Option<u64>,
 }
 
+impl Call {
+    /// `now` as this call may use it: never earlier than one it was already given.
+    #[inline]
+    fn observe(&mut self, now: u64) -> u64 {
+        self.seen = self.seen.max(now);
+        self.seen
+    }
+}
+
+/// The key table's lists: keys with no attempt in flight are evicted before busy ones, each
+/// list least recently used first.
+pub(crate) const IDLE: usize = 0;
+/// See [`IDLE`].
+pub(crate) const BUSY: usize = 1;
+
+/// One policy's per-key state.
+pub(crate) type Keys = Table<Arc<str>, KeyState, 2>;
+/// The live calls, on one list in the order they started (the oldest is evicted first).
+type Calls = Table<u64, Call, 1>;
+
 /// A Levee engine. See the crate documentation and `wit/levee.wit`.
 #[derive(Clone, Debug)]
 pub struct Engine {
     pub(crate) policies: Vec<Policy>,
-    pub(crate) keys: Vec<VecMap<Arc<str>, KeyState>>,
-    calls: VecMap<u64, Call>,
+    pub(crate) keys: Vec<Keys>,
+    calls: Calls,
     events: VecDeque<Event>,
     pub(crate) rng: Rng,
     pub(crate) tick: u64,
+    /// Seeds the tables' hasher (never a decision: see `table`).
+    pub(crate) hash_seed: u64,
 }
 
 fn push_event(events: &mut VecDeque<Event>, e: Event) {
@@ -190,106 +209,129 @@ fn transition_events_slow(
     }
 }
 
-/// Position of the state of `key`, made when absent, evicting the least recently used key
-/// (idle ones first) when the policy's bound is reached.
-fn key_position(
-    keys: &mut VecMap<Arc<str>, KeyState>,
-    p: &Policy,
-    policy: usize,
-    key: &str,
-    tick: u64,
-    now: u64,
-    events: &mut VecDeque<Event>,
-) -> usize {
-    // "" sorts first: the key of every unkeyed call is found without a search.
-    let found = if !key.is_empty() {
-        keys.find(key)
-    } else if keys.at(0).is_some_and(|(k, _)| k.is_empty()) {
-        Ok(0)
+/// The list a key belongs on, from what it holds.
+#[inline]
+fn list_for(s: &KeyState) -> usize {
+    if s.in_flight > 0 {
+        BUSY
     } else {
-        Err(0)
-    };
-    match found {
-        Ok(i) => i,
-        Err(_) => {
-            if keys.len() >= p.max_keys as usize {
-                let victim = keys.iter().min_by_key(|(_, s)| (s.in_flight > 0, s.last_used)).map(|(k, _)| k.clone());
-                if let Some(victim) = victim {
-                    keys.remove(&*victim);
-                    let mut e = Event::new(now, EventKind::KeyEvicted, policy as u32, &victim);
-                    e.name = victim.to_string();
-                    push_event(events, e);
-                }
-            }
-            keys.position_or_insert_with(key, || Arc::from(key), || KeyState::fresh(p, tick))
-        }
+        IDLE
     }
 }
 
+/// Put a key on the list its state now calls for (after its in-flight count changed). It was
+/// touched earlier in the same operation, so it is the most recent of either list.
+#[inline]
+fn refile(keys: &mut Keys, at: u32) {
+    let want = match keys.get(at) {
+        Some((_, s)) => list_for(s),
+        None => return,
+    };
+    if keys.list_of(at) != Some(want) {
+        keys.move_to_back(at, want);
+    }
+}
+
+/// Index of the state of `key`, made when absent, evicting the least recently used key
+/// (idle ones first) when the policy's bound is reached.
+fn key_position(keys: &mut Keys, p: &Policy, policy: usize, key: &str, tick: u64, now: u64, events: &mut VecDeque<Event>) -> u32 {
+    if let Some(i) = keys.find(key) {
+        return i;
+    }
+    if keys.len() >= p.max_keys as usize {
+        if let Some((victim, _)) = keys.front(IDLE).or_else(|| keys.front(BUSY)).and_then(|i| keys.remove(i)) {
+            let mut e = Event::new(now, EventKind::KeyEvicted, policy as u32, &victim);
+            e.name = victim.to_string();
+            push_event(events, e);
+        }
+    }
+    keys.insert(Arc::from(key), KeyState::fresh(p, tick), IDLE)
+}
+
 /// The state of `key` by name (made when absent, as `key_position`), touched for the LRU:
-/// its position, the table's `Arc` of the name, and the state.
+/// its index, the table's `Arc` of the name, and the state.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn named_key_state<'a>(
-    keys: &'a mut VecMap<Arc<str>, KeyState>,
+    keys: &'a mut Keys,
     p: &Policy,
     policy: usize,
     key: &str,
     tick: &mut u64,
     now: u64,
     events: &mut VecDeque<Event>,
-) -> Option<(usize, &'a Arc<str>, &'a mut KeyState)> {
+) -> Option<(u32, &'a Arc<str>, &'a mut KeyState)> {
     *tick = tick.wrapping_add(1);
     let at = key_position(keys, p, policy, key, *tick, now, events);
-    let (name, state) = keys.at_mut(at)?;
+    touch(keys, at);
+    let (name, state) = keys.get_mut(at)?;
     state.last_used = *tick;
     Some((at, name, state))
 }
 
-/// The state of a live call's key. `at` is where the call last found it: when the table still
-/// holds the call's own key there, nothing is searched; otherwise (the table
-/// changed, or the key was evicted and is made again) it is found by name and `at` and `name`
-/// are brought up to date.
+/// Move a key to the most recent end of its list.
+#[inline]
+fn touch(keys: &mut Keys, at: u32) {
+    if let Some(list) = keys.list_of(at) {
+        keys.move_to_back(at, list);
+    }
+}
+
+/// The state of a live call's key, touched for the LRU. `at` is where the call last found
+/// it: when the table still holds the call's own key there, nothing is searched; otherwise
+/// (the key was evicted, and is made again) it is found by name and `at` and `name` are
+/// brought up to date.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn call_key_state<'a>(
-    keys: &'a mut VecMap<Arc<str>, KeyState>,
+    keys: &'a mut Keys,
     p: &Policy,
     policy: usize,
     name: &mut CallKey,
-    at: &mut usize,
+    at: &mut u32,
     tick: &mut u64,
     now: u64,
     events: &mut VecDeque<Event>,
-) -> &'a mut KeyState {
+) -> Option<&'a mut KeyState> {
     *tick = tick.wrapping_add(1);
     let t = *tick;
-    if !keys.at(*at).is_some_and(|(k, _)| name.is(k)) {
+    if !keys.get(*at).is_some_and(|(k, _)| name.is(k)) {
         relocate_key(keys, p, policy, name, at, t, now, events);
     }
-    let state = keys.value_at_or_insert_with(*at, &**name, || name.to_arc(), || KeyState::fresh(p, t));
+    touch(keys, *at);
+    let (_, state) = keys.get_mut(*at)?;
     state.last_used = t;
-    state
+    Some(state)
 }
 
 #[cold]
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 fn relocate_key(
-    keys: &mut VecMap<Arc<str>, KeyState>,
+    keys: &mut Keys,
     p: &Policy,
     policy: usize,
     name: &mut CallKey,
-    at: &mut usize,
+    at: &mut u32,
     tick: u64,
     now: u64,
     events: &mut VecDeque<Event>,
 ) {
     let key = name.clone();
     *at = key_position(keys, p, policy, &key, tick, now, events);
-    if let Some((k, _)) = keys.at(*at) {
+    if let Some((k, _)) = keys.get(*at) {
         *name = CallKey::of(k);
     }
+}
+
+/// The state of a key, if it has one (a lookup that touches nothing).
+fn key_state<'a>(keys: &'a Keys, key: &str) -> Option<&'a KeyState> {
+    keys.find(key).and_then(|i| keys.get(i)).map(|(_, s)| s)
+}
+
+/// The tables' hasher seed for an engine seed (a different stream from the jitter PRNG's).
+fn hash_seed_of(seed: u64) -> u64 {
+    Rng::new(seed ^ 0x7461_626c_6573_6565).next_u64()
 }
 
 impl Engine {
@@ -300,8 +342,17 @@ impl Engine {
     }
 
     pub(crate) fn from_policies(policies: Vec<Policy>, seed: u64) -> Engine {
-        let keys = policies.iter().map(|_| VecMap::default()).collect();
-        Engine { policies, keys, calls: VecMap::default(), events: VecDeque::new(), rng: Rng::new(seed), tick: 0 }
+        Engine::with_tables(policies, Rng::new(seed), hash_seed_of(seed))
+    }
+
+    fn with_tables(policies: Vec<Policy>, rng: Rng, hash_seed: u64) -> Engine {
+        let keys = policies.iter().map(|_| Keys::with_seed(hash_seed)).collect();
+        Engine { policies, keys, calls: Calls::with_seed(hash_seed), events: VecDeque::new(), rng, tick: 0, hash_seed }
+    }
+
+    /// Empty key tables for the current policies (with this engine's hasher seed).
+    pub(crate) fn empty_keys(&self) -> Vec<Keys> {
+        self.policies.iter().map(|_| Keys::with_seed(self.hash_seed)).collect()
     }
 
     /// Replace the policies, keeping the state that still applies (see `import_state`) and the
@@ -309,24 +360,56 @@ impl Engine {
     pub fn reload(&mut self, document: &str) -> Result<(), Vec<LoadError>> {
         let policies = policy::parse_document(document)?;
         let snapshot = self.export_state();
-        let mut next = Engine::from_policies(policies, 0);
+        let mut next = Engine::with_tables(policies, self.rng.clone(), self.hash_seed);
         next.import_state(&snapshot).map_err(|e| vec![e])?;
-        // Live calls and their slots move over by policy name.
-        for (id, call) in self.calls.iter() {
+        next.rescale_token_budgets(self);
+        // Live calls and their slots move over by policy name, oldest first (their order
+        // decides which is evicted first).
+        let mut at = self.calls.front(0);
+        while let Some(i) = at {
+            at = self.calls.next(i);
+            let Some((&id, call)) = self.calls.get(i) else { continue };
             let Some(name) = self.policies.get(call.policy).map(|p| p.name.as_str()) else { continue };
             let Some(index) = next.policies.iter().position(|p| p.name == name) else { continue };
             let mut moved = call.clone();
             moved.policy = index;
-            if let (Some(old), Some(new)) = (self.keys.get(call.policy).and_then(|k| k.get(&*call.key)), next.keys.get_mut(index)) {
-                if let Some(ks) = new.get_mut(&*call.key) {
-                    ks.in_flight = old.in_flight;
+            moved.key_at = u32::MAX; // found again by name in the new table
+            if let (Some(old), Some(new)) =
+                (self.keys.get(call.policy).and_then(|k| k.find(&*call.key).and_then(|i| k.get(i))), next.keys.get_mut(index))
+            {
+                if let Some(j) = new.find(&*call.key) {
+                    if let Some((_, ks)) = new.get_mut(j) {
+                        ks.in_flight = old.1.in_flight;
+                    }
+                    refile(new, j);
                 }
             }
-            next.calls.insert(*id, moved);
+            next.calls.insert(id, moved, 0);
         }
         next.events = std::mem::take(&mut self.events);
         *self = next;
         Ok(())
+    }
+
+    /// After a reload, a token budget whose `max-tokens` changed keeps its level in
+    /// proportion (gRPC's retry throttling: "if we're already throttling retries on the old
+    /// scale, we will start out doing the same thing on the new one").
+    fn rescale_token_budgets(&mut self, old: &Engine) {
+        for (pi, p) in self.policies.iter().enumerate() {
+            let Some(BudgetCfg::Token { max_milli: new_max, .. }) = p.budget else { continue };
+            let Some(oi) = old.policies.iter().position(|o| o.name == p.name) else { continue };
+            let Some(BudgetCfg::Token { max_milli: old_max, .. }) = old.policies.get(oi).and_then(|o| o.budget.clone()) else { continue };
+            if old_max == new_max || old_max <= 0 {
+                continue;
+            }
+            let (Some(old_keys), Some(keys)) = (old.keys.get(oi), self.keys.get_mut(pi)) else { continue };
+            for (_, name, old_state) in old_keys.iter() {
+                let Some(BudgetState::Token { tokens }) = old_state.budget else { continue };
+                let Some((_, ks)) = keys.find(&**name).and_then(|i| keys.get_mut(i)) else { continue };
+                let scaled = i128::from(tokens.clamp(0, old_max)) * i128::from(new_max) / i128::from(old_max);
+                ks.budget = Some(BudgetState::Token { tokens: scaled.clamp(0, i128::from(new_max)) as i64 });
+            }
+        }
     }
 
     /// Number of policies.
@@ -388,18 +471,15 @@ impl Engine {
             // the host learns of when the call's next operation fails).
             let _ = self.report(settle_call, settle_at, settle_elapsed, OutcomeKind::Success, 0, "", 0, 0);
         }
-        let found = self.calls.find(&call);
-        if call == 0 || found.is_ok() {
+        if call == 0 || self.calls.find(&call).is_some() {
             return self.finish(Verdict::invalid(InvalidCode::DuplicateCall));
         }
         let pi = policy as usize;
         if pi >= self.policies.len() {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         }
-        let mut slot = found.unwrap_or_else(|i| i);
         if self.calls.len() >= MAX_LIVE_CALLS {
             self.evict_oldest_call(now);
-            slot = self.calls.find(&call).unwrap_or_else(|i| i);
         }
         let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
@@ -412,15 +492,14 @@ impl Engine {
             b.on_call(cfg, now);
         }
         let deadline = p.deadline.map(|d| now.saturating_add(d));
-        self.calls.insert_at(
-            slot,
+        let slot = self.calls.insert(
             call,
             Call {
                 policy: pi,
                 key,
                 key_at,
                 flags,
-                started: now,
+                seen: now,
                 deadline,
                 attempts: 0,
                 phase: Phase::Ready,
@@ -428,31 +507,35 @@ impl Engine {
                 prev_delay: 0,
                 reserved_at: None,
             },
+            0,
         );
         self.acquire_at(slot, now)
     }
 
+    /// Make room for one more live call: the call started longest ago goes (event
+    /// `call-evicted`), releasing what it holds. Its host learns it at its next step, which
+    /// answers `invalid` (unknown call).
     fn evict_oldest_call(&mut self, now: u64) {
-        let oldest = self.calls.iter().min_by_key(|(_, c)| c.started).map(|(id, _)| *id);
-        if let Some(id) = oldest {
-            if let Some(c) = self.calls.get(&id) {
-                let mut e = Event::new(now, EventKind::CallEvicted, c.policy as u32, &c.key);
-                e.call = id;
-                e.attempt = c.attempts;
-                push_event(&mut self.events, e);
-            }
-            self.release(id, now);
-            self.calls.remove(&id);
-        }
+        let Some(i) = self.calls.front(0) else { return };
+        let Some((&id, c)) = self.calls.get(i) else { return };
+        let mut e = Event::new(now, EventKind::CallEvicted, c.policy as u32, &c.key);
+        e.call = id;
+        e.attempt = c.attempts;
+        push_event(&mut self.events, e);
+        self.release_at(i, now);
+        self.calls.remove(i);
     }
 
     /// Give back what an in-flight attempt holds (no outcome recorded).
-    fn release(&mut self, call: u64, now: u64) {
-        let Some(c) = self.calls.get_mut(&call) else { return };
+    fn release_at(&mut self, i: u32, now: u64) {
+        let Some((&call, c)) = self.calls.get_mut(i) else { return };
         let Phase::InFlight { permit, slot } = c.phase else { return };
         c.phase = Phase::Ready;
+        let now = c.observe(now);
         let (Some(p), Some(keys)) = (self.policies.get(c.policy), self.keys.get_mut(c.policy)) else { return };
-        let ks = call_key_state(keys, p, c.policy, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events);
+        let Some(ks) = call_key_state(keys, p, c.policy, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+            return;
+        };
         if slot {
             ks.in_flight = ks.in_flight.saturating_sub(1);
         }
@@ -461,38 +544,42 @@ impl Engine {
                 b.give_back(call);
             }
         }
+        refile(keys, c.key_at);
     }
 
     /// Acquire the next attempt of a call.
     pub fn acquire(&mut self, call: u64, now: u64) -> Verdict {
         match self.calls.find(&call) {
-            Ok(slot) => self.acquire_at(slot, now),
-            Err(_) => self.finish(Verdict::invalid(InvalidCode::UnknownCall)),
+            Some(slot) => self.acquire_at(slot, now),
+            None => self.finish(Verdict::invalid(InvalidCode::UnknownCall)),
         }
     }
 
-    /// Acquire the next attempt of the call at a position of the call table.
-    fn acquire_at(&mut self, slot: usize, now: u64) -> Verdict {
-        let Some((&call, c)) = self.calls.at_mut(slot) else {
+    /// Acquire the next attempt of the call at an index of the call table.
+    fn acquire_at(&mut self, slot: u32, now: u64) -> Verdict {
+        let Some((&call, c)) = self.calls.get_mut(slot) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
         if c.phase != Phase::Ready {
             return self.finish(Verdict::invalid(InvalidCode::WrongStep));
         }
+        let now = c.observe(now);
         let pi = c.policy;
         let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         if let Some(dl) = c.deadline {
             if now >= dl {
-                return self.reject(call, Reason::Deadline, 0, now);
+                return self.reject_at(slot, Reason::Deadline, 0, now);
             }
         }
         if c.attempts >= p.attempts {
             // Cannot happen through `report`; kept so that no path exceeds the maximum.
-            return self.end(call, Reason::RetriesExhausted, 0, now);
+            return self.end_at(slot, Reason::RetriesExhausted, 0, now);
         }
-        let ks = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events);
+        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
+        };
 
         // Circuit breaker.
         let mut permit = false;
@@ -502,14 +589,14 @@ impl Engine {
             transition_events(&mut self.events, &t, &expired, now, pi, &c.key);
             match check {
                 Check::Allow { permit: p } => permit = p,
-                Check::Reject(hint) => return self.reject(call, Reason::BreakerOpen, hint, now),
+                Check::Reject(hint) => return self.reject_at(slot, Reason::BreakerOpen, hint, now),
             }
         }
         // Concurrency limit.
-        let slot = p.bulkhead.is_some();
+        let bulkhead = p.bulkhead.is_some();
         if let Some(bh) = &p.bulkhead {
             if ks.in_flight >= bh.max_concurrent {
-                return self.reject(call, Reason::BulkheadFull, 0, now);
+                return self.reject_at(slot, Reason::BulkheadFull, 0, now);
             }
         }
         // Rate limit.
@@ -519,6 +606,8 @@ impl Engine {
                 Some(_) => c.reserved_at = None,
                 None => {
                     if let Err(wait) = g.try_take(cfg, now) {
+                        // The limiter's own clock: never earlier than a `now` it has seen.
+                        let now = g.last_now;
                         let fits = c.deadline.is_none_or(|dl| now.saturating_add(wait) < dl);
                         if wait <= cfg.max_wait && fits {
                             g.reserve(cfg, now);
@@ -531,7 +620,7 @@ impl Engine {
                             push_event(&mut self.events, e);
                             return self.finish(Verdict::new(VerdictKind::Wait, Reason::RateLimited as u8, wait));
                         }
-                        return self.reject(call, Reason::RateLimited, wait, now);
+                        return self.reject_at(slot, Reason::RateLimited, wait, now);
                     }
                 }
             }
@@ -542,11 +631,12 @@ impl Engine {
                 b.take_permit(call, now);
             }
         }
-        if slot {
+        if bulkhead {
             ks.in_flight = ks.in_flight.saturating_add(1);
+            refile(keys, c.key_at);
         }
         c.attempts = c.attempts.saturating_add(1);
-        c.phase = Phase::InFlight { permit, slot };
+        c.phase = Phase::InFlight { permit, slot: bulkhead };
         let remaining = c.deadline.map(|dl| dl.saturating_sub(now));
         let timeout = match (p.attempt_timeout, remaining) {
             (Some(t), Some(r)) => t.min(r),
@@ -558,8 +648,8 @@ impl Engine {
         self.finish(v)
     }
 
-    fn reject(&mut self, call: u64, reason: Reason, hint: u64, now: u64) -> Verdict {
-        if let Some(c) = self.calls.get(&call) {
+    fn reject_at(&mut self, slot: u32, reason: Reason, hint: u64, now: u64) -> Verdict {
+        if let Some((&call, c)) = self.calls.get(slot) {
             let mut e = Event::new(now, EventKind::Rejected, c.policy as u32, &c.key);
             e.call = call;
             e.attempt = c.attempts.saturating_add(1);
@@ -567,12 +657,12 @@ impl Engine {
             e.duration = hint;
             push_event(&mut self.events, e);
         }
-        self.end(call, reason, hint, now)
+        self.end_at(slot, reason, hint, now)
     }
 
     /// The retry loop stopped without success: choose a fallback or fail.
-    fn end(&mut self, call: u64, reason: Reason, hint: u64, now: u64) -> Verdict {
-        let Some(c) = self.calls.get_mut(&call) else {
+    fn end_at(&mut self, slot: u32, reason: Reason, hint: u64, now: u64) -> Verdict {
+        let Some((&call, c)) = self.calls.get_mut(slot) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
         c.last_reason = reason;
@@ -582,14 +672,14 @@ impl Engine {
         e.reason = reason;
         e.duration = hint;
         push_event(&mut self.events, e);
-        self.next_fallback(call, 0, reason, now).unwrap_or_else(|| {
-            self.calls.remove(&call);
+        self.next_fallback(slot, 0, reason, now).unwrap_or_else(|| {
+            self.calls.remove(slot);
             self.finish(Verdict::new(VerdictKind::Fail, reason as u8, hint))
         })
     }
 
-    fn next_fallback(&mut self, call: u64, from: usize, reason: Reason, now: u64) -> Option<Verdict> {
-        let c = self.calls.get_mut(&call)?;
+    fn next_fallback(&mut self, slot: u32, from: usize, reason: Reason, now: u64) -> Option<Verdict> {
+        let (&call, c) = self.calls.get_mut(slot)?;
         let p = self.policies.get(c.policy)?;
         let (index, fb) = p.fallbacks.iter().enumerate().skip(from).find(|(_, f)| f.on.contains(&reason))?;
         c.phase = Phase::Fallback { index, reason };
@@ -615,10 +705,10 @@ impl Engine {
         wall_secs: u64,
         flags: u32,
     ) -> Verdict {
-        let Ok(at) = self.calls.find(&call) else {
+        let Some(at) = self.calls.find(&call) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
-        let Some((_, c)) = self.calls.at_mut(at) else {
+        let Some((_, c)) = self.calls.get_mut(at) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
         let Phase::InFlight { permit: _, slot } = c.phase else {
@@ -629,7 +719,10 @@ impl Engine {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         c.phase = Phase::Ready;
-        let ks = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events);
+        let now = c.observe(now);
+        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
+        };
         if slot {
             ks.in_flight = ks.in_flight.saturating_sub(1);
         }
@@ -656,7 +749,10 @@ impl Engine {
             if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
                 b.on_success(cfg);
             }
-            self.calls.delete_at(at);
+            if slot {
+                refile(keys, c.key_at);
+            }
+            self.calls.remove(at);
             return self.finish(Verdict::new(VerdictKind::Done, 0, 0));
         }
         let overloaded = kind == OutcomeKind::HttpStatus && flags & FLAG_OVERLOADED != 0;
@@ -667,24 +763,40 @@ impl Engine {
                 b.on_failure(cfg);
             }
         }
+        if slot {
+            let key_at = c.key_at;
+            refile(keys, key_at);
+        }
+        self.retry_decision(at, server, stop, retryable, now)
+    }
+
+    /// After a failed attempt that was recorded: retry, or end (fallback or fail).
+    fn retry_decision(&mut self, at: u32, server: ServerDelay, stop: bool, retryable: bool, now: u64) -> Verdict {
         if stop {
-            return self.end(call, Reason::Pushback, 0, now);
+            return self.end_at(at, Reason::Pushback, 0, now);
         }
         if !retryable {
-            return self.end(call, Reason::NonRetryable, 0, now);
+            return self.end_at(at, Reason::NonRetryable, 0, now);
         }
+        let Some((&call, c)) = self.calls.get_mut(at) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
+        };
+        let pi = c.policy;
+        let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
+        };
         let method = (c.flags >> 8) & 0xF;
         let idempotent =
             c.flags & FLAG_IDEMPOTENCY_KEY != 0 || (c.flags & FLAG_NON_IDEMPOTENT == 0 && policy::method_idempotent(p, method));
         if !idempotent {
-            return self.end(call, Reason::NonIdempotent, 0, now);
+            return self.end_at(at, Reason::NonIdempotent, 0, now);
         }
         if c.attempts >= p.attempts {
-            return self.end(call, Reason::RetriesExhausted, 0, now);
+            return self.end_at(at, Reason::RetriesExhausted, 0, now);
         }
         let delay = match server {
             ServerDelay::After(d) if d > p.retry_after.cap => match p.retry_after.over_cap {
-                OverCap::Fail => return self.end(call, Reason::RetryAfterTooLong, d, now),
+                OverCap::Fail => return self.end_at(at, Reason::RetryAfterTooLong, d, now),
                 OverCap::Clamp => p.retry_after.cap,
             },
             ServerDelay::After(d) => d,
@@ -692,10 +804,12 @@ impl Engine {
         };
         if let Some(dl) = c.deadline {
             if now.saturating_add(delay) >= dl {
-                return self.end(call, Reason::Deadline, 0, now);
+                return self.end_at(at, Reason::Deadline, 0, now);
             }
         }
-        if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+        // The key's state was touched by this report already: found again without a touch.
+        let budget = keys.get_mut(c.key_at).and_then(|(_, ks)| ks.budget.as_mut());
+        if let (Some(cfg), Some(b)) = (&p.budget, budget) {
             let (allowed, level) = b.try_retry(cfg, now);
             if !allowed {
                 let mut e = Event::new(now, EventKind::BudgetRefused, pi as u32, &c.key);
@@ -704,7 +818,7 @@ impl Engine {
                 e.reason = Reason::Budget;
                 e.value = level;
                 push_event(&mut self.events, e);
-                return self.end(call, Reason::Budget, 0, now);
+                return self.end_at(at, Reason::Budget, 0, now);
             }
         }
         c.prev_delay = delay;
@@ -718,32 +832,38 @@ impl Engine {
 
     /// Report whether the fallback the last verdict chose succeeded.
     pub fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> Verdict {
-        let Some(c) = self.calls.get(&call) else {
+        let Some(at) = self.calls.find(&call) else {
+            return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
+        };
+        let Some((_, c)) = self.calls.get_mut(at) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
         let Phase::Fallback { index, reason } = c.phase else {
             return self.finish(Verdict::invalid(InvalidCode::WrongStep));
         };
+        let now = c.observe(now);
         if ok {
-            self.calls.remove(&call);
+            self.calls.remove(at);
             return self.finish(Verdict::new(VerdictKind::Done, 0, 0));
         }
-        if let Some(v) = self.next_fallback(call, index.saturating_add(1), reason, now) {
+        if let Some(v) = self.next_fallback(at, index.saturating_add(1), reason, now) {
             return v;
         }
-        self.calls.remove(&call);
+        self.calls.remove(at);
         self.finish(Verdict::new(VerdictKind::Fail, Reason::FallbacksFailed as u8, 0))
     }
 
     /// Abandon a call: release what it holds.
     pub fn cancel(&mut self, call: u64, now: u64) {
-        self.release(call, now);
-        self.calls.remove(&call);
+        if let Some(at) = self.calls.find(&call) {
+            self.release_at(at, now);
+            self.calls.remove(at);
+        }
     }
 
     /// What the engine knows of a live call.
     pub fn call_info(&self, call: u64) -> Option<CallInfo> {
-        let c = self.calls.get(&call)?;
+        let (_, c) = self.calls.find(&call).and_then(|i| self.calls.get(i))?;
         Some(CallInfo {
             policy: c.policy as u32,
             key: c.key.to_string(),
@@ -776,7 +896,7 @@ impl Engine {
         let state = self
             .keys
             .get(policy as usize)
-            .and_then(|k| k.get(key))
+            .and_then(|k| key_state(k, key))
             .and_then(|s| s.breaker.as_ref())
             .map(|b| b.peek(now))
             .unwrap_or(BreakerState::Closed);
@@ -804,31 +924,31 @@ impl Engine {
 
     /// In-flight attempts of a policy and key (for invariants and metrics).
     pub fn in_flight(&self, policy: u32, key: &str) -> u32 {
-        self.keys.get(policy as usize).and_then(|k| k.get(key)).map(|s| s.in_flight).unwrap_or(0)
+        self.keys.get(policy as usize).and_then(|k| key_state(k, key)).map(|s| s.in_flight).unwrap_or(0)
     }
 
     /// Half-open trial permits issued and not yet reported, expired or given back, of a
     /// policy and key (for invariants and metrics).
     pub fn breaker_trials(&self, policy: u32, key: &str) -> Option<u32> {
-        let b = self.keys.get(policy as usize)?.get(key)?.breaker.as_ref()?;
+        let b = key_state(self.keys.get(policy as usize)?, key)?.breaker.as_ref()?;
         Some(b.permits.len() as u32)
     }
 
     /// Token-throttling level in milli-tokens of a policy and key, if it has one.
     pub fn budget_tokens(&self, policy: u32, key: &str) -> Option<i64> {
-        self.keys.get(policy as usize)?.get(key)?.budget.as_ref()?.tokens()
+        key_state(self.keys.get(policy as usize)?, key)?.budget.as_ref()?.tokens()
     }
 
     /// Rate-limit tokens available at `now` for a policy and key, if it has a limiter.
     pub fn rate_tokens(&self, policy: u32, key: &str, now: u64) -> Option<u64> {
         let cfg = self.policy(policy)?.rate_limit.as_ref()?;
         let fresh = cfg.fresh();
-        let g = self.keys.get(policy as usize)?.get(key).and_then(|s| s.limiter.as_ref()).unwrap_or(&fresh);
+        let g = key_state(self.keys.get(policy as usize)?, key).and_then(|s| s.limiter.as_ref()).unwrap_or(&fresh);
         Some(g.tokens(cfg, now))
     }
 
     /// Keys with state for a policy.
     pub fn key_count(&self, policy: u32) -> usize {
-        self.keys.get(policy as usize).map(VecMap::len).unwrap_or(0)
+        self.keys.get(policy as usize).map(Table::len).unwrap_or(0)
     }
 }

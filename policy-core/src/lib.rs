@@ -27,9 +27,9 @@ pub mod policy;
 pub mod retry_after;
 pub mod rng;
 mod state;
+mod table;
 pub mod time;
 pub mod types;
-mod vecmap;
 
 pub use analysis::Analysis;
 pub use engine::{CallInfo, Engine, PolicyInfo, MAX_LIVE_CALLS, MAX_PENDING_EVENTS};

@@ -34,7 +34,11 @@ pub fn parse_retry_after(raw: &str, wall_secs: u64) -> ServerDelay {
         return ServerDelay::None;
     }
     match parse_http_date(t) {
-        Some(at) => ServerDelay::After((at.saturating_sub(wall_secs as i64).max(0) as u64).saturating_mul(SECOND)),
+        // Every wall time up to 2^64-1 s is a time (i128 holds both sides exactly).
+        Some(at) => {
+            let secs = (i128::from(at) - i128::from(wall_secs)).clamp(0, i128::from(u64::MAX)) as u64;
+            ServerDelay::After(secs.saturating_mul(SECOND))
+        }
         None => ServerDelay::None,
     }
 }
@@ -134,6 +138,9 @@ mod tests {
         assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", 0), ServerDelay::None);
         assert_eq!(parse_retry_after("soon", wall), ServerDelay::None);
         assert_eq!(parse_retry_after("-5", wall), ServerDelay::None);
+        // Wall times from 2^63 s up are far in the future, never negative.
+        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", 1 << 63), ServerDelay::After(0));
+        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", u64::MAX), ServerDelay::After(0));
         assert_eq!(parse_retry_after("99999999999999999999999", 0), ServerDelay::After(u64::MAX));
     }
 

@@ -16,13 +16,12 @@ use crate::doc::{self, obj, Value};
 use crate::backoff::Kind;
 use crate::breaker::{Breaker, Window, WindowState};
 use crate::budget::{BudgetCfg, BudgetState};
-use crate::engine::{Engine, KeyState};
+use crate::engine::{Engine, KeyState, Keys, IDLE};
 use crate::limiter::Gcra;
 use crate::policy::{LoadError, OverCap, Policy};
 use crate::rng::Rng;
 use crate::time::format_duration;
 use crate::types::BreakerState;
-use crate::vecmap::VecMap;
 
 const FORMAT: &str = "levee-state";
 const VERSION: u64 = 1;
@@ -35,7 +34,10 @@ impl Engine {
             .iter()
             .zip(self.keys.iter())
             .map(|(p, keys)| {
-                let keys: Vec<Value> = keys.iter().map(|(k, s)| key_to_json(p, k, s)).collect();
+                // By name: the bytes never depend on the table's layout.
+                let mut sorted: Vec<(&std::sync::Arc<str>, &KeyState)> = keys.iter().map(|(_, k, s)| (k, s)).collect();
+                sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                let keys: Vec<Value> = sorted.into_iter().map(|(k, s)| key_to_json(p, k, s)).collect();
                 obj([("name", p.name.as_str().into()), ("fingerprint", fingerprint(p)), ("keys", Value::List(keys))])
             })
             .collect();
@@ -79,7 +81,7 @@ impl Engine {
         let tick = obj.get("tick").and_then(Value::as_u64).ok_or_else(|| LoadError::new("tick", "is missing"))?;
         let policies = obj.get("policies").and_then(Value::as_list).ok_or_else(|| LoadError::new("policies", "is missing"))?;
 
-        let mut new_keys: Vec<VecMap<std::sync::Arc<str>, KeyState>> = self.policies.iter().map(|_| VecMap::default()).collect();
+        let mut new_keys: Vec<Keys> = self.empty_keys();
         for (i, entry) in policies.iter().enumerate() {
             let path = format!("policies[{i}]");
             let name = entry.get("name").and_then(Value::as_str).ok_or_else(|| LoadError::new(&path, "has no name"))?;
@@ -96,11 +98,17 @@ impl Engine {
                 parsed.push(key_from_json(p, k, &kp, same_window)?);
             }
             // Keep the most recently used keys within the bound (ties by name, the order they
-            // were exported in).
+            // were exported in), and file them least recently used first. A name given twice
+            // keeps its most recent entry.
             parsed.sort_unstable_by(|(a, sa), (b, sb)| sb.last_used.cmp(&sa.last_used).then_with(|| a.cmp(b)));
+            parsed.dedup_by(|(a, _), (b, _)| a == b);
+            let mut seen = std::collections::BTreeSet::new();
+            parsed.retain(|(k, _)| seen.insert(k.clone()));
             parsed.truncate(p.max_keys as usize);
-            for (k, st) in parsed {
-                target.insert(std::sync::Arc::from(k), st);
+            for (k, st) in parsed.into_iter().rev() {
+                if target.find(k.as_str()).is_none() {
+                    target.insert(std::sync::Arc::from(k), st, IDLE);
+                }
             }
         }
         self.keys = new_keys;

@@ -1,0 +1,359 @@
+//! The engine's tables: a slab of entries indexed by a hash table, with the entries threaded
+//! on intrusive doubly linked lists.
+//!
+//! Every operation the engine makes per call is constant expected time, whatever the size of
+//! the table: find by key, insert, remove, and moving an entry to the back of a list (a
+//! touch, for least-recently-used order). The front of a list is its oldest entry, so the
+//! least recently used key and the oldest live call are found without a scan.
+//!
+//! Determinism: the hash table only answers "where is this key". Nothing the engine decides,
+//! emits or exports depends on its iteration order: orders come from the lists, which follow
+//! the sequence of operations alone, and exports sort. The hasher is seeded from the
+//! engine's seed, so a document and a seed always build the same table, while keys chosen
+//! by an attacker (client addresses, tenants) cannot aim at a hash known in advance.
+//!
+//! An entry's index (its slot in the slab) stays valid until the entry is removed; a slot is
+//! then reused, so holders of an index (a live call remembering its key) check the slot
+//! still holds what they expect before trusting it.
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+use foldhash::fast::FixedState;
+use hashbrown::HashTable;
+
+/// No entry: the end of a list, or no free slot.
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct Node<K, V> {
+    /// The entry, or `None` for a free slot (then `next` links the free list).
+    entry: Option<(K, V)>,
+    prev: u32,
+    next: u32,
+    /// Which list the entry is on.
+    list: u8,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Ends {
+    front: u32,
+    back: u32,
+}
+
+const EMPTY: Ends = Ends { front: NIL, back: NIL };
+
+/// A hash-indexed slab whose entries each sit on one of `L` ordered lists.
+#[derive(Clone)]
+pub(crate) struct Table<K, V, const L: usize> {
+    index: HashTable<u32>,
+    nodes: Vec<Node<K, V>>,
+    free: u32,
+    ends: [Ends; L],
+    lens: [usize; L],
+    hasher: FixedState,
+}
+
+impl<K, V, const L: usize> std::fmt::Debug for Table<K, V, L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table").field("len", &self.lens.iter().sum::<usize>()).finish_non_exhaustive()
+    }
+}
+
+impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
+    /// An empty table whose hasher is seeded with `seed`.
+    pub(crate) fn with_seed(seed: u64) -> Self {
+        Table { index: HashTable::new(), nodes: Vec::new(), free: NIL, ends: [EMPTY; L], lens: [0; L], hasher: FixedState::with_seed(seed) }
+    }
+
+    /// Entries in the table.
+    pub(crate) fn len(&self) -> usize {
+        self.lens.iter().sum()
+    }
+
+    /// Entries on one list.
+    #[cfg(test)]
+    pub(crate) fn list_len(&self, list: usize) -> usize {
+        self.lens.get(list).copied().unwrap_or(0)
+    }
+
+    fn node(&self, i: u32) -> Option<&Node<K, V>> {
+        self.nodes.get(i as usize)
+    }
+
+    fn node_mut(&mut self, i: u32) -> Option<&mut Node<K, V>> {
+        self.nodes.get_mut(i as usize)
+    }
+
+    /// The index of `key`'s entry.
+    pub(crate) fn find<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<u32>
+    where
+        K: Borrow<Q>,
+    {
+        let hash = self.hasher.hash_one(key);
+        let nodes = &self.nodes;
+        self.index.find(hash, |&i| nodes.get(i as usize).and_then(|n| n.entry.as_ref()).is_some_and(|(k, _)| k.borrow() == key)).copied()
+    }
+
+    /// The entry at an index.
+    #[inline]
+    pub(crate) fn get(&self, i: u32) -> Option<(&K, &V)> {
+        self.node(i)?.entry.as_ref().map(|(k, v)| (k, v))
+    }
+
+    /// The entry at an index, its value mutable.
+    #[inline]
+    pub(crate) fn get_mut(&mut self, i: u32) -> Option<(&K, &mut V)> {
+        self.node_mut(i)?.entry.as_mut().map(|(k, v)| (&*k, v))
+    }
+
+    /// The list an entry is on.
+    pub(crate) fn list_of(&self, i: u32) -> Option<usize> {
+        let n = self.node(i)?;
+        n.entry.as_ref().map(|_| usize::from(n.list))
+    }
+
+    /// The oldest entry of a list (its front).
+    pub(crate) fn front(&self, list: usize) -> Option<u32> {
+        self.ends.get(list).map(|e| e.front).filter(|&f| f != NIL)
+    }
+
+    /// The entry after `i` on its list (towards the back).
+    pub(crate) fn next(&self, i: u32) -> Option<u32> {
+        self.node(i).filter(|n| n.entry.is_some()).map(|n| n.next).filter(|&n| n != NIL)
+    }
+
+    /// Insert `key` (which must be absent) at the back of `list`; returns its index.
+    pub(crate) fn insert(&mut self, key: K, value: V, list: usize) -> u32 {
+        debug_assert!(list < L);
+        let hash = self.hasher.hash_one(&key);
+        let i = if self.free != NIL {
+            let i = self.free;
+            if let Some(n) = self.node_mut(i) {
+                let next_free = n.next;
+                n.entry = Some((key, value));
+                self.free = next_free;
+            }
+            i
+        } else {
+            let i = self.nodes.len() as u32;
+            self.nodes.push(Node { entry: Some((key, value)), prev: NIL, next: NIL, list: 0 });
+            i
+        };
+        let (nodes, hasher) = (&self.nodes, &self.hasher);
+        self.index.insert_unique(hash, i, |&j| match nodes.get(j as usize).and_then(|n| n.entry.as_ref()) {
+            Some((k, _)) => hasher.hash_one(k),
+            None => 0,
+        });
+        self.link_back(i, list);
+        i
+    }
+
+    /// Remove the entry at an index.
+    pub(crate) fn remove(&mut self, i: u32) -> Option<(K, V)> {
+        let hash = self.hasher.hash_one(self.get(i)?.0);
+        if let Ok(found) = self.index.find_entry(hash, |&j| j == i) {
+            found.remove();
+        }
+        self.unlink(i);
+        let free = self.free;
+        let n = self.node_mut(i)?;
+        let entry = n.entry.take();
+        n.next = free;
+        n.prev = NIL;
+        self.free = i;
+        entry
+    }
+
+    /// Move an entry to the back of `list` (its most recent end).
+    #[inline]
+    pub(crate) fn move_to_back(&mut self, i: u32, list: usize) {
+        let Some(n) = self.node(i) else { return };
+        if n.entry.is_none() || (usize::from(n.list) == list && n.next == NIL) {
+            return; // already there
+        }
+        self.unlink(i);
+        self.link_back(i, list);
+    }
+
+    fn link_back(&mut self, i: u32, list: usize) {
+        let Some(ends) = self.ends.get(list).copied() else { return };
+        if let Some(n) = self.node_mut(i) {
+            n.prev = ends.back;
+            n.next = NIL;
+            n.list = list as u8;
+        }
+        match self.node_mut(ends.back) {
+            Some(back) => back.next = i,
+            None => {
+                if let Some(e) = self.ends.get_mut(list) {
+                    e.front = i;
+                }
+            }
+        }
+        if let Some(e) = self.ends.get_mut(list) {
+            e.back = i;
+        }
+        if let Some(len) = self.lens.get_mut(list) {
+            *len += 1;
+        }
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let Some(n) = self.node(i) else { return };
+        let (prev, next, list) = (n.prev, n.next, usize::from(n.list));
+        match self.node_mut(prev) {
+            Some(p) => p.next = next,
+            None => {
+                if let Some(e) = self.ends.get_mut(list) {
+                    e.front = next;
+                }
+            }
+        }
+        match self.node_mut(next) {
+            Some(nx) => nx.prev = prev,
+            None => {
+                if let Some(e) = self.ends.get_mut(list) {
+                    e.back = prev;
+                }
+            }
+        }
+        if let Some(len) = self.lens.get_mut(list) {
+            *len = len.saturating_sub(1);
+        }
+    }
+
+    /// Every entry, in slab order (which depends on the operations made, never on hashes;
+    /// callers that emit the entries sort them).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &K, &V)> {
+        self.nodes.iter().enumerate().filter_map(|(i, n)| n.entry.as_ref().map(|(k, v)| (i as u32, k, v)))
+    }
+
+    /// The entries of one list, front (oldest) to back.
+    #[cfg(test)]
+    pub(crate) fn list(&self, list: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut at = self.front(list);
+        while let Some(i) = at {
+            out.push(i);
+            at = self.next(i);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// The model: a `BTreeMap` of values and an explicit order per list.
+    #[derive(Default)]
+    struct Model {
+        values: BTreeMap<u16, (u32, usize)>,
+        order: [Vec<u16>; 2],
+    }
+
+    impl Model {
+        fn unlink(&mut self, k: u16) {
+            for l in &mut self.order {
+                l.retain(|x| *x != k);
+            }
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u16, u32, usize),
+        Remove(u16),
+        Touch(u16, usize),
+        PopFront(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u16..64, any::<u32>(), 0usize..2).prop_map(|(k, v, l)| Op::Insert(k, v, l)),
+            (0u16..64).prop_map(Op::Remove),
+            (0u16..64, 0usize..2).prop_map(|(k, l)| Op::Touch(k, l)),
+            (0usize..2).prop_map(Op::PopFront),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// Any sequence of operations leaves the table equal to the model: the same entries,
+        /// the same values, and the same order on every list.
+        #[test]
+        fn behaves_like_a_btreemap_with_an_lru_order(ops in proptest::collection::vec(op(), 0..400), seed in any::<u64>()) {
+            let mut t: Table<u16, u32, 2> = Table::with_seed(seed);
+            let mut m = Model::default();
+            for op in ops {
+                match op {
+                    Op::Insert(k, v, l) => {
+                        if let Some(i) = t.find(&k) {
+                            if let Some((_, val)) = t.get_mut(i) { *val = v; }
+                            t.move_to_back(i, l);
+                        } else {
+                            t.insert(k, v, l);
+                        }
+                        m.unlink(k);
+                        m.values.insert(k, (v, l));
+                        m.order[l].push(k);
+                    }
+                    Op::Remove(k) => {
+                        let got = t.find(&k).and_then(|i| t.remove(i)).map(|(_, v)| v);
+                        let want = m.values.remove(&k).map(|(v, _)| v);
+                        m.unlink(k);
+                        prop_assert_eq!(got, want);
+                    }
+                    Op::Touch(k, l) => {
+                        if let Some(i) = t.find(&k) {
+                            t.move_to_back(i, l);
+                        }
+                        if let Some(e) = m.values.get_mut(&k) {
+                            e.1 = l;
+                            m.unlink(k);
+                            m.order[l].push(k);
+                        }
+                    }
+                    Op::PopFront(l) => {
+                        let got = t.front(l).and_then(|i| t.remove(i)).map(|(k, _)| k);
+                        let want = m.order[l].first().copied();
+                        if let Some(k) = want {
+                            m.unlink(k);
+                            m.values.remove(&k);
+                        }
+                        prop_assert_eq!(got, want);
+                    }
+                }
+                prop_assert_eq!(t.len(), m.values.len());
+                for l in 0..2 {
+                    let keys: Vec<u16> = t.list(l).iter().filter_map(|&i| t.get(i).map(|(k, _)| *k)).collect();
+                    prop_assert_eq!(&keys, &m.order[l]);
+                    prop_assert_eq!(t.list_len(l), m.order[l].len());
+                }
+                for (k, (v, l)) in &m.values {
+                    let i = t.find(k);
+                    prop_assert!(i.is_some());
+                    let i = i.unwrap_or(NIL);
+                    prop_assert_eq!(t.get(i).map(|(_, v)| *v), Some(*v));
+                    prop_assert_eq!(t.list_of(i), Some(*l));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn slots_are_reused_and_lookups_miss_removed_keys() {
+        let mut t: Table<u64, (), 1> = Table::with_seed(7);
+        let a = t.insert(1, (), 0);
+        let b = t.insert(2, (), 0);
+        assert_eq!(t.remove(a), Some((1, ())));
+        assert_eq!(t.find(&1), None);
+        let c = t.insert(3, (), 0);
+        assert_eq!(c, a, "the freed slot is reused");
+        assert_eq!(t.front(0), Some(b), "order follows insertion, not slots");
+        assert_eq!(t.len(), 2);
+    }
+}
