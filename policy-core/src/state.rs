@@ -8,7 +8,8 @@
 //! state and trip count if the policy still has a breaker (its window only if the window
 //! is configured the same), a limiter's arrival time if it still has a limiter (clamped to
 //! one full burst ahead), a budget's level if the budget is of the same kind (clamped to the
-//! new bounds). Everything is validated before anything changes: garbage or a foreign version
+//! new bounds; `Engine::reload`, which knows the old bounds, rescales a token budget instead).
+//! Keys are exported sorted by name, so the bytes never depend on the key table's layout. Everything is validated before anything changes: garbage or a foreign version
 //! is an error and leaves the engine as it was.
 
 use crate::doc::{self, obj, Value};

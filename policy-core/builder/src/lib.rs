@@ -69,7 +69,7 @@ pub fn build(out_dir: &Path) -> Result<Artifacts, String> {
     ] {
         cmd.env_remove(var);
     }
-    // The profile optimises for size (`opt-level = "z"`, the component's 200 KiB budget), whose
+    // The profile optimises for size (`opt-level = "z"`, the component's 400 KiB budget), whose
     // inliner leaves the hot path as a chain of tiny calls. A threshold of 40 (z's is 5, s's
     // 50) inlines those: the guest's part of a first-time success drops from about 2,400 to
     // 2,000 instructions in wasmtime, for 2 KB (measured with host-rust/examples/hotloop).
