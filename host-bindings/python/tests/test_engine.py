@@ -652,3 +652,82 @@ def test_an_invalid_verdict_lets_the_call_proceed_unguarded(engine: levee.Engine
     st2 = _Call(engine, slot, 999_998, engine._generation, time.monotonic_ns(), None, (), {})
     with pytest.raises(ConnectionError):  # no retries: the attempt's own error stands
         _drive_sync(st2, invalid_unknown_call, Flaky(ConnectionError(), value=1), (), {})
+
+
+# ---------------------------------------------------------------------------- bounds that fit valid work (issue 14)
+
+BREAKER_BODY = (
+    "    attempts: 1\n"
+    "    breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 60s }\n"
+)
+
+
+def _many_policies(n: int) -> str:
+    return "policies:\n" + "".join(f"  p{i}:\n{BREAKER_BODY}" for i in range(n))
+
+
+def _trip(engine: levee.Engine, name: str, key: str = "") -> None:
+    pol = engine.policy(name, key=key)
+    for _ in range(10):
+        if engine.breaker_state(name, key) is BreakerState.OPEN:
+            return
+        with pytest.raises(levee.RetriesExhausted):
+            pol.call(Flaky(ConnectionError()))
+    assert engine.breaker_state(name, key) is BreakerState.OPEN
+
+
+def test_the_largest_documents_load_and_reload_within_the_bound() -> None:
+    # 4,096 policies (the most a document may hold): 3,104 and up ran out of fuel before.
+    engine = levee.Engine(_many_policies(4096), seed=1, snapshot_interval=0)
+    assert len(engine.policies) == 4096
+    engine.reload(_many_policies(4000))
+    assert len(engine.policies) == 4000
+    assert engine.faults == 0
+
+
+def test_export_state_with_ten_thousand_keys_fits_the_bound() -> None:
+    engine = levee.Engine(
+        "policies:\n  p:\n" + BREAKER_BODY + "    keys: { max: 1000000 }\n", seed=1, snapshot_interval=0
+    )
+    pol_by_key = [engine.policy("p", key=f"host-{i}") for i in range(10_000)]
+    for p in pol_by_key:
+        p.call(lambda: None)
+    state = engine.export_state()
+    assert len(state) > 1_000_000
+    assert engine.faults == 0
+    other = levee.Engine("policies:\n  p:\n" + BREAKER_BODY + "    keys: { max: 1000000 }\n", seed=2)
+    other.import_state(state)
+    assert other.faults == 0
+
+
+# ---------------------------------------------------------------------------- a trap never resets a breaker
+
+
+def test_a_trap_never_reopens_a_tripped_breaker(engine: levee.Engine) -> None:
+    # The periodic snapshot is off: only the snapshot taken on the transition can keep the trip.
+    engine._snapshot_every = 0
+    engine._snapshot_due = 1 << 63
+    _trip(engine, "breaker")
+    engine._core.store.set_fuel(0)  # the next crossing traps
+    engine._core._hot_left = 10**9
+    f = Flaky(value="unguarded")
+    assert engine.policy("breaker").call(f) == "unguarded"  # the faulted call runs once
+    assert engine.faults == 1
+    assert engine.breaker_state("breaker") is BreakerState.OPEN
+    g = Flaky(value="x")
+    with pytest.raises(levee.BreakerOpen):
+        engine.policy("breaker").call(g)
+    assert g.calls == 0
+
+
+def test_a_trap_never_reopens_a_keyed_breaker_or_a_forced_one(engine: levee.Engine) -> None:
+    engine._snapshot_every = 0
+    engine._snapshot_due = 1 << 63
+    _trip(engine, "breaker", key="db-1")
+    engine.set_breaker_state("breaker", BreakerState.FORCED_OPEN, key="db-2")
+    engine._core.store.set_fuel(0)
+    engine._core._hot_left = 10**9
+    assert engine.policy("fast").call(lambda: 1) == 1  # its `start` traps: one unguarded attempt
+    assert engine.faults == 1
+    assert engine.breaker_state("breaker", "db-1") is BreakerState.OPEN
+    assert engine.breaker_state("breaker", "db-2") is BreakerState.FORCED_OPEN

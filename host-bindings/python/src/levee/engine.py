@@ -237,8 +237,22 @@ class Engine:
 
     def _events_locked(self, v: int, out: list[Event]) -> None:
         if v & EVENTS_BIT:
+            trip = False
             for raw in self._core.drain_events():
-                out.append(event_from_raw(raw, self._names))
+                ev = event_from_raw(raw, self._names)
+                trip = trip or ev.kind is EventKind.BREAKER_TRANSITION
+                out.append(ev)
+            if trip:
+                # A breaker changed state: snapshot now, so that a trap never brings back an
+                # older state (docs/architecture.md, "Recovery never forgets a trip").
+                self._snapshot_locked(out)
+
+    def _snapshot_locked(self, out: list[Event]) -> None:
+        """Take the snapshot a recovery restores (held-back successes are sent first)."""
+        self._flush_locked(out)
+        self._snapshot = self._core.export_state()
+        if self._snapshot_every:
+            self._snapshot_due = _monotonic_ns() + self._snapshot_every
 
     def _flush_locked(self, out: list[Event], keep: int = 0) -> None:
         """Report held-back successes (they must precede any other operation), leaving `keep`."""
@@ -279,9 +293,7 @@ class Engine:
 
     def _maybe_snapshot_locked(self, now: int, out: list[Event]) -> None:
         if self._snapshot_every and now >= self._snapshot_due:
-            self._snapshot_due = now + self._snapshot_every
-            self._flush_locked(out)
-            self._snapshot = self._core.export_state()
+            self._snapshot_locked(out)
 
     def _emit(self, events: list[Event]) -> None:
         if events:
@@ -374,8 +386,9 @@ class Engine:
         if events:
             dispatch(events, self._listeners)
 
-    def _locked_op(self, fn: Callable[[Core], T]) -> T:
-        """Any other operation: flush the held-back success first, recover on a trap."""
+    def _locked_op(self, fn: Callable[[Core], T], snapshot_if: Callable[[T], bool] | None = None) -> T:
+        """Any other operation: flush the held-back success first, recover on a trap. When
+        `snapshot_if(result)` holds, the state it left is snapshotted under the same lock."""
         events: list[Event] = []
         try:
             with self._lock:
@@ -386,7 +399,10 @@ class Engine:
                     if core.dead:
                         raise ComponentFault("the component is unavailable")
                     self._flush_locked(events)
-                    return fn(core)
+                    result = fn(core)
+                    if snapshot_if is not None and snapshot_if(result):
+                        self._snapshot_locked(events)
+                    return result
                 except ComponentFault as e:
                     self._recover_locked(e, events)
                     raise LeveeError(f"the Levee engine faulted and was re-instantiated: {e}") from e
@@ -464,7 +480,7 @@ class Engine:
                 self._refresh_policies()
             return errors
 
-        errors = self._locked_op(op)
+        errors = self._locked_op(op, snapshot_if=lambda r: r is None)
         if errors is not None:
             raise PolicyError(errors)
 
@@ -476,7 +492,9 @@ class Engine:
     def set_breaker_state(self, name: str, state: BreakerState, key: str = "") -> None:
         """Force a breaker state (an operator's switch); `CLOSED` returns to normal operation."""
         idx = self._index(name)
-        err = self._locked_op(lambda c: c.set_breaker_state(idx, key, state, _monotonic_ns()))
+        err = self._locked_op(
+            lambda c: c.set_breaker_state(idx, key, state, _monotonic_ns()), snapshot_if=lambda r: r is None
+        )
         if err is not None:
             raise LeveeError(err)
         self._emit(self._drain_now())
@@ -493,7 +511,7 @@ class Engine:
 
     def import_state(self, state: bytes) -> None:
         """Restore exported state; what no longer applies is dropped. On error nothing changes."""
-        err = self._locked_op(lambda c: c.import_state(bytes(state)))
+        err = self._locked_op(lambda c: c.import_state(bytes(state)), snapshot_if=lambda r: r is None)
         if err is not None:
             raise PolicyError([err])
 
