@@ -39,6 +39,12 @@ func (t *Transport) base() http.RoundTripper {
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.Policy == nil {
+		if req.Body != nil {
+			_ = req.Body.Close() // a RoundTripper closes the body, even on an error
+		}
+		return nil, ErrNoPolicy
+	}
 	key := req.URL.Host
 	if t.Key != nil {
 		key = t.Key(req)
@@ -73,6 +79,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return nil, err
 }
+
+// ErrNoPolicy is the error of a Transport whose Policy is nil.
+var ErrNoPolicy = transportError("levee: the Transport has no Policy (set Transport.Policy to a policy of an engine)")
 
 type transportError string
 
