@@ -102,13 +102,19 @@ export interface LoadOptions {
   fallbacks?: Record<string, FallbackFn>;
   /** An OpenTelemetry meter; default: `@opentelemetry/api`'s global meter when the package is present. */
   meter?: MeterLike | null;
-  /** How often (at most) the state is exported for trap recovery, in ms. Default 1000. */
+  /**
+   * How often (at most) the state is exported for trap recovery, in ms. Default 1000. Whatever
+   * the interval, the state is also exported whenever a breaker changes state, and after
+   * `setBreakerState`, `reload` and `importState`, so a trap never forgets a trip.
+   */
   checkpointIntervalMs?: number;
   /** jco's core instantiation hook (instrumentation, fault injection). */
   instantiateCore?: InstantiateCore;
   /**
-   * Bound on the component's memory, in bytes (default 256 MiB). Checked at each checkpoint; a
-   * component above it is treated as faulty: re-instantiated with the last exported state.
+   * Bound on the component's memory, in bytes (default 512 MiB, as in every host: see
+   * docs/architecture.md, "Bounds on the guest"). Checked at each checkpoint; a component above
+   * it is treated as faulty: re-instantiated with the last exported state. (A JavaScript engine
+   * cannot interrupt a synchronous Wasm call, so this host bounds no guest call in time.)
    */
   maxMemoryBytes?: number;
   /** Called after every step of every call with the core's verdict (debugging, demos). */
@@ -193,6 +199,9 @@ const CORE_START = 'levee:policy/engine-api@0.1.0#[method]engine.start';
 const CORE_REALLOC = 'cabi_realloc';
 const RESOURCE_IMPORTS = '[export]levee:policy/engine-api@0.1.0';
 const RESOURCE_NEW = '[resource-new]engine';
+
+/** The bound on the component's linear memory (512 MiB): the rule of every host. */
+export const DEFAULT_MAX_MEMORY_BYTES = 512 * 1024 * 1024;
 
 const NO_SIGNAL: AbortSignal = new AbortController().signal;
 const MAX_TIMER_MS = 2147483647;
@@ -367,7 +376,7 @@ export class Levee {
     this.#trace = options.trace;
     this.#seed = options.seed !== undefined ? BigInt.asUintN(64, BigInt(options.seed)) : platform.randomSeed();
     this.#checkpointNs = BigInt(Math.round((options.checkpointIntervalMs ?? 1000) * 1e6));
-    this.#maxMemoryBytes = options.maxMemoryBytes ?? 256 * 1024 * 1024;
+    this.#maxMemoryBytes = options.maxMemoryBytes ?? DEFAULT_MAX_MEMORY_BYTES;
     this.#instantiateFresh();
     this.#readPolicies();
     for (const [name, fn] of Object.entries(options.fallbacks ?? {})) this.#fallbacks.set(name, fn);
@@ -521,6 +530,8 @@ export class Levee {
   setBreakerState(policy: string, state: BreakerState, key = ''): void {
     const index = this.policy(policy).index;
     this.#use('set-breaker-state', (e) => e.setBreakerState(index, key, state, this.#platform.now()));
+    // A breaker changed state: a trap from here on must restore it as it now is.
+    this.#checkpoint(this.#platform.now());
   }
 
   /** What the engine knows of a live call (debugging). */
