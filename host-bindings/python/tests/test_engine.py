@@ -78,7 +78,7 @@ class Flaky:
 def test_load_from_string_path_and_file(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text(DOC)
-    for e in (levee.load(DOC), levee.load(f), levee.load(str(f)), levee.Engine.from_file(f)):
+    for e in (levee.loads(DOC), levee.load(f), levee.load(str(f)), levee.Engine.from_file(f)):
         assert e.policies == ["fast", "one", "timed", "fallback", "breaker", "jitter"]
         assert e.policy_info("timed").attempt_timeout == 50_000_000
         assert e.policy_info("fallback").fallbacks == ("cached", "stale")
@@ -86,7 +86,7 @@ def test_load_from_string_path_and_file(tmp_path: Path) -> None:
 
 def test_invalid_document_names_the_field() -> None:
     with pytest.raises(levee.PolicyError) as info:
-        levee.load("policies:\n  p:\n    attempts: 0\n")
+        levee.loads("policies:\n  p:\n    attempts: 0\n")
     assert any(e.path == "policies.p.attempts" for e in info.value.errors), info.value.errors
     assert "policies.p.attempts" in str(info.value)
     assert isinstance(info.value, ValueError)
@@ -731,3 +731,46 @@ def test_a_trap_never_reopens_a_keyed_breaker_or_a_forced_one(engine: levee.Engi
     assert engine.faults == 1
     assert engine.breaker_state("breaker", "db-1") is BreakerState.OPEN
     assert engine.breaker_state("breaker", "db-2") is BreakerState.FORCED_OPEN
+
+
+# ---------------------------------------------------------------------------- mistakes a newcomer makes (issue 14)
+
+
+def test_a_mistyped_path_is_never_read_as_the_document(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "policy.yaml").write_text(DOC)
+    with pytest.raises(FileNotFoundError) as nf:
+        levee.load("polcy.yaml")
+    assert "polcy.yaml" in str(nf.value)
+    with pytest.raises(FileNotFoundError) as doc_given:
+        levee.load("policies:\n  p:\n    attempts: 2\n")
+    assert "levee.loads" in str(doc_given.value)
+    with pytest.raises(levee.PolicyError) as as_text:
+        levee.loads("polcy.yaml")
+    assert "looks like a file name, and no such file exists" in str(as_text.value)
+    with pytest.raises(levee.PolicyError) as existing:
+        levee.loads("policy.yaml")
+    assert "levee.load(path)" in str(existing.value)
+    assert levee.load("policy.yaml").policies == levee.loads(DOC).policies
+
+
+def test_an_unknown_policy_fails_when_named_listing_the_known_ones(engine: levee.Engine) -> None:
+    with pytest.raises(levee.UnknownPolicy) as info:
+        engine.policy("fsat")
+    msg = str(info.value)
+    assert "no policy named 'fsat' (did you mean 'fast'?)" in msg
+    assert "'breaker'" in msg and "'jitter'" in msg
+    assert info.value.known == tuple(engine.policies)
+    from levee.http import LeveeTransport
+
+    with pytest.raises(levee.UnknownPolicy):
+        LeveeTransport(engine, "upstrem")
+
+
+def test_an_unregistered_fallback_is_named_in_the_error(engine: levee.Engine) -> None:
+    with pytest.raises(levee.FallbacksFailed) as info:
+        engine.policy("fallback").call(Flaky(ConnectionError(), ConnectionError()))
+    assert info.value.unregistered == ("cached", "stale")
+    assert "fallbacks 'cached', 'stale' are named by the policy but not registered" in str(info.value)
+    engine.register_fallback("cached", lambda ctx: "from cache")
+    assert engine.policy("fallback").call(Flaky(ConnectionError(), ConnectionError())) == "from cache"

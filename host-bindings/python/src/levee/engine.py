@@ -213,7 +213,7 @@ class Engine:
         try:
             return Core(self._runtime, self._document, self._seed)
         except LoadErrors as e:
-            raise PolicyError(e.errors) from None
+            raise PolicyError(e.errors + _path_hint(self._document)) from None
         except ComponentFault as e:
             raise LeveeError(f"the Levee component failed to load the document: {e}") from e
 
@@ -431,7 +431,7 @@ class Engine:
         """
         slot = self._slots.get(name)
         if slot is None or slot.index < 0:
-            raise UnknownPolicy(name)
+            raise UnknownPolicy(name, self._names)
         flags = (0 if idempotent else 1) | (2 if idempotency_key else 0) | method_flags(method)
         return Policy(self, slot, key, flags, classify)
 
@@ -443,7 +443,7 @@ class Engine:
     def policy_info(self, name: str) -> PolicyInfo:
         slot = self._slots.get(name)
         if slot is None or slot.index < 0:
-            raise UnknownPolicy(name)
+            raise UnknownPolicy(name, self._names)
         return slot.info
 
     def policy_json(self, name: str) -> str:
@@ -451,7 +451,7 @@ class Engine:
         idx = self._index(name)
         out = self._locked_op(lambda c: c.policy_json(idx))
         if out is None:
-            raise UnknownPolicy(name)
+            raise UnknownPolicy(name, self._names)
         return out
 
     def analyze(self, name: str, layers: int = 1) -> Analysis:
@@ -459,13 +459,13 @@ class Engine:
         idx = self._index(name)
         out = self._locked_op(lambda c: c.analyze(idx, layers))
         if out is None:
-            raise UnknownPolicy(name)
+            raise UnknownPolicy(name, self._names)
         return out
 
     def _index(self, name: str) -> int:
         slot = self._slots.get(name)
         if slot is None or slot.index < 0:
-            raise UnknownPolicy(name)
+            raise UnknownPolicy(name, self._names)
         return slot.index
 
     def reload(self, document: str) -> None:
@@ -569,14 +569,36 @@ class Engine:
             self._core.close()
 
 
-def load(source: str | os.PathLike[str], **kwargs: Any) -> Engine:
-    """Load a policy document into a new `Engine`: `source` is a path (a `Path`, or a string
-    naming an existing file) or the document's text (YAML or JSON)."""
-    if isinstance(source, os.PathLike):
-        return Engine.from_file(source, **kwargs)
-    if "\n" not in source and len(source) < 4096 and os.path.isfile(source):
-        return Engine.from_file(source, **kwargs)
-    return Engine.from_string(source, **kwargs)
+def load(path: str | os.PathLike[str], **kwargs: Any) -> Engine:
+    """Load the policy document in the file at `path` (YAML or JSON) into a new `Engine`.
+    A missing file raises `FileNotFoundError` naming the path. To load a document's text, use
+    `loads`: the two are never guessed from the argument."""
+    try:
+        return Engine.from_file(path, **kwargs)
+    except FileNotFoundError as e:
+        text = os.fspath(path)
+        if isinstance(text, str) and ("\n" in text or ":" in text.split("/")[-1]):
+            raise FileNotFoundError(
+                e.errno, f"{e.strerror}; this looks like a policy document, not a path: use levee.loads(text)", text
+            ) from None
+        raise
+
+
+def loads(document: str, **kwargs: Any) -> Engine:
+    """Load a policy document from its text (YAML or JSON) into a new `Engine` (`load` reads a
+    file)."""
+    return Engine.from_string(document, **kwargs)
+
+
+def _path_hint(document: str) -> list[LoadError]:
+    """When a refused document is one line with no `:` and no `{` (no policy document is),
+    it is most likely a file name given as text: say so, and whether such a file exists."""
+    text = document.strip()
+    if not text or "\n" in text or ":" in text or "{" in text or len(text) > 4096:
+        return []
+    if os.path.exists(text):
+        return [LoadError("", f"the document is the text {text!r}, the name of a file: load it with levee.load(path)")]
+    return [LoadError("", f"the document is the text {text!r}, which looks like a file name, and no such file exists")]
 
 
 # ---------------------------------------------------------------------------- one call
@@ -611,6 +633,7 @@ class _Call:
         "last",
         "slot",
         "started",
+        "unregistered",
     )  # fmt: skip
 
     def __init__(self, engine: Engine, slot: _PolicySlot, call: int, gen: int, started: int,
@@ -630,6 +653,7 @@ class _Call:
         self.fallback_value: Any = None
         self.fell_back = False
         self.finished = False
+        self.unregistered: tuple[str, ...] = ()
 
     def outcome_of(self, value: Any, exc: BaseException | None, start: int, end: int, timeout: int) -> _AttemptResult:
         if timeout and end - start > timeout:
@@ -653,6 +677,7 @@ class _Call:
             last_error=last.exc if last is not None else None,
             last_result=last.value if last is not None and last.exc is None else None,
             retry_after=hint_ns / 1e9 if hint_ns else None,
+            unregistered=self.unregistered,
         )
 
     def cancel(self) -> None:
@@ -814,11 +839,18 @@ def _fallback_context(st: _Call, name: str, reason: Reason) -> FallbackContext:
     )
 
 
+def _unregistered(st: _Call, name: str) -> tuple[bool, Any]:
+    """A fallback the chain names but nobody registered: it fails, and the error says why."""
+    if name not in st.unregistered:
+        st.unregistered = (*st.unregistered, name)
+    logger.warning("levee: fallback %r of policy %r is not registered", name, st.slot.info.name)
+    return False, None
+
+
 def _run_fallback_sync(st: _Call, name: str, reason: Reason) -> tuple[bool, Any]:
     fn = st.engine._fallbacks.get(name)
     if fn is None:
-        logger.warning("levee: fallback %r of policy %r is not registered", name, st.slot.info.name)
-        return False, None
+        return _unregistered(st, name)
     try:
         value = fn(_fallback_context(st, name, reason))
     except Exception:
@@ -835,8 +867,7 @@ def _run_fallback_sync(st: _Call, name: str, reason: Reason) -> tuple[bool, Any]
 async def _run_fallback_async(st: _Call, name: str, reason: Reason) -> tuple[bool, Any]:
     fn = st.engine._fallbacks.get(name)
     if fn is None:
-        logger.warning("levee: fallback %r of policy %r is not registered", name, st.slot.info.name)
-        return False, None
+        return _unregistered(st, name)
     try:
         value = fn(_fallback_context(st, name, reason))
         if inspect.isawaitable(value):
