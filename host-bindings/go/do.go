@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -52,7 +53,11 @@ func (e *Engine) Policy(name string) (*Policy, error) {
 		e.policies[name] = p
 	}
 	if !p.ok {
-		return nil, fmt.Errorf("levee: no policy named %q", name)
+		known := make([]string, len(e.infos))
+		for i, info := range e.infos {
+			known[i] = info.Name
+		}
+		return nil, &UnknownPolicyError{Name: name, Known: known}
 	}
 	return p, nil
 }
@@ -512,6 +517,7 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 	}
 	attempts := 0
 	var lastErr, fbErr error
+	var unregistered []string
 	now := start
 
 	// singleAttempt: the engine failed; the call proceeds as one attempt without retries.
@@ -632,8 +638,8 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 				} else {
 					fbErr = err
 				}
-			} else {
-				fbErr = fmt.Errorf("levee: no fallback registered as %q", name)
+			} else if !slices.Contains(unregistered, name) {
+				unregistered = append(unregistered, name)
 			}
 			now = e.Now()
 			at := now
@@ -645,7 +651,7 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 			}
 		case VerdictFail:
 			return nil, false, &Error{Policy: p.name, Reason: v.Reason(), Attempts: attempts,
-				RetryAfter: time.Duration(v.Payload()), Last: lastErr, FallbackErr: fbErr}
+				RetryAfter: time.Duration(v.Payload()), Last: lastErr, FallbackErr: fbErr, Unregistered: unregistered}
 		default:
 			// invalid: the engine does not know the call (it was re-instantiated
 			// meanwhile, or it misbehaves); the call ends as a single attempt.

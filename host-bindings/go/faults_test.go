@@ -145,3 +145,33 @@ func TestTransportWithoutAPolicyIsAnError(t *testing.T) {
 		t.Fatal("Do on a nil policy succeeded")
 	}
 }
+
+func TestAnUnknownPolicyListsTheKnownOnes(t *testing.T) {
+	e := mustLoad(t, doDoc)
+	_, err := e.Policy("fsat")
+	var upe *UnknownPolicyError
+	if !errors.As(err, &upe) || !errors.Is(err, ErrUnknownPolicy) {
+		t.Fatalf("not an UnknownPolicyError: %v", err)
+	}
+	want := "levee: no policy named 'fsat' (did you mean 'fast'?); the document's policies: 'fast', 'slow-backoff', 'classes', 'with-fallback'"
+	if err.Error() != want {
+		t.Fatalf("got  %s\nwant %s", err, want)
+	}
+}
+
+func TestAnUnregisteredFallbackIsNamedInTheError(t *testing.T) {
+	e := mustLoad(t, doDoc)
+	p := mustPolicy(t, e, "with-fallback")
+	err := p.Do(context.Background(), func(context.Context) error { return connErr })
+	var le *Error
+	if !errors.As(err, &le) || !errors.Is(err, ErrFallbacksFailed) {
+		t.Fatalf("not fallbacks-failed: %v", err)
+	}
+	if len(le.Unregistered) != 1 || le.Unregistered[0] != "cached" ||
+		!strings.Contains(err.Error(), "fallback 'cached' is named by the policy but not registered") {
+		t.Fatalf("the missing registration is not said: %v (%+v)", err, le)
+	}
+	if !errors.Is(err, connErr) {
+		t.Fatalf("the attempt's error is lost: %v", err)
+	}
+}

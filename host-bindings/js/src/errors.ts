@@ -59,9 +59,9 @@ export function unknownPolicyMessage(name: string, known: readonly string[]): st
 }
 
 function closest(name: string, known: readonly string[]): string | undefined {
-  // The nearest by edit distance, within a third of the name's length (at least 1).
+  // The nearest by edit distance, within a third of the name's length (at least 2).
   let best: string | undefined;
-  let bestD = Math.max(1, Math.floor(name.length / 3)) + 1;
+  let bestD = Math.max(2, Math.floor(name.length / 3)) + 1;
   for (const k of known) {
     const d = editDistance(name, k);
     if (d < bestD) {
