@@ -7,10 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 const breakerBody = "    attempts: 1\n" +
@@ -173,5 +176,77 @@ func TestAnUnregisteredFallbackIsNamedInTheError(t *testing.T) {
 	}
 	if !errors.Is(err, connErr) {
 		t.Fatalf("the attempt's error is lost: %v", err)
+	}
+}
+
+// What an HTTP attempt covers (docs/http.md).
+const bodyDoc = `
+policies:
+  deadline:
+    attempts: 3
+    deadline: 2s
+    backoff: { kind: constant, base: 10ms, jitter: none }
+  retry:
+    attempts: 3
+    backoff: { kind: constant, base: 10ms, jitter: none }
+`
+
+func TestHTTPTheDeadlineCoversTheBody(t *testing.T) {
+	trickle := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "50")
+		w.WriteHeader(200)
+		for i := 0; i < 50; i++ { // 10 s of body
+			if _, err := w.Write([]byte("x")); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	srv := httptest.NewServer(http.HandlerFunc(trickle))
+	defer srv.Close()
+	e := mustLoad(t, bodyDoc)
+	c := &http.Client{Transport: &Transport{Policy: mustPolicy(t, e, "deadline")}}
+	t0 := time.Now()
+	resp, err := c.Get(srv.URL)
+	if err == nil {
+		b, rerr := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		t.Fatalf("a %d with %d bytes (%v) after %v under a 2 s deadline", resp.StatusCode, len(b), rerr, time.Since(t0))
+	}
+	if d := time.Since(t0); d > 3*time.Second {
+		t.Fatalf("failed after %v under a 2 s deadline: %v", d, err)
+	}
+}
+
+func TestHTTPAConnectionClosedMidBodyIsRetried(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			w.Header().Set("Content-Length", "1000")
+			w.WriteHeader(200)
+			_, _ = w.Write([]byte(strings.Repeat("y", 500)))
+			w.(http.Flusher).Flush()
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			_ = conn.Close()
+			return
+		}
+		_, _ = io.WriteString(w, "whole")
+	}))
+	defer srv.Close()
+	e := mustLoad(t, bodyDoc)
+	c := &http.Client{Transport: &Transport{Policy: mustPolicy(t, e, "retry")}}
+	resp, err := c.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, rerr := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if rerr != nil || string(b) != "whole" || hits.Load() != 2 {
+		t.Fatalf("body %q (%v) after %d hits", b, rerr, hits.Load())
 	}
 }
