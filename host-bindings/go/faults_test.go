@@ -250,3 +250,16 @@ func TestHTTPAConnectionClosedMidBodyIsRetried(t *testing.T) {
 		t.Fatalf("body %q (%v) after %d hits", b, rerr, hits.Load())
 	}
 }
+
+func TestAFaultInAnalyzeNeverReopensATrippedBreaker(t *testing.T) {
+	// The scenario of the report: Analyze of 10^8 attempts ran over the guest-call bound
+	// and the recovery brought the open breaker back closed.
+	e := mustLoad(t, "policies:\n  b:\n"+breakerBody+"  huge:\n    attempts: 100000000\n",
+		WithSnapshotInterval(0), WithGuestCallLimit(50*time.Millisecond))
+	p := mustPolicy(t, e, "b")
+	trip(t, p, "")
+	_, _, _ = e.Analyze(1, 3) // a fault here is recovered; the breaker must survive it
+	if err := p.Do(context.Background(), func(context.Context) error { return nil }); !errors.Is(err, ErrBreakerOpen) {
+		t.Fatalf("the breaker came back closed: %v", err)
+	}
+}

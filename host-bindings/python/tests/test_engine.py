@@ -774,3 +774,16 @@ def test_an_unregistered_fallback_is_named_in_the_error(engine: levee.Engine) ->
     assert "fallbacks 'cached', 'stale' are named by the policy but not registered" in str(info.value)
     engine.register_fallback("cached", lambda ctx: "from cache")
     assert engine.policy("fallback").call(Flaky(ConnectionError(), ConnectionError())) == "from cache"
+
+
+def test_a_fault_in_analyze_never_reopens_a_tripped_breaker() -> None:
+    # The scenario of the report: `analyze` of a policy with 10^8 attempts faulted (out of
+    # fuel) and the recovery brought the open breaker back closed.
+    doc = "policies:\n  b:\n" + BREAKER_BODY + "  huge:\n    attempts: 100000000\n"
+    engine = levee.loads(doc, seed=1, snapshot_interval=0)
+    _trip(engine, "b")
+    try:
+        engine.analyze("huge", 3)
+    except levee.LeveeError:
+        pass  # a fault here is recovered; the breaker must survive it
+    assert engine.breaker_state("b") is BreakerState.OPEN
