@@ -225,7 +225,18 @@ impl reqwest_middleware::Middleware for Middleware {
                     let req = sender.next();
                     async move {
                         match req {
-                            Some(req) => next.run(req, &mut ext).await,
+                            Some(req) => match next.run(req, &mut ext).await {
+                                // The body is part of the attempt (docs/http.md); one that breaks
+                                // off is a connection error of this attempt.
+                                Ok(resp) => whole(resp).await.map_err(|e| {
+                                    if e.is_timeout() {
+                                        reqwest_middleware::Error::Reqwest(e)
+                                    } else {
+                                        reqwest_middleware::Error::middleware(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, e))
+                                    }
+                                }),
+                                Err(e) => Err(e),
+                            },
                             None => Err(reqwest_middleware::Error::middleware(NoBody)),
                         }
                     }
