@@ -787,3 +787,18 @@ def test_a_fault_in_analyze_never_reopens_a_tripped_breaker() -> None:
     except levee.LeveeError:
         pass  # a fault here is recovered; the breaker must survive it
     assert engine.breaker_state("b") is BreakerState.OPEN
+
+
+def test_a_state_too_large_for_wasmtime_py_stops_snapshots_instead_of_faulting_each_time() -> None:
+    engine = levee.loads(
+        "policies:\n  p:\n" + BREAKER_BODY + "    keys: { max: 1000000 }\n", seed=1, snapshot_interval=0
+    )
+    for i in range(16_000):  # about 4 MB of state: above what wasmtime-py lifts in one call
+        engine.policy("p", key=f"host-{i}").call(lambda: None)
+    engine._snapshot_every = 1
+    engine._snapshot_due = 0
+    for _ in range(3):
+        engine.policy("p").call(lambda: None)
+        engine._snapshot_due = 0
+    assert engine._snapshots_stopped
+    assert engine.faults == 1  # the first export faulted; none after

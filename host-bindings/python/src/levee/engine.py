@@ -185,6 +185,7 @@ class Engine:
         # deque's append is atomic); the next `start` settles one, any extra are reported first.
         self._pending: collections.deque[tuple[int, int, int, int]] = collections.deque()
         self._snapshot: bytes | None = None
+        self._snapshots_stopped = False
         self._snapshot_every = max(0, int(snapshot_interval * 1e9))
         self._snapshot_due = 0 if self._snapshot_every else 1 << 63
         self._fallbacks: dict[str, Callable[[FallbackContext], Any]] = {}
@@ -249,8 +250,23 @@ class Engine:
 
     def _snapshot_locked(self, out: list[Event]) -> None:
         """Take the snapshot a recovery restores (held-back successes are sent first)."""
+        if self._snapshots_stopped:
+            return
         self._flush_locked(out)
-        self._snapshot = self._core.export_state()
+        try:
+            self._snapshot = self._core.export_state()
+        except ComponentFault as e:
+            if "too much data" in str(e):
+                # wasmtime-py cannot lift a state this large (docs/architecture.md, "Bounds on
+                # the guest"): every later export would fault the same way. Stop snapshots
+                # rather than fault every second; a trap restores the last one taken.
+                self._snapshots_stopped = True
+                logger.error(
+                    "levee: the engine state is too large for wasmtime-py to export (%s); snapshots "
+                    "stop, and a trap will restore the state of the last one",
+                    e,
+                )
+            raise
         if self._snapshot_every:
             self._snapshot_due = _monotonic_ns() + self._snapshot_every
 
