@@ -196,6 +196,7 @@ pub struct RawEngine {
     limits: Limits,
     snapshot: Option<Vec<u8>>,
     /// The `now` of the `start` that took the last periodic snapshot.
+    #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
     snapshot_at: u64,
     /// The size of the state the instance holds: the last state exported or imported...
     state_bytes: usize,
@@ -496,6 +497,7 @@ impl RawEngine {
 
     /// `export-state`, fallible.
     pub fn try_export_state(&mut self) -> Result<Vec<u8>, Trap> {
+        #[cfg_attr(not(feature = "wasm"), allow(unused_variables))]
         let work = self.state_work();
         let bytes = op!(self, "export-state", |n| n.export_state(), |w| w.export_state(work))?;
         self.state_bytes = bytes.len();
@@ -505,6 +507,7 @@ impl RawEngine {
 
     /// `import-state`, fallible (the outer `Result` is the trap). A success takes a snapshot.
     pub fn try_import_state(&mut self, state: &[u8]) -> Result<Result<(), LoadError>, Trap> {
+        #[cfg_attr(not(feature = "wasm"), allow(unused_variables))]
         let work = self.state_work();
         let r = op!(self, "import-state", |n| n.import_state(state), |w| w.import_state(state, work))?;
         if r.is_ok() {
@@ -518,6 +521,7 @@ impl RawEngine {
     /// `reload`, fallible (the outer `Result` is the trap). A success becomes the document a
     /// recovery loads, and takes a snapshot.
     pub fn try_reload(&mut self, document: &str) -> Result<Result<(), Vec<LoadError>>, Trap> {
+        #[cfg_attr(not(feature = "wasm"), allow(unused_variables))]
         let work = self.state_work();
         let r = op!(self, "reload", |n| n.reload(document), |w| w.reload(document, work))?;
         if r.is_ok() {
