@@ -9,6 +9,8 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -51,7 +53,11 @@ func (e *Engine) Policy(name string) (*Policy, error) {
 		e.policies[name] = p
 	}
 	if !p.ok {
-		return nil, fmt.Errorf("levee: no policy named %q", name)
+		known := make([]string, len(e.infos))
+		for i, info := range e.infos {
+			known[i] = info.Name
+		}
+		return nil, &UnknownPolicyError{Name: name, Known: known}
 	}
 	return p, nil
 }
@@ -286,6 +292,8 @@ func ErrorClassOf(err error) string {
 	return reflect.TypeOf(err).String()
 }
 
+var errNilPolicy = errors.New("levee: the policy is nil (get one with Engine.Policy)")
+
 // startCall starts a call, settling a held-back success on the same crossing.
 func (e *Engine) startCall(call uint64, index uint32, key string, flags uint32) (v Verdict, now, gen uint64, err error) {
 	e.mu.Lock()
@@ -299,19 +307,30 @@ func (e *Engine) startCall(call uint64, index uint32, key string, flags uint32) 
 	e.hold = heldSuccess{}
 	now = e.Now()
 	ctx := e.enterAt(now) // one clock reading serves the call's start and the bound
+	if key != "" {
+		e.keyedCalls++
+	}
 	v, err = e.in.start(ctx, e.rep, call, index, key, flags, now, h.call, h.at, h.elapsed)
 	e.leave()
 	if err != nil {
 		err = e.faultLocked(err)
-	} else if e.o.snapEvery > 0 && now-e.snapAt >= uint64(e.o.snapEvery) {
-		e.snapshotLocked(now)
+	} else {
+		if v.EventsPending() {
+			e.drainLocked()
+		}
+		if e.o.snapEvery > 0 && e.in != nil && now-e.snapAt >= uint64(e.o.snapEvery) {
+			e.snapshotLocked(now)
+		}
 	}
 	e.unlockEmit()
 	return v, now, gen, err
 }
 
 func (e *Engine) snapshotLocked(now uint64) {
-	ctx := e.enter()
+	if e.in == nil {
+		return
+	}
+	ctx := e.enterWork(e.stateWork())
 	b, err := e.in.exportState(ctx, e.rep)
 	e.leave()
 	if err != nil {
@@ -319,6 +338,28 @@ func (e *Engine) snapshotLocked(now uint64) {
 		return
 	}
 	e.snap, e.snapAt = b, now
+	e.stateBytes, e.keyedCalls = len(b), 0
+}
+
+// step is a crossing of a call Do drives: the events its verdict says are pending
+// are drained under the same lock (drainLocked), so no other goroutine's trap can
+// come between a breaker transition and its snapshot.
+func (e *Engine) step(f func(ctx context.Context, in *instance) (Verdict, error)) (v Verdict, err error) {
+	e.mu.Lock()
+	defer e.unlockEmit()
+	if err := e.readyLocked(false); err != nil {
+		return 0, err
+	}
+	ctx := e.enter()
+	v, err = f(ctx, e.in)
+	e.leave()
+	if err != nil {
+		return 0, e.faultLocked(err)
+	}
+	if v.EventsPending() {
+		e.drainLocked()
+	}
+	return v, nil
 }
 
 // holdSuccess holds back the report of a success, to be settled by the next start.
@@ -347,16 +388,11 @@ func (e *Engine) Flush() error {
 
 // drainEmit drains the engine's events and delivers them to listeners and the logger.
 func (e *Engine) drainEmit() {
-	var evs []Event
-	_ = e.op(false, func(ctx context.Context, in *instance) error {
-		var err error
-		evs, err = in.drainEvents(ctx, e.rep)
-		e.eventsPending.Store(false)
-		return err
-	})
-	if len(evs) > 0 {
-		e.emit(evs)
+	e.mu.Lock()
+	if e.readyLocked(false) == nil {
+		e.drainLocked()
 	}
+	e.unlockEmit()
 }
 
 func (e *Engine) emit(evs []Event) {
@@ -442,6 +478,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // run drives one call through the step protocol. If the function (or a
 // fallback) panics, the call is cancelled in the core and the panic goes on.
 func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal any, fbUsed bool, err error) {
+	if p == nil {
+		return nil, false, errNilPolicy
+	}
 	var co callOpts
 	for i := range opts {
 		opts[i].apply(&co)
@@ -449,6 +488,9 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 	st := p.st.Load()
 	if !st.ok {
 		return nil, false, fmt.Errorf("levee: policy %q is gone after a reload", p.name)
+	}
+	if err := keyUTF8(co.key); err != nil {
+		return nil, false, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Ctx: err}
@@ -475,6 +517,7 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 	}
 	attempts := 0
 	var lastErr, fbErr error
+	var unregistered []string
 	now := start
 
 	// singleAttempt: the engine failed; the call proceeds as one attempt without retries.
@@ -496,9 +539,6 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 		tr(Step{Op: "start", Call: call, Now: start, Verdict: v})
 	}
 	for {
-		if v.EventsPending() || e.eventsPending.Load() {
-			e.drainEmit()
-		}
 		switch v.Kind() {
 		case VerdictAttempt:
 			attempts++
@@ -544,7 +584,10 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 			if o.Kind == OutcomeHTTPStatus && o.Text != "" {
 				wall = uint64(time.Now().Unix())
 			}
-			v, ferr = e.Report(call, t1, t1-t0, o.Kind, o.Code, o.Text, wall, flags)
+			text := strings.ToValidUTF8(o.Text, "\uFFFD") // a raw header: the core says what it means
+			v, ferr = e.step(func(ctx context.Context, in *instance) (Verdict, error) {
+				return in.report(ctx, e.rep, call, t1, t1-t0, o.Kind, o.Code, text, wall, flags)
+			})
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "report", Call: call, Now: t1, Outcome: o, Verdict: v})
 			}
@@ -569,7 +612,8 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: attempts, Last: lastErr, Ctx: cerr}
 			}
 			now = e.Now()
-			v, ferr = e.Acquire(call, now)
+			at := now
+			v, ferr = e.step(func(ctx context.Context, in *instance) (Verdict, error) { return in.acquire(ctx, e.rep, call, at) })
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "acquire", Call: call, Now: now, Verdict: v})
 			}
@@ -594,17 +638,20 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 				} else {
 					fbErr = err
 				}
-			} else {
-				fbErr = fmt.Errorf("levee: no fallback registered as %q", name)
+			} else if !slices.Contains(unregistered, name) {
+				unregistered = append(unregistered, name)
 			}
 			now = e.Now()
-			v, ferr = e.ReportFallback(call, now, ok)
+			at := now
+			v, ferr = e.step(func(ctx context.Context, in *instance) (Verdict, error) {
+				return in.reportFallback(ctx, e.rep, call, at, ok)
+			})
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "report-fallback", Call: call, Now: now, Verdict: v})
 			}
 		case VerdictFail:
 			return nil, false, &Error{Policy: p.name, Reason: v.Reason(), Attempts: attempts,
-				RetryAfter: time.Duration(v.Payload()), Last: lastErr, FallbackErr: fbErr}
+				RetryAfter: time.Duration(v.Payload()), Last: lastErr, FallbackErr: fbErr, Unregistered: unregistered}
 		default:
 			// invalid: the engine does not know the call (it was re-instantiated
 			// meanwhile, or it misbehaves); the call ends as a single attempt.

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -48,6 +49,7 @@ type options struct {
 	seed        *uint64
 	core        []byte
 	callLimit   time.Duration
+	perByte     time.Duration // GuestTimePerByte; tests of the bound set 0
 	memoryPages uint32
 	snapEvery   time.Duration
 	listeners   []Listener
@@ -65,20 +67,40 @@ func WithSeed(seed uint64) Option { return func(o *options) { o.seed = &seed } }
 // WithCoreModule runs these bytes as the core module instead of the embedded one.
 func WithCoreModule(wasm []byte) Option { return func(o *options) { o.core = wasm } }
 
-// WithGuestCallLimit bounds every call into the guest (default 1 s); a call over it is
-// interrupted and treated as a trap. The engine instruments the core module with an
-// interrupt check at every loop head (interrupt.go) and runs one watchdog goroutine
-// that sets it, waking every limit/4 (between 1 ms and 250 ms), so a call is
-// interrupted at most about limit + limit/4 after it started; Close stops the
-// watchdog. 0 turns the bound off, for a core module you trust: no instrumentation,
-// no watchdog, but a guest call cannot be interrupted.
+// The bounds on the guest (docs/architecture.md, "Bounds on the guest"), the same in
+// every host: a guest call whose work does not depend on the size of anything may run
+// DefaultGuestCallLimit; one that walks the document or the state (load, reload,
+// export-state, import-state) may run that plus GuestTimePerByte for every byte it
+// walks: the document's, and the state's (the size of the last state exported or
+// imported, plus StateBytesPerKeyedCall for every keyed call since). The linear
+// memory may grow to DefaultMemoryLimitPages.
+const (
+	DefaultGuestCallLimit   = time.Second
+	GuestTimePerByte        = 20 * time.Microsecond
+	StateBytesPerKeyedCall  = 1024
+	DefaultMemoryLimitPages = 8192 // 512 MiB
+	DefaultSnapshotInterval = time.Second
+)
+
+// WithGuestCallLimit sets the base bound of every call into the guest (default
+// DefaultGuestCallLimit); a call over its bound is interrupted and treated as a trap.
+// Calls that walk the document or the state get GuestTimePerByte more for every byte.
+// The engine instruments the core module with an interrupt check at every loop head
+// (interrupt.go) and runs one watchdog goroutine that sets it, waking every limit/4
+// (between 1 ms and 250 ms), so a call is interrupted at most about bound + limit/4
+// after it started; Close stops the watchdog. 0 turns the bound off, for a core module
+// you trust: no instrumentation, no watchdog, but a guest call cannot be interrupted.
 func WithGuestCallLimit(d time.Duration) Option { return func(o *options) { o.callLimit = d } }
 
-// WithMemoryLimitPages bounds the guest's linear memory, in 64 KiB pages (default 512 = 32 MiB).
+// WithMemoryLimitPages bounds the guest's linear memory, in 64 KiB pages (default
+// DefaultMemoryLimitPages = 512 MiB).
 func WithMemoryLimitPages(pages uint32) Option { return func(o *options) { o.memoryPages = pages } }
 
 // WithSnapshotInterval sets how often (at most) the engine exports its state on the
-// hot path, to restore it after a trap (default 1 s; 0 disables snapshots).
+// hot path, to restore it after a trap (default 1 s; 0 disables the periodic
+// snapshots). Whatever the interval, the engine also exports its state whenever a
+// breaker changes state, and after SetBreakerState, Reload and ImportState, so that a
+// trap never brings back a breaker that was open as closed.
 func WithSnapshotInterval(d time.Duration) Option { return func(o *options) { o.snapEvery = d } }
 
 // WithListener adds an event listener.
@@ -137,11 +159,14 @@ type Engine struct {
 	lastRecovery uint64
 	snap         []byte
 	snapAt       uint64
-	infos        []PolicyInfo
-	policies     map[string]*Policy
-	faults       []Event
-	// a verdict said events are pending and nobody drained them yet
-	eventsPending atomic.Bool
+	// the size of the state the instance holds, for the bounds of slow calls: the last
+	// state exported or imported, and the keyed calls since (each may add a key)
+	stateBytes int
+	keyedCalls int
+	infos      []PolicyInfo
+	policies   map[string]*Policy
+	// events drained (and faults recorded) under the lock, delivered by unlockEmit
+	queued []Event
 
 	// bounding of guest calls (see watch)
 	watch *watch
@@ -162,6 +187,8 @@ type heldSuccess struct{ call, at, elapsed uint64 }
 type watch struct {
 	epoch time.Time
 	limit int64
+	// the bound of the guest call in progress (limit, or more for a slow call)
+	bound atomic.Int64
 	tick  time.Duration
 	// the start (ns since epoch, > 0) of the guest call in progress; 0 when
 	// none is; -1 once the watchdog interrupted it
@@ -177,6 +204,7 @@ type watch struct {
 func newWatch(epoch time.Time, limit time.Duration) *watch {
 	tick := min(max(limit/4, time.Millisecond), 250*time.Millisecond)
 	w := &watch{epoch: epoch, limit: int64(limit), tick: tick, stop: make(chan struct{}), done: make(chan struct{})}
+	w.bound.Store(int64(limit))
 	go w.run()
 	return w
 }
@@ -192,7 +220,7 @@ func (w *watch) run() {
 		case <-t.C:
 		}
 		s := w.start.Load()
-		if s <= 0 || int64(time.Since(w.epoch))-s <= w.limit {
+		if s <= 0 || int64(time.Since(w.epoch))-s <= w.bound.Load() {
 			continue
 		}
 		// The instance is read after the start it belongs to (the engine sets it
@@ -216,9 +244,14 @@ func (w *watch) close() {
 // Load parses, validates and fills defaults of a policy document (YAML or JSON)
 // in a new engine. An invalid document gives a LoadErrors error.
 func Load(ctx context.Context, document string, opts ...Option) (*Engine, error) {
-	e := &Engine{o: options{callLimit: time.Second, memoryPages: 512, snapEvery: time.Second}, doc: document, epoch: time.Now()}
+	e := &Engine{o: options{callLimit: DefaultGuestCallLimit, perByte: GuestTimePerByte, memoryPages: DefaultMemoryLimitPages,
+		snapEvery: DefaultSnapshotInterval},
+		doc: document, epoch: time.Now()}
 	for _, opt := range opts {
 		opt(&e.o)
+	}
+	if err := documentUTF8(document); err != nil {
+		return nil, err
 	}
 	if e.o.seed != nil {
 		e.seed = *e.o.seed
@@ -301,9 +334,24 @@ func (e *Engine) enterAt(now uint64) context.Context {
 	return context.Background()
 }
 
+// enterWork is enter for a guest call that walks bytes of document or state: its
+// bound grows by GuestTimePerByte a byte.
+func (e *Engine) enterWork(bytes int) context.Context {
+	if w := e.watch; w != nil {
+		w.bound.Store(w.limit + int64(e.o.perByte)*int64(max(bytes, 0)))
+	}
+	return e.enter()
+}
+
+// stateWork is the bytes of state a call that walks the whole state may walk.
+func (e *Engine) stateWork() int { return e.stateBytes + StateBytesPerKeyedCall*e.keyedCalls }
+
 func (e *Engine) leave() {
 	if w := e.watch; w != nil {
 		w.start.Store(0)
+		if w.bound.Load() != w.limit {
+			w.bound.Store(w.limit)
+		}
 	}
 }
 
@@ -336,8 +384,10 @@ func (e *Engine) instantiateLocked() ([]LoadError, error) {
 	// the watchdog interrupts the new instance from now on
 	e.leave()
 	e.setIntr(in)
-	ctx = e.enter()
+	ctx = e.enterWork(len(e.doc))
 	rep, lerrs, err := in.load(ctx, e.doc, e.seed)
+	e.leave()
+	ctx = e.enter()
 	if err != nil {
 		in.close(context.Background())
 		return nil, fmt.Errorf("%w: load: %w", ErrEngineFault, err)
@@ -348,6 +398,7 @@ func (e *Engine) instantiateLocked() ([]LoadError, error) {
 	}
 	e.setInstanceLocked(in)
 	e.rep = rep
+	e.stateBytes, e.keyedCalls = 0, 0
 	if err := e.refreshInfosLocked(ctx); err != nil {
 		e.setInstanceLocked(nil)
 		in.close(context.Background())
@@ -402,9 +453,12 @@ func (e *Engine) faultLocked(cause error) error {
 	if _, err := e.instantiateLocked(); err != nil {
 		ev.Err = fmt.Errorf("%w; re-instantiation failed: %w", cause, err)
 	} else if e.snap != nil {
-		ctx := e.enter()
+		ctx := e.enterWork(len(e.snap))
 		lerr, err := e.in.importState(ctx, e.rep, e.snap)
 		e.leave()
+		if err == nil && lerr == nil {
+			e.stateBytes = len(e.snap)
+		}
 		if err != nil || lerr != nil {
 			ev.Err = fmt.Errorf("%w; snapshot not restored: %v %v", cause, err, lerr)
 			if err != nil {
@@ -416,7 +470,7 @@ func (e *Engine) faultLocked(cause error) error {
 	if !errors.Is(ev.Err, ErrEngineFault) {
 		ev.Err = fmt.Errorf("%w: %w", ErrEngineFault, ev.Err)
 	}
-	e.faults = append(e.faults, ev)
+	e.queued = append(e.queued, ev)
 	if errors.Is(cause, ErrEngineFault) {
 		return cause
 	}
@@ -453,19 +507,42 @@ func (e *Engine) readyLocked(keep bool) error {
 			return e.faultLocked(trapf("a held-back success was answered %v", v))
 		}
 		if v.EventsPending() {
-			e.eventsPending.Store(true)
+			e.drainLocked()
 		}
 	}
 	return nil
 }
 
-// unlockEmit releases the lock and delivers fault events queued under it.
+// drainLocked drains the events a verdict said are pending, under the lock that
+// made them, and queues them for unlockEmit. A breaker transition among them takes a
+// snapshot at once: a trap after this point restores the breaker as it now is.
+func (e *Engine) drainLocked() {
+	if e.in == nil {
+		return
+	}
+	ctx := e.enter()
+	evs, err := e.in.drainEvents(ctx, e.rep)
+	e.leave()
+	if err != nil {
+		_ = e.faultLocked(err)
+		return
+	}
+	e.queued = append(e.queued, evs...)
+	for i := range evs {
+		if evs[i].Kind == EventBreakerTransition {
+			e.snapshotLocked(e.Now())
+			return
+		}
+	}
+}
+
+// unlockEmit releases the lock and delivers the events queued under it.
 func (e *Engine) unlockEmit() {
-	faults := e.faults
-	e.faults = nil
+	queued := e.queued
+	e.queued = nil
 	e.mu.Unlock()
-	if faults != nil {
-		e.emit(faults)
+	if queued != nil {
+		e.emit(queued)
 	}
 }
 
@@ -531,14 +608,25 @@ func (e *Engine) closeLocked(ctx context.Context) {
 
 // Reload replaces the policies, keeping the state that still applies.
 func (e *Engine) Reload(document string) error {
+	if err := documentUTF8(document); err != nil {
+		return err
+	}
 	var lerrs []LoadError
 	err := e.op(false, func(ctx context.Context, in *instance) error {
 		var err error
+		e.leave()
+		ctx = e.enterWork(len(document) + e.stateWork())
 		if lerrs, err = in.reload(ctx, e.rep, document); err != nil || lerrs != nil {
 			return err
 		}
 		e.doc = document
-		return e.refreshInfosLocked(ctx)
+		if err := e.refreshInfosLocked(ctx); err != nil {
+			return err
+		}
+		e.leave()
+		e.snapshotLocked(e.Now())
+		e.enter()
+		return nil
 	})
 	if err != nil {
 		return err
@@ -557,6 +645,9 @@ func (e *Engine) PolicyCount() (n uint32, err error) {
 
 // PolicyIndex is the index of a named policy.
 func (e *Engine) PolicyIndex(name string) (i uint32, ok bool, err error) {
+	if !utf8.ValidString(name) {
+		return 0, false, nil // no policy has that name
+	}
 	err = e.op(false, func(ctx context.Context, in *instance) error {
 		i, ok, err = in.policyIndex(ctx, e.rep, name)
 		return err
@@ -594,7 +685,13 @@ func (e *Engine) Analyze(policy, layers uint32) (a Analysis, ok bool, err error)
 // Start begins a call and acquires its first attempt (settle* as the WIT says;
 // a success held back by Do is settled first, through report).
 func (e *Engine) Start(call uint64, policy uint32, key string, flags uint32, now, settleCall, settleAt, settleElapsed uint64) (v Verdict, err error) {
+	if err := keyUTF8(key); err != nil {
+		return 0, err
+	}
 	err = e.op(false, func(ctx context.Context, in *instance) error {
+		if key != "" {
+			e.keyedCalls++
+		}
 		v, err = in.start(ctx, e.rep, call, policy, key, flags, now, settleCall, settleAt, settleElapsed)
 		return err
 	})
@@ -609,6 +706,7 @@ func (e *Engine) Acquire(call, now uint64) (v Verdict, err error) {
 
 // Report reports the outcome of the attempt in flight.
 func (e *Engine) Report(call, now, elapsed uint64, kind OutcomeKind, code int32, text string, wallSecs uint64, flags uint32) (v Verdict, err error) {
+	text = strings.ToValidUTF8(text, "\uFFFD") // a raw header: the core says what it means
 	err = e.op(false, func(ctx context.Context, in *instance) error {
 		v, err = in.report(ctx, e.rep, call, now, elapsed, kind, code, text, wallSecs, flags)
 		return err
@@ -645,7 +743,13 @@ func (e *Engine) DrainEvents() (evs []Event, err error) {
 
 // BreakerState reads a breaker's state at now.
 func (e *Engine) BreakerState(policy uint32, key string, now uint64) (s BreakerState, ok bool, err error) {
+	if err := keyUTF8(key); err != nil {
+		return 0, false, err
+	}
 	err = e.op(false, func(ctx context.Context, in *instance) error {
+		if key != "" {
+			e.keyedCalls++
+		}
 		s, ok, err = in.breakerState(ctx, e.rep, policy, key, now)
 		return err
 	})
@@ -654,8 +758,19 @@ func (e *Engine) BreakerState(policy uint32, key string, now uint64) (s BreakerS
 
 // SetBreakerState forces a breaker state; the guest's refusal comes back as msg with ok false.
 func (e *Engine) SetBreakerState(policy uint32, key string, state BreakerState, now uint64) (msg string, ok bool, err error) {
+	if err := keyUTF8(key); err != nil {
+		return "", false, err
+	}
 	err = e.op(false, func(ctx context.Context, in *instance) error {
+		if key != "" {
+			e.keyedCalls++
+		}
 		msg, ok, err = in.setBreakerState(ctx, e.rep, policy, key, state, now)
+		if err == nil && ok {
+			e.leave()
+			e.snapshotLocked(e.Now())
+			e.enter()
+		}
 		return err
 	})
 	return msg, ok, err
@@ -664,9 +779,12 @@ func (e *Engine) SetBreakerState(policy uint32, key string, state BreakerState, 
 // ExportState exports the whole engine state (and keeps it as the snapshot restored after a trap).
 func (e *Engine) ExportState() (b []byte, err error) {
 	err = e.op(false, func(ctx context.Context, in *instance) error {
+		e.leave()
+		ctx = e.enterWork(e.stateWork())
 		b, err = in.exportState(ctx, e.rep)
 		if err == nil {
 			e.snap, e.snapAt = b, e.Now()
+			e.stateBytes, e.keyedCalls = len(b), 0
 		}
 		return err
 	})
@@ -678,7 +796,15 @@ func (e *Engine) ImportState(state []byte) error {
 	var lerr *LoadError
 	err := e.op(false, func(ctx context.Context, in *instance) error {
 		var err error
+		e.leave()
+		ctx = e.enterWork(len(state) + e.stateWork())
 		lerr, err = in.importState(ctx, e.rep, state)
+		if err == nil && lerr == nil {
+			e.stateBytes, e.keyedCalls = len(state), 0
+			e.leave()
+			e.snapshotLocked(e.Now())
+			e.enter()
+		}
 		return err
 	})
 	if err != nil {
@@ -688,4 +814,34 @@ func (e *Engine) ImportState(state []byte) error {
 		return lerr
 	}
 	return nil
+}
+
+// ErrInvalidUTF8 is wrapped by the error for a key (or a document) that is not valid
+// UTF-8: WIT strings are UTF-8, so it is refused at the host boundary and never
+// reaches the guest.
+var ErrInvalidUTF8 = errors.New("levee: not valid UTF-8")
+
+func keyUTF8(key string) error {
+	if utf8.ValidString(key) {
+		return nil
+	}
+	return fmt.Errorf("%w: the key %q", ErrInvalidUTF8, key)
+}
+
+// documentUTF8 refuses a document that is not UTF-8 as the core refuses any invalid
+// document: a LoadErrors naming where.
+func documentUTF8(document string) error {
+	if utf8.ValidString(document) {
+		return nil
+	}
+	at := 0
+	for at < len(document) {
+		r, n := utf8.DecodeRuneInString(document[at:])
+		if r == utf8.RuneError && n <= 1 {
+			break
+		}
+		at += n
+	}
+	line := 1 + strings.Count(document[:at], "\n")
+	return LoadErrors{{Path: "", Message: fmt.Sprintf("the document is not valid UTF-8 (line %d, byte %d): %v", line, at, ErrInvalidUTF8)}}
 }

@@ -59,6 +59,9 @@ type Error struct {
 	Last error
 	// FallbackErr is the error of the last fallback that failed, if any.
 	FallbackErr error
+	// Unregistered names the fallbacks the policy's chain named that no function was
+	// registered for (they count as failed).
+	Unregistered []string
 	// Ctx is the context's error when the call was cancelled.
 	Ctx error
 }
@@ -74,6 +77,9 @@ func (e *Error) Error() string {
 	}
 	if e.FallbackErr != nil {
 		fmt.Fprintf(&b, "; fallback: %v", e.FallbackErr)
+	}
+	if len(e.Unregistered) > 0 {
+		b.WriteString("; " + unregisteredMessage(e.Unregistered))
 	}
 	if e.Ctx != nil && e.Ctx != e.Last {
 		fmt.Fprintf(&b, "; %v", e.Ctx)
@@ -148,4 +154,88 @@ func GRPCStatusError(code int, pushback string) error {
 // ClassError names the class of err for the policy's classification.
 func ClassError(class string, err error) error {
 	return &outcomeError{o: Outcome{Kind: OutcomeErrorClass, Text: class}, err: err}
+}
+
+// unregisteredMessage is what every host says of fallbacks named by a policy but
+// never registered.
+func unregisteredMessage(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = "'" + n + "'"
+	}
+	if len(names) == 1 {
+		return "fallback " + q[0] + " is named by the policy but not registered"
+	}
+	return "fallbacks " + strings.Join(q, ", ") + " are named by the policy but not registered"
+}
+
+// ErrUnknownPolicy is matched (errors.Is) by the error of Engine.Policy for a name
+// the document does not have.
+var ErrUnknownPolicy = errors.New("levee: unknown policy")
+
+// UnknownPolicyError is the error of Engine.Policy for a name the document does not
+// have: it lists the document's policies (the first 20) and the closest name.
+type UnknownPolicyError struct {
+	Name  string
+	Known []string
+}
+
+func (e *UnknownPolicyError) Is(target error) bool { return target == ErrUnknownPolicy }
+
+func (e *UnknownPolicyError) Error() string {
+	msg := "levee: no policy named '" + e.Name + "'"
+	if c, ok := closest(e.Name, e.Known); ok {
+		msg += " (did you mean '" + c + "'?)"
+	}
+	if len(e.Known) == 0 {
+		return msg + "; the document has no policies"
+	}
+	shown := e.Known
+	if len(shown) > 20 {
+		shown = shown[:20]
+	}
+	q := make([]string, len(shown))
+	for i, n := range shown {
+		q[i] = "'" + n + "'"
+	}
+	msg += "; the document's policies: " + strings.Join(q, ", ")
+	if len(e.Known) > 20 {
+		msg += fmt.Sprintf(" and %d more", len(e.Known)-20)
+	}
+	return msg
+}
+
+// closest is the known name nearest to name by edit distance, within a third of
+// its length (at least 2).
+func closest(name string, known []string) (string, bool) {
+	best, bestD := "", max(2, len(name)/3)+1
+	for _, k := range known {
+		if d := editDistance(name, k); d < bestD {
+			best, bestD = k, d
+		}
+	}
+	return best, best != ""
+}
+
+func editDistance(a, b string) int {
+	if len(a)-len(b) > 8 || len(b)-len(a) > 8 {
+		return 1 << 30
+	}
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			c := 1
+			if a[i-1] == b[j-1] {
+				c = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+c)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }

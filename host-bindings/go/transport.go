@@ -1,6 +1,7 @@
 package levee
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -15,6 +16,12 @@ import (
 // decides what is retried. A request with a body is retried only when the body
 // can be replayed through GetBody; otherwise the call ends with its first
 // response or error.
+//
+// An attempt is the whole response (docs/http.md): its body is read inside the
+// attempt, under the attempt's timeout, so a body that trickles past it is a
+// timeout and a connection closed mid-body a connection error of that attempt;
+// the response returned has its body in memory. To stream a body too large to
+// hold, run the request under Do yourself.
 //
 // When the policy gives up after a response, the last response is returned as
 // it is (a 503 is a response, not a transport error). When no response is left
@@ -39,6 +46,12 @@ func (t *Transport) base() http.RoundTripper {
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.Policy == nil {
+		if req.Body != nil {
+			_ = req.Body.Close() // a RoundTripper closes the body, even on an error
+		}
+		return nil, ErrNoPolicy
+	}
 	key := req.URL.Host
 	if t.Key != nil {
 		key = t.Key(req)
@@ -73,6 +86,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return nil, err
 }
+
+// ErrNoPolicy is the error of a Transport whose Policy is nil.
+var ErrNoPolicy = transportError("levee: the Transport has no Policy (set Transport.Policy to a policy of an engine)")
 
 type transportError string
 
@@ -114,6 +130,25 @@ func (h *httpAttempt) attempt(ctx context.Context, timeout time.Duration) (Outco
 		}
 		h.lastErr = err
 		return o, err
+	}
+	// The body is part of the attempt: read it under the attempt's context.
+	body, rerr := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if rerr != nil {
+		o := Classify(actx, rerr)
+		if o.Kind == OutcomeErrorClass {
+			o = Outcome{Kind: OutcomeConnectionError} // the body broke off
+		}
+		if cancel != nil {
+			cancel()
+		}
+		h.lastErr = rerr
+		return o, rerr
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	if cancel != nil {
+		cancel()
+		cancel = nil
 	}
 	h.resp, h.cancel = resp, cancel
 	o := Outcome{Kind: OutcomeHTTPStatus, Code: int32(resp.StatusCode), Text: resp.Header.Get("Retry-After"),

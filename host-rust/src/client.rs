@@ -83,8 +83,11 @@ impl Client {
                     let req = sender.next();
                     async move {
                         match req {
-                            Some(req) => client.execute(req).await.map_err(|e| AttemptError(Some(e))),
-                            None => Err(AttemptError(None)),
+                            Some(req) => match client.execute(req).await {
+                                Ok(resp) => whole(resp).await.map_err(|e| AttemptError(Some(e), true)),
+                                Err(e) => Err(AttemptError(Some(e), false)),
+                            },
+                            None => Err(AttemptError(None, false)),
                         }
                     }
                 },
@@ -104,6 +107,28 @@ impl Client {
 }
 
 /// Copies of a request, one per attempt; a request whose body cannot be copied goes once.
+/// An attempt is the whole response (`docs/http.md`): the body is read inside the attempt,
+/// under its timeout, so a body that trickles past it is a timeout and a connection closed
+/// mid-body a connection error of that attempt. The response handed back has its body in
+/// memory (status, version, headers and URL kept).
+async fn whole(resp: ::reqwest::Response) -> Result<::reqwest::Response, ::reqwest::Error> {
+    use ::reqwest::ResponseBuilderExt;
+    let (status, version, url, headers) = (resp.status(), resp.version(), resp.url().clone(), resp.headers().clone());
+    let body = resp.bytes().await?;
+    let mut builder = http::Response::builder().status(status).version(version).url(url);
+    if let Some(h) = builder.headers_mut() {
+        *h = headers.clone();
+    }
+    let rebuilt = builder.body(body.clone()).unwrap_or_else(|_| {
+        // Parts of a response reqwest accepted are valid; keep status and headers regardless.
+        let mut r = http::Response::new(body);
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        r
+    });
+    Ok(::reqwest::Response::from(rebuilt))
+}
+
 struct Sender {
     template: Option<::reqwest::Request>,
     single: Option<::reqwest::Request>,
@@ -129,11 +154,14 @@ impl Sender {
 /// An attempt's error: `None` when the request could not be sent again (its body was a
 /// stream already sent).
 #[derive(Debug)]
-struct AttemptError(Option<::reqwest::Error>);
+/// An attempt's error; `.1`: it broke off while the body was read.
+struct AttemptError(Option<::reqwest::Error>, bool);
 
 impl IntoOutcome for AttemptError {
     fn outcome(&self) -> Outcome {
         match &self.0 {
+            // A body that breaks off is a connection error of the attempt (docs/http.md).
+            Some(e) if self.1 && !e.is_timeout() => Outcome::ConnectionError,
             Some(e) => e.outcome(),
             None => Outcome::error("levee:body-not-replayable"),
         }
@@ -197,7 +225,18 @@ impl reqwest_middleware::Middleware for Middleware {
                     let req = sender.next();
                     async move {
                         match req {
-                            Some(req) => next.run(req, &mut ext).await,
+                            Some(req) => match next.run(req, &mut ext).await {
+                                // The body is part of the attempt (docs/http.md); one that breaks
+                                // off is a connection error of this attempt.
+                                Ok(resp) => whole(resp).await.map_err(|e| {
+                                    if e.is_timeout() {
+                                        reqwest_middleware::Error::Reqwest(e)
+                                    } else {
+                                        reqwest_middleware::Error::middleware(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, e))
+                                    }
+                                }),
+                                Err(e) => Err(e),
+                            },
                             None => Err(reqwest_middleware::Error::middleware(NoBody)),
                         }
                     }

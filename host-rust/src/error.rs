@@ -30,6 +30,19 @@ pub struct LeveeError<E> {
     pub trap: Option<Trap>,
     /// A protocol error between host and core (a host bug, or an unknown policy name).
     pub invalid: Option<InvalidCode>,
+    /// Fallbacks the policy's chain named that no function was registered for (they count as
+    /// failed; the message says so).
+    pub unregistered: Vec<String>,
+}
+
+/// What every host says of fallbacks named by a policy but never registered.
+pub(crate) fn unregistered_message(names: &[String]) -> String {
+    let listed = names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ");
+    if names.len() == 1 {
+        format!("fallback {listed} is named by the policy but not registered")
+    } else {
+        format!("fallbacks {listed} are named by the policy but not registered")
+    }
 }
 
 impl<E> LeveeError<E> {
@@ -43,6 +56,7 @@ impl<E> LeveeError<E> {
             fallback_error: None,
             trap: None,
             invalid: None,
+            unregistered: Vec::new(),
         }
     }
 
@@ -68,6 +82,7 @@ impl<E> LeveeError<E> {
             fallback_error: self.fallback_error.map(&mut g),
             trap: self.trap,
             invalid: self.invalid,
+            unregistered: self.unregistered,
         }
     }
 }
@@ -83,6 +98,7 @@ impl<E: fmt::Debug> fmt::Debug for LeveeError<E> {
             .field("fallback_error", &self.fallback_error)
             .field("trap", &self.trap)
             .field("invalid", &self.invalid)
+            .field("unregistered", &self.unregistered)
             .finish()
     }
 }
@@ -98,6 +114,9 @@ impl<E: fmt::Display> fmt::Display for LeveeError<E> {
         }
         if let Some(e) = &self.last {
             write!(f, "; last error: {e}")?;
+        }
+        if !self.unregistered.is_empty() {
+            write!(f, "; {}", unregistered_message(&self.unregistered))?;
         }
         if let Some(t) = &self.trap {
             write!(f, "; {t}")?;

@@ -851,6 +851,8 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         let mut last: Last<T, E> = Last::None;
         let mut fallbacks = self.fallbacks;
         let mut fallback_err: Option<E> = None;
+        // Fallbacks the chain named that nobody registered: they fail, and the error says so.
+        let mut unregistered: Vec<String> = Vec::new();
 
         let mut verdict = match first {
             Ok(v) => {
@@ -1009,6 +1011,9 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     let ok = match fb {
                         None => {
                             tracing::warn!(target: "levee", policy = %self.policy, fallback = %name, "no fallback registered under this name");
+                            if !unregistered.contains(&name) {
+                                unregistered.push(name);
+                            }
                             false
                         }
                         Some(fb) => match fb(ctx).await {
@@ -1049,7 +1054,10 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                 }
                 VerdictKind::Fail => {
                     guard.live = false;
-                    return finish_fail(verdict.reason(), verdict.payload(), self.policy, attempts, last, fallback_err);
+                    return finish_fail(verdict.reason(), verdict.payload(), self.policy, attempts, last, fallback_err).map_err(|mut e| {
+                        e.unregistered = unregistered;
+                        e
+                    });
                 }
                 VerdictKind::Invalid => {
                     guard.live = false;

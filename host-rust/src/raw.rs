@@ -7,17 +7,21 @@
 //!
 //! # Traps: the contract
 //! The component is treated as untrusted. Every guest call is bounded in time by wasmtime's
-//! epoch interruption ([`Limits::call_ticks`], [`Limits::load_ticks`]: ticks of
-//! [`EPOCH_TICK`], advanced by one background thread per process; epochs cost far less per
-//! call than fuel, which doubled the cost of a call here) and the store's memory by
-//! `StoreLimits` ([`Limits::memory_bytes`]). When a guest call traps (interrupted, out of
-//! bounds, a malformed answer such as a verdict of unknown kind):
+//! epoch interruption (ticks of [`EPOCH_TICK`], advanced by one background thread per
+//! process; epochs cost far less per call than fuel, which doubled the cost of a call here)
+//! and the store's memory by `StoreLimits` ([`Limits::memory_bytes`]), by the rule every host
+//! follows (`docs/architecture.md`, "Bounds on the guest"): a call whose work does not depend
+//! on the size of anything gets [`Limits::call_ticks`]; `load`, `reload`, `export-state` and
+//! `import-state` get [`Limits::load_ticks`] plus one tick for every
+//! [`Limits::bytes_per_tick`] bytes of document and state they walk. When a guest call traps
+//! (interrupted, out of bounds, a malformed answer such as a verdict of unknown kind):
 //!
 //! 1. the engine **recovers before returning**: it instantiates the component again, loads
 //!    the current document with the same seed and imports the last good state snapshot
-//!    (taken by [`RawEngine::checkpoint`], which the engine calls itself after breaker
-//!    transitions, budget refusals and key evictions it drains, after `reload` and
-//!    `import_state`, and every [`Limits::checkpoint_every`] state-changing operations).
+//!    (taken by [`RawEngine::checkpoint`], which the engine calls itself whenever it drains a
+//!    breaker transition, so that a recovery never forgets a trip, after `set_breaker_state`,
+//!    `reload` and `import_state`, and on a `start` at least [`Limits::checkpoint_interval`]
+//!    after the last snapshot).
 //!    Live calls are not state (see `levee-core`): after a recovery every call that was
 //!    in progress is unknown to the engine, and its next operation answers `invalid`
 //!    (`unknown-call`).
@@ -136,24 +140,44 @@ impl std::error::Error for Trap {}
 /// The period of the epoch ticker that bounds guest calls.
 pub const EPOCH_TICK: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// Bounds on the guest.
+/// Bounds on the guest, by the rule of `docs/architecture.md` ("Bounds on the guest"); the
+/// defaults are the same in every host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Epoch ticks ([`EPOCH_TICK`]) one hot-path call (`start`, `acquire`, `report`,
-    /// queries...) may run before it is interrupted: it traps within `call_ticks` to
-    /// `call_ticks + 1` ticks. 0 interrupts every call at once (the trap tests use it).
+    /// Epoch ticks ([`EPOCH_TICK`]) a call whose work does not depend on the size of anything
+    /// (`start`, `acquire`, `report`, queries, `drain-events`, `analyze`...) may run before it
+    /// is interrupted: it traps within `call_ticks` to `call_ticks + 1` ticks. 0 interrupts
+    /// every call at once (the trap tests use it). Default 100 (1 s).
     pub call_ticks: u64,
-    /// Epoch ticks for `load`, `reload`, `export-state` and `import-state`.
+    /// Epoch ticks for `load`, `reload`, `export-state` and `import-state` before their
+    /// share by size (see `bytes_per_tick`). Default 100 (1 s).
     pub load_ticks: u64,
-    /// Largest linear memory the guest may grow to, in bytes.
+    /// Those calls get one tick more for every `bytes_per_tick` bytes they walk: the
+    /// document's, and the state's (the last state exported or imported, plus
+    /// [`STATE_BYTES_PER_KEYED_CALL`] for every keyed call since). Default 500 (20 us a
+    /// byte); 0 gives them `load_ticks` whatever their size.
+    pub bytes_per_tick: u64,
+    /// Largest linear memory the guest may grow to, in bytes. Default 512 MiB.
     pub memory_bytes: usize,
-    /// Take a state snapshot after this many state-changing operations (0: only on events).
-    pub checkpoint_every: u32,
+    /// A `start` at least this long (ns of its `now`) after the last snapshot takes one
+    /// (0: only on breaker transitions and the operations that always take one). Default 1 s.
+    pub checkpoint_interval: u64,
 }
+
+/// The bytes of state one keyed call may add (a new key's entry), for [`Limits::bytes_per_tick`].
+pub const STATE_BYTES_PER_KEYED_CALL: usize = 1024;
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { call_ticks: 10, load_ticks: 500, memory_bytes: 512 << 20, checkpoint_every: 4096 }
+        Limits { call_ticks: 100, load_ticks: 100, bytes_per_tick: 500, memory_bytes: 512 << 20, checkpoint_interval: 1_000_000_000 }
+    }
+}
+
+impl Limits {
+    /// The ticks of a call that walks `bytes` of document or state.
+    pub fn work_ticks(&self, bytes: usize) -> u64 {
+        let extra = if self.bytes_per_tick == 0 { 0 } else { (bytes as u64).div_ceil(self.bytes_per_tick) };
+        self.load_ticks.saturating_add(extra)
     }
 }
 
@@ -171,7 +195,13 @@ pub struct RawEngine {
     seed: u64,
     limits: Limits,
     snapshot: Option<Vec<u8>>,
-    ops: u32,
+    /// The `now` of the `start` that took the last periodic snapshot.
+    #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
+    snapshot_at: u64,
+    /// The size of the state the instance holds: the last state exported or imported...
+    state_bytes: usize,
+    /// ...and the keyed calls since (each may add a key).
+    keyed_calls: usize,
     traps: u64,
     last_trap: Option<Trap>,
 }
@@ -202,7 +232,18 @@ impl RawEngine {
             #[cfg(not(feature = "wasm"))]
             Backend::Wasm => return Err(vec![LoadError::new("", "this build of levee has no wasm backend (enable the `wasm` feature)")]),
         };
-        Ok(RawEngine { inner, document: doc.to_string(), seed, limits, snapshot: None, ops: 0, traps: 0, last_trap: None })
+        Ok(RawEngine {
+            inner,
+            document: doc.to_string(),
+            seed,
+            limits,
+            snapshot: None,
+            snapshot_at: 0,
+            state_bytes: 0,
+            keyed_calls: 0,
+            traps: 0,
+            last_trap: None,
+        })
     }
 
     /// The backend in use.
@@ -252,7 +293,6 @@ impl RawEngine {
     /// Take a snapshot of the state now (the state a recovery restores). A no-op on the native
     /// backend, which never needs recovering.
     pub fn checkpoint(&mut self) -> Result<(), Trap> {
-        self.ops = 0;
         #[cfg(feature = "wasm")]
         if let Inner::Wasm(_) = self.inner {
             let bytes = self.try_export_state()?;
@@ -266,17 +306,26 @@ impl RawEngine {
         self.snapshot.as_deref()
     }
 
-    /// Count a state change of the wasm backend, taking a snapshot every
-    /// [`Limits::checkpoint_every`] of them (the native backend never traps: nothing to count).
+    /// Bytes of state a call that walks the whole state may walk.
+    fn state_work(&self) -> usize {
+        self.state_bytes.saturating_add(STATE_BYTES_PER_KEYED_CALL.saturating_mul(self.keyed_calls))
+    }
+
+    /// On a `start` of the wasm backend: count a keyed call, and take the periodic snapshot
+    /// when [`Limits::checkpoint_interval`] has passed (the native backend never traps).
     #[inline]
-    fn changed(&mut self) {
+    fn started(&mut self, keyed: bool, now: u64) {
         #[cfg(feature = "wasm")]
         if let Inner::Wasm(_) = self.inner {
-            self.ops = self.ops.wrapping_add(1);
-            if self.limits.checkpoint_every != 0 && self.ops >= self.limits.checkpoint_every {
+            self.keyed_calls += keyed as usize;
+            let every = self.limits.checkpoint_interval;
+            if every != 0 && now.saturating_sub(self.snapshot_at) >= every {
+                self.snapshot_at = now;
                 let _ = self.checkpoint();
             }
         }
+        #[cfg(not(feature = "wasm"))]
+        let _ = (keyed, now);
     }
 
     /// Re-instantiate after a trap and restore the last snapshot; returns the trap to report.
@@ -284,10 +333,15 @@ impl RawEngine {
     fn recover(&mut self, operation: &'static str, message: String) -> Trap {
         self.traps = self.traps.saturating_add(1);
         let mut restored = false;
+        self.state_bytes = 0;
+        self.keyed_calls = 0;
         match wasm::Instance::load(&self.document, self.seed, self.limits) {
             Ok(mut fresh) => {
                 if let Some(snap) = &self.snapshot {
-                    restored = matches!(fresh.import_state(snap), Ok(Ok(())));
+                    restored = matches!(fresh.import_state(snap, 0), Ok(Ok(())));
+                    if restored {
+                        self.state_bytes = snap.len();
+                    }
                 }
                 self.inner = Inner::Wasm(Box::new(fresh));
             }
@@ -350,15 +404,13 @@ impl RawEngine {
         let r = op!(self, "start", |n| n.start(call, policy, key, flags, now, settle_call, settle_at, settle_elapsed), |w| checked(
             w.start(call, policy, key, flags, now, settle_call, settle_at, settle_elapsed)
         ));
-        self.changed();
+        self.started(!key.is_empty(), now);
         r
     }
 
     /// `acquire`, fallible.
     pub fn try_acquire(&mut self, call: u64, now: u64) -> Result<Verdict, Trap> {
-        let r = op!(self, "acquire", |n| n.acquire(call, now), |w| checked(w.acquire(call, now)));
-        self.changed();
-        r
+        op!(self, "acquire", |n| n.acquire(call, now), |w| checked(w.acquire(call, now)))
     }
 
     /// `report`, fallible.
@@ -374,18 +426,14 @@ impl RawEngine {
         wall_secs: u64,
         flags: u32,
     ) -> Result<Verdict, Trap> {
-        let r = op!(self, "report", |n| n.report(call, now, elapsed, kind, code, text, wall_secs, flags), |w| checked(
+        op!(self, "report", |n| n.report(call, now, elapsed, kind, code, text, wall_secs, flags), |w| checked(
             w.report(call, now, elapsed, kind, code, text, wall_secs, flags)
-        ));
-        self.changed();
-        r
+        ))
     }
 
     /// `report-fallback`, fallible.
     pub fn try_report_fallback(&mut self, call: u64, now: u64, ok: bool) -> Result<Verdict, Trap> {
-        let r = op!(self, "report-fallback", |n| n.report_fallback(call, now, ok), |w| checked(w.report_fallback(call, now, ok)));
-        self.changed();
-        r
+        op!(self, "report-fallback", |n| n.report_fallback(call, now, ok), |w| checked(w.report_fallback(call, now, ok)))
     }
 
     /// `cancel`, fallible.
@@ -393,11 +441,12 @@ impl RawEngine {
         op!(self, "cancel", |n| n.cancel(call, now), |w| w.cancel(call, now))
     }
 
-    /// `drain-events`, fallible. Draining a breaker transition, a budget refusal or a key
-    /// eviction takes a state snapshot.
+    /// `drain-events`, fallible. Draining a breaker transition takes a state snapshot, so that
+    /// a recovery never forgets a trip. (Not a budget refusal or a key eviction: they can come
+    /// on every call, and a snapshot walks the whole state.)
     pub fn try_drain_events(&mut self) -> Result<Vec<Event>, Trap> {
         let events = op!(self, "drain-events", |n| n.drain_events(), |w| w.drain_events())?;
-        if events.iter().any(|e| matches!(e.kind, EventKind::BreakerTransition | EventKind::BudgetRefused | EventKind::KeyEvicted)) {
+        if events.iter().any(|e| e.kind == EventKind::BreakerTransition) {
             // A failed checkpoint has recovered already; the events stand.
             let _ = self.checkpoint();
         }
@@ -431,11 +480,13 @@ impl RawEngine {
 
     /// `breaker-state`, fallible.
     pub fn try_breaker_state(&mut self, policy: u32, key: &str, now: u64) -> Result<Option<BreakerState>, Trap> {
+        self.keyed_calls += !key.is_empty() as usize;
         op!(self, "breaker-state", |n| n.breaker_state(policy, key, now), |w| w.breaker_state(policy, key, now))
     }
 
     /// `set-breaker-state`, fallible (the outer `Result` is the trap). A success takes a snapshot.
     pub fn try_set_breaker_state(&mut self, policy: u32, key: &str, state: BreakerState, now: u64) -> Result<Result<(), String>, Trap> {
+        self.keyed_calls += !key.is_empty() as usize;
         let r = op!(self, "set-breaker-state", |n| n.set_breaker_state(policy, key, state, now), |w| w
             .set_breaker_state(policy, key, state, now))?;
         if r.is_ok() {
@@ -446,13 +497,22 @@ impl RawEngine {
 
     /// `export-state`, fallible.
     pub fn try_export_state(&mut self) -> Result<Vec<u8>, Trap> {
-        op!(self, "export-state", |n| n.export_state(), |w| w.export_state())
+        #[cfg_attr(not(feature = "wasm"), allow(unused_variables))]
+        let work = self.state_work();
+        let bytes = op!(self, "export-state", |n| n.export_state(), |w| w.export_state(work))?;
+        self.state_bytes = bytes.len();
+        self.keyed_calls = 0;
+        Ok(bytes)
     }
 
     /// `import-state`, fallible (the outer `Result` is the trap). A success takes a snapshot.
     pub fn try_import_state(&mut self, state: &[u8]) -> Result<Result<(), LoadError>, Trap> {
-        let r = op!(self, "import-state", |n| n.import_state(state), |w| w.import_state(state))?;
+        #[cfg_attr(not(feature = "wasm"), allow(unused_variables))]
+        let work = self.state_work();
+        let r = op!(self, "import-state", |n| n.import_state(state), |w| w.import_state(state, work))?;
         if r.is_ok() {
+            self.state_bytes = state.len();
+            self.keyed_calls = 0;
             let _ = self.checkpoint();
         }
         Ok(r)
@@ -461,7 +521,9 @@ impl RawEngine {
     /// `reload`, fallible (the outer `Result` is the trap). A success becomes the document a
     /// recovery loads, and takes a snapshot.
     pub fn try_reload(&mut self, document: &str) -> Result<Result<(), Vec<LoadError>>, Trap> {
-        let r = op!(self, "reload", |n| n.reload(document), |w| w.reload(document))?;
+        #[cfg_attr(not(feature = "wasm"), allow(unused_variables))]
+        let work = self.state_work();
+        let r = op!(self, "reload", |n| n.reload(document), |w| w.reload(document, work))?;
         if r.is_ok() {
             self.document = document.to_string();
             let _ = self.checkpoint();
@@ -694,6 +756,12 @@ mod wasm {
     /// Call a method of the engine resource (or, after `fn`, a function of the interface)
     /// within an epoch deadline.
     macro_rules! call {
+        ($self:ident, work($bytes:expr), $method:ident ( $($arg:expr),* )) => {{
+            let ticks = $self.limits.work_ticks($bytes);
+            $self.store.set_epoch_deadline(ticks);
+            let handle = $self.handle;
+            $self.levee.levee_policy_engine_api().engine().$method(&mut $self.store, handle $(, $arg)*).map_err(msg)
+        }};
         ($self:ident, $ticks:ident, fn $function:ident ( $($arg:expr),* )) => {{
             $self.store.set_epoch_deadline($self.limits.$ticks);
             $self.levee.levee_policy_engine_api().$function(&mut $self.store $(, $arg)*).map_err(msg)
@@ -714,7 +782,7 @@ mod wasm {
                 Ctx { limits: StoreLimitsBuilder::new().memory_size(limits.memory_bytes).instances(16).tables(16).memories(4).build() };
             let mut store = Store::new(&c.engine, ctx);
             store.limiter(|ctx| &mut ctx.limits);
-            store.set_epoch_deadline(limits.load_ticks);
+            store.set_epoch_deadline(limits.work_ticks(doc.len()));
             let levee = c.pre.instantiate(&mut store).map_err(|e| fail(format!("instantiating the policy component: {e:#}")))?;
             let loaded = levee
                 .levee_policy_engine_api()
@@ -848,16 +916,17 @@ mod wasm {
             call!(self, call_ticks, call_set_breaker_state(policy, key, state_in(s), now))
         }
 
-        pub(crate) fn export_state(&mut self) -> Result<Vec<u8>, String> {
-            call!(self, load_ticks, call_export_state())
+        /// `state` is the size of the state held (see `Limits::bytes_per_tick`).
+        pub(crate) fn export_state(&mut self, state: usize) -> Result<Vec<u8>, String> {
+            call!(self, work(state), call_export_state())
         }
 
-        pub(crate) fn import_state(&mut self, bytes: &[u8]) -> Result<Result<(), LoadError>, String> {
-            Ok(call!(self, load_ticks, call_import_state(bytes))?.map_err(load_error))
+        pub(crate) fn import_state(&mut self, bytes: &[u8], state: usize) -> Result<Result<(), LoadError>, String> {
+            Ok(call!(self, work(bytes.len().saturating_add(state)), call_import_state(bytes))?.map_err(load_error))
         }
 
-        pub(crate) fn reload(&mut self, doc: &str) -> Result<Result<(), Vec<LoadError>>, String> {
-            Ok(call!(self, load_ticks, call_reload(doc))?.map_err(|v| v.into_iter().map(load_error).collect()))
+        pub(crate) fn reload(&mut self, doc: &str, state: usize) -> Result<Result<(), Vec<LoadError>>, String> {
+            Ok(call!(self, work(doc.len().saturating_add(state)), call_reload(doc))?.map_err(|v| v.into_iter().map(load_error).collect()))
         }
 
         pub(crate) fn call_info(&mut self, call: u64) -> Result<Option<CallInfo>, String> {

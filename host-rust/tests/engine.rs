@@ -300,3 +300,93 @@ fn the_handle_and_its_futures_are_send_and_sync() {
     let raw = RawEngine::load(DOC, 1).expect("loads");
     send(&raw);
 }
+
+// ---------------------------------------------------------------- issue 14: bounds and trips
+
+const BREAKER_BODY: &str =
+    "    attempts: 1\n    breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 60s }\n";
+
+fn many_policies(n: usize) -> String {
+    let mut doc = String::from("policies:\n");
+    for i in 0..n {
+        doc.push_str(&format!("  p{i}:\n{BREAKER_BODY}"));
+    }
+    doc
+}
+
+/// The bounds on guest work fit the largest valid work: a 4,096-policy load (the most a
+/// document may hold), a 4,000-policy reload, the export and import of 10,000 keys.
+#[test]
+fn the_bounds_fit_the_largest_valid_work() {
+    let mut e = RawEngine::load_with(Backend::Wasm, &many_policies(4096), 1, Limits::default()).expect("4,096 policies load");
+    e.try_reload(&many_policies(4000)).expect("no trap").expect("4,000 policies reload");
+    let doc = format!("policies:\n  p:\n{BREAKER_BODY}    keys: {{ max: 1000000 }}\n");
+    e.try_reload(&doc).expect("no trap").expect("reloads");
+    for i in 0..10_000u64 {
+        let v = e.try_start(i + 1, 0, &format!("host-{i}"), 0, 1_000 + i, 0, 0, 0).expect("no trap");
+        assert_eq!(v.kind(), Some(VerdictKind::Attempt));
+        e.try_report(i + 1, 1_100 + i, 10, OutcomeKind::Success, 0, "", 0, 0).expect("no trap");
+    }
+    let state = e.try_export_state().expect("the export of 10,000 keys fits its bound");
+    assert!(state.len() > 1 << 20, "{} bytes", state.len());
+    e.try_import_state(&state).expect("no trap").expect("the state of 10,000 keys imports");
+    assert_eq!(e.traps(), 0);
+}
+
+/// A trap never brings a tripped breaker back closed: the handle drains the transition under
+/// its lock and the engine snapshots on it, with no periodic snapshot and no explicit export.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_never_forgets_a_trip() {
+    let limits = Limits { checkpoint_interval: 0, ..Limits::default() };
+    let doc = format!("policies:\n  b:\n{BREAKER_BODY}");
+    let l = Levee::builder().backend(Backend::Wasm).seed(1).limits(limits).load(&doc).expect("loads");
+    for key in ["", "db-1"] {
+        for _ in 0..2 {
+            let r = l
+                .call::<(), std::io::Error>("b")
+                .key(key)
+                .run(|_| async { Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) })
+                .await;
+            assert!(r.is_err());
+        }
+        assert_eq!(l.breaker_state("b", key), Some(BreakerState::Open));
+    }
+    l.set_breaker_state("b", "db-2", BreakerState::ForcedOpen).expect("forced open");
+    l.with_raw(|r| r.set_limits(starved()));
+    let r = l.call::<u32, std::io::Error>("b").run(|_| async { Ok(7) }).await;
+    l.with_raw(|r| r.set_limits(limits));
+    assert_eq!(r.expect("the faulted call runs once"), 7);
+    assert!(l.traps() >= 1);
+    for key in ["", "db-1", "db-2"] {
+        let runs = AtomicU32::new(0);
+        let r = l
+            .call::<u32, std::io::Error>("b")
+            .key(key)
+            .run(|_| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok(1) }
+            })
+            .await;
+        let err = r.expect_err("the breaker is still open");
+        assert_eq!(err.reason, Reason::BreakerOpen, "key {key:?}: {err:?}");
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+    }
+}
+
+/// A fallback the policy names but nobody registered fails, and the error says so (the
+/// attempt's error stands).
+#[tokio::test]
+async fn an_unregistered_fallback_is_named_in_the_error() {
+    let doc = "policies:\n  up:\n    attempts: 1\n    fallbacks: [cached, stale]\n";
+    let l = Levee::builder().backend(Backend::Wasm).seed(1).load(doc).expect("loads");
+    let err = l
+        .call::<u32, std::io::Error>("up")
+        .run(|_| async { Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) })
+        .await
+        .expect_err("no fallback ran");
+    assert_eq!(err.reason, Reason::FallbacksFailed);
+    assert_eq!(err.unregistered, ["cached", "stale"]);
+    assert!(err.last.is_some());
+    let msg = err.to_string();
+    assert!(msg.contains("fallbacks 'cached', 'stale' are named by the policy but not registered"), "{msg}");
+}

@@ -265,3 +265,60 @@ async fn the_tower_layer_retries_an_http_service() {
     assert_eq!(resp.status(), 503);
     assert_eq!(seen.load(Ordering::SeqCst), 1);
 }
+
+// ---------------------------------------------------------------- what an attempt covers (docs/http.md)
+
+const BODY_DOC: &str = r#"
+policies:
+  deadline:
+    attempts: 3
+    deadline: 2s
+    backoff: { kind: constant, base: 10ms, jitter: none }
+  retry:
+    attempts: 3
+    backoff: { kind: constant, base: 10ms, jitter: none }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_covers_the_body() {
+    // 50 bytes, one every 200 ms: 10 s of body under a 2 s deadline.
+    let server = Server::start(|_, _| Resp::status(200).body(&"x".repeat(50)).trickle(Duration::from_millis(200))).await;
+    let l = levee::Levee::builder().seed(1).load(BODY_DOC).expect("loads");
+    let c = Client::new(reqwest::Client::new(), l, "deadline");
+    let t0 = Instant::now();
+    let r = c.send(c.get(server.url("/trickle"))).await;
+    assert!(r.is_err(), "a late response: {:?}", r.map(|r| r.status()));
+    assert!(t0.elapsed() < Duration::from_secs(3), "failed after {:?} under a 2 s deadline", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_mid_body_is_a_connection_error_retried() {
+    let server =
+        Server::start(|_, n| if n == 1 { Resp::status(200).body(&"y".repeat(1000)).cut() } else { Resp::status(200).body("whole") }).await;
+    let l = levee::Levee::builder().seed(1).load(BODY_DOC).expect("loads");
+    let c = Client::new(reqwest::Client::new(), l, "retry");
+    let resp = c.send(c.get(server.url("/cut"))).await.expect("retried to the whole body");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.url().path(), "/cut");
+    assert_eq!(resp.text().await.expect("in memory"), "whole");
+    assert_eq!(server.hits("/cut"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_middleware_reads_the_body_inside_the_attempt() {
+    let server = Server::start(|path, n| match path {
+        "/cut" if n == 1 => Resp::status(200).body(&"y".repeat(1000)).cut(),
+        "/cut" => Resp::status(200).body("whole"),
+        _ => Resp::status(200).body(&"x".repeat(50)).trickle(Duration::from_millis(200)),
+    })
+    .await;
+    let l = levee::Levee::builder().seed(1).load(BODY_DOC).expect("loads");
+    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "retry")).build();
+    let resp = c.get(server.url("/cut")).send().await.expect("retried to the whole body");
+    assert_eq!(resp.text().await.expect("in memory"), "whole");
+    assert_eq!(server.hits("/cut"), 2);
+    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l, "deadline")).build();
+    let t0 = Instant::now();
+    assert!(c.get(server.url("/trickle")).send().await.is_err());
+    assert!(t0.elapsed() < Duration::from_secs(3), "failed after {:?} under a 2 s deadline", t0.elapsed());
+}

@@ -13,6 +13,11 @@ use crate::policy::LoadError;
 
 /// Largest document accepted (bytes).
 pub const MAX_DOCUMENT_BYTES: usize = 1 << 20;
+/// Largest exported state accepted by `import-state` (bytes): the state of about 60,000 keys
+/// with a small breaker window. It is far above [`MAX_DOCUMENT_BYTES`] because the state of
+/// more than about 4,000 keys is larger than any policy document, and a host restores it after
+/// a trap.
+pub const MAX_STATE_BYTES: usize = 16 << 20;
 /// Deepest nesting accepted.
 pub const MAX_DEPTH: usize = 64;
 
@@ -204,8 +209,13 @@ fn write_string(s: &str, out: &mut String) {
 
 /// Parse a YAML or JSON document.
 pub fn parse(text: &str) -> Result<Value, LoadError> {
-    if text.len() > MAX_DOCUMENT_BYTES {
-        return Err(LoadError::new("", format!("the document is {} bytes; the limit is {MAX_DOCUMENT_BYTES}", text.len())));
+    parse_limited(text, MAX_DOCUMENT_BYTES)
+}
+
+/// Parse a document of at most `limit` bytes (exported state has its own bound).
+pub fn parse_limited(text: &str, limit: usize) -> Result<Value, LoadError> {
+    if text.len() > limit {
+        return Err(LoadError::new("", format!("the document is {} bytes; the limit is {limit}", text.len())));
     }
     let mut p = Parser { chars: text.chars().collect(), pos: 0, line: 1, col: 1 };
     p.skip_document_start()?;

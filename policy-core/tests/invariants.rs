@@ -310,3 +310,22 @@ proptest! {
         }
     }
 }
+
+/// The state of 10,000 keys (about 2.5 MB, above the 1 MiB bound of a policy document) is
+/// restored by `import-state`: hosts restore it after a trap (issue 14).
+#[test]
+fn the_state_of_ten_thousand_keys_is_imported_again() {
+    let doc = "policies:\n  p:\n    attempts: 1\n    breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 60s }\n    keys: { max: 1000000 }\n";
+    let Ok(mut a) = Engine::load(doc, 1) else { panic!("the document loads") };
+    for i in 0..10_000u64 {
+        let key = format!("host-{i}");
+        let v = a.start(i + 1, 0, &key, 0, 1_000, 0, 0, 0);
+        assert_eq!(v.kind(), Some(VerdictKind::Attempt));
+        a.report(i + 1, 2_000, 10, OutcomeKind::ConnectionError, 0, "", 0, 0);
+    }
+    let state = a.export_state();
+    assert!(state.len() > 1 << 20, "{} bytes", state.len());
+    let Ok(mut b) = Engine::load(doc, 2) else { panic!("the document loads") };
+    assert_eq!(b.import_state(&state), Ok(()));
+    assert_eq!(b.breaker_state(0, "host-9999", 3_000), a.breaker_state(0, "host-9999", 3_000));
+}

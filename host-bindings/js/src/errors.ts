@@ -33,6 +33,69 @@ export interface LeveeErrorDetails {
   retryAfterMs?: number;
   /** Extra words (for `invalid`). */
   detail?: string;
+  /** Fallbacks the policy's chain named that no function was registered for (they count as failed). */
+  unregistered?: readonly string[];
+}
+
+/** The words every host uses for fallbacks named by a policy but never registered. */
+export function unregisteredMessage(names: readonly string[]): string {
+  const listed = names.map((n) => `'${n}'`).join(', ');
+  return names.length === 1
+    ? `fallback ${listed} is named by the policy but not registered`
+    : `fallbacks ${listed} are named by the policy but not registered`;
+}
+
+/** The words every host uses for an unknown policy name: the known names (the first 20) and the closest. */
+export function unknownPolicyMessage(name: string, known: readonly string[]): string {
+  let msg = `no policy named '${name}'`;
+  const close = closest(name, known);
+  if (close !== undefined) msg += ` (did you mean '${close}'?)`;
+  if (known.length === 0) return `${msg}; the document has no policies`;
+  const shown = known
+    .slice(0, 20)
+    .map((k) => `'${k}'`)
+    .join(', ');
+  return `${msg}; the document's policies: ${shown}${known.length > 20 ? ` and ${known.length - 20} more` : ''}`;
+}
+
+function closest(name: string, known: readonly string[]): string | undefined {
+  // The nearest by edit distance, within a third of the name's length (at least 2).
+  let best: string | undefined;
+  let bestD = Math.max(2, Math.floor(name.length / 3)) + 1;
+  for (const k of known) {
+    const d = editDistance(name, k);
+    if (d < bestD) {
+      best = k;
+      bestD = d;
+    }
+  }
+  return best;
+}
+
+function editDistance(a: string, b: string): number {
+  if (Math.abs(a.length - b.length) > 8) return Number.MAX_SAFE_INTEGER;
+  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const cur = [i];
+    for (let j = 1; j <= b.length; j++) {
+      cur[j] = Math.min(prev[j]! + 1, cur[j - 1]! + 1, prev[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
+    }
+    prev = cur;
+  }
+  return prev[b.length]!;
+}
+
+/** A policy name the document does not have: thrown when the name is given (`policy`, `run`, `leveeFetch`). */
+export class UnknownPolicyError extends RangeError {
+  override readonly name = 'UnknownPolicyError';
+  readonly policy: string;
+  readonly known: readonly string[];
+
+  constructor(policy: string, known: readonly string[]) {
+    super(`levee: ${unknownPolicyMessage(policy, known)}`);
+    this.policy = policy;
+    this.known = known;
+  }
 }
 
 /** A call that Levee gave up on (or refused), with the reason and the last error. */
@@ -44,9 +107,14 @@ export class LeveeError extends Error {
   readonly lastError: unknown;
   readonly lastResult: unknown;
   readonly retryAfterMs: number | undefined;
+  /** Fallbacks the policy's chain named that no function was registered for. */
+  readonly unregistered: readonly string[];
 
   constructor(reason: FailureReason, details: LeveeErrorDetails) {
-    const tail = details.detail ? `: ${details.detail}` : '';
+    const unregistered = details.unregistered ?? [];
+    const words = [details.detail, unregistered.length > 0 ? unregisteredMessage(unregistered) : undefined];
+    const said = words.filter((w) => w !== undefined && w !== '').join('; ');
+    const tail = said ? `: ${said}` : '';
     super(
       `levee: policy "${details.policy}" gave up (${reason}) after ${details.attempts} attempt${details.attempts === 1 ? '' : 's'}${tail}`,
       details.lastError !== undefined ? { cause: details.lastError } : undefined,
@@ -57,6 +125,7 @@ export class LeveeError extends Error {
     this.lastError = details.lastError;
     this.lastResult = details.lastResult;
     this.retryAfterMs = details.retryAfterMs;
+    this.unregistered = unregistered;
   }
 }
 

@@ -48,6 +48,7 @@ export {
   HttpStatusError,
   LeveeError,
   PolicyLoadError,
+  UnknownPolicyError,
   errorClassName,
   outcomeOfError,
 } from './errors.js';

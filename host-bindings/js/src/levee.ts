@@ -13,7 +13,7 @@ import type {
   LoadError,
   OutcomeKind,
 } from '../wasm/interfaces/levee-policy-types.js';
-import { LeveeError, PolicyLoadError, outcomeOfError } from './errors.js';
+import { LeveeError, PolicyLoadError, UnknownPolicyError, outcomeOfError } from './errors.js';
 import type { FailureReason, Outcome } from './errors.js';
 import { Emitter, Metrics } from './events.js';
 import type { EngineFaultEvent, LeveeEvent, LeveeEventName, Listener, MeterLike } from './events.js';
@@ -102,13 +102,19 @@ export interface LoadOptions {
   fallbacks?: Record<string, FallbackFn>;
   /** An OpenTelemetry meter; default: `@opentelemetry/api`'s global meter when the package is present. */
   meter?: MeterLike | null;
-  /** How often (at most) the state is exported for trap recovery, in ms. Default 1000. */
+  /**
+   * How often (at most) the state is exported for trap recovery, in ms. Default 1000. Whatever
+   * the interval, the state is also exported whenever a breaker changes state, and after
+   * `setBreakerState`, `reload` and `importState`, so a trap never forgets a trip.
+   */
   checkpointIntervalMs?: number;
   /** jco's core instantiation hook (instrumentation, fault injection). */
   instantiateCore?: InstantiateCore;
   /**
-   * Bound on the component's memory, in bytes (default 256 MiB). Checked at each checkpoint; a
-   * component above it is treated as faulty: re-instantiated with the last exported state.
+   * Bound on the component's memory, in bytes (default 512 MiB, as in every host: see
+   * docs/architecture.md, "Bounds on the guest"). Checked at each checkpoint; a component above
+   * it is treated as faulty: re-instantiated with the last exported state. (A JavaScript engine
+   * cannot interrupt a synchronous Wasm call, so this host bounds no guest call in time.)
    */
   maxMemoryBytes?: number;
   /** Called after every step of every call with the core's verdict (debugging, demos). */
@@ -193,6 +199,9 @@ const CORE_START = 'levee:policy/engine-api@0.1.0#[method]engine.start';
 const CORE_REALLOC = 'cabi_realloc';
 const RESOURCE_IMPORTS = '[export]levee:policy/engine-api@0.1.0';
 const RESOURCE_NEW = '[resource-new]engine';
+
+/** The bound on the component's linear memory (512 MiB): the rule of every host. */
+export const DEFAULT_MAX_MEMORY_BYTES = 512 * 1024 * 1024;
 
 const NO_SIGNAL: AbortSignal = new AbortController().signal;
 const MAX_TIMER_MS = 2147483647;
@@ -299,6 +308,21 @@ function isThenable<T>(value: T | PromiseLike<T>): value is PromiseLike<T> {
   return typeof (value as { then?: unknown } | null)?.then === 'function';
 }
 
+/**
+ * When a refused document is one line with no `:` and no `{` (no policy document is), it is most
+ * likely a file name given as text: say so (`load` takes the text, `loadFile` reads a file).
+ */
+function pathHint(document: string): LoadError[] {
+  const text = document.trim();
+  if (text === '' || text.includes('\n') || text.includes(':') || text.includes('{') || text.length > 4096) return [];
+  return [
+    {
+      path: '',
+      message: `the document is the text '${text}', which looks like a file name: load() takes the document's text, loadFile(path) reads a file`,
+    },
+  ];
+}
+
 function loadErrors(err: unknown): LoadError[] | undefined {
   const payload = (err as { payload?: unknown } | null)?.payload;
   if (Array.isArray(payload)) return payload as LoadError[];
@@ -367,7 +391,7 @@ export class Levee {
     this.#trace = options.trace;
     this.#seed = options.seed !== undefined ? BigInt.asUintN(64, BigInt(options.seed)) : platform.randomSeed();
     this.#checkpointNs = BigInt(Math.round((options.checkpointIntervalMs ?? 1000) * 1e6));
-    this.#maxMemoryBytes = options.maxMemoryBytes ?? 256 * 1024 * 1024;
+    this.#maxMemoryBytes = options.maxMemoryBytes ?? DEFAULT_MAX_MEMORY_BYTES;
     this.#instantiateFresh();
     this.#readPolicies();
     for (const [name, fn] of Object.entries(options.fallbacks ?? {})) this.#fallbacks.set(name, fn);
@@ -413,7 +437,7 @@ export class Levee {
       engine = exports.engineApi.Engine.load(this.#document, this.#seed);
     } catch (err) {
       const errors = loadErrors(err);
-      if (errors) throw new PolicyLoadError(errors);
+      if (errors) throw new PolicyLoadError([...errors, ...pathHint(this.#document)]);
       throw err;
     }
     this.#memories = memories;
@@ -474,8 +498,15 @@ export class Levee {
   /** A policy by name (throws on an unknown name). */
   policy(name: string): PolicyEntry {
     const entry = this.#byName.get(name);
-    if (entry === undefined) throw new RangeError(`levee: no policy named "${name}"`);
+    if (entry === undefined) throw this.#unknown(name);
     return entry;
+  }
+
+  #unknown(name: string): UnknownPolicyError {
+    return new UnknownPolicyError(
+      name,
+      this.#policies.map((p) => p.name),
+    );
   }
 
   /** The policy with every default filled in, as the core renders it (JSON). */
@@ -521,6 +552,8 @@ export class Levee {
   setBreakerState(policy: string, state: BreakerState, key = ''): void {
     const index = this.policy(policy).index;
     this.#use('set-breaker-state', (e) => e.setBreakerState(index, key, state, this.#platform.now()));
+    // A breaker changed state: a trap from here on must restore it as it now is.
+    this.#checkpoint(this.#platform.now());
   }
 
   /** What the engine knows of a live call (debugging). */
@@ -731,7 +764,7 @@ export class Levee {
     options?: RunOptions<T>,
   ): Promise<T> {
     const p = typeof policy === 'string' ? this.#byName.get(policy) : policy;
-    if (p === undefined) return Promise.reject(new RangeError(`levee: no policy named "${String(policy)}"`));
+    if (p === undefined) return Promise.reject(this.#unknown(String(policy)));
     const signal = options?.signal;
     if (signal?.aborted) {
       return Promise.reject(new LeveeError('cancelled', { policy: p.name, attempts: 0, lastError: signal.reason }));
@@ -932,6 +965,7 @@ export class Levee {
     const deadline = p.deadlineNs > 0 ? now + p.deadlineBig : 0n;
     let lastResult: unknown = undefined;
     let value: T | undefined = undefined;
+    const unregistered: string[] = [];
     for (;;) {
       // Decode the verdict (see verdict.ts; exact below 2^53, else BigInt).
       const n = Number(v);
@@ -1041,7 +1075,9 @@ export class Levee {
         const fb = name === undefined ? undefined : (options?.fallbacks?.[name] ?? this.#fallbacks.get(name));
         let ok = false;
         if (fb === undefined) {
-          lastError = new Error(`levee: no fallback registered under the name "${String(name)}"`);
+          // Counted as failed; the error that ends the call names it (the attempt's error stands).
+          const missing = name ?? `#${payload}`;
+          if (!unregistered.includes(missing)) unregistered.push(missing);
         } else {
           try {
             const r = fb({ name: name ?? '', policy: p.name, reason, lastError, lastResult, signal });
@@ -1086,6 +1122,7 @@ export class Levee {
           lastError,
           lastResult,
           retryAfterMs: payload > 0 ? payload / 1e6 : undefined,
+          unregistered,
         });
       }
 

@@ -39,7 +39,14 @@ export type {
   RunOptions,
   TraceStep,
 } from './levee.js';
-export { GrpcStatusError, HttpStatusError, LeveeError, PolicyLoadError, outcomeOfError } from './errors.js';
+export {
+  GrpcStatusError,
+  HttpStatusError,
+  LeveeError,
+  PolicyLoadError,
+  UnknownPolicyError,
+  outcomeOfError,
+} from './errors.js';
 export type { FailureReason, Outcome } from './errors.js';
 export type { EngineFaultEvent, LeveeEvent, LeveeEventMap, LeveeEventName, MeterLike } from './events.js';
 export type { BreakerState, Event, EventKind, LoadError, Reason } from './types.js';

@@ -12,7 +12,9 @@ export async function scriptedServer() {
   const server = createServer((req, res) => {
     const entry = { path: req.url, method: req.method, at: performance.now(), aborted: false, headers: req.headers };
     log.push(entry);
-    req.resume();
+    entry.received = '';
+    req.setEncoding('utf8');
+    req.on('data', (chunk) => (entry.received += chunk));
     const queue = routes.get(req.url);
     const step = queue === undefined ? undefined : queue.length > 1 ? queue.shift() : queue[0];
     if (step === undefined) {
@@ -21,8 +23,30 @@ export async function scriptedServer() {
     }
     const answer = () => {
       if (res.destroyed) return;
+      const body = step.body ?? `status ${step.status}`;
+      if (step.cut) {
+        // Headers and half the body, then the connection closes.
+        res.writeHead(step.status, { ...(step.headers ?? {}), 'content-length': String(body.length) });
+        res.write(body.slice(0, body.length >> 1), () => setTimeout(() => res.socket?.destroy(), 10));
+        return;
+      }
+      if (step.trickle) {
+        // One byte every `trickle` ms.
+        res.writeHead(step.status, { ...(step.headers ?? {}), 'content-length': String(body.length) });
+        let i = 0;
+        const timer = setInterval(() => {
+          if (res.destroyed || i >= body.length) {
+            clearInterval(timer);
+            if (!res.destroyed) res.end();
+            return;
+          }
+          res.write(body[i++]);
+        }, step.trickle);
+        res.on('close', () => clearInterval(timer));
+        return;
+      }
       res.writeHead(step.status, step.headers ?? {});
-      res.end(step.body ?? `status ${step.status}`);
+      res.end(body);
     };
     if (step.delay) {
       const timer = setTimeout(answer, step.delay);

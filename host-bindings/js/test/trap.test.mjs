@@ -183,3 +183,51 @@ test('a component whose memory outgrows the bound is replaced, its state restore
   assert.equal(await levee.run('plain', () => 2), 2);
   assert.equal(faults.length, 1, 'the new instance is within the bound');
 });
+
+test('a trap never forgets a trip: keyed and forced breakers stay open with no periodic checkpoint', async () => {
+  const { plan, hook } = injector();
+  // No periodic checkpoint in this test: only the exports on breaker changes can keep the trips.
+  const levee = loadSync(DOC, { seed: 3n, instantiateCore: hook, checkpointIntervalMs: 3_600_000 });
+  for (let i = 0; i < 2; i++) {
+    await assert.rejects(levee.run('tripwire', () => Promise.reject(new Error('down')), { key: 'db-1' }));
+  }
+  assert.equal(levee.breakerState('tripwire', 'db-1'), 'open');
+  levee.setBreakerState('tripwire', 'forced-open', 'db-2');
+  plan.needle = 'engine.start';
+  plan.times = 1;
+  assert.equal(await levee.run('plain', () => 'during the fault'), 'during the fault');
+  for (const key of ['db-1', 'db-2']) {
+    let ran = 0;
+    await assert.rejects(
+      levee.run(
+        'tripwire',
+        () => {
+          ran++;
+          return 1;
+        },
+        { key },
+      ),
+      (err) => err instanceof LeveeError && err.reason === 'breaker-open',
+      `the breaker of ${key} came back closed`,
+    );
+    assert.equal(ran, 0);
+  }
+});
+
+test('the bounds fit the largest valid work: 4,096 policies, a 4,000-policy reload, 10,000 keys', async () => {
+  const body =
+    '    attempts: 1\n    breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 60s }\n';
+  const many = (n) => 'policies:\n' + Array.from({ length: n }, (_, i) => `  p${i}:\n${body}`).join('');
+  const levee = loadSync(many(4096), { seed: 1n });
+  const faults = [];
+  levee.on('engine-fault', (e) => faults.push(e));
+  assert.equal(levee.policies.length, 4096);
+  levee.reload(many(4000));
+  assert.equal(levee.policies.length, 4000);
+  levee.reload(`policies:\n  p:\n${body}    keys: { max: 1000000 }\n`);
+  for (let i = 0; i < 10_000; i++) await levee.run('p', () => 1, { key: `host-${i}` });
+  const state = levee.exportState();
+  assert.ok(state.length > 1 << 20, `${state.length} bytes`);
+  levee.importState(state);
+  assert.equal(faults.length, 0);
+});

@@ -17,6 +17,10 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     body: bytes = b"ok"
+    #: seconds between the body's bytes (a trickling server)
+    trickle: float = 0.0
+    #: close the connection after half the body
+    cut: bool = False
 
 
 @dataclass
@@ -52,6 +56,12 @@ class Server:
                 length = int(self.headers.get("content-length") or 0)
                 if length:
                     self.rfile.read(length)
+                elif self.headers.get("transfer-encoding", "").lower() == "chunked":
+                    while True:  # read the chunked body to its end
+                        size = int(self.rfile.readline().strip() or b"0", 16)
+                        self.rfile.read(size + 2)
+                        if size == 0:
+                            break
                 if reply.delay:
                     time.sleep(reply.delay)
                 try:
@@ -60,8 +70,19 @@ class Server:
                         self.send_header(k, v)
                     self.send_header("content-length", str(len(reply.body)))
                     self.end_headers()
-                    self.wfile.write(reply.body)
-                except (BrokenPipeError, ConnectionResetError):
+                    if reply.cut:
+                        self.wfile.write(reply.body[: len(reply.body) // 2])
+                        self.wfile.flush()
+                        self.close_connection = True
+                        self.connection.shutdown(2)
+                    elif reply.trickle:
+                        for i in range(len(reply.body)):
+                            self.wfile.write(reply.body[i : i + 1])
+                            self.wfile.flush()
+                            time.sleep(reply.trickle)
+                    else:
+                        self.wfile.write(reply.body)
+                except (BrokenPipeError, ConnectionResetError, OSError):
                     pass
 
             do_GET = _handle

@@ -78,7 +78,7 @@ class Flaky:
 def test_load_from_string_path_and_file(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text(DOC)
-    for e in (levee.load(DOC), levee.load(f), levee.load(str(f)), levee.Engine.from_file(f)):
+    for e in (levee.loads(DOC), levee.load(f), levee.load(str(f)), levee.Engine.from_file(f)):
         assert e.policies == ["fast", "one", "timed", "fallback", "breaker", "jitter"]
         assert e.policy_info("timed").attempt_timeout == 50_000_000
         assert e.policy_info("fallback").fallbacks == ("cached", "stale")
@@ -86,7 +86,7 @@ def test_load_from_string_path_and_file(tmp_path: Path) -> None:
 
 def test_invalid_document_names_the_field() -> None:
     with pytest.raises(levee.PolicyError) as info:
-        levee.load("policies:\n  p:\n    attempts: 0\n")
+        levee.loads("policies:\n  p:\n    attempts: 0\n")
     assert any(e.path == "policies.p.attempts" for e in info.value.errors), info.value.errors
     assert "policies.p.attempts" in str(info.value)
     assert isinstance(info.value, ValueError)
@@ -652,3 +652,153 @@ def test_an_invalid_verdict_lets_the_call_proceed_unguarded(engine: levee.Engine
     st2 = _Call(engine, slot, 999_998, engine._generation, time.monotonic_ns(), None, (), {})
     with pytest.raises(ConnectionError):  # no retries: the attempt's own error stands
         _drive_sync(st2, invalid_unknown_call, Flaky(ConnectionError(), value=1), (), {})
+
+
+# ---------------------------------------------------------------------------- bounds that fit valid work (issue 14)
+
+BREAKER_BODY = (
+    "    attempts: 1\n"
+    "    breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 60s }\n"
+)
+
+
+def _many_policies(n: int) -> str:
+    return "policies:\n" + "".join(f"  p{i}:\n{BREAKER_BODY}" for i in range(n))
+
+
+def _trip(engine: levee.Engine, name: str, key: str = "") -> None:
+    pol = engine.policy(name, key=key)
+    for _ in range(10):
+        if engine.breaker_state(name, key) is BreakerState.OPEN:
+            return
+        with pytest.raises(levee.RetriesExhausted):
+            pol.call(Flaky(ConnectionError()))
+    assert engine.breaker_state(name, key) is BreakerState.OPEN
+
+
+def test_the_largest_documents_load_and_reload_within_the_bound() -> None:
+    # 4,096 policies (the most a document may hold): 3,104 and up ran out of fuel before.
+    engine = levee.Engine(_many_policies(4096), seed=1, snapshot_interval=0)
+    assert len(engine.policies) == 4096
+    engine.reload(_many_policies(4000))
+    assert len(engine.policies) == 4000
+    assert engine.faults == 0
+
+
+def test_export_state_with_ten_thousand_keys_fits_the_bound() -> None:
+    engine = levee.Engine(
+        "policies:\n  p:\n" + BREAKER_BODY + "    keys: { max: 1000000 }\n", seed=1, snapshot_interval=0
+    )
+    pol_by_key = [engine.policy("p", key=f"host-{i}") for i in range(10_000)]
+    for p in pol_by_key:
+        p.call(lambda: None)
+    state = engine.export_state()
+    assert len(state) > 1_000_000
+    assert engine.faults == 0
+    other = levee.Engine("policies:\n  p:\n" + BREAKER_BODY + "    keys: { max: 1000000 }\n", seed=2)
+    other.import_state(state)
+    assert other.faults == 0
+
+
+# ---------------------------------------------------------------------------- a trap never resets a breaker
+
+
+def test_a_trap_never_reopens_a_tripped_breaker(engine: levee.Engine) -> None:
+    # The periodic snapshot is off: only the snapshot taken on the transition can keep the trip.
+    engine._snapshot_every = 0
+    engine._snapshot_due = 1 << 63
+    _trip(engine, "breaker")
+    engine._core.store.set_fuel(0)  # the next crossing traps
+    engine._core._hot_left = 10**9
+    f = Flaky(value="unguarded")
+    assert engine.policy("breaker").call(f) == "unguarded"  # the faulted call runs once
+    assert engine.faults == 1
+    assert engine.breaker_state("breaker") is BreakerState.OPEN
+    g = Flaky(value="x")
+    with pytest.raises(levee.BreakerOpen):
+        engine.policy("breaker").call(g)
+    assert g.calls == 0
+
+
+def test_a_trap_never_reopens_a_keyed_breaker_or_a_forced_one(engine: levee.Engine) -> None:
+    engine._snapshot_every = 0
+    engine._snapshot_due = 1 << 63
+    _trip(engine, "breaker", key="db-1")
+    engine.set_breaker_state("breaker", BreakerState.FORCED_OPEN, key="db-2")
+    engine._core.store.set_fuel(0)
+    engine._core._hot_left = 10**9
+    assert engine.policy("fast").call(lambda: 1) == 1  # its `start` traps: one unguarded attempt
+    assert engine.faults == 1
+    assert engine.breaker_state("breaker", "db-1") is BreakerState.OPEN
+    assert engine.breaker_state("breaker", "db-2") is BreakerState.FORCED_OPEN
+
+
+# ---------------------------------------------------------------------------- mistakes a newcomer makes (issue 14)
+
+
+def test_a_mistyped_path_is_never_read_as_the_document(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "policy.yaml").write_text(DOC)
+    with pytest.raises(FileNotFoundError) as nf:
+        levee.load("polcy.yaml")
+    assert "polcy.yaml" in str(nf.value)
+    with pytest.raises(FileNotFoundError) as doc_given:
+        levee.load("policies:\n  p:\n    attempts: 2\n")
+    assert "levee.loads" in str(doc_given.value)
+    with pytest.raises(levee.PolicyError) as as_text:
+        levee.loads("polcy.yaml")
+    assert "looks like a file name, and no such file exists" in str(as_text.value)
+    with pytest.raises(levee.PolicyError) as existing:
+        levee.loads("policy.yaml")
+    assert "levee.load(path)" in str(existing.value)
+    assert levee.load("policy.yaml").policies == levee.loads(DOC).policies
+
+
+def test_an_unknown_policy_fails_when_named_listing_the_known_ones(engine: levee.Engine) -> None:
+    with pytest.raises(levee.UnknownPolicy) as info:
+        engine.policy("fsat")
+    msg = str(info.value)
+    assert "no policy named 'fsat' (did you mean 'fast'?)" in msg
+    assert "'breaker'" in msg and "'jitter'" in msg
+    assert info.value.known == tuple(engine.policies)
+    from levee.http import LeveeTransport
+
+    with pytest.raises(levee.UnknownPolicy):
+        LeveeTransport(engine, "upstrem")
+
+
+def test_an_unregistered_fallback_is_named_in_the_error(engine: levee.Engine) -> None:
+    with pytest.raises(levee.FallbacksFailed) as info:
+        engine.policy("fallback").call(Flaky(ConnectionError(), ConnectionError()))
+    assert info.value.unregistered == ("cached", "stale")
+    assert "fallbacks 'cached', 'stale' are named by the policy but not registered" in str(info.value)
+    engine.register_fallback("cached", lambda ctx: "from cache")
+    assert engine.policy("fallback").call(Flaky(ConnectionError(), ConnectionError())) == "from cache"
+
+
+def test_a_fault_in_analyze_never_reopens_a_tripped_breaker() -> None:
+    # The scenario of the report: `analyze` of a policy with 10^8 attempts faulted (out of
+    # fuel) and the recovery brought the open breaker back closed.
+    doc = "policies:\n  b:\n" + BREAKER_BODY + "  huge:\n    attempts: 100000000\n"
+    engine = levee.loads(doc, seed=1, snapshot_interval=0)
+    _trip(engine, "b")
+    try:
+        engine.analyze("huge", 3)
+    except levee.LeveeError:
+        pass  # a fault here is recovered; the breaker must survive it
+    assert engine.breaker_state("b") is BreakerState.OPEN
+
+
+def test_a_state_too_large_for_wasmtime_py_stops_snapshots_instead_of_faulting_each_time() -> None:
+    engine = levee.loads(
+        "policies:\n  p:\n" + BREAKER_BODY + "    keys: { max: 1000000 }\n", seed=1, snapshot_interval=0
+    )
+    for i in range(16_000):  # about 4 MB of state: above what wasmtime-py lifts in one call
+        engine.policy("p", key=f"host-{i}").call(lambda: None)
+    engine._snapshot_every = 1
+    engine._snapshot_due = 0
+    for _ in range(3):
+        engine.policy("p").call(lambda: None)
+        engine._snapshot_due = 0
+    assert engine._snapshots_stopped
+    assert engine.faults == 1  # the first export faulted; none after

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email.utils
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -227,3 +228,79 @@ def test_transport_fallback_of_the_wrong_type_counts_as_failed(engine: levee.Eng
         assert client.get(server.url("/wrong")).status_code == 503
     kinds = [e.kind for e in events]
     assert EventKind.FALLBACK_CHOSEN in kinds and EventKind.GAVE_UP in kinds
+
+
+# ------------------------------------------------------------------ what an attempt covers (docs/http.md, issue 14)
+
+BODY_DOC = """
+policies:
+  deadline:
+    attempts: 3
+    deadline: 2s
+    backoff: { kind: constant, base: 10ms, jitter: none }
+  retry:
+    attempts: 3
+    backoff: { kind: constant, base: 10ms, jitter: none }
+"""
+
+
+def test_sync_the_deadline_covers_the_body(server: Server) -> None:
+    engine = levee.loads(BODY_DOC, seed=1)
+    server.script("/trickle", Reply(200, body=b"x" * 50, trickle=0.2))  # 10 s of body
+    t0 = time.monotonic()
+    with httpx.Client(transport=LeveeTransport(engine, "deadline")) as client, pytest.raises(levee.CallFailed) as info:
+        client.get(server.url("/trickle"))
+    took = time.monotonic() - t0
+    assert took < 3.0, f"returned after {took:.1f}s under a 2 s deadline"
+    assert info.value.reason in (levee.Reason.DEADLINE, levee.Reason.RETRIES_EXHAUSTED)
+
+
+async def test_async_the_deadline_covers_the_body(server: Server) -> None:
+    engine = levee.loads(BODY_DOC, seed=1)
+    server.script("/trickle-a", Reply(200, body=b"x" * 50, trickle=0.2))
+    t0 = time.monotonic()
+    async with httpx.AsyncClient(transport=AsyncLeveeTransport(engine, "deadline")) as client:
+        with pytest.raises(levee.CallFailed):
+            await client.get(server.url("/trickle-a"))
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_a_connection_closed_mid_body_is_a_connection_error_retried(server: Server) -> None:
+    engine = levee.loads(BODY_DOC, seed=1)
+    server.script("/cut", Reply(200, body=b"y" * 1000, cut=True), Reply(200, body=b"whole"))
+    with httpx.Client(transport=LeveeTransport(engine, "retry")) as client:
+        r = client.get(server.url("/cut"))
+    assert r.status_code == 200 and r.text == "whole"
+    assert len(server.hits("/cut")) == 2
+
+
+def test_a_body_that_cannot_be_replayed_is_sent_once_and_its_503_returned(server: Server) -> None:
+    engine = levee.loads(BODY_DOC, seed=1)
+    server.script("/put", Reply(503), Reply(200))
+
+    def body() -> Iterator[bytes]:
+        yield b"part one, "
+        yield b"part two"
+
+    with httpx.Client(transport=LeveeTransport(engine, "retry")) as client:
+        r = client.put(server.url("/put"), content=body())
+    assert r.status_code == 503
+    assert len(server.hits("/put")) == 1
+    # bytes can be replayed: the same PUT is retried to its 200
+    server.script("/put2", Reply(503), Reply(200))
+    with httpx.Client(transport=LeveeTransport(engine, "retry")) as client:
+        assert client.put(server.url("/put2"), content=b"bytes").status_code == 200
+    assert len(server.hits("/put2")) == 2
+
+
+async def test_async_a_body_that_cannot_be_replayed_is_sent_once(server: Server) -> None:
+    engine = levee.loads(BODY_DOC, seed=1)
+    server.script("/aput", Reply(503), Reply(200))
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"only once"
+
+    async with httpx.AsyncClient(transport=AsyncLeveeTransport(engine, "retry")) as client:
+        r = await client.put(server.url("/aput"), content=body())
+    assert r.status_code == 503
+    assert len(server.hits("/aput")) == 1

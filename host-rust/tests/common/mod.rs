@@ -18,11 +18,15 @@ pub struct Resp {
     pub headers: Vec<(String, String)>,
     pub delay: Duration,
     pub body: String,
+    /// Time between the body's bytes (a trickling server); zero sends the body at once.
+    pub trickle: Duration,
+    /// Close the connection after half the body.
+    pub cut: bool,
 }
 
 impl Resp {
     pub fn status(status: u16) -> Self {
-        Resp { status, headers: Vec::new(), delay: Duration::ZERO, body: format!("status {status}") }
+        Resp { status, headers: Vec::new(), delay: Duration::ZERO, body: format!("status {status}"), trickle: Duration::ZERO, cut: false }
     }
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.to_string(), value.to_string()));
@@ -30,6 +34,18 @@ impl Resp {
     }
     pub fn delay(mut self, d: Duration) -> Self {
         self.delay = d;
+        self
+    }
+    pub fn body(mut self, body: &str) -> Self {
+        self.body = body.to_string();
+        self
+    }
+    pub fn trickle(mut self, every: Duration) -> Self {
+        self.trickle = every;
+        self
+    }
+    pub fn cut(mut self) -> Self {
+        self.cut = true;
         self
     }
 }
@@ -93,6 +109,22 @@ impl Server {
                             out.push_str(&format!("{k}: {v}\r\n"));
                         }
                         out.push_str("\r\n");
+                        if resp.cut {
+                            out.push_str(&resp.body[..resp.body.len() / 2]);
+                            let _ = sock.write_all(out.as_bytes()).await;
+                            return; // dropped: the connection closes mid-body
+                        }
+                        if !resp.trickle.is_zero() {
+                            let _ = sock.write_all(out.as_bytes()).await;
+                            for b in resp.body.bytes() {
+                                if sock.write_all(&[b]).await.is_err() {
+                                    return;
+                                }
+                                tokio::time::sleep(resp.trickle).await;
+                            }
+                            let _ = sock.shutdown().await;
+                            return;
+                        }
                         out.push_str(&resp.body);
                         let _ = sock.write_all(out.as_bytes()).await;
                         let _ = sock.shutdown().await;

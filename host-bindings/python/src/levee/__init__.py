@@ -4,7 +4,7 @@ fallbacks, decided by one WebAssembly policy core and driven from Python.
 ```python
 import levee
 
-engine = levee.load("policies.yaml")        # a path, or the document's text
+engine = levee.load("policies.yaml")        # a file; levee.loads(text) for the document's text
 
 @engine.policy("checkout")
 def charge(order_id: str) -> Receipt: ...
@@ -34,6 +34,7 @@ from .engine import (
     call,
     component_path,
     load,
+    loads,
 )
 from .errors import (
     BreakerOpen,
@@ -112,6 +113,7 @@ __all__ = [
     "call",
     "component_path",
     "load",
+    "loads",
     "outcome_for_exception",
     "outcome_for_response",
     "outcome_for_result",

@@ -45,12 +45,27 @@ from .types import (
 
 IFACE = "levee:policy/engine-api@0.1.0"
 
-# Fuel given to one slow-path crossing (load, drain-events, export-state...) and, shared, to
-# a batch of `HOT_BATCH` hot crossings. A runaway guest traps when it runs out.
-SLOW_FUEL = 500_000_000
-HOT_FUEL_PER_CALL = 1_000_000
+# The bounds on guest work (docs/architecture.md, "Bounds on the guest"), in work units: one
+# unit is one unit of wasmtime fuel here (about one instruction), one nanosecond in the hosts
+# that bound guest calls by time. A crossing whose work does not depend on the size of
+# anything (start, acquire, report, queries, drain-events, analyze) may run `CALL_UNITS`;
+# Python pools that budget over `HOT_BATCH` consecutive hot crossings (one FFI call fewer per
+# crossing; each uses well under 10^5). A crossing that walks the document or the state
+# (load, reload, export-state, import-state) may run `CALL_UNITS + UNITS_PER_BYTE * bytes`,
+# where bytes is the document's size, plus, when it walks the state, the state's: the size of
+# the last exported or imported state plus `KEY_BYTES` for every keyed `start` since (a new
+# key adds at most one entry). A runaway guest traps when it runs out.
+CALL_UNITS = 1_000_000_000
+UNITS_PER_BYTE = 20_000
+KEY_BYTES = 1024
 HOT_BATCH = 64
-MEMORY_LIMIT = 256 << 20
+MEMORY_LIMIT = 512 << 20
+
+
+def work_units(size_bytes: int) -> int:
+    """The budget of a crossing that walks `size_bytes` of document or state."""
+    return CALL_UNITS + UNITS_PER_BYTE * max(0, size_bytes)
+
 
 _V = ffi.wasmtime_component_val_t
 _VAL_WORDS = 4  # sizeof(wasmtime_component_val_t) == 32
@@ -286,7 +301,11 @@ class Core:
         self.dead = False
         self.store = wasmtime.Store(runtime.engine)
         self.store.set_limits(memory_size=MEMORY_LIMIT)
-        self.store.set_fuel(SLOW_FUEL)
+        self.store.set_fuel(work_units(0))
+        #: the size of the state this instance holds: the last state exported or imported,
+        #: and the keyed `start`s since (each may add a key), for the bounds of `work_units`
+        self.state_bytes = 0
+        self.keyed_starts = 0
         try:
             self.instance = runtime.linker.instantiate(self.store, runtime.component)
         except wasmtime.WasmtimeError as e:
@@ -327,7 +346,7 @@ class Core:
             self._funcs[short] = func
             self._addr[short] = addressof(func._func)
         self._res = 0
-        res = self._slow("load", _Args(2).string(0, document).u64(1, seed))
+        res = self._slow("load", _Args(2).string(0, document).u64(1, seed), work=len(document.encode("utf-8")))
         tag, val = res
         if tag != "ok":
             raise LoadErrors([LoadError(e["path"], e["message"]) for e in val])
@@ -340,7 +359,7 @@ class Core:
         self._result_addr = addressof(self._result)
         self._result_words = (c_uint64 * _VAL_WORDS).from_buffer(self._result)
         self._hot_left = HOT_BATCH
-        self.store.set_fuel(HOT_FUEL_PER_CALL * HOT_BATCH)
+        self.store.set_fuel(CALL_UNITS)
 
         # start(self, call, policy, key, flags, now, settle-call, settle-at, settle-elapsed)
         self._start_arr, self._sw, self._start_addr = _hot_args(9)
@@ -405,7 +424,11 @@ class Core:
 
     def _refuel_hot(self) -> None:
         self._hot_left = HOT_BATCH
-        self.store.set_fuel(HOT_FUEL_PER_CALL * HOT_BATCH)
+        self.store.set_fuel(CALL_UNITS)
+
+    def state_work(self) -> int:
+        """Bytes of state a crossing that walks the whole state may have to walk."""
+        return self.state_bytes + KEY_BYTES * self.keyed_starts
 
     def _hot(self, f: int, args: int, n: int) -> int:
         """One crossing that returns a u64 verdict."""
@@ -426,8 +449,9 @@ class Core:
                 raise _fault(err, "post-return")
         return r
 
-    def _slow(self, name: str, args: _Args | None = None, has_result: bool = True) -> Any:
-        """A crossing with any arguments and result; the result is lifted then freed."""
+    def _slow(self, name: str, args: _Args | None = None, has_result: bool = True, work: int = 0) -> Any:
+        """A crossing with any arguments and result; the result is lifted then freed. `work` is
+        the bytes of document or state it walks (its bound is `work_units(work)`)."""
         if self.dead:
             raise ComponentFault("the component instance is poisoned")
         if args is None:
@@ -440,7 +464,7 @@ class Core:
             full.resource(0, self._res)
             args = full
         f = self._addr[name]
-        self.store.set_fuel(SLOW_FUEL)
+        self.store.set_fuel(work_units(work))
         result = _V()
         err = _CALL(
             f, self._ctx, addressof(args.arr), args.n, addressof(result) if has_result else None, 1 if has_result else 0
@@ -497,6 +521,7 @@ class Core:
     ) -> int:
         """`engine.start`; through `start-unkeyed` when `key` is "" (the same core function)."""
         if key:
+            self.keyed_starts += 1
             w = self._sw
             w[5] = call
             w[9] = policy & 0xFFFFFFFF
@@ -574,7 +599,8 @@ class Core:
     # ------------------------------------------------------------------ everything else
 
     def reload(self, document: str) -> list[LoadError] | None:
-        tag, val = self._slow("reload", _Args(1).string(0, document))
+        work = len(document.encode("utf-8")) + self.state_work()
+        tag, val = self._slow("reload", _Args(1).string(0, document), work=work)
         if tag == "ok":
             return None
         return [LoadError(e["path"], e["message"]) for e in val]
@@ -634,21 +660,29 @@ class Core:
         return r
 
     def breaker_state(self, policy: int, key: str, now: int) -> BreakerState | None:
+        if key:
+            self.keyed_starts += 1
         r = self._slow("breaker-state", _Args(3).u32(0, policy & 0xFFFFFFFF).string(1, key).u64(2, now))
         return None if r is None else BreakerState(r)
 
     def set_breaker_state(self, policy: int, key: str, state: BreakerState, now: int) -> str | None:
+        if key:
+            self.keyed_starts += 1
         args = _Args(4).u32(0, policy & 0xFFFFFFFF).string(1, key).enum(2, state.wit).u64(3, now)
         tag, val = self._slow("set-breaker-state", args)
         return None if tag == "ok" else str(val)
 
     def export_state(self) -> bytes:
-        r = self._slow("export-state")
-        return bytes(r)
+        out = bytes(self._slow("export-state", work=self.state_work()))
+        self.state_bytes, self.keyed_starts = len(out), 0
+        return out
 
     def import_state(self, state: bytes) -> LoadError | None:
-        tag, val = self._slow("import-state", _Args(1).bytes_list(0, state))
-        return None if tag == "ok" else LoadError(val["path"], val["message"])
+        tag, val = self._slow("import-state", _Args(1).bytes_list(0, state), work=len(state) + self.state_work())
+        if tag != "ok":
+            return LoadError(val["path"], val["message"])
+        self.state_bytes, self.keyed_starts = len(state), 0
+        return None
 
 
 def event_from_raw(raw: dict[str, Any], policy_names: list[str]) -> Event:

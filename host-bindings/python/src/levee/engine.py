@@ -185,6 +185,7 @@ class Engine:
         # deque's append is atomic); the next `start` settles one, any extra are reported first.
         self._pending: collections.deque[tuple[int, int, int, int]] = collections.deque()
         self._snapshot: bytes | None = None
+        self._snapshots_stopped = False
         self._snapshot_every = max(0, int(snapshot_interval * 1e9))
         self._snapshot_due = 0 if self._snapshot_every else 1 << 63
         self._fallbacks: dict[str, Callable[[FallbackContext], Any]] = {}
@@ -213,7 +214,7 @@ class Engine:
         try:
             return Core(self._runtime, self._document, self._seed)
         except LoadErrors as e:
-            raise PolicyError(e.errors) from None
+            raise PolicyError(e.errors + _path_hint(self._document)) from None
         except ComponentFault as e:
             raise LeveeError(f"the Levee component failed to load the document: {e}") from e
 
@@ -237,8 +238,37 @@ class Engine:
 
     def _events_locked(self, v: int, out: list[Event]) -> None:
         if v & EVENTS_BIT:
+            trip = False
             for raw in self._core.drain_events():
-                out.append(event_from_raw(raw, self._names))
+                ev = event_from_raw(raw, self._names)
+                trip = trip or ev.kind is EventKind.BREAKER_TRANSITION
+                out.append(ev)
+            if trip:
+                # A breaker changed state: snapshot now, so that a trap never brings back an
+                # older state (docs/architecture.md, "Recovery never forgets a trip").
+                self._snapshot_locked(out)
+
+    def _snapshot_locked(self, out: list[Event]) -> None:
+        """Take the snapshot a recovery restores (held-back successes are sent first)."""
+        if self._snapshots_stopped:
+            return
+        self._flush_locked(out)
+        try:
+            self._snapshot = self._core.export_state()
+        except ComponentFault as e:
+            if "too much data" in str(e):
+                # wasmtime-py cannot lift a state this large (docs/architecture.md, "Bounds on
+                # the guest"): every later export would fault the same way. Stop snapshots
+                # rather than fault every second; a trap restores the last one taken.
+                self._snapshots_stopped = True
+                logger.error(
+                    "levee: the engine state is too large for wasmtime-py to export (%s); snapshots "
+                    "stop, and a trap will restore the state of the last one",
+                    e,
+                )
+            raise
+        if self._snapshot_every:
+            self._snapshot_due = _monotonic_ns() + self._snapshot_every
 
     def _flush_locked(self, out: list[Event], keep: int = 0) -> None:
         """Report held-back successes (they must precede any other operation), leaving `keep`."""
@@ -279,9 +309,7 @@ class Engine:
 
     def _maybe_snapshot_locked(self, now: int, out: list[Event]) -> None:
         if self._snapshot_every and now >= self._snapshot_due:
-            self._snapshot_due = now + self._snapshot_every
-            self._flush_locked(out)
-            self._snapshot = self._core.export_state()
+            self._snapshot_locked(out)
 
     def _emit(self, events: list[Event]) -> None:
         if events:
@@ -374,8 +402,9 @@ class Engine:
         if events:
             dispatch(events, self._listeners)
 
-    def _locked_op(self, fn: Callable[[Core], T]) -> T:
-        """Any other operation: flush the held-back success first, recover on a trap."""
+    def _locked_op(self, fn: Callable[[Core], T], snapshot_if: Callable[[T], bool] | None = None) -> T:
+        """Any other operation: flush the held-back success first, recover on a trap. When
+        `snapshot_if(result)` holds, the state it left is snapshotted under the same lock."""
         events: list[Event] = []
         try:
             with self._lock:
@@ -386,7 +415,10 @@ class Engine:
                     if core.dead:
                         raise ComponentFault("the component is unavailable")
                     self._flush_locked(events)
-                    return fn(core)
+                    result = fn(core)
+                    if snapshot_if is not None and snapshot_if(result):
+                        self._snapshot_locked(events)
+                    return result
                 except ComponentFault as e:
                     self._recover_locked(e, events)
                     raise LeveeError(f"the Levee engine faulted and was re-instantiated: {e}") from e
@@ -415,7 +447,7 @@ class Engine:
         """
         slot = self._slots.get(name)
         if slot is None or slot.index < 0:
-            raise UnknownPolicy(name)
+            raise UnknownPolicy(name, self._names)
         flags = (0 if idempotent else 1) | (2 if idempotency_key else 0) | method_flags(method)
         return Policy(self, slot, key, flags, classify)
 
@@ -427,7 +459,7 @@ class Engine:
     def policy_info(self, name: str) -> PolicyInfo:
         slot = self._slots.get(name)
         if slot is None or slot.index < 0:
-            raise UnknownPolicy(name)
+            raise UnknownPolicy(name, self._names)
         return slot.info
 
     def policy_json(self, name: str) -> str:
@@ -435,7 +467,7 @@ class Engine:
         idx = self._index(name)
         out = self._locked_op(lambda c: c.policy_json(idx))
         if out is None:
-            raise UnknownPolicy(name)
+            raise UnknownPolicy(name, self._names)
         return out
 
     def analyze(self, name: str, layers: int = 1) -> Analysis:
@@ -443,13 +475,13 @@ class Engine:
         idx = self._index(name)
         out = self._locked_op(lambda c: c.analyze(idx, layers))
         if out is None:
-            raise UnknownPolicy(name)
+            raise UnknownPolicy(name, self._names)
         return out
 
     def _index(self, name: str) -> int:
         slot = self._slots.get(name)
         if slot is None or slot.index < 0:
-            raise UnknownPolicy(name)
+            raise UnknownPolicy(name, self._names)
         return slot.index
 
     def reload(self, document: str) -> None:
@@ -464,7 +496,7 @@ class Engine:
                 self._refresh_policies()
             return errors
 
-        errors = self._locked_op(op)
+        errors = self._locked_op(op, snapshot_if=lambda r: r is None)
         if errors is not None:
             raise PolicyError(errors)
 
@@ -476,7 +508,9 @@ class Engine:
     def set_breaker_state(self, name: str, state: BreakerState, key: str = "") -> None:
         """Force a breaker state (an operator's switch); `CLOSED` returns to normal operation."""
         idx = self._index(name)
-        err = self._locked_op(lambda c: c.set_breaker_state(idx, key, state, _monotonic_ns()))
+        err = self._locked_op(
+            lambda c: c.set_breaker_state(idx, key, state, _monotonic_ns()), snapshot_if=lambda r: r is None
+        )
         if err is not None:
             raise LeveeError(err)
         self._emit(self._drain_now())
@@ -493,7 +527,7 @@ class Engine:
 
     def import_state(self, state: bytes) -> None:
         """Restore exported state; what no longer applies is dropped. On error nothing changes."""
-        err = self._locked_op(lambda c: c.import_state(bytes(state)))
+        err = self._locked_op(lambda c: c.import_state(bytes(state)), snapshot_if=lambda r: r is None)
         if err is not None:
             raise PolicyError([err])
 
@@ -551,14 +585,36 @@ class Engine:
             self._core.close()
 
 
-def load(source: str | os.PathLike[str], **kwargs: Any) -> Engine:
-    """Load a policy document into a new `Engine`: `source` is a path (a `Path`, or a string
-    naming an existing file) or the document's text (YAML or JSON)."""
-    if isinstance(source, os.PathLike):
-        return Engine.from_file(source, **kwargs)
-    if "\n" not in source and len(source) < 4096 and os.path.isfile(source):
-        return Engine.from_file(source, **kwargs)
-    return Engine.from_string(source, **kwargs)
+def load(path: str | os.PathLike[str], **kwargs: Any) -> Engine:
+    """Load the policy document in the file at `path` (YAML or JSON) into a new `Engine`.
+    A missing file raises `FileNotFoundError` naming the path. To load a document's text, use
+    `loads`: the two are never guessed from the argument."""
+    try:
+        return Engine.from_file(path, **kwargs)
+    except FileNotFoundError as e:
+        text = os.fspath(path)
+        if isinstance(text, str) and ("\n" in text or ":" in text.split("/")[-1]):
+            raise FileNotFoundError(
+                e.errno, f"{e.strerror}; this looks like a policy document, not a path: use levee.loads(text)", text
+            ) from None
+        raise
+
+
+def loads(document: str, **kwargs: Any) -> Engine:
+    """Load a policy document from its text (YAML or JSON) into a new `Engine` (`load` reads a
+    file)."""
+    return Engine.from_string(document, **kwargs)
+
+
+def _path_hint(document: str) -> list[LoadError]:
+    """When a refused document is one line with no `:` and no `{` (no policy document is),
+    it is most likely a file name given as text: say so, and whether such a file exists."""
+    text = document.strip()
+    if not text or "\n" in text or ":" in text or "{" in text or len(text) > 4096:
+        return []
+    if os.path.exists(text):
+        return [LoadError("", f"the document is the text {text!r}, the name of a file: load it with levee.load(path)")]
+    return [LoadError("", f"the document is the text {text!r}, which looks like a file name, and no such file exists")]
 
 
 # ---------------------------------------------------------------------------- one call
@@ -593,6 +649,7 @@ class _Call:
         "last",
         "slot",
         "started",
+        "unregistered",
     )  # fmt: skip
 
     def __init__(self, engine: Engine, slot: _PolicySlot, call: int, gen: int, started: int,
@@ -612,6 +669,7 @@ class _Call:
         self.fallback_value: Any = None
         self.fell_back = False
         self.finished = False
+        self.unregistered: tuple[str, ...] = ()
 
     def outcome_of(self, value: Any, exc: BaseException | None, start: int, end: int, timeout: int) -> _AttemptResult:
         if timeout and end - start > timeout:
@@ -635,6 +693,7 @@ class _Call:
             last_error=last.exc if last is not None else None,
             last_result=last.value if last is not None and last.exc is None else None,
             retry_after=hint_ns / 1e9 if hint_ns else None,
+            unregistered=self.unregistered,
         )
 
     def cancel(self) -> None:
@@ -796,11 +855,18 @@ def _fallback_context(st: _Call, name: str, reason: Reason) -> FallbackContext:
     )
 
 
+def _unregistered(st: _Call, name: str) -> tuple[bool, Any]:
+    """A fallback the chain names but nobody registered: it fails, and the error says why."""
+    if name not in st.unregistered:
+        st.unregistered = (*st.unregistered, name)
+    logger.warning("levee: fallback %r of policy %r is not registered", name, st.slot.info.name)
+    return False, None
+
+
 def _run_fallback_sync(st: _Call, name: str, reason: Reason) -> tuple[bool, Any]:
     fn = st.engine._fallbacks.get(name)
     if fn is None:
-        logger.warning("levee: fallback %r of policy %r is not registered", name, st.slot.info.name)
-        return False, None
+        return _unregistered(st, name)
     try:
         value = fn(_fallback_context(st, name, reason))
     except Exception:
@@ -817,8 +883,7 @@ def _run_fallback_sync(st: _Call, name: str, reason: Reason) -> tuple[bool, Any]
 async def _run_fallback_async(st: _Call, name: str, reason: Reason) -> tuple[bool, Any]:
     fn = st.engine._fallbacks.get(name)
     if fn is None:
-        logger.warning("levee: fallback %r of policy %r is not registered", name, st.slot.info.name)
-        return False, None
+        return _unregistered(st, name)
     try:
         value = fn(_fallback_context(st, name, reason))
         if inspect.isawaitable(value):

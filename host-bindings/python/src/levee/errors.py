@@ -43,10 +43,33 @@ class PolicyError(LeveeError, ValueError):
 
 
 class UnknownPolicy(LeveeError, KeyError):
-    """No policy of that name in the engine's document."""
+    """No policy of that name in the engine's document. `name` is the name asked for and
+    `known` the document's policy names; the message lists them (the first 20) and the
+    closest one."""
+
+    def __init__(self, name: str, known: list[str] | tuple[str, ...] = ()) -> None:
+        super().__init__(name)
+        self.name = name
+        self.known = tuple(known)
 
     def __str__(self) -> str:
-        return f"no policy named {self.args[0]!r}"
+        return unknown_policy_message(self.name, self.known)
+
+
+def unknown_policy_message(name: str, known: list[str] | tuple[str, ...]) -> str:
+    """`no policy named 'upstrem' (did you mean 'upstream'?); the document's policies: ...`,
+    the same words in every host."""
+    import difflib
+
+    msg = f"no policy named {name!r}"
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        msg += f" (did you mean {close[0]!r}?)"
+    if not known:
+        return msg + "; the document has no policies"
+    shown = ", ".join(repr(k) for k in known[:20])
+    more = f" and {len(known) - 20} more" if len(known) > 20 else ""
+    return f"{msg}; the document's policies: {shown}{more}"
 
 
 class ProtocolError(LeveeError):
@@ -59,7 +82,8 @@ class CallFailed(LeveeError):
     Attributes: `reason` (a `Reason`), `policy` (its name), `attempts` (attempts made),
     `last_error` (the last attempt's exception, or `None`), `last_result` (the last attempt's
     returned value, e.g. an HTTP response with status 503, or `None`), `retry_after` (seconds,
-    a hint from a breaker or limiter, or `None`).
+    a hint from a breaker or limiter, or `None`), `unregistered` (fallbacks the policy's
+    chain named that no function was registered for: they count as failed).
     """
 
     def __init__(
@@ -71,8 +95,10 @@ class CallFailed(LeveeError):
         last_error: BaseException | None = None,
         last_result: Any = None,
         retry_after: float | None = None,
+        unregistered: tuple[str, ...] = (),
     ) -> None:
         self.reason = reason
+        self.unregistered = unregistered
         self.policy = policy
         self.attempts = attempts
         self.last_error = last_error
@@ -85,7 +111,19 @@ class CallFailed(LeveeError):
             detail += f"; last result: {last_result!r}"
         if retry_after is not None:
             detail += f"; retry after {retry_after:.3f}s"
+        if unregistered:
+            detail += "; " + unregistered_message(unregistered)
         super().__init__(detail)
+
+
+def unregistered_message(names: tuple[str, ...]) -> str:
+    """The words every host uses for fallbacks named by a policy but never registered."""
+    listed = ", ".join(repr(n) for n in names)
+    return (
+        f"fallback {listed} is named by the policy but not registered"
+        if len(names) == 1
+        else (f"fallbacks {listed} are named by the policy but not registered")
+    )
 
 
 class RetriesExhausted(CallFailed):
@@ -160,6 +198,7 @@ def failure_for(
     last_error: BaseException | None,
     last_result: Any,
     retry_after: float | None,
+    unregistered: tuple[str, ...] = (),
 ) -> CallFailed:
     cls = _BY_REASON.get(reason, CallFailed)
     exc = cls(
@@ -169,6 +208,7 @@ def failure_for(
         last_error=last_error,
         last_result=last_result,
         retry_after=retry_after,
+        unregistered=unregistered,
     )
     exc.__cause__ = last_error
     return exc

@@ -11,6 +11,12 @@ marked as such. Every attempt is reported by its status and raw `Retry-After` he
 a timeout or connection error); the core decides. The per-attempt timeout becomes the
 request's timeout.
 
+An attempt is the whole response (docs/http.md): its body is read inside the attempt, under
+the attempt's timeout, so a body that trickles past it is a timeout and a connection closed
+mid-body a connection error of that attempt; the response handed back is already read. A
+request body that cannot be replayed (a generator) is sent once: when the policy would
+retry, the call ends with that first response or error.
+
 When the core gives up after a response (say the third 503, or a 400 it never retries),
 the transport returns that response: the client sees it as usual. When there is no response
 to return (a breaker open, a connection error on the last attempt) it raises the
@@ -72,6 +78,38 @@ def _default_key(request: httpx.Request) -> str:
     return request.url.host
 
 
+def _replayable(request: httpx.Request) -> bool:
+    """Whether the request's body can be sent again (bytes can; a generator cannot)."""
+    return isinstance(request.stream, httpx.ByteStream)
+
+
+def _read_within(response: httpx.Response, timeout_ns: int, start: int) -> None:
+    """Read the body, cut at the attempt's timeout: the deadline is checked after every
+    chunk (a read that waits longer is bounded by the read timeout, at most the attempt's)."""
+    if not timeout_ns:
+        response.read()
+        return
+    end = start + timeout_ns
+    chunks = []
+    try:
+        for chunk in response.iter_bytes():
+            chunks.append(chunk)
+            if _monotonic_ns() > end:
+                raise httpx.ReadTimeout("the response body did not arrive within the attempt's timeout")
+    finally:
+        if _monotonic_ns() > end or not response.is_stream_consumed:
+            response.close()
+    response._content = b"".join(chunks)  # as httpx's own read() keeps it
+
+
+def _give_up(last: _AttemptResult | None) -> httpx.Response:
+    """The body cannot be replayed: the first attempt's response (or error) stands."""
+    if last is not None and last.exc is not None:
+        raise last.exc
+    assert last is not None and isinstance(last.value, httpx.Response)
+    return last.value
+
+
 class _Base:
     def __init__(self, engine: Engine, policy: str | Policy, key: Callable[[httpx.Request], str] | None) -> None:
         self._policy = policy if isinstance(policy, Policy) else engine.policy(policy)
@@ -107,10 +145,13 @@ class LeveeTransport(_Base, httpx.BaseTransport):
         st, v = self._begin(request)
         proto = _protocol(st, v)
         last: httpx.Response | None = None
+        replayable = _replayable(request)
         try:
             action = next(proto)
             while True:
                 op = action[0]
+                if st.last is not None and not replayable and op in (ATTEMPT, _SLEEP):
+                    return _give_up(st.last)
                 if last is not None:
                     last.close()
                     last = None
@@ -120,7 +161,7 @@ class LeveeTransport(_Base, httpx.BaseTransport):
                     token = _ATTEMPT_DEADLINE.set(start + action[2]) if action[2] else None
                     try:
                         response = self._transport.handle_request(request)
-                        response.read()
+                        _read_within(response, action[2], start)
                         res = self._result(request, response, None, start, action[2])
                     except Exception as e:
                         res = self._result(request, None, e, start, action[2])
@@ -159,10 +200,13 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
         st, v = self._begin(request)
         proto = _protocol(st, v)
         last: httpx.Response | None = None
+        replayable = _replayable(request)
         try:
             action = next(proto)
             while True:
                 op = action[0]
+                if st.last is not None and not replayable and op in (ATTEMPT, _SLEEP):
+                    return _give_up(st.last)
                 if last is not None:
                     await last.aclose()
                     last = None
