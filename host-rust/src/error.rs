@@ -30,6 +30,8 @@ pub struct LeveeError<E> {
     pub trap: Option<Trap>,
     /// A protocol error between host and core (a host bug, or an unknown policy name).
     pub invalid: Option<InvalidCode>,
+    /// With `invalid` = `unknown-policy`: the names the document does have.
+    pub known_policies: Vec<String>,
 }
 
 impl<E> LeveeError<E> {
@@ -43,6 +45,7 @@ impl<E> LeveeError<E> {
             fallback_error: None,
             trap: None,
             invalid: None,
+            known_policies: Vec::new(),
         }
     }
 
@@ -68,6 +71,7 @@ impl<E> LeveeError<E> {
             fallback_error: self.fallback_error.map(&mut g),
             trap: self.trap,
             invalid: self.invalid,
+            known_policies: self.known_policies,
         }
     }
 }
@@ -83,12 +87,16 @@ impl<E: fmt::Debug> fmt::Debug for LeveeError<E> {
             .field("fallback_error", &self.fallback_error)
             .field("trap", &self.trap)
             .field("invalid", &self.invalid)
+            .field("known_policies", &self.known_policies)
             .finish()
     }
 }
 
 impl<E: fmt::Display> fmt::Display for LeveeError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.invalid == Some(InvalidCode::UnknownPolicy) {
+            return write!(f, "levee: {}", UnknownPolicy::new(&self.policy, self.known_policies.clone()));
+        }
         if let Some(code) = self.invalid {
             return write!(f, "levee: policy `{}`: protocol error ({code})", self.policy);
         }
@@ -131,3 +139,45 @@ impl fmt::Display for LoadErrors {
 }
 
 impl std::error::Error for LoadErrors {}
+
+/// A policy name the document does not have, refused where it is named ([`crate::Levee::policy`],
+/// `Client::new`, `Middleware::new`, `LeveeLayer::new`), with the names it does have.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownPolicy {
+    /// The name asked for.
+    pub name: String,
+    /// The document's policy names, in document order.
+    pub known: Vec<String>,
+}
+
+impl UnknownPolicy {
+    pub(crate) fn new(name: &str, known: Vec<String>) -> Self {
+        UnknownPolicy { name: name.to_string(), known }
+    }
+}
+
+impl fmt::Display for UnknownPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = levee_core::policy::escape(&self.name);
+        write!(f, "no policy named `{name}` in the document")?;
+        let known: Vec<&str> = self.known.iter().map(String::as_str).collect();
+        if let Some(near) = levee_core::doc::closest(&self.name, &known) {
+            write!(f, "; did you mean `{near}`?")?;
+        }
+        if known.is_empty() {
+            return Ok(());
+        }
+        write!(f, " (its policies: {})", levee_core::doc::list(&known))
+    }
+}
+
+impl std::error::Error for UnknownPolicy {}
+
+impl crate::Levee {
+    /// The named policy, or an [`UnknownPolicy`] error that lists the document's names. The
+    /// integrations call it when they are built, so that a mistyped name fails there, not
+    /// at the first request.
+    pub fn policy(&self, name: &str) -> Result<levee_core::PolicyInfo, UnknownPolicy> {
+        self.policy_info(name).ok_or_else(|| UnknownPolicy::new(name, self.policy_names()))
+    }
+}
