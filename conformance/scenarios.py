@@ -310,6 +310,9 @@ vec("prng-same-seed-same-decisions", "Two calls with the same seed and trace dra
 vec("backoff-decorrelated-jitter-mismatch", "decorrelated jitter goes only with the decorrelated kind.", ["errors", "jitter"],
     policy("backoff: { kind: exponential, jitter: decorrelated }"), [])
 
+vec("backoff-decorrelated-kind-other-jitter", "The decorrelated kind has its own jitter: another jitter is refused with a message that does not tell to use the kind it already has.", ["errors", "jitter"],
+    policy("backoff: { kind: decorrelated, jitter: full }"), [])
+
 vec("backoff-errors", "Bad backoff fields are each named: unknown kind (with a suggestion), multiplier below 1, cap below base, unknown field.", ["errors", "backoff"],
     "policies:\n  a: { backoff: { kind: exponentail } }\n  b: { backoff: { multiplier: 0.5 } }\n  c: { backoff: { base: 2s, cap: 1s } }\n  d: { backoff: { jiter: full } }\n  e: { backoff: { jitter: proportional, jitter-ratio: 2 } }\n", [])
 
@@ -508,6 +511,16 @@ vec("document-unknown-field-suggests", "A misspelt field is named with a suggest
     policy("atempts: 3"), [])
 
 vec("document-no-policies", "A document without policies says so.", ["documents", "errors"], "version: 1\n", [])
+vec("document-duplicate-key", "A key given twice is one error with its line and column (and the first's), not also an unknown field.", ["documents", "errors"],
+    "policies:\n  p:\n    deadline: 1s\n    attempts: 2\n    deadline: 2s\n", [])
+vec("document-duplicate-key-flow", "A key given twice in a flow mapping is one error with its place.", ["documents", "errors"],
+    "policies:\n  p: { backoff: { base: 1s, cap: 2s, base: 3s } }\n", [])
+vec("document-empty-value", "A field left empty is an error, never its default: `deadline:` is not \"no deadline\".", ["documents", "errors"],
+    "policies:\n  p:\n    attempts:\n    deadline:\n    breaker: ~\n    backoff: { base: }\n  q:\n", [])
+vec("document-nan-and-infinity", ".nan and .inf are named as what they are, not as null.", ["documents", "errors"],
+    "policies:\n  p: { attempts: .nan, breaker: { failure-rate: .inf }, backoff: { multiplier: -.inf } }\n", [])
+vec("document-control-characters-escaped", "Control and bidirectional characters from the document are escaped in errors (RTL override, NUL).", ["documents", "errors"],
+    "policies:\n  \"evil\\u202egnp.exe\": {}\n  ok: { \"att\\u0000empts\": 3 }\n", [])
 vec("document-empty-policies", "An empty policies mapping is an error.", ["documents", "errors"], "policies: {}\n", [])
 vec("document-bad-policy-name", "Policy names are checked.", ["documents", "errors"], "policies:\n  \"bad name!\": {}\n", [])
 vec("document-wrong-version", "Only document version 1 exists.", ["documents", "errors"], "version: 2\npolicies:\n  p: {}\n", [])
@@ -558,14 +571,32 @@ vec("events-retry-and-give-up", "Events for a retry scheduled and the give-up, w
 vec("events-drain-empties", "A drain takes every event once.", ["events"], policy("attempts: 1"),
     [start(1, 0), report(1, 1, "timeout"), drain(), drain([])])
 
-vec("analyze-worst-cases", "Worst-case attempts, latency and amplification (3 attempts over 3 layers: 27x).", ["analysis", "anchor"],
-    policy("attempts: 3\nattempt-timeout: 1s\nbackoff: { base: 100ms, cap: 1s, jitter: full }"),
+vec("analyze-worst-cases", "Worst-case attempts, latency (every attempt at its timeout, every delay at the top of its jitter range) and amplification (3 attempts over 3 layers: 27x).", ["analysis", "anchor"],
+    policy("attempts: 3\nattempt-timeout: 1s\nbackoff: { base: 100ms, cap: 1s, jitter: full }\nretry-after: { honor: false }"),
     [analyze(1, expect={"worst_attempts": 3, "worst_latency": 3 * S + 300 * MS, "amplification": 3.0}),
      analyze(3, expect={"amplification": 27.0, "amplification_with_budget": 27.0})])
 
-vec("analyze-deadline-limits-attempts", "A deadline bounds the worst case: fewer attempts and latency at most the deadline.", ["analysis"],
-    policy("attempts: 10\nattempt-timeout: 1s\ndeadline: 2500ms\nbackoff: { kind: constant, base: 200ms, jitter: none }"),
+vec("analyze-deadline-limits-attempts", "A deadline bounds the worst case when even the shortest delays reach it: fewer attempts, and latency at most the deadline.", ["analysis"],
+    policy("attempts: 10\nattempt-timeout: 1s\ndeadline: 2500ms\nbackoff: { kind: constant, base: 1s, jitter: none }\nretry-after: { honor: false }"),
     [analyze(1, expect={"worst_attempts": 3, "worst_latency": 2500 * MS})])
+
+vec("analyze-fail-fast-without-timeout", "An attempt can fail at once whatever its timeout: 5 attempts under a 10 s deadline are 5 in the worst case (125x on 3 layers), with no timeout, a short one or a long one.", ["analysis", "deadline"],
+    "policies:\n  bare: { attempts: 5, deadline: 10s }\n  timed: { attempts: 5, deadline: 10s, attempt-timeout: 1s }\n  long: { attempts: 5, deadline: 10s, attempt-timeout: 8s }\n",
+    [analyze(3, "bare", {"worst_attempts": 5, "worst_latency": 10 * S, "amplification": 125.0}),
+     analyze(3, "timed", {"worst_attempts": 5, "worst_latency": 10 * S, "amplification": 125.0}),
+     analyze(1, "long", {"worst_attempts": 5, "worst_latency": 10 * S, "amplification": 5.0})])
+
+vec("analyze-server-delays", "When retry-on retries a status and Retry-After is honoured, a server may set each delay from 0 to retry-after.cap: the shortest delay is 0 and the longest the cap.", ["analysis", "retry-after"],
+    "policies:\n  http: { attempts: 3, attempt-timeout: 1s, retry-after: { cap: 60s } }\n  quiet: { attempts: 3, attempt-timeout: 1s, retry-after: { cap: 60s, honor: false } }\n  conn: { attempts: 3, attempt-timeout: 1s, retry-on: [connection-error], retry-after: { cap: 60s } }\n  fast: { attempts: 10, deadline: 2500ms, backoff: { kind: constant, base: 1s, jitter: none } }\n",
+    [analyze(1, "http", {"worst_attempts": 3, "worst_latency": 123 * S}),
+     analyze(1, "quiet", {"worst_attempts": 3, "worst_latency": 3 * S + 300 * MS}),
+     analyze(1, "conn", {"worst_attempts": 3, "worst_latency": 3 * S + 300 * MS}),
+     analyze(1, "fast", {"worst_attempts": 10, "worst_latency": 2500 * MS})])
+
+vec("analyze-attempts-max-u32", "The analysis is closed-form: attempts up to 2^32-1 answer at once.", ["analysis", "attempts"],
+    "policies:\n  open: { attempts: 4294967295 }\n  dead: { attempts: 4294967295, deadline: 1h, retry-after: { honor: false }, backoff: { kind: constant, base: 1s, jitter: none } }\n",
+    [analyze(1, "open", {"worst_attempts": 4294967295, "worst_latency": None, "amplification": 4294967295.0}),
+     analyze(2, "dead", {"worst_attempts": 3600, "worst_latency": 3600 * S, "amplification": 12960000.0})])
 
 vec("analyze-budgets", "With a budget, amplification is bounded: token throttling long-run 1, a 10% ratio budget 1.1 per layer.", ["analysis", "budget", "anchor"],
     "policies:\n  t: { attempts: 3, budget: { kind: token } }\n  r: { attempts: 4, budget: { kind: ratio, percent: 10 } }\n",

@@ -2,16 +2,17 @@
 
 use std::path::PathBuf;
 
+use crate::engine::core::{Analysis, PolicyInfo};
 use crate::engine::{self, human, Engine};
 use crate::term::Style;
 
 /// Exit code: every document is valid and within the thresholds.
-pub const EXIT_OK: i32 = 0;
+pub const EXIT_OK: u8 = 0;
 /// Exit code: a document is invalid (or unreadable).
-pub const EXIT_INVALID: i32 = 1;
+pub const EXIT_INVALID: u8 = 1;
 // Exit code 2 (the command line is wrong) is clap's own.
 /// Exit code: every document is valid but a policy exceeds `--max-amplification` or `--max-latency`.
-pub const EXIT_THRESHOLD: i32 = 3;
+pub const EXIT_THRESHOLD: u8 = 3;
 
 /// Arguments of `check`.
 pub struct CheckArgs {
@@ -24,7 +25,7 @@ pub struct CheckArgs {
 }
 
 /// Run `check`; returns the exit code.
-pub fn run(args: &CheckArgs, style: Style) -> i32 {
+pub fn run(args: &CheckArgs, style: Style) -> u8 {
     let mut code = EXIT_OK;
     for file in &args.files {
         let c = check_file(file, args, style);
@@ -46,15 +47,15 @@ fn read(file: &PathBuf) -> Result<String, String> {
     std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))
 }
 
-fn check_file(file: &PathBuf, args: &CheckArgs, style: Style) -> i32 {
+fn check_file(file: &PathBuf, args: &CheckArgs, style: Style) -> u8 {
     let name = file.display().to_string();
     let text = match read(file) {
         Ok(t) => t,
         Err(e) => {
             if args.json {
-                println!("{}", serde_json::json!({"file": name, "valid": false, "errors": [{"path": "", "message": e}]}));
+                outln!("{}", serde_json::json!({"file": name, "valid": false, "errors": [{"path": "", "message": e}]}));
             } else {
-                eprintln!("{} {e}", style.red("error:"));
+                errln!("{} {e}", style.red("error:"));
             }
             return EXIT_INVALID;
         }
@@ -64,12 +65,12 @@ fn check_file(file: &PathBuf, args: &CheckArgs, style: Style) -> i32 {
         Err(errors) => {
             if args.json {
                 let errs: Vec<_> = errors.iter().map(|e| serde_json::json!({"path": e.path, "message": e.message})).collect();
-                println!("{}", serde_json::json!({"file": name, "valid": false, "errors": errs}));
+                outln!("{}", serde_json::json!({"file": name, "valid": false, "errors": errs}));
             } else {
-                println!("{}: {} ({} error{})", name, style.red("invalid"), errors.len(), if errors.len() == 1 { "" } else { "s" });
+                outln!("{}: {} ({} error{})", name, style.red("invalid"), errors.len(), if errors.len() == 1 { "" } else { "s" });
                 for e in &errors {
                     let path = if e.path.is_empty() { "(document)" } else { e.path.as_str() };
-                    println!("  {} {}: {}", style.red("error"), style.bold(path), e.message);
+                    outln!("  {} {}: {}", style.red("error"), style.bold(path), e.message);
                 }
             }
             return EXIT_INVALID;
@@ -78,15 +79,65 @@ fn check_file(file: &PathBuf, args: &CheckArgs, style: Style) -> i32 {
     report_policies(&mut eng, &name, args, style)
 }
 
-fn report_policies(eng: &mut Engine, name: &str, args: &CheckArgs, style: Style) -> i32 {
+/// What `check` reports of one policy, or why it cannot.
+struct Report {
+    name: String,
+    result: Result<(PolicyInfo, Analysis), String>,
+}
+
+/// Every policy of the engine with its analysis. A policy whose analysis fails (the engine
+/// trapped, or gave no answer) is kept, with the reason: it is never dropped from the report.
+fn analyse(eng: &mut Engine, layers: u32) -> Result<Vec<Report>, String> {
+    let count = eng.try_policy_count().map_err(|t| format!("cannot count the policies: {t}"))?;
+    let mut out = Vec::new();
+    for i in 0..count {
+        let info = eng.try_policy_info(i).map_err(|t| t.to_string()).and_then(|o| o.ok_or_else(|| format!("the engine has no policy {i}")));
+        let name = info.as_ref().map(|p| p.name.clone()).unwrap_or_else(|_| format!("#{i}"));
+        let result = info.and_then(|info| match eng.try_analyze(i, layers) {
+            Ok(Some(a)) => Ok((info, a)),
+            Ok(None) => Err("the engine gave no analysis".to_string()),
+            Err(t) => Err(t.to_string()),
+        });
+        out.push(Report { name, result: result.map_err(|e| format!("cannot analyse the policy: {e}")) });
+    }
+    Ok(out)
+}
+
+fn report_policies(eng: &mut Engine, name: &str, args: &CheckArgs, style: Style) -> u8 {
+    let reports = match analyse(eng, args.layers) {
+        Ok(r) => r,
+        Err(e) => {
+            if args.json {
+                outln!("{}", serde_json::json!({"file": name, "valid": true, "errors": [{"path": "", "message": e}], "policies": []}));
+            } else {
+                outln!("{}: {} {e}", name, style.red("error:"));
+            }
+            return EXIT_INVALID;
+        }
+    };
     let mut code = EXIT_OK;
     let mut policies = Vec::new();
+    let mut errors = Vec::new();
     if !args.json {
-        let n = eng.policy_count();
-        println!("{}: {} ({} polic{})", name, style.green("valid"), n, if n == 1 { "y" } else { "ies" });
+        let n = reports.len();
+        outln!("{}: {} ({} polic{})", name, style.green("valid"), n, if n == 1 { "y" } else { "ies" });
     }
-    for i in 0..eng.policy_count() {
-        let (Some(info), Some(a)) = (eng.policy_info(i), eng.analyze(i, args.layers)) else { continue };
+    for (i, report) in reports.iter().enumerate() {
+        let (info, a) = match &report.result {
+            Ok(r) => r,
+            Err(e) => {
+                code = EXIT_INVALID;
+                let path = format!("policies.{}", report.name);
+                if args.json {
+                    policies.push(serde_json::json!({"name": report.name, "layers": args.layers, "error": e}));
+                    errors.push(serde_json::json!({"path": path, "message": e}));
+                } else {
+                    outln!("  {} {}", style.bold("policy"), style.bold(&report.name));
+                    outln!("    {} {e}", style.red("error:"));
+                }
+                continue;
+            }
+        };
         let mut over = Vec::new();
         if let Some(max) = args.max_amplification {
             if a.amplification_with_budget > max {
@@ -105,11 +156,11 @@ fn report_policies(eng: &mut Engine, name: &str, args: &CheckArgs, style: Style)
                 _ => {}
             }
         }
-        if !over.is_empty() {
+        if !over.is_empty() && code == EXIT_OK {
             code = EXIT_THRESHOLD;
         }
         let defaults: Option<serde_json::Value> =
-            if args.show_defaults { eng.policy_json(i).and_then(|j| serde_json::from_str(&j).ok()) } else { None };
+            if args.show_defaults { eng.policy_json(i as u32).and_then(|j| serde_json::from_str(&j).ok()) } else { None };
         if args.json {
             policies.push(serde_json::json!({
                 "name": info.name,
@@ -124,25 +175,27 @@ fn report_policies(eng: &mut Engine, name: &str, args: &CheckArgs, style: Style)
                 "amplification_with_budget": a.amplification_with_budget,
                 "over_threshold": over,
                 "policy": defaults,
+                "error": null,
             }));
             continue;
         }
-        println!("  {} {}", style.bold("policy"), style.bold(&info.name));
+        outln!("  {} {}", style.bold("policy"), style.bold(&info.name));
         let timeout = if info.attempt_timeout == 0 { "none".to_string() } else { human(info.attempt_timeout) };
         let deadline = if info.deadline == 0 { "none".to_string() } else { human(info.deadline) };
-        println!("    attempts             {} (at most), per-attempt timeout {timeout}, deadline {deadline}", info.max_attempts);
-        let cut = if a.worst_attempts < info.max_attempts { " (the deadline cuts it short)" } else { "" };
-        println!("    worst-case attempts  {}{cut}", a.worst_attempts);
+        outln!("    attempts             {} (at most), per-attempt timeout {timeout}, deadline {deadline}", info.max_attempts);
+        let cut = if a.worst_attempts < info.max_attempts { " (even the shortest delays reach the deadline)" } else { "" };
+        outln!("    worst-case attempts  {}{cut}", a.worst_attempts);
         match a.worst_latency {
-            Some(l) => {
-                println!("    worst-case latency   {} (every attempt at its timeout, plus capped backoff, under the deadline)", human(l))
-            }
-            None => println!(
+            Some(l) => outln!(
+                "    worst-case latency   {} (every attempt at its timeout, every delay at its longest, under the deadline)",
+                human(l)
+            ),
+            None => outln!(
                 "    worst-case latency   {} (no attempt-timeout and no deadline: a hung dependency hangs the caller)",
                 style.yellow("unbounded")
             ),
         }
-        println!(
+        outln!(
             "    amplification        {} on {} layer{} without a budget ({}^{})",
             fmt_x(a.amplification),
             args.layers,
@@ -151,26 +204,26 @@ fn report_policies(eng: &mut Engine, name: &str, args: &CheckArgs, style: Style)
             args.layers
         );
         if (a.amplification_with_budget - a.amplification).abs() > f64::EPSILON {
-            println!("                         {} with this policy's retry budget (long-run bound)", fmt_x(a.amplification_with_budget));
+            outln!("                         {} with this policy's retry budget (long-run bound)", fmt_x(a.amplification_with_budget));
         } else if a.worst_attempts > 1 {
-            println!("                         {}", style.dim("no retry budget: add `budget: { kind: token }` to bound it"));
+            outln!("                         {}", style.dim("no retry budget: add `budget: { kind: token }` to bound it"));
         }
         if !info.fallbacks.is_empty() {
-            println!("    fallbacks            {}", info.fallbacks.join(" -> "));
+            outln!("    fallbacks            {}", info.fallbacks.join(" -> "));
         }
         for o in &over {
-            println!("    {} {o}", style.yellow("over threshold:"));
+            outln!("    {} {o}", style.yellow("over threshold:"));
         }
         if let Some(d) = defaults {
             let pretty = serde_json::to_string_pretty(&d).unwrap_or_default();
-            println!("    with every default filled in:");
+            outln!("    with every default filled in:");
             for line in pretty.lines() {
-                println!("      {line}");
+                outln!("      {line}");
             }
         }
     }
     if args.json {
-        println!("{}", serde_json::json!({"file": name, "valid": true, "policies": policies}));
+        outln!("{}", serde_json::json!({"file": name, "valid": true, "errors": errors, "policies": policies}));
     }
     code
 }
@@ -185,5 +238,38 @@ pub fn fmt_x(v: f64) -> String {
         format!("{s}x")
     } else {
         format!("{v:e}x")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(json: bool) -> CheckArgs {
+        CheckArgs { files: Vec::new(), layers: 3, json, show_defaults: false, max_amplification: None, max_latency: None }
+    }
+
+    #[test]
+    fn every_policy_is_analysed() {
+        let doc = "policies:\n  a: { attempts: 4294967295 }\n  b: { attempts: 5, deadline: 10s }\n";
+        let mut eng = engine::load(doc, 0).unwrap_or_else(|e| panic!("{e:?}"));
+        let reports = analyse(&mut eng, 3).unwrap_or_else(|e| panic!("{e}"));
+        let names: Vec<&str> = reports.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        let attempts: Vec<u32> = reports.iter().filter_map(|r| r.result.as_ref().ok()).map(|(_, a)| a.worst_attempts).collect();
+        assert_eq!(attempts, [u32::MAX, 5]);
+    }
+
+    #[test]
+    fn a_failed_analysis_is_an_error_not_an_empty_report() {
+        // An engine whose every query traps: before, `check` printed "valid (0 policies)"
+        // and exited 0.
+        let limits = levee::Limits { call_ticks: 0, ..levee::Limits::default() };
+        let mut eng =
+            Engine::load_with(levee::Backend::Wasm, "policies:\n  a: { attempts: 3 }\n", 0, limits).unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(analyse(&mut eng, 3).is_err());
+        for json in [false, true] {
+            assert_eq!(report_policies(&mut eng, "t.yaml", &args(json), Style::new(crate::term::ColorChoice::Never)), EXIT_INVALID);
+        }
     }
 }

@@ -19,6 +19,18 @@ pub fn load(document: &str, seed: u64) -> Result<Engine, Vec<core::LoadError>> {
     Engine::load_with(levee::Backend::Wasm, document, seed, levee::Limits::default())
 }
 
+/// The index of the policy named `name`, or an error that lists the document's policies
+/// (with the nearest name when it looks like a typo).
+pub fn policy_named(eng: &mut Engine, name: &str) -> Result<u32, String> {
+    if let Some(i) = eng.policy_index(name) {
+        return Ok(i);
+    }
+    let known: Vec<String> = (0..eng.policy_count()).filter_map(|i| eng.policy_info(i)).map(|p| p.name).collect();
+    let known: Vec<&str> = known.iter().map(String::as_str).collect();
+    let hint = core::doc::closest(name, &known).map(|n| format!("; did you mean `{n}`?")).unwrap_or_default();
+    Err(format!("no policy named `{}` in the document{hint} (its policies: {})", core::policy::escape(name), core::doc::list(&known)))
+}
+
 /// A duration for people: `0`, `850us`, `142.3ms`, `1.25s`, `2m05s`.
 pub fn human(ns: u64) -> String {
     const MS: u64 = 1_000_000;

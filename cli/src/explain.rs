@@ -371,7 +371,7 @@ pub fn replay(document: &str, policy: Option<&str>, seed: u64, trace: &[Line], j
         pos: 0,
     };
     r.policy = match policy {
-        Some(name) => r.eng.policy_index(name).ok_or_else(|| format!("no policy named `{name}` in the document"))?,
+        Some(name) => engine::policy_named(&mut r.eng, name)?,
         None => 0,
     };
     let info = r.eng.policy_info(r.policy).ok_or_else(|| "the document has no policy".to_string())?;

@@ -2,6 +2,8 @@
 //!
 //! Every command drives the policy engine through the Rust host (see `engine.rs`).
 
+#[macro_use]
+mod out;
 mod check;
 mod engine;
 mod explain;
@@ -58,14 +60,15 @@ enum Command {
     /// Validate policy documents and print each policy's worst cases.
     ///
     /// Prints every error with its field path (such as `policies.checkout.backoff.base`).
-    /// For each policy: the worst-case number of attempts, the worst-case total latency
-    /// (every attempt at its timeout plus capped backoff, under the deadline) and the load
+    /// For each policy: the worst-case number of attempts (each may fail at once, so only the
+    /// shortest delays can make them fewer), the worst-case total latency (every attempt at
+    /// its timeout, every delay at its longest, under the deadline) and the load
     /// amplification when LAYERS layers of services each run it: A^L without a budget, and
     /// the bound the policy's retry budget gives.
     ///
     /// Exit codes: 0 every document is valid (and within the thresholds); 1 a document is
-    /// invalid or unreadable; 2 wrong command line; 3 valid, but a policy exceeds
-    /// --max-amplification or --max-latency.
+    /// invalid or unreadable, or a policy could not be analysed; 2 wrong command line; 3
+    /// valid, but a policy exceeds --max-amplification or --max-latency.
     #[command(
         after_help = "Examples:\n  levee check cli/examples/checkout.yaml\n  levee check --layers 4 --max-amplification 2 policies/*.yaml   # fail CI above 2x\n  levee check --json policy.yaml | jq .policies[0].worst_latency"
     )]
@@ -191,18 +194,23 @@ fn read(path: &PathBuf) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
-fn fail(style: Style, msg: &str) -> ExitCode {
-    eprintln!("{} {msg}", style.red("error:"));
-    ExitCode::from(1)
+fn fail(style: Style, msg: &str) -> u8 {
+    errln!("{} {msg}", style.red("error:"));
+    1
 }
 
 fn main() -> ExitCode {
+    let code = run();
+    ExitCode::from(out::exit_code(code))
+}
+
+fn run() -> u8 {
     let cli = Cli::parse();
     let style = Style::new(cli.color);
     match cli.command {
         Command::Check { files, layers, json, show_defaults, max_amplification, max_latency } => {
             let args = check::CheckArgs { files, layers, json, show_defaults, max_amplification, max_latency };
-            ExitCode::from(check::run(&args, style) as u8)
+            check::run(&args, style)
         }
         Command::Explain { file, trace, policy, seed, json } => {
             let result = (|| {
@@ -213,9 +221,9 @@ fn main() -> ExitCode {
             match result {
                 Ok(lines) => {
                     for l in lines {
-                        println!("{l}");
+                        outln!("{l}");
                     }
-                    ExitCode::SUCCESS
+                    0
                 }
                 Err(e) => fail(style, &e),
             }
@@ -243,9 +251,9 @@ fn main() -> ExitCode {
                 Err(e) => return fail(style, &e),
             };
             if json {
-                println!("{}", sim::report_json(&outcome, &opts));
+                outln!("{}", sim::report_json(&outcome, &opts));
             } else {
-                print!("{}", sim::report_text(&outcome, &opts, style));
+                out!("{}", sim::report_text(&outcome, &opts, style));
             }
             if !no_svg {
                 let path = svg.unwrap_or_else(|| PathBuf::from(format!("levee-{}.svg", scenario.name())));
@@ -253,10 +261,10 @@ fn main() -> ExitCode {
                     return fail(style, &format!("cannot write {}: {e}", path.display()));
                 }
                 if !json {
-                    println!("\nchart written to {}", path.display());
+                    outln!("\nchart written to {}", path.display());
                 }
             }
-            ExitCode::SUCCESS
+            0
         }
     }
 }

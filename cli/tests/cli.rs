@@ -35,8 +35,9 @@ fn check_valid_files_exit_0_with_worst_cases() {
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     let out = stdout(&o);
     assert!(out.contains("checkout.yaml: valid (1 policy)"), "{out}");
-    // 3 attempts at 2 s + backoff caps 100 ms and 200 ms, under the 10 s deadline.
-    assert!(out.contains("worst-case latency   6.3s"), "{out}");
+    // 3 attempts at 2 s, and a server may ask (Retry-After) for up to 300 s before each
+    // retry: the 10 s deadline is the bound.
+    assert!(out.contains("worst-case latency   10s"), "{out}");
     assert!(out.contains("27x on 3 layers without a budget (3^3)"), "{out}");
     assert!(out.contains("1x with this policy's retry budget"), "{out}");
     assert!(out.contains("no retry budget"), "{out}");
@@ -79,7 +80,14 @@ fn check_exit_codes_fit_scripts() {
 
 #[test]
 fn check_json_matches_the_analysis() {
-    let o = levee(&["check", "--json", "--layers", "2", &path("tests/data/edge-json.json"), &path("tests/data/deadline-cuts.yaml")]);
+    let o = levee(&[
+        "check",
+        "--json",
+        "--layers",
+        "2",
+        &path("tests/data/edge-json.json"),
+        &path("tests/data/deadline-and-fast-failures.yaml"),
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     let docs = json_lines(&o);
     assert_eq!(docs.len(), 2);
@@ -91,11 +99,14 @@ fn check_json_matches_the_analysis() {
     assert_eq!(p[1]["amplification"], 16.0);
     // 4 attempts of 1 s and 3 delays of 100 ms.
     assert_eq!(p[1]["worst_latency"], 4_300_000_000u64);
-    // The deadline cuts 10 attempts to 3: 1 s, 200 ms, 1 s, 200 ms, then 100 ms left of the third.
+    // Attempts of up to 1 s under a 2.5 s deadline: still 10 attempts in the worst case, for
+    // each may fail at once (issue 14, item 5), and the latency is the deadline.
     let t = &docs[1]["policies"][0];
-    assert_eq!(t["worst_attempts"], 3);
+    assert_eq!(t["worst_attempts"], 10);
     assert_eq!(t["worst_latency"], 2_500_000_000u64);
-    assert_eq!(t["amplification"], 9.0);
+    assert_eq!(t["amplification"], 100.0);
+    assert_eq!(t["error"], Value::Null);
+    assert_eq!(docs[1]["errors"], serde_json::json!([]));
     let o = levee(&["check", "--json", &path("examples/invalid.yaml")]);
     let d = &json_lines(&o)[0];
     assert_eq!(d["valid"], false);
@@ -160,8 +171,14 @@ fn explain_rejects_bad_traces_with_the_line_number() {
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("trace line 2") && err.contains("teapot"), "{err}");
-    let o = levee(&["explain", &path("examples/checkout.yaml"), "--trace", &path("examples/flaky.jsonl"), "--policy", "nope"]);
+    let o = levee(&["explain", &path("examples/checkout.yaml"), "--trace", &path("examples/flaky.jsonl"), "--policy", "checkuot"]);
     assert_eq!(o.status.code(), Some(1));
+    // Issue 14, item 19: an unknown name lists the document's policies.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no policy named `checkuot` in the document; did you mean `checkout`? (its policies: checkout)"), "{err}");
+    let o = levee(&["simulate", &path("examples/checkout.yaml"), "--scenario", "healthy", "--policy", "nope", "--no-svg"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("(its policies: checkout)"));
     let o = levee(&["explain", &path("examples/invalid.yaml"), "--trace", &path("examples/flaky.jsonl")]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("policies.checkout.attempts"));
@@ -261,4 +278,84 @@ fn simulate_errors_and_help() {
     assert!(help.contains("levee check policy.yaml") && help.contains("three-layer-outage"), "{help}");
     let o = levee(&["simulate", "--help"]);
     assert!(stdout(&o).contains("rate-limit"));
+}
+
+fn tmp_policy(name: &str, text: &str) -> String {
+    let p = tmp(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn check_fails_fast_attempts_and_huge_attempts_are_reported_and_checked() {
+    // Issue 14, item 5: 5 attempts, a 10 s deadline, no attempt timeout: 5 attempts, 125x.
+    let p = tmp_policy("fail-fast.yaml", "policies:\n  p: { attempts: 5, deadline: 10s }\n");
+    let o = levee(&["check", "--max-amplification", "2", &p]);
+    assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
+    assert!(stdout(&o).contains("worst-case attempts  5\n"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("125x on 3 layers"), "{}", stdout(&o));
+    // Issue 14, item 4: attempts up to 2^32-1 were dropped from the report (the analysis ran
+    // out of time in the engine) and the thresholds skipped, with exit 0.
+    let p = tmp_policy("huge.yaml", "policies:\n  huge: { attempts: 4294967295, attempt-timeout: 1s, deadline: 1h }\n");
+    let started = std::time::Instant::now();
+    let o = levee(&["check", "--json", "--layers", "1", &p]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let d = &json_lines(&o)[0];
+    assert_eq!(d["policies"][0]["name"], "huge");
+    assert_eq!(d["policies"][0]["worst_attempts"], 4_294_967_295u64);
+    assert_eq!(d["policies"][0]["worst_latency"], 3_600_000_000_000u64);
+    assert_eq!(levee(&["check", "--max-amplification", "2", &p]).status.code(), Some(3));
+    assert_eq!(levee(&["check", "--max-latency", "10s", &p]).status.code(), Some(3));
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "{:?}", started.elapsed());
+}
+
+/// Run levee with stdout (or stderr) a pipe whose reading end is already closed.
+fn closed_pipe(args: &[&str], close_stderr: bool) -> Output {
+    use std::process::Stdio;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_levee"));
+    cmd.args(args).env("NO_COLOR", "1").stdin(Stdio::null());
+    if close_stderr {
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    } else {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    let mut child = cmd.spawn().expect("run levee");
+    // Close the reading end before levee writes anything: every write gets EPIPE.
+    if close_stderr {
+        drop(child.stderr.take());
+    } else {
+        drop(child.stdout.take());
+    }
+    let status = child.wait().expect("levee ends");
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut err).unwrap();
+    }
+    Output { status, stdout: Vec::new(), stderr: err.into_bytes() }
+}
+
+#[test]
+fn a_closed_pipe_ends_output_quietly_with_the_commands_exit_code() {
+    // Issue 14, item 6: `levee check FILE | head -1` panicked ("failed printing to stdout:
+    // Broken pipe", exit 101).
+    let checkout = path("examples/checkout.yaml");
+    let cases: [(&[&str], i32); 6] = [
+        (&["check", &checkout, &checkout, &checkout], 0),
+        (&["check", "--json", "--show-defaults", &checkout], 0),
+        (&["check", "--max-amplification", "2", &path("examples/retries-only.yaml")], 3),
+        (&["check", &path("examples/invalid.yaml")], 1),
+        (&["explain", &checkout, "--trace", &path("examples/outage.jsonl")], 0),
+        (&["simulate", &checkout, "--scenario", "healthy", "--duration", "2s", "--no-svg", "--quiet"], 0),
+    ];
+    for (args, code) in cases {
+        let o = closed_pipe(args, false);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
+    }
+    // stderr closed too: an unreadable file is still exit 1, without a panic.
+    let o = closed_pipe(&["check", "/nonexistent/levee.yaml"], true);
+    assert_eq!(o.status.code(), Some(1));
+    let o = closed_pipe(&["explain", &checkout, "--trace", "/nonexistent/trace.jsonl"], true);
+    assert_eq!(o.status.code(), Some(1));
 }

@@ -3,15 +3,65 @@
 //!
 //! Each request is one call under the policy, keyed by the URL's `host:port`, with its
 //! method in the `start` flags (the policy's `idempotent-methods` decide what may be
-//! retried). Every attempt sends a copy (`Request::try_clone`); a request whose body cannot
-//! be copied (a stream) is marked not idempotent, so the core never asks for a retry.
+//! retried) and, when it carries a non-empty `Idempotency-Key` or `X-Idempotency-Key`
+//! header, the "has an idempotency key" flag (the core then retries it whatever its method).
+//! Every attempt sends a copy (`Request::try_clone`); a request whose body cannot be copied
+//! (a stream) is marked not idempotent and never keyed, so the core never asks for a retry.
+//!
+//! The policy's fallback chain runs fallbacks registered with [`Levee::register_fallback`]
+//! for `Result<reqwest::Response, reqwest::Error>` (the [`Middleware`] also runs those
+//! registered for `Result<reqwest::Response, reqwest_middleware::Error>`).
+//!
+//! Naming a policy the document does not have fails when the client or middleware is built
+//! ([`UnknownPolicy`], with the document's names).
 //! Responses are described by status, raw `Retry-After` (seconds or an HTTP-date, parsed by
 //! the core) and `x-envoy-overloaded`; errors by kind (timeout, connect, ...). The last
 //! response is returned as it is when the policy stops (as reqwest returns a 503); a refusal
 //! or a final error is a [`LeveeError`].
 
-use crate::outcome::{chain_outcome, method_flags, IntoOutcome, Outcome};
-use crate::{Levee, LeveeError};
+use std::future::Future;
+
+use crate::outcome::{chain_outcome, request_flags, IntoOutcome, Outcome};
+use crate::{Call, FallbackContext, Levee, LeveeError, UnknownPolicy};
+
+/// The `start` flags of a request: a body that cannot be sent twice (`replayable` false)
+/// makes it not idempotent, and an idempotency key cannot change that.
+fn flags_of(req: &::reqwest::Request, replayable: bool) -> u32 {
+    let flags = request_flags(req.method(), req.headers());
+    if replayable {
+        flags
+    } else {
+        (flags & !2) | 1
+    }
+}
+
+/// Add to `call` the fallbacks of the policy's chain registered for
+/// `Result<reqwest::Response, reqwest::Error>`, with their errors mapped by `wrap` (the call
+/// itself runs with another error type). Looked up per call: a reload may change the chain
+/// and fallbacks may be registered at any time.
+fn with_reqwest_fallbacks<'a, E: Send + 'static>(
+    levee: &Levee,
+    policy: &str,
+    mut call: Call<'a, ::reqwest::Response, E>,
+    wrap: fn(::reqwest::Error) -> E,
+) -> Call<'a, ::reqwest::Response, E> {
+    let Some(info) = levee.policy_info(policy) else {
+        return call;
+    };
+    for name in &info.fallbacks {
+        if let Some(f) = levee.registered_fallback::<::reqwest::Response, ::reqwest::Error>(name) {
+            call = call.fallback(name, move |ctx: FallbackContext| adapt(f(ctx), wrap));
+        }
+    }
+    call
+}
+
+async fn adapt<E>(
+    fut: impl Future<Output = Result<::reqwest::Response, ::reqwest::Error>>,
+    wrap: fn(::reqwest::Error) -> E,
+) -> Result<::reqwest::Response, E> {
+    fut.await.map_err(wrap)
+}
 
 fn key_of(url: &::reqwest::Url) -> String {
     match (url.host_str(), url.port_or_known_default()) {
@@ -30,9 +80,11 @@ pub struct Client {
 }
 
 impl Client {
-    /// Wrap `client`: its requests run under the named policy of `levee`.
-    pub fn new(client: ::reqwest::Client, levee: Levee, policy: &str) -> Self {
-        Client { client, levee, policy: policy.to_string() }
+    /// Wrap `client`: its requests run under the named policy of `levee`. A name the
+    /// document does not have is an [`UnknownPolicy`] error (listing the names it has).
+    pub fn new(client: ::reqwest::Client, levee: Levee, policy: &str) -> Result<Self, UnknownPolicy> {
+        levee.policy(policy)?;
+        Ok(Client { client, levee, policy: policy.to_string() })
     }
 
     /// The inner client (to build requests).
@@ -63,17 +115,11 @@ impl Client {
     /// Execute a request under the policy.
     pub async fn execute(&self, req: ::reqwest::Request) -> Result<::reqwest::Response, LeveeError<::reqwest::Error>> {
         let key = key_of(req.url());
-        let mut flags = method_flags(req.method());
         let mut sender = Sender::new(req);
-        if sender.single.is_some() {
-            flags |= 1;
-        }
+        let flags = sender.flags();
         let client = &self.client;
-        let r = self
-            .levee
-            .call(&self.policy)
-            .key(key)
-            .flags(flags)
+        let call = self.levee.call(&self.policy).key(key).flags(flags);
+        let r = with_reqwest_fallbacks(&self.levee, &self.policy, call, |e| AttemptError(Some(e)))
             .run_classified(
                 |r: &Result<::reqwest::Response, AttemptError>| match r {
                     Ok(resp) => resp.outcome(),
@@ -99,6 +145,7 @@ impl Client {
             out.retry_after = e.retry_after;
             out.trap = e.trap;
             out.invalid = e.invalid;
+            out.known_policies = e.known_policies;
             out.last = e.last.and_then(|a| a.0);
             out.fallback_error = e.fallback_error.and_then(|a| a.0);
             out
@@ -143,6 +190,15 @@ impl Sender {
         }
     }
 
+    /// The `start` flags of the request.
+    fn flags(&self) -> u32 {
+        match (&self.template, &self.single) {
+            (Some(t), _) => flags_of(t, true),
+            (None, Some(s)) => flags_of(s, false),
+            (None, None) => 1,
+        }
+    }
+
     fn next(&mut self) -> Option<::reqwest::Request> {
         match &self.template {
             Some(t) => t.try_clone(),
@@ -179,9 +235,11 @@ pub struct Middleware {
 }
 
 impl Middleware {
-    /// Run requests under the named policy of `levee`.
-    pub fn new(levee: Levee, policy: &str) -> Self {
-        Middleware { levee, policy: policy.to_string() }
+    /// Run requests under the named policy of `levee`. A name the document does not have is
+    /// an [`UnknownPolicy`] error (listing the names it has).
+    pub fn new(levee: Levee, policy: &str) -> Result<Self, UnknownPolicy> {
+        levee.policy(policy)?;
+        Ok(Middleware { levee, policy: policy.to_string() })
     }
 }
 
@@ -203,17 +261,11 @@ impl reqwest_middleware::Middleware for Middleware {
         next: reqwest_middleware::Next<'_>,
     ) -> reqwest_middleware::Result<::reqwest::Response> {
         let key = key_of(req.url());
-        let mut flags = method_flags(req.method());
         let mut sender = Sender::new(req);
-        if sender.single.is_some() {
-            flags |= 1;
-        }
+        let flags = sender.flags();
         let ext = extensions.clone();
-        let r = self
-            .levee
-            .call(&self.policy)
-            .key(key)
-            .flags(flags)
+        let call = self.levee.call(&self.policy).key(key).flags(flags);
+        let r = with_reqwest_fallbacks(&self.levee, &self.policy, call, reqwest_middleware::Error::Reqwest)
             .run_classified(
                 |r: &reqwest_middleware::Result<::reqwest::Response>| match r {
                     Ok(resp) => resp.outcome(),

@@ -33,6 +33,8 @@ pub struct LeveeError<E> {
     /// Fallbacks the policy's chain named that no function was registered for (they count as
     /// failed; the message says so).
     pub unregistered: Vec<String>,
+    /// With `invalid` = `unknown-policy`: the names the document does have.
+    pub known_policies: Vec<String>,
 }
 
 /// What every host says of fallbacks named by a policy but never registered.
@@ -57,6 +59,7 @@ impl<E> LeveeError<E> {
             trap: None,
             invalid: None,
             unregistered: Vec::new(),
+            known_policies: Vec::new(),
         }
     }
 
@@ -83,6 +86,7 @@ impl<E> LeveeError<E> {
             trap: self.trap,
             invalid: self.invalid,
             unregistered: self.unregistered,
+            known_policies: self.known_policies,
         }
     }
 }
@@ -99,12 +103,16 @@ impl<E: fmt::Debug> fmt::Debug for LeveeError<E> {
             .field("trap", &self.trap)
             .field("invalid", &self.invalid)
             .field("unregistered", &self.unregistered)
+            .field("known_policies", &self.known_policies)
             .finish()
     }
 }
 
 impl<E: fmt::Display> fmt::Display for LeveeError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.invalid == Some(InvalidCode::UnknownPolicy) {
+            return write!(f, "levee: {}", UnknownPolicy::new(&self.policy, self.known_policies.clone()));
+        }
         if let Some(code) = self.invalid {
             return write!(f, "levee: policy `{}`: protocol error ({code})", self.policy);
         }
@@ -150,3 +158,45 @@ impl fmt::Display for LoadErrors {
 }
 
 impl std::error::Error for LoadErrors {}
+
+/// A policy name the document does not have, refused where it is named ([`crate::Levee::policy`],
+/// `Client::new`, `Middleware::new`, `LeveeLayer::new`), with the names it does have.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownPolicy {
+    /// The name asked for.
+    pub name: String,
+    /// The document's policy names, in document order.
+    pub known: Vec<String>,
+}
+
+impl UnknownPolicy {
+    pub(crate) fn new(name: &str, known: Vec<String>) -> Self {
+        UnknownPolicy { name: name.to_string(), known }
+    }
+}
+
+impl fmt::Display for UnknownPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = levee_core::policy::escape(&self.name);
+        write!(f, "no policy named `{name}` in the document")?;
+        let known: Vec<&str> = self.known.iter().map(String::as_str).collect();
+        if let Some(near) = levee_core::doc::closest(&self.name, &known) {
+            write!(f, "; did you mean `{near}`?")?;
+        }
+        if known.is_empty() {
+            return Ok(());
+        }
+        write!(f, " (its policies: {})", levee_core::doc::list(&known))
+    }
+}
+
+impl std::error::Error for UnknownPolicy {}
+
+impl crate::Levee {
+    /// The named policy, or an [`UnknownPolicy`] error that lists the document's names. The
+    /// integrations call it when they are built, so that a mistyped name fails there, not
+    /// at the first request.
+    pub fn policy(&self, name: &str) -> Result<levee_core::PolicyInfo, UnknownPolicy> {
+        self.policy_info(name).ok_or_else(|| UnknownPolicy::new(name, self.policy_names()))
+    }
+}

@@ -538,7 +538,8 @@ impl Levee {
         let mut core = self.shared.lock();
         core.flush();
         let Some(index) = core.policies.index(policy) else {
-            return Err(format!("no policy named `{policy}`"));
+            let known = core.policies.info.iter().map(|p| p.name.clone()).collect();
+            return Err(crate::UnknownPolicy::new(policy, known).to_string());
         };
         let r = core.raw.try_set_breaker_state(index, key, state, now).unwrap_or_else(|t| Err(t.to_string()));
         self.finish_locked(core);
@@ -587,7 +588,7 @@ impl Levee {
         self.shared.fallbacks.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), any);
     }
 
-    fn registered_fallback<T: 'static, E: 'static>(&self, name: &str) -> Option<FallbackFn<T, E>> {
+    pub(crate) fn registered_fallback<T: 'static, E: 'static>(&self, name: &str) -> Option<FallbackFn<T, E>> {
         let map = self.shared.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
         map.get(name).and_then(|a| a.downcast_ref::<FallbackFn<T, E>>()).cloned()
     }
@@ -830,9 +831,10 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
             let mut core = shared.lock();
             let limits = core.policies.named(self.policy).map(|(i, p)| (i, PolicyLimits::of(p)));
             let Some((index, limits)) = limits else {
-                drop(core);
                 let mut err = LeveeError::new(Reason::None, self.policy);
                 err.invalid = Some(InvalidCode::UnknownPolicy);
+                err.known_policies = core.policies.info.iter().map(|p| p.name.clone()).collect();
+                drop(core);
                 return Err(err);
             };
             let call = core.next_call;

@@ -2,7 +2,8 @@
 //!
 //! The request body must be `Clone` (each attempt sends a copy); the key of each call is the
 //! request's authority (`host:port`), so every downstream has its own breaker, limiter and
-//! budget. Responses are described by status, `Retry-After` and `x-envoy-overloaded`; the
+//! budget. The method and a non-empty `Idempotency-Key` or `X-Idempotency-Key` header go in
+//! the `start` flags (a keyed request is retried whatever its method). Responses are described by status, `Retry-After` and `x-envoy-overloaded`; the
 //! service's errors by [`IntoOutcome`]. A response the policy does not retry further (say a
 //! last 503) is returned as it is; a call the policy refuses, or whose last attempt failed
 //! with an error, is a [`LeveeError`].
@@ -11,8 +12,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::handle::BoxFuture;
-use crate::outcome::{method_flags, IntoOutcome, Outcome};
-use crate::{Levee, LeveeError};
+use crate::outcome::{request_flags, IntoOutcome, Outcome};
+use crate::{Levee, LeveeError, UnknownPolicy};
 
 /// Wraps services in [`LeveeService`].
 #[derive(Clone, Debug)]
@@ -23,9 +24,11 @@ pub struct LeveeLayer {
 }
 
 impl LeveeLayer {
-    /// Run requests under the named policy of `levee`.
-    pub fn new(levee: Levee, policy: &str) -> Self {
-        LeveeLayer { levee, policy: Arc::from(policy), key: None }
+    /// Run requests under the named policy of `levee`. A name the document does not have is
+    /// an [`UnknownPolicy`] error (listing the names it has).
+    pub fn new(levee: Levee, policy: &str) -> Result<Self, UnknownPolicy> {
+        levee.policy(policy)?;
+        Ok(LeveeLayer { levee, policy: Arc::from(policy), key: None })
     }
 
     /// Use one fixed key instead of each request's authority.
@@ -87,7 +90,7 @@ where
             Some(k) => k.to_string(),
             None => req.uri().authority().map(|a| a.as_str().to_string()).unwrap_or_default(),
         };
-        let flags = method_flags(req.method());
+        let flags = request_flags(req.method(), req.headers());
         Box::pin(async move {
             levee
                 .call(&policy)

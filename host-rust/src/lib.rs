@@ -31,7 +31,7 @@ pub use outcome::{IntoOutcome, Outcome};
 pub use raw::{Backend, Limits, RawEngine, Trap};
 
 #[cfg(feature = "tokio")]
-pub use error::{LeveeError, LoadErrors};
+pub use error::{LeveeError, LoadErrors, UnknownPolicy};
 #[cfg(feature = "tokio")]
 pub use handle::{Attempt, BoxFuture, Builder, Call, FallbackContext, FallbackFn, Levee, Step};
 

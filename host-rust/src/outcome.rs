@@ -172,10 +172,22 @@ mod http_impls {
         };
         code << 8
     }
+
+    /// The request headers that carry an idempotency key (as every Levee host reads them):
+    /// a request with a non-empty one may be retried whatever its method.
+    pub const IDEMPOTENCY_KEY_HEADERS: [&str; 2] = ["idempotency-key", "x-idempotency-key"];
+
+    /// The `start` flags of an HTTP request: its method, and bit 1 when it carries an
+    /// idempotency key ([`IDEMPOTENCY_KEY_HEADERS`]).
+    pub fn request_flags(method: &http::Method, headers: &http::HeaderMap) -> u32 {
+        let keyed = IDEMPOTENCY_KEY_HEADERS.iter().any(|h| headers.get_all(*h).iter().any(|v| !v.as_bytes().is_empty()));
+        // Bit 1 of the `start` flags: "has an idempotency key" (see the WIT).
+        method_flags(method) | if keyed { 2 } else { 0 }
+    }
 }
 
 #[cfg(feature = "http")]
-pub use http_impls::{method_flags, response_outcome};
+pub use http_impls::{method_flags, request_flags, response_outcome, IDEMPOTENCY_KEY_HEADERS};
 
 #[cfg(feature = "reqwest")]
 mod reqwest_impls {

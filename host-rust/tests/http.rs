@@ -51,7 +51,7 @@ fn levee() -> levee::Levee {
 }
 
 fn client(l: &levee::Levee, policy: &str) -> Client {
-    Client::new(reqwest::Client::new(), l.clone(), policy)
+    Client::new(reqwest::Client::new(), l.clone(), policy).expect("a policy of the document")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -214,7 +214,8 @@ async fn the_reqwest_middleware_retries_and_reports_refusals() {
     })
     .await;
     let l = levee();
-    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "flaky")).build();
+    let c =
+        reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "flaky").expect("known")).build();
     let resp = c.get(server.url("/mw")).send().await.expect("a response");
     assert_eq!(resp.status(), 200);
     assert_eq!(server.hits("/mw"), 2);
@@ -224,7 +225,7 @@ async fn the_reqwest_middleware_retries_and_reports_refusals() {
 
     // A refusal is a LeveeError inside Error::Middleware.
     let port = dead_port();
-    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "dead")).build();
+    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "dead").expect("known")).build();
     for _ in 0..4 {
         let _ = c.get(format!("http://127.0.0.1:{port}/")).send().await;
     }
@@ -251,7 +252,7 @@ async fn the_tower_layer_retries_an_http_service() {
             Ok::<_, std::io::Error>(http::Response::builder().status(status).body(format!("try {n}")).expect("response"))
         }
     });
-    let svc = levee::layer::LeveeLayer::new(l.clone(), "flaky").layer(svc);
+    let svc = levee::layer::LeveeLayer::new(l.clone(), "flaky").expect("known").layer(svc);
     let req = http::Request::builder().method("GET").uri("http://svc.local/x").body("payload".to_string()).expect("request");
     let resp = svc.clone().oneshot(req).await.expect("a response");
     assert_eq!(resp.status(), 200);
@@ -284,7 +285,7 @@ async fn the_deadline_covers_the_body() {
     // 50 bytes, one every 200 ms: 10 s of body under a 2 s deadline.
     let server = Server::start(|_, _| Resp::status(200).body(&"x".repeat(50)).trickle(Duration::from_millis(200))).await;
     let l = levee::Levee::builder().seed(1).load(BODY_DOC).expect("loads");
-    let c = Client::new(reqwest::Client::new(), l, "deadline");
+    let c = Client::new(reqwest::Client::new(), l, "deadline").expect("known");
     let t0 = Instant::now();
     let r = c.send(c.get(server.url("/trickle"))).await;
     assert!(r.is_err(), "a late response: {:?}", r.map(|r| r.status()));
@@ -296,7 +297,7 @@ async fn a_connection_closed_mid_body_is_a_connection_error_retried() {
     let server =
         Server::start(|_, n| if n == 1 { Resp::status(200).body(&"y".repeat(1000)).cut() } else { Resp::status(200).body("whole") }).await;
     let l = levee::Levee::builder().seed(1).load(BODY_DOC).expect("loads");
-    let c = Client::new(reqwest::Client::new(), l, "retry");
+    let c = Client::new(reqwest::Client::new(), l, "retry").expect("known");
     let resp = c.send(c.get(server.url("/cut"))).await.expect("retried to the whole body");
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.url().path(), "/cut");
@@ -313,12 +314,115 @@ async fn the_middleware_reads_the_body_inside_the_attempt() {
     })
     .await;
     let l = levee::Levee::builder().seed(1).load(BODY_DOC).expect("loads");
-    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "retry")).build();
+    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "retry").expect("known")).build();
     let resp = c.get(server.url("/cut")).send().await.expect("retried to the whole body");
     assert_eq!(resp.text().await.expect("in memory"), "whole");
     assert_eq!(server.hits("/cut"), 2);
-    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l, "deadline")).build();
+    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l, "deadline").expect("known")).build();
     let t0 = Instant::now();
     assert!(c.get(server.url("/trickle")).send().await.is_err());
     assert!(t0.elapsed() < Duration::from_secs(3), "failed after {:?} under a 2 s deadline", t0.elapsed());
+}
+
+fn response(status: u16, body: &str) -> reqwest::Response {
+    reqwest::Response::from(http::Response::builder().status(status).body(body.to_string()).expect("a response"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_runs_registered_fallbacks_and_keeps_the_last_503_without_one() {
+    // Issue 14, item 7: the client never ran a registered fallback.
+    let server = Server::start(|_, _| Resp::status(503)).await;
+    let l = levee();
+    let c = client(&l, "fb");
+    // No fallback registered: the policy's chain has nothing to run, and the last 503 comes
+    // back as the response (as reqwest returns it).
+    let resp = c.send(c.get(server.url("/a"))).await.expect("the last 503");
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.text().await.expect("a body"), "status 503");
+    assert_eq!(server.hits("/a"), 2);
+
+    l.register_fallback("cached", |ctx: levee::FallbackContext| async move {
+        assert_eq!((ctx.reason, ctx.attempts), (Reason::RetriesExhausted, 2));
+        Ok::<_, reqwest::Error>(response(200, "from cache"))
+    });
+    let resp = c.send(c.get(server.url("/b"))).await.expect("the fallback's response");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.text().await.expect("a body"), "from cache");
+    assert_eq!(server.hits("/b"), 2);
+
+    // The middleware runs the same registration.
+    let m = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "fb").expect("known")).build();
+    let resp = m.get(server.url("/c")).send().await.expect("the fallback's response");
+    assert_eq!(resp.text().await.expect("a body"), "from cache");
+
+    // A fallback that fails: the last 503 comes back, as without one.
+    let l = levee();
+    l.register_fallback("cached", |_ctx| async {
+        Err::<reqwest::Response, _>(reqwest::Client::new().get("http://[::1").build().expect_err("a bad URL"))
+    });
+    let c = client(&l, "fb");
+    let resp = c.send(c.get(server.url("/d"))).await.expect("the last 503");
+    assert_eq!((resp.status().as_u16(), server.hits("/d")), (503, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_lets_a_post_be_retried() {
+    // Issue 14, item 8: the client, the middleware and the tower layer ignored the header.
+    let server = Server::start(|_, n| if n < 3 { Resp::status(503) } else { Resp::status(200) }).await;
+    let l = levee();
+    let c = client(&l, "flaky");
+    let resp = c.send(c.post(server.url("/plain")).body("x")).await.expect("the 503");
+    assert_eq!((resp.status().as_u16(), server.hits("/plain")), (503, 1));
+    for (header, path) in [("Idempotency-Key", "/keyed"), ("X-Idempotency-Key", "/x-keyed")] {
+        let resp = c.send(c.post(server.url(path)).header(header, "order-17").body("x")).await.expect("a response");
+        assert_eq!((resp.status().as_u16(), server.hits(path)), (200, 3), "{header}");
+    }
+    // An empty key is no key.
+    let resp = c.send(c.post(server.url("/empty")).header("Idempotency-Key", "").body("x")).await.expect("the 503");
+    assert_eq!((resp.status().as_u16(), server.hits("/empty")), (503, 1));
+
+    let m =
+        reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "flaky").expect("known")).build();
+    let resp = m.post(server.url("/mw")).header("Idempotency-Key", "k").body("x").send().await.expect("a response");
+    assert_eq!((resp.status().as_u16(), server.hits("/mw")), (200, 3));
+
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use tower::{Layer, ServiceExt};
+    let seen = Arc::new(AtomicU32::new(0));
+    let s = seen.clone();
+    let svc = tower::service_fn(move |_req: http::Request<String>| {
+        let n = s.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            Ok::<_, std::io::Error>(http::Response::builder().status(if n < 3 { 503 } else { 200 }).body(String::new()).expect("response"))
+        }
+    });
+    let svc = levee::layer::LeveeLayer::new(l.clone(), "flaky").expect("known").layer(svc);
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("http://svc.local/x")
+        .header("Idempotency-Key", "k")
+        .body(String::new())
+        .expect("request");
+    let resp = svc.oneshot(req).await.expect("a response");
+    assert_eq!((resp.status().as_u16(), seen.load(Ordering::SeqCst)), (200, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_policy_fails_where_it_is_named() {
+    // Issue 14, item 19: `Client::new(..., "upstrem")` was accepted, and every request then
+    // failed with `protocol error (unknown-policy)`.
+    let l = levee();
+    let e = Client::new(reqwest::Client::new(), l.clone(), "flaky-").expect_err("not a policy");
+    assert_eq!(e.name, "flaky-");
+    assert_eq!(e.known, ["flaky", "throttled", "slow", "dead", "fb"]);
+    let text = e.to_string();
+    assert_eq!(text, "no policy named `flaky-` in the document; did you mean `flaky`? (its policies: flaky, throttled, slow, dead, fb)");
+    assert!(Middleware::new(l.clone(), "nope").is_err());
+    assert!(levee::layer::LeveeLayer::new(l.clone(), "nope").is_err());
+    assert!(l.policy("nope").is_err() && l.policy("fb").is_ok());
+    // A call names its policy when it runs: the error lists the names too.
+    let err = l.call::<(), std::io::Error>("upstrem").run(|_| async { Ok(()) }).await.expect_err("unknown");
+    assert!(err.to_string().contains("no policy named `upstrem` in the document (its policies: flaky,"), "{err}");
+    assert!(l.set_breaker_state("upstrem", "", BreakerState::ForcedOpen).is_err_and(|e| e.contains("its policies: flaky")));
 }

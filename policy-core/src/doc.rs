@@ -217,7 +217,7 @@ pub fn parse_limited(text: &str, limit: usize) -> Result<Value, LoadError> {
     if text.len() > limit {
         return Err(LoadError::new("", format!("the document is {} bytes; the limit is {limit}", text.len())));
     }
-    let mut p = Parser { chars: text.chars().collect(), pos: 0, line: 1, col: 1 };
+    let mut p = Parser { chars: text.chars().collect(), pos: 0, line: 1, col: 1, path: Vec::new() };
     p.skip_document_start()?;
     let value = p.block(0, 0)?;
     p.skip_blank();
@@ -235,6 +235,45 @@ struct Parser {
     pos: usize,
     line: usize,
     col: usize,
+    /// Keys and list positions from the root to the node being read (for error paths).
+    path: Vec<String>,
+}
+
+/// The keys of one mapping as they are read, with where each starts, so that a key given
+/// twice is one error at its second place (not a silent choice of one of the values).
+struct Keys(Vec<(usize, usize)>);
+
+impl Keys {
+    /// Check the keys of a finished mapping (sorting, not comparing every pair: a document
+    /// may hold 4096 policies).
+    fn check(&self, entries: &[(String, Value)], p: &Parser) -> Result<(), LoadError> {
+        let mut order: Vec<usize> = (0..entries.len()).collect();
+        order.sort_by(|&a, &b| entries.get(a).map(|e| &e.0).cmp(&entries.get(b).map(|e| &e.0)).then(a.cmp(&b)));
+        let mut second: Option<(usize, usize)> = None;
+        for pair in order.windows(2) {
+            if let [a, b] = *pair {
+                if entries.get(a).map(|e| &e.0) == entries.get(b).map(|e| &e.0) && second.is_none_or(|(s, _)| b < s) {
+                    second = Some((b, a));
+                }
+            }
+        }
+        let Some((dup, first)) = second else {
+            return Ok(());
+        };
+        let key = entries.get(dup).map(|e| e.0.as_str()).unwrap_or_default();
+        let (line, col) = self.0.get(dup).copied().unwrap_or((0, 0));
+        let (first_line, first_col) = self.0.get(first).copied().unwrap_or((0, 0));
+        let mut path = String::new();
+        for part in p.path.iter().map(String::as_str).chain([key]) {
+            path = if part.starts_with('[') { format!("{path}{part}") } else { join(&path, part) };
+        }
+        Err(LoadError::new(
+            &path,
+            format!(
+                "invalid document at line {line}, column {col}: `{key}` is given twice (first at line {first_line}, column {first_col}); keep one"
+            ),
+        ))
+    }
 }
 
 impl Parser {
@@ -393,8 +432,11 @@ impl Parser {
 
     fn mapping(&mut self, indent: usize, depth: usize) -> Result<Value, LoadError> {
         let mut entries: Vec<(String, Value)> = Vec::new();
+        let mut keys = Keys(Vec::new());
         loop {
+            keys.0.push((self.line, self.col));
             let key = self.key()?;
+            self.path.push(key.clone());
             self.skip_spaces();
             if self.bump() != Some(':') {
                 return Err(self.err("expected `:` after the key"));
@@ -413,11 +455,15 @@ impl Parser {
                 self.end_of_line()?;
                 v
             };
+            self.path.pop();
             entries.push((key, value));
             match self.next_indent() {
                 Some(i) if i == indent && !self.is_sequence_entry() => continue,
                 Some(i) if i > indent => return Err(self.err("this line is indented more than the mapping it belongs to")),
-                _ => return Ok(Value::Map(entries)),
+                _ => {
+                    keys.check(&entries, self)?;
+                    return Ok(Value::Map(entries));
+                }
             }
         }
     }
@@ -449,6 +495,7 @@ impl Parser {
     fn sequence(&mut self, indent: usize, depth: usize) -> Result<Value, LoadError> {
         let mut items = Vec::new();
         loop {
+            self.path.push(format!("[{}]", items.len()));
             self.bump(); // '-'
             self.skip_spaces();
             self.skip_comment();
@@ -470,6 +517,7 @@ impl Parser {
                     v
                 }
             };
+            self.path.pop();
             items.push(item);
             match self.next_indent() {
                 Some(i) if i == indent && self.is_sequence_entry() => continue,
@@ -523,6 +571,7 @@ impl Parser {
         let close = if open == Some('[') { ']' } else { '}' };
         let mut items = Vec::new();
         let mut entries: Vec<(String, Value)> = Vec::new();
+        let mut keys = Keys(Vec::new());
         loop {
             self.skip_flow_blank();
             if self.peek() == Some(close) {
@@ -530,8 +579,11 @@ impl Parser {
                 break;
             }
             if close == ']' {
+                self.path.push(format!("[{}]", items.len()));
                 items.push(self.flow_value(depth)?);
+                self.path.pop();
             } else {
+                keys.0.push((self.line, self.col));
                 let key = match self.flow_value(depth)? {
                     Value::Str(s) => s,
                     Value::Int(i) => i.to_string(),
@@ -540,6 +592,7 @@ impl Parser {
                     _ => return Err(self.err("mapping keys must be plain scalars")),
                 };
                 self.skip_flow_blank();
+                self.path.push(key.clone());
                 let value = if self.peek() == Some(':') {
                     self.bump();
                     self.skip_flow_blank();
@@ -551,6 +604,7 @@ impl Parser {
                 } else {
                     Value::Null
                 };
+                self.path.pop();
                 entries.push((key, value));
             }
             self.skip_flow_blank();
@@ -561,7 +615,11 @@ impl Parser {
                 Some(c) => return Err(self.err(&format!("expected `,` or `{close}`, found `{c}`"))),
             }
         }
-        Ok(if close == ']' { Value::List(items) } else { Value::Map(entries) })
+        if close == ']' {
+            return Ok(Value::List(items));
+        }
+        keys.check(&entries, self)?;
+        Ok(Value::Map(entries))
     }
 
     fn flow_value(&mut self, depth: usize) -> Result<Value, LoadError> {
@@ -727,6 +785,9 @@ pub fn join(path: &str, field: &str) -> String {
     }
 }
 
+/// The error of a field given with no value.
+pub const EMPTY_VALUE: &str = "has no value: give one, or leave the field out for its default (`{}` is an empty mapping)";
+
 /// Reads the fields of one mapping, remembering which were used so that unknown fields
 /// (typos) are reported with the list of known ones.
 pub struct Fields<'a> {
@@ -736,7 +797,9 @@ pub struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
-    /// Read `value` (at `path`) as a mapping. A `null` reads as an empty mapping.
+    /// Read `value` (at `path`) as a mapping. A `null` document reads as an empty mapping; a
+    /// field of the mapping whose value is `null` is an error ([`EMPTY_VALUE`]) and reads as
+    /// absent.
     pub fn new(path: &str, value: &'a Value, errors: &mut Vec<LoadError>) -> Option<Self> {
         const EMPTY: &[(String, Value)] = &[];
         let entries: &'a [(String, Value)] = match value {
@@ -747,9 +810,11 @@ impl<'a> Fields<'a> {
                 return None;
             }
         };
-        for (i, (key, _)) in entries.iter().enumerate() {
-            if entries.iter().take(i).any(|(k, _)| k == key) {
-                errors.push(LoadError::new(&join(path, key), "is given twice"));
+        // An empty value (`attempts:` with nothing after it, `~`, `null`) is never read as
+        // "use the default": that would turn a forgotten value into no deadline at all.
+        for (key, v) in entries {
+            if v.is_null() {
+                errors.push(LoadError::new(&join(path, key), EMPTY_VALUE));
             }
         }
         Some(Fields { path: path.to_string(), entries, used: vec![false; entries.len()] })
@@ -910,6 +975,34 @@ mod tests {
         let text = to_json(&v);
         assert_eq!(ok(&text), v);
         assert!(text.contains("2.0"));
+    }
+
+    #[test]
+    fn a_key_given_twice_is_one_error_with_its_place() {
+        // Issue 14, item 13.
+        let e = parse("policies:\n  p:\n    deadline: 1s\n    attempts: 2\n    deadline: 2s\n").err();
+        assert_eq!(
+            e,
+            Some(LoadError::new(
+                "policies.p.deadline",
+                "invalid document at line 5, column 5: `deadline` is given twice (first at line 3, column 5); keep one"
+            ))
+        );
+        let e = parse("policies:\n  p: { backoff: { base: 1s, cap: 2s, base: 3s } }\n").err().map(|e| (e.path, e.message));
+        assert_eq!(
+            e,
+            Some((
+                "policies.p.backoff.base".to_string(),
+                "invalid document at line 2, column 38: `base` is given twice (first at line 2, column 19); keep one".to_string()
+            ))
+        );
+        let e = parse("a:\n  - x: 1\n    x: 2\n").err().map(|e| e.path);
+        assert_eq!(e.as_deref(), Some("a[0].x"));
+        // The same key in two mappings is fine, and many keys are checked without pairs.
+        assert!(parse("a: { x: 1 }\nb: { x: 1 }\n").is_ok());
+        let many: String = (0..5000).map(|i| format!("k{i}: {i}\n")).collect();
+        assert!(parse(&many).is_ok());
+        assert!(parse(&format!("{many}k17: 0\n")).is_err_and(|e| e.path == "k17"));
     }
 
     #[test]

@@ -34,10 +34,37 @@ pub struct LoadError {
 }
 
 impl LoadError {
-    /// Make an error.
+    /// Make an error. Control, bidirectional and other invisible characters that came from
+    /// the document are escaped (`\u{202e}`), so that an error never reorders or hides the text
+    /// around it in a terminal or a log.
     pub fn new(path: &str, message: impl Into<String>) -> Self {
-        LoadError { path: path.to_string(), message: message.into() }
+        LoadError { path: escape(path), message: escape(&message.into()) }
     }
+}
+
+/// Whether a character must not reach a message as it is: C0 and C1 controls, DEL, the
+/// bidirectional marks, embeddings, overrides and isolates, zero-width characters, line and
+/// paragraph separators, and the byte order mark.
+fn needs_escape(c: char) -> bool {
+    matches!(c as u32,
+        0..=0x1f | 0x7f..=0x9f | 0x61c | 0x200b..=0x200f | 0x2028..=0x202e | 0x2060..=0x2069 | 0xfeff)
+}
+
+/// `s` with every [`needs_escape`] character written as `\u{...}` (unchanged, and not
+/// copied, in the usual case).
+pub fn escape(s: &str) -> String {
+    if !s.chars().any(needs_escape) {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if needs_escape(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl core::fmt::Display for LoadError {
@@ -300,10 +327,19 @@ fn parse_backoff(f: &mut Fields<'_>, errors: &mut Vec<LoadError>) -> Backoff {
     if let Some(j) = b.take("jitter") {
         let jp = b.path_of("jitter");
         if let Some(jitter) = choose(&jp, j, &Jitter::ALL.map(|j| (j.name(), j)), errors) {
-            if (jitter == Jitter::Decorrelated) != (out.kind == Kind::Decorrelated) {
+            if jitter == Jitter::Decorrelated && out.kind != Kind::Decorrelated {
                 errors.push(LoadError::new(
                     &jp,
                     "decorrelated jitter is the `decorrelated` backoff kind's own and goes only with it (use kind: decorrelated)",
+                ));
+            } else if jitter != Jitter::Decorrelated && out.kind == Kind::Decorrelated {
+                errors.push(LoadError::new(
+                    &jp,
+                    format!(
+                        "the `decorrelated` kind has its own jitter (each delay is drawn from base to 3 times the previous one), so `{}` cannot apply; leave `jitter` out (or write jitter: decorrelated), or choose another kind for {} jitter",
+                        jitter.name(),
+                        jitter.name()
+                    ),
                 ));
             } else {
                 out.jitter = jitter;
@@ -645,6 +681,8 @@ fn methods(f: &mut Fields<'_>, errors: &mut Vec<LoadError>) -> u16 {
 fn describe(v: &Value) -> String {
     match v {
         Value::Int(i) => format!("{i}"),
+        Value::Float(x) if x.is_nan() => ".nan (not a number)".to_string(),
+        Value::Float(x) if x.is_infinite() => format!("{}.inf (infinity)", if *x < 0.0 { "-" } else { "" }),
         Value::Float(x) => doc::format_number(*x),
         Value::Str(s) => format!("\"{s}\""),
         Value::Bool(b) => format!("{b}"),
@@ -744,5 +782,127 @@ pub fn method_idempotent(policy: &Policy, method: u32) -> bool {
         0 => true,
         1..=9 => policy.idempotent_methods & (1 << method) != 0,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(doc: &str) -> Vec<LoadError> {
+        parse_document(doc).err().unwrap_or_default()
+    }
+
+    #[test]
+    fn an_empty_value_is_an_error_in_every_field() {
+        // Issue 14, item 15: `deadline:` with nothing after it was no deadline at all.
+        let e = errors("policies:\n  p:\n    attempts:\n    deadline:\n");
+        assert_eq!(
+            e,
+            vec![LoadError::new("policies.p.attempts", doc::EMPTY_VALUE), LoadError::new("policies.p.deadline", doc::EMPTY_VALUE),]
+        );
+        // Every field of every mapping, in block and flow syntax.
+        let mut cases: Vec<(String, String)> = Vec::new();
+        for f in POLICY_FIELDS {
+            cases.push((format!("    {f}:\n"), (*f).to_string()));
+            cases.push((format!("    {f}: ~\n"), (*f).to_string()));
+        }
+        let nested: &[(&str, &str, &[&str])] = &[
+            ("backoff", "", &["kind", "base", "multiplier", "cap", "jitter", "jitter-ratio"]),
+            ("retry-after", "", &["honor", "cap", "over-cap"]),
+            ("budget", "kind: token, ", &["max-tokens", "token-ratio"]),
+            ("budget", "kind: ratio, ", &["percent", "min-per-second", "ttl"]),
+            ("budget", "", &["kind"]),
+            (
+                "breaker",
+                "",
+                &[
+                    "window",
+                    "failure-rate",
+                    "slow-call-rate",
+                    "slow-call-duration",
+                    "minimum-calls",
+                    "open-duration",
+                    "open-duration-max",
+                    "open-duration-multiplier",
+                    "half-open-permits",
+                    "half-open-permit-timeout",
+                    "failure-on",
+                ],
+            ),
+            ("rate-limit", "rate: 5, ", &["per", "burst", "max-wait"]),
+            ("rate-limit", "", &["rate"]),
+            ("bulkhead", "", &["max-concurrent"]),
+            ("keys", "", &["max"]),
+        ];
+        for (field, others, inner) in nested {
+            for i in *inner {
+                cases.push((format!("    {field}: {{ {others}{i}: }}\n"), format!("{field}.{i}")));
+            }
+        }
+        for (kind, inner) in [("count", ["kind", "size"]), ("time", ["size", "bucket"])] {
+            for i in inner {
+                let head = if i == "kind" { String::new() } else { format!("kind: {kind}, ") };
+                cases.push((format!("    breaker: {{ window: {{ {head}{i}: }} }}\n"), format!("breaker.window.{i}")));
+            }
+        }
+        cases.push(("    fallbacks: [{ name: a, on: }]\n".to_string(), "fallbacks[0].on".to_string()));
+        cases.push(("    fallbacks: [{ name: }]\n".to_string(), "fallbacks[0].name".to_string()));
+        for (body, path) in cases {
+            let doc = format!("policies:\n  p:\n{body}");
+            let e = errors(&doc);
+            let want = format!("policies.p.{path}");
+            assert!(e.iter().any(|e| e.path == want && e.message == doc::EMPTY_VALUE), "{doc}: {e:?}");
+        }
+        // A policy, the policies, the version: the same.
+        assert_eq!(errors("policies:\n  p:\n"), vec![LoadError::new("policies.p", doc::EMPTY_VALUE)]);
+        assert_eq!(errors("version:\npolicies: { p: {} }\n"), vec![LoadError::new("version", doc::EMPTY_VALUE)]);
+        assert!(errors("policies:\n").iter().any(|e| e.path == "policies"));
+        // `{}` is the way to ask for every default.
+        assert!(parse_document("policies:\n  p: {}\n").is_ok());
+        assert!(parse_document("policies:\n  p: { breaker: {} }\n").is_ok_and(|p| p.first().is_some_and(|p| p.breaker.is_some())));
+    }
+
+    #[test]
+    fn nan_and_infinity_are_named() {
+        let e = errors("policies:\n  p: { attempts: .nan, breaker: { failure-rate: .inf }, backoff: { multiplier: -.inf } }\n");
+        let messages: Vec<&str> = e.iter().map(|e| e.message.as_str()).collect();
+        assert_eq!(
+            messages,
+            [
+                "must be a whole number from 1 to 4294967295, found .nan (not a number)",
+                "must be a number from 1 to 1000, found -.inf (infinity)",
+                "must be a number from 0.001 to 100, found .inf (infinity)",
+            ]
+        );
+        assert!(e.iter().all(|e| !e.message.contains("null")));
+    }
+
+    #[test]
+    fn control_and_bidi_characters_are_escaped_in_errors() {
+        let e = errors("policies:\n  \"evil\\u202egnp.exe\": {}\n  ok: { \"att\\u0000empts\": 3, retry-on: [\"http:50\\u20663\"] }\n");
+        assert!(!e.is_empty());
+        for err in &e {
+            let text = err.to_string();
+            assert!(!text.chars().any(needs_escape), "{text:?}");
+        }
+        assert_eq!(e.first().map(|e| e.path.as_str()), Some("policies.evil\\u{202e}gnp.exe"));
+        assert!(e.iter().any(|e| e.path == "policies.ok.att\\u{0}empts"), "{e:?}");
+        assert!(e.iter().any(|e| e.message.contains("http:50\\u{2066}3")), "{e:?}");
+        assert_eq!(escape("plain"), "plain");
+        assert_eq!(escape("a\u{1b}[31mb"), "a\\u{1b}[31mb");
+    }
+
+    #[test]
+    fn decorrelated_jitter_messages_say_what_is_wrong() {
+        // Issue 14, item 14: `kind: decorrelated` with `jitter: full` said "use kind: decorrelated".
+        let e = errors("policies:\n  p: { backoff: { kind: decorrelated, jitter: full } }\n");
+        assert_eq!(e.len(), 1);
+        let m = &e[0].message;
+        assert!(!m.contains("use kind: decorrelated"), "{m}");
+        assert!(m.contains("has its own jitter") && m.contains("`full`"), "{m}");
+        let e = errors("policies:\n  p: { backoff: { kind: exponential, jitter: decorrelated } }\n");
+        assert!(e.len() == 1 && e[0].message.contains("(use kind: decorrelated)"), "{e:?}");
+        assert!(parse_document("policies:\n  p: { backoff: { kind: decorrelated, jitter: decorrelated } }\n").is_ok());
     }
 }

@@ -452,7 +452,7 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 /// The index of a named policy (the first when `None`).
 fn resolve(eng: &mut Engine, name: Option<&str>) -> Result<u32, String> {
     match name {
-        Some(n) => eng.policy_index(n).ok_or_else(|| format!("no policy named `{n}` in the document")),
+        Some(n) => crate::engine::policy_named(eng, n),
         None if eng.policy_count() > 0 => Ok(0),
         None => Err("the document has no policy".to_string()),
     }

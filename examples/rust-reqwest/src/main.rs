@@ -97,7 +97,10 @@ async fn main() {
             std::process::exit(1)
         });
     println!("rust backend {}", levee.backend());
-    let client = levee::client::Client::new(reqwest::Client::new(), levee.clone(), &policy);
+    let client = levee::client::Client::new(reqwest::Client::new(), levee.clone(), &policy).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    });
     match client.send(client.get(&url)).await {
         Ok(resp) => {
             let status = resp.status().as_u16();
