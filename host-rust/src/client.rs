@@ -119,7 +119,7 @@ impl Client {
         let flags = sender.flags();
         let client = &self.client;
         let call = self.levee.call(&self.policy).key(key).flags(flags);
-        let r = with_reqwest_fallbacks(&self.levee, &self.policy, call, |e| AttemptError(Some(e)))
+        let r = with_reqwest_fallbacks(&self.levee, &self.policy, call, |e| AttemptError(Some(e), false))
             .run_classified(
                 |r: &Result<::reqwest::Response, AttemptError>| match r {
                     Ok(resp) => resp.outcome(),
@@ -208,9 +208,8 @@ impl Sender {
 }
 
 /// An attempt's error: `None` when the request could not be sent again (its body was a
-/// stream already sent).
+/// stream already sent); `.1`: it broke off while the body was read.
 #[derive(Debug)]
-/// An attempt's error; `.1`: it broke off while the body was read.
 struct AttemptError(Option<::reqwest::Error>, bool);
 
 impl IntoOutcome for AttemptError {
