@@ -262,3 +262,37 @@ fn simulate_errors_and_help() {
     let o = levee(&["simulate", "--help"]);
     assert!(stdout(&o).contains("rate-limit"));
 }
+
+#[test]
+fn envoy_config_prints_the_route_retry_policy_of_the_document() {
+    let doc = tmp("envoy.yaml");
+    std::fs::write(
+        &doc,
+        "policies:\n  a: {}\n  edge:\n    attempts: 4\n    attempt-timeout: 300ms\n    deadline: 2s\n    backoff: { base: 25ms, cap: 250ms }\n    retry-on: [timeout, \"http:503\"]\n",
+    )
+    .expect("write");
+    let out = levee(&["envoy-config", doc.to_str().expect("path"), "--policy", "edge"]);
+    assert!(out.status.success(), "{out:?}");
+    let y = stdout(&out);
+    for want in [
+        "timeout: 2s\n",
+        "retry_policy:\n",
+        "  retry_on: \"reset,retriable-status-codes\"\n",
+        "  num_retries: 3\n",
+        "  per_try_timeout: 0.3s\n",
+        "  retriable_status_codes: [503]\n",
+        "    base_interval: 0.025s\n",
+        "    max_interval: 0.25s\n",
+        "  rate_limited_retry_back_off:\n",
+        "    - name: retry-after\n      format: SECONDS\n",
+        "    max_interval: 300s\n",
+    ] {
+        assert!(y.contains(want), "{want:?} in\n{y}");
+    }
+    std::fs::write(&doc, "policies: { p: { atempts: 2 } }").expect("write");
+    let out = levee(&["envoy-config", doc.to_str().expect("path")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("policies.p.atempts"), "{out:?}");
+    let out = levee(&["envoy-config", doc.to_str().expect("path"), "--policy", "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+}
