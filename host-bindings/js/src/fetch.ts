@@ -2,7 +2,7 @@
 // each response, and network errors, are reported to the core, which decides what happens next.
 
 import { LeveeError } from './errors.js';
-import type { FallbackFn, Levee, PolicyEntry } from './levee.js';
+import type { AttemptContext, FallbackFn, Levee, PolicyEntry } from './levee.js';
 
 export interface LeveeFetchOptions {
   /** The fetch to wrap (default: the global one). */
@@ -12,6 +12,12 @@ export interface LeveeFetchOptions {
   /** Fallbacks for these requests, by name; they return a Response. */
   fallbacks?: Record<string, FallbackFn<Response>>;
 }
+
+/**
+ * The cross-layer rule (docs/envoy.md): every attempt carries its number; the application decides
+ * the request's retries, so a Levee filter in an Envoy on the way adds none.
+ */
+export const HEADER_ATTEMPT = 'x-levee-attempt';
 
 function discardBody(response: Response): void {
   // Free the connection of a response that will not be returned.
@@ -38,7 +44,12 @@ export function leveeFetch(
     const outer = init?.signal ?? (input instanceof Request ? input.signal : undefined) ?? undefined;
     const url = new URL(request.url);
     try {
-      return await levee.run<Response>(entry, ({ signal }) => base(new Request(request.clone(), { signal })), {
+      const attemptOf = ({ signal, attempt }: AttemptContext): Promise<Response> => {
+        const r = new Request(request.clone(), { signal });
+        r.headers.set(HEADER_ATTEMPT, String(attempt));
+        return base(r);
+      };
+      return await levee.run<Response>(entry, attemptOf, {
         key: keyOf(url, request),
         signal: outer,
         method: request.method,
