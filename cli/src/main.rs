@@ -140,6 +140,9 @@ enum Command {
     ///   rate-limit          the dependency serves 60/s, above that 429 + Retry-After: 1 (60 s)
     ///   three-layer-outage  3 layers over a dependency failing from 10 s to 40 s, run four
     ///                       times: retries only, + budget, + breaker, + both (70 s)
+    ///   proxy-outage        an app over a proxy (Envoy with the Levee filter) over a service
+    ///                       failing from 10 s to 40 s, both retrying, then coordinated: the
+    ///                       app marks its attempts and the proxy adds none (70 s)
     #[command(
         verbatim_doc_comment,
         after_help = "Examples:\n  levee simulate cli/examples/checkout.yaml --scenario three-layer-outage --svg out.svg\n  levee simulate policy.yaml --scenario outage --seed 7 --json > run.json\n  for s in healthy outage slow rate-limit; do levee simulate p.yaml --scenario $s; done"

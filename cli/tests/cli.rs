@@ -296,3 +296,15 @@ fn envoy_config_prints_the_route_retry_policy_of_the_document() {
     let out = levee(&["envoy-config", doc.to_str().expect("path"), "--policy", "nope"]);
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[test]
+fn proxy_outage_shows_9x_without_coordination_and_3x_with_it() {
+    let v = simulate(&path("examples/retries-only.yaml"), "proxy-outage", &["--duration", "45s", "--rate", "50"]);
+    assert_eq!(v["analytic"]["amplification"], 9.0);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    // 3 attempts at the application x 3 at the proxy, then 3 x 1 when the app marks its attempts.
+    assert_eq!(runs[0]["window_amplification"], 9.0);
+    assert_eq!(runs[1]["window_amplification"], 3.0);
+    assert_eq!(runs[1]["layers"][1]["retries"], 0, "the proxy adds no retry to a marked request");
+}
