@@ -74,8 +74,24 @@ def route_retry_policy(cli: str, workdir: Path, name: str, doc: dict[str, Any]) 
     return "\n".join(" " * 18 + line for line in out.splitlines())
 
 
-def listener(name: str, port: int, cluster: str, plugin: dict[str, Any], wasm: str, vm_id: str, retry_yaml: str) -> str:
+def listener(name: str, port: int, cluster: str, plugin: dict[str, Any] | None, wasm: str, vm_id: str, retry_yaml: str) -> str:
+    """A listener with the levee filter (none when `plugin` is None) before the router."""
     conf = json.dumps(json.dumps(plugin))
+    levee = "" if plugin is None else f"""
+          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: {name}
+                root_id: {name}
+                failure_policy: FAIL_OPEN
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: {conf}
+                vm_config:
+                  vm_id: {vm_id}
+                  runtime: envoy.wasm.runtime.v8
+                  code: {{local: {{filename: {wasm}}}}}"""
     return f"""
   - name: {name}
     address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
@@ -95,31 +111,17 @@ def listener(name: str, port: int, cluster: str, plugin: dict[str, Any], wasm: s
                 route:
                   cluster: {cluster}
 {retry_yaml}
-          http_filters:
-          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: {name}
-                root_id: {name}
-                failure_policy: FAIL_OPEN
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: {conf}
-                vm_config:
-                  vm_id: {vm_id}
-                  runtime: envoy.wasm.runtime.v8
-                  code: {{local: {{filename: {wasm}}}}}
+          http_filters:{levee}
           - name: envoy.filters.http.router
             typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
 """
 
 
-def cluster(name: str, port: int) -> str:
+def cluster(name: str, port: int, extra: str = "") -> str:
     return f"""
   - name: {name}
     connect_timeout: 1s
-    type: STATIC
+    type: STATIC{extra}
     load_assignment:
       cluster_name: {name}
       endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]
