@@ -234,7 +234,7 @@ impl Gate {
     }
 
     /// Register `key` in the policy's bounded registry, so that it may be created.
-    fn register(&mut self, store: &impl Store, key: &str) -> Result<(), Fault> {
+    fn register(&self, store: &impl Store, key: &str, mismatches: &mut u64) -> Result<(), Fault> {
         let reg = format!("{}#keys", self.prefix);
         for _ in 0..=self.cfg.cas_retries {
             let (bytes, cas) = store.get(&reg);
@@ -261,7 +261,7 @@ impl Gate {
                     let fresh = self.cfg.engine.export_key(self.cfg.policy, key).unwrap_or_default();
                     return store.set(&self.shared_key(key), &fresh, 0).map_err(|_| Fault::State);
                 }
-                Err(true) => self.stats.cas_mismatches += 1,
+                Err(true) => *mismatches += 1,
                 Err(false) => return Err(Fault::State),
             }
         }
@@ -277,11 +277,13 @@ impl Gate {
 
     /// Run `op` on a copy of `engine` holding the key's shared state, and publish the result
     /// with compare-and-swap; retried on a mismatch, failing open after `cas-retries`.
+    /// Mismatches are added to `mismatches` (not to `self`, so that `engine` may be `self`'s).
     fn with_key<T>(
-        &mut self,
+        &self,
         store: &impl Store,
         engine: &Engine,
         key: &str,
+        mismatches: &mut u64,
         mut op: impl FnMut(&mut Engine) -> T,
     ) -> Result<(Engine, T), Fault> {
         let skey = self.shared_key(key);
@@ -292,10 +294,10 @@ impl Gate {
             let Some(bytes) = bytes.filter(|_| cas != 0) else {
                 if !registered {
                     registered = true;
-                    self.register(store, key)?;
+                    self.register(store, key, mismatches)?;
                 } else {
                     // Registered by another worker that has not created it yet.
-                    self.stats.cas_mismatches += 1;
+                    *mismatches += 1;
                 }
                 continue;
             };
@@ -310,7 +312,7 @@ impl Gate {
             }
             match store.set(&skey, &next, cas) {
                 Ok(()) => return Ok((e, out)),
-                Err(true) => self.stats.cas_mismatches += 1,
+                Err(true) => *mismatches += 1,
                 Err(false) => return Err(Fault::State),
             }
         }
@@ -335,8 +337,8 @@ impl Gate {
         }
         let id = self.next_id();
         let (pi, flags) = (self.cfg.policy, method_number(method) << METHOD_SHIFT);
-        let template = self.cfg.engine.clone();
-        let result = self.with_key(store, &template, key, |e| {
+        let mut mismatches = 0;
+        let result = self.with_key(store, &self.cfg.engine, key, &mut mismatches, |e| {
             let v = e.start(id, pi, key, flags, now, 0, 0, 0);
             if v.kind() == Some(VerdictKind::Wait) {
                 // The ABI gives an HTTP context no timer: the wait is the client's (Retry-After).
@@ -344,6 +346,7 @@ impl Gate {
             }
             v
         });
+        self.stats.cas_mismatches += mismatches;
         let (mut engine, v) = match result {
             Ok(r) => r,
             Err(f) => {
@@ -491,9 +494,8 @@ impl Gate {
         let earlier = if retriable_final { Some((OutcomeKind::HttpStatus, final_code)) } else { self.probe_outcome() };
         let flags = if r.overloaded { FLAG_OVERLOADED } else { 0 };
         let (id, per) = (call.id, elapsed / u64::from(attempts));
-        let engine = std::mem::replace(&mut call.engine, self.cfg.engine.clone());
-        let key = call.key.clone();
-        let result = self.with_key(store, &engine, &key, |e| {
+        let mut mismatches = 0;
+        let result = self.with_key(store, &call.engine, &call.key, &mut mismatches, |e| {
             let mut live = true;
             for _ in 1..attempts {
                 let Some((kind, code)) = earlier else { break };
@@ -514,6 +516,7 @@ impl Gate {
             }
             v
         });
+        self.stats.cas_mismatches += mismatches;
         match result {
             Ok((mut e, v)) => {
                 e.drain_events();
@@ -540,9 +543,11 @@ impl Gate {
         }
         call.done = true;
         let now = self.clock.now(wall_ns);
-        let (id, key) = (call.id, call.key.clone());
-        let engine = call.engine.clone();
-        if let Err(f) = self.with_key(store, &engine, &key, |e| e.cancel(id, now)) {
+        let id = call.id;
+        let mut mismatches = 0;
+        let result = self.with_key(store, &call.engine, &call.key, &mut mismatches, |e| e.cancel(id, now));
+        self.stats.cas_mismatches += mismatches;
+        if let Err(f) = result {
             self.count_fault(f);
         }
     }
