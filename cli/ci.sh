@@ -43,7 +43,7 @@ set -e
 "$bin" explain --color never cli/examples/checkout.yaml --trace cli/examples/outage.jsonl --json >/dev/null
 
 echo "== every scenario once"
-for s in healthy outage slow rate-limit three-layer-outage; do
+for s in healthy outage slow rate-limit three-layer-outage proxy-outage; do
   start=$(date +%s%N)
   "$bin" simulate cli/examples/checkout.yaml --scenario "$s" --quiet --color never --svg "$out/$s.svg" >"$out/$s.txt"
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
@@ -53,6 +53,9 @@ for s in healthy outage slow rate-limit three-layer-outage; do
 done
 "$bin" simulate cli/examples/retries-only.yaml --scenario three-layer-outage --quiet --color never --no-svg | grep -q '27.00x dependency calls per request' \
   || { echo "three-layer-outage without budgets did not show 27x" >&2; exit 1; }
+proxy="$("$bin" simulate cli/examples/retries-only.yaml --scenario proxy-outage --quiet --color never --no-svg)"
+grep -q '9.00x dependency calls per request' <<<"$proxy" && grep -q '3.00x dependency calls per request' <<<"$proxy" \
+  || { echo "proxy-outage did not show 9x without coordination and 3x with it" >&2; echo "$proxy" >&2; exit 1; }
 echo "== the demo's flaky server and side-by-side comparison"
 bash -n examples/demo/run.sh
 python3 examples/demo/test_demo.py

@@ -143,6 +143,9 @@ enum Command {
     ///   rate-limit          the dependency serves 60/s, above that 429 + Retry-After: 1 (60 s)
     ///   three-layer-outage  3 layers over a dependency failing from 10 s to 40 s, run four
     ///                       times: retries only, + budget, + breaker, + both (70 s)
+    ///   proxy-outage        an app over a proxy (Envoy with the Levee filter) over a service
+    ///                       failing from 10 s to 40 s, both retrying, then coordinated: the
+    ///                       app marks its attempts and the proxy adds none (70 s)
     #[command(
         verbatim_doc_comment,
         after_help = "Examples:\n  levee simulate cli/examples/checkout.yaml --scenario three-layer-outage --svg out.svg\n  levee simulate policy.yaml --scenario outage --seed 7 --json > run.json\n  for s in healthy outage slow rate-limit; do levee simulate p.yaml --scenario $s; done"
@@ -179,6 +182,39 @@ enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
+    /// Print the Envoy route `retry_policy` that matches a policy.
+    ///
+    /// Envoy's router makes the retries when the levee proxy-wasm filter runs a policy (see
+    /// docs/envoy.md); no request header can carry a backoff, so the route must say it. This
+    /// prints the route's `timeout` (the deadline) and `retry_policy`: retry_on and
+    /// retriable_status_codes from the policy's classification, num_retries, per_try_timeout,
+    /// retry_back_off and rate_limited_retry_back_off (Retry-After, up to retry-after.cap),
+    /// with a `# note:` for anything Envoy cannot express exactly.
+    #[command(after_help = "Examples:\n  levee envoy-config policy.yaml --policy checkout | sed 's/^/        /' >> envoy-route.yaml")]
+    EnvoyConfig {
+        /// The policy document (YAML or JSON).
+        #[arg(value_name = "POLICY")]
+        file: PathBuf,
+        /// Which policy of the document (default: the first).
+        #[arg(long, short)]
+        policy: Option<String>,
+    },
+}
+
+fn envoy_config(doc: &str, policy: Option<&str>) -> Result<String, String> {
+    let engine = levee_core::Engine::load(doc, 0).map_err(|errors| {
+        errors
+            .iter()
+            .map(|e| format!("{}: {}", if e.path.is_empty() { "(document)" } else { &e.path }, e.message))
+            .collect::<Vec<_>>()
+            .join("\n")
+    })?;
+    let index = match policy {
+        Some(name) => engine.policy_index(name).ok_or_else(|| format!("the document has no policy `{name}`"))?,
+        None => 0,
+    };
+    let p = engine.policy(index).ok_or_else(|| "the document names no policy".to_string())?;
+    Ok(levee_proxy_wasm::envoy::route_yaml(p))
 }
 
 fn parse_duration(s: &str) -> Result<u64, String> {
@@ -228,6 +264,13 @@ fn run() -> u8 {
                 Err(e) => fail(style, &e),
             }
         }
+        Command::EnvoyConfig { file, policy } => match read(&file).and_then(|doc| envoy_config(&doc, policy.as_deref())) {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(style, &e),
+        },
         Command::Simulate { file, scenario, policy, seed, rate, duration, svg, no_svg, json, quiet } => {
             if !(rate.is_finite() && rate > 0.0 && rate <= 100_000.0) {
                 return fail(style, "--rate must be above 0 and at most 100000 requests per second");

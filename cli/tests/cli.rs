@@ -359,3 +359,49 @@ fn a_closed_pipe_ends_output_quietly_with_the_commands_exit_code() {
     let o = closed_pipe(&["explain", &checkout, "--trace", "/nonexistent/trace.jsonl"], true);
     assert_eq!(o.status.code(), Some(1));
 }
+
+#[test]
+fn envoy_config_prints_the_route_retry_policy_of_the_document() {
+    let doc = tmp("envoy.yaml");
+    std::fs::write(
+        &doc,
+        "policies:\n  a: {}\n  edge:\n    attempts: 4\n    attempt-timeout: 300ms\n    deadline: 2s\n    backoff: { base: 25ms, cap: 250ms }\n    retry-on: [timeout, \"http:503\"]\n",
+    )
+    .expect("write");
+    let out = levee(&["envoy-config", doc.to_str().expect("path"), "--policy", "edge"]);
+    assert!(out.status.success(), "{out:?}");
+    let y = stdout(&out);
+    for want in [
+        "timeout: 2s\n",
+        "retry_policy:\n",
+        "  retry_on: \"reset,retriable-status-codes\"\n",
+        "  num_retries: 3\n",
+        "  per_try_timeout: 0.3s\n",
+        "  retriable_status_codes: [503]\n",
+        "    base_interval: 0.025s\n",
+        "    max_interval: 0.25s\n",
+        "  rate_limited_retry_back_off:\n",
+        "    - name: retry-after\n      format: SECONDS\n",
+        "    max_interval: 300s\n",
+    ] {
+        assert!(y.contains(want), "{want:?} in\n{y}");
+    }
+    std::fs::write(&doc, "policies: { p: { atempts: 2 } }").expect("write");
+    let out = levee(&["envoy-config", doc.to_str().expect("path")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("policies.p.atempts"), "{out:?}");
+    let out = levee(&["envoy-config", doc.to_str().expect("path"), "--policy", "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn proxy_outage_shows_9x_without_coordination_and_3x_with_it() {
+    let v = simulate(&path("examples/retries-only.yaml"), "proxy-outage", &["--duration", "45s", "--rate", "50"]);
+    assert_eq!(v["analytic"]["amplification"], 9.0);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    // 3 attempts at the application x 3 at the proxy, then 3 x 1 when the app marks its attempts.
+    assert_eq!(runs[0]["window_amplification"], 9.0);
+    assert_eq!(runs[1]["window_amplification"], 3.0);
+    assert_eq!(runs[1]["layers"][1]["retries"], 0, "the proxy adds no retry to a marked request");
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -27,6 +28,9 @@ import (
 // it is (a 503 is a response, not a transport error). When no response is left
 // (a rejection, a network error, a retry cut short), RoundTrip returns a *Error.
 // A fallback registered for a transport must return an *http.Response.
+//
+// Every attempt carries its number in HeaderAttempt: the application decides the request's
+// retries, so a Levee filter in an Envoy on the way adds none (docs/envoy.md).
 type Transport struct {
 	// Base does the requests (nil: http.DefaultTransport).
 	Base http.RoundTripper
@@ -36,6 +40,10 @@ type Transport struct {
 	// (nil: the request's host).
 	Key func(*http.Request) string
 }
+
+// HeaderAttempt is the cross-layer header: the attempt number (1 on the first),
+// sent on every attempt.
+const HeaderAttempt = "X-Levee-Attempt"
 
 func (t *Transport) base() http.RoundTripper {
 	if t.Base != nil {
@@ -122,6 +130,12 @@ func (h *httpAttempt) attempt(ctx context.Context, timeout time.Duration) (Outco
 	r := h.req.WithContext(actx)
 	r.Body = h.body
 	h.n++
+	// A RoundTripper must not change the caller's request: the attempt gets its own headers.
+	r.Header = h.req.Header.Clone()
+	if r.Header == nil {
+		r.Header = http.Header{}
+	}
+	r.Header.Set(HeaderAttempt, strconv.Itoa(h.n))
 	resp, err := h.base.RoundTrip(r)
 	if err != nil {
 		o := Classify(actx, err)

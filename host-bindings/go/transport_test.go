@@ -103,6 +103,41 @@ func TestHTTP503Then200(t *testing.T) {
 	}
 }
 
+func TestHTTPAttemptsAreMarked(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Get(HeaderAttempt))
+		n := len(seen)
+		mu.Unlock()
+		if n < 3 {
+			w.WriteHeader(503)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	c, _, _ := newClient(t, "http")
+	req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if resp.StatusCode != 200 || strings.Join(seen, ",") != "1,2,3" {
+		t.Fatalf("status %d, x-levee-attempt per attempt %q", resp.StatusCode, seen)
+	}
+	if req.Header.Get(HeaderAttempt) != "" {
+		t.Fatalf("the caller's request was changed: %v", req.Header)
+	}
+}
+
 func retryDelay(t *testing.T, rec *recorder) time.Duration {
 	t.Helper()
 	ev, ok := rec.find(EventRetryScheduled)

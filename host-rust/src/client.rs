@@ -18,6 +18,9 @@
 //! the core) and `x-envoy-overloaded`; errors by kind (timeout, connect, ...). The last
 //! response is returned as it is when the policy stops (as reqwest returns a 503); a refusal
 //! or a final error is a [`LeveeError`].
+//!
+//! Every attempt carries `x-levee-attempt: N` (1 on the first): the application decides this
+//! request's retries, so a Levee filter in an Envoy on the way adds none (docs/envoy.md).
 
 use std::future::Future;
 
@@ -62,6 +65,8 @@ async fn adapt<E>(
 ) -> Result<::reqwest::Response, E> {
     fut.await.map_err(wrap)
 }
+
+pub use crate::outcome::HEADER_ATTEMPT;
 
 fn key_of(url: &::reqwest::Url) -> String {
     match (url.host_str(), url.port_or_known_default()) {
@@ -125,8 +130,8 @@ impl Client {
                     Ok(resp) => resp.outcome(),
                     Err(e) => e.outcome(),
                 },
-                |_attempt| {
-                    let req = sender.next();
+                |attempt| {
+                    let req = sender.next(attempt.number);
                     async move {
                         match req {
                             Some(req) => match client.execute(req).await {
@@ -199,11 +204,14 @@ impl Sender {
         }
     }
 
-    fn next(&mut self) -> Option<::reqwest::Request> {
-        match &self.template {
+    /// The request for attempt `number`, marked with it.
+    fn next(&mut self, number: u32) -> Option<::reqwest::Request> {
+        let mut req = match &self.template {
             Some(t) => t.try_clone(),
             None => self.single.take(),
-        }
+        }?;
+        req.headers_mut().insert(HEADER_ATTEMPT, ::reqwest::header::HeaderValue::from(number));
+        Some(req)
     }
 }
 
@@ -270,10 +278,10 @@ impl reqwest_middleware::Middleware for Middleware {
                     Ok(resp) => resp.outcome(),
                     Err(e) => e.outcome(),
                 },
-                |_attempt| {
+                |attempt| {
                     let next = next.clone();
                     let mut ext = ext.clone();
-                    let req = sender.next();
+                    let req = sender.next(attempt.number);
                     async move {
                         match req {
                             Some(req) => match next.run(req, &mut ext).await {

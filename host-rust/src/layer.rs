@@ -6,7 +6,8 @@
 //! the `start` flags (a keyed request is retried whatever its method). Responses are described by status, `Retry-After` and `x-envoy-overloaded`; the
 //! service's errors by [`IntoOutcome`]. A response the policy does not retry further (say a
 //! last 503) is returned as it is; a call the policy refuses, or whose last attempt failed
-//! with an error, is a [`LeveeError`].
+//! with an error, is a [`LeveeError`]. Every attempt carries `x-levee-attempt: N`
+//! ([`crate::outcome::HEADER_ATTEMPT`]; docs/envoy.md).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -101,9 +102,10 @@ where
                         Ok(resp) => resp.outcome(),
                         Err(e) => e.outcome(),
                     },
-                    move |_attempt| {
+                    move |attempt| {
                         let mut svc = inner.clone();
-                        let req = copy_request(&req);
+                        let mut req = copy_request(&req);
+                        req.headers_mut().insert(crate::outcome::HEADER_ATTEMPT, http::HeaderValue::from(attempt.number));
                         async move {
                             std::future::poll_fn(|cx| svc.poll_ready(cx)).await?;
                             svc.call(req).await

@@ -40,6 +40,11 @@ pub enum Outcome {
 /// `report` flag: the response is marked overloaded.
 const FLAG_OVERLOADED: u32 = 1;
 
+/// The cross-layer header (docs/envoy.md): every HTTP attempt a Levee host sends carries its
+/// number (1 on the first). The application decides the request's retries, so a Levee filter
+/// in an Envoy on the way adds none.
+pub const HEADER_ATTEMPT: &str = "x-levee-attempt";
+
 impl Outcome {
     /// An HTTP status without headers.
     pub fn http(status: u16) -> Outcome {

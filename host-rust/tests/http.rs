@@ -246,7 +246,9 @@ async fn the_tower_layer_retries_an_http_service() {
     let s = seen.clone();
     let svc = tower::service_fn(move |req: http::Request<String>| {
         let n = s.fetch_add(1, Ordering::SeqCst) + 1;
+        let mark = req.headers().get(levee::outcome::HEADER_ATTEMPT).map(|v| v.to_str().unwrap_or("").to_string());
         async move {
+            assert_eq!(mark.as_deref(), Some(n.to_string().as_str()), "attempt {n} carries x-levee-attempt");
             assert_eq!(req.body(), "payload");
             let status = if n < 3 { 503 } else { 200 };
             Ok::<_, std::io::Error>(http::Response::builder().status(status).body(format!("try {n}")).expect("response"))

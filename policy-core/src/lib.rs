@@ -26,6 +26,7 @@ pub mod limiter;
 pub mod policy;
 pub mod retry_after;
 pub mod rng;
+mod share;
 mod state;
 mod table;
 pub mod time;

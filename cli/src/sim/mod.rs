@@ -39,6 +39,11 @@ pub enum Scenario {
     /// Three layers of services, each running the policy, over a dependency that fails
     /// (503) from 10 s to 40 s; run with retries only, with a budget, with a breaker and with both.
     ThreeLayerOutage,
+    /// An application over a proxy (Envoy with the Levee filter) over a service that fails
+    /// (503) from 10 s to 40 s; both layers run the policy; run without coordination (both
+    /// retry) and with it (the application marks its attempts `x-levee-attempt`, so the proxy
+    /// adds no retry, as the filter does: docs/envoy.md); 70 s.
+    ProxyOutage,
 }
 
 impl Scenario {
@@ -50,20 +55,21 @@ impl Scenario {
             Scenario::Slow => "slow",
             Scenario::RateLimit => "rate-limit",
             Scenario::ThreeLayerOutage => "three-layer-outage",
+            Scenario::ProxyOutage => "proxy-outage",
         }
     }
 
     fn layers(self) -> usize {
-        if self == Scenario::ThreeLayerOutage {
-            3
-        } else {
-            1
+        match self {
+            Scenario::ThreeLayerOutage => 3,
+            Scenario::ProxyOutage => 2,
+            _ => 1,
         }
     }
     /// The interval in which the dependency is impaired, if any.
     fn window(self) -> Option<(u64, u64)> {
         match self {
-            Scenario::Outage | Scenario::Slow | Scenario::ThreeLayerOutage => Some((10 * S, 40 * S)),
+            Scenario::Outage | Scenario::Slow | Scenario::ThreeLayerOutage | Scenario::ProxyOutage => Some((10 * S, 40 * S)),
             _ => None,
         }
     }
@@ -72,7 +78,7 @@ impl Scenario {
 /// How long requests arrive in a scenario unless `--duration` says otherwise.
 pub fn default_duration(s: Scenario) -> u64 {
     match s {
-        Scenario::Outage | Scenario::ThreeLayerOutage => 70 * S,
+        Scenario::Outage | Scenario::ThreeLayerOutage | Scenario::ProxyOutage => 70 * S,
         _ => 60 * S,
     }
 }
@@ -225,6 +231,8 @@ struct World<'p> {
     arrivals: SimRng,
     rate: f64,
     duration: u64,
+    /// The first layer marks its attempts and the second (the proxy) adds no retry.
+    coordinated: bool,
     progress: &'p mut Progress,
 }
 
@@ -316,6 +324,14 @@ impl World<'_> {
                 }
             }
             Some(VerdictKind::Wait) => self.push(now + v.payload(), Ev::Acquire(id)),
+            Some(VerdictKind::Retry) if self.coordinated && layer == 1 => {
+                // The proxy's filter told the router x-envoy-max-retries: 0 for a marked
+                // request: the failure goes back to the application, which decides.
+                if let Some(eng) = self.engines.get_mut(layer) {
+                    eng.cancel(id, now);
+                }
+                self.finish(id, false, now);
+            }
             Some(VerdictKind::Retry) => {
                 if let Some(st) = self.layer_mut(layer) {
                     st.retries += 1;
@@ -471,7 +487,7 @@ pub struct RunOptions {
 }
 
 /// Run one document (its policy `policy`) through a scenario.
-pub fn run_once(document: &str, policy: &str, label: &str, o: &RunOptions) -> Result<Run, String> {
+pub fn run_once(document: &str, policy: &str, label: &str, o: &RunOptions, coordinated: bool) -> Result<Run, String> {
     let layers = o.scenario.layers();
     let mut engines = Vec::new();
     let mut policy_ix = Vec::new();
@@ -492,7 +508,7 @@ pub fn run_once(document: &str, policy: &str, label: &str, o: &RunOptions) -> Re
         Scenario::Outage => Dep::Refusing { from, to },
         Scenario::Slow => Dep::Slow { from, to, latency: if timeout > 0 { 3 * timeout } else { 5 * S } },
         Scenario::RateLimit => Dep::RateLimited { rate: 60.0, tokens: 60.0, last: 0 },
-        Scenario::ThreeLayerOutage => Dep::Failing { from, to },
+        Scenario::ThreeLayerOutage | Scenario::ProxyOutage => Dep::Failing { from, to },
     };
     let mut progress = Progress::new(&format!("simulating {} ({label})", o.scenario.name()), o.quiet);
     let mut w = World {
@@ -508,6 +524,7 @@ pub fn run_once(document: &str, policy: &str, label: &str, o: &RunOptions) -> Re
         arrivals: SimRng::new(o.seed ^ 0xA221),
         rate: o.rate.max(0.001),
         duration: o.duration,
+        coordinated,
         progress: &mut progress,
     };
     w.go();
@@ -592,7 +609,7 @@ pub struct Outcome {
     pub analytic: Option<(f64, f64, u32)>,
 }
 
-/// Run a scenario: once for most, four variants for `three-layer-outage`.
+/// Run a scenario: once for most, four variants for `three-layer-outage`, two for `proxy-outage`.
 pub fn simulate(document: &str, policy: Option<&str>, o: &RunOptions) -> Result<Outcome, String> {
     let mut eng = engine::load(document, o.seed).map_err(|errs| {
         let list: Vec<String> = errs.iter().map(|e| format!("  {e}")).collect();
@@ -602,8 +619,15 @@ pub fn simulate(document: &str, policy: Option<&str>, o: &RunOptions) -> Result<
     let name = eng.policy_info(index).ok_or("the document has no policy")?.name;
     let layers = o.scenario.layers() as u32;
     let analytic = eng.analyze(index, layers).map(|a| (a.amplification, a.amplification_with_budget, a.worst_attempts));
+    if o.scenario == Scenario::ProxyOutage {
+        let runs = vec![
+            run_once(document, &name, "app -> proxy -> service, both retry", o, false)?,
+            run_once(document, &name, "coordinated: the app marks x-levee-attempt, the proxy adds no retry", o, true)?,
+        ];
+        return Ok(Outcome { runs, analytic });
+    }
     if o.scenario != Scenario::ThreeLayerOutage {
-        let run = run_once(document, &name, "policy as given", o)?;
+        let run = run_once(document, &name, "policy as given", o, false)?;
         return Ok(Outcome { runs: vec![run], analytic });
     }
     let full: Value = eng.policy_json(index).and_then(|j| serde_json::from_str(&j).ok()).unwrap_or(Value::Null);
@@ -622,7 +646,7 @@ pub fn simulate(document: &str, policy: Option<&str>, o: &RunOptions) -> Result<
     let mut runs = Vec::new();
     for (label, budget, breaker) in variants {
         let doc = variant_document(&mut eng, index, budget, breaker)?;
-        runs.push(run_once(&doc, &name, &label, o)?);
+        runs.push(run_once(&doc, &name, &label, o, false)?);
     }
     Ok(Outcome { runs, analytic })
 }
@@ -665,6 +689,9 @@ pub fn report_text(o: &Outcome, opts: &RunOptions, style: crate::term::Style) ->
     }
     if opts.scenario == Scenario::ThreeLayerOutage {
         let _ = writeln!(s, "each layer runs the policy without its fallbacks (a layer passes failures up as 503)");
+    }
+    if opts.scenario == Scenario::ProxyOutage {
+        let _ = writeln!(s, "layer 1 is the application, layer 2 the proxy (Envoy with the Levee filter); both run the policy");
     }
     if let Some((a, b, w)) = o.analytic {
         let _ = writeln!(

@@ -2,7 +2,7 @@
 // each response, and network errors, are reported to the core, which decides what happens next.
 
 import { LeveeError } from './errors.js';
-import type { FallbackFn, Levee, PolicyEntry } from './levee.js';
+import type { AttemptContext, FallbackFn, Levee, PolicyEntry } from './levee.js';
 
 export interface LeveeFetchOptions {
   /** The fetch to wrap (default: the global one). */
@@ -33,6 +33,12 @@ async function buffered(response: Response): Promise<Response> {
   return copy;
 }
 
+/**
+ * The cross-layer rule (docs/envoy.md): every attempt carries its number; the application decides
+ * the request's retries, so a Levee filter in an Envoy on the way adds none.
+ */
+export const HEADER_ATTEMPT = 'x-levee-attempt';
+
 function discardBody(response: Response): void {
   // Free the connection of a response that will not be returned.
   if (response.body !== null && !response.bodyUsed) response.body.cancel().catch(() => undefined);
@@ -60,25 +66,26 @@ export function leveeFetch(
     const outer = init?.signal ?? (input instanceof Request ? input.signal : undefined) ?? undefined;
     const url = new URL(request.url);
     try {
-      return await levee.run<Response>(
-        entry,
-        async ({ signal }) => buffered(await base(new Request(request.clone(), { signal }))),
-        {
-          key: keyOf(url, request),
-          signal: outer,
-          method: request.method,
-          idempotencyKey: request.headers.has('idempotency-key'),
-          outcomeOf: (response) => ({
-            kind: 'http-status',
-            status: response.status,
-            retryAfter: response.headers.get('retry-after'),
-            overloaded: response.headers.has('x-envoy-overloaded'),
-          }),
-          discard: discardBody,
-          acceptFallback: (value) => value instanceof Response,
-          fallbacks: options.fallbacks,
-        },
-      );
+      const attemptOf = ({ signal, attempt }: AttemptContext): Promise<Response> => {
+        const r = new Request(request.clone(), { signal });
+        r.headers.set(HEADER_ATTEMPT, String(attempt));
+        return base(r).then(buffered);
+      };
+      return await levee.run<Response>(entry, attemptOf, {
+        key: keyOf(url, request),
+        signal: outer,
+        method: request.method,
+        idempotencyKey: request.headers.has('idempotency-key'),
+        outcomeOf: (response) => ({
+          kind: 'http-status',
+          status: response.status,
+          retryAfter: response.headers.get('retry-after'),
+          overloaded: response.headers.has('x-envoy-overloaded'),
+        }),
+        discard: discardBody,
+        acceptFallback: (value) => value instanceof Response,
+        fallbacks: options.fallbacks,
+      });
     } catch (err) {
       if (err instanceof LeveeError) {
         if (err.reason === 'cancelled' && outer?.aborted) throw outer.reason;

@@ -67,7 +67,7 @@ export type {
   Reason,
 } from './types.js';
 export type { ComponentExports };
-export { leveeFetch } from './fetch.js';
+export { HEADER_ATTEMPT, leveeFetch } from './fetch.js';
 export type { LeveeFetchOptions } from './fetch.js';
 export { decodeVerdict, encodeVerdict, REASONS } from './verdict.js';
 export type { Verdict, VerdictKind } from './verdict.js';

@@ -2,7 +2,7 @@
 
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { LeveeError, leveeFetch, load } from '../dist/index.js';
+import { HEADER_ATTEMPT, LeveeError, leveeFetch, load } from '../dist/index.js';
 import { recordEvents, scriptedServer } from './helpers.mjs';
 
 const POLICIES = `
@@ -61,6 +61,21 @@ describe('fetch against a real server', () => {
       steps.map((s) => `${s.op}:${s.verdict.kind}`),
       ['start:attempt', 'report:retry', 'acquire:attempt', 'report:done'],
     );
+  });
+
+  test('every attempt carries x-levee-attempt (the cross-layer rule, docs/envoy.md)', async () => {
+    fresh();
+    server.script('/marked', [{ status: 503 }, { status: 503 }, { status: 200 }]);
+    const fetch = leveeFetch(levee, 'http');
+    const headers = new Headers({ accept: 'text/plain' });
+    const res = await fetch(server.url('/marked'), { headers });
+    assert.equal(res.status, 200);
+    assert.deepEqual(
+      server.requests('/marked').map((r) => r.headers['x-levee-attempt']),
+      ['1', '2', '3'],
+    );
+    assert.equal(HEADER_ATTEMPT, 'x-levee-attempt');
+    assert.equal(headers.has('x-levee-attempt'), false, "the caller's headers are not changed");
   });
 
   test('429 with Retry-After in seconds: the wait follows the header', async () => {

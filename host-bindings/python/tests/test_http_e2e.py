@@ -54,6 +54,23 @@ def test_503_then_200_httpx(engine: levee.Engine, server: Server) -> None:
     assert len(server.hits("/a")) == 2
 
 
+def test_every_attempt_carries_x_levee_attempt(engine: levee.Engine, server: Server) -> None:
+    # The cross-layer rule (docs/envoy.md): the proxy's filter adds no retries to these.
+    server.script("/marked", Reply(503), Reply(503), Reply(200))
+    with httpx.Client(transport=LeveeTransport(engine, "http")) as client:
+        r = client.get(server.url("/marked"))
+    assert r.status_code == 200
+    assert [h.headers.get("x-levee-attempt") for h in server.hits("/marked")] == ["1", "2", "3"]
+
+
+async def test_every_async_attempt_carries_x_levee_attempt(engine: levee.Engine, server: Server) -> None:
+    server.script("/marked-async", Reply(503), Reply(200))
+    async with httpx.AsyncClient(transport=AsyncLeveeTransport(engine, "http")) as client:
+        r = await client.get(server.url("/marked-async"))
+    assert r.status_code == 200
+    assert [h.headers.get("x-levee-attempt") for h in server.hits("/marked-async")] == ["1", "2"]
+
+
 def test_503_then_200_requests_decorator(engine: levee.Engine, server: Server) -> None:
     server.script("/b", Reply(503), Reply(503), Reply(200, body=b"fine"))
 

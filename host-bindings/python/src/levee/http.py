@@ -63,6 +63,15 @@ def request_flags(request: httpx.Request) -> int:
     return flags
 
 
+# The cross-layer rule (docs/envoy.md): every attempt carries its number; the application
+# decides the request's retries, so a Levee filter in an Envoy on the way adds none.
+HEADER_ATTEMPT = "x-levee-attempt"
+
+
+def _mark_attempt(request: httpx.Request, number: int) -> None:
+    request.headers[HEADER_ATTEMPT] = str(number)
+
+
 def _with_timeout(request: httpx.Request, timeout_ns: int) -> None:
     if not timeout_ns:
         return
@@ -156,6 +165,7 @@ class LeveeTransport(_Base, httpx.BaseTransport):
                     last.close()
                     last = None
                 if op == ATTEMPT:
+                    _mark_attempt(request, action[1])
                     _with_timeout(request, action[2])
                     start = _monotonic_ns()
                     token = _ATTEMPT_DEADLINE.set(start + action[2]) if action[2] else None
@@ -211,6 +221,7 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
                     await last.aclose()
                     last = None
                 if op == ATTEMPT:
+                    _mark_attempt(request, action[1])
                     _with_timeout(request, action[2])
                     start = _monotonic_ns()
                     try:

@@ -1,0 +1,3 @@
+module levee.invalid/proxy-wasm/bench/loadgen
+
+go 1.21

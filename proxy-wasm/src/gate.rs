@@ -1,0 +1,718 @@
+//! The filter's request logic, free of the proxy-wasm ABI so that it runs (and is tested)
+//! natively: admission, the retry headers for the router, feeding each attempt back, and
+//! the shared state across workers.
+//!
+//! # State across workers
+//! Each Envoy worker runs its own Wasm VM, so each has its own engine. A key's state (breaker,
+//! limiter, budget, in-flight count) lives in the proxy's shared data as
+//! [`levee_core::Engine::export_key`] bytes. Every operation on a key reads the bytes and their
+//! CAS version, imports them into a copy of the request's engine, runs the core, exports and
+//! writes back with the version read. On a mismatch another worker changed the key in
+//! between: the copy is dropped and the operation runs again on fresh bytes, so N workers
+//! admit exactly what one engine would. After `cas-retries` mismatches in a row the filter
+//! fails open (the request goes on without the filter's decision) and counts it.
+//!
+//! Shared data has no delete, so keys are registered first in one bounded registry per
+//! policy (the policy's `keys.max`); a key past the bound fails open and is counted.
+//!
+//! # Clock
+//! The ABI's only clock is wall time. [`Clock`] hands the core the largest time it has seen,
+//! so a wall clock stepped back reads as no time passing (and is counted).
+
+use levee_core::classify::Rule;
+use levee_core::{Engine, OutcomeKind, Reason, Verdict, VerdictKind};
+
+use crate::config::{FallbackAction, FilterConfig};
+use crate::envoy::{ms_ceil, retry_on, RetryOn};
+
+/// `report` flag of the WIT: the response is marked overloaded (`x-envoy-overloaded`).
+const FLAG_OVERLOADED: u32 = 1;
+/// Where the HTTP method sits in `start`'s flags (the WIT's bits 8-11).
+const METHOD_SHIFT: u32 = 8;
+
+/// Request header: the application's attempt number (1 on the first), which it retries itself.
+pub const HEADER_ATTEMPT: &str = "x-levee-attempt";
+/// Longest key kept in shared data, in bytes.
+pub const MAX_KEY_BYTES: usize = 256;
+
+/// The proxy's shared data (`get_shared_data` / `set_shared_data`).
+pub trait Store {
+    /// The value and its CAS version (0: absent).
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, u32);
+    /// Write if the version is still `cas` (0: unconditionally). `Err(true)`: CAS mismatch.
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), bool>;
+}
+
+/// Wall time made monotonic: the largest time seen.
+#[derive(Clone, Debug, Default)]
+pub struct Clock {
+    last: u64,
+    /// Times the wall clock was seen going backwards.
+    pub backwards: u64,
+}
+
+impl Clock {
+    /// `now` for the core from a wall-clock reading in ns.
+    pub fn now(&mut self, wall_ns: u64) -> u64 {
+        if wall_ns < self.last {
+            self.backwards += 1;
+        } else {
+            self.last = wall_ns;
+        }
+        self.last
+    }
+}
+
+/// Counters the glue maps to Envoy metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests forwarded under the filter's decision.
+    pub admitted: u64,
+    /// Requests answered locally (rejections).
+    pub rejected: u64,
+    /// Fallbacks run.
+    pub fallbacks: u64,
+    /// Operations that failed open after `cas-retries` CAS mismatches.
+    pub cas_fail_open: u64,
+    /// Requests that failed open because their key could not be registered (bound reached, too long).
+    pub keys_fail_open: u64,
+    /// Operations that failed open because the shared bytes were not Levee key state.
+    pub state_fail_open: u64,
+    /// CAS mismatches seen (each one retried).
+    pub cas_mismatches: u64,
+}
+
+/// Why an operation failed open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Too many CAS mismatches in a row.
+    Contention,
+    /// The key could not be registered.
+    Keys,
+    /// The shared bytes did not import.
+    State,
+}
+
+/// A request the filter manages.
+#[derive(Clone, Debug)]
+pub struct Call {
+    engine: Engine,
+    id: u64,
+    key: String,
+    started: u64,
+    /// Retries the router was allowed.
+    pub max_retries: u32,
+    done: bool,
+}
+
+/// What to do with a request's headers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// Forward, setting these request headers.
+    Forward(Vec<(&'static str, String)>),
+    /// Answer locally.
+    Reply(Reply),
+    /// Run the fallback cluster call.
+    Dispatch {
+        /// Cluster.
+        cluster: String,
+        /// `:authority` override.
+        authority: Option<String>,
+        /// Timeout in ms.
+        timeout_ms: u64,
+    },
+    /// The filter did not decide (see the fault); the request goes on as the route says.
+    FailOpen(Fault),
+}
+
+/// A local response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// Status.
+    pub status: u16,
+    /// Headers.
+    pub headers: Vec<(&'static str, String)>,
+    /// Body.
+    pub body: String,
+}
+
+/// What the router reported of a request's attempts.
+#[derive(Clone, Debug, Default)]
+pub struct Response<'a> {
+    /// Final status.
+    pub status: u16,
+    /// `x-envoy-attempt-count` (1 when absent).
+    pub attempts: u32,
+    /// Raw `retry-after`.
+    pub retry_after: &'a str,
+    /// `x-envoy-overloaded` was set.
+    pub overloaded: bool,
+}
+
+/// One worker's gate: the validated configuration and what it needs to run requests.
+#[derive(Debug)]
+pub struct Gate {
+    cfg: FilterConfig,
+    retry_on: RetryOn,
+    static_headers: Vec<(&'static str, String)>,
+    prefix: String,
+    max_keys: u32,
+    worker: u64,
+    seq: u64,
+    /// The monotonic clock.
+    pub clock: Clock,
+    /// Counters.
+    pub stats: Stats,
+}
+
+fn method_number(method: &str) -> u32 {
+    match method {
+        "GET" => 1,
+        "HEAD" => 2,
+        "POST" => 3,
+        "PUT" => 4,
+        "DELETE" => 5,
+        "PATCH" => 6,
+        "OPTIONS" => 7,
+        "TRACE" => 8,
+        "CONNECT" => 9,
+        "" => 0,
+        _ => 15,
+    }
+}
+
+fn secs_ceil(ns: u64) -> u64 {
+    ns.div_ceil(1_000_000_000).max(1)
+}
+
+impl Gate {
+    /// A gate for a configuration; `worker` makes call ids unique across workers.
+    pub fn new(cfg: FilterConfig, worker: u64) -> Gate {
+        let policy = cfg.engine.policy(cfg.policy).cloned();
+        let retry_on =
+            policy.as_ref().map(retry_on).unwrap_or(RetryOn { http: vec![], status_codes: vec![], grpc: vec![], unmapped: vec![] });
+        let mut static_headers = Vec::new();
+        if !retry_on.http.is_empty() {
+            static_headers.push(("x-envoy-retry-on", retry_on.http.join(",")));
+        }
+        if !retry_on.status_codes.is_empty() {
+            let codes: Vec<String> = retry_on.status_codes.iter().map(u16::to_string).collect();
+            static_headers.push(("x-envoy-retriable-status-codes", codes.join(",")));
+        }
+        if !retry_on.grpc.is_empty() {
+            static_headers.push(("x-envoy-retry-grpc-on", retry_on.grpc.join(",")));
+        }
+        if let Some(t) = policy.as_ref().and_then(|p| p.attempt_timeout) {
+            static_headers.push(("x-envoy-upstream-rq-per-try-timeout-ms", ms_ceil(t).to_string()));
+        }
+        if let Some(d) = policy.as_ref().and_then(|p| p.deadline) {
+            static_headers.push(("x-envoy-upstream-rq-timeout-ms", ms_ceil(d).to_string()));
+        }
+        let prefix = format!("levee:{}:", policy.as_ref().map(|p| p.name.as_str()).unwrap_or(""));
+        let max_keys = policy.as_ref().map(|p| p.max_keys).unwrap_or(1).min(65_536);
+        Gate {
+            cfg,
+            retry_on,
+            static_headers,
+            prefix,
+            max_keys,
+            worker: worker & 0xFF_FFFF,
+            seq: 0,
+            clock: Clock::default(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &FilterConfig {
+        &self.cfg
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.seq = (self.seq + 1) & ((1 << 40) - 1);
+        (self.worker << 40) | self.seq.max(1)
+    }
+
+    /// Register `key` in the policy's bounded registry, so that it may be created.
+    fn register(&self, store: &impl Store, key: &str, mismatches: &mut u64) -> Result<(), Fault> {
+        let reg = format!("{}#keys", self.prefix);
+        for _ in 0..=self.cfg.cas_retries {
+            let (bytes, cas) = store.get(&reg);
+            let bytes = bytes.unwrap_or_default();
+            let known = bytes.split(|b| *b == b'\n').filter(|k| !k.is_empty());
+            let (mut count, mut found) = (0u32, false);
+            for k in known {
+                count += 1;
+                found |= k == key.as_bytes();
+            }
+            if found {
+                return Ok(()); // registered by another worker, which creates the value next
+            }
+            if count >= self.max_keys {
+                return Err(Fault::Keys);
+            }
+            let mut next = bytes;
+            next.extend_from_slice(key.as_bytes());
+            next.push(b'\n');
+            match store.set(&reg, &next, cas) {
+                Ok(()) => {
+                    // Only the worker that registered a key creates it; nobody writes it with
+                    // version 0 again, so no later write is lost.
+                    let fresh = self.cfg.engine.export_key(self.cfg.policy, key).unwrap_or_default();
+                    return store.set(&self.shared_key(key), &fresh, 0).map_err(|_| Fault::State);
+                }
+                Err(true) => *mismatches += 1,
+                Err(false) => return Err(Fault::State),
+            }
+        }
+        Err(Fault::Contention)
+    }
+
+    fn shared_key(&self, key: &str) -> String {
+        let mut s = String::with_capacity(self.prefix.len() + key.len());
+        s.push_str(&self.prefix);
+        s.push_str(key);
+        s
+    }
+
+    /// Run `op` on a copy of `engine` holding the key's shared state, and publish the result
+    /// with compare-and-swap; retried on a mismatch, failing open after `cas-retries`.
+    /// Mismatches are added to `mismatches` (not to `self`, so that `engine` may be `self`'s).
+    fn with_key<T>(
+        &self,
+        store: &impl Store,
+        engine: &Engine,
+        key: &str,
+        mismatches: &mut u64,
+        mut op: impl FnMut(&mut Engine) -> T,
+    ) -> Result<(Engine, T), Fault> {
+        let skey = self.shared_key(key);
+        let pi = self.cfg.policy;
+        let mut registered = false;
+        for _ in 0..=self.cfg.cas_retries {
+            let (bytes, cas) = store.get(&skey);
+            let Some(bytes) = bytes.filter(|_| cas != 0) else {
+                if !registered {
+                    registered = true;
+                    self.register(store, key, mismatches)?;
+                } else {
+                    // Registered by another worker that has not created it yet.
+                    *mismatches += 1;
+                }
+                continue;
+            };
+            let mut e = engine.clone();
+            if e.import_key(pi, key, &bytes).is_err() {
+                return Err(Fault::State);
+            }
+            let out = op(&mut e);
+            let Some(next) = e.export_key(pi, key) else { return Err(Fault::State) };
+            if next == bytes {
+                return Ok((e, out));
+            }
+            match store.set(&skey, &next, cas) {
+                Ok(()) => return Ok((e, out)),
+                Err(true) => *mismatches += 1,
+                Err(false) => return Err(Fault::State),
+            }
+        }
+        Err(Fault::Contention)
+    }
+
+    fn count_fault(&mut self, f: Fault) {
+        match f {
+            Fault::Contention => self.stats.cas_fail_open += 1,
+            Fault::Keys => self.stats.keys_fail_open += 1,
+            Fault::State => self.stats.state_fail_open += 1,
+        }
+    }
+
+    /// Admission of a request: `key` as the configuration says, `method` its `:method`,
+    /// `app_attempt` the application's `x-levee-attempt` when it retries the request itself.
+    pub fn admit(&mut self, store: &impl Store, wall_ns: u64, key: &str, method: &str, app_attempt: Option<u32>) -> (Admit, Option<Call>) {
+        let now = self.clock.now(wall_ns);
+        if key.len() > MAX_KEY_BYTES || key.contains('\n') {
+            self.stats.keys_fail_open += 1;
+            return (Admit::FailOpen(Fault::Keys), None);
+        }
+        let id = self.next_id();
+        let (pi, flags) = (self.cfg.policy, method_number(method) << METHOD_SHIFT);
+        let mut mismatches = 0;
+        let result = self.with_key(store, &self.cfg.engine, key, &mut mismatches, |e| {
+            let v = e.start(id, pi, key, flags, now, 0, 0, 0);
+            if v.kind() == Some(VerdictKind::Wait) {
+                // The ABI gives an HTTP context no timer: the wait is the client's (Retry-After).
+                e.cancel(id, now);
+            }
+            v
+        });
+        self.stats.cas_mismatches += mismatches;
+        let (mut engine, v) = match result {
+            Ok(r) => r,
+            Err(f) => {
+                self.count_fault(f);
+                return (Admit::FailOpen(f), None);
+            }
+        };
+        engine.drain_events();
+        let mut call = Call { engine, id, key: key.to_string(), started: now, max_retries: 0, done: false };
+        match v.kind() {
+            Some(VerdictKind::Attempt) => {
+                self.stats.admitted += 1;
+                // The application retries this request: one layer retries, so the router does not.
+                call.max_retries = if app_attempt.is_some() { 0 } else { self.retries_left(&call, now) };
+                let mut headers = Vec::with_capacity(self.static_headers.len() + 1);
+                headers.push(("x-envoy-max-retries", call.max_retries.to_string()));
+                headers.extend(self.static_headers.iter().cloned());
+                (Admit::Forward(headers), Some(call))
+            }
+            Some(VerdictKind::Wait) => {
+                self.stats.rejected += 1;
+                call.done = true;
+                (Admit::Reply(self.rejection(Reason::RateLimited, v.payload())), None)
+            }
+            Some(VerdictKind::Fail) => {
+                self.stats.rejected += 1;
+                call.done = true;
+                (Admit::Reply(self.rejection(v.reason(), v.payload())), None)
+            }
+            Some(VerdictKind::Fallback) => {
+                let a = self.fallback(&mut call, v, now);
+                (a, Some(call))
+            }
+            _ => {
+                self.stats.state_fail_open += 1;
+                (Admit::FailOpen(Fault::State), None)
+            }
+        }
+    }
+
+    /// The local answer to a rejection: 429 for a rate limit, else 503 marked overloaded;
+    /// Retry-After from the core's hint.
+    pub fn rejection(&self, reason: Reason, hint_ns: u64) -> Reply {
+        let status = if reason == Reason::RateLimited { 429 } else { 503 };
+        let mut headers = vec![("x-levee-reason", reason.name().to_string())];
+        if status == 503 {
+            headers.push(("x-envoy-overloaded", "true".to_string()));
+        }
+        if hint_ns > 0 {
+            headers.push(("retry-after", secs_ceil(hint_ns).to_string()));
+        }
+        Reply { status, headers, body: format!("levee: {}\n", reason.name()) }
+    }
+
+    fn fallback(&mut self, call: &mut Call, v: Verdict, now: u64) -> Admit {
+        self.stats.fallbacks += 1;
+        match self.cfg.fallbacks.get(v.payload() as usize).cloned() {
+            Some(FallbackAction::Local { status, body, content_type }) => {
+                let _ = call.engine.report_fallback(call.id, now, true);
+                call.done = true;
+                Admit::Reply(Reply { status, headers: vec![("content-type", content_type), ("x-levee-fallback", "local".into())], body })
+            }
+            Some(FallbackAction::Cluster { cluster, authority, timeout }) => {
+                Admit::Dispatch { cluster, authority, timeout_ms: ms_ceil(timeout) }
+            }
+            None => {
+                call.done = true;
+                Admit::Reply(self.rejection(v.reason(), 0))
+            }
+        }
+    }
+
+    /// The fallback cluster answered (`status`, or `None` when the call failed): the response
+    /// to send, or the next fallback to run.
+    pub fn fallback_result(&mut self, call: &mut Call, wall_ns: u64, status: Option<u16>) -> Admit {
+        let now = self.clock.now(wall_ns);
+        let ok = status.is_some_and(|s| s < 500);
+        let v = call.engine.report_fallback(call.id, now, ok);
+        match v.kind() {
+            Some(VerdictKind::Done) => {
+                call.done = true;
+                Admit::Forward(Vec::new())
+            }
+            Some(VerdictKind::Fallback) => self.fallback(call, v, now),
+            _ => {
+                call.done = true;
+                Admit::Reply(self.rejection(v.reason(), 0))
+            }
+        }
+    }
+
+    /// How many retries the router may make now: the attempts the core would grant if every
+    /// one failed retriably, asked of a copy of the call (the budget, breaker and deadline
+    /// all answer), at most `attempts - 1`.
+    fn retries_left(&self, call: &Call, now: u64) -> u32 {
+        let Some((kind, code)) = self.probe_outcome() else { return 0 };
+        let mut e = call.engine.clone();
+        let mut t = now;
+        let mut n = 0u32;
+        let max = self.cfg.engine.policy(self.cfg.policy).map(|p| p.attempts.saturating_sub(1)).unwrap_or(0);
+        while n < max {
+            let v = e.report(call.id, t, 0, kind, code, "", 0, 0);
+            if v.kind() != Some(VerdictKind::Retry) {
+                break;
+            }
+            t = t.saturating_add(v.payload());
+            if e.acquire(call.id, t).kind() != Some(VerdictKind::Attempt) {
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// An outcome the router retries under this policy, as the core classifies it: the first
+    /// retriable 5xx, else the first retriable status, else a connection error.
+    fn probe_outcome(&self) -> Option<(OutcomeKind, i32)> {
+        let codes = &self.retry_on.status_codes;
+        if let Some(c) = codes.iter().find(|c| **c >= 500).or(codes.first()) {
+            return Some((OutcomeKind::HttpStatus, i32::from(*c)));
+        }
+        let p = self.cfg.engine.policy(self.cfg.policy)?;
+        p.retry_on.0.iter().find_map(|r| match r {
+            Rule::ConnectionError => Some((OutcomeKind::ConnectionError, 0)),
+            Rule::Timeout => Some((OutcomeKind::Timeout, 0)),
+            _ => None,
+        })
+    }
+
+    /// The router answered: feed every attempt to the breaker and the budget. The router
+    /// retried only what `x-envoy-retry-on` allowed, so each attempt before the last failed
+    /// retriably; its status is not reported downstream, so it counts as the final status when
+    /// that is a retriable failure, else as the probe outcome. Returns a fallback to run, if
+    /// the core chose one.
+    pub fn complete(&mut self, store: &impl Store, wall_ns: u64, call: &mut Call, r: &Response<'_>, wall_secs: u64) -> Option<Admit> {
+        if call.done {
+            return None;
+        }
+        call.done = true;
+        let now = self.clock.now(wall_ns);
+        let elapsed = now.saturating_sub(call.started);
+        let attempts = r.attempts.clamp(1, call.max_retries.saturating_add(1));
+        let final_code = i32::from(r.status);
+        let retriable_final = self.retry_on.status_codes.contains(&r.status);
+        let earlier = if retriable_final { Some((OutcomeKind::HttpStatus, final_code)) } else { self.probe_outcome() };
+        let flags = if r.overloaded { FLAG_OVERLOADED } else { 0 };
+        let (id, per) = (call.id, elapsed / u64::from(attempts));
+        let mut mismatches = 0;
+        let result = self.with_key(store, &call.engine, &call.key, &mut mismatches, |e| {
+            let mut live = true;
+            for _ in 1..attempts {
+                let Some((kind, code)) = earlier else { break };
+                let v = e.report(id, now, per, kind, code, "", wall_secs, 0);
+                if v.kind() != Some(VerdictKind::Retry) || e.acquire(id, now).kind() != Some(VerdictKind::Attempt) {
+                    live = false;
+                    break;
+                }
+            }
+            if !live {
+                e.cancel(id, now);
+                return Verdict::new(VerdictKind::Done, 0, 0);
+            }
+            let v = e.report(id, now, per, OutcomeKind::HttpStatus, final_code, r.retry_after, wall_secs, flags);
+            if v.kind() == Some(VerdictKind::Retry) {
+                // The router is done with this request: no retry of the core's happens.
+                e.cancel(id, now);
+            }
+            v
+        });
+        self.stats.cas_mismatches += mismatches;
+        match result {
+            Ok((mut e, v)) => {
+                e.drain_events();
+                call.engine = e;
+                if v.kind() == Some(VerdictKind::Fallback) {
+                    call.done = false;
+                    let a = self.fallback(call, v, now);
+                    call.done = true;
+                    return Some(a);
+                }
+                None
+            }
+            Err(f) => {
+                self.count_fault(f);
+                None
+            }
+        }
+    }
+
+    /// The request ended without a response the filter saw (a reset): release what it holds.
+    pub fn abandon(&mut self, store: &impl Store, wall_ns: u64, call: &mut Call) {
+        if call.done {
+            return;
+        }
+        call.done = true;
+        let now = self.clock.now(wall_ns);
+        let id = call.id;
+        let mut mismatches = 0;
+        let result = self.with_key(store, &call.engine, &call.key, &mut mismatches, |e| e.cancel(id, now));
+        self.stats.cas_mismatches += mismatches;
+        if let Err(f) = result {
+            self.count_fault(f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    /// Envoy's shared data: a version per key, bumped on every write.
+    type Versioned = HashMap<String, (Vec<u8>, u32)>;
+    #[derive(Default, Clone)]
+    struct Shared(Arc<Mutex<(Versioned, u32)>>);
+
+    impl Store for Shared {
+        fn get(&self, key: &str) -> (Option<Vec<u8>>, u32) {
+            let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            m.0.get(key).map(|(v, c)| (Some(v.clone()), *c)).unwrap_or((None, 0))
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), bool> {
+            let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            m.1 += 1;
+            let next = m.1;
+            match m.0.get_mut(key) {
+                Some(entry) if cas != 0 && entry.1 != cas => Err(true),
+                Some(entry) => {
+                    *entry = (value.to_vec(), next);
+                    Ok(())
+                }
+                None => {
+                    m.0.insert(key.to_string(), (value.to_vec(), next));
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    fn gate(doc: &str, worker: u64) -> Gate {
+        Gate::new(crate::config::parse(doc).expect("config"), worker)
+    }
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn workers_on_threads_admit_exactly_the_rate() {
+        let doc = "policies: { p: { rate-limit: { rate: 50, per: 1s, burst: 50 } } }";
+        let store = Shared::default();
+        let admitted = Arc::new(Mutex::new(0u32));
+        let threads: Vec<_> = (0..4u64)
+            .map(|w| {
+                let (store, admitted) = (store.clone(), admitted.clone());
+                std::thread::spawn(move || {
+                    let mut g = gate(doc, w + 1);
+                    for _ in 0..100 {
+                        let (a, call) = g.admit(&store, S, "k", "GET", None);
+                        assert!(!matches!(a, Admit::FailOpen(_)), "{a:?}");
+                        if let (Admit::Forward(_), Some(mut c)) = (a, call) {
+                            *admitted.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                            g.complete(&store, S, &mut c, &Response { status: 200, attempts: 1, ..Default::default() }, 1);
+                        }
+                    }
+                    g.stats.cas_mismatches
+                })
+            })
+            .collect();
+        for t in threads {
+            let _ = t.join();
+        }
+        assert_eq!(*admitted.lock().unwrap_or_else(|e| e.into_inner()), 50);
+    }
+
+    #[test]
+    fn the_breaker_opens_rejects_with_retry_after_and_closes_through_half_open() {
+        let doc = "policies: { p: { attempts: 3, breaker: { window: { kind: count, size: 4 }, minimum-calls: 4, failure-rate: 50, open-duration: 2s, half-open-permits: 1 } } }";
+        let store = Shared::default();
+        let (mut a, mut b) = (gate(doc, 1), gate(doc, 2));
+        for i in 0..2 {
+            let g = if i == 0 { &mut a } else { &mut b };
+            let (adm, call) = g.admit(&store, S, "c", "GET", None);
+            let Admit::Forward(h) = adm else { panic!("{adm:?}") };
+            // The second request's retries would find the breaker open after its first failure.
+            let want = if i == 0 { "2" } else { "0" };
+            assert!(h.contains(&("x-envoy-max-retries", want.into())), "{h:?}");
+            let mut c = call.expect("call");
+            // The router made three attempts, all 503 (then one): 4 failures of 4 open the breaker.
+            let attempts = if i == 0 { 3 } else { 1 };
+            g.complete(&store, S, &mut c, &Response { status: 503, attempts, ..Default::default() }, 1);
+        }
+        let (adm, _) = a.admit(&store, S, "c", "GET", None);
+        let Admit::Reply(r) = adm else { panic!("{adm:?}") };
+        assert_eq!(r.status, 503);
+        assert!(r.headers.contains(&("x-envoy-overloaded", "true".into())));
+        assert!(r.headers.contains(&("retry-after", "2".into())), "{:?}", r.headers);
+        // After the open duration one trial goes through (on either worker) and closes it.
+        let (adm, call) = b.admit(&store, 3 * S + 1, "c", "GET", None);
+        assert!(matches!(adm, Admit::Forward(_)), "{adm:?}");
+        let (adm2, _) = a.admit(&store, 3 * S + 2, "c", "GET", None);
+        assert!(matches!(adm2, Admit::Reply(_)), "one half-open permit across workers: {adm2:?}");
+        let mut c = call.expect("call");
+        b.complete(&store, 3 * S + 3, &mut c, &Response { status: 200, attempts: 1, ..Default::default() }, 3);
+        let (adm, _) = a.admit(&store, 3 * S + 4, "c", "GET", None);
+        assert!(matches!(adm, Admit::Forward(_)), "closed again: {adm:?}");
+    }
+
+    #[test]
+    fn app_retried_requests_get_no_router_retries_and_budget_limits_them() {
+        let store = Shared::default();
+        let mut g = gate("policies: { p: { attempts: 4 } }", 1);
+        let (adm, _) = g.admit(&store, S, "k", "GET", Some(1));
+        assert!(matches!(&adm, Admit::Forward(h) if h.contains(&("x-envoy-max-retries", "0".into()))), "{adm:?}");
+        let (adm, _) = g.admit(&store, S, "k", "POST", None);
+        assert!(matches!(&adm, Admit::Forward(h) if h.contains(&("x-envoy-max-retries", "0".into()))), "POST is not idempotent: {adm:?}");
+        let mut g = gate("policies: { p: { attempts: 4, budget: { kind: token, max-tokens: 4, token-ratio: 0.1 } } }", 1);
+        let (adm, _) = g.admit(&store, S, "k", "GET", None);
+        // Tokens 4: a failure takes one (3 > 2 allows), then 2 (not above half): one retry.
+        assert!(matches!(&adm, Admit::Forward(h) if h.contains(&("x-envoy-max-retries", "1".into()))), "{adm:?}");
+    }
+
+    #[test]
+    fn keys_are_bounded_and_contention_fails_open() {
+        let store = Shared::default();
+        let mut g = gate("policies: { p: { keys: { max: 2 } } }", 1);
+        for k in ["a", "b", "a"] {
+            assert!(matches!(g.admit(&store, S, k, "GET", None).0, Admit::Forward(_)));
+        }
+        assert_eq!(g.admit(&store, S, "c", "GET", None).0, Admit::FailOpen(Fault::Keys));
+        assert_eq!(g.admit(&store, S, &"x".repeat(300), "GET", None).0, Admit::FailOpen(Fault::Keys));
+        assert_eq!(g.stats.keys_fail_open, 2);
+
+        /// A store whose every write loses the race.
+        struct Busy(Shared);
+        impl Store for Busy {
+            fn get(&self, key: &str) -> (Option<Vec<u8>>, u32) {
+                self.0.get(key)
+            }
+            fn set(&self, _: &str, _: &[u8], _: u32) -> Result<(), bool> {
+                Err(true)
+            }
+        }
+        let mut g = gate("policies: { p: { rate-limit: { rate: 5, per: 1s } } }", 1);
+        let busy = Busy(store.clone());
+        store.set("levee:p:k", &g.config().engine.export_key(0, "k").unwrap_or_default(), 0).expect("set");
+        assert_eq!(g.admit(&busy, S, "k", "GET", None).0, Admit::FailOpen(Fault::Contention));
+        assert_eq!((g.stats.cas_fail_open, g.stats.cas_mismatches), (1, 9));
+        // Garbage in shared data fails open too.
+        store.set("levee:p:k", b"garbage", 0).expect("set");
+        assert_eq!(g.admit(&store, S, "k", "GET", None).0, Admit::FailOpen(Fault::State));
+    }
+
+    #[test]
+    fn the_clock_never_goes_back() {
+        let mut c = Clock::default();
+        assert_eq!((c.now(10), c.now(5), c.now(12)), (10, 10, 12));
+        assert_eq!(c.backwards, 1);
+    }
+
+    #[test]
+    fn rate_limit_rejections_are_429_with_retry_after() {
+        let store = Shared::default();
+        let mut g = gate("policies: { p: { rate-limit: { rate: 1, per: 10s } } }", 1);
+        assert!(matches!(g.admit(&store, S, "", "GET", None).0, Admit::Forward(_)));
+        let Admit::Reply(r) = g.admit(&store, S, "", "GET", None).0 else { panic!("rejected") };
+        assert_eq!(r.status, 429);
+        assert!(r.headers.contains(&("retry-after", "10".into())), "{:?}", r.headers);
+    }
+}
