@@ -266,8 +266,8 @@ fn run() -> u8 {
         }
         Command::EnvoyConfig { file, policy } => match read(&file).and_then(|doc| envoy_config(&doc, policy.as_deref())) {
             Ok(yaml) => {
-                print!("{yaml}");
-                ExitCode::SUCCESS
+                out!("{yaml}");
+                0
             }
             Err(e) => fail(style, &e),
         },

@@ -930,6 +930,17 @@ impl Engine {
         Ok(())
     }
 
+    /// Run `f` on the state of a key (made when absent, evicting as `start` does, and
+    /// touched); the key is then filed by what it holds. `None` for an unknown policy.
+    pub(crate) fn with_key_state<R>(&mut self, policy: usize, key: &str, f: impl FnOnce(&mut KeyState) -> R) -> Option<R> {
+        let (Some(p), Some(keys)) = (self.policies.get(policy), self.keys.get_mut(policy)) else { return None };
+        let now = 0;
+        let (at, _, ks) = named_key_state(keys, p, policy, key, &mut self.tick, now, &mut self.events)?;
+        let r = f(ks);
+        refile(keys, at);
+        Some(r)
+    }
+
     /// In-flight attempts of a policy and key (for invariants and metrics).
     pub fn in_flight(&self, policy: u32, key: &str) -> u32 {
         self.keys.get(policy as usize).and_then(|k| key_state(k, key)).map(|s| s.in_flight).unwrap_or(0)

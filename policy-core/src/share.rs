@@ -88,7 +88,7 @@ impl Engine {
     pub fn export_key(&self, policy: u32, key: &str) -> Option<Vec<u8>> {
         let p = self.policy(policy)?;
         let fresh;
-        let s = match self.keys.get(policy as usize).and_then(|k| k.get(key)) {
+        let s = match self.keys.get(policy as usize).and_then(|k| k.find(key).and_then(|i| k.get(i))).map(|(_, s)| s) {
             Some(s) => s,
             None => {
                 fresh = KeyState::fresh(p, 0);
@@ -247,11 +247,12 @@ impl Engine {
                 return Err(bad("trailing bytes"));
             }
         }
-        let keys = self.keys.get_mut(pi).ok_or_else(|| LoadError::new("", format!("no policy with index {policy}")))?;
-        let slot = keys.get_or_insert_with(key, || std::sync::Arc::from(key), || KeyState::fresh(p, tick));
-        s.last_used = slot.last_used;
-        *slot = s;
-        Ok(())
+        // Made like any key (evicting the least recently used one at `keys.max`), touched.
+        self.with_key_state(pi, key, |slot| {
+            s.last_used = slot.last_used;
+            *slot = s;
+        })
+        .ok_or_else(|| LoadError::new("", format!("no policy with index {policy}")))
     }
 }
 
