@@ -133,6 +133,11 @@ type Engine struct {
 	gen     uint64
 	closed  bool
 	hold    heldSuccess
+	// successes held back by finished calls, not yet moved to hold (see holdSuccess);
+	// under pmu alone, so a finishing call never waits behind a guest call
+	pmu     sync.Mutex
+	pending []pendingSuccess
+	spare   []pendingSuccess // pending's other buffer, swapped in by takePendingLocked
 	// when the engine last re-instantiated after a fault (0: never)
 	lastRecovery uint64
 	snap         []byte
@@ -440,21 +445,9 @@ func (e *Engine) readyLocked(keep bool) error {
 		// the last guest call overran its bound (and perhaps still returned)
 		return e.faultLocked(errors.New("interrupted"))
 	}
-	if !keep && e.hold.call != 0 {
-		h := e.hold
-		e.hold = heldSuccess{}
-		ctx := e.enter()
-		v, err := e.in.report(ctx, e.rep, h.call, h.at, h.elapsed, OutcomeSuccess, 0, "", 0, 0)
-		e.leave()
-		if err != nil {
-			return e.faultLocked(err)
-		}
-		if v.Kind() != VerdictDone {
-			return e.faultLocked(trapf("a held-back success was answered %v", v))
-		}
-		if v.EventsPending() {
-			e.eventsPending.Store(true)
-		}
+	if !keep {
+		e.takePendingLocked()
+		return e.sendHeldLocked()
 	}
 	return nil
 }
