@@ -41,3 +41,5 @@ echo "== pytest"
 "$VPY" -m pytest -q -p no:cacheprovider tests
 echo "== benchmark (short)"
 "$VPY" bench/bench.py --quick
+echo "== production-load harness (smoke size; the full run: python bench/load.py)"
+"$VPY" bench/load.py --levels 1,200 --rounds 3 --single 5
