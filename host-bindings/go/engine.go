@@ -112,7 +112,6 @@ func WithFallback(name string, f Fallback) Option {
 }
 
 // compilation cache shared by every engine of the process.
-var compileCache = wazero.NewCompilationCache()
 
 // Engine is one policy engine (policies plus their breaker, budget and limiter
 // state) running in one guest instance. It is safe for use by many goroutines:
@@ -249,9 +248,16 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 			return nil, err
 		}
 	}
-	cfg := wazero.NewRuntimeConfig().WithCompilationCache(compileCache).WithMemoryLimitPages(e.o.memoryPages)
-	e.rt = wazero.NewRuntimeWithConfig(ctx, cfg)
+	cache, _ := compilationCache()
+	e.rt = wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(cache).WithMemoryLimitPages(e.o.memoryPages))
 	cm, err := e.rt.CompileModule(ctx, wasm)
+	if isCacheCorrupt(err) { // a bad cache entry: drop it, compile, write it again
+		_ = e.rt.Close(ctx)
+		dropCompilationCache(cache)
+		cache, _ = compilationCache()
+		e.rt = wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(cache).WithMemoryLimitPages(e.o.memoryPages))
+		cm, err = e.rt.CompileModule(ctx, wasm)
+	}
 	if err != nil {
 		_ = e.rt.Close(ctx)
 		return nil, fmt.Errorf("levee: compile core module: %w", err)
