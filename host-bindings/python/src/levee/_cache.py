@@ -13,12 +13,11 @@ rewritten. wasmtime itself refuses an artifact from another version or configura
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import os
-import tempfile
 from pathlib import Path
 
 import wasmtime
+from wasmtime import _ffi
 from wasmtime.component import Component
 
 CACHE_DIR_ENV = "LEVEE_CACHE_DIR"
@@ -40,7 +39,11 @@ def cache_dir() -> Path | None:
 
 def entry_path(directory: Path, wasm: bytes, settings: str) -> Path:
     h = hashlib.sha256(wasm)
-    h.update(b"\0wasmtime-py " + importlib.metadata.version("wasmtime").encode())
+    # the native runtime's identity: its path, size and mtime (importlib.metadata's version
+    # lookup cost ~30 ms of import time); wasmtime refuses another version's artifact anyway
+    lib = str(_ffi.dll._name)
+    st = os.stat(lib)
+    h.update(f"\0{lib}\0{st.st_size}\0{st.st_mtime_ns}".encode())
     h.update(b"\0" + settings.encode())
     return directory / "wasmtime-py" / f"{h.hexdigest()}.cwasm"
 
@@ -64,6 +67,8 @@ def load_component(engine: wasmtime.Engine, wasm: bytes, settings: str) -> Compo
             except wasmtime.WasmtimeError:
                 pass  # another wasmtime's or another configuration's artifact: compile again
     component = Component(engine, wasm)
+    import tempfile  # only when writing: it costs import time every process pays otherwise
+
     try:
         compiled = bytes(component.serialize())
         path.parent.mkdir(parents=True, exist_ok=True)
