@@ -134,8 +134,8 @@ func main() {
 	for _, c := range cs {
 		level(ctx, c, 10, 10, bench.Work)
 	}
-	fmt.Printf("# Go %s, GOMAXPROCS %d, %s wait, CPU time (user+system) per call\n", runtime.Version(), runtime.GOMAXPROCS(0), *wait)
 	if *parallel > 0 {
+		fmt.Printf("# Go %s, GOMAXPROCS %d, no wait (flat out), time per call\n", runtime.Version(), runtime.GOMAXPROCS(0))
 		fmt.Printf("%-18s %8s %14s %14s\n", "contender", "threads", "wall ns/call", "CPU ns/call")
 		for _, c := range cs {
 			cpuPer, wall := level(ctx, c, *parallel, *rounds, work)
@@ -143,6 +143,7 @@ func main() {
 		}
 		return
 	}
+	fmt.Printf("# Go %s, GOMAXPROCS %d, %s wait, CPU time (user+system) per call\n", runtime.Version(), runtime.GOMAXPROCS(0), *wait)
 	fmt.Printf("%-10s %-18s %10s %10s %12s %8s\n", "in flight", "contender", "calls", "wall", "CPU us/call", "levee/this")
 	for _, s := range strings.Split(*levels, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
