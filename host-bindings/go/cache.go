@@ -23,8 +23,8 @@ var (
 	cacheDir string // "" when the cache is in memory only
 )
 
-// compilationCache is the process-wide compilation cache: on disk where a
-// cache directory can be made, in memory otherwise.
+// compilationCache is the compilation cache shared by every engine of the
+// process: on disk where a cache directory can be made, in memory otherwise.
 func compilationCache() (wazero.CompilationCache, string) {
 	cacheMu.Lock()
 	defer cacheMu.Unlock()

@@ -111,8 +111,6 @@ func WithFallback(name string, f Fallback) Option {
 	}
 }
 
-// compilation cache shared by every engine of the process.
-
 // Engine is one policy engine (policies plus their breaker, budget and limiter
 // state) running in one guest instance. It is safe for use by many goroutines:
 // guest calls are serialized by a mutex.
