@@ -1,6 +1,7 @@
 package levee
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,4 +81,36 @@ func dropCompilationCache(bad wazero.CompilationCache) {
 		}
 	}
 	cacheObj = nil
+}
+
+// memoryCache is the fallback when the disk cache cannot serve a load.
+var memoryCache = sync.OnceValue(wazero.NewCompilationCache)
+
+// compileCore makes e's runtime (the caller closes it on an error) and compiles the core module in it. The disk
+// cache never fails a load: on a bad entry it is emptied and the module
+// compiled and written again; if that fails too, or the cache cannot be
+// written (a full or read-only disk makes wazero's CompileModule fail), the
+// module is compiled with a cache in memory.
+func (e *Engine) compileCore(ctx context.Context, wasm []byte) (wazero.CompiledModule, error) {
+	compile := func(c wazero.CompilationCache) (wazero.CompiledModule, error) {
+		if e.rt != nil {
+			_ = e.rt.Close(ctx) // the runtime of a failed attempt
+		}
+		e.rt = wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(c).WithMemoryLimitPages(e.o.memoryPages))
+		return e.rt.CompileModule(ctx, wasm)
+	}
+	cache, dir := compilationCache()
+	cm, err := compile(cache)
+	if err == nil || dir == "" {
+		return cm, err
+	}
+	if isCacheCorrupt(err) {
+		dropCompilationCache(cache)
+		if cache, dir = compilationCache(); dir != "" {
+			if cm, err = compile(cache); err == nil {
+				return cm, nil
+			}
+		}
+	}
+	return compile(memoryCache())
 }

@@ -246,16 +246,7 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 			return nil, err
 		}
 	}
-	cache, _ := compilationCache()
-	e.rt = wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(cache).WithMemoryLimitPages(e.o.memoryPages))
-	cm, err := e.rt.CompileModule(ctx, wasm)
-	if isCacheCorrupt(err) { // a bad cache entry: drop it, compile, write it again
-		_ = e.rt.Close(ctx)
-		dropCompilationCache(cache)
-		cache, _ = compilationCache()
-		e.rt = wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(cache).WithMemoryLimitPages(e.o.memoryPages))
-		cm, err = e.rt.CompileModule(ctx, wasm)
-	}
+	cm, err := e.compileCore(ctx, wasm)
 	if err != nil {
 		_ = e.rt.Close(ctx)
 		return nil, fmt.Errorf("levee: compile core module: %w", err)
