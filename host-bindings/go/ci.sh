@@ -27,3 +27,7 @@ cd bench
 go mod download
 go vet ./...
 go test -run '^$' -bench . -benchtime 20000x -count 1 ./...
+# production-load harness, smoke size (the full run: go run ./load, see docs/performance.md)
+go run ./load -levels 1,200 -rounds 3 -single 5
+# cold start, smoke (an empty cache, then warm)
+d="$(mktemp -d)"; go build -o "$d/coldstart" ./coldstart; LEVEE_CACHE_DIR="$d" "$d/coldstart"; LEVEE_CACHE_DIR="$d" "$d/coldstart"; rm -rf "$d"

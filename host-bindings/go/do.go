@@ -302,6 +302,7 @@ func (e *Engine) startCall(call uint64, index uint32, key string, flags uint32) 
 		e.unlockEmit()
 		return 0, e.Now(), gen, err
 	}
+	e.takePendingLocked()
 	gen = e.gen
 	h := e.hold
 	e.hold = heldSuccess{}
@@ -362,18 +363,67 @@ func (e *Engine) step(f func(ctx context.Context, in *instance) (Verdict, error)
 	return v, nil
 }
 
-// holdSuccess holds back the report of a success, to be settled by the next start.
+// holdSuccess holds back the report of a success, to be settled by the next
+// start. It only appends to the pending list (under pmu, held for the append):
+// at thousands of calls in flight, taking the engine's lock a second time per
+// call, behind other goroutines' guest calls, cost more than the guest calls.
+// The next start, or any other operation, moves the list into the core under
+// the engine's lock (takePendingLocked), in the order the calls finished.
 func (e *Engine) holdSuccess(call, at, elapsed, gen uint64) {
-	e.mu.Lock()
-	if gen == e.gen && !e.closed && e.in != nil {
-		if e.hold.call != 0 {
-			_ = e.readyLocked(false) // send the one already held: only one may wait
+	e.pmu.Lock()
+	e.pending = append(e.pending, pendingSuccess{heldSuccess{call: call, at: at, elapsed: elapsed}, gen})
+	e.pmu.Unlock()
+}
+
+type pendingSuccess struct {
+	heldSuccess
+	gen uint64 // the engine generation the call ran in; a later one drops it
+}
+
+// takePendingLocked moves the pending successes into the core: each but the
+// last is reported, the last stays held for the next start to settle. A
+// success from an instance since replaced (a fault) is dropped, as its call
+// is gone with that instance.
+func (e *Engine) takePendingLocked() {
+	e.pmu.Lock()
+	p := e.pending
+	e.pending = e.spare[:0]
+	e.pmu.Unlock()
+	for _, s := range p {
+		if s.gen != e.gen || e.closed || e.in == nil {
+			continue
 		}
-		if gen == e.gen {
-			e.hold = heldSuccess{call: call, at: at, elapsed: elapsed}
+		if e.hold.call != 0 && e.sendHeldLocked() != nil {
+			continue // the fault re-instantiated the engine (gen moved on)
 		}
+		e.hold = s.heldSuccess
 	}
-	e.unlockEmit()
+	clear(p) // nothing to keep alive; the buffer is reused
+	e.spare = p[:0]
+}
+
+// sendHeldLocked reports the held-back success, if any.
+func (e *Engine) sendHeldLocked() error {
+	if e.hold.call == 0 || e.in == nil {
+		return nil
+	}
+	h := e.hold
+	e.hold = heldSuccess{}
+	ctx := e.enter()
+	v, err := e.in.report(ctx, e.rep, h.call, h.at, h.elapsed, OutcomeSuccess, 0, "", 0, 0)
+	e.leave()
+	if err != nil {
+		return e.faultLocked(err)
+	}
+	if v.Kind() != VerdictDone {
+		return e.faultLocked(trapf("a held-back success was answered %v", v))
+	}
+	if v.EventsPending() {
+		// drained under the lock, so a breaker transition is snapshotted before any other
+		// goroutine's trap could restore an older state (docs/architecture.md)
+		e.drainLocked()
+	}
+	return nil
 }
 
 // Flush sends a held-back success report now (Do holds one back to settle it on

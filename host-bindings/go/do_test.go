@@ -433,3 +433,52 @@ func TestPanicCancelsTheCall(t *testing.T) {
 		t.Fatalf("after a panic: %v", err)
 	}
 }
+
+// Successes held back by calls that finished together must all reach the core
+// before the next start: a bulkhead sized for one wave of calls admits every
+// following wave only if no finished call still holds its slot.
+func TestDoHeldSuccessesFreeTheirSlots(t *testing.T) {
+	const width = 8
+	doc := "policies:\n  p:\n    attempts: 1\n    bulkhead: { max-concurrent: 8 }\n"
+	e, err := Load(context.Background(), doc, WithSeed(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close(context.Background())
+	p, err := e.Policy("p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for wave := 0; wave < 50; wave++ {
+		var started, finished sync.WaitGroup
+		started.Add(width)
+		finished.Add(width)
+		errs := make(chan error, width)
+		for i := 0; i < width; i++ {
+			go func() {
+				defer finished.Done()
+				ran := false
+				err := Do(context.Background(), p, func(context.Context) error {
+					ran = true
+					started.Done()
+					started.Wait() // all width calls in flight at once
+					return nil
+				})
+				if !ran {
+					started.Done() // rejected: do not keep the others waiting
+				}
+				errs <- err
+			}()
+		}
+		finished.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("wave %d: %v", wave, err)
+			}
+		}
+	}
+	if err := e.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -133,9 +133,6 @@ func WithFallback(name string, f Fallback) Option {
 	}
 }
 
-// compilation cache shared by every engine of the process.
-var compileCache = wazero.NewCompilationCache()
-
 // Engine is one policy engine (policies plus their breaker, budget and limiter
 // state) running in one guest instance. It is safe for use by many goroutines:
 // guest calls are serialized by a mutex.
@@ -155,6 +152,11 @@ type Engine struct {
 	gen     uint64
 	closed  bool
 	hold    heldSuccess
+	// successes held back by finished calls, not yet moved to hold (see holdSuccess);
+	// under pmu alone, so a finishing call never waits behind a guest call
+	pmu     sync.Mutex
+	pending []pendingSuccess
+	spare   []pendingSuccess // pending's other buffer, swapped in by takePendingLocked
 	// when the engine last re-instantiated after a fault (0: never)
 	lastRecovery uint64
 	snap         []byte
@@ -277,9 +279,7 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 			return nil, err
 		}
 	}
-	cfg := wazero.NewRuntimeConfig().WithCompilationCache(compileCache).WithMemoryLimitPages(e.o.memoryPages)
-	e.rt = wazero.NewRuntimeWithConfig(ctx, cfg)
-	cm, err := e.rt.CompileModule(ctx, wasm)
+	cm, err := e.compileCore(ctx, wasm)
 	if err != nil {
 		_ = e.rt.Close(ctx)
 		return nil, fmt.Errorf("levee: compile core module: %w", err)
@@ -494,21 +494,9 @@ func (e *Engine) readyLocked(keep bool) error {
 		// the last guest call overran its bound (and perhaps still returned)
 		return e.faultLocked(errors.New("interrupted"))
 	}
-	if !keep && e.hold.call != 0 {
-		h := e.hold
-		e.hold = heldSuccess{}
-		ctx := e.enter()
-		v, err := e.in.report(ctx, e.rep, h.call, h.at, h.elapsed, OutcomeSuccess, 0, "", 0, 0)
-		e.leave()
-		if err != nil {
-			return e.faultLocked(err)
-		}
-		if v.Kind() != VerdictDone {
-			return e.faultLocked(trapf("a held-back success was answered %v", v))
-		}
-		if v.EventsPending() {
-			e.drainLocked()
-		}
+	if !keep {
+		e.takePendingLocked()
+		return e.sendHeldLocked()
 	}
 	return nil
 }

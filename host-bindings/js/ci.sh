@@ -13,3 +13,6 @@ npx prettier --check .
 npx tsc -p tsconfig.json --noEmit
 npx tsc -p tsconfig.json
 node --test --test-concurrency=1 test/
+# production-load harness, smoke size (the full run: node --expose-gc bench/load.mjs, see docs/performance.md)
+node bench/load.mjs --levels 1,200 --rounds 3 --single 5
+node bench/coldstart.mjs

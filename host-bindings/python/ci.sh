@@ -41,3 +41,6 @@ echo "== pytest"
 "$VPY" -m pytest -q -p no:cacheprovider tests
 echo "== benchmark (short)"
 "$VPY" bench/bench.py --quick
+echo "== production-load harness (smoke size; the full run: python bench/load.py)"
+"$VPY" bench/load.py --levels 1,200 --rounds 3 --single 5
+d="$(mktemp -d)"; LEVEE_CACHE_DIR="$d" "$VPY" bench/coldstart.py; LEVEE_CACHE_DIR="$d" "$VPY" bench/coldstart.py; rm -rf "$d"

@@ -51,10 +51,15 @@ func GobreakerCB() *gobreaker.CircuitBreaker[any] {
 
 // GobreakerCall runs Work under cb with cenkalti/backoff's retries.
 func GobreakerCall(ctx context.Context, cb *gobreaker.CircuitBreaker[any]) error {
+	return GobreakerCallWith(ctx, cb, Work)
+}
+
+// GobreakerCallWith runs work under cb with cenkalti/backoff's retries.
+func GobreakerCallWith(ctx context.Context, cb *gobreaker.CircuitBreaker[any], work func(context.Context) error) error {
 	eb := backoff.NewExponentialBackOff()
 	eb.InitialInterval, eb.Multiplier, eb.MaxInterval, eb.RandomizationFactor = 100*time.Millisecond, 2, 5*time.Second, 0.5
 	_, err := backoff.Retry(ctx, func() (any, error) {
-		return cb.Execute(func() (any, error) { return nil, Work(ctx) })
+		return cb.Execute(func() (any, error) { return nil, work(ctx) })
 	}, backoff.WithBackOff(eb), backoff.WithMaxTries(3))
 	return err
 }

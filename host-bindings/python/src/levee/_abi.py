@@ -29,8 +29,9 @@ from typing import Any
 
 import wasmtime
 from wasmtime import _ffi as ffi
-from wasmtime.component import Component, Linker
+from wasmtime.component import Linker
 
+from ._cache import load_component
 from .types import (
     Analysis,
     BreakerState,
@@ -124,7 +125,7 @@ class Runtime:
         config = wasmtime.Config()
         config.consume_fuel = True
         self.engine = wasmtime.Engine(config)
-        self.component = Component(self.engine, wasm)
+        self.component = load_component(self.engine, wasm, "consume_fuel")
         self.linker = Linker(self.engine)
         imports = self.component.type.imports(self.engine)
         if imports:
