@@ -14,7 +14,8 @@
 #   release/dist.sh [component python npm crates go]   (default: all, into a clean dist/)
 #
 # LEVEE_DIST_VERIFY=0 skips `cargo package`'s verification build of levee-resilience (a debug
-# build of wasmtime; the install test builds the same .crate in release anyway).
+# build of wasmtime and the rest, minutes on 2 cores): `./dev test` sets it, because its install
+# test builds the same .crate from its packaged sources alone, in release, in a fresh project.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -89,12 +90,21 @@ npm_tarball() {
 crates() {
   # The host crate ships the prebuilt component (build.rs reads wasm/ in a packaged crate).
   mkdir -p host-rust/wasm
-  cp "$wasm_dir/levee_policy.wasm" wit/levee.wit host-rust/wasm/
-  local verify=()
-  [ "${LEVEE_DIST_VERIFY:-1}" = 1 ] || verify=(--no-verify)
+  cp "$wasm_dir/levee_policy.wasm" host-rust/wasm/
   # No LEVEE_WASM_DIR: the verification build must find the component in the package alone.
-  # --no-metadata: no repository/homepage on purpose (docs/versioning.md).
-  env -u LEVEE_WASM_DIR cargo package -q --no-metadata --allow-dirty "${verify[@]}" -p levee-core -p levee-resilience
+  # --no-metadata: no repository/homepage on purpose (docs/versioning.md). Both crates in one
+  # invocation: levee-resilience's packaged manifest needs levee-core, which cargo then serves
+  # from the packages it just made.
+  local pkg=(env -u LEVEE_WASM_DIR cargo package -q --no-metadata --allow-dirty)
+  if [ "${LEVEE_DIST_VERIFY:-1}" = 1 ]; then
+    "${pkg[@]}" -p levee-core -p levee-resilience
+  else
+    # levee-core is verified (no dependencies: seconds); levee-resilience's verification is a
+    # debug build of wasmtime, which the install test replaces by building the same .crate in
+    # release in a fresh project, reusing the workspace's wasmtime.
+    "${pkg[@]}" --no-verify -p levee-core -p levee-resilience
+    "${pkg[@]}" -p levee-core
+  fi
   local target_dir
   target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
   cp "$target_dir/package/levee-core-$version.crate" "$target_dir/package/levee-resilience-$version.crate" "$out/"

@@ -141,10 +141,13 @@ install_rust() {
   mkdir -p "$dir/crates" "$dir/app/src" && cd "$dir/app"
   for c in levee-core levee-resilience; do tar -xzf "$dist/$c-$version.crate" -C "$dir/crates"; done
   python3 "$root/release/readme_example.py" "$root/host-rust/README.md" "$dir/app"
-  # `cargo add levee-resilience` as the README's Cargo.toml says, with the registry's copies of
-  # Levee's crates replaced by the unpacked .crate files (what the registry would serve).
+  python3 "$root/release/readme_example.py" "$root/policy-core/README.md" "$dir/app" # examples/virtual_time.rs
+  # `cargo add levee-resilience` as the README's Cargo.toml says (and `cargo add levee-core` for
+  # levee-core's example), with the registry's copies of Levee's crates replaced by the unpacked
+  # .crate files (what the registry would serve).
   { printf '[package]\nname = "quickstart"\nversion = "0.1.0"\nedition = "2021"\npublish = false\n\n'
     cat deps.toml
+    printf 'levee-core = "%s"\n' "$version"
     printf '\n[patch.crates-io]\nlevee-resilience = { path = "%s" }\nlevee-core = { path = "%s" }\n' \
       "$dir/crates/levee-resilience-$version" "$dir/crates/levee-core-$version"
   } >Cargo.toml
@@ -156,6 +159,10 @@ install_rust() {
   say "rust: fresh project built in $(( $(date +%s) - t0 ))s (reusing $root/target)"
   "$root/target/release/quickstart" "$base/install-rust" >out.txt
   check rust "$dir/app/out.txt" install-rust
+  # levee-core's README example: one call in virtual time (its asserts are the test).
+  env -u LEVEE_WASM_DIR CARGO_TARGET_DIR="$root/target" cargo run -q --release --example virtual_time >core.txt
+  sed 's/^/    [rust levee-core] /' core.txt
+  grep -q '^retry-scheduled attempt=1' core.txt
 }
 
 for lang in "${langs[@]}"; do
