@@ -1,6 +1,7 @@
 # Levee's tasks. Run them through ./dev (which installs `just` itself when it is missing):
 #   ./dev demo    the cross-language demo
 #   ./dev test    every test, lint and type check of every part
+#   ./dev dist    every release artifact into dist/ (docs/versioning.md)
 
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
@@ -27,9 +28,29 @@ component: setup
 demo: component
     bash examples/demo/run.sh
 
-# Every test: Rust (core, component, conformance, host, CLI), then Python, JavaScript, Go.
-test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts test-envoy
+# Every test: Rust (core, component, conformance, host, CLI), then Python, JavaScript, Go, the
+# Envoy filter in a real Envoy, then the release artifacts installed outside the checkout.
+test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts test-envoy test-install
     @echo "levee: all tests passed"
+
+# Every release artifact into dist/, from one version (VERSION): the component and its WIT, the
+# Python wheel and sdist, the npm tarball, the .crate files, the Go module as a proxy on disk.
+dist: component
+    bash release/dist.sh
+
+# Regenerate the Go module's committed core module from a fresh build (commit the file after).
+go-core: component
+    bash release/go-core.sh
+
+# The release checks: the component is reproducible (a second build elsewhere gives the same
+# bytes), and every artifact installs into a fresh directory outside the checkout and runs its
+# README's example against a flaky server on 127.0.0.1 (release/install-test.sh).
+# `cargo package` verifies levee-core here; levee-resilience's verification (a debug build of
+# wasmtime) is replaced by the install test's release build of the same .crate.
+test-install: component
+    LEVEE_DIST_VERIFY=0 bash release/dist.sh
+    bash release/reproducible.sh
+    bash release/install-test.sh
 
 # Formatting and clippy (warnings are errors).
 lint-rust: setup

@@ -17,22 +17,22 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 # workspace run does not cover is then built with the workspace's feature set.
 if [ -z "${LEVEE_WORKSPACE_TESTED:-}" ]; then
   echo "== rustfmt"
-  cargo fmt -p levee -p levee-example-reqwest -- --check
+  cargo fmt -p levee-resilience -p levee-example-reqwest -- --check
 
   echo "== clippy"
-  cargo clippy --release -p levee -p levee-example-reqwest --all-targets -- -D warnings
-  cargo clippy --release -p levee --no-default-features --features wasm -- -D warnings
+  cargo clippy --release -p levee-resilience -p levee-example-reqwest --all-targets -- -D warnings
+  cargo clippy --release -p levee-resilience --no-default-features --features wasm -- -D warnings
 
   echo "== tests"
-  cargo test --release -p levee -p levee-example-reqwest
+  cargo test --release -p levee-resilience -p levee-example-reqwest
   # The same end-to-end tests with the native backend as the default (the `native` feature).
-  cargo test --release -p levee --features native --test http --test engine
+  cargo test --release -p levee-resilience --features native --test http --test engine
 else
   echo "== clippy (the wasm backend alone)"
-  cargo clippy --release -p levee --no-default-features --features wasm -- -D warnings
+  cargo clippy --release -p levee-resilience --no-default-features --features wasm -- -D warnings
 
   echo "== tests (the end-to-end tests with the native backend as the default)"
-  cargo test --release --workspace --features levee/native --test http --test engine
+  cargo test --release --workspace --features levee-resilience/native --test http --test engine
 fi
 
 echo "== the example against a local server"

@@ -53,6 +53,13 @@ for host in "${hosts[@]}"; do
     bold "skip $host: ${script#"$root"/} does not exist yet"
     continue
   fi
+  if [ "$host" = rust ]; then
+    # Build before the run, with progress on the terminal (demo.sh's output is captured).
+    if ! bash "$root/examples/rust-reqwest/build.sh" >/dev/null; then
+      bold "skip rust: the build failed"
+      continue
+    fi
+  fi
   bold "run $host: ${script#"$root"/} $url"
   start=$(date +%s)
   LEVEE_DEMO_POLICY="$policy" timeout "$limit" bash "$script" "$url" "${args[@]}" >"$work/$host.out" 2>"$work/$host.err"

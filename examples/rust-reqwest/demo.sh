@@ -10,5 +10,6 @@ if [ $# -lt 1 ]; then
   exit 2
 fi
 url="$1"; shift
-cd "$here"
-exec cargo run -q --release -p levee-example-reqwest -- "$@" "$url"
+# One build with the workspace's feature set (build.sh), shared with `./dev test`.
+bin="$(bash "$here/build.sh")"
+exec "$bin" "$@" "$url"

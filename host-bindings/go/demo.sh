@@ -29,8 +29,10 @@ case " ${args[*]-} " in
     [ -z "$policy" ] || args=(-policy-file "$policy" "${args[@]}")
     ;;
 esac
+# The module embeds its committed core module; a fresh build, when there is one, is passed
+# instead (so the demo shows this tree's core even before `./dev go-core`).
 if [ -f "$wasm_dir/levee_policy_core.wasm" ]; then
-  cp "$wasm_dir/levee_policy_core.wasm" "$here/levee_policy_core.wasm"
+  export LEVEE_CORE_MODULE="$wasm_dir/levee_policy_core.wasm"
 fi
 cd "$here"
 exec go run ./cmd/levee-demo "${args[@]}" "$url"

@@ -271,7 +271,7 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 		wasm = embeddedCore
 	}
 	if len(wasm) == 0 {
-		return nil, errors.New("levee: no core module: this build has none embedded (run ci.sh, or pass WithCoreModule)")
+		return nil, errors.New("levee: no core module: this build has none embedded (built with -tags levee_noembed: pass WithCoreModule)")
 	}
 	if e.o.callLimit > 0 {
 		var err error

@@ -1,7 +1,15 @@
-"""Build hook: copy the Levee component into the package so the wheel carries it.
+"""Build hook: put the Levee component into the package, so that wheels and sdists carry it.
 
-The component comes from `$LEVEE_WASM_DIR/levee_policy.wasm` (default: `target/levee` at the
-repository root, built by `cargo run -q --release -p levee-build -- target/levee`).
+Where the component comes from, in order:
+
+1. `$LEVEE_WASM_DIR/levee_policy.wasm` when the variable is set (the justfile sets it to the
+   repository's fresh build, `target/levee`);
+2. in a checkout of the Levee repository, `<repo>/target/levee/levee_policy.wasm` (built by
+   `./dev component`);
+3. the copy already in `src/levee/_wasm/`: what an sdist ships, so that building a wheel from
+   the sdist needs no Rust toolchain.
+
+Both `build_py` (wheels) and `sdist` refresh `src/levee/_wasm/` from 1 or 2 first.
 """
 
 from __future__ import annotations
@@ -13,41 +21,56 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
 WASM = "levee_policy.wasm"
+PACKAGED = HERE / "src" / "levee" / "_wasm" / WASM
+# `\0asm`, then version 0x0d and layer 1: a component, not a core module.
+COMPONENT_HEADER = b"\x00asm\x0d\x00\x01\x00"
 
 
-def _wasm_dir() -> Path:
+def _fresh_build() -> Path | None:
     env = os.environ.get("LEVEE_WASM_DIR")
     if env:
-        return Path(env)
+        return Path(env) / WASM
     try:
         top = subprocess.run(
             ["git", "rev-parse", "--show-toplevel"], cwd=HERE, capture_output=True, text=True, check=True
         ).stdout.strip()
-        return Path(top) / "target" / "levee"
     except (OSError, subprocess.CalledProcessError):
-        return HERE.parent.parent / "target" / "levee"
+        return None  # not a checkout: an sdist being built
+    candidate = Path(top) / "target" / "levee" / WASM
+    return candidate if (Path(top) / "wit" / "levee.wit").is_file() else None
+
+
+def _place_component() -> None:
+    src = _fresh_build()
+    if src is not None and src.is_file():
+        PACKAGED.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, PACKAGED)
+    elif src is not None and os.environ.get("LEVEE_WASM_DIR"):
+        raise SystemExit(f"levee: LEVEE_WASM_DIR is set but {src} does not exist")
+    elif not PACKAGED.is_file():
+        raise SystemExit(
+            f"levee: the policy component is missing (looked at {src or 'LEVEE_WASM_DIR'} and {PACKAGED}).\n"
+            "In the Levee repository build it first: ./dev component\n"
+            "or point LEVEE_WASM_DIR at the directory holding levee_policy.wasm."
+        )
+    if not PACKAGED.read_bytes().startswith(COMPONENT_HEADER):
+        raise SystemExit(f"levee: {PACKAGED} is not a WebAssembly component")
 
 
 class BuildPyWithComponent(build_py):
     def run(self) -> None:
-        src = _wasm_dir() / WASM
-        dst_dir = HERE / "src" / "levee" / "_wasm"
-        if not src.is_file():
-            if (dst_dir / WASM).is_file() and not os.environ.get("LEVEE_WASM_DIR"):
-                pass  # building from an sdist or a tree that already carries the component
-            else:
-                raise SystemExit(
-                    f"levee: the policy component {src} is missing. Build it first with\n"
-                    "  cd <repo> && cargo run -q --release -p levee-build -- target/levee\n"
-                    "or point LEVEE_WASM_DIR at the directory holding levee_policy.wasm."
-                )
-        else:
-            dst_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst_dir / WASM)
+        _place_component()
         super().run()
 
 
-setup(cmdclass={"build_py": BuildPyWithComponent})
+class SdistWithComponent(sdist):
+    def run(self) -> None:
+        _place_component()
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildPyWithComponent, "sdist": SdistWithComponent})

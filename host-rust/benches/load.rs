@@ -6,9 +6,9 @@
 //! are comparable.
 //!
 //! ```sh
-//! cargo bench -p levee --bench load                                   # 1, 1,000, 10,000, 40,000
-//! cargo bench -p levee --bench load -- --levels 1,100 --rounds 5 --single 20   # smoke run
-//! cargo bench -p levee --bench load -- --threads 2 --wait-ms 0 --levels 2 --rounds 200000
+//! cargo bench -p levee-resilience --bench load                                   # 1, 1,000, 10,000, 40,000
+//! cargo bench -p levee-resilience --bench load -- --levels 1,100 --rounds 5 --single 20   # smoke run
+//! cargo bench -p levee-resilience --bench load -- --threads 2 --wait-ms 0 --levels 2 --rounds 200000
 //! ```
 //! `--coldstart` times one engine load instead (run it in fresh processes).
 //! `--threads T` runs a multi-thread runtime with T workers (default: current-thread).

@@ -1,6 +1,6 @@
 //! Per-call overhead of a call that succeeds first time: bare, under Levee (wasm and native
 //! backends), the raw engine alone, and the peer `backon` with the same policy (3 attempts,
-//! exponential backoff, a 1 s per-attempt timeout). `cargo bench -p levee --bench overhead`.
+//! exponential backoff, a 1 s per-attempt timeout). `cargo bench -p levee-resilience --bench overhead`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::hint::black_box;

@@ -661,7 +661,9 @@ mod wasm {
     use super::Limits;
 
     wasmtime::component::bindgen!({
-        path: "../wit",
+        // host-rust/wit/levee.wit is a symlink to the repository's wit/levee.wit, which a packaged
+        // crate carries as a file (a path outside the crate would not be packaged).
+        path: "wit/levee.wit",
         world: "levee",
     });
 

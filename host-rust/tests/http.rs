@@ -316,7 +316,8 @@ async fn the_middleware_reads_the_body_inside_the_attempt() {
     })
     .await;
     let l = levee::Levee::builder().seed(1).load(BODY_DOC).expect("loads");
-    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "retry").expect("known")).build();
+    let c =
+        reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(Middleware::new(l.clone(), "retry").expect("known")).build();
     let resp = c.get(server.url("/cut")).send().await.expect("retried to the whole body");
     assert_eq!(resp.text().await.expect("in memory"), "whole");
     assert_eq!(server.hits("/cut"), 2);

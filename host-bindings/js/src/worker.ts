@@ -1,7 +1,7 @@
 // levee for Worker-style runtimes (workerd, Cloudflare Workers, Deno Deploy...): these forbid
 // compiling Wasm at run time, so the caller imports the core modules statically and passes them:
 //
-//   import core from 'levee/wasm/levee_policy.core.wasm';
+//   import core from 'levee-resilience/wasm/levee_policy.core.wasm';
 //   const levee = load(policyText, { modules: { 'levee_policy.core.wasm': core } });
 
 import { Levee } from './levee.js';

@@ -12,8 +12,10 @@ import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
 import { scriptedServer } from './helpers.mjs';
 
-const pkg = fileURLToPath(new URL('..', import.meta.url));
-const WORKERD = join(pkg, 'node_modules/.bin/workerd');
+// The package under test: this checkout's, or (release/install-test.sh) one installed from the
+// npm tarball into a fresh project, with that project's workerd.
+const pkg = process.env.LEVEE_JS_PACKAGE_DIR || fileURLToPath(new URL('..', import.meta.url));
+const WORKERD = process.env.LEVEE_WORKERD || join(pkg, 'node_modules/.bin/workerd');
 
 function freePort() {
   return new Promise((resolve, reject) => {

@@ -7,6 +7,13 @@
 //! 3. check that the component has **zero imports**;
 //! 4. write `levee_policy.wasm` (the component) and `levee_policy_core.wasm` (the core module
 //!    inside it, which the Go host runs on wazero).
+//!
+//! The build is reproducible: the same sources and toolchain give the same bytes wherever the
+//! checkout and `CARGO_HOME` are. The profile strips symbols and custom sections (no
+//! `producers` section is left in the core module), workspace paths are relative already, and
+//! the paths of registry sources (which panic locations embed) are remapped from `CARGO_HOME`
+//! to `/cargo`. `levee-build --source DIR --target-dir DIR OUT` builds another checkout in
+//! another target directory, which is how CI checks that two builds agree.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,15 +53,28 @@ pub fn sources() -> Vec<PathBuf> {
     ]
 }
 
-/// Build the component into `out_dir`.
+/// Build the component of this workspace into `out_dir`.
 pub fn build(out_dir: &Path) -> Result<Artifacts, String> {
     let root = workspace_root();
     let target_dir = root.join("target").join("levee-wasm");
+    build_from(&root, &target_dir, out_dir)
+}
+
+/// `CARGO_HOME` as cargo resolves it: the variable, else `~/.cargo`.
+fn cargo_home() -> Option<PathBuf> {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .map(|p| p.canonicalize().unwrap_or(p))
+}
+
+/// Build the component of the workspace at `root` into `out_dir`, compiling in `target_dir`.
+pub fn build_from(root: &Path, target_dir: &Path, out_dir: &Path) -> Result<Artifacts, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(&root)
+    cmd.current_dir(root)
         .args(["build", "--quiet", "-p", "levee-component", "--target", "wasm32-unknown-unknown", "--profile", "wasm", "--target-dir"])
-        .arg(&target_dir);
+        .arg(target_dir);
     // A build script's environment describes the outer build; none of it applies here.
     for var in [
         "RUSTFLAGS",
@@ -73,7 +93,13 @@ pub fn build(out_dir: &Path) -> Result<Artifacts, String> {
     // inliner leaves the hot path as a chain of tiny calls. A threshold of 40 (z's is 5, s's
     // 50) inlines those: the guest's part of a first-time success drops from about 2,400 to
     // 2,000 instructions in wasmtime, for 2 KB (measured with host-rust/examples/hotloop).
-    cmd.env("CARGO_ENCODED_RUSTFLAGS", "-Cllvm-args=-inline-threshold=40");
+    let mut flags = vec!["-Cllvm-args=-inline-threshold=40".to_string()];
+    // Registry sources live under CARGO_HOME, whose path would otherwise end up in panic
+    // locations inside the module (workspace paths are relative already).
+    if let Some(home) = cargo_home() {
+        flags.push(format!("--remap-path-prefix={}=/cargo", home.display()));
+    }
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\u{1f}"));
     for (var, _) in std::env::vars() {
         if var.starts_with("CARGO_FEATURE_")
             || var.starts_with("CARGO_CFG_")

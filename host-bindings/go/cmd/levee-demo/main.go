@@ -96,7 +96,18 @@ func main() {
 		fmt.Printf("go event %s reason=%s attempt=%d duration=%s %s\n", ev.Kind, ev.Reason, ev.Attempt, time.Duration(ev.Duration), ev.Name)
 	}
 	ctx := context.Background()
-	e, err := levee.Load(ctx, doc, levee.WithSeed(*seed), levee.WithTrace(trace), levee.WithListener(listen))
+	opts := []levee.Option{levee.WithSeed(*seed), levee.WithTrace(trace), levee.WithListener(listen)}
+	// demo.sh passes the workspace's fresh core module, so the demo runs this tree's core even
+	// before the committed one is regenerated (./dev go-core).
+	if path := os.Getenv("LEVEE_CORE_MODULE"); path != "" {
+		core, err := os.ReadFile(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		opts = append(opts, levee.WithCoreModule(core))
+	}
+	e, err := levee.Load(ctx, doc, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# `./dev dist`: every release artifact into dist/, from one version (VERSION; every manifest is
+# checked against it first). The component must be built already ($LEVEE_WASM_DIR, default
+# target/levee: the justfile's `component` recipe).
+#
+#   dist/component/             levee_policy.wasm, levee_policy_core.wasm, wit/levee.wit
+#   dist/levee-component-V.tar.gz   the same, as one reproducible tarball
+#   dist/levee_resilience-V-py3-none-any.whl, dist/levee_resilience-V.tar.gz   (PyPI)
+#   dist/levee-resilience-V.tgz                                                 (npm)
+#   dist/levee-core-V.crate, dist/levee-resilience-V.crate                      (crates.io)
+#   dist/goproxy/               the Go module in the GOPROXY on-disk layout (module zip format)
+#   dist/SHA256SUMS
+#
+#   release/dist.sh [component python npm crates go]   (default: all, into a clean dist/)
+#
+# LEVEE_DIST_VERIFY=0 skips `cargo package`'s verification build of levee-resilience (a debug
+# build of wasmtime and the rest, minutes on 2 cores): `./dev test` sets it, because its install
+# test builds the same .crate from its packaged sources alone, in release, in a fresh project.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+wasm_dir="${LEVEE_WASM_DIR:-$root/target/levee}"
+case "$wasm_dir" in /*) ;; *) wasm_dir="$root/$wasm_dir" ;; esac
+out="$root/dist"
+stamp() { printf '%s dist: %s\n' "$(date +%H:%M:%S)" "$*"; }
+timed() { # timed LABEL CMD...: run, then say how long it took
+  local label="$1" t0 rc; shift
+  t0=$(date +%s)
+  set +e
+  (set -e; "$@") # errexit in force inside (under `||` it would be lifted)
+  rc=$?
+  set -e
+  stamp "$label: $(( $(date +%s) - t0 ))s$([ $rc -ne 0 ] && echo " (FAILED, exit $rc)")"
+  return $rc
+}
+
+python3 release/version.py check
+version="$(python3 release/version.py)"
+for f in levee_policy.wasm levee_policy_core.wasm; do
+  [ -f "$wasm_dir/$f" ] || { echo "dist: $wasm_dir/$f is missing; run ./dev component" >&2; exit 1; }
+done
+# The committed Go core module must be this build's (the Go module ships it as it is).
+LEVEE_WASM_DIR="$wasm_dir" bash release/go-core.sh --check
+# Times inside artifacts (tar entries, the Go .info) come from the last commit, not the clock.
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
+parts=("$@")
+if [ ${#parts[@]} -eq 0 ]; then
+  parts=(component python npm crates go)
+  rm -rf "$out"
+fi
+mkdir -p "$out/component/wit"
+work="$(mktemp -d "${TMPDIR:-/tmp}/levee-dist.XXXXXX")"
+cleanup() { rm -rf "$work" "$root/host-rust/wasm"; }
+trap cleanup EXIT
+
+component() {
+  cp "$wasm_dir/levee_policy.wasm" "$wasm_dir/levee_policy_core.wasm" "$out/component/"
+  cp wit/levee.wit "$out/component/wit/"
+  tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner \
+    -C "$out" --transform "s,^component,levee-component-$version," -cf - component | gzip -n >"$out/levee-component-$version.tar.gz"
+}
+
+python_dists() {
+  local venv="$root/target/dist-venv"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check build==1.3.0 setuptools==84.2.1
+  # sdist first, then the wheel built FROM the sdist (as pip does from PyPI): the sdist ships the
+  # component. In the dist venv's pinned setuptools (no isolated env to set up, twice); the
+  # install test builds the sdist again the way pip does, isolated and with no Rust toolchain.
+  (cd host-bindings/python && LEVEE_WASM_DIR="$wasm_dir" "$venv/bin/python" -m build --no-isolation --skip-dependency-check \
+    --outdir "$out" . >"$work/python-build.log" 2>&1) \
+    || { cat "$work/python-build.log" >&2; return 1; }
+  rm -rf host-bindings/python/build host-bindings/python/src/*.egg-info
+  ls "$out"/levee_resilience-"$version"-py3-none-any.whl "$out"/levee_resilience-"$version".tar.gz >/dev/null
+}
+
+npm_tarball() {
+  cd host-bindings/js
+  # npm ci unless node_modules already is exactly the lock file's (js/ci.sh runs npm ci too).
+  if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+    npm ci --no-audit --no-fund --loglevel=error
+  fi
+  # prepack: transpile the component with the pinned jco into wasm/, then tsc into dist/.
+  LEVEE_WASM_DIR="$wasm_dir" npm pack --pack-destination "$out" --loglevel=error >"$work/npm-pack.log" 2>&1 \
+    || { cat "$work/npm-pack.log" >&2; return 1; }
+  cd "$root"
+  ls "$out/levee-resilience-$version.tgz" >/dev/null
+}
+
+crates() {
+  # The host crate ships the prebuilt component (build.rs reads wasm/ in a packaged crate).
+  mkdir -p host-rust/wasm
+  cp "$wasm_dir/levee_policy.wasm" host-rust/wasm/
+  # No LEVEE_WASM_DIR: the verification build must find the component in the package alone.
+  # --no-metadata: no repository/homepage on purpose (docs/versioning.md). Both crates in one
+  # invocation: levee-resilience's packaged manifest needs levee-core, which cargo then serves
+  # from the packages it just made.
+  local pkg=(env -u LEVEE_WASM_DIR cargo package -q --no-metadata --allow-dirty)
+  if [ "${LEVEE_DIST_VERIFY:-1}" = 1 ]; then
+    "${pkg[@]}" -p levee-core -p levee-resilience
+  else
+    # levee-core is verified (no dependencies: seconds); levee-resilience's verification is a
+    # debug build of wasmtime, which the install test replaces by building the same .crate in
+    # release in a fresh project, reusing the workspace's wasmtime.
+    "${pkg[@]}" --no-verify -p levee-core -p levee-resilience
+    "${pkg[@]}" -p levee-core
+  fi
+  local target_dir
+  target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+  cp "$target_dir/package/levee-core-$version.crate" "$target_dir/package/levee-resilience-$version.crate" "$out/"
+  rm -rf host-rust/wasm
+}
+
+go_proxy() {
+  # The module's tracked files as they are in the working tree (what a tag would publish).
+  mkdir -p "$work/gomod"
+  git ls-files -z --cached --others --exclude-standard host-bindings/go | tar --null -T - -cf - | tar -xf - -C "$work/gomod"
+  (cd release/gomodproxy && go build -o "$work/gomodproxy" .)
+  "$work/gomodproxy" -module "$work/gomod/host-bindings/go" -version "v$version" -out "$out/goproxy" \
+    -time "$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)"
+}
+
+t0=$(date +%s)
+for part in "${parts[@]}"; do
+  case "$part" in
+    component) timed "component and WIT" component ;;
+    python) timed "python wheel and sdist" python_dists ;;
+    npm) timed "npm tarball" npm_tarball ;;
+    crates) timed "crates (cargo package$([ "${LEVEE_DIST_VERIFY:-1}" = 1 ] && echo ", verified"))" crates ;;
+    go) timed "go module proxy" go_proxy ;;
+    *) echo "dist: unknown part '$part' (component python npm crates go)" >&2; exit 2 ;;
+  esac
+done
+(cd "$out" && find . -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort | xargs sha256sum >SHA256SUMS)
+stamp "version $version, every artifact in dist/ in $(( $(date +%s) - t0 ))s:"
+(cd "$out" && find . -maxdepth 1 -type f -printf '  %f (%s bytes)\n' | LC_ALL=C sort; echo "  goproxy/ component/")
