@@ -47,6 +47,13 @@ class BuildPyWithComponent(build_py):
         else:
             dst_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst_dir / WASM)
+        # the shared statements of durable calls (durable/*.sql at the repository root)
+        sql_src = HERE.parent.parent / "durable"
+        if sql_src.is_dir():
+            sql_dst = HERE / "src" / "levee" / "_sql"
+            sql_dst.mkdir(parents=True, exist_ok=True)
+            for f in sql_src.glob("*.sql"):
+                shutil.copyfile(f, sql_dst / f.name)
         super().run()
 
 
