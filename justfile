@@ -27,7 +27,7 @@ demo: component
     bash examples/demo/run.sh
 
 # Every test: Rust (core, component, conformance, host, CLI), then Python, JavaScript, Go.
-test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts
+test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts test-durable
     @echo "levee: all tests passed"
 
 # Formatting and clippy (warnings are errors).
@@ -46,6 +46,12 @@ test-rust-host: component
 # The CLI's checks: example documents, every simulation scenario once (27x shown), the demo's server.
 test-cli: component
     LEVEE_WORKSPACE_TESTED=1 bash cli/ci.sh
+
+# Durable calls: workers killed with SIGKILL (during a backoff, an attempt, between an outcome and
+# its write) on SQLite and on a private PostgreSQL on 127.0.0.1, then 10,000 calls across 3 workers
+# killed at random (DURABLE_SCALE=N to change; 0 skips it).
+test-durable: component
+    bash durable/tests/run.sh
 
 # Every conformance vector against conformance/schema.json.
 test-vectors-schema:

@@ -373,8 +373,11 @@ class DurableExecutor:
 
     `owner` names this process in leases (default: host, pid and a random suffix; it must be
     unique per process). `concurrency` bounds the calls this process runs at once.
-    `on_attempt_done(call_id, attempt, outcome)` is called after an attempt's outcome is known
-    and before it is persisted (for metrics; the crash tests kill the process there).
+    `claim_hold` is how long a claim keeps calls out of other processes' due window before
+    the core's answer is written (milliseconds later): a process that dies right after claiming
+    delays its claimed calls by that much. `on_attempt_done(call_id, attempt, outcome)` is called
+    after an attempt's outcome is known and before it is persisted (for metrics; the crash
+    tests kill the process there).
     """
 
     def __init__(
@@ -385,7 +388,7 @@ class DurableExecutor:
         owner: str | None = None,
         concurrency: int = 16,
         poll_interval: float = 1.0,
-        claim_hold: float = 30.0,
+        claim_hold: float = 5.0,
         on_attempt_done: Callable[[int, int, Outcome], None] | None = None,
     ) -> None:
         self.engine = engine
@@ -563,12 +566,14 @@ class DurableExecutor:
             await self._write(c, step)  # before the attempt
             if step.action != DurableAction.RUN:
                 return  # a wait: the call is due again at next_at, for whichever process
-            record, result, outcome, message, elapsed = await self._attempt(c, reg, step)
+            record, got, result, outcome, message = await self._attempt(c, reg, step, time.monotonic_ns())
             if self.on_attempt_done is not None:
                 self.on_attempt_done(c.id, step.attempt, outcome)
-            async with self._store_lock:
-                now = self.store.now()
-            after = self.engine.durable_outcome(record, self.owner, now, elapsed, outcome, message)
+            # After the claim only the monotonic clock counts: the core works at
+            # max(claim's wall time, last seen + monotonic time since it gave these bytes).
+            after = self.engine.durable_outcome(
+                record, self.owner, c.db_now, time.monotonic_ns() - got, outcome, message
+            )
             if isinstance(after, LoadError):
                 async with self._store_lock:
                     self.store.quarantine(c.id, _describe(after))
@@ -581,25 +586,23 @@ class DurableExecutor:
             _log(f"levee durable: call {c.id}: {e}")
 
     async def _attempt(
-        self, c: Claimed, reg: _Registered, step: DurableStep
-    ) -> tuple[bytes, bytes | None, Outcome, str, int]:
+        self, c: Claimed, reg: _Registered, step: DurableStep, got: int
+    ) -> tuple[bytes, int, bytes | None, Outcome, str]:
         """Run the handler under the attempt's timeout, renewing the lease every third of it.
-        Returns the latest record (renewals change it), the result, the outcome, the error's
-        message and the attempt's monotonic duration."""
+        `got` is the monotonic time the core answered `step`. Returns the latest record
+        (renewals change it) and the monotonic time the core gave it, the result, the outcome
+        and the error's message."""
         timeout = step.timeout / 1e9 if step.timeout else None
         ctx = DurableContext(c.id, step.attempt, c.idempotency_key, timeout)
         current = step
         lost = asyncio.Event()
 
         async def renew() -> None:
-            nonlocal current
+            nonlocal current, got
+            lease = step.lease_until - c.db_now  # the policy's lease, as the core granted it
             while True:
-                async with self._store_lock:
-                    wall = self.store.now()
-                await asyncio.sleep(max(0.05, (current.lease_until - wall) / 3e9))
-                async with self._store_lock:
-                    wall = self.store.now()
-                r = self.engine.durable_renew(current.record, self.owner, wall, 0)
+                await asyncio.sleep(max(0.05, lease / 3e9))
+                r = self.engine.durable_renew(current.record, self.owner, c.db_now, time.monotonic_ns() - got)
                 if isinstance(r, LoadError):
                     lost.set()
                     return
@@ -608,25 +611,23 @@ class DurableExecutor:
                 except _Lost:
                     lost.set()
                     return
-                current = r
+                got, current = time.monotonic_ns(), r
 
-        started = time.monotonic_ns()
         renewer = asyncio.create_task(renew())
         work = asyncio.ensure_future(_call(reg.fn, c.payload, ctx))
         lost_wait = asyncio.create_task(lost.wait())
         try:
             done, _ = await asyncio.wait({work, lost_wait}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            elapsed = time.monotonic_ns() - started
             if lost_wait in done:
                 work.cancel()
                 raise _Lost
             if work not in done:
                 work.cancel()
-                return current.record, None, Outcome.timeout(), "the attempt timed out", elapsed
+                return current.record, got, None, Outcome.timeout(), "the attempt timed out"
             exc = work.exception()
             if exc is not None:
-                return current.record, None, outcome_for_exception(exc), str(exc)[:4096], elapsed
-            return current.record, work.result(), Outcome.success(), "", elapsed
+                return current.record, got, None, outcome_for_exception(exc), str(exc)[:4096]
+            return current.record, got, work.result(), Outcome.success(), ""
         finally:
             renewer.cancel()
             lost_wait.cancel()
