@@ -51,3 +51,17 @@ if [ "${DURABLE_BENCH:-0}" = 1 ]; then
     (cd "$work" && "$py" "$here/bench.py" --store "postgres:$dsn" --calls 2000 --workers "$w")
   done
 fi
+
+if [ "${DURABLE_PEER:-0}" = 1 ]; then
+  echo "== peer: Celery with Redis (the same job, 2,000 tasks)"
+  if ! command -v redis-server >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  fi
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "celery[redis]==5.7.0"
+  redis-server --port 56379 --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --pidfile "$work/redis.pid" >/dev/null
+  for w in 1 3; do
+    (cd "$here" && PEER_REDIS=redis://127.0.0.1:56379/0 "$py" peer_celery.py --calls 2000 --workers "$w")
+  done
+  kill "$(cat "$work/redis.pid")" || true
+fi
