@@ -37,7 +37,8 @@ class Harness:
         self.n += 1
         cmd = [self.python, str(HERE / "worker.py"), self.store, "--owner", f"w{self.n}-{os.getpid()}",
                "--log", str(self.log), *args]
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.dir / f"w{self.n}.err", "wb"))
+        with open(self.dir / f"w{self.n}.err", "wb") as err:  # the child keeps its own descriptor
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         self.procs.append(p)
         return p
 
