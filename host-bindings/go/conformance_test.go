@@ -159,6 +159,7 @@ func runVector(t *testing.T, path string) {
 		}
 		return i
 	}
+	var record []byte // the record of the last durable step that succeeded
 	for n, rawStep := range vec.Steps {
 		var s step
 		if err := decodeUseNumber(rawStep, &s); err != nil {
@@ -275,6 +276,57 @@ func runVector(t *testing.T, path string) {
 				got, err = map[string]any{"err": *le}, nil
 			} else if err == nil {
 				got = map[string]any{"ok": nil}
+			}
+		case "durable_begin", "durable_step", "durable_renew", "durable_outcome", "durable_cancel", "durable_revive":
+			rec := record
+			if h, ok := s["record_hex"].(string); ok {
+				rec, err = hex.DecodeString(h)
+				if err != nil {
+					t.Fatalf("step %d: record_hex: %v", n, err)
+				}
+			}
+			var ds DurableStep
+			switch op {
+			case "durable_begin":
+				ds, err = e.DurableBegin(policy(s.str("policy")), s.str("key"), s.str("idempotency_key"), uint32(s.u64("flags")), s.u64("wall_now"))
+			case "durable_step":
+				ds, err = e.DurableStep(rec, s.str("owner"), s.u64("wall_now"), s.u64("elapsed"))
+			case "durable_renew":
+				ds, err = e.DurableRenew(rec, s.str("owner"), s.u64("wall_now"), s.u64("elapsed"))
+			case "durable_outcome":
+				kind, kok := ParseOutcomeKind(s.str("kind"))
+				if !kok {
+					t.Fatalf("step %d: outcome kind %q", n, s.str("kind"))
+				}
+				ds, err = e.DurableOutcome(rec, s.str("owner"), s.u64("wall_now"), s.u64("elapsed"), kind, s.i32("code"),
+					s.str("text"), s.str("message"), uint32(s.u64("flags")))
+			case "durable_cancel":
+				ds, err = e.DurableCancel(rec, s.u64("wall_now"))
+			default:
+				ds, err = e.DurableRevive(rec, s.u64("wall_now"))
+			}
+			if le, ok := err.(*LoadError); ok {
+				got, err = map[string]any{"err": *le}, nil
+			} else if err == nil {
+				record = ds.Record
+				got = map[string]any{"ok": map[string]any{"action": ds.Action.String(), "attempt": ds.Attempt,
+					"wait": ds.Wait, "timeout": ds.Timeout, "next_at": ds.NextAt, "lease_until": ds.LeaseUntil,
+					"reason": ds.Reason.String(), "policy_changed": ds.PolicyChanged, "record_hex": hex.EncodeToString(ds.Record)}}
+			}
+		case "durable_inspect":
+			rec := record
+			if h, ok := s["record_hex"].(string); ok {
+				rec, err = hex.DecodeString(h)
+				if err != nil {
+					t.Fatalf("step %d: record_hex: %v", n, err)
+				}
+			}
+			var js string
+			js, err = e.DurableInspect(rec)
+			if le, ok := err.(*LoadError); ok {
+				got, err = map[string]any{"err": *le}, nil
+			} else if err == nil {
+				got = map[string]any{"ok": js}
 			}
 		default:
 			t.Fatalf("step %d: unknown op %q", n, op)

@@ -832,4 +832,100 @@ func documentUTF8(document string) error {
 	}
 	line := 1 + strings.Count(document[:at], "\n")
 	return LoadErrors{{Path: "", Message: fmt.Sprintf("the document is not valid UTF-8 (line %d, byte %d): %v", line, at, ErrInvalidUTF8)}}
+
+// Durable calls (docs/durable.md). Each returns the core's step, or a *LoadError
+// that names what is wrong with the record (the executor quarantines it).
+
+func durableResult(s DurableStep, lerr *LoadError, err error) (DurableStep, error) {
+	if err != nil {
+		return DurableStep{}, err
+	}
+	if lerr != nil {
+		return DurableStep{}, lerr
+	}
+	return s, nil
+}
+
+// DurableBegin begins a durable call of policy (flags bit 0: not idempotent).
+func (e *Engine) DurableBegin(policy uint32, key, idempotencyKey string, flags uint32, wallNow uint64) (DurableStep, error) {
+	var s DurableStep
+	var lerr *LoadError
+	err := e.op(false, func(ctx context.Context, in *instance) (err error) {
+		s, lerr, err = in.durableBegin(ctx, e.rep, policy, key, idempotencyKey, flags, wallNow)
+		return err
+	})
+	return durableResult(s, lerr, err)
+}
+
+// DurableStep takes a call up as owner (see the WIT's durable-step).
+func (e *Engine) DurableStep(record []byte, owner string, wallNow, elapsed uint64) (DurableStep, error) {
+	var s DurableStep
+	var lerr *LoadError
+	err := e.op(false, func(ctx context.Context, in *instance) (err error) {
+		s, lerr, err = in.durableStep(ctx, fnDurableStep, e.rep, record, owner, wallNow, elapsed)
+		return err
+	})
+	return durableResult(s, lerr, err)
+}
+
+// DurableRenew extends the lease of the attempt owner runs.
+func (e *Engine) DurableRenew(record []byte, owner string, wallNow, elapsed uint64) (DurableStep, error) {
+	var s DurableStep
+	var lerr *LoadError
+	err := e.op(false, func(ctx context.Context, in *instance) (err error) {
+		s, lerr, err = in.durableStep(ctx, fnDurableRenew, e.rep, record, owner, wallNow, elapsed)
+		return err
+	})
+	return durableResult(s, lerr, err)
+}
+
+// DurableOutcome reports the outcome of the attempt owner ran.
+func (e *Engine) DurableOutcome(record []byte, owner string, wallNow, elapsed uint64, kind OutcomeKind, code int32,
+	text, message string, flags uint32) (DurableStep, error) {
+	var s DurableStep
+	var lerr *LoadError
+	err := e.op(false, func(ctx context.Context, in *instance) (err error) {
+		s, lerr, err = in.durableOutcome(ctx, e.rep, record, owner, wallNow, elapsed, kind, code, text, message, flags)
+		return err
+	})
+	return durableResult(s, lerr, err)
+}
+
+// DurableCancel cancels a call that has not finished.
+func (e *Engine) DurableCancel(record []byte, wallNow uint64) (DurableStep, error) {
+	var s DurableStep
+	var lerr *LoadError
+	err := e.op(false, func(ctx context.Context, in *instance) (err error) {
+		s, lerr, err = in.durableFinal(ctx, fnDurableCancel, e.rep, record, wallNow)
+		return err
+	})
+	return durableResult(s, lerr, err)
+}
+
+// DurableRevive gives a dead or cancelled call a fresh set of attempts, due now.
+func (e *Engine) DurableRevive(record []byte, wallNow uint64) (DurableStep, error) {
+	var s DurableStep
+	var lerr *LoadError
+	err := e.op(false, func(ctx context.Context, in *instance) (err error) {
+		s, lerr, err = in.durableFinal(ctx, fnDurableRevive, e.rep, record, wallNow)
+		return err
+	})
+	return durableResult(s, lerr, err)
+}
+
+// DurableInspect describes a record as canonical JSON.
+func (e *Engine) DurableInspect(record []byte) (string, error) {
+	var out string
+	var lerr *LoadError
+	err := e.op(false, func(ctx context.Context, in *instance) (err error) {
+		out, lerr, err = in.durableInspect(ctx, e.rep, record)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	if lerr != nil {
+		return "", lerr
+	}
+	return out, nil
 }

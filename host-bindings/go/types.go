@@ -283,3 +283,54 @@ func MethodFlag(method string) uint32 {
 	}
 	return m << flagMethodShift
 }
+
+// DurableAction is what a host does next with a durable call (WIT `durable-action`).
+type DurableAction uint8
+
+// The durable actions, in WIT order.
+const (
+	DurableRun DurableAction = iota
+	DurableWait
+	DurableDone
+	DurableDead
+	DurableCancelled
+)
+
+var durableActionNames = []string{"run", "wait", "done", "dead", "cancelled"}
+
+func (a DurableAction) String() string { return enumName(durableActionNames, int(a)) }
+
+// DurableReason is why a durable call ended (WIT `durable-reason`).
+type DurableReason uint8
+
+// The durable reasons, in WIT order.
+const (
+	DurableReasonNone DurableReason = iota
+	DurableReasonDeadline
+	DurableReasonRetriesExhausted
+	DurableReasonNonRetryable
+	DurableReasonNonIdempotent
+	DurableReasonRetryAfterTooLong
+	DurableReasonPushback
+	DurableReasonCancelled
+	DurableReasonUnknownOutcome
+	DurableReasonCrashLimit
+)
+
+var durableReasonNames = []string{"none", "deadline", "retries-exhausted", "non-retryable", "non-idempotent",
+	"retry-after-too-long", "pushback", "cancelled", "unknown-outcome", "crash-limit"}
+
+func (r DurableReason) String() string { return enumName(durableReasonNames, int(r)) }
+
+// DurableStep is the core's answer to a durable operation, with the record bytes to persist.
+type DurableStep struct {
+	Action        DurableAction
+	Attempt       uint32
+	Wait          uint64
+	Timeout       uint64
+	NextAt        uint64
+	LeaseUntil    uint64
+	Reason        DurableReason
+	PolicyChanged bool
+	Record        []byte
+}

@@ -253,13 +253,14 @@ func TestBindingsMatchTheWIT(t *testing.T) {
 	}
 	d := parseWIT(t, string(src))
 	for name, ours := range map[string][]string{"reason": reasonNames, "outcome-kind": outcomeKindNames,
-		"breaker-state": breakerStateNames, "event-kind": eventKindNames} {
+		"breaker-state": breakerStateNames, "event-kind": eventKindNames,
+		"durable-action": durableActionNames, "durable-reason": durableReasonNames} {
 		if !reflect.DeepEqual(d.enums[name], ours) {
 			t.Errorf("enum %s: WIT %v, bindings %v", name, d.enums[name], ours)
 		}
 	}
 	for name, ours := range map[string]*witType{"event": tEvent, "load-error": tLoadError, "policy-info": tPolicyInfo,
-		"call-info": tCallInfo, "analysis": tAnalysis} {
+		"call-info": tCallInfo, "analysis": tAnalysis, "durable-step": tDurableStep} {
 		w := d.records[name]
 		if w == nil || !reflect.DeepEqual(w.names, ours.names) || !reflect.DeepEqual(w.offsets, ours.offsets) ||
 			w.size != ours.size || w.align != ours.align || !reflect.DeepEqual(w.flat, ours.flat) {

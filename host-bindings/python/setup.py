@@ -64,6 +64,13 @@ def _place_component() -> None:
 class BuildPyWithComponent(build_py):
     def run(self) -> None:
         _place_component()
+        # the shared statements of durable calls (durable/*.sql at the repository root)
+        sql_src = HERE.parent.parent / "durable"
+        if sql_src.is_dir():
+            sql_dst = HERE / "src" / "levee" / "_sql"
+            sql_dst.mkdir(parents=True, exist_ok=True)
+            for f in sql_src.glob("*.sql"):
+                shutil.copyfile(f, sql_dst / f.name)
         super().run()
 
 

@@ -21,6 +21,7 @@ pub mod breaker;
 pub mod budget;
 pub mod classify;
 pub mod doc;
+pub mod durable;
 mod engine;
 pub mod limiter;
 pub mod policy;

@@ -153,6 +153,83 @@ pub struct Policy {
     pub fallbacks: Vec<FallbackCfg>,
     /// Most keys with state at once (default 1024).
     pub max_keys: u32,
+    /// How the document's `attempts` was counted (`attempts` above is always normalised to
+    /// count the first call).
+    pub attempts_preset: AttemptsPreset,
+    /// Durable calls under this policy.
+    pub durable: DurableCfg,
+}
+
+/// How a policy's `attempts` is counted: the anchors disagree, and a policy moved from one of
+/// them keeps its meaning under the preset of the same name.
+///
+/// | preset | `attempts: n` means | `attempts: 0` |
+/// |---|---|---|
+/// | `levee` (default), `durable-task` | n attempts, counting the first call | an error |
+/// | `temporal` | n attempts, counting the first call (`maximumAttempts`) | unlimited |
+/// | `step-functions` (`MaxAttempts`), `celery` (`max_retries`), `sidekiq` (`retry`) | n retries after the first call | no retry |
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptsPreset {
+    /// Count the first call; 0 is an error.
+    Levee,
+    /// Temporal's `maximumAttempts`: counts the first call; 0 is unlimited.
+    Temporal,
+    /// Azure Durable Task's `maxNumberOfAttempts`: counts the first call.
+    DurableTask,
+    /// Step Functions' `MaxAttempts`: counts retries; 0 never retries.
+    StepFunctions,
+    /// Celery's `max_retries`: counts retries.
+    Celery,
+    /// Sidekiq's `retry`: counts retries.
+    Sidekiq,
+}
+
+impl AttemptsPreset {
+    /// Every preset with its document name.
+    pub const ALL: [(&'static str, AttemptsPreset); 6] = [
+        ("levee", AttemptsPreset::Levee),
+        ("temporal", AttemptsPreset::Temporal),
+        ("durable-task", AttemptsPreset::DurableTask),
+        ("step-functions", AttemptsPreset::StepFunctions),
+        ("celery", AttemptsPreset::Celery),
+        ("sidekiq", AttemptsPreset::Sidekiq),
+    ];
+
+    /// Name in documents.
+    pub fn name(self) -> &'static str {
+        Self::ALL.iter().find(|(_, p)| *p == self).map(|(n, _)| *n).unwrap_or("levee")
+    }
+
+    /// Whether `attempts` counts retries (not the first call).
+    pub fn counts_retries(self) -> bool {
+        matches!(self, AttemptsPreset::StepFunctions | AttemptsPreset::Celery | AttemptsPreset::Sidekiq)
+    }
+
+    /// The document's number for a normalised total of attempts (the inverse of parsing).
+    pub fn written(self, total: u32) -> u32 {
+        match self {
+            AttemptsPreset::Temporal if total == u32::MAX => 0,
+            p if p.counts_retries() => total.saturating_sub(1),
+            _ => total,
+        }
+    }
+}
+
+/// Durable calls (records that survive a restart; see `crate::durable`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DurableCfg {
+    /// How long a process holds a call's lease for an attempt before another may take it
+    /// over (default 30s; the executor renews it while the attempt runs).
+    pub lease: u64,
+    /// Attempts cut off by a process death after which the call is given up as a poison
+    /// call (default 3).
+    pub max_crashes: u32,
+}
+
+impl Default for DurableCfg {
+    fn default() -> Self {
+        DurableCfg { lease: 30 * SECOND, max_crashes: 3 }
+    }
 }
 
 const POLICY_FIELDS: &[&str] = &[
@@ -170,6 +247,8 @@ const POLICY_FIELDS: &[&str] = &[
     "bulkhead",
     "fallbacks",
     "keys",
+    "attempts-preset",
+    "durable",
 ];
 
 /// Parse a whole document into its policies (in document order).
@@ -223,18 +302,34 @@ pub fn parse_document(text: &str) -> Result<Vec<Policy>, Vec<LoadError>> {
 fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError>) -> Option<Policy> {
     let before = errors.len();
     let mut f = Fields::new(path, body, errors)?;
+    let attempts_preset = match f.take("attempts-preset") {
+        None => AttemptsPreset::Levee,
+        Some(v) => choose(&f.path_of("attempts-preset"), v, &AttemptsPreset::ALL, errors).unwrap_or(AttemptsPreset::Levee),
+    };
     let attempts = match f.take("attempts") {
+        None if attempts_preset.counts_retries() => {
+            // The anchors' own defaults: Step Functions 3 retries, Celery 3, Sidekiq 25.
+            if attempts_preset == AttemptsPreset::Sidekiq {
+                26
+            } else {
+                4
+            }
+        }
         None => 3,
         Some(v) => match int(v) {
+            Some(0) if attempts_preset == AttemptsPreset::Temporal => u32::MAX,
+            Some(n) if attempts_preset.counts_retries() && (0..i64::from(u32::MAX)).contains(&n) => n as u32 + 1,
             Some(0) => {
                 errors.push(LoadError::new(&f.path_of("attempts"), "must be at least 1 (attempts count the first call; 1 means no retry)"));
                 1
             }
-            Some(n) if (1..=i64::from(u32::MAX)).contains(&n) => n as u32,
+            Some(n) if !attempts_preset.counts_retries() && (1..=i64::from(u32::MAX)).contains(&n) => n as u32,
             _ => {
+                let lo = u32::from(!attempts_preset.counts_retries() && attempts_preset != AttemptsPreset::Temporal);
+                let hi = if attempts_preset.counts_retries() { u32::MAX - 1 } else { u32::MAX };
                 errors.push(LoadError::new(
                     &f.path_of("attempts"),
-                    format!("must be a whole number from 1 to {}, found {}", u32::MAX, describe(v)),
+                    format!("must be a whole number from {lo} to {hi}, found {}", describe(v)),
                 ));
                 1
             }
@@ -272,6 +367,21 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
             }
         }
     };
+    let durable = match f.take("durable") {
+        None => DurableCfg::default(),
+        Some(v) => {
+            let path = f.path_of("durable");
+            match Fields::new(&path, v, errors) {
+                Some(mut d) => {
+                    let lease = opt_duration(&mut d, "lease", errors, true).unwrap_or(30 * SECOND);
+                    let max_crashes = uint(&mut d, "max-crashes", 3, 1, 1_000_000, errors);
+                    d.finish(&["lease", "max-crashes"], errors);
+                    DurableCfg { lease, max_crashes }
+                }
+                None => DurableCfg::default(),
+            }
+        }
+    };
     f.finish(POLICY_FIELDS, errors);
     if errors.len() > before {
         return None;
@@ -292,6 +402,8 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
         bulkhead,
         fallbacks,
         max_keys,
+        attempts_preset,
+        durable,
     })
 }
 

@@ -386,7 +386,8 @@ pub fn policy_to_json(p: &Policy) -> Value {
     );
     obj([
         ("name", p.name.as_str().into()),
-        ("attempts", p.attempts.into()),
+        ("attempts", p.attempts_preset.written(p.attempts).into()),
+        ("attempts-preset", p.attempts_preset.name().into()),
         ("attempt-timeout", d(p.attempt_timeout)),
         ("deadline", d(p.deadline)),
         ("backoff", backoff),
@@ -400,5 +401,6 @@ pub fn policy_to_json(p: &Policy) -> Value {
         ("bulkhead", bulkhead),
         ("fallbacks", fallbacks),
         ("keys", obj([("max", p.max_keys.into())])),
+        ("durable", obj([("lease", format_duration(p.durable.lease).into()), ("max-crashes", p.durable.max_crashes.into())])),
     ])
 }

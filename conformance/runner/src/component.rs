@@ -4,7 +4,7 @@ use levee_core::{Analysis, BreakerState, CallInfo, Event, EventKind, OutcomeKind
 use wasmtime::component::{Component, Linker, ResourceAny};
 use wasmtime::{Config, Engine, Store};
 
-use crate::{Errors, Target};
+use crate::{DurableCall, DurableOut, Errors, Target};
 
 wasmtime::component::bindgen!({
     path: "../../wit",
@@ -212,6 +212,63 @@ impl<const UNKEYED: bool> Target for WasmWith<UNKEYED> {
     fn reload(&mut self, doc: &str) -> Result<(), Errors> {
         let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_reload(&mut self.store, e, doc)).map_err(|v| v.into_iter().map(|e| (e.path, e.message)).collect())
+    }
+    fn durable(&mut self, call: &DurableCall) -> Result<DurableOut, (String, String)> {
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
+        let st = &mut self.store;
+        let r = match call {
+            DurableCall::Begin { policy, key, idempotency_key, flags, wall_now } => {
+                must(api.call_durable_begin(st, e, *policy, key, idempotency_key, *flags, *wall_now))
+            }
+            DurableCall::Step { record, owner, wall_now, elapsed } => {
+                must(api.call_durable_step(st, e, record, owner, *wall_now, *elapsed))
+            }
+            DurableCall::Renew { record, owner, wall_now, elapsed } => {
+                must(api.call_durable_renew(st, e, record, owner, *wall_now, *elapsed))
+            }
+            DurableCall::Outcome { record, owner, wall_now, elapsed, kind, code, text, message, flags } => {
+                must(api.call_durable_outcome(st, e, record, owner, *wall_now, *elapsed, kind_in(*kind), *code, text, message, *flags))
+            }
+            DurableCall::Cancel { record, wall_now } => must(api.call_durable_cancel(st, e, record, *wall_now)),
+            DurableCall::Revive { record, wall_now } => must(api.call_durable_revive(st, e, record, *wall_now)),
+            DurableCall::Inspect { record } => {
+                return must(api.call_durable_inspect(st, e, record)).map(DurableOut::Json).map_err(|e| (e.path, e.message))
+            }
+        };
+        let s = r.map_err(|e| (e.path, e.message))?;
+        let action = match s.action {
+            wit::DurableAction::Run => "run",
+            wit::DurableAction::Wait => "wait",
+            wit::DurableAction::Done => "done",
+            wit::DurableAction::Dead => "dead",
+            wit::DurableAction::Cancelled => "cancelled",
+        };
+        let reason = [
+            "none",
+            "deadline",
+            "retries-exhausted",
+            "non-retryable",
+            "non-idempotent",
+            "retry-after-too-long",
+            "pushback",
+            "cancelled",
+            "unknown-outcome",
+            "crash-limit",
+        ]
+        .get(s.reason as usize)
+        .copied()
+        .unwrap_or("?");
+        Ok(DurableOut::Step {
+            action: action.to_string(),
+            attempt: s.attempt,
+            wait: s.wait,
+            timeout: s.timeout,
+            next_at: s.next_at,
+            lease_until: s.lease_until,
+            reason: reason.to_string(),
+            policy_changed: s.policy_changed,
+            bytes: s.bytes,
+        })
     }
 }
 

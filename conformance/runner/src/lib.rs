@@ -49,6 +49,102 @@ pub trait Target: Sized {
     fn import_state(&mut self, bytes: &[u8]) -> Result<(), (String, String)>;
     /// `reload`.
     fn reload(&mut self, doc: &str) -> Result<(), Errors>;
+    /// One of the `durable-*` functions.
+    fn durable(&mut self, call: &DurableCall) -> Result<DurableOut, (String, String)>;
+}
+
+/// The arguments of a `durable-*` function.
+#[derive(Clone, Debug)]
+pub enum DurableCall {
+    /// `durable-begin`.
+    Begin { policy: u32, key: String, idempotency_key: String, flags: u32, wall_now: u64 },
+    /// `durable-step`.
+    Step { record: Vec<u8>, owner: String, wall_now: u64, elapsed: u64 },
+    /// `durable-renew`.
+    Renew { record: Vec<u8>, owner: String, wall_now: u64, elapsed: u64 },
+    /// `durable-outcome`.
+    Outcome {
+        record: Vec<u8>,
+        owner: String,
+        wall_now: u64,
+        elapsed: u64,
+        kind: OutcomeKind,
+        code: i32,
+        text: String,
+        message: String,
+        flags: u32,
+    },
+    /// `durable-cancel`.
+    Cancel { record: Vec<u8>, wall_now: u64 },
+    /// `durable-revive`.
+    Revive { record: Vec<u8>, wall_now: u64 },
+    /// `durable-inspect`.
+    Inspect { record: Vec<u8> },
+}
+
+/// What a `durable-*` function answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DurableOut {
+    /// A durable step, its enums by name.
+    Step {
+        action: String,
+        attempt: u32,
+        wait: u64,
+        timeout: u64,
+        next_at: u64,
+        lease_until: u64,
+        reason: String,
+        policy_changed: bool,
+        bytes: Vec<u8>,
+    },
+    /// `durable-inspect`'s JSON.
+    Json(String),
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len() / 2).filter_map(|i| text.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect()
+}
+
+/// The durable step as the core's types say (shared by the native target).
+pub fn durable_native(e: &mut levee_core::Engine, call: &DurableCall) -> Result<DurableOut, (String, String)> {
+    let step = match call {
+        DurableCall::Begin { policy, key, idempotency_key, flags, wall_now } => {
+            e.durable_begin(*policy, key, idempotency_key, *flags, *wall_now)
+        }
+        DurableCall::Step { record, owner, wall_now, elapsed } => e.durable_step(record, owner, *wall_now, *elapsed),
+        DurableCall::Renew { record, owner, wall_now, elapsed } => e.durable_renew(record, owner, *wall_now, *elapsed),
+        DurableCall::Outcome { record, owner, wall_now, elapsed, kind, code, text, message, flags } => {
+            e.durable_outcome(record, owner, *wall_now, *elapsed, *kind, *code, text, message, *flags)
+        }
+        DurableCall::Cancel { record, wall_now } => e.durable_cancel(record, *wall_now),
+        DurableCall::Revive { record, wall_now } => e.durable_revive(record, *wall_now),
+        DurableCall::Inspect { record } => {
+            return levee_core::durable::inspect(record).map(DurableOut::Json).map_err(|e| (e.path, e.message))
+        }
+    };
+    let s = step.map_err(|e| (e.path, e.message))?;
+    let action = match s.action {
+        levee_core::durable::Action::Run => "run",
+        levee_core::durable::Action::Wait => "wait",
+        levee_core::durable::Action::Done => "done",
+        levee_core::durable::Action::Dead => "dead",
+        levee_core::durable::Action::Cancelled => "cancelled",
+    };
+    Ok(DurableOut::Step {
+        action: action.to_string(),
+        attempt: s.attempt,
+        wait: s.wait,
+        timeout: s.timeout,
+        next_at: s.next_at,
+        lease_until: s.lease_until,
+        reason: s.reason.name().to_string(),
+        policy_changed: s.policy_changed,
+        bytes: s.record,
+    })
 }
 
 /// The native engine.
@@ -106,6 +202,9 @@ impl Target for Native {
     }
     fn reload(&mut self, doc: &str) -> Result<(), Errors> {
         self.0.reload(doc).map_err(errs)
+    }
+    fn durable(&mut self, call: &DurableCall) -> Result<DurableOut, (String, String)> {
+        durable_native(&mut self.0, call)
     }
 }
 
@@ -174,8 +273,9 @@ pub fn replay<T: Target>(vector: &Value) -> Result<(Value, Vec<String>), String>
     };
     let steps = vector.get("steps").and_then(Value::as_array).cloned().unwrap_or_default();
     let mut new_steps = Vec::with_capacity(steps.len());
+    let mut record = Vec::new();
     for (i, step) in steps.iter().enumerate() {
-        let actual = run_step(&mut target, step, doc, seed).map_err(|e| format!("{name} step {i}: {e}"))?;
+        let actual = run_step(&mut target, step, doc, seed, &mut record).map_err(|e| format!("{name} step {i}: {e}"))?;
         let mut s = step.clone();
         if let Some(actual) = actual {
             if let Some(expected) = step.get("expect") {
@@ -225,9 +325,58 @@ fn policy_arg<T: Target>(t: &mut T, step: &Value) -> Result<u32, String> {
     }
 }
 
-fn run_step<T: Target>(t: &mut T, step: &Value, doc: &str, seed: u64) -> Result<Option<Value>, String> {
+/// A durable step's arguments: the record is `record_hex` when the step gives it, else the
+/// record of the last durable step that succeeded in this vector.
+fn durable_call<T: Target>(t: &mut T, op: &str, step: &Value, current: &[u8]) -> Result<DurableCall, String> {
+    let record = match step.get("record_hex").and_then(Value::as_str) {
+        Some(h) => unhex(h),
+        None => current.to_vec(),
+    };
+    let (owner, wall_now, elapsed) = (arg_str(step, "owner").to_string(), arg_u64(step, "wall_now"), arg_u64(step, "elapsed"));
+    Ok(match op {
+        "durable_begin" => DurableCall::Begin {
+            policy: policy_arg(t, step)?,
+            key: arg_str(step, "key").to_string(),
+            idempotency_key: arg_str(step, "idempotency_key").to_string(),
+            flags: arg_u64(step, "flags") as u32,
+            wall_now,
+        },
+        "durable_step" => DurableCall::Step { record, owner, wall_now, elapsed },
+        "durable_renew" => DurableCall::Renew { record, owner, wall_now, elapsed },
+        "durable_outcome" => DurableCall::Outcome {
+            record,
+            owner,
+            wall_now,
+            elapsed,
+            kind: OutcomeKind::from_name(arg_str(step, "kind")).ok_or_else(|| format!("unknown outcome kind {:?}", step.get("kind")))?,
+            code: step.get("code").and_then(Value::as_i64).unwrap_or(0) as i32,
+            text: arg_str(step, "text").to_string(),
+            message: arg_str(step, "message").to_string(),
+            flags: arg_u64(step, "flags") as u32,
+        },
+        "durable_cancel" => DurableCall::Cancel { record, wall_now },
+        "durable_revive" => DurableCall::Revive { record, wall_now },
+        _ => DurableCall::Inspect { record },
+    })
+}
+
+fn run_step<T: Target>(t: &mut T, step: &Value, doc: &str, seed: u64, record: &mut Vec<u8>) -> Result<Option<Value>, String> {
     let op = step.get("op").and_then(Value::as_str).ok_or("no op")?;
     Ok(Some(match op {
+        "durable_begin" | "durable_step" | "durable_renew" | "durable_outcome" | "durable_cancel" | "durable_revive"
+        | "durable_inspect" => {
+            let call = durable_call(t, op, step, record)?;
+            match t.durable(&call) {
+                Ok(DurableOut::Json(text)) => json!({"ok": text}),
+                Ok(DurableOut::Step { action, attempt, wait, timeout, next_at, lease_until, reason, policy_changed, bytes }) => {
+                    let out = json!({"ok": {"action": action, "attempt": attempt, "wait": wait, "timeout": timeout, "next_at": next_at,
+                        "lease_until": lease_until, "reason": reason, "policy_changed": policy_changed, "record_hex": hex(&bytes)}});
+                    *record = bytes;
+                    out
+                }
+                Err((p, m)) => json!({"err": {"path": p, "message": m}}),
+            }
+        }
         "start" => {
             let p = policy_arg(t, step)?;
             verdict_json(t.start(

@@ -105,6 +105,8 @@ function replay(component, vector) {
   // As the Rust runner: a policy is named by a string (anything else reads as ""), and a name the
   // engine does not know resolves to 4294967295.
   const policy = (name) => engine.policyIndex(typeof name === 'string' ? name : '') ?? UNKNOWN_POLICY;
+  // The record of the last durable step that succeeded (steps without `record_hex` use it).
+  let record = new Uint8Array(0);
   vector.steps.forEach((s, i) => {
     let actual = null;
     switch (s.op) {
@@ -209,6 +211,76 @@ function replay(component, vector) {
       case 'import_state':
         actual = componentError(() => engine.importState(hex(s.bytes_hex)));
         break;
+      case 'durable_begin':
+      case 'durable_step':
+      case 'durable_renew':
+      case 'durable_outcome':
+      case 'durable_cancel':
+      case 'durable_revive':
+      case 'durable_inspect': {
+        const rec = typeof s.record_hex === 'string' ? hex(s.record_hex) : record;
+        const call = () => {
+          switch (s.op) {
+            case 'durable_begin':
+              return engine.durableBegin(
+                policy(s.policy),
+                s.key ?? '',
+                s.idempotency_key ?? '',
+                s.flags ?? 0,
+                u64(s.wall_now),
+              );
+            case 'durable_step':
+              return engine.durableStep(rec, s.owner ?? '', u64(s.wall_now), u64(s.elapsed));
+            case 'durable_renew':
+              return engine.durableRenew(rec, s.owner ?? '', u64(s.wall_now), u64(s.elapsed));
+            case 'durable_outcome':
+              return engine.durableOutcome(
+                rec,
+                s.owner ?? '',
+                u64(s.wall_now),
+                u64(s.elapsed),
+                s.kind,
+                s.code ?? 0,
+                s.text ?? '',
+                s.message ?? '',
+                s.flags ?? 0,
+              );
+            case 'durable_cancel':
+              return engine.durableCancel(rec, u64(s.wall_now));
+            case 'durable_revive':
+              return engine.durableRevive(rec, u64(s.wall_now));
+            default:
+              return engine.durableInspect(rec);
+          }
+        };
+        let out;
+        try {
+          out = call();
+        } catch (err) {
+          if (err?.name !== 'ComponentError' && !('payload' in (err ?? {}))) throw err;
+          actual = { err: err.payload };
+          break;
+        }
+        if (typeof out === 'string') {
+          actual = { ok: out };
+          break;
+        }
+        record = out.bytes;
+        actual = {
+          ok: {
+            action: out.action,
+            attempt: out.attempt,
+            wait: out.wait,
+            timeout: out.timeout,
+            next_at: out.nextAt,
+            lease_until: out.leaseUntil,
+            reason: out.reason,
+            policy_changed: out.policyChanged,
+            record_hex: Buffer.from(out.bytes).toString('hex'),
+          },
+        };
+        break;
+      }
       default:
         assert.fail(`step ${i}: unknown op ${s.op}`);
     }

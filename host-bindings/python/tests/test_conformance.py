@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from levee._abi import Core, LoadErrors
 from levee.engine import _runtime
-from levee.types import BreakerState, OutcomeKind, Reason, Verdict, VerdictKind
+from levee.types import BreakerState, DurableStep, LoadError, OutcomeKind, Reason, Verdict, VerdictKind
 
 VECTORS = Path(os.environ.get("LEVEE_VECTORS_DIR") or Path(__file__).resolve().parents[3] / "conformance" / "vectors")
 
@@ -65,6 +66,8 @@ class Runner:
     def __init__(self, vector: dict[str, Any], core: Core) -> None:
         self.vector = vector
         self.core = core
+        # The record of the last durable step that succeeded (steps without `record_hex` use it).
+        self.record = b""
 
     def policy(self, step: dict[str, Any]) -> int:
         name = step.get("policy")
@@ -172,7 +175,59 @@ class Runner:
             if ierr is None:
                 return True, {"ok": None}
             return True, {"err": {"path": ierr.path, "message": ierr.message}}
+        if op.startswith("durable_"):
+            return True, self.durable(op, step, u, s)
         raise AssertionError(f"unknown op {op!r}")
+
+    def durable(self, op: str, step: dict[str, Any], u: Callable[[str], int], s: Callable[[str], str]) -> Any:
+        c = self.core
+        rec = bytes.fromhex(s("record_hex")) if "record_hex" in step else self.record
+        r: DurableStep | LoadError | str
+        if op == "durable_begin":
+            r = c.durable_begin(self.policy(step), s("key"), s("idempotency_key"), u("flags"), u("wall_now"))
+        elif op == "durable_step":
+            r = c.durable_step(rec, s("owner"), u("wall_now"), u("elapsed"))
+        elif op == "durable_renew":
+            r = c.durable_renew(rec, s("owner"), u("wall_now"), u("elapsed"))
+        elif op == "durable_outcome":
+            code = step.get("code", 0)
+            r = c.durable_outcome(
+                rec,
+                s("owner"),
+                u("wall_now"),
+                u("elapsed"),
+                OutcomeKind(s("kind")),
+                code if isinstance(code, int) else 0,
+                s("text"),
+                s("message"),
+                u("flags"),
+            )
+        elif op == "durable_cancel":
+            r = c.durable_cancel(rec, u("wall_now"))
+        elif op == "durable_revive":
+            r = c.durable_revive(rec, u("wall_now"))
+        elif op == "durable_inspect":
+            r = c.durable_inspect(rec)
+        else:
+            raise AssertionError(f"unknown op {op!r}")
+        if isinstance(r, LoadError):
+            return {"err": {"path": r.path, "message": r.message}}
+        if isinstance(r, str):
+            return {"ok": r}
+        self.record = r.record
+        return {
+            "ok": {
+                "action": r.action.value,
+                "attempt": r.attempt,
+                "wait": r.wait,
+                "timeout": r.timeout,
+                "next_at": r.next_at,
+                "lease_until": r.lease_until,
+                "reason": r.reason.value,
+                "policy_changed": r.policy_changed,
+                "record_hex": r.record.hex(),
+            }
+        }
 
 
 @pytest.mark.parametrize("path", _files(), ids=lambda p: p.stem)

@@ -174,6 +174,39 @@ impl Conv {
     }
 }
 
+fn durable(r: Result<core::durable::DurableStep, core::LoadError>) -> Result<wit::DurableStep, wit::LoadError> {
+    use core::durable::{Action as A, DurableReason as R};
+    let s = r.map_err(load_error)?;
+    Ok(wit::DurableStep {
+        action: match s.action {
+            A::Run => wit::DurableAction::Run,
+            A::Wait => wit::DurableAction::Wait,
+            A::Done => wit::DurableAction::Done,
+            A::Dead => wit::DurableAction::Dead,
+            A::Cancelled => wit::DurableAction::Cancelled,
+        },
+        attempt: s.attempt,
+        wait: s.wait,
+        timeout: s.timeout,
+        next_at: s.next_at,
+        lease_until: s.lease_until,
+        reason: match s.reason {
+            R::None => wit::DurableReason::None,
+            R::Deadline => wit::DurableReason::Deadline,
+            R::RetriesExhausted => wit::DurableReason::RetriesExhausted,
+            R::NonRetryable => wit::DurableReason::NonRetryable,
+            R::NonIdempotent => wit::DurableReason::NonIdempotent,
+            R::RetryAfterTooLong => wit::DurableReason::RetryAfterTooLong,
+            R::Pushback => wit::DurableReason::Pushback,
+            R::Cancelled => wit::DurableReason::Cancelled,
+            R::UnknownOutcome => wit::DurableReason::UnknownOutcome,
+            R::CrashLimit => wit::DurableReason::CrashLimit,
+        },
+        policy_changed: s.policy_changed,
+        bytes: s.record,
+    })
+}
+
 convert_enum!(wit::OutcomeKind => core::OutcomeKind { Success, Timeout, ConnectionError, HttpStatus, GrpcStatus, ErrorClass });
 
 impl GuestEngine for EngineResource {
@@ -308,6 +341,52 @@ impl GuestEngine for EngineResource {
 
     fn import_state(&self, state: Vec<u8>) -> Result<(), wit::LoadError> {
         self.get_mut().import_state(&state).map_err(load_error)
+    }
+
+    fn durable_begin(
+        &self,
+        policy: u32,
+        key: String,
+        idempotency_key: String,
+        flags: u32,
+        wall_now: u64,
+    ) -> Result<wit::DurableStep, wit::LoadError> {
+        durable(self.get_mut().durable_begin(policy, &key, &idempotency_key, flags, wall_now))
+    }
+
+    fn durable_step(&self, record: Vec<u8>, owner: String, wall_now: u64, elapsed: u64) -> Result<wit::DurableStep, wit::LoadError> {
+        durable(self.get().durable_step(&record, &owner, wall_now, elapsed))
+    }
+
+    fn durable_renew(&self, record: Vec<u8>, owner: String, wall_now: u64, elapsed: u64) -> Result<wit::DurableStep, wit::LoadError> {
+        durable(self.get().durable_renew(&record, &owner, wall_now, elapsed))
+    }
+
+    fn durable_outcome(
+        &self,
+        record: Vec<u8>,
+        owner: String,
+        wall_now: u64,
+        elapsed: u64,
+        kind: wit::OutcomeKind,
+        code: i32,
+        text: String,
+        message: String,
+        flags: u32,
+    ) -> Result<wit::DurableStep, wit::LoadError> {
+        durable(self.get().durable_outcome(&record, &owner, wall_now, elapsed, kind.into(), code, &text, &message, flags))
+    }
+
+    fn durable_cancel(&self, record: Vec<u8>, wall_now: u64) -> Result<wit::DurableStep, wit::LoadError> {
+        durable(self.get().durable_cancel(&record, wall_now))
+    }
+
+    fn durable_revive(&self, record: Vec<u8>, wall_now: u64) -> Result<wit::DurableStep, wit::LoadError> {
+        durable(self.get().durable_revive(&record, wall_now))
+    }
+
+    fn durable_inspect(&self, record: Vec<u8>) -> Result<String, wit::LoadError> {
+        core::durable::inspect(&record).map_err(load_error)
     }
 }
 

@@ -36,6 +36,9 @@ from .types import (
     Analysis,
     BreakerState,
     CallInfo,
+    DurableAction,
+    DurableReason,
+    DurableStep,
     Event,
     EventKind,
     LoadError,
@@ -338,6 +341,13 @@ class Core:
             "[method]engine.set-breaker-state",
             "[method]engine.export-state",
             "[method]engine.import-state",
+            "[method]engine.durable-begin",
+            "[method]engine.durable-step",
+            "[method]engine.durable-renew",
+            "[method]engine.durable-outcome",
+            "[method]engine.durable-cancel",
+            "[method]engine.durable-revive",
+            "[method]engine.durable-inspect",
         ):
             idx = self.instance.get_export_index(self.store, name, iface)
             func = self.instance.get_func(self.store, idx) if idx is not None else None
@@ -684,6 +694,85 @@ class Core:
             return LoadError(val["path"], val["message"])
         self.state_bytes, self.keyed_starts = len(state), 0
         return None
+
+    # Durable calls (docs/durable.md). Each returns the step or the core's error naming what
+    # is wrong with the record; the caller (levee.durable) quarantines on an error.
+
+    def durable_begin(
+        self, policy: int, key: str, idempotency_key: str, flags: int, wall_now: int
+    ) -> DurableStep | LoadError:
+        args = (
+            _Args(5)
+            .u32(0, policy & 0xFFFFFFFF)
+            .string(1, key)
+            .string(2, idempotency_key)
+            .u32(3, flags & 0xFFFFFFFF)
+            .u64(4, wall_now)
+        )
+        return _durable(self._slow("durable-begin", args))
+
+    def durable_step(self, record: bytes, owner: str, wall_now: int, elapsed: int) -> DurableStep | LoadError:
+        args = _Args(4).bytes_list(0, record).string(1, owner).u64(2, wall_now).u64(3, elapsed)
+        return _durable(self._slow("durable-step", args))
+
+    def durable_renew(self, record: bytes, owner: str, wall_now: int, elapsed: int) -> DurableStep | LoadError:
+        args = _Args(4).bytes_list(0, record).string(1, owner).u64(2, wall_now).u64(3, elapsed)
+        return _durable(self._slow("durable-renew", args))
+
+    def durable_outcome(
+        self,
+        record: bytes,
+        owner: str,
+        wall_now: int,
+        elapsed: int,
+        kind: OutcomeKind,
+        code: int,
+        text: str,
+        message: str,
+        flags: int,
+    ) -> DurableStep | LoadError:
+        args = (
+            _Args(9)
+            .bytes_list(0, record)
+            .string(1, owner)
+            .u64(2, wall_now)
+            .u64(3, elapsed)
+            .enum(4, kind.wit)
+            .s32(5, code)
+            .string(6, text)
+            .string(7, message)
+            .u32(8, flags & 0xFFFFFFFF)
+        )
+        return _durable(self._slow("durable-outcome", args))
+
+    def durable_cancel(self, record: bytes, wall_now: int) -> DurableStep | LoadError:
+        return _durable(self._slow("durable-cancel", _Args(2).bytes_list(0, record).u64(1, wall_now)))
+
+    def durable_revive(self, record: bytes, wall_now: int) -> DurableStep | LoadError:
+        return _durable(self._slow("durable-revive", _Args(2).bytes_list(0, record).u64(1, wall_now)))
+
+    def durable_inspect(self, record: bytes) -> str | LoadError:
+        tag, val = self._slow("durable-inspect", _Args(1).bytes_list(0, record))
+        return str(val) if tag == "ok" else LoadError(val["path"], val["message"])
+
+
+def _durable(r: tuple[str, Any]) -> DurableStep | LoadError:
+    """Lift a `result<durable-step, load-error>`, checking what the guest sent."""
+    tag, val = r
+    if tag != "ok":
+        return LoadError(str(val["path"]), str(val["message"]))
+    raw = val["bytes"]
+    return DurableStep(
+        action=DurableAction(val["action"]),
+        attempt=int(val["attempt"]),
+        wait=int(val["wait"]),
+        timeout=int(val["timeout"]),
+        next_at=int(val["next-at"]),
+        lease_until=int(val["lease-until"]),
+        reason=DurableReason(val["reason"]),
+        policy_changed=bool(val["policy-changed"]),
+        record=bytes(raw) if raw else b"",
+    )
 
 
 def event_from_raw(raw: dict[str, Any], policy_names: list[str]) -> Event:

@@ -28,6 +28,7 @@ from .types import (
     Analysis,
     BreakerState,
     CallInfo,
+    DurableStep,
     Event,
     EventKind,
     LoadError,
@@ -530,6 +531,40 @@ class Engine:
         err = self._locked_op(lambda c: c.import_state(bytes(state)), snapshot_if=lambda r: r is None)
         if err is not None:
             raise PolicyError([err])
+
+    # ------------------------------------------------------------ durable calls
+    # Thin: the core decides; an error names what is wrong with the record (`LoadError`).
+
+    def durable_begin(
+        self, policy: str, key: str, idempotency_key: str, flags: int, wall_now: int
+    ) -> DurableStep | LoadError:
+        idx = self._index(policy)
+        return self._locked_op(lambda c: c.durable_begin(idx, key, idempotency_key, flags, wall_now))
+
+    def durable_step(self, record: bytes, owner: str, wall_now: int, elapsed: int) -> DurableStep | LoadError:
+        return self._locked_op(lambda c: c.durable_step(record, owner, wall_now, elapsed))
+
+    def durable_renew(self, record: bytes, owner: str, wall_now: int, elapsed: int) -> DurableStep | LoadError:
+        return self._locked_op(lambda c: c.durable_renew(record, owner, wall_now, elapsed))
+
+    def durable_outcome(
+        self, record: bytes, owner: str, wall_now: int, elapsed: int, outcome: Outcome, message: str
+    ) -> DurableStep | LoadError:
+        flags = 1 if outcome.overloaded else 0
+        return self._locked_op(
+            lambda c: c.durable_outcome(
+                record, owner, wall_now, elapsed, outcome.kind, outcome.code, outcome.text, message, flags
+            )
+        )
+
+    def durable_cancel(self, record: bytes, wall_now: int) -> DurableStep | LoadError:
+        return self._locked_op(lambda c: c.durable_cancel(record, wall_now))
+
+    def durable_revive(self, record: bytes, wall_now: int) -> DurableStep | LoadError:
+        return self._locked_op(lambda c: c.durable_revive(record, wall_now))
+
+    def durable_inspect(self, record: bytes) -> str | LoadError:
+        return self._locked_op(lambda c: c.durable_inspect(record))
 
     def flush(self) -> None:
         """Send a held-back success report now (normally settled by the next call)."""

@@ -10,6 +10,9 @@ __all__ = [
     "Analysis",
     "BreakerState",
     "CallInfo",
+    "DurableAction",
+    "DurableReason",
+    "DurableStep",
     "Event",
     "EventKind",
     "LoadError",
@@ -218,3 +221,43 @@ class Verdict(NamedTuple):
         if self.kind == VerdictKind.INVALID:
             return f"invalid(code={self.detail})"
         return kind
+
+
+class DurableAction(enum.Enum):
+    """What a host does next with a durable call (WIT `durable-action`)."""
+
+    RUN = "run"
+    WAIT = "wait"
+    DONE = "done"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+class DurableReason(enum.Enum):
+    """Why a durable call ended (WIT `durable-reason`)."""
+
+    NONE = "none"
+    DEADLINE = "deadline"
+    RETRIES_EXHAUSTED = "retries-exhausted"
+    NON_RETRYABLE = "non-retryable"
+    NON_IDEMPOTENT = "non-idempotent"
+    RETRY_AFTER_TOO_LONG = "retry-after-too-long"
+    PUSHBACK = "pushback"
+    CANCELLED = "cancelled"
+    UNKNOWN_OUTCOME = "unknown-outcome"
+    CRASH_LIMIT = "crash-limit"
+
+
+@dataclass(frozen=True, slots=True)
+class DurableStep:
+    """The core's answer to a durable operation, with the record bytes to persist."""
+
+    action: DurableAction
+    attempt: int
+    wait: int
+    timeout: int
+    next_at: int
+    lease_until: int
+    reason: DurableReason
+    policy_changed: bool
+    record: bytes

@@ -1,0 +1,55 @@
+"""Durable calls per second: N calls submitted, then W worker processes run them to the end.
+
+    python bench.py --store sqlite:/tmp/b.db --calls 2000 --workers 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def pending(store: str) -> int:
+    kind, _, rest = store.partition(":")
+    q = "SELECT COUNT(*) FROM levee_durable_calls WHERE status IN ('scheduled', 'running')"
+    if kind == "sqlite":
+        import sqlite3
+
+        c = sqlite3.connect(rest)
+        n = c.execute(q).fetchone()[0]
+        c.close()
+        return int(n)
+    import psycopg
+
+    with psycopg.connect(rest) as c:
+        return int(c.execute(q).fetchone()[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--workers", type=int, default=1)
+    args = ap.parse_args()
+    log = Path(tempfile.mkdtemp()) / "log"
+    w = [sys.executable, str(HERE / "worker.py"), args.store, "--log", str(log)]
+    subprocess.run([*w, "--owner", "submit", "--submit-only", "--scale", str(args.calls)], check=True)
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([*w, "--owner", f"bench{i}", "--concurrency", "32"]) for i in range(args.workers)]
+    while pending(args.store) > 0 and time.monotonic() - t0 < 600:
+        time.sleep(0.05)
+    dt = time.monotonic() - t0
+    for p in procs:
+        p.terminate()
+        p.wait(30)
+    print(f"durable bench: {args.store.partition(':')[0]}, {args.workers} worker(s): {args.calls} calls in {dt:.2f}s = {args.calls / dt:.0f} calls/s")
+
+
+if __name__ == "__main__":
+    main()

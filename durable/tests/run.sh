@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The durable-call crash tests: SQLite, then a private PostgreSQL cluster on 127.0.0.1 (installed
+# from Debian's packages when missing, run as the `postgres` user in a temporary directory,
+# stopped at the end), then 10,000 calls across 3 workers killed at random.
+#   DURABLE_SCALE=N overrides the 10,000 calls (0 skips the scale run).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+export LEVEE_WASM_DIR="${LEVEE_WASM_DIR:-$root/target/levee}"
+venv="$root/target/durable-venv"
+if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
+"$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$root/host-bindings/python"
+"$venv/bin/pip" install --quiet --disable-pip-version-check "$root/host-bindings/python[postgres]"
+rm -rf "$root/host-bindings/python/build" "$root"/host-bindings/python/src/*.egg-info
+py="$venv/bin/python"
+
+work="$(mktemp -d /tmp/levee-durable.XXXXXX)"
+chmod 755 "$work"
+pgdata="$work/pg"
+pgbin=""
+cleanup() {
+  if [ -n "$pgbin" ] && [ -f "$pgdata/postmaster.pid" ]; then
+    su postgres -s /bin/bash -c "'$pgbin/pg_ctl' -D '$pgdata' -m immediate stop" >/dev/null 2>&1 || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "== durable: SQLite"
+(cd "$work" && "$py" "$here/crash_test.py" --store "sqlite:$work/calls.db" --python "$py")
+
+echo "== durable: PostgreSQL"
+if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+pgbin="$(dirname "$(ls /usr/lib/postgresql/*/bin/pg_ctl | sort -V | tail -1)")"
+port=55432
+mkdir -p "$pgdata" && chown postgres "$pgdata"
+su postgres -s /bin/bash -c "'$pgbin/initdb' -D '$pgdata' -A trust -U postgres --no-sync" >/dev/null
+su postgres -s /bin/bash -c "'$pgbin/pg_ctl' -D '$pgdata' -w -l '$pgdata/log' -o '-c listen_addresses=127.0.0.1 -p $port -k $pgdata -c fsync=off -c max_connections=50' start" >/dev/null
+dsn="host=127.0.0.1 port=$port user=postgres dbname=postgres"
+scale="${DURABLE_SCALE:-10000}"
+(cd "$work" && "$py" "$here/crash_test.py" --store "postgres:$dsn" --python "$py" --scale "$scale")
+
+if [ "${DURABLE_BENCH:-0}" = 1 ]; then
+  echo "== durable: benchmark (calls per second, 2,000 calls, 1 call in 10 fails once)"
+  (cd "$work" && "$py" "$here/bench.py" --store "sqlite:$work/bench.db" --calls 2000 --workers 1)
+  for w in 1 3; do
+    su postgres -s /bin/bash -c "psql -h 127.0.0.1 -p $port -U postgres -qc 'DROP TABLE IF EXISTS levee_durable_calls'" >/dev/null
+    (cd "$work" && "$py" "$here/bench.py" --store "postgres:$dsn" --calls 2000 --workers "$w")
+  done
+fi
+
+if [ "${DURABLE_PEER:-0}" = 1 ]; then
+  echo "== peer: Celery with Redis (the same job, 2,000 tasks)"
+  if ! command -v redis-server >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  fi
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "celery[redis]==5.7.0"
+  redis-server --port 56379 --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --pidfile "$work/redis.pid" >/dev/null
+  for w in 1 3; do
+    (cd "$here" && PEER_REDIS=redis://127.0.0.1:56379/0 "$py" peer_celery.py --calls 2000 --workers "$w")
+  done
+  kill "$(cat "$work/redis.pid")" || true
+fi
