@@ -3,6 +3,7 @@
 //! Every command drives the policy engine through the Rust host (see `engine.rs`).
 
 mod check;
+mod durable;
 mod engine;
 mod explain;
 mod sim;
@@ -54,7 +55,50 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+enum DurableCommand {
+    /// Every call of the store (or only the dead and quarantined ones), with its next attempt and last error.
+    List {
+        /// The store: an SQLite file written by a durable executor.
+        #[arg(value_name = "STORE")]
+        store: PathBuf,
+        /// Only calls given up (dead) and records quarantined.
+        #[arg(long)]
+        dead: bool,
+        /// One JSON object per call.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One call: its row and its record, decoded by the core.
+    Show {
+        #[arg(value_name = "STORE")]
+        store: PathBuf,
+        id: i64,
+    },
+    /// Give a dead or cancelled call a fresh set of attempts, due now, under the policy document.
+    Retry {
+        #[arg(value_name = "STORE")]
+        store: PathBuf,
+        id: i64,
+        /// The policy document the workers run (the call's policy must be in it).
+        #[arg(long, value_name = "POLICY")]
+        policy: PathBuf,
+    },
+    /// Cancel a call that has not finished (an attempt running now has its outcome refused).
+    Cancel {
+        #[arg(value_name = "STORE")]
+        store: PathBuf,
+        id: i64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum Command {
+    /// Read and change a store of durable calls (docs/durable.md).
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  levee durable list calls.db\n  levee durable list --dead calls.db\n  levee durable show calls.db 17\n  levee durable retry calls.db 17 --policy policies.yaml\n  levee durable cancel calls.db 18"
+    )]
+    Durable(DurableCommand),
     /// Validate policy documents and print each policy's worst cases.
     ///
     /// Prints every error with its field path (such as `policies.checkout.backoff.base`).
@@ -200,6 +244,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let style = Style::new(cli.color);
     match cli.command {
+        Command::Durable(cmd) => {
+            let result = match cmd {
+                DurableCommand::List { store, dead, json } => durable::list(&store, dead, json),
+                DurableCommand::Show { store, id } => durable::show(&store, id),
+                DurableCommand::Cancel { store, id } => durable::cancel(&store, id),
+                DurableCommand::Retry { store, id, policy } => read(&policy).and_then(|doc| durable::retry(&store, id, &doc)),
+            };
+            match result {
+                Ok(lines) => {
+                    for l in lines {
+                        println!("{l}");
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(style, &e),
+            }
+        }
         Command::Check { files, layers, json, show_defaults, max_amplification, max_latency } => {
             let args = check::CheckArgs { files, layers, json, show_defaults, max_amplification, max_latency };
             ExitCode::from(check::run(&args, style) as u8)
