@@ -5,6 +5,7 @@
 #[macro_use]
 mod out;
 mod check;
+mod durable;
 mod engine;
 mod explain;
 mod sim;
@@ -56,7 +57,50 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+enum DurableCommand {
+    /// Every call of the store (or only the dead and quarantined ones), with its next attempt and last error.
+    List {
+        /// The store: an SQLite file written by a durable executor.
+        #[arg(value_name = "STORE")]
+        store: PathBuf,
+        /// Only calls given up (dead) and records quarantined.
+        #[arg(long)]
+        dead: bool,
+        /// One JSON object per call.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One call: its row and its record, decoded by the core.
+    Show {
+        #[arg(value_name = "STORE")]
+        store: PathBuf,
+        id: i64,
+    },
+    /// Give a dead or cancelled call a fresh set of attempts, due now, under the policy document.
+    Retry {
+        #[arg(value_name = "STORE")]
+        store: PathBuf,
+        id: i64,
+        /// The policy document the workers run (the call's policy must be in it).
+        #[arg(long, value_name = "POLICY")]
+        policy: PathBuf,
+    },
+    /// Cancel a call that has not finished (an attempt running now has its outcome refused).
+    Cancel {
+        #[arg(value_name = "STORE")]
+        store: PathBuf,
+        id: i64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum Command {
+    /// Read and change a store of durable calls (docs/durable.md).
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  levee durable list calls.db\n  levee durable list --dead calls.db\n  levee durable show calls.db 17\n  levee durable retry calls.db 17 --policy policies.yaml\n  levee durable cancel calls.db 18"
+    )]
+    Durable(DurableCommand),
     /// Validate policy documents and print each policy's worst cases.
     ///
     /// Prints every error with its field path (such as `policies.checkout.backoff.base`).
@@ -244,6 +288,23 @@ fn run() -> u8 {
     let cli = Cli::parse();
     let style = Style::new(cli.color);
     match cli.command {
+        Command::Durable(cmd) => {
+            let result = match cmd {
+                DurableCommand::List { store, dead, json } => durable::list(&store, dead, json),
+                DurableCommand::Show { store, id } => durable::show(&store, id),
+                DurableCommand::Cancel { store, id } => durable::cancel(&store, id),
+                DurableCommand::Retry { store, id, policy } => read(&policy).and_then(|doc| durable::retry(&store, id, &doc)),
+            };
+            match result {
+                Ok(lines) => {
+                    for l in lines {
+                        outln!("{l}");
+                    }
+                    0
+                }
+                Err(e) => fail(style, &e),
+            }
+        }
         Command::Check { files, layers, json, show_defaults, max_amplification, max_latency } => {
             let args = check::CheckArgs { files, layers, json, show_defaults, max_amplification, max_latency };
             check::run(&args, style)

@@ -5,11 +5,25 @@
 
 use levee::core::{Analysis, BreakerState, CallInfo, Event, OutcomeKind, PolicyInfo};
 use levee::{Backend, Limits, RawEngine};
-use levee_conformance::{replay, vector_files, Errors, Target};
+use levee_conformance::{replay, vector_files, DurableCall, DurableOut, Errors, Target};
 use serde_json::Value;
 
 fn errs(v: Vec<levee::core::LoadError>) -> Errors {
     v.into_iter().map(|e| (e.path, e.message)).collect()
+}
+
+/// The one listed skip (conformance/README.md): vectors of durable calls. The Rust host does
+/// not bind the `durable-*` functions yet (issue 17: the executors exist in Python only);
+/// the Rust conformance runner replays them natively and through the component.
+const DURABLE_SKIP: &str = "the Rust host does not bind durable-* yet (issue 17)";
+
+fn is_durable(vector: &Value) -> bool {
+    vector
+        .get("steps")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|s| s.get("op").and_then(Value::as_str).is_some_and(|o| o.starts_with("durable")))
 }
 
 macro_rules! target {
@@ -17,6 +31,9 @@ macro_rules! target {
         struct $name(RawEngine);
 
         impl Target for $name {
+            fn durable(&mut self, _: &DurableCall) -> Result<DurableOut, (String, String)> {
+                Err((String::new(), DURABLE_SKIP.to_string()))
+            }
             fn load(doc: &str, seed: u64) -> Result<Self, Errors> {
                 RawEngine::load_with($backend, doc, seed, Limits::default()).map($name).map_err(errs)
             }
@@ -87,11 +104,15 @@ fn every_vector_through_both_backends() {
     let files = vector_files();
     assert!(!files.is_empty(), "no conformance vectors found");
     let mut failures = Vec::new();
-    let mut replayed = 0;
+    let (mut replayed, mut skipped) = (0, 0);
     for path in &files {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let vector: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         assert!(vector.is_object(), "{} is not a JSON object", path.display());
+        if is_durable(&vector) {
+            skipped += 1;
+            continue;
+        }
         let native = replay::<NativeTarget>(&vector);
         let wasm = replay::<WasmTarget>(&vector);
         match (native, wasm) {
@@ -107,5 +128,5 @@ fn every_vector_through_both_backends() {
         replayed += 1;
     }
     assert!(failures.is_empty(), "{} of {replayed} vectors failed:\n{}", failures.len(), failures.join("\n"));
-    eprintln!("{replayed} vectors replayed through both backends");
+    eprintln!("{replayed} vectors replayed through both backends; {skipped} skipped: {DURABLE_SKIP}");
 }
