@@ -69,7 +69,7 @@ def main() -> None:
         os.kill(os.getpid(), signal.SIGKILL)  # between the outcome and its write
 
     ex = DurableExecutor(
-        levee.load(DOC),
+        levee.loads(DOC),
         store_of(args.store),
         owner=args.owner,
         poll_interval=0.05,

@@ -25,7 +25,7 @@ policies:
 
 
 def make(tmp_path: Path, owner: str = "t1") -> DurableExecutor:
-    engine = levee.load(DOC)
+    engine = levee.loads(DOC)
     return DurableExecutor(engine, SQLiteStore(tmp_path / "calls.db"), owner=owner, poll_interval=0.05)
 
 
