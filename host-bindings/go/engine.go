@@ -832,6 +832,7 @@ func documentUTF8(document string) error {
 	}
 	line := 1 + strings.Count(document[:at], "\n")
 	return LoadErrors{{Path: "", Message: fmt.Sprintf("the document is not valid UTF-8 (line %d, byte %d): %v", line, at, ErrInvalidUTF8)}}
+}
 
 // Durable calls (docs/durable.md). Each returns the core's step, or a *LoadError
 // that names what is wrong with the record (the executor quarantines it).
