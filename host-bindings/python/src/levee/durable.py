@@ -98,6 +98,11 @@ class Claimed:
     db_now: int
     idempotency_key: str | None
 
+    @staticmethod
+    def of_row(r: _Row) -> Claimed:
+        """A row of the shared `claim` statement (the same columns in both dialects)."""
+        return Claimed(int(r[0]), str(r[1]), bytes(r[2]), bytes(r[3]), int(r[4]), r[5])
+
 
 @dataclass(frozen=True, slots=True)
 class CallStatus:
@@ -228,7 +233,7 @@ class SQLiteStore(Store):
         now = self.now()
         with self.transaction():
             rows = self._exec("claim", [owner, now + hold, now, limit])
-        return [Claimed(int(r[0]), str(r[1]), bytes(r[2]), bytes(r[3]), int(r[4]), r[5]) for r in rows]
+        return [Claimed.of_row(r) for r in rows]
 
     def write(
         self,
@@ -308,7 +313,7 @@ class PostgresStore(Store):
 
     def claim(self, owner: str, hold: int, limit: int) -> list[Claimed]:
         rows = self._exec("claim", [owner, hold, limit])
-        return [Claimed(int(r[0]), str(r[1]), bytes(r[2]), bytes(r[3]), int(r[4]), r[5]) for r in rows]
+        return [Claimed.of_row(r) for r in rows]
 
     def write(
         self,
