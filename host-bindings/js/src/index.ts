@@ -35,6 +35,7 @@ export async function loadFile(path: string | URL, options: LoadOptions = {}): P
 export { Levee, sleep, startFlags } from './levee.js';
 export type {
   AttemptContext,
+  Clock,
   FallbackContext,
   FallbackFn,
   InstantiateCore,

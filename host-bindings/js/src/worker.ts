@@ -32,6 +32,7 @@ export function load(document: string, options: WorkerLoadOptions): Levee {
 export { Levee, sleep } from './levee.js';
 export type {
   AttemptContext,
+  Clock,
   FallbackContext,
   FallbackFn,
   LoadOptions,

@@ -1,0 +1,98 @@
+// One attempt's I/O: its signal (the per-attempt timeout on the Levee's clock, and the caller's
+// signal) and the race between the attempt and that signal.
+
+import { clockTimer } from './clock.js';
+import type { Clock } from './clock.js';
+
+/** What an attempt receives. */
+export interface AttemptContext {
+  /** Aborted when the per-attempt timeout fires or the caller's signal aborts. */
+  readonly signal: AbortSignal;
+  /** The attempt number, 1 for the first. */
+  readonly attempt: number;
+  /** The per-attempt timeout in milliseconds, 0 when none. */
+  readonly timeoutMs: number;
+}
+
+export const NO_SIGNAL: AbortSignal = new AbortController().signal;
+
+/** The context of a first attempt without timeout or caller signal: it holds no state, so it is shared. */
+export const FIRST_ATTEMPT: AttemptContext = Object.freeze({ signal: NO_SIGNAL, attempt: 1, timeoutMs: 0 });
+
+export class Attempt implements AttemptContext {
+  readonly attempt: number;
+  readonly timeoutMs: number;
+  readonly #outer: AbortSignal | undefined;
+  readonly #clock: Clock;
+  #controller: AbortController | undefined;
+  #cancelTimer: (() => void) | undefined;
+  #onOuterAbort: (() => void) | undefined;
+  #aborted = false;
+  #abortReason: unknown = undefined;
+  timedOut = false;
+
+  constructor(attempt: number, timeoutMs: number, outer: AbortSignal | undefined, clock: Clock) {
+    this.attempt = attempt;
+    this.timeoutMs = timeoutMs;
+    this.#outer = outer;
+    this.#clock = clock;
+  }
+
+  get signal(): AbortSignal {
+    if (this.#controller !== undefined) return this.#controller.signal;
+    // Without a timeout the caller's signal is the attempt's. Otherwise the controller is made on
+    // first use, so an attempt that never looks at its signal costs no AbortController.
+    if (this.timeoutMs === 0) return this.#outer ?? NO_SIGNAL;
+    const controller = new AbortController();
+    this.#controller = controller;
+    if (this.#aborted) controller.abort(this.#abortReason);
+    return controller.signal;
+  }
+
+  #abort(reason: unknown): void {
+    if (this.#aborted) return;
+    this.#aborted = true;
+    this.#abortReason = reason;
+    this.#controller?.abort(reason);
+  }
+
+  /**
+   * Run the attempt under its timeout and the caller's signal. The promise settles when the attempt
+   * does, or when the timeout fires or the caller aborts, whichever is first, even if the attempt
+   * ignores its signal.
+   */
+  race<T>(promise: T | PromiseLike<T>): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      const outer = this.#outer;
+      if (this.timeoutMs > 0) {
+        this.#cancelTimer = clockTimer(this.#clock, this.timeoutMs, () => {
+          this.timedOut = true;
+          const reason = new DOMException(
+            `attempt ${this.attempt} timed out after ${this.timeoutMs} ms`,
+            'TimeoutError',
+          );
+          this.#abort(reason);
+          reject(reason);
+        });
+      }
+      if (outer !== undefined) {
+        const onAbort = (): void => {
+          this.#abort(outer.reason);
+          reject(outer.reason);
+        };
+        this.#onOuterAbort = onAbort;
+        outer.addEventListener('abort', onAbort, { once: true });
+      }
+      Promise.resolve(promise).then(resolve, reject);
+    });
+  }
+
+  dispose(): void {
+    if (this.#cancelTimer !== undefined) this.#cancelTimer();
+    if (this.#onOuterAbort !== undefined) this.#outer?.removeEventListener('abort', this.#onOuterAbort);
+  }
+}
+
+export function isThenable<T>(value: T | PromiseLike<T>): value is PromiseLike<T> {
+  return typeof (value as { then?: unknown } | null)?.then === 'function';
+}

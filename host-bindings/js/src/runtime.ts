@@ -1,0 +1,677 @@
+// The runtime glue: the jco instance of the policy component, the crossings into it (the hot `start`
+// straight into the core module, the others through jco's glue), the success held back to ride on
+// the next `start`, event draining, state snapshots, and the recovery from a trap. It knows nothing
+// of attempts, sleeps or fallbacks: the driver (driver.ts) and the public API (levee.ts) do.
+
+import { instantiate } from '../wasm/levee_policy.js';
+export type ComponentExports = ReturnType<typeof instantiate>;
+import type { Engine } from '../wasm/interfaces/levee-policy-engine-api.js';
+import type { Event, LoadError, OutcomeKind } from '../wasm/interfaces/levee-policy-types.js';
+import { PolicyLoadError, UnknownPolicyError } from './errors.js';
+import type { Outcome } from './errors.js';
+import type { Emitter, EngineFaultEvent, LeveeEvent, Metrics } from './events.js';
+import { decodeVerdict } from './verdict.js';
+import type { Verdict } from './verdict.js';
+
+/** What differs between runtimes (Node, Worker-style runtimes). */
+export interface Platform {
+  /** The compiled core module for a file name of the transpiled component. */
+  getCoreModule(path: string): WebAssembly.Module;
+  /** Monotonic time in integer nanoseconds. */
+  now(): bigint;
+  /** A seed from the OS random source. */
+  randomSeed(): bigint;
+  /** Whether timers can be unref'd (Node) so a pending flush never keeps a process alive. */
+  unrefTimers: boolean;
+}
+
+/** Instantiates core modules: the jco hook (for instrumentation and fault-injection tests). */
+export type InstantiateCore = (module: WebAssembly.Module, imports: Record<string, unknown>) => WebAssembly.Instance;
+
+/** What the host keeps of a policy after `load` (facts the core gave, never re-decided). */
+export interface PolicyEntry {
+  readonly index: number;
+  readonly name: string;
+  readonly maxAttempts: number;
+  /** ns, 0 when none */
+  readonly attemptTimeoutNs: number;
+  /** ns, 0 when none */
+  readonly deadlineNs: number;
+  readonly deadlineBig: bigint;
+  readonly fallbacks: readonly string[];
+}
+
+/** One step of a call, as `LoadOptions.trace` sees it. */
+export interface TraceStep {
+  op: 'start' | 'acquire' | 'report' | 'report-fallback';
+  call: bigint;
+  /** The policy's name ("" for a held-back success sent by `flush`). */
+  policy: string;
+  /** Attempts started so far. */
+  attempts: number;
+  /** What was reported (for `report`). */
+  outcome?: Outcome;
+  /** Whether the fallback succeeded (for `report-fallback`). */
+  fallbackOk?: boolean;
+  /** The fallback's name (for a `fallback` verdict). */
+  fallback?: string;
+  verdict: Verdict;
+}
+
+/** What the runtime takes from the load options. */
+export interface RuntimeOptions {
+  seed: bigint;
+  instantiateCore: InstantiateCore | undefined;
+  checkpointNs: bigint;
+  maxMemoryBytes: number;
+  trace: ((step: TraceStep) => void) | undefined;
+  /** Wall-clock milliseconds since the epoch (an HTTP-date in Retry-After is read against it). */
+  wallMs: () => number;
+}
+
+const METHOD_CODES: Readonly<Record<string, number>> = {
+  GET: 1,
+  HEAD: 2,
+  POST: 3,
+  PUT: 4,
+  DELETE: 5,
+  PATCH: 6,
+  OPTIONS: 7,
+  TRACE: 8,
+  CONNECT: 9,
+};
+
+/** The `flags` argument of `start`. */
+export function startFlags(
+  options: { idempotent?: boolean; idempotencyKey?: boolean; method?: string } | undefined,
+): number {
+  if (options === undefined) return 0;
+  let flags = 0;
+  if (options.idempotent === false) flags |= 1;
+  if (options.idempotencyKey === true) flags |= 2;
+  if (options.method !== undefined && options.method !== '') {
+    flags |= (METHOD_CODES[options.method.toUpperCase()] ?? 15) << 8;
+  }
+  return flags;
+}
+
+/**
+ * `start` as the core module exports it: the canonical ABI of the WIT's `start` (the engine by
+ * its rep, the key as pointer and length, u64 as i64, the verdict as a signed i64).
+ */
+type CoreStart = (
+  rep: number,
+  call: bigint,
+  policy: number,
+  keyPtr: number,
+  keyLen: number,
+  flags: number,
+  now: bigint,
+  settleCall: bigint,
+  settleAt: bigint,
+  settleElapsed: bigint,
+) => bigint;
+type CoreRealloc = (ptr: number, oldSize: number, align: number, size: number) => number;
+// Names the component model gives the core module's exports and the resource constructor it imports.
+const CORE_START = 'levee:policy/engine-api@0.1.0#[method]engine.start';
+const CORE_REALLOC = 'cabi_realloc';
+const RESOURCE_IMPORTS = '[export]levee:policy/engine-api@0.1.0';
+const RESOURCE_NEW = '[resource-new]engine';
+
+/** The bound on the component's linear memory (512 MiB): the rule of every host. */
+export const DEFAULT_MAX_MEMORY_BYTES = 512 * 1024 * 1024;
+
+/**
+ * When a refused document is one line with no `:` and no `{` (no policy document is), it is most
+ * likely a file name given as text: say so (`load` takes the text, `loadFile` reads a file).
+ */
+function pathHint(document: string): LoadError[] {
+  const text = document.trim();
+  if (text === '' || text.includes('\n') || text.includes(':') || text.includes('{') || text.length > 4096) return [];
+  return [
+    {
+      path: '',
+      message: `the document is the text '${text}', which looks like a file name: load() takes the document's text, loadFile(path) reads a file`,
+    },
+  ];
+}
+
+function loadErrors(err: unknown): LoadError[] | undefined {
+  const payload = (err as { payload?: unknown } | null)?.payload;
+  if (Array.isArray(payload)) return payload as LoadError[];
+  if (payload !== null && typeof payload === 'object' && 'path' in payload && 'message' in payload) {
+    return [payload as LoadError];
+  }
+  return undefined;
+}
+
+/** A `result` error of the WIT is an answer, not a fault: jco throws it as ComponentError. */
+function isComponentError(err: unknown): boolean {
+  return (err as { name?: unknown } | null)?.name === 'ComponentError';
+}
+
+/**
+ * The policy component, instantiated, and everything that keeps it usable: one per Levee. Every
+ * crossing that can trap answers `undefined` after recovering from the trap (re-instantiated,
+ * last exported state restored, `engine-fault` emitted); `generation` counts the instances, so a
+ * call that began on an earlier one knows the engine forgot it.
+ */
+export class Runtime {
+  readonly #platform: Platform;
+  readonly #now: () => bigint;
+  readonly #options: RuntimeOptions;
+  readonly #emitter: Emitter;
+  readonly #metrics: Metrics | undefined;
+  #document: string;
+  #exports!: ComponentExports;
+  #engine!: Engine;
+  // The hot path calls the core module's `start` directly: the same canonical-ABI call jco's glue
+  // makes, without its per-argument coercions (about 250 instructions a call) and with a key of
+  // ASCII characters written straight into guest memory (the glue's TextEncoder costs 1-2 us a call).
+  // `#rep` is the engine's representation, captured when the guest creates it.
+  #coreStart: CoreStart | undefined;
+  #coreRealloc: CoreRealloc | undefined;
+  #coreMemory: WebAssembly.Memory | undefined;
+  #coreBytes = new Uint8Array(0);
+  #rep = 0;
+  #healthy = true;
+  #generation = 0;
+  policies: PolicyEntry[] = [];
+  byName = new Map<string, PolicyEntry>();
+  // The success held back to ride on the next `start` (DESIGN.md, "batching").
+  // `holding` says whether there is one (a boolean: comparing BigInts costs a builtin call).
+  holding = false;
+  #heldCall = 0n;
+  #heldAt = 0n;
+  #heldElapsed = 0n;
+  #flushTimer: ReturnType<typeof setTimeout> | undefined;
+  readonly #flushTick = (): void => {
+    this.#flushTimer = undefined;
+    this.flush();
+  };
+  // Trap recovery: the last exported state.
+  #lastState: Uint8Array | undefined;
+  nextCheckpoint: bigint;
+  #lastCheckpointAt = 0n;
+  #memories: WebAssembly.Memory[] = [];
+  readonly #trace: ((step: TraceStep) => void) | undefined;
+
+  constructor(
+    platform: Platform,
+    now: () => bigint,
+    document: string,
+    options: RuntimeOptions,
+    emitter: Emitter,
+    metrics: Metrics | undefined,
+  ) {
+    this.#platform = platform;
+    this.#now = now;
+    this.#document = document;
+    this.#options = options;
+    this.#emitter = emitter;
+    this.#metrics = metrics;
+    this.#trace = options.trace;
+    this.#instantiateFresh();
+    this.#readPolicies();
+    this.nextCheckpoint = now() + options.checkpointNs;
+    this.#lastState = this.#engine.exportState();
+  }
+
+  /** Counts the instances: it changes whenever the component is replaced. */
+  get generation(): number {
+    return this.#generation;
+  }
+
+  get healthy(): boolean {
+    return this.#healthy;
+  }
+
+  get engine(): Engine {
+    return this.#engine;
+  }
+
+  get component(): ComponentExports {
+    return this.#exports;
+  }
+
+  #instantiateFresh(): void {
+    const base = this.#options.instantiateCore ?? ((m, i) => new WebAssembly.Instance(m, i as WebAssembly.Imports));
+    const memories: WebAssembly.Memory[] = [];
+    let coreStart: CoreStart | undefined;
+    let coreRealloc: CoreRealloc | undefined;
+    let coreMemory: WebAssembly.Memory | undefined;
+    let reps: number[] = [];
+    const exports = instantiate(this.#platform.getCoreModule, {}, (module, imports) => {
+      const resources = (imports as Record<string, Record<string, unknown>> | undefined)?.[RESOURCE_IMPORTS];
+      const create = resources?.[RESOURCE_NEW];
+      if (resources !== undefined && typeof create === 'function') {
+        resources[RESOURCE_NEW] = (rep: number): unknown => {
+          reps.push(rep);
+          return (create as (rep: number) => unknown)(rep);
+        };
+      }
+      const instance = base(module, imports);
+      const core = instance.exports;
+      for (const value of Object.values(core)) {
+        if (value instanceof WebAssembly.Memory) memories.push(value);
+      }
+      const start = core[CORE_START];
+      if (typeof start === 'function') {
+        // The module that exports `start` owns the memory and allocator its arguments go into.
+        coreStart = start as CoreStart;
+        const realloc = core[CORE_REALLOC];
+        coreRealloc = typeof realloc === 'function' ? (realloc as CoreRealloc) : undefined;
+        coreMemory = core.memory instanceof WebAssembly.Memory ? core.memory : undefined;
+      }
+      return instance;
+    });
+    let engine: Engine;
+    reps = [];
+    try {
+      engine = exports.engineApi.Engine.load(this.#document, this.#options.seed);
+    } catch (err) {
+      const errors = loadErrors(err);
+      if (errors) throw new PolicyLoadError([...errors, ...pathHint(this.#document)]);
+      throw err;
+    }
+    this.#memories = memories;
+    this.#exports = exports;
+    this.#engine = engine;
+    // Exactly one engine made by this load, with an i32 rep: otherwise always go through the glue.
+    const rep = reps.length === 1 ? reps[0] : undefined;
+    if (
+      coreStart !== undefined &&
+      coreRealloc !== undefined &&
+      coreMemory !== undefined &&
+      typeof rep === 'number' &&
+      rep === (rep | 0)
+    ) {
+      this.#coreStart = coreStart;
+      this.#coreRealloc = coreRealloc;
+      this.#coreMemory = coreMemory;
+      this.#rep = rep;
+    } else {
+      this.#coreStart = undefined;
+      this.#coreRealloc = undefined;
+      this.#coreMemory = undefined;
+      this.#rep = 0;
+    }
+  }
+
+  #readPolicies(): void {
+    const engine = this.#engine;
+    const count = engine.policyCount();
+    const policies: PolicyEntry[] = [];
+    const byName = new Map<string, PolicyEntry>();
+    for (let index = 0; index < count; index++) {
+      const info = engine.policyInfo(index);
+      if (info === undefined) continue;
+      const entry: PolicyEntry = {
+        index,
+        name: info.name,
+        maxAttempts: info.maxAttempts,
+        attemptTimeoutNs: Number(info.attemptTimeout),
+        deadlineNs: Number(info.deadline),
+        deadlineBig: info.deadline,
+        fallbacks: info.fallbacks,
+      };
+      policies.push(entry);
+      byName.set(entry.name, entry);
+    }
+    this.policies = policies;
+    this.byName = byName;
+  }
+
+  unknown(name: string): UnknownPolicyError {
+    return new UnknownPolicyError(
+      name,
+      this.policies.map((p) => p.name),
+    );
+  }
+
+  // ---------------------------------------------------------------- state
+
+  /** Replace the policies, keeping the state that still applies; on error nothing changes. */
+  reload(document: string): void {
+    this.flush();
+    try {
+      this.#engine.reload(document);
+    } catch (err) {
+      const errors = loadErrors(err);
+      if (errors) throw new PolicyLoadError(errors);
+      throw err;
+    }
+    this.#document = document;
+    this.#readPolicies();
+    this.checkpoint(this.#now());
+  }
+
+  exportState(): Uint8Array {
+    const state = this.use('export-state', (e) => e.exportState());
+    this.#lastState = state;
+    return state;
+  }
+
+  importState(state: Uint8Array): void {
+    this.flush();
+    try {
+      this.#engine.importState(state);
+    } catch (err) {
+      const errors = loadErrors(err);
+      if (errors) throw new PolicyLoadError(errors);
+      throw err;
+    }
+    this.#lastState = state;
+  }
+
+  close(): void {
+    this.flush();
+    if (this.#flushTimer !== undefined) clearTimeout(this.#flushTimer);
+    this.#flushTimer = undefined;
+    const dispose = (this.#engine as { [Symbol.dispose]?: () => void })[Symbol.dispose];
+    if (typeof dispose === 'function') dispose.call(this.#engine);
+    this.#healthy = false;
+  }
+
+  /** A crossing outside the call protocol (state, analysis): a trap recovers and is rethrown. */
+  use<R>(phase: string, fn: (engine: Engine) => R): R {
+    this.flush();
+    if (!this.#healthy) this.reinstantiate();
+    try {
+      return fn(this.#engine);
+    } catch (err) {
+      if (isComponentError(err)) throw err;
+      this.#recover(err, phase, '');
+      throw err;
+    }
+  }
+
+  // ---------------------------------------------------------------- the held-back success
+
+  /**
+   * Send the success held back for batching (if any) and drain its events. Calls do this by
+   * themselves; call it before reading state or events right after a success.
+   */
+  flush(): void {
+    if (!this.holding) return;
+    const call = this.#heldCall;
+    this.holding = false;
+    let v: bigint;
+    try {
+      v = this.#engine.report(call, this.#heldAt, this.#heldElapsed, 'success', 0, '', 0n, 0);
+    } catch (err) {
+      this.#recover(err, 'flush', '');
+      return;
+    }
+    const trace = this.#trace;
+    if (trace !== undefined) {
+      trace({ op: 'report', call, policy: '', attempts: 0, outcome: { kind: 'success' }, verdict: decodeVerdict(v) });
+    }
+    if ((Number(v & 0x1fn) & 0x10) !== 0) this.drain();
+  }
+
+  /** Hold a success back: it rides on the next `start` (or a flush soon after). */
+  hold(call: bigint, now: bigint, elapsed: bigint): void {
+    if (this.holding) this.flush();
+    this.holding = true;
+    this.#heldCall = call;
+    this.#heldAt = now;
+    this.#heldElapsed = elapsed;
+    if (this.#flushTimer === undefined) {
+      const timer = setTimeout(this.#flushTick, 0);
+      if (this.#platform.unrefTimers) (timer as { unref?: () => void }).unref?.();
+      this.#flushTimer = timer;
+    }
+  }
+
+  // ---------------------------------------------------------------- the call protocol
+
+  /**
+   * `start` (with the held-back success riding on it); `undefined` after a fault. The verdict may
+   * come back negative: the core module's i64, which the caller reads as the WIT's u64.
+   */
+  start(p: PolicyEntry, call: bigint, key: string, flags: number, now: bigint): bigint | undefined {
+    let v: bigint;
+    try {
+      const held = this.holding;
+      this.holding = false;
+      const coreStart = this.#coreStart;
+      const keyPtr = coreStart === undefined ? -1 : this.#lowerKey(key);
+      if (coreStart !== undefined && keyPtr >= 0) {
+        v = held
+          ? coreStart(
+              this.#rep,
+              call,
+              p.index,
+              keyPtr,
+              key.length,
+              flags,
+              now,
+              this.#heldCall,
+              this.#heldAt,
+              this.#heldElapsed,
+            )
+          : coreStart(this.#rep, call, p.index, keyPtr, key.length, flags, now, 0n, 0n, 0n);
+      } else if (held) {
+        v = this.#engine.start(call, p.index, key, flags, now, this.#heldCall, this.#heldAt, this.#heldElapsed);
+      } else {
+        v = this.#engine.start(call, p.index, key, flags, now, 0n, 0n, 0n);
+      }
+    } catch (err) {
+      this.#recover(err, 'start', p.name);
+      return undefined;
+    }
+    if (this.#trace !== undefined) this.#traceStep('start', call, p, 0, v, undefined, undefined);
+    return v;
+  }
+
+  /**
+   * Lower a key for the core module's `start` as the canonical ABI lowers a string: UTF-8 bytes in
+   * memory the guest allocated with `cabi_realloc(0, 0, 1, len)` (the guest takes ownership), or
+   * (1, 0) for an empty key. Only ASCII keys are written here (their UTF-8 length is their length);
+   * for any other key this answers -1 and the call goes through jco's glue.
+   */
+  #lowerKey(key: string): number {
+    const len = key.length;
+    if (len === 0) return 1;
+    for (let i = 0; i < len; i++) if (key.charCodeAt(i) > 0x7f) return -1;
+    const ptr = this.#coreRealloc!(0, 0, 1, len) >>> 0;
+    // After the allocation: it may have grown the memory and replaced its buffer.
+    const buffer = this.#coreMemory!.buffer;
+    let bytes = this.#coreBytes;
+    if (bytes.buffer !== buffer) this.#coreBytes = bytes = new Uint8Array(buffer);
+    if (ptr + len > bytes.length) throw new RangeError('levee: cabi_realloc returned memory out of bounds');
+    for (let i = 0; i < len; i++) bytes[ptr + i] = key.charCodeAt(i);
+    return ptr;
+  }
+
+  /** Report an attempt's outcome; `undefined` after a fault. */
+  report(
+    p: PolicyEntry,
+    call: bigint,
+    now: bigint,
+    elapsed: bigint,
+    outcome: Outcome,
+    attempts: number,
+  ): bigint | undefined {
+    let v: bigint;
+    try {
+      if (this.holding) this.flush();
+      let code = 0;
+      let text = '';
+      let flags = 0;
+      switch (outcome.kind) {
+        case 'http-status':
+          code = outcome.status;
+          text = outcome.retryAfter ?? '';
+          if (outcome.overloaded === true) flags = 1;
+          break;
+        case 'grpc-status':
+          code = outcome.code;
+          text = outcome.pushback ?? '';
+          break;
+        case 'error-class':
+          text = outcome.name;
+          break;
+      }
+      const kind: OutcomeKind = outcome.kind;
+      const wallSecs = BigInt(Math.floor(this.#options.wallMs() / 1000));
+      v = this.#engine.report(call, now, elapsed, kind, code, text, wallSecs, flags);
+    } catch (err) {
+      this.#recover(err, 'report', p.name);
+      return undefined;
+    }
+    if (this.#trace !== undefined) this.#traceStep('report', call, p, attempts, v, outcome, undefined);
+    return v;
+  }
+
+  /** `acquire` before the next attempt; `undefined` after a fault. */
+  acquire(p: PolicyEntry, call: bigint, now: bigint, attempts: number): bigint | undefined {
+    let v: bigint;
+    try {
+      if (this.holding) this.flush();
+      v = this.#engine.acquire(call, now);
+    } catch (err) {
+      this.#recover(err, 'acquire', p.name);
+      return undefined;
+    }
+    if (this.#trace !== undefined) this.#traceStep('acquire', call, p, attempts, v, undefined, undefined);
+    return v;
+  }
+
+  /** Report a fallback's result; `undefined` after a fault. */
+  reportFallback(p: PolicyEntry, call: bigint, now: bigint, ok: boolean, attempts: number): bigint | undefined {
+    let v: bigint;
+    try {
+      if (this.holding) this.flush();
+      v = this.#engine.reportFallback(call, now, ok);
+    } catch (err) {
+      this.#recover(err, 'report-fallback', p.name);
+      return undefined;
+    }
+    if (this.#trace !== undefined) this.#traceStep('report-fallback', call, p, attempts, v, undefined, ok);
+    return v;
+  }
+
+  /** Abandon a call in the engine (the caller was cancelled), unless the engine already forgot it. */
+  cancel(call: bigint, now: bigint, gen: number): void {
+    if (this.#generation !== gen) return;
+    try {
+      this.flush();
+      this.#engine.cancel(call, now);
+    } catch (err) {
+      this.#recover(err, 'cancel', '');
+    }
+  }
+
+  /** A failure changed the breaker and budget state: keep it for trap recovery (at most every 10 ms). */
+  failed(now: bigint, gen: number): void {
+    if (this.#generation === gen && now - this.#lastCheckpointAt > 10_000_000n) {
+      if (this.holding) this.flush();
+      this.checkpoint(now);
+    }
+  }
+
+  #traceStep(
+    op: TraceStep['op'],
+    call: bigint,
+    p: PolicyEntry,
+    attempts: number,
+    v: bigint,
+    outcome: Outcome | undefined,
+    fallbackOk: boolean | undefined,
+  ): void {
+    const verdict = decodeVerdict(v);
+    const step: TraceStep = { op, call, policy: p.name, attempts, verdict };
+    if (outcome !== undefined) step.outcome = outcome;
+    if (fallbackOk !== undefined) step.fallbackOk = fallbackOk;
+    if (verdict.kind === 'fallback') step.fallback = p.fallbacks[verdict.payload] ?? '';
+    this.#trace?.(step);
+  }
+
+  // ---------------------------------------------------------------- events and snapshots
+
+  drain(): void {
+    let events: Event[];
+    try {
+      events = this.#engine.drainEvents();
+    } catch (err) {
+      this.#recover(err, 'drain-events', '');
+      return;
+    }
+    let transitions = false;
+    const emitter = this.#emitter;
+    const metrics = this.#metrics;
+    const listening = emitter.listening;
+    for (const raw of events) {
+      if (raw.kind === 'breaker-transition') transitions = true;
+      if (!listening && metrics === undefined) continue;
+      const event = raw as LeveeEvent;
+      event.policyName = this.policies[raw.policy]?.name ?? '';
+      metrics?.record(event);
+      if (listening) {
+        emitter.emit('event', event);
+        emitter.emit(event.kind, event);
+      }
+    }
+    // A breaker that changed state is what a restarted instance most needs back.
+    if (transitions) this.checkpoint(this.#now());
+  }
+
+  checkpoint(now: bigint): void {
+    this.nextCheckpoint = now + this.#options.checkpointNs;
+    this.#lastCheckpointAt = now;
+    // JavaScript cannot cap a Wasm memory it did not create: check its size here, and treat a
+    // component whose memory outgrew the bound like one that trapped (the last state comes back).
+    let bytes = 0;
+    for (const memory of this.#memories) bytes += memory.buffer.byteLength;
+    const bound = this.#options.maxMemoryBytes;
+    if (bytes > bound) {
+      this.#recover(
+        new RangeError(`levee: the policy component's memory grew to ${bytes} bytes (bound ${bound})`),
+        'memory-limit',
+        '',
+      );
+      return;
+    }
+    try {
+      this.#lastState = this.#engine.exportState();
+    } catch (err) {
+      this.#recover(err, 'export-state', '');
+    }
+  }
+
+  // ---------------------------------------------------------------- trap recovery
+
+  /**
+   * The component trapped (or returned something the glue could not lift): the instance is
+   * poisoned. Re-instantiate, reload the document, restore the last exported state, report the
+   * fault. Calls in flight continue as single attempts without retries.
+   */
+  #recover(error: unknown, phase: string, policyName: string): void {
+    this.#generation++;
+    this.holding = false;
+    const restored = this.reinstantiate();
+    const event: EngineFaultEvent = { kind: 'engine-fault', phase, error, restored, policyName };
+    this.#metrics?.fault(event);
+    this.#emitter.emit('engine-fault', event);
+  }
+
+  /** A fresh instance with the last exported state; false when that state could not come back. */
+  reinstantiate(): boolean {
+    try {
+      this.#instantiateFresh();
+    } catch {
+      this.#healthy = false;
+      return false;
+    }
+    this.#healthy = true;
+    if (this.#lastState === undefined) return false;
+    try {
+      this.#engine.importState(this.#lastState);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+}

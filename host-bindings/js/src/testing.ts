@@ -1,0 +1,208 @@
+// levee-resilience/testing: virtual time for tests of code that runs under Levee.
+//
+//   import { load } from 'levee-resilience';
+//   import { VirtualClock, noWaits } from 'levee-resilience/testing';
+//
+//   const clock = new VirtualClock();
+//   const levee = await load(doc, { clock, seed: 1n });
+//   const call = levee.run('api', attempt);
+//   await clock.advance(250);          // timers due in the next 250 ms fire, in order
+//
+//   const clock = new VirtualClock({ auto: true });   // time jumps to the next timer by itself
+//
+//   using _ = noWaits();               // or: every Levee skips its waits between attempts
+
+import type { Clock } from './clock.js';
+
+export { noWaits } from './clock.js';
+export type { Clock } from './clock.js';
+
+export interface VirtualClockOptions {
+  /** The clock's time at creation, in nanoseconds. Default 0. */
+  start?: bigint;
+  /** Wall-clock time (ms since the Unix epoch) at time 0 of this clock. Default 2026-01-01T00:00:00Z. */
+  wallStartMs?: number;
+  /**
+   * Advance by itself: whenever the program is idle (its microtasks have run and two turns of the
+   * event loop went by) and a timer of this clock is pending, time jumps to the earliest one and
+   * fires it. Right for dependencies that are in-process (promises, virtual timers); an attempt
+   * that waits on real I/O would see its timeout fire before the I/O completes. Default false.
+   */
+  auto?: boolean;
+}
+
+interface Timer {
+  at: bigint;
+  seq: number;
+  resolve: () => void;
+  reject: (reason: unknown) => void;
+  signal: AbortSignal | undefined;
+  onAbort: (() => void) | undefined;
+}
+
+const DEFAULT_WALL_START_MS = Date.UTC(2026, 0, 1);
+
+// A turn of the real event loop, after every pending microtask has run.
+const macrotask: () => Promise<void> =
+  typeof setImmediate === 'function'
+    ? () => new Promise<void>((resolve) => setImmediate(resolve))
+    : () => new Promise<void>((resolve) => setTimeout(resolve, 0));
+
+/** Nanoseconds from milliseconds (fractions of a millisecond count, to the nanosecond). */
+function nsOf(ms: number): bigint {
+  if (!(ms > 0)) return 0n;
+  if (!Number.isFinite(ms)) throw new RangeError(`levee: a sleep of ${ms} ms`);
+  return BigInt(Math.round(ms * 1e6));
+}
+
+/**
+ * A clock whose time moves only when the test says (`advance`, `advanceTo`, `runAll`), or, with
+ * `{ auto: true }`, by itself to the next timer whenever the program waits only on it. Its timers
+ * (Levee's sleeps between attempts and attempt timeouts) fire in time order; timers due at the
+ * same instant fire in the order they were set.
+ */
+export class VirtualClock implements Clock {
+  #now: bigint;
+  readonly #wallStartMs: number;
+  readonly #auto: boolean;
+  #timers: Timer[] = [];
+  #seq = 0;
+  #ticking = false;
+
+  constructor(options: VirtualClockOptions = {}) {
+    this.#now = options.start ?? 0n;
+    this.#wallStartMs = options.wallStartMs ?? DEFAULT_WALL_START_MS;
+    this.#auto = options.auto ?? false;
+  }
+
+  /** The time, in nanoseconds. */
+  now(): bigint {
+    return this.#now;
+  }
+
+  /** The time, in milliseconds. */
+  nowMs(): number {
+    return Number(this.#now) / 1e6;
+  }
+
+  /** Wall-clock time: `wallStartMs` plus the time, in milliseconds. */
+  wallMs(): number {
+    return this.#wallStartMs + Math.floor(Number(this.#now) / 1e6);
+  }
+
+  /** Timers waiting to fire. */
+  get pending(): number {
+    return this.#timers.length;
+  }
+
+  /** When the next timer fires (ns), or `undefined` when none waits. */
+  get nextAt(): bigint | undefined {
+    return this.#timers[0]?.at;
+  }
+
+  sleep(ms: number, signal?: AbortSignal): Promise<void> {
+    if (signal?.aborted) return Promise.reject(signal.reason);
+    const at = this.#now + nsOf(ms);
+    return new Promise<void>((resolve, reject) => {
+      const timer: Timer = { at, seq: this.#seq++, resolve, reject, signal, onAbort: undefined };
+      if (signal !== undefined) {
+        timer.onAbort = (): void => {
+          this.#remove(timer);
+          reject(signal.reason);
+        };
+        signal.addEventListener('abort', timer.onAbort, { once: true });
+      }
+      this.#insert(timer);
+      if (this.#auto) this.#tick();
+    });
+  }
+
+  /** Let the program run until it waits on nothing but timers: its microtasks, two event-loop turns. */
+  async settle(): Promise<void> {
+    await macrotask();
+    await macrotask();
+  }
+
+  /**
+   * Move time forward by `ms`, firing every timer that falls due on the way, in order; after each
+   * instant with timers, the code they woke runs (`settle`) before time moves on, so timers it sets
+   * fire in the same advance when they fall due within it.
+   */
+  async advance(ms: number): Promise<void> {
+    await this.advanceTo(this.#now + nsOf(ms));
+  }
+
+  /** Move time forward to `at` (ns), as `advance` does. A time in the past changes nothing. */
+  async advanceTo(at: bigint): Promise<void> {
+    await this.settle();
+    for (;;) {
+      const next = this.#timers[0];
+      if (next === undefined || next.at > at) break;
+      this.#fireNext();
+      await this.settle();
+    }
+    if (at > this.#now) this.#now = at;
+    await this.settle();
+  }
+
+  /**
+   * Fire timers, in order, until none is left (the program settles after each instant). Throws
+   * after `limit` instants: a loop that sets a timer for every one it fires never ends by itself.
+   */
+  async runAll(limit = 10_000): Promise<void> {
+    await this.settle();
+    for (let i = 0; this.#timers.length > 0; i++) {
+      if (i >= limit) throw new Error(`levee: VirtualClock.runAll fired ${limit} instants and timers remain`);
+      this.#fireNext();
+      await this.settle();
+    }
+  }
+
+  /** Fire the timers of the earliest instant, moving time there. */
+  #fireNext(): void {
+    const first = this.#timers[0];
+    if (first === undefined) return;
+    if (first.at > this.#now) this.#now = first.at;
+    const at = first.at;
+    while (this.#timers.length > 0 && this.#timers[0]!.at === at) {
+      const timer = this.#timers.shift()!;
+      if (timer.onAbort !== undefined) timer.signal?.removeEventListener('abort', timer.onAbort);
+      timer.resolve();
+    }
+  }
+
+  #insert(timer: Timer): void {
+    const timers = this.#timers;
+    let lo = 0;
+    let hi = timers.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      const t = timers[mid]!;
+      if (t.at < timer.at || (t.at === timer.at && t.seq < timer.seq)) lo = mid + 1;
+      else hi = mid;
+    }
+    timers.splice(lo, 0, timer);
+  }
+
+  #remove(timer: Timer): void {
+    const i = this.#timers.indexOf(timer);
+    if (i >= 0) this.#timers.splice(i, 1);
+  }
+
+  /** Auto mode: once the program is idle, fire the earliest instant; again while timers remain. */
+  #tick(): void {
+    if (this.#ticking) return;
+    this.#ticking = true;
+    void (async () => {
+      try {
+        for (;;) {
+          await this.settle();
+          if (this.#timers.length === 0) break;
+          this.#fireNext();
+        }
+      } finally {
+        this.#ticking = false;
+      }
+    })();
+  }
+}
