@@ -2,13 +2,12 @@
 // The host states facts (a status, a header, an error's class); it never decides what is retryable.
 
 import type { LoadError, Reason } from '../wasm/interfaces/levee-policy-types.js';
+import { HTTP_TLS_CERTIFICATE_CLASS, HTTP_UNNAMED_ERROR_CLASS } from './constants.js';
 
-/**
- * Why a call failed: a core `reason`, or one of the host's own:
- * - `engine-fault`: the policy component trapped; the call ran as a single attempt and that failed;
- * - `invalid`: the core answered `invalid` (a host bug, or a component that misbehaves).
- */
-export type FailureReason = Reason | 'engine-fault' | 'invalid';
+/** Why a call failed: always one of the core's reasons (docs/hosts.md, section 5). */
+export type FailureReason = Reason;
+
+export type { Reason };
 
 /** What an attempt produced, as the core's `report` takes it. */
 export type Outcome =
@@ -31,7 +30,7 @@ export interface LeveeErrorDetails {
   lastResult?: unknown;
   /** A retry-after hint from the core (an open breaker's remaining wait), in milliseconds. */
   retryAfterMs?: number;
-  /** Extra words (for `invalid`). */
+  /** Extra words for the message. */
   detail?: string;
   /** Fallbacks the policy's chain named that no function was registered for (they count as failed). */
   unregistered?: readonly string[];
@@ -171,7 +170,9 @@ export class GrpcStatusError extends Error {
   }
 }
 
-// Error codes of Node (libuv) and undici that mean the connection could not be made or broke.
+// Error codes of Node (libuv), undici and Node's TLS layer that mean the connection could not be
+// made or broke (docs/hosts.md, "Outcomes of errors": refused, reset, DNS failure, connect
+// timeout, TLS handshake failure).
 const CONNECTION_CODES = new Set([
   'ECONNREFUSED',
   'ECONNRESET',
@@ -185,16 +186,42 @@ const CONNECTION_CODES = new Set([
   'EHOSTUNREACH',
   'EHOSTDOWN',
   'EADDRNOTAVAIL',
+  'EPROTO',
   'UND_ERR_SOCKET',
   'UND_ERR_CONNECT_TIMEOUT',
   'UND_ERR_CLOSED',
-  'ERR_TLS_CERT_ALTNAME_INVALID',
-  'CERT_HAS_EXPIRED',
-  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
-  'DEPTH_ZERO_SELF_SIGNED_CERT',
+  'ERR_SSL_WRONG_VERSION_NUMBER',
+  'ERR_SSL_SSLV3_ALERT_HANDSHAKE_FAILURE',
+  'ERR_SSL_TLSV1_ALERT_PROTOCOL_VERSION',
+  'ERR_TLS_HANDSHAKE_TIMEOUT',
 ]);
 
-// Errors an HTTP client raises when the server did not answer in time.
+// Codes of a server certificate that failed verification (OpenSSL's X509 verify results as Node
+// names them): a certificate does not heal by retrying, so they are the error class
+// `tls-certificate`, which no default rule retries.
+const TLS_CERTIFICATE_CODES = new Set([
+  'ERR_TLS_CERT_ALTNAME_INVALID',
+  'ERR_TLS_CERT_ALTNAME_FORMAT',
+  'CERT_HAS_EXPIRED',
+  'CERT_NOT_YET_VALID',
+  'CERT_REVOKED',
+  'CERT_UNTRUSTED',
+  'CERT_REJECTED',
+  'CERT_SIGNATURE_FAILURE',
+  'CERT_CHAIN_TOO_LONG',
+  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
+  'UNABLE_TO_GET_ISSUER_CERT',
+  'UNABLE_TO_GET_ISSUER_CERT_LOCALLY',
+  'UNABLE_TO_DECRYPT_CERT_SIGNATURE',
+  'UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY',
+  'DEPTH_ZERO_SELF_SIGNED_CERT',
+  'SELF_SIGNED_CERT_IN_CHAIN',
+  'INVALID_CA',
+  'INVALID_PURPOSE',
+  'HOSTNAME_MISMATCH',
+]);
+
+// Errors an HTTP client raises when the server did not answer in time (not the connect timeout).
 const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT']);
 
 function codeOf(err: unknown): string | undefined {
@@ -203,22 +230,25 @@ function codeOf(err: unknown): string | undefined {
   return typeof code === 'string' ? code : undefined;
 }
 
-/** The name of an error's class: its `name` unless that is the generic "Error", else its constructor's. */
+/**
+ * The name of an error's class (docs/hosts.md, "The name of an error"): its `name` when it sets
+ * one other than the inherited "Error", else its constructor's name; a thrown value that is not
+ * an Error, or a name that is empty, is "Error".
+ */
 export function errorClassName(err: unknown): string {
-  if (typeof err === 'object' && err !== null) {
-    const name = (err as { name?: unknown }).name;
-    if (typeof name === 'string' && name !== '' && name !== 'Error') return name;
-    const ctor = (err as { constructor?: { name?: unknown } }).constructor;
-    if (ctor && typeof ctor.name === 'string' && ctor.name !== '') return ctor.name;
-    return typeof name === 'string' && name !== '' ? name : 'Error';
-  }
-  return typeof err;
+  if (!(err instanceof Error)) return HTTP_UNNAMED_ERROR_CLASS;
+  const name = (err as { name?: unknown }).name;
+  if (typeof name === 'string' && name !== '' && name !== 'Error') return name;
+  const ctor = (err as { constructor?: { name?: unknown } }).constructor;
+  if (ctor && typeof ctor.name === 'string' && ctor.name !== '') return ctor.name;
+  return HTTP_UNNAMED_ERROR_CLASS;
 }
 
 /**
  * The default description of an error thrown by an attempt: HTTP and gRPC status errors as such,
  * connection failures (Node and undici codes, also on `cause`, as `fetch` reports them) as
- * `connection-error`, client-side response timeouts as `timeout`, anything else by its class name.
+ * `connection-error`, client-side response timeouts as `timeout`, a certificate that failed
+ * verification as the class `tls-certificate`, anything else by its class name.
  */
 export function outcomeOfError(err: unknown): Outcome {
   if (err instanceof HttpStatusError) {
@@ -231,6 +261,7 @@ export function outcomeOfError(err: unknown): Outcome {
   if (code !== undefined) {
     if (TIMEOUT_CODES.has(code)) return { kind: 'timeout' };
     if (CONNECTION_CODES.has(code)) return { kind: 'connection-error' };
+    if (TLS_CERTIFICATE_CODES.has(code)) return { kind: 'error-class', name: HTTP_TLS_CERTIFICATE_CLASS };
   }
   return { kind: 'error-class', name: errorClassName(err) };
 }

@@ -1,7 +1,36 @@
 // Events: a small EventEmitter-style listener registry (it runs in Node and in Worker runtimes, which
 // have no `node:events` by default), and OpenTelemetry metrics when a meter is available.
 
-import type { BreakerState, Event, EventKind, Reason } from '../wasm/interfaces/levee-policy-types.js';
+import type { BreakerState, Event, EventKind, OutcomeKind, Reason } from '../wasm/interfaces/levee-policy-types.js';
+import {
+  ATTR_ATTEMPT,
+  ATTR_BREAKER_FROM,
+  ATTR_BREAKER_TO,
+  ATTR_BUDGET_LEVEL,
+  ATTR_CALL,
+  ATTR_DELAY,
+  ATTR_FALLBACK,
+  ATTR_FAULT,
+  ATTR_KEY,
+  ATTR_OUTCOME,
+  ATTR_POLICY,
+  ATTR_REASON,
+  ATTR_RESULT,
+  ATTR_RETRIED,
+  BREAKER_STATES,
+  EVENT_ENGINE_FAULT,
+  METRIC_ATTEMPTS,
+  METRIC_ATTEMPT_DURATION,
+  METRIC_BREAKER_STATE,
+  METRIC_BREAKER_TRANSITIONS,
+  METRIC_CALLS,
+  METRIC_ENGINE_FAULTS,
+  METRIC_FALLBACKS,
+  METRIC_REJECTIONS,
+  METRIC_RETRIES,
+  METRIC_RETRY_DELAY,
+  RESULTS,
+} from './constants.js';
 
 /** An event recorded by the policy core, with the policy's name resolved. */
 export interface LeveeEvent extends Event {
@@ -9,17 +38,26 @@ export interface LeveeEvent extends Event {
   policyName: string;
 }
 
-/** The host's own event: the component trapped or misbehaved and was re-instantiated. */
+/**
+ * The host's own event (docs/hosts.md, section 3): the component trapped (`trap`), answered a
+ * verdict that breaks the contract (`contract`; both re-instantiate it), or answered `invalid`
+ * for a call this host started (`invalid`).
+ */
 export interface EngineFaultEvent {
   kind: 'engine-fault';
+  fault: 'trap' | 'contract' | 'invalid';
   /** What the host was doing: `start`, `acquire`, `report`, `report-fallback`, `flush`, ... */
   phase: string;
-  /** The error the component threw (a `WebAssembly.RuntimeError` for a trap). */
+  /** The error the component threw (a `WebAssembly.RuntimeError` for a trap), or what was wrong. */
   error: unknown;
-  /** Whether the new instance got the last exported state back. */
+  /** Whether a new instance got the last exported state back (false for `invalid`: none was made). */
   restored: boolean;
   /** Name of the policy of the call in progress ("" if none). */
   policyName: string;
+  /** The key of the call in progress ("" if none). */
+  key: string;
+  /** The call in progress, if any. */
+  call: bigint | undefined;
 }
 
 export interface LeveeEventMap {
@@ -103,106 +141,254 @@ export class Emitter {
   }
 }
 
+// ------------------------------------------------------------------ telemetry (docs/telemetry.md)
+
+export type AttributeValue = string | number | boolean;
+export type Attributes = Record<string, AttributeValue>;
+
+/**
+ * Where a Levee's telemetry goes (docs/telemetry.md): events in the order the core recorded them,
+ * counter increments, histogram samples (seconds) and gauge values, with the names and attributes
+ * of the schema. A sink that throws is reported (as an uncaught error, outside the call) and
+ * ignored: it never changes a call.
+ */
+export interface TelemetrySink {
+  event(name: string, attributes: Attributes): void;
+  add(counter: string, value: number, attributes: Attributes): void;
+  record(histogram: string, value: number, attributes: Attributes): void;
+  gauge(gauge: string, value: number, attributes: Attributes): void;
+}
+
+/** What the hook `onRetry` receives, before the sleep of each retry. */
+export interface RetryInfo {
+  policy: string;
+  key: string;
+  /** The attempt that failed, 1 for the first. */
+  attempt: number;
+  /** The sleep about to start, in seconds. */
+  delay: number;
+  /** What the failed attempt threw (undefined when it returned a value the policy retries). */
+  error: unknown;
+  /** The value it returned (a 503 response), when it did not throw. */
+  result: unknown;
+  /** `none` for a retry. */
+  reason: Reason;
+}
+
+export type RetryHook = (info: RetryInfo) => void;
+
+/** A sink's or hook's bug must not change a call: surface it outside the call, as a callback's would. */
+export function reportHookError(err: unknown): void {
+  queueMicrotask(() => {
+    throw err;
+  });
+}
+
+const BREAKER_NUMBER: Readonly<Record<BreakerState, number>> = Object.fromEntries(
+  BREAKER_STATES.map((s, i) => [s, i]),
+) as Record<BreakerState, number>;
+
+/** The attributes of a core event, as docs/telemetry.md lists them (absent when they do not apply). */
+export function eventAttributes(e: LeveeEvent): Attributes {
+  const a: Attributes = { [ATTR_POLICY]: e.policyName, [ATTR_KEY]: e.key };
+  if (e.call !== 0n) a[ATTR_CALL] = Number(e.call);
+  switch (e.kind) {
+    case 'retry-scheduled':
+    case 'rate-limit-wait':
+      a[ATTR_ATTEMPT] = e.attempt;
+      a[ATTR_DELAY] = Number(e.duration) / 1e9;
+      break;
+    case 'gave-up':
+      a[ATTR_ATTEMPT] = e.attempt;
+      a[ATTR_REASON] = e.reason;
+      break;
+    case 'rejected':
+      a[ATTR_ATTEMPT] = e.attempt;
+      a[ATTR_REASON] = e.reason;
+      a[ATTR_DELAY] = Number(e.duration) / 1e9;
+      break;
+    case 'budget-refused':
+      a[ATTR_ATTEMPT] = e.attempt;
+      a[ATTR_BUDGET_LEVEL] = Number(e.value);
+      break;
+    case 'breaker-transition':
+      a[ATTR_BREAKER_FROM] = e.stateFrom;
+      a[ATTR_BREAKER_TO] = e.stateTo;
+      break;
+    case 'fallback-chosen':
+      a[ATTR_FALLBACK] = e.name;
+      a[ATTR_REASON] = e.reason;
+      break;
+    case 'key-evicted':
+      a[ATTR_KEY] = e.name !== '' ? e.name : e.key;
+      break;
+  }
+  return a;
+}
+
+/** The telemetry of one Levee, on its sink (every method a no-op when there is none). */
+export class Telemetry {
+  readonly sink: TelemetrySink;
+
+  constructor(sink: TelemetrySink) {
+    this.sink = sink;
+  }
+
+  /** A core event and the metrics it drives. */
+  event(e: LeveeEvent): void {
+    const sink = this.sink;
+    try {
+      sink.event(e.kind, eventAttributes(e));
+      const policy = e.policyName;
+      switch (e.kind) {
+        case 'retry-scheduled':
+          sink.add(METRIC_RETRIES, 1, { [ATTR_POLICY]: policy });
+          sink.record(METRIC_RETRY_DELAY, Number(e.duration) / 1e9, { [ATTR_POLICY]: policy });
+          break;
+        case 'rejected':
+          sink.add(METRIC_REJECTIONS, 1, { [ATTR_POLICY]: policy, [ATTR_REASON]: e.reason });
+          break;
+        case 'fallback-chosen':
+          sink.add(METRIC_FALLBACKS, 1, { [ATTR_POLICY]: policy, [ATTR_FALLBACK]: e.name, [ATTR_REASON]: e.reason });
+          break;
+        case 'breaker-transition':
+          sink.add(METRIC_BREAKER_TRANSITIONS, 1, {
+            [ATTR_POLICY]: policy,
+            [ATTR_BREAKER_FROM]: e.stateFrom,
+            [ATTR_BREAKER_TO]: e.stateTo,
+          });
+          sink.gauge(METRIC_BREAKER_STATE, BREAKER_NUMBER[e.stateTo], { [ATTR_POLICY]: policy, [ATTR_KEY]: e.key });
+          break;
+      }
+    } catch (err) {
+      reportHookError(err);
+    }
+  }
+
+  /** The host's `engine-fault` event and `levee.engine.faults`. */
+  fault(e: EngineFaultEvent): void {
+    try {
+      const attrs: Attributes = { [ATTR_POLICY]: e.policyName, [ATTR_KEY]: e.key, [ATTR_FAULT]: e.fault };
+      if (e.call !== undefined) attrs[ATTR_CALL] = Number(e.call);
+      this.sink.event(EVENT_ENGINE_FAULT, attrs);
+      this.sink.add(METRIC_ENGINE_FAULTS, 1, { [ATTR_FAULT]: e.fault });
+    } catch (err) {
+      reportHookError(err);
+    }
+  }
+
+  /** An attempt reported to the core (its outcome kind and `elapsed`, in ns). */
+  attempt(policy: string, outcome: OutcomeKind, elapsedNs: number): void {
+    try {
+      const attrs = { [ATTR_POLICY]: policy, [ATTR_OUTCOME]: outcome };
+      this.sink.add(METRIC_ATTEMPTS, 1, attrs);
+      this.sink.record(METRIC_ATTEMPT_DURATION, elapsedNs / 1e9, attrs);
+    } catch (err) {
+      reportHookError(err);
+    }
+  }
+
+  /** A call ended (`reason` on a failure the core decided). */
+  call(policy: string, result: CallResult, retried: boolean, reason: Reason | undefined): void {
+    try {
+      const attrs: Attributes = { [ATTR_POLICY]: policy, [ATTR_RESULT]: result, [ATTR_RETRIED]: retried };
+      if (reason !== undefined) attrs[ATTR_REASON] = reason;
+      this.sink.add(METRIC_CALLS, 1, attrs);
+    } catch (err) {
+      reportHookError(err);
+    }
+  }
+}
+
+export type CallResult = (typeof RESULTS)[number];
+
 /** The part of an OpenTelemetry `Meter` that Levee uses (structural, so the API stays optional). */
 export interface MeterLike {
   createCounter(
     name: string,
     options?: { description?: string; unit?: string },
   ): {
-    add(value: number, attributes?: Record<string, string | number | boolean>): void;
+    add(value: number, attributes?: Attributes): void;
   };
   createHistogram(
     name: string,
     options?: { description?: string; unit?: string },
   ): {
-    record(value: number, attributes?: Record<string, string | number | boolean>): void;
+    record(value: number, attributes?: Attributes): void;
+  };
+  /** `@opentelemetry/api` 1.9 and later. */
+  createGauge?(
+    name: string,
+    options?: { description?: string; unit?: string },
+  ): {
+    record(value: number, attributes?: Attributes): void;
   };
 }
 
-/** Maps core events to OpenTelemetry instruments. */
-export class Metrics {
-  readonly #retries;
-  readonly #retryDelay;
-  readonly #gaveUp;
-  readonly #rejected;
-  readonly #budgetRefused;
-  readonly #transitions;
-  readonly #fallbacks;
-  readonly #rateWaits;
-  readonly #evictions;
-  readonly #permitsExpired;
-  readonly #faults;
+/** The part of an OpenTelemetry `Span` that the sink uses to record events. */
+export interface SpanLike {
+  addEvent(name: string, attributes?: Attributes): unknown;
+  isRecording(): boolean;
+}
 
-  constructor(meter: MeterLike) {
-    this.#retries = meter.createCounter('levee.retries', { description: 'Retries scheduled' });
-    this.#retryDelay = meter.createHistogram('levee.retry.delay', {
-      description: 'Delay before a retry',
-      unit: 'ms',
-    });
-    this.#gaveUp = meter.createCounter('levee.calls.failed', { description: 'Calls that gave up, by reason' });
-    this.#rejected = meter.createCounter('levee.rejections', {
-      description: 'Attempts rejected before they ran, by reason',
-    });
-    this.#budgetRefused = meter.createCounter('levee.budget.refused', {
-      description: 'Retries refused by the retry budget',
-    });
-    this.#transitions = meter.createCounter('levee.breaker.transitions', {
-      description: 'Circuit breaker state changes',
-    });
-    this.#fallbacks = meter.createCounter('levee.fallbacks', { description: 'Fallbacks chosen' });
-    this.#rateWaits = meter.createHistogram('levee.rate_limit.wait', {
-      description: 'Waits asked by the rate limiter',
-      unit: 'ms',
-    });
-    this.#evictions = meter.createCounter('levee.evictions', { description: 'Keys or calls evicted' });
-    this.#permitsExpired = meter.createCounter('levee.breaker.permits_expired', {
-      description: 'Half-open permits that expired unreported',
-    });
-    this.#faults = meter.createCounter('levee.engine.faults', {
-      description: 'Traps or misbehaviour of the policy component (re-instantiated)',
-    });
+const UNITS: Readonly<Record<string, string>> = {
+  [METRIC_CALLS]: '{call}',
+  [METRIC_ATTEMPTS]: '{attempt}',
+  [METRIC_RETRIES]: '{retry}',
+  [METRIC_REJECTIONS]: '{attempt}',
+  [METRIC_FALLBACKS]: '{fallback}',
+  [METRIC_BREAKER_TRANSITIONS]: '{transition}',
+  [METRIC_ENGINE_FAULTS]: '{fault}',
+  [METRIC_ATTEMPT_DURATION]: 's',
+  [METRIC_RETRY_DELAY]: 's',
+  [METRIC_BREAKER_STATE]: '1',
+};
+
+/**
+ * The OpenTelemetry adapter: the schema's instruments on `meter` (with `@opentelemetry/api`
+ * installed, `load` uses its global meter `levee`, a no-op until an SDK is configured), and
+ * events as events of the active span when `activeSpan` gives one.
+ */
+export class OpenTelemetrySink implements TelemetrySink {
+  readonly #meter: MeterLike;
+  readonly #activeSpan: (() => SpanLike | undefined) | undefined;
+  readonly #counters = new Map<string, { add(value: number, attributes?: Attributes): void }>();
+  readonly #histograms = new Map<string, { record(value: number, attributes?: Attributes): void }>();
+  readonly #gauges = new Map<string, { record(value: number, attributes?: Attributes): void } | undefined>();
+
+  constructor(meter: MeterLike, activeSpan?: () => SpanLike | undefined) {
+    this.#meter = meter;
+    this.#activeSpan = activeSpan;
   }
 
-  record(e: LeveeEvent): void {
-    const policy = e.policyName;
-    const kind: EventKind = e.kind;
-    switch (kind) {
-      case 'retry-scheduled':
-        this.#retries.add(1, { policy });
-        this.#retryDelay.record(Number(e.duration) / 1e6, { policy });
-        break;
-      case 'gave-up':
-        this.#gaveUp.add(1, { policy, reason: e.reason });
-        break;
-      case 'rejected':
-        this.#rejected.add(1, { policy, reason: e.reason });
-        break;
-      case 'budget-refused':
-        this.#budgetRefused.add(1, { policy });
-        break;
-      case 'breaker-transition':
-        this.#transitions.add(1, { policy, from: e.stateFrom, to: e.stateTo });
-        break;
-      case 'fallback-chosen':
-        this.#fallbacks.add(1, { policy, fallback: e.name, reason: e.reason });
-        break;
-      case 'rate-limit-wait':
-        this.#rateWaits.record(Number(e.duration) / 1e6, { policy });
-        break;
-      case 'key-evicted':
-        this.#evictions.add(1, { policy, what: 'key' });
-        break;
-      case 'call-evicted':
-        this.#evictions.add(1, { policy, what: 'call' });
-        break;
-      case 'permit-expired':
-        this.#permitsExpired.add(1, { policy });
-        break;
+  event(name: string, attributes: Attributes): void {
+    const span = this.#activeSpan?.();
+    if (span !== undefined && span.isRecording()) span.addEvent(name, attributes);
+  }
+
+  add(counter: string, value: number, attributes: Attributes): void {
+    let c = this.#counters.get(counter);
+    if (c === undefined) {
+      c = this.#meter.createCounter(counter, { unit: UNITS[counter] ?? '' });
+      this.#counters.set(counter, c);
     }
+    c.add(value, attributes);
   }
 
-  fault(e: EngineFaultEvent): void {
-    this.#faults.add(1, { phase: e.phase, restored: e.restored });
+  record(histogram: string, value: number, attributes: Attributes): void {
+    let h = this.#histograms.get(histogram);
+    if (h === undefined) {
+      h = this.#meter.createHistogram(histogram, { unit: UNITS[histogram] ?? '' });
+      this.#histograms.set(histogram, h);
+    }
+    h.record(value, attributes);
+  }
+
+  gauge(gauge: string, value: number, attributes: Attributes): void {
+    if (!this.#gauges.has(gauge)) {
+      this.#gauges.set(gauge, this.#meter.createGauge?.(gauge, { unit: UNITS[gauge] ?? '' }));
+    }
+    this.#gauges.get(gauge)?.record(value, attributes);
   }
 }
 

@@ -1,16 +1,44 @@
 // A `fetch` that runs every request under a policy: the status and the raw Retry-After header of
 // each response, and network errors, are reported to the core, which decides what happens next.
 
+import {
+  DEFAULT_PORTS,
+  HTTP_ATTEMPT_HEADER,
+  HTTP_OVERLOADED_HEADER,
+  HTTP_RETRY_AFTER_HEADER,
+  IDEMPOTENCY_HEADERS,
+} from './constants.js';
 import { LeveeError } from './errors.js';
+import type { RetryHook } from './events.js';
 import type { AttemptContext, FallbackFn, Levee, PolicyEntry } from './levee.js';
 
 export interface LeveeFetchOptions {
   /** The fetch to wrap (default: the global one). */
   fetch?: typeof globalThis.fetch;
-  /** The key of per-key state for a request (default: the URL's host, so each host has its breaker). */
+  /** The key of per-key state for a request (default: `httpKey(url)`, `host:port`, so each origin has its breaker). */
   key?: (url: URL, request: Request) => string;
   /** Fallbacks for these requests, by name; they return a Response. */
   fallbacks?: Record<string, FallbackFn<Response>>;
+  /** Called before the sleep of each retry of these requests (see `Levee.onRetry`). */
+  onRetry?: RetryHook;
+}
+
+/**
+ * The key of an HTTP call (docs/hosts.md, section 6): the origin as `host:port`, the host
+ * lower-cased (an IPv6 literal in brackets), no userinfo, and the port always written, the
+ * scheme's default when the URL has none. Every Levee host names the same origin the same way.
+ */
+export function httpKey(url: URL): string {
+  const host = url.hostname.toLowerCase();
+  const port = url.port !== '' ? url.port : DEFAULT_PORTS[url.protocol.slice(0, -1)];
+  return port === undefined ? host : `${host}:${port}`;
+}
+
+/** A body that `fetch` reads once (a stream or an async iterable): it cannot be sent twice. */
+function isStream(body: unknown): boolean {
+  if (body === null || body === undefined || typeof body !== 'object') return false;
+  if (typeof ReadableStream !== 'undefined' && body instanceof ReadableStream) return true;
+  return typeof (body as { [Symbol.asyncIterator]?: unknown })[Symbol.asyncIterator] === 'function';
 }
 
 /** Statuses whose response has no body (a `Response` made with one throws). */
@@ -37,7 +65,7 @@ async function buffered(response: Response): Promise<Response> {
  * The cross-layer rule (docs/envoy.md): every attempt carries its number; the application decides
  * the request's retries, so a Levee filter in an Envoy on the way adds none.
  */
-export const HEADER_ATTEMPT = 'x-levee-attempt';
+export const HEADER_ATTEMPT = HTTP_ATTEMPT_HEADER;
 
 function discardBody(response: Response): void {
   // Free the connection of a response that will not be returned.
@@ -60,37 +88,42 @@ export function leveeFetch(
 ): (input: RequestInfo | URL, init?: RequestInit) => Promise<Response> {
   const entry = typeof policy === 'string' ? levee.policy(policy) : policy;
   const base = options.fetch ?? globalThis.fetch.bind(globalThis);
-  const keyOf = options.key ?? ((url: URL) => url.host);
+  const keyOf = options.key ?? httpKey;
   return async (input, init) => {
     const request = new Request(input, init);
     const outer = init?.signal ?? (input instanceof Request ? input.signal : undefined) ?? undefined;
     const url = new URL(request.url);
+    // docs/hosts.md, section 6: a body that cannot be sent twice makes the request non-idempotent
+    // whatever its headers say; otherwise a non-empty Idempotency-Key (or X-Idempotency-Key) counts.
+    const stream = isStream(init?.body);
+    const idempotencyKey = !stream && IDEMPOTENCY_HEADERS.some((h) => (request.headers.get(h) ?? '') !== '');
     try {
       const attemptOf = ({ signal, attempt }: AttemptContext): Promise<Response> => {
         const r = new Request(request.clone(), { signal });
-        r.headers.set(HEADER_ATTEMPT, String(attempt));
+        r.headers.set(HTTP_ATTEMPT_HEADER, String(attempt));
         return base(r).then(buffered);
       };
       return await levee.run<Response>(entry, attemptOf, {
         key: keyOf(url, request),
         signal: outer,
+        // The method as fetch sends it: `Request` upper-cases the standard ones (not `patch`).
         method: request.method,
-        idempotencyKey: request.headers.has('idempotency-key'),
+        idempotent: stream ? false : undefined,
+        idempotencyKey,
         outcomeOf: (response) => ({
           kind: 'http-status',
           status: response.status,
-          retryAfter: response.headers.get('retry-after'),
-          overloaded: response.headers.has('x-envoy-overloaded'),
+          retryAfter: response.headers.get(HTTP_RETRY_AFTER_HEADER),
+          overloaded: response.headers.has(HTTP_OVERLOADED_HEADER),
         }),
         discard: discardBody,
         acceptFallback: (value) => value instanceof Response,
         fallbacks: options.fallbacks,
+        onRetry: options.onRetry,
       });
     } catch (err) {
-      if (err instanceof LeveeError) {
-        if (err.reason === 'cancelled' && outer?.aborted) throw outer.reason;
-        if (err.lastResult instanceof Response) return err.lastResult;
-      }
+      // A response the call ended after is returned as fetch would return it (docs/hosts.md, section 5).
+      if (err instanceof LeveeError && err.lastResult instanceof Response) return err.lastResult;
       throw err;
     }
   };

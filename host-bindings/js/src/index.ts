@@ -3,7 +3,7 @@
 import { readFile } from 'node:fs/promises';
 import { instantiate } from '../wasm/levee_policy.js';
 type ComponentExports = ReturnType<typeof instantiate>;
-import { Levee, defaultMeter } from './levee.js';
+import { Levee, loadSink, sinkOf } from './levee.js';
 import type { LoadOptions } from './levee.js';
 import { nodePlatform } from './platform-node.js';
 
@@ -13,13 +13,12 @@ import { nodePlatform } from './platform-node.js';
  * is installed, events are also recorded as metrics on its global meter (unless `meter: null`).
  */
 export async function load(document: string, options: LoadOptions = {}): Promise<Levee> {
-  const meter = options.meter === null ? undefined : (options.meter ?? (await defaultMeter()));
-  return new Levee(nodePlatform, document, options, meter);
+  return new Levee(nodePlatform, document, options, await loadSink(options));
 }
 
 /** `load` without looking for OpenTelemetry (metrics only through `options.meter`). */
 export function loadSync(document: string, options: LoadOptions = {}): Levee {
-  return new Levee(nodePlatform, document, options, options.meter ?? undefined);
+  return new Levee(nodePlatform, document, options, sinkOf(options));
 }
 
 /** A fresh instance of the policy component itself (low level: the raw `Engine` of the WIT). */
@@ -54,7 +53,22 @@ export {
   outcomeOfError,
 } from './errors.js';
 export type { FailureReason, LeveeErrorDetails, Outcome } from './errors.js';
-export type { EngineFaultEvent, LeveeEvent, LeveeEventMap, LeveeEventName, Listener, MeterLike } from './events.js';
+export { OpenTelemetrySink, eventAttributes } from './events.js';
+export type {
+  AttributeValue,
+  Attributes,
+  EngineFaultEvent,
+  LeveeEvent,
+  LeveeEventMap,
+  LeveeEventName,
+  Listener,
+  MeterLike,
+  RetryHook,
+  RetryInfo,
+  SpanLike,
+  TelemetrySink,
+} from './events.js';
+export * as constants from './constants.js';
 export type {
   Analysis,
   BreakerState,
@@ -68,7 +82,7 @@ export type {
   Reason,
 } from './types.js';
 export type { ComponentExports };
-export { HEADER_ATTEMPT, leveeFetch } from './fetch.js';
+export { HEADER_ATTEMPT, httpKey, leveeFetch } from './fetch.js';
 export type { LeveeFetchOptions } from './fetch.js';
 export { decodeVerdict, encodeVerdict, REASONS } from './verdict.js';
 export type { Verdict, VerdictKind } from './verdict.js';

@@ -10,14 +10,33 @@ import { Attempt, FIRST_ATTEMPT, isThenable } from './attempt.js';
 import type { AttemptContext } from './attempt.js';
 import { clockWait, realClock } from './clock.js';
 import type { Clock } from './clock.js';
-import { ACT_ATTEMPT, ACT_DONE, ACT_FALLBACK, ACT_SLEEP, CallDriver } from './driver.js';
+import {
+  ACT_ATTEMPT,
+  ACT_DEGRADED,
+  ACT_DONE,
+  ACT_END_ATTEMPT,
+  ACT_END_FALLBACK,
+  ACT_FALLBACK,
+  ACT_FAULT,
+  ACT_SLEEP,
+  CallDriver,
+} from './driver.js';
+import type { Action } from './driver.js';
 import { LeveeError, outcomeOfError } from './errors.js';
-import type { FailureReason, Outcome } from './errors.js';
-import { Emitter, Metrics } from './events.js';
-import type { LeveeEventName, Listener, MeterLike } from './events.js';
+import type { Outcome, Reason } from './errors.js';
+import { Emitter, OpenTelemetrySink, Telemetry, reportHookError } from './events.js';
+import type {
+  CallResult,
+  LeveeEventName,
+  Listener,
+  MeterLike,
+  RetryHook,
+  RetryInfo,
+  SpanLike,
+  TelemetrySink,
+} from './events.js';
 import { DEFAULT_MAX_MEMORY_BYTES, Runtime, startFlags } from './runtime.js';
 import type { ComponentExports, InstantiateCore, Platform, PolicyEntry, TraceStep } from './runtime.js';
-import { KIND_ATTEMPT } from './verdict.js';
 
 export type { AttemptContext } from './attempt.js';
 export type { Clock } from './clock.js';
@@ -31,7 +50,9 @@ export interface FallbackContext {
   name: string;
   policy: string;
   /** What triggered it (the core's reason). */
-  reason: FailureReason;
+  reason: Reason;
+  /** The attempts made. */
+  attempts: number;
   /** The error of the last attempt (or of the previous fallback), if any. */
   lastError: unknown;
   /** The value of the last attempt when the policy classified it as a failure (a 503 response). */
@@ -63,6 +84,8 @@ export interface RunOptions<T> {
   discard?: (value: T) => void;
   /** Checks a fallback's value; a value it refuses counts as a failed fallback (e.g. not a Response). */
   acceptFallback?: (value: unknown) => boolean;
+  /** Called before the sleep of each retry of this call (before the policy's hooks); see `Levee.onRetry`. */
+  onRetry?: RetryHook;
 }
 
 export interface LoadOptions {
@@ -70,8 +93,18 @@ export interface LoadOptions {
   seed?: bigint | number;
   /** Fallback functions, by the names the policies' chains use. */
   fallbacks?: Record<string, FallbackFn>;
-  /** An OpenTelemetry meter; default: `@opentelemetry/api`'s global meter when the package is present. */
+  /**
+   * Where telemetry goes (docs/telemetry.md): events, counters, histograms and the breaker gauge.
+   * Default: the OpenTelemetry sink on `meter` (below); `null` for none.
+   */
+  telemetry?: TelemetrySink | null;
+  /**
+   * An OpenTelemetry meter for the default sink; default: `@opentelemetry/api`'s global meter
+   * `levee` when the package is present (`load`; `loadSync` looks for none). `null`: no metrics.
+   */
   meter?: MeterLike | null;
+  /** `onRetry` hooks per policy name, called before the sleep of each retry (see `Levee.onRetry`). */
+  onRetry?: Record<string, RetryHook>;
   /**
    * The clock of this Levee: every `now` it gives the core, the sleeps between attempts and the
    * attempts' timeouts. Default: the runtime's monotonic clock and the event loop's timers. Tests
@@ -107,11 +140,13 @@ export class Levee {
   readonly #now: () => bigint;
   readonly #fallbacks = new Map<string, FallbackFn>();
   readonly #emitter = new Emitter();
+  readonly #telemetry: Telemetry | undefined;
+  readonly #retryHooks = new Map<string, RetryHook[]>();
   #closed = false;
   #nextCall = 1;
 
   /** @internal Use `load` from `levee` (Node) or `levee/worker`. */
-  constructor(platform: Platform, document: string, options: LoadOptions, meter: MeterLike | undefined) {
+  constructor(platform: Platform, document: string, options: LoadOptions, sink: TelemetrySink | undefined) {
     const clock = options.clock;
     // The platform's clock is read directly: one call on the hot path, not two.
     this.#now = clock === undefined ? platform.now : () => clock.now();
@@ -130,9 +165,10 @@ export class Levee {
         wallMs: wall === undefined ? Date.now : () => wall.call(clock),
       },
       this.#emitter,
-      meter ? new Metrics(meter) : undefined,
+      (this.#telemetry = sink === undefined ? undefined : new Telemetry(sink)),
     );
     for (const [name, fn] of Object.entries(options.fallbacks ?? {})) this.#fallbacks.set(name, fn);
+    for (const [name, hook] of Object.entries(options.onRetry ?? {})) this.onRetry(name, hook);
   }
 
   // ---------------------------------------------------------------- policies and state
@@ -169,6 +205,17 @@ export class Levee {
   /** Replace the policies, keeping the state that still applies; on error nothing changes. */
   reload(document: string): void {
     this.#rt.reload(document);
+  }
+
+  /**
+   * Add a hook called before the sleep of each retry of a policy's calls (tenacity's
+   * `before_sleep`, failsafe-go's `OnRetry`), with the attempt that failed, the delay in seconds
+   * and what the attempt threw or returned. A hook that throws is reported and ignored.
+   */
+  onRetry(policy: string, hook: RetryHook): this {
+    const hooks = this.#retryHooks.get(policy);
+    this.#retryHooks.set(policy, hooks === undefined ? [hook] : [...hooks, hook]);
+    return this;
   }
 
   /** Register (or replace) a fallback function under the name a policy's chain uses. */
@@ -272,40 +319,36 @@ export class Levee {
     const p = typeof policy === 'string' ? rt.byName.get(policy) : policy;
     if (p === undefined) return Promise.reject(rt.unknown(String(policy)));
     const signal = options?.signal;
-    if (signal?.aborted) {
-      return Promise.reject(new LeveeError('cancelled', { policy: p.name, attempts: 0, lastError: signal.reason }));
-    }
+    // The caller's cancellation is JavaScript's own: the signal's reason (docs/hosts.md, section 5).
+    if (signal?.aborted) return Promise.reject(signal.reason);
     if (this.#closed) return Promise.reject(new Error('levee: this Levee was closed'));
     const now = this.#now();
     if (now > rt.nextCheckpoint) {
       rt.flush();
       rt.checkpoint(now);
     }
+    const key = options?.key ?? '';
+    const call = BigInt(this.#nextCall++);
     if (!rt.healthy && !rt.reinstantiate()) {
-      return this.#single(new CallDriver(p, now), fn, options, now, undefined);
+      // No instance to ask: the recovery path, as after a trap at `start`.
+      return this.#drive(new CallDriver(p, now), new CallState(fn, options, key, call, rt.generation), undefined, now);
     }
     const gen = rt.generation;
-    const call = BigInt(this.#nextCall++);
-    let v = rt.start(p, call, options?.key ?? '', options === undefined ? 0 : startFlags(options), now);
-    if (v === undefined) return this.#single(new CallDriver(p, now), fn, options, now, undefined);
-    // The common case: a first attempt without timeout, deadline, caller signal or value to
-    // describe, and no events: run it on a short path whose success is held back for batching.
-    let n = Number(v);
-    if (n < 0) {
-      // The core module's i64, read as the WIT's u64.
-      v = BigInt.asUintN(64, v);
-      n = Number(v);
+    let v = rt.start(p, call, key, options === undefined ? 0 : startFlags(options), now);
+    if (v !== undefined) {
+      // The common case: attempt 1 without timeout (the policy has none, nor a deadline), no
+      // events, no caller signal and no value to describe: a short path whose success is held
+      // back for batching. (`0x100` is exactly that verdict; anything else goes through the driver.)
+      let n = Number(v);
+      if (n === 0x100 && p.attemptTimeoutNs === 0 && p.deadlineNs === 0 && signal === undefined) {
+        if (options?.outcomeOf === undefined) return this.#fast(p, fn, options, key, call, now, gen);
+      } else if (n < 0) {
+        // The core module's i64, read as the WIT's u64.
+        v = BigInt.asUintN(64, v);
+        n = Number(v);
+      }
     }
-    if (
-      n < 0x10000 &&
-      (n & 0x1f) === KIND_ATTEMPT &&
-      p.deadlineNs === 0 &&
-      signal === undefined &&
-      options?.outcomeOf === undefined
-    ) {
-      return this.#fast(p, fn, options, call, now, gen);
-    }
-    return this.#drive(new CallDriver(p, now), fn, options, call, v, now, gen, undefined);
+    return this.#drive(new CallDriver(p, now), new CallState(fn, options, key, call, gen), v, now);
   }
 
   /**
@@ -317,6 +360,7 @@ export class Levee {
     p: PolicyEntry,
     fn: (ctx: AttemptContext) => T | PromiseLike<T>,
     options: RunOptions<T> | undefined,
+    key: string,
     call: bigint,
     started: bigint,
     gen: number,
@@ -325,234 +369,330 @@ export class Levee {
     try {
       r = fn(FIRST_ATTEMPT);
     } catch (err) {
-      return this.#firstFailed(p, fn, options, call, started, gen, err);
+      return this.#firstDone(p, fn, options, key, call, started, gen, undefined, err, true);
     }
-    const onValue = (value: T): T => {
-      this.#succeeded(call, started, gen);
+    const onValue = (value: T): T | Promise<T> => {
+      const now = this.#now();
+      if (this.#rt.generation !== gen)
+        return this.#firstDone(p, fn, options, key, call, started, gen, value, undefined, false);
+      this.#rt.hold(call, now, now - started);
+      const telemetry = this.#telemetry;
+      if (telemetry !== undefined) {
+        telemetry.attempt(p.name, 'success', Number(now - started));
+        telemetry.call(p.name, 'success', false, undefined);
+      }
       return value;
     };
-    const onError = (err: unknown): Promise<T> => this.#firstFailed(p, fn, options, call, started, gen, err);
+    const onError = (err: unknown): Promise<T> =>
+      this.#firstDone(p, fn, options, key, call, started, gen, undefined, err, true);
     // A native promise (what an async function returns) gets its reaction directly; another
     // thenable is adopted first, as `await` would.
     if (r instanceof Promise) return (r as Promise<T>).then(onValue, onError);
     if (isThenable(r)) return Promise.resolve(r).then(onValue, onError);
-    this.#succeeded(call, started, gen);
-    return Promise.resolve(r);
+    return Promise.resolve(onValue(r));
   }
 
-  #succeeded(call: bigint, started: bigint, gen: number): void {
-    const now = this.#now();
-    if (this.#rt.generation === gen) this.#rt.hold(call, now, now - started);
-  }
-
-  #firstFailed<T>(
+  /** The first attempt of the short path ended other than as a held-back success: report it and drive on. */
+  #firstDone<T>(
     p: PolicyEntry,
     fn: (ctx: AttemptContext) => T | PromiseLike<T>,
     options: RunOptions<T> | undefined,
+    key: string,
     call: bigint,
     started: bigint,
     gen: number,
+    value: T | undefined,
     err: unknown,
+    threw: boolean,
   ): Promise<T> {
     const now = this.#now();
-    const d = new CallDriver(p, started, 1);
-    let v: bigint;
+    const d = new CallDriver(p, started, 1, 'report');
+    const st = new CallState(fn, options, key, call, gen);
+    let outcome: Outcome;
     try {
-      const outcome = options?.errorOutcome?.(err) ?? outcomeOfError(err);
-      v = this.#reportAttempt(d, call, now, now - started, outcome, gen, err, undefined);
+      outcome = threw ? (options?.errorOutcome?.(err) ?? outcomeOfError(err)) : { kind: 'success' };
     } catch (failure) {
       return Promise.reject(failure);
     }
-    return this.#drive(d, fn, options, call, v, now, gen, err);
+    if (threw) st.lastError = err;
+    else st.value = st.lastResult = value;
+    return this.#drive(d, st, this.#report(d, st, now, now - started, outcome), now);
   }
 
-  /** Report an attempt's outcome; on a fault (or if the engine was replaced) the call ends here. */
-  #reportAttempt(
-    d: CallDriver,
-    call: bigint,
-    now: bigint,
-    elapsed: bigint,
-    outcome: Outcome,
-    gen: number,
-    lastError: unknown,
-    lastResult: unknown,
-  ): bigint {
-    const p = d.policy;
-    // The engine was replaced while this attempt ran (or replaced now): that was the single attempt.
-    const v = this.#rt.generation === gen ? this.#rt.report(p, call, now, elapsed, outcome, d.attempts) : undefined;
-    if (v === undefined) {
-      throw new LeveeError('engine-fault', { policy: p.name, attempts: d.attempts, lastError, lastResult });
-    }
-    return v;
+  /** Report an attempt (and count it); `undefined` after a trap. */
+  #report<T>(d: CallDriver, st: CallState<T>, now: bigint, elapsed: bigint, outcome: Outcome): bigint | undefined {
+    this.#telemetry?.attempt(d.policy.name, outcome.kind, Number(elapsed));
+    return this.#rt.report(d.policy, st.key, st.call, now, elapsed, outcome, d.attempts);
   }
 
-  /** The step loop, from verdict `v` on: the driver says what to do, this does it. */
-  async #drive<T>(
-    d: CallDriver,
-    fn: (ctx: AttemptContext) => T | PromiseLike<T>,
-    options: RunOptions<T> | undefined,
-    call: bigint,
-    v: bigint,
-    now: bigint,
-    gen: number,
-    lastError: unknown,
-  ): Promise<T> {
+  /** The call ended: `levee.calls`. */
+  #ended(d: CallDriver, result: CallResult, reason?: Reason): void {
+    this.#telemetry?.call(d.policy.name, result, d.attempts > 1, reason);
+  }
+
+  /**
+   * The step loop, from verdict `v` (the answer of the driver's crossing, `undefined` when that
+   * crossing trapped) on: the driver says what to do, this does it.
+   */
+  async #drive<T>(d: CallDriver, st: CallState<T>, v: bigint | undefined, now: bigint): Promise<T> {
     const rt = this.#rt;
     const clock = this.#clock;
     const p = d.policy;
+    const options = st.options;
     const signal = options?.signal;
-    let lastResult: unknown = undefined;
-    let value: T | undefined = undefined;
-    const unregistered: string[] = [];
     for (;;) {
-      const act = d.next(v, now);
-      if (d.events) rt.drain();
+      let act: Action;
+      if (v === undefined) {
+        act = d.recover(now);
+      } else {
+        act = d.next(v, now);
+        if (act === ACT_FAULT) {
+          rt.guestFault(d.fault as 'contract' | 'invalid', d.detail, d.op, p, st.key, st.call);
+          act = d.recover(now);
+        } else if (d.events) {
+          rt.drain();
+        }
+      }
 
-      if (act === ACT_ATTEMPT) {
-        const ctx = new Attempt(d.attempts, d.timeoutNs / 1e6, signal, clock);
+      if (act === ACT_ATTEMPT || act === ACT_DEGRADED) {
+        const degraded = act === ACT_DEGRADED;
+        const timeoutNs = d.timeoutNs;
+        const ctx = new Attempt(d.attempts, timeoutNs / 1e6, signal, clock);
         const started = now;
         let outcome: Outcome | undefined;
+        let elapsed: bigint;
         try {
-          const r = fn(ctx);
-          const result = d.timeoutNs > 0 || signal !== undefined ? await ctx.race(r) : isThenable(r) ? await r : r;
+          const r = st.fn(ctx);
+          const result = timeoutNs > 0 || signal !== undefined ? await ctx.race(r) : isThenable(r) ? await r : r;
           now = this.#now();
           ctx.dispose();
-          outcome = options?.outcomeOf?.(result);
-          if (outcome === undefined || outcome.kind === 'success') {
-            if (rt.generation === gen) rt.hold(call, now, now - started);
+          if (degraded) {
+            // Its own result ends the call, whatever it is (a late success is a success).
+            this.#ended(d, 'success');
             return result;
           }
-          value = result;
-          lastResult = result;
-          lastError = undefined;
+          elapsed = now - started;
+          outcome = options?.outcomeOf?.(result);
+          if (outcome === undefined || outcome.kind === 'success') {
+            // A success is held back to ride on the next `start`, unless it is late (the core
+            // must hear it: it is a timeout) or its instance was replaced (the core answers).
+            if ((timeoutNs === 0 || elapsed < BigInt(timeoutNs)) && rt.generation === st.gen) {
+              rt.hold(st.call, now, elapsed);
+              this.#telemetry?.attempt(p.name, 'success', Number(elapsed));
+              this.#ended(d, 'success');
+              return result;
+            }
+            outcome = { kind: 'success' };
+          }
+          st.value = result;
+          st.lastResult = result;
+          st.lastError = undefined;
         } catch (err) {
           now = this.#now();
           ctx.dispose();
           if (signal?.aborted && !ctx.timedOut) {
-            rt.cancel(call, now, gen);
-            throw new LeveeError('cancelled', { policy: p.name, attempts: d.attempts, lastError: signal.reason });
+            // Cancelled by the caller: the attempt is not reported.
+            if (!degraded) rt.cancel(st.call, now, st.gen);
+            this.#ended(d, 'cancelled');
+            throw signal.reason;
           }
-          outcome = ctx.timedOut ? { kind: 'timeout' } : (options?.errorOutcome?.(err) ?? outcomeOfError(err));
-          lastError = err;
-          lastResult = undefined;
-          value = undefined;
+          if (degraded) {
+            this.#ended(d, 'failure');
+            throw err;
+          }
+          if (ctx.timedOut) {
+            outcome = { kind: 'timeout' };
+            elapsed = BigInt(timeoutNs);
+          } else {
+            outcome = options?.errorOutcome?.(err) ?? outcomeOfError(err);
+            elapsed = now - started;
+          }
+          st.lastError = err;
+          st.lastResult = undefined;
+          st.value = undefined;
         }
-        v = this.#reportAttempt(d, call, now, now - started, outcome, gen, lastError, lastResult);
+        v = this.#report(d, st, now, elapsed, outcome);
         continue;
       }
 
       if (act === ACT_SLEEP) {
+        if (d.retry) this.#onRetry(d, st);
         try {
           await clockWait(clock, d.sleepNs / 1e6, signal);
         } catch (reason) {
           now = this.#now();
-          rt.cancel(call, now, gen);
-          throw new LeveeError('cancelled', { policy: p.name, attempts: d.attempts, lastError: reason });
+          rt.cancel(st.call, now, st.gen);
+          this.#ended(d, 'cancelled');
+          throw reason;
         }
         now = this.#now();
-        if (value !== undefined && options?.discard !== undefined) {
-          options.discard(value);
-          value = undefined;
+        if (st.value !== undefined && options?.discard !== undefined) {
+          options.discard(st.value);
+          st.value = undefined;
         }
-        const next = rt.generation === gen ? rt.acquire(p, call, now, d.attempts) : undefined;
-        if (next === undefined) return this.#single(d, fn, options, now, lastError);
-        v = next;
+        v = rt.acquire(p, st.key, st.call, now, d.attempts);
         continue;
-      }
-
-      if (act === ACT_DONE) {
-        return value as T;
       }
 
       if (act === ACT_FALLBACK) {
         const name = d.fallbackName;
-        const fb = name === undefined ? undefined : (options?.fallbacks?.[name] ?? this.#fallbacks.get(name));
+        const fb = options?.fallbacks?.[name] ?? (this.#fallbacks.get(name) as FallbackFn<T> | undefined);
         let ok = false;
+        st.fallbackError = undefined;
         if (fb === undefined) {
           // Counted as failed; the error that ends the call names it (the attempt's error stands).
-          const missing = name ?? `#${d.fallbackIndex}`;
-          if (!unregistered.includes(missing)) unregistered.push(missing);
+          if (!st.unregistered.includes(name)) st.unregistered.push(name);
         } else {
           try {
-            const r = fb({ name: name ?? '', policy: p.name, reason: d.reason, lastError, lastResult, signal });
+            const r = fb({
+              name,
+              policy: p.name,
+              reason: d.reason,
+              attempts: d.attempts,
+              lastError: st.lastError,
+              lastResult: st.lastResult,
+              signal,
+            });
             const fallbackValue = isThenable(r) ? await r : r;
             if (options?.acceptFallback !== undefined && !options.acceptFallback(fallbackValue)) {
-              lastError = new TypeError(`levee: fallback "${name ?? ''}" returned a value of the wrong type`);
+              st.fallbackError = new TypeError(`levee: fallback "${name}" returned a value of the wrong type`);
             } else {
-              value = fallbackValue as T;
+              st.fallbackValue = fallbackValue;
+              st.fellBack = true;
               ok = true;
             }
           } catch (err) {
-            lastError = err;
+            st.fallbackError = err;
           }
+          if (!ok) st.lastError = st.fallbackError;
         }
         now = this.#now();
-        const next = rt.generation === gen ? rt.reportFallback(p, call, now, ok, d.attempts) : undefined;
-        if (next === undefined) {
-          if (ok) return value as T;
-          throw new LeveeError('engine-fault', { policy: p.name, attempts: d.attempts, lastError, lastResult });
-        }
-        v = next;
+        v = rt.reportFallback(p, st.key, st.call, now, ok, d.attempts);
         continue;
       }
 
-      // ACT_FAIL
-      if (d.cancel) rt.cancel(call, now, gen);
-      else rt.failed(now, gen);
+      if (act === ACT_DONE) {
+        if (st.fellBack) {
+          this.#ended(d, 'fallback');
+          return st.fallbackValue as T;
+        }
+        this.#ended(d, 'success');
+        return st.value as T;
+      }
+
+      if (act === ACT_END_ATTEMPT) {
+        // Recovery after the report of an attempt: its own result, value or error.
+        if (st.lastError !== undefined) {
+          this.#ended(d, 'failure');
+          throw st.lastError;
+        }
+        this.#ended(d, 'success');
+        return st.lastResult as T;
+      }
+
+      if (act === ACT_END_FALLBACK) {
+        // Recovery after the report of a fallback: its own result, value or error.
+        if (st.fellBack) {
+          this.#ended(d, 'fallback');
+          return st.fallbackValue as T;
+        }
+        this.#ended(d, 'failure');
+        throw st.fallbackError ?? st.lastError;
+      }
+
+      // ACT_FAIL: the core's reason.
+      rt.failed(now, st.gen);
+      this.#ended(d, 'failure', d.reason);
       throw new LeveeError(d.reason, {
         policy: p.name,
         attempts: d.attempts,
-        lastError,
-        lastResult,
+        lastError: st.lastError,
+        lastResult: st.lastResult,
         retryAfterMs: d.hintNs > 0 ? d.hintNs / 1e6 : undefined,
-        detail: d.detail,
-        unregistered,
+        unregistered: st.unregistered,
       });
     }
   }
 
-  /**
-   * After a fault: the call proceeds as one attempt without retries, under the policy's attempt
-   * timeout (clamped to the call's deadline), and no fallback.
-   */
-  async #single<T>(
-    d: CallDriver,
-    fn: (ctx: AttemptContext) => T | PromiseLike<T>,
-    options: RunOptions<T> | undefined,
-    now: bigint,
-    previousError: unknown,
-  ): Promise<T> {
-    const p = d.policy;
-    const timeoutNs = d.degraded(now);
-    const attempts = d.attempts;
-    const signal = options?.signal;
-    const ctx = new Attempt(attempts, timeoutNs / 1e6, signal, this.#clock);
-    let result: T;
-    try {
-      const r = fn(ctx);
-      result = timeoutNs > 0 || signal !== undefined ? await ctx.race(r) : await r;
-    } catch (err) {
-      ctx.dispose();
-      const reason: FailureReason = signal?.aborted && !ctx.timedOut ? 'cancelled' : 'engine-fault';
-      throw new LeveeError(reason, { policy: p.name, attempts, lastError: err ?? previousError });
+  /** The `onRetry` hooks (the call's, then the policy's), before the sleep of a retry. */
+  #onRetry<T>(d: CallDriver, st: CallState<T>): void {
+    const own = st.options?.onRetry;
+    const hooks = this.#retryHooks.get(d.policy.name);
+    if (own === undefined && hooks === undefined) return;
+    const info: RetryInfo = {
+      policy: d.policy.name,
+      key: st.key,
+      attempt: d.attempts,
+      delay: d.sleepNs / 1e9,
+      error: st.lastError,
+      result: st.lastError === undefined ? st.lastResult : undefined,
+      reason: 'none',
+    };
+    for (const hook of own === undefined ? (hooks ?? []) : [own, ...(hooks ?? [])]) {
+      try {
+        hook(info);
+      } catch (err) {
+        reportHookError(err);
+      }
     }
-    ctx.dispose();
-    const outcome = options?.outcomeOf?.(result);
-    if (outcome !== undefined && outcome.kind !== 'success') {
-      throw new LeveeError('engine-fault', { policy: p.name, attempts, lastResult: result });
-    }
-    return result;
   }
 }
 
-/** Read the OpenTelemetry meter if `@opentelemetry/api` can be imported. */
-export async function defaultMeter(): Promise<MeterLike | undefined> {
+/** What the step loop keeps of one call. */
+class CallState<T> {
+  readonly fn: (ctx: AttemptContext) => T | PromiseLike<T>;
+  readonly options: RunOptions<T> | undefined;
+  readonly key: string;
+  readonly call: bigint;
+  readonly gen: number;
+  /** The value of the last attempt (until a retry discards it). */
+  value: T | undefined = undefined;
+  lastError: unknown = undefined;
+  lastResult: unknown = undefined;
+  fellBack = false;
+  fallbackValue: T | undefined = undefined;
+  fallbackError: unknown = undefined;
+  readonly unregistered: string[] = [];
+
+  constructor(
+    fn: (ctx: AttemptContext) => T | PromiseLike<T>,
+    options: RunOptions<T> | undefined,
+    key: string,
+    call: bigint,
+    gen: number,
+  ) {
+    this.fn = fn;
+    this.options = options;
+    this.key = key;
+    this.call = call;
+    this.gen = gen;
+  }
+}
+
+/**
+ * The OpenTelemetry sink when `@opentelemetry/api` can be imported: its global meter `levee`, and
+ * events on the active span.
+ */
+export async function defaultTelemetry(meter?: MeterLike): Promise<TelemetrySink | undefined> {
   try {
     const api = (await import('@opentelemetry/api')) as {
       metrics: { getMeter(name: string, version?: string): MeterLike };
+      trace: { getActiveSpan(): SpanLike | undefined };
     };
-    return api.metrics.getMeter('levee', '0.1.0');
+    return new OpenTelemetrySink(meter ?? api.metrics.getMeter('levee', '0.1.0'), () => api.trace.getActiveSpan());
   } catch {
-    return undefined;
+    return meter === undefined ? undefined : new OpenTelemetrySink(meter);
   }
+}
+
+/** The sink of the load options without looking for OpenTelemetry (`telemetry`, else one on `meter`). */
+export function sinkOf(options: LoadOptions): TelemetrySink | undefined {
+  if (options.telemetry !== undefined) return options.telemetry ?? undefined;
+  return options.meter ? new OpenTelemetrySink(options.meter) : undefined;
+}
+
+/** The sink of the load options, with `@opentelemetry/api`'s global meter when nothing says otherwise. */
+export async function loadSink(options: LoadOptions): Promise<TelemetrySink | undefined> {
+  if (options.telemetry !== undefined || options.meter === null) return sinkOf(options);
+  return defaultTelemetry(options.meter);
 }

@@ -7,9 +7,18 @@ import { instantiate } from '../wasm/levee_policy.js';
 export type ComponentExports = ReturnType<typeof instantiate>;
 import type { Engine } from '../wasm/interfaces/levee-policy-engine-api.js';
 import type { Event, LoadError, OutcomeKind } from '../wasm/interfaces/levee-policy-types.js';
+import {
+  GUARD_GUEST_MEMORY_BYTES,
+  METHODS,
+  METHOD_OTHER,
+  REPORT_OVERLOADED,
+  START_IDEMPOTENCY_KEY,
+  START_METHOD_SHIFT,
+  START_NON_IDEMPOTENT,
+} from './constants.js';
 import { PolicyLoadError, UnknownPolicyError } from './errors.js';
 import type { Outcome } from './errors.js';
-import type { Emitter, EngineFaultEvent, LeveeEvent, Metrics } from './events.js';
+import type { Emitter, EngineFaultEvent, LeveeEvent, Telemetry } from './events.js';
 import { decodeVerdict } from './verdict.js';
 import type { Verdict } from './verdict.js';
 
@@ -69,28 +78,21 @@ export interface RuntimeOptions {
   wallMs: () => number;
 }
 
-const METHOD_CODES: Readonly<Record<string, number>> = {
-  GET: 1,
-  HEAD: 2,
-  POST: 3,
-  PUT: 4,
-  DELETE: 5,
-  PATCH: 6,
-  OPTIONS: 7,
-  TRACE: 8,
-  CONNECT: 9,
-};
-
-/** The `flags` argument of `start`. */
+/**
+ * The `flags` argument of `start` (docs/hosts.md, section 6): the method exactly as it will be
+ * sent (RFC 9110 methods are case-sensitive: `get` is not `GET`, and is code `METHOD_OTHER`).
+ */
 export function startFlags(
   options: { idempotent?: boolean; idempotencyKey?: boolean; method?: string } | undefined,
 ): number {
   if (options === undefined) return 0;
   let flags = 0;
-  if (options.idempotent === false) flags |= 1;
-  if (options.idempotencyKey === true) flags |= 2;
-  if (options.method !== undefined && options.method !== '') {
-    flags |= (METHOD_CODES[options.method.toUpperCase()] ?? 15) << 8;
+  if (options.idempotent === false) flags |= START_NON_IDEMPOTENT;
+  if (options.idempotencyKey === true) flags |= START_IDEMPOTENCY_KEY;
+  const method = options.method;
+  if (method !== undefined && method !== '') {
+    const code = Object.hasOwn(METHODS, method) ? METHODS[method]! : METHOD_OTHER;
+    flags |= code << START_METHOD_SHIFT;
   }
   return flags;
 }
@@ -119,7 +121,7 @@ const RESOURCE_IMPORTS = '[export]levee:policy/engine-api@0.1.0';
 const RESOURCE_NEW = '[resource-new]engine';
 
 /** The bound on the component's linear memory (512 MiB): the rule of every host. */
-export const DEFAULT_MAX_MEMORY_BYTES = 512 * 1024 * 1024;
+export const DEFAULT_MAX_MEMORY_BYTES = GUARD_GUEST_MEMORY_BYTES;
 
 /**
  * When a refused document is one line with no `:` and no `{` (no policy document is), it is most
@@ -161,7 +163,7 @@ export class Runtime {
   readonly #now: () => bigint;
   readonly #options: RuntimeOptions;
   readonly #emitter: Emitter;
-  readonly #metrics: Metrics | undefined;
+  readonly #telemetry: Telemetry | undefined;
   #document: string;
   #exports!: ComponentExports;
   #engine!: Engine;
@@ -202,14 +204,14 @@ export class Runtime {
     document: string,
     options: RuntimeOptions,
     emitter: Emitter,
-    metrics: Metrics | undefined,
+    telemetry: Telemetry | undefined,
   ) {
     this.#platform = platform;
     this.#now = now;
     this.#document = document;
     this.#options = options;
     this.#emitter = emitter;
-    this.#metrics = metrics;
+    this.#telemetry = telemetry;
     this.#trace = options.trace;
     this.#instantiateFresh();
     this.#readPolicies();
@@ -458,7 +460,7 @@ export class Runtime {
         v = this.#engine.start(call, p.index, key, flags, now, 0n, 0n, 0n);
       }
     } catch (err) {
-      this.#recover(err, 'start', p.name);
+      this.#recover(err, 'start', p.name, key, call);
       return undefined;
     }
     if (this.#trace !== undefined) this.#traceStep('start', call, p, 0, v, undefined, undefined);
@@ -488,6 +490,7 @@ export class Runtime {
   /** Report an attempt's outcome; `undefined` after a fault. */
   report(
     p: PolicyEntry,
+    key: string,
     call: bigint,
     now: bigint,
     elapsed: bigint,
@@ -504,7 +507,7 @@ export class Runtime {
         case 'http-status':
           code = outcome.status;
           text = outcome.retryAfter ?? '';
-          if (outcome.overloaded === true) flags = 1;
+          if (outcome.overloaded === true) flags = REPORT_OVERLOADED;
           break;
         case 'grpc-status':
           code = outcome.code;
@@ -518,7 +521,7 @@ export class Runtime {
       const wallSecs = BigInt(Math.floor(this.#options.wallMs() / 1000));
       v = this.#engine.report(call, now, elapsed, kind, code, text, wallSecs, flags);
     } catch (err) {
-      this.#recover(err, 'report', p.name);
+      this.#recover(err, 'report', p.name, key, call);
       return undefined;
     }
     if (this.#trace !== undefined) this.#traceStep('report', call, p, attempts, v, outcome, undefined);
@@ -526,13 +529,13 @@ export class Runtime {
   }
 
   /** `acquire` before the next attempt; `undefined` after a fault. */
-  acquire(p: PolicyEntry, call: bigint, now: bigint, attempts: number): bigint | undefined {
+  acquire(p: PolicyEntry, key: string, call: bigint, now: bigint, attempts: number): bigint | undefined {
     let v: bigint;
     try {
       if (this.holding) this.flush();
       v = this.#engine.acquire(call, now);
     } catch (err) {
-      this.#recover(err, 'acquire', p.name);
+      this.#recover(err, 'acquire', p.name, key, call);
       return undefined;
     }
     if (this.#trace !== undefined) this.#traceStep('acquire', call, p, attempts, v, undefined, undefined);
@@ -540,13 +543,20 @@ export class Runtime {
   }
 
   /** Report a fallback's result; `undefined` after a fault. */
-  reportFallback(p: PolicyEntry, call: bigint, now: bigint, ok: boolean, attempts: number): bigint | undefined {
+  reportFallback(
+    p: PolicyEntry,
+    key: string,
+    call: bigint,
+    now: bigint,
+    ok: boolean,
+    attempts: number,
+  ): bigint | undefined {
     let v: bigint;
     try {
       if (this.holding) this.flush();
       v = this.#engine.reportFallback(call, now, ok);
     } catch (err) {
-      this.#recover(err, 'report-fallback', p.name);
+      this.#recover(err, 'report-fallback', p.name, key, call);
       return undefined;
     }
     if (this.#trace !== undefined) this.#traceStep('report-fallback', call, p, attempts, v, undefined, ok);
@@ -601,14 +611,14 @@ export class Runtime {
     }
     let transitions = false;
     const emitter = this.#emitter;
-    const metrics = this.#metrics;
+    const telemetry = this.#telemetry;
     const listening = emitter.listening;
     for (const raw of events) {
       if (raw.kind === 'breaker-transition') transitions = true;
-      if (!listening && metrics === undefined) continue;
+      if (!listening && telemetry === undefined) continue;
       const event = raw as LeveeEvent;
       event.policyName = this.policies[raw.policy]?.name ?? '';
-      metrics?.record(event);
+      telemetry?.event(event);
       if (listening) {
         emitter.emit('event', event);
         emitter.emit(event.kind, event);
@@ -648,12 +658,42 @@ export class Runtime {
    * poisoned. Re-instantiate, reload the document, restore the last exported state, report the
    * fault. Calls in flight continue as single attempts without retries.
    */
-  #recover(error: unknown, phase: string, policyName: string): void {
-    this.#generation++;
-    this.holding = false;
-    const restored = this.reinstantiate();
-    const event: EngineFaultEvent = { kind: 'engine-fault', phase, error, restored, policyName };
-    this.#metrics?.fault(event);
+  #recover(error: unknown, phase: string, policyName: string, key = '', call: bigint | undefined = undefined): void {
+    this.#fault('trap', error, phase, policyName, key, call);
+  }
+
+  /**
+   * A verdict that breaks the contract (`contract`: the instance is replaced, as after a trap) or
+   * an `invalid` answer for a call this host started (`invalid`: the instance stays), reported as
+   * `engine-fault` (docs/hosts.md, section 3). The call then finishes degraded (driver.ts).
+   */
+  guestFault(
+    fault: 'contract' | 'invalid',
+    detail: string,
+    phase: string,
+    p: PolicyEntry,
+    key: string,
+    call: bigint,
+  ): void {
+    this.#fault(fault, new Error(`levee: ${detail}`), phase, p.name, key, call);
+  }
+
+  #fault(
+    fault: EngineFaultEvent['fault'],
+    error: unknown,
+    phase: string,
+    policyName: string,
+    key: string,
+    call: bigint | undefined,
+  ): void {
+    let restored = false;
+    if (fault !== 'invalid') {
+      this.#generation++;
+      this.holding = false;
+      restored = this.reinstantiate();
+    }
+    const event: EngineFaultEvent = { kind: 'engine-fault', fault, phase, error, restored, policyName, key, call };
+    this.#telemetry?.fault(event);
     this.#emitter.emit('engine-fault', event);
   }
 

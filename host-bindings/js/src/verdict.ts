@@ -11,43 +11,16 @@
 // is below 2^37 ns, about 137 s); larger verdicts take the exact BigInt path.
 
 import type { Reason } from '../wasm/interfaces/levee-policy-types.js';
+import { REASONS as GENERATED_REASONS, VERDICT_KINDS } from './constants.js';
 
-export const KIND_ATTEMPT = 0;
-export const KIND_WAIT = 1;
-export const KIND_DONE = 2;
-export const KIND_RETRY = 3;
-export const KIND_FALLBACK = 4;
-export const KIND_FAIL = 5;
-export const KIND_INVALID = 6;
+export { KIND_ATTEMPT, KIND_WAIT, KIND_DONE, KIND_RETRY, KIND_FALLBACK, KIND_FAIL, KIND_INVALID } from './constants.js';
 
-export const KIND_NAMES = ['attempt', 'wait', 'done', 'retry', 'fallback', 'fail', 'invalid'] as const;
+/** The verdict kinds, by code. */
+export const KIND_NAMES = VERDICT_KINDS;
 export type VerdictKind = (typeof KIND_NAMES)[number];
 
 /** The `reason` enum in declaration order: the detail byte of a verdict indexes it. */
-export const REASONS: readonly Reason[] = [
-  'none',
-  'deadline',
-  'retries-exhausted',
-  'non-retryable',
-  'budget',
-  'breaker-open',
-  'rate-limited',
-  'bulkhead-full',
-  'non-idempotent',
-  'retry-after-too-long',
-  'pushback',
-  'cancelled',
-  'fallbacks-failed',
-];
-
-/** Invalid-verdict codes (detail byte of an `invalid` verdict). */
-export const INVALID_CODES: Readonly<Record<number, string>> = {
-  1: 'unknown call',
-  2: 'duplicate or zero call id',
-  3: 'unknown policy',
-  4: 'call not in the right step for this operation',
-  5: 'unknown engine id',
-};
+export const REASONS: readonly Reason[] = GENERATED_REASONS;
 
 /** A verdict split into its fields. */
 export interface Verdict {

@@ -4,7 +4,7 @@
 //   import core from 'levee-resilience/wasm/levee_policy.core.wasm';
 //   const levee = load(policyText, { modules: { 'levee_policy.core.wasm': core } });
 
-import { Levee } from './levee.js';
+import { Levee, sinkOf } from './levee.js';
 import type { LoadOptions, Platform } from './levee.js';
 
 export interface WorkerLoadOptions extends LoadOptions {
@@ -26,7 +26,7 @@ export function load(document: string, options: WorkerLoadOptions): Levee {
     randomSeed: () => crypto.getRandomValues(new BigUint64Array(1))[0] ?? 0n,
     unrefTimers: false,
   };
-  return new Levee(platform, document, options, options.meter ?? undefined);
+  return new Levee(platform, document, options, sinkOf(options));
 }
 
 export { Levee, sleep } from './levee.js';
@@ -49,6 +49,16 @@ export {
   outcomeOfError,
 } from './errors.js';
 export type { FailureReason, Outcome } from './errors.js';
-export type { EngineFaultEvent, LeveeEvent, LeveeEventMap, LeveeEventName, MeterLike } from './events.js';
+export { OpenTelemetrySink } from './events.js';
+export type {
+  EngineFaultEvent,
+  LeveeEvent,
+  LeveeEventMap,
+  LeveeEventName,
+  MeterLike,
+  RetryHook,
+  RetryInfo,
+  TelemetrySink,
+} from './events.js';
 export type { BreakerState, Event, EventKind, LoadError, Reason } from './types.js';
 export { leveeFetch } from './fetch.js';

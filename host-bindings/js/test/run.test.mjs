@@ -65,8 +65,11 @@ describe('verdicts', () => {
     assert.equal(startFlags(undefined), 0);
     assert.equal(startFlags({ idempotent: false }), 1);
     assert.equal(startFlags({ idempotencyKey: true }), 2);
-    assert.equal(startFlags({ method: 'post' }), 3 << 8);
+    assert.equal(startFlags({ method: 'POST' }), 3 << 8);
+    // RFC 9110 methods are case-sensitive (docs/hosts.md, section 6): `post` is another token.
+    assert.equal(startFlags({ method: 'post' }), 15 << 8);
     assert.equal(startFlags({ method: 'BREW' }), 15 << 8);
+    assert.equal(startFlags({ method: 'constructor' }), 15 << 8);
   });
 });
 
@@ -136,7 +139,18 @@ describe('outcomes of errors', () => {
       kind: 'timeout',
     });
     assert.equal(errorClassName(new DOMException('x', 'AbortError')), 'AbortError');
-    assert.equal(errorClassName('a string'), 'string');
+    // docs/hosts.md, "The name of an error": a thrown value that is not an Error is "Error".
+    assert.equal(errorClassName('a string'), 'Error');
+    assert.equal(errorClassName({ name: 'Lookalike' }), 'Error');
+    class Plain extends Error {}
+    assert.equal(errorClassName(new Plain('x')), 'Plain');
+    // A connect timeout cannot connect: connection-error; a bad certificate is its own class.
+    const connectTimeout = new TypeError('fetch failed', {
+      cause: Object.assign(new Error('x'), { code: 'UND_ERR_CONNECT_TIMEOUT' }),
+    });
+    assert.deepEqual(outcomeOfError(connectTimeout), { kind: 'connection-error' });
+    const badCert = new TypeError('fetch failed', { cause: Object.assign(new Error('x'), { code: 'CERT_HAS_EXPIRED' }) });
+    assert.deepEqual(outcomeOfError(badCert), { kind: 'error-class', name: 'tls-certificate' });
   });
 });
 
@@ -287,10 +301,9 @@ describe('run', () => {
       },
       { signal: controller.signal },
     );
+    // The caller's cancellation ends the call with the signal's reason (docs/hosts.md, section 5).
     await assert.rejects(pending, (err) => {
-      assert.ok(err instanceof LeveeError);
-      assert.equal(err.reason, 'cancelled');
-      assert.equal(err.lastError.message, 'shutdown');
+      assert.equal(err.message, 'shutdown');
       return true;
     });
   });
@@ -300,7 +313,7 @@ describe('run', () => {
     let calls = 0;
     await assert.rejects(
       levee.run('quick', () => calls++, { signal: AbortSignal.abort() }),
-      (err) => err.reason === 'cancelled',
+      (err) => err.name === 'AbortError',
     );
     assert.equal(calls, 0);
   });
@@ -510,8 +523,13 @@ describe('metrics', () => {
     });
     const retries = recorded.filter((r) => r.name === 'levee.retries');
     assert.equal(retries.length, 1);
-    assert.deepEqual(retries[0].attributes, { policy: 'quick' });
-    assert.ok(recorded.some((r) => r.name === 'levee.retry.delay' && r.value === 1));
+    assert.deepEqual(retries[0].attributes, { 'levee.policy': 'quick' });
+    // seconds (docs/telemetry.md)
+    assert.ok(recorded.some((r) => r.name === 'levee.retry.delay' && r.value === 0.001));
+    const attempts = recorded.filter((r) => r.name === 'levee.attempts').map((r) => r.attributes['levee.outcome']);
+    assert.deepEqual(attempts, ['error-class', 'success']);
+    const calls = recorded.filter((r) => r.name === 'levee.calls');
+    assert.deepEqual(calls[0].attributes, { 'levee.policy': 'quick', 'levee.result': 'success', 'levee.retried': true });
   });
 
   test('with @opentelemetry/api installed, load() uses its global meter', async () => {
@@ -521,7 +539,14 @@ describe('metrics', () => {
     try {
       const levee = await load(DOC, { seed: 1n });
       await assert.rejects(levee.run('quick', () => Promise.reject(new FatalError('x'))));
-      assert.ok(recorded.some((r) => r.name === 'levee.calls.failed' && r.attributes.reason === 'non-retryable'));
+      assert.ok(
+        recorded.some(
+          (r) =>
+            r.name === 'levee.calls' &&
+            r.attributes['levee.result'] === 'failure' &&
+            r.attributes['levee.reason'] === 'non-retryable',
+        ),
+      );
     } finally {
       api.metrics.disable();
     }
