@@ -26,27 +26,15 @@ to return (a breaker open, a connection error on the last attempt) it raises the
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
+from ._driver import _SLEEP, ATTEMPT, _AttemptResult, _Call, _protocol
 from ._events import logger
-from .engine import (
-    _ATTEMPT_DEADLINE,
-    _SLEEP,
-    ATTEMPT,
-    Engine,
-    Policy,
-    _AttemptResult,
-    _Call,
-    _monotonic_ns,
-    _protocol,
-    _run_fallback_async,
-    _run_fallback_sync,
-)
+from ._io import _AttemptScope, _run_fallback_async, _run_fallback_sync, attempt_timeout_cm, sleep_async, sleep_sync
+from .engine import Engine, Policy, method_flags
 from .errors import CallFailed
 from .outcomes import Outcome, outcome_for_exception, outcome_for_response
 
@@ -55,8 +43,6 @@ __all__ = ["AsyncLeveeTransport", "LeveeTransport", "request_flags"]
 
 def request_flags(request: httpx.Request) -> int:
     """`start` flags for a request: its method (bits 8-11) and an idempotency key (bit 1)."""
-    from .engine import method_flags
-
     flags = method_flags(request.method)
     if "idempotency-key" in request.headers:
         flags |= 2
@@ -92,7 +78,7 @@ def _replayable(request: httpx.Request) -> bool:
     return isinstance(request.stream, httpx.ByteStream)
 
 
-def _read_within(response: httpx.Response, timeout_ns: int, start: int) -> None:
+def _read_within(response: httpx.Response, timeout_ns: int, start: int, now: Callable[[], int]) -> None:
     """Read the body, cut at the attempt's timeout: the deadline is checked after every
     chunk (a read that waits longer is bounded by the read timeout, at most the attempt's)."""
     if not timeout_ns:
@@ -103,10 +89,10 @@ def _read_within(response: httpx.Response, timeout_ns: int, start: int) -> None:
     try:
         for chunk in response.iter_bytes():
             chunks.append(chunk)
-            if _monotonic_ns() > end:
+            if now() > end:
                 raise httpx.ReadTimeout("the response body did not arrive within the attempt's timeout")
     finally:
-        if _monotonic_ns() > end or not response.is_stream_consumed:
+        if now() > end or not response.is_stream_consumed:
             response.close()
     response._content = b"".join(chunks)  # as httpx's own read() keeps it
 
@@ -128,12 +114,11 @@ class _Base:
     def _begin(self, request: httpx.Request) -> tuple[_Call, int]:
         pol = self._policy
         call, gen, v = self._engine._start(pol._slot, self._key(request), request_flags(request) | pol._flags)
-        return _Call(self._engine, pol._slot, call, gen, _monotonic_ns(), None, (request,), {}), v
+        return _Call(self._engine, pol._slot, call, gen, self._engine._now(), None, (request,), {}), v
 
-    @staticmethod
-    def _result(request: httpx.Request, response: httpx.Response | None, exc: BaseException | None,
+    def _result(self, request: httpx.Request, response: httpx.Response | None, exc: BaseException | None,
                 start: int, timeout: int) -> _AttemptResult:  # fmt: skip
-        end = _monotonic_ns()
+        end = self._engine._now()
         if exc is not None:
             return _AttemptResult(outcome_for_exception(exc), None, exc, start, end)
         assert response is not None
@@ -167,21 +152,20 @@ class LeveeTransport(_Base, httpx.BaseTransport):
                 if op == ATTEMPT:
                     _mark_attempt(request, action[1])
                     _with_timeout(request, action[2])
-                    start = _monotonic_ns()
-                    token = _ATTEMPT_DEADLINE.set(start + action[2]) if action[2] else None
+                    start = self._engine._now()
+                    scope = _AttemptScope(self._engine, start, action[2])
                     try:
                         response = self._transport.handle_request(request)
-                        _read_within(response, action[2], start)
+                        _read_within(response, action[2], start, self._engine._now)
                         res = self._result(request, response, None, start, action[2])
                     except Exception as e:
                         res = self._result(request, None, e, start, action[2])
                     finally:
-                        if token is not None:
-                            _ATTEMPT_DEADLINE.reset(token)
+                        scope.close()
                     last = res.value
                     action = proto.send(res)
                 elif op == _SLEEP:
-                    time.sleep(action[1] / 1e9)
+                    sleep_sync(self._engine, action[1])
                     action = proto.send(None)
                 else:
                     action = proto.send(_checked(action[1], *_run_fallback_sync(st, action[1], action[2])))
@@ -223,10 +207,10 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
                 if op == ATTEMPT:
                     _mark_attempt(request, action[1])
                     _with_timeout(request, action[2])
-                    start = _monotonic_ns()
+                    start = self._engine._now()
                     try:
                         if action[2]:
-                            async with asyncio.timeout(action[2] / 1e9):
+                            async with attempt_timeout_cm(self._engine, action[2]):
                                 response = await self._transport.handle_async_request(request)
                                 await response.aread()
                         else:
@@ -238,7 +222,7 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
                     last = res.value
                     action = proto.send(res)
                 elif op == _SLEEP:
-                    await asyncio.sleep(action[1] / 1e9)
+                    await sleep_async(self._engine, action[1])
                     action = proto.send(None)
                 else:
                     action = proto.send(_checked(action[1], *await _run_fallback_async(st, action[1], action[2])))
