@@ -86,9 +86,9 @@ def _run_fallback_sync(st: _Call, name: str, reason: Reason) -> tuple[bool, Any]
         return _unregistered(st, name)
     try:
         value = fn(_fallback_context(st, name, reason))
-    except Exception:
+    except Exception as e:
         logger.warning("levee: fallback %r failed", name, exc_info=True)
-        return False, None
+        return False, e
     if inspect.isawaitable(value):
         if inspect.iscoroutine(value):
             value.close()
@@ -105,9 +105,9 @@ async def _run_fallback_async(st: _Call, name: str, reason: Reason) -> tuple[boo
         value = fn(_fallback_context(st, name, reason))
         if inspect.isawaitable(value):
             value = await value
-    except Exception:
+    except Exception as e:
         logger.warning("levee: fallback %r failed", name, exc_info=True)
-        return False, None
+        return False, e
     return True, value
 
 

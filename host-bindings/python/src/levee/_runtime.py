@@ -21,10 +21,11 @@ from ._clock import SYSTEM, Clock, SystemClock
 from ._events import Listener, dispatch, logger
 from .errors import LeveeError, PolicyError, ProtocolError, UnknownPolicy
 from .outcomes import Outcome
+from .telemetry import TelemetrySink, emit_attempt, emit_call
 from .types import BreakerState, Event, EventKind, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict
 
 if TYPE_CHECKING:
-    from ._driver import FallbackContext, _Call
+    from ._driver import FallbackContext, RetryHook, _Call
 
 T = TypeVar("T")
 
@@ -90,11 +91,17 @@ class _Fault(Exception):
 
 
 class _PolicySlot:
-    __slots__ = ("index", "info")
+    __slots__ = ("index", "info", "tmax")
 
     def __init__(self, index: int, info: PolicyInfo) -> None:
         self.index = index
+        self.set(info)
+
+    def set(self, info: PolicyInfo) -> None:
         self.info = info
+        #: the largest first-attempt timeout the contract allows (0: any, including none)
+        t, d = info.attempt_timeout, info.deadline
+        self.tmax = min(t, d) if t and d else t or d
 
 
 class EngineRuntime:
@@ -108,6 +115,7 @@ class EngineRuntime:
         component: str | os.PathLike[str] | None = None,
         snapshot_interval: float = 1.0,
         clock: Clock | None = None,
+        telemetry: TelemetrySink | None = None,
     ) -> None:
         """Load `document` (YAML or JSON text). `seed` fixes the jitter PRNG (default: from
         `os.urandom`). Raises `PolicyError` naming every invalid field."""
@@ -133,6 +141,9 @@ class EngineRuntime:
         self._snapshot_due = 0 if self._snapshot_every else 1 << 63
         self._fallbacks: dict[str, Callable[[FallbackContext], Any]] = {}
         self._listeners: list[Listener] = []
+        #: events and metrics (docs/telemetry.md); None: logging and listeners only
+        self._sink: TelemetrySink | None = telemetry
+        self._retry_hooks: dict[str, tuple[RetryHook, ...]] = {}
         self._tracer: Callable[[TraceStep], None] | None = None
         # whether calls take the one-crossing hot path (no tracer, the system clock)
         self._hot = type(self._clock) is SystemClock
@@ -165,7 +176,8 @@ class EngineRuntime:
             if slot is None:
                 self._slots[info.name] = _PolicySlot(i, info)
             else:
-                slot.index, slot.info = i, info
+                slot.index = i
+                slot.set(info)
         for name, slot in self._slots.items():
             if name not in names:
                 slot.index = -1
@@ -215,49 +227,75 @@ class EngineRuntime:
                 v = self._core.report(call, at, elapsed, OutcomeKind.SUCCESS, 0, "", 0, 0)
                 self._events_locked(v, out)
 
-    def _recover_locked(self, err: BaseException, out: list[Event]) -> None:
-        """Replace a trapped instance: re-instantiate, reload, restore the last snapshot."""
+    def _recover_locked(self, err: BaseException, out: list[Event], fault: str = "trap", policy: str = "",
+                        key: str = "", call: int = 0) -> None:  # fmt: skip
+        """The one recovery path (docs/hosts.md, section 3), steps 1 and 2: for a trap or a verdict
+        that breaks the contract, re-instantiate, reload and restore the last snapshot (events of
+        the failed crossing are lost); for `invalid`, nothing to replace. Then report it."""
         self.faults += 1
-        self._generation += 1
-        self._pending.clear()
-        old = self._core
-        try:
-            old.close()
-        except Exception:
-            pass
         restored = ""
-        try:
-            core = self._core_class(self._runtime, self._document, self._seed)
-            if self._snapshot is not None:
-                bad = core.import_state(self._snapshot)
-                restored = "; state restored" if bad is None else f"; state not restored ({bad})"
-            self._core = core
-        except Exception as e2:
-            restored = f"; re-instantiation failed: {e2}"
+        if fault != "invalid":
+            self._generation += 1
+            self._pending.clear()
+            old = self._core
+            try:
+                old.close()
+            except Exception:
+                pass
+            try:
+                core = self._core_class(self._runtime, self._document, self._seed)
+                if self._snapshot is not None:
+                    bad = core.import_state(self._snapshot)
+                    restored = "; state restored" if bad is None else f"; state not restored ({bad})"
+                self._core = core
+            except Exception as e2:
+                restored = f"; re-instantiation failed: {e2}"
+        logger.warning("levee: guest fault (%s) in call %d of policy %r: %s%s", fault, call, policy, err, restored)
         out.append(
             Event(
-                at=self._now(), kind=EventKind.ENGINE_FAULT, policy="", policy_index=-1, key="", call=0,
+                at=self._now(), kind=EventKind.ENGINE_FAULT, policy=policy, policy_index=-1, key=key, call=call,
                 attempt=0, reason=Reason.NONE, duration=0, state_from=BreakerState.CLOSED,
-                state_to=BreakerState.CLOSED, name=f"{err}{restored}", value=self.faults,
+                state_to=BreakerState.CLOSED, name=f"{err}{restored}", value=self.faults, fault=fault,
             )
         )  # fmt: skip
+
+    def _guest_fault(self, st: _Call, fault: str, message: str) -> None:
+        """A verdict the host cannot act on: `contract` (it breaks the contract: the instance is
+        replaced, as after a trap) or `invalid` (the core does not know the call)."""
+        events: list[Event] = []
+        with self._lock:
+            if fault == "invalid" or st.gen == self._generation:
+                self._recover_locked(ProtocolError(message), events, fault, st.slot.info.name, st.key, st.call)
+        if events:
+            dispatch(events, self._listeners, self._sink)
 
     def _maybe_snapshot_locked(self, now: int, out: list[Event]) -> None:
         if self._snapshot_every and now >= self._snapshot_due:
             self._snapshot_locked(out)
 
+    def _count_success(self, slot: _PolicySlot, elapsed: int) -> None:
+        """The metrics of a first-time success on the hot path (its report is held back)."""
+        sink = self._sink
+        if sink is None:
+            return
+        try:
+            emit_attempt(sink, slot.info.name, "success", elapsed)
+            emit_call(sink, slot.info.name, "success", False, None)
+        except Exception:
+            logger.exception("levee: telemetry sink %r failed", sink)
+
     def _emit(self, events: list[Event]) -> None:
         if events:
-            dispatch(events, self._listeners)
+            dispatch(events, self._listeners, self._sink)
 
     def _trace(self, op: str, st: _Call, outcome: Outcome | None, v: int) -> None:
         tracer = self._tracer
         if tracer is not None:
             tracer(TraceStep(op, st.call, st.slot.info.name, st.attempts, outcome, Verdict.unpack(v)))
 
-    def _start(self, slot: _PolicySlot, key: str, flags: int) -> tuple[int, int, int]:
-        """`start` a call, settling the held-back success. Returns (call, generation, verdict);
-        the verdict is -1 when the engine faulted (the call then runs unguarded, once)."""
+    def _start(self, slot: _PolicySlot, key: str, flags: int) -> tuple[int, int, int, int]:
+        """`start` a call, settling the held-back success. Returns (call, generation, verdict,
+        now); the verdict is -1 when the guest trapped (recovered: the call ends degraded)."""
         events: list[Event] = []
         with self._lock:
             call = self._next_call
@@ -281,26 +319,32 @@ class EngineRuntime:
                     sc, sa, se, sg = pending.popleft()
                     if sg != self._generation:
                         sc = sa = se = 0
-                v = core.start(call, slot.index, key, flags, self._now(), sc, sa, se)
+                now = self._now()
+                v = core.start(call, slot.index, key, flags, now, sc, sa, se)
                 if v & EVENTS_BIT:
                     self._events_locked(v, events)
             except ComponentFault as e:
                 if not core.dead:
                     raise
-                self._recover_locked(e, events)
+                self._recover_locked(e, events, "trap", slot.info.name, key, call)
                 v = -1
+                now = self._now()
             gen = self._generation
         if events:
-            dispatch(events, self._listeners)
-        return call, gen, v
+            dispatch(events, self._listeners, self._sink)
+        return call, gen, v, now
 
-    def _cross(self, gen: int, fn: Callable[[Core], int]) -> int:
-        """A hot crossing for a call of generation `gen`. Raises `_Fault` after a trap (or when
-        the call's instance was replaced since it started)."""
+    def _cross(self, st: _Call, fn: Callable[[Core], int]) -> int:
+        """A hot crossing for call `st`. Raises `_Fault` after a trap (recovered), or when the
+        call's instance was replaced since it started (the new one would answer `invalid`)."""
         events: list[Event] = []
         try:
             with self._lock:
-                if gen != self._generation:
+                if st.gen != self._generation:
+                    self._recover_locked(
+                        ProtocolError("the call's instance was replaced"), events, "invalid", st.slot.info.name,
+                        st.key, st.call,
+                    )  # fmt: skip
                     raise _Fault()
                 core = self._core
                 try:
@@ -310,12 +354,12 @@ class EngineRuntime:
                 except ComponentFault as e:
                     if not core.dead:
                         raise
-                    self._recover_locked(e, events)
+                    self._recover_locked(e, events, "trap", st.slot.info.name, st.key, st.call)
                     raise _Fault() from e
                 return v
         finally:
             if events:
-                dispatch(events, self._listeners)
+                dispatch(events, self._listeners, self._sink)
 
     def _maybe_snapshot(self) -> None:
         now = self._now()
@@ -335,7 +379,7 @@ class EngineRuntime:
                     raise
                 self._recover_locked(e, events)
         if events:
-            dispatch(events, self._listeners)
+            dispatch(events, self._listeners, self._sink)
 
     def _locked_op(self, fn: Callable[[Core], T], snapshot_if: Callable[[T], bool] | None = None) -> T:
         """Any other operation: flush the held-back success first, recover on a trap. When
@@ -359,7 +403,7 @@ class EngineRuntime:
                     raise LeveeError(f"the Levee engine faulted and was re-instantiated: {e}") from e
         finally:
             if events:
-                dispatch(events, self._listeners)
+                dispatch(events, self._listeners, self._sink)
 
 
 def _path_hint(document: str) -> list[LoadError]:

@@ -19,7 +19,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from ._abi import ComponentFault, Core, event_from_raw
 from ._clock import SystemClock
-from ._driver import _SLEEP, ATTEMPT, FallbackContext, _AttemptResult, _Call, _protocol
+from ._driver import _SLEEP, ATTEMPT, FallbackContext, RetryHook, RetryInfo, _AttemptResult, _Call, _protocol
 from ._events import Listener
 from ._io import (
     _ATTEMPT_DEADLINE,
@@ -46,6 +46,7 @@ __all__ = [
     "Engine",
     "FallbackContext",
     "Policy",
+    "RetryInfo",
     "TraceStep",
     "_Call",
     "_drive_sync",
@@ -71,10 +72,11 @@ HTTP_METHODS = {
 
 
 def method_flags(method: str | None) -> int:
-    """`start` flags bits 8-11 for an HTTP method (15 for any other method, 0 for none)."""
+    """`start` flags bits 8-11 for an HTTP method (15 for any other method, 0 for none). Methods
+    are case-sensitive (RFC 9110): `"get"` is an unknown method, not `GET` (docs/hosts.md)."""
     if not method:
         return 0
-    return HTTP_METHODS.get(method.upper(), 15) << 8
+    return HTTP_METHODS.get(method, 15) << 8
 
 
 # ---------------------------------------------------------------------------- the engine
@@ -108,19 +110,28 @@ class Engine(EngineRuntime):
         idempotency_key: bool = False,
         method: str | None = None,
         classify: Classifier | None = None,
+        on_retry: RetryHook | None = None,
     ) -> Policy:
         """A handle on the named policy: a decorator, `call`/`acall`, and `attempts()`.
 
         `key` selects the breaker/limiter state (a string, or a function of the decorated
-        call's arguments). `idempotent=False` marks the operation non-idempotent unless
-        `idempotency_key=True`; `method` is the HTTP method (the core may classify by it).
-        `classify` maps a result or exception to an `Outcome` (return `None` for the default).
+        call's arguments). `idempotent=False` marks the operation non-idempotent unless it
+        carries an idempotency key (`idempotency_key=True` or the key itself, a non-empty
+        string); `method` is the HTTP method, case-sensitive as RFC 9110 says (`"get"` is not
+        `GET`). `classify` maps a result or exception to an `Outcome` (return `None` for the
+        default). `on_retry(info)` runs before the sleep of each retry (a `RetryInfo`), after
+        the hooks registered for the policy with `Engine.on_retry`.
         """
         slot = self._slots.get(name)
         if slot is None or slot.index < 0:
             raise UnknownPolicy(name, self._names)
         flags = (0 if idempotent else 1) | (2 if idempotency_key else 0) | method_flags(method)
-        return Policy(self, slot, key, flags, classify)
+        return Policy(self, slot, key, flags, classify, on_retry)
+
+    def on_retry(self, policy: str, hook: RetryHook) -> None:
+        """Call `hook(info)` before the sleep of every retry of `policy` (every handle on it)."""
+        self._index(policy)
+        self._retry_hooks[policy] = (*self._retry_hooks.get(policy, ()), hook)
 
     @property
     def policies(self) -> list[str]:
@@ -319,11 +330,12 @@ class Policy:
     """A named policy of an engine, with per-use options. Use it as a decorator (sync or
     `async def`), with `call`/`acall`, or with `attempts()`/`attempts_async()`."""
 
-    __slots__ = ("_classify", "_flags", "_key", "_key_fn", "_slot", "engine")
+    __slots__ = ("_classify", "_flags", "_key", "_key_fn", "_on_retry", "_slot", "engine")
 
     def __init__(self, engine: Engine, slot: _PolicySlot, key: str | Callable[..., str], flags: int,
-                 classify: Classifier | None) -> None:  # fmt: skip
+                 classify: Classifier | None, on_retry: RetryHook | None = None) -> None:  # fmt: skip
         self.engine = engine
+        self._on_retry = on_retry
         self._slot = slot
         self._key_fn: Callable[..., str] | None = None
         self._key = ""
@@ -346,6 +358,14 @@ class Policy:
         fn = self._key_fn
         return self._key if fn is None else str(fn(*args, **kwargs))
 
+    def _hooks(self) -> tuple[RetryHook, ...]:
+        hooks = self.engine._retry_hooks.get(self._slot.info.name, ())
+        return hooks if self._on_retry is None else (*hooks, self._on_retry)
+
+    def _state(self, call: int, gen: int, started: int, key: str, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> _Call:  # fmt: skip
+        return _Call(self.engine, self._slot, call, gen, started, self._classify, args, kwargs, key, self._hooks())
+
     # -------------------------------------------------------------- sync
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -356,23 +376,22 @@ class Policy:
         eng = self.engine
         slot = self._slot
         key = self._key if self._key_fn is None else self._key_for(args, kwargs)
-        call, gen, v = eng._start(slot, key, self._flags)
-        if v & 0x1F == 0 and eng._hot:
-            # The hot path: an attempt, no events pending. One crossing if it succeeds.
-            timeout = v >> 16
-            d = slot.info.deadline
-            if d and (timeout == 0 or timeout > d):
-                timeout = d  # never trust the guest past the policy's deadline
+        call, gen, v, now = eng._start(slot, key, self._flags)
+        timeout = v >> 16
+        tmax = slot.tmax
+        if v & 0xFF1F == 0x100 and eng._hot and (not tmax or 0 < timeout <= tmax):
+            # The hot path: attempt 1 within the contract, no events pending. One crossing if it
+            # succeeds.
             start = _monotonic_ns()
             if timeout:
                 token = _ATTEMPT_DEADLINE.set(start + timeout)
                 try:
                     value = fn(*args, **kwargs)
                 except Exception as e:
-                    st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
+                    st = self._state(call, gen, now, key, args, kwargs)
                     return cast(T, self._after_first(st, v, timeout, None, e, start, fn, args, kwargs))
                 except BaseException:
-                    _Call(eng, slot, call, gen, start, None, (), {}).cancel()
+                    self._state(call, gen, now, key, (), {}).cancel()
                     raise
                 finally:
                     _ATTEMPT_DEADLINE.reset(token)
@@ -380,24 +399,26 @@ class Policy:
                 try:
                     value = fn(*args, **kwargs)
                 except Exception as e:
-                    st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
+                    st = self._state(call, gen, now, key, args, kwargs)
                     return cast(T, self._after_first(st, v, timeout, None, e, start, fn, args, kwargs))
                 except BaseException:
-                    _Call(eng, slot, call, gen, start, None, (), {}).cancel()
+                    self._state(call, gen, now, key, (), {}).cancel()
                     raise
             end = _monotonic_ns()
             if (
-                (timeout == 0 or end - start <= timeout)
+                (timeout == 0 or end - start < timeout)  # a late success is never held back
                 and self._classify is None
                 and (_RESULT_IS_RESPONSE.get(type(value)) is False or outcome_for_result(value) is None)
             ):
                 eng._pending.append((call, end, end - start, gen))
+                if eng._sink is not None:
+                    eng._count_success(slot, end - start)
                 if end >= eng._snapshot_due:
                     eng._snapshot_tick(end)
                 return value
-            st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
+            st = self._state(call, gen, now, key, args, kwargs)
             return cast(T, self._after_first(st, v, timeout, value, None, start, fn, args, kwargs))
-        st = _Call(eng, slot, call, gen, eng._now(), self._classify, args, kwargs)
+        st = self._state(call, gen, now, key, args, kwargs)
         return cast(T, _drive_sync(st, v, fn, args, kwargs))
 
     def _after_first(self, st: _Call, v: int, timeout: int, value: Any, exc: BaseException | None, start: int,
@@ -412,13 +433,11 @@ class Policy:
         eng = self.engine
         slot = self._slot
         key = self._key if self._key_fn is None else self._key_for(args, kwargs)
-        call, gen, v = eng._start(slot, key, self._flags)
-        if v & 0x1F == 0 and eng._hot:
+        call, gen, v, now = eng._start(slot, key, self._flags)
+        timeout = v >> 16
+        tmax = slot.tmax
+        if v & 0xFF1F == 0x100 and eng._hot and (not tmax or 0 < timeout <= tmax):
             # The hot path, as in `call`; the attempt's timeout cancels it.
-            timeout = v >> 16
-            d = slot.info.deadline
-            if d and (timeout == 0 or timeout > d):
-                timeout = d  # never trust the guest past the policy's deadline
             start = _monotonic_ns()
             try:
                 if timeout:
@@ -431,20 +450,22 @@ class Policy:
                 else:
                     value = await fn(*args, **kwargs)
             except Exception as e:
-                st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
+                st = self._state(call, gen, now, key, args, kwargs)
                 return cast(T, await self._after_first_async(st, v, timeout, None, e, start, fn, args, kwargs))
             except BaseException:
-                _Call(eng, slot, call, gen, start, None, (), {}).cancel()
+                self._state(call, gen, now, key, (), {}).cancel()
                 raise
             end = _monotonic_ns()
-            if self._classify is None and outcome_for_result(value) is None:
+            if (timeout == 0 or end - start < timeout) and self._classify is None and outcome_for_result(value) is None:
                 eng._pending.append((call, end, end - start, gen))
+                if eng._sink is not None:
+                    eng._count_success(slot, end - start)
                 if end >= eng._snapshot_due:
                     eng._snapshot_tick(end)
                 return value
-            st = _Call(eng, slot, call, gen, start, self._classify, args, kwargs)
+            st = self._state(call, gen, now, key, args, kwargs)
             return cast(T, await self._after_first_async(st, v, timeout, value, None, start, fn, args, kwargs))
-        st = _Call(eng, slot, call, gen, eng._now(), self._classify, args, kwargs)
+        st = self._state(call, gen, now, key, args, kwargs)
         return cast(T, await _drive_async(st, v, fn, args, kwargs))
 
     async def _after_first_async(self, st: _Call, v: int, timeout: int, value: Any, exc: BaseException | None,
@@ -560,8 +581,9 @@ class Attempts:
     def __iter__(self) -> Generator[Attempt, None, None]:
         pol = self._policy
         eng = pol.engine
-        call, gen_no, v = eng._start(pol._slot, pol._key_for((), {}), pol._flags)
-        st = _Call(eng, pol._slot, call, gen_no, eng._now(), pol._classify, (), {})
+        key = pol._key_for((), {})
+        call, gen_no, v, now = eng._start(pol._slot, key, pol._flags)
+        st = pol._state(call, gen_no, now, key, (), {})
         proto = _protocol(st, v)
         try:
             action = next(proto)
@@ -595,8 +617,9 @@ class AsyncAttempts:
     async def _iterate(self) -> AsyncGenerator[Attempt, None]:
         pol = self._policy
         eng = pol.engine
-        call, gen_no, v = eng._start(pol._slot, pol._key_for((), {}), pol._flags)
-        st = _Call(eng, pol._slot, call, gen_no, eng._now(), pol._classify, (), {})
+        key = pol._key_for((), {})
+        call, gen_no, v, now = eng._start(pol._slot, key, pol._flags)
+        st = pol._state(call, gen_no, now, key, (), {})
         proto = _protocol(st, v)
         try:
             action = next(proto)

@@ -113,8 +113,9 @@ class _Base:
 
     def _begin(self, request: httpx.Request) -> tuple[_Call, int]:
         pol = self._policy
-        call, gen, v = self._engine._start(pol._slot, self._key(request), request_flags(request) | pol._flags)
-        return _Call(self._engine, pol._slot, call, gen, self._engine._now(), None, (request,), {}), v
+        key = self._key(request)
+        call, gen, v, now = self._engine._start(pol._slot, key, request_flags(request) | pol._flags)
+        return pol._state(call, gen, now, key, (request,), {}), v
 
     def _result(self, request: httpx.Request, response: httpx.Response | None, exc: BaseException | None,
                 start: int, timeout: int) -> _AttemptResult:  # fmt: skip
