@@ -25,19 +25,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import heapq
 import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from . import _clock
 from ._abi import Core
 from ._clock import Clock, SystemClock
 from ._runtime import EngineRuntime
+from .telemetry import AttributeValue
 from .types import OutcomeKind
 
-__all__ = ["Clock", "SystemClock", "VirtualClock", "inject_fault", "no_waits", "set_waits", "waits_enabled"]
+__all__ = [
+    "Clock",
+    "Fault",
+    "RecordingSink",
+    "SystemClock",
+    "VirtualClock",
+    "faults",
+    "inject_fault",
+    "no_waits",
+    "set_waits",
+    "waits_enabled",
+]
 
 waits_enabled = _clock.waits_enabled
 
@@ -236,54 +251,187 @@ def _expire(cm: asyncio.Timeout, loop: asyncio.AbstractEventLoop) -> None:
         pass  # the block already ended
 
 
+# ---------------------------------------------------------------------------- telemetry
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One thing a `RecordingSink` received: `kind` is `event`, `add`, `record` or `gauge`;
+    `label` the value of the sink's context variable when it was received."""
+
+    kind: str
+    name: str
+    value: float
+    attributes: dict[str, AttributeValue]
+    label: object = None
+
+
+class RecordingSink:
+    """A `TelemetrySink` that keeps everything, in order (thread-safe). With `label`, each
+    entry also records that context variable's value: a test can tell whose call emitted what."""
+
+    def __init__(self, label: contextvars.ContextVar[Any] | None = None) -> None:
+        self._label = label
+        self._lock = threading.Lock()
+        self.entries: list[Recorded] = []
+
+    def _add(self, kind: str, name: str, value: float, attributes: Mapping[str, AttributeValue]) -> None:
+        label = self._label.get() if self._label is not None else None
+        with self._lock:
+            self.entries.append(Recorded(kind, name, value, dict(attributes), label))
+
+    def event(self, name: str, attributes: Mapping[str, AttributeValue]) -> None:
+        self._add("event", name, 0, attributes)
+
+    def add(self, counter: str, value: int, attributes: Mapping[str, AttributeValue]) -> None:
+        self._add("add", counter, value, attributes)
+
+    def record(self, histogram: str, value: float, attributes: Mapping[str, AttributeValue]) -> None:
+        self._add("record", histogram, value, attributes)
+
+    def gauge(self, gauge: str, value: float, attributes: Mapping[str, AttributeValue]) -> None:
+        self._add("gauge", gauge, value, attributes)
+
+    def events(self) -> list[tuple[str, dict[str, AttributeValue]]]:
+        return [(e.name, e.attributes) for e in self.entries if e.kind == "event"]
+
+    def counters(self) -> dict[str, float]:
+        """Counter totals by `name{attr=value,...}` (attributes sorted by name)."""
+        out: dict[str, float] = {}
+        for e in self.entries:
+            if e.kind == "add":
+                k = metric_key(e.name, e.attributes)
+                out[k] = out.get(k, 0) + e.value
+        return out
+
+
+def metric_key(name: str, attributes: Mapping[str, AttributeValue]) -> str:
+    """`name{a=1,b=x}`, attributes sorted by name; booleans as `true`/`false`."""
+    parts = []
+    for k in sorted(attributes):
+        v = attributes[k]
+        parts.append(f"{k}={str(v).lower() if isinstance(v, bool) else v}")
+    return f"{name}{{{','.join(parts)}}}"
+
+
 # ---------------------------------------------------------------------------- fault injection
 
 
 def inject_fault(engine: EngineRuntime, op: str, count: int = 1) -> None:
     """Make the next `count` crossings named `op` (`start`, `acquire`, `report` or
-    `report-fallback`) trap inside the component: a real trap (the guest is left with no fuel),
-    recovered by the engine's one recovery path (re-instantiate, restore the last snapshot, the
-    degraded attempt). For tests of that path; the counts survive the recovery."""
-    if op not in _CROSSINGS:
-        raise ValueError(f"unknown crossing {op!r}: {', '.join(_CROSSINGS)}")
-    current = engine._core_class
-    if issubclass(current, _FaultyCore):
-        cls: type[_FaultyCore] = current
-    else:
-        cls = type("FaultyCore", (_FaultyCore,), {"faults": dict.fromkeys(_CROSSINGS, 0)})
-        engine._core_class = cls
-        engine._core.__class__ = cls
-    cls.faults[op] += count
+    `report-fallback`) of any call trap inside the component: a real trap (the guest is left
+    with no fuel), recovered by the engine's one recovery path (re-instantiate, restore the
+    last snapshot, end the call degraded). For tests of that path; the counts survive the
+    recovery. `faults()` targets the crossings of one call instead."""
+    _check_op(op)
+    _faulty(engine).faults[op] += count
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A guest fault on the `nth` crossing named `op` of a call: a trap (`verdict` None), or
+    the guest's answer replaced by the packed `verdict` (one that breaks the contract)."""
+
+    op: str
+    nth: int = 1
+    verdict: int | None = None
+
+
+class _Plan:
+    __slots__ = ("counts", "faults")
+
+    def __init__(self, faults: tuple[Fault, ...]) -> None:
+        self.faults = faults
+        self.counts = dict.fromkeys(_CROSSINGS, 0)
+
+    def next(self, op: str) -> Fault | None:
+        self.counts[op] += 1
+        n = self.counts[op]
+        for f in self.faults:
+            if f.op == op and f.nth == n:
+                return f
+        return None
+
+
+_PLAN: contextvars.ContextVar[_Plan | None] = contextvars.ContextVar("levee_fault_plan", default=None)
+
+
+@contextlib.contextmanager
+def faults(engine: EngineRuntime, *plan: Fault) -> Iterator[None]:
+    """`with faults(engine, Fault("report", nth=2)): ...`: the crossings made by the code in
+    the block (this thread or task, and tasks it starts) count per operation, and the ones the
+    plan names fault. A call's crossings run in its caller's context, so the plan follows the
+    call. The crossing must run on the engine's driver path (a virtual clock, a tracer, or any
+    call that does not succeed first time)."""
+    for f in plan:
+        _check_op(f.op)
+    _faulty(engine)
+    token = _PLAN.set(_Plan(tuple(plan)))
+    try:
+        yield
+    finally:
+        _PLAN.reset(token)
 
 
 _CROSSINGS = ("start", "acquire", "report", "report-fallback")
 
 
+def _check_op(op: str) -> None:
+    if op not in _CROSSINGS:
+        raise ValueError(f"unknown crossing {op!r}: {', '.join(_CROSSINGS)}")
+
+
+def _faulty(engine: EngineRuntime) -> type[_FaultyCore]:
+    current = engine._core_class
+    if issubclass(current, _FaultyCore):
+        return current
+    cls: type[_FaultyCore] = type("FaultyCore", (_FaultyCore,), {"faults": dict.fromkeys(_CROSSINGS, 0)})
+    engine._core_class = cls
+    engine._core.__class__ = cls
+    return cls
+
+
 class _FaultyCore(Core):
-    """A `Core` whose next crossings of a kind trap (see `inject_fault`)."""
+    """A `Core` whose crossings fault on demand (see `inject_fault` and `faults`)."""
 
     faults: dict[str, int]
 
-    def _arm_fault(self, op: str) -> None:
+    def _arm(self, op: str) -> int | None:
+        """Before crossing `op`: arm a trap, or return the verdict to answer instead."""
+        trap = False
         if self.faults[op] > 0:
             self.faults[op] -= 1
+            trap = True
+        plan = _PLAN.get()
+        if plan is not None:
+            f = plan.next(op)
+            if f is not None:
+                if f.verdict is not None:
+                    return f.verdict
+                trap = True
+        if trap:
             self.store.set_fuel(0)
             self._hot_left = 1 << 62  # no refill before the crossing: it runs out of fuel
+        return None
 
     def start(self, call: int, policy: int, key: str, flags: int, now: int, settle_call: int, settle_at: int,
               settle_elapsed: int) -> int:  # fmt: skip
-        self._arm_fault("start")
-        return super().start(call, policy, key, flags, now, settle_call, settle_at, settle_elapsed)
+        replace = self._arm("start")
+        v = super().start(call, policy, key, flags, now, settle_call, settle_at, settle_elapsed)
+        return v if replace is None else replace
 
     def acquire(self, call: int, now: int) -> int:
-        self._arm_fault("acquire")
-        return super().acquire(call, now)
+        replace = self._arm("acquire")
+        v = super().acquire(call, now)
+        return v if replace is None else replace
 
     def report(self, call: int, now: int, elapsed: int, kind: OutcomeKind, code: int, text: str, wall_secs: int,
                flags: int) -> int:  # fmt: skip
-        self._arm_fault("report")
-        return super().report(call, now, elapsed, kind, code, text, wall_secs, flags)
+        replace = self._arm("report")
+        v = super().report(call, now, elapsed, kind, code, text, wall_secs, flags)
+        return v if replace is None else replace
 
     def report_fallback(self, call: int, now: int, ok: bool) -> int:
-        self._arm_fault("report-fallback")
-        return super().report_fallback(call, now, ok)
+        replace = self._arm("report-fallback")
+        v = super().report_fallback(call, now, ok)
+        return v if replace is None else replace
