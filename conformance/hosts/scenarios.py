@@ -1,0 +1,561 @@
+#!/usr/bin/env python3
+"""The host scenarios: the source of `conformance/hosts/*.json` (README.md, schema.json).
+
+Each scenario is a policy document, a seed, and calls made through a host's public API against
+a scripted dependency, under virtual time. The expected trace of each call is produced by the
+Python host (the only one that blesses) and checked, before it is written, against the
+scenario's `intent`: assertions a person wrote from the rules (docs/hosts.md, docs/policy.md,
+docs/telemetry.md), such as "the error's reason is deadline and no sleep ends past the
+deadline". A wrong Python host therefore cannot bless a wrong trace: the intent refuses it.
+
+    cd host-bindings/python
+    LEVEE_BLESS=1 .venv/bin/python tests/hosts_runner.py   # replay, check intents, write *.json
+    .venv/bin/python tests/hosts_runner.py                 # replay and compare (what CI runs)
+    python3 conformance/hosts/scenarios.py --check         # the *.json match this file (inputs)
+
+A scenario changes only when intended behaviour changes, with the reason in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from email.utils import formatdate
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+NS = 1
+US = 1_000
+MS = 1_000_000
+S = 1_000_000_000
+WALL = 1_764_547_200  # 2025-12-01T00:00:00Z: the virtual wall clock at virtual time 0
+
+Trace = dict[str, Any]
+Intent = Callable[[dict[str, Any], list[Trace]], None]
+
+SCENARIOS: list[dict[str, Any]] = []
+INTENTS: dict[str, Intent] = {}
+UNCHECKED: dict[str, dict[int, tuple[str, ...]]] = {}
+
+
+# ---------------------------------------------------------------------------- documents
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    s = str(v)
+    plain = s and all(c.isalnum() or c in "-_." for c in s) and not s[0].isdigit()
+    return s if plain or _is_duration(s) else json.dumps(s)
+
+
+def _is_duration(s: str) -> bool:
+    for unit in ("ns", "us", "ms", "s", "m", "h"):
+        if s.endswith(unit) and s[: -len(unit)].replace(".", "", 1).isdigit():
+            return True
+    return False
+
+
+def _flow(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k}: {_flow(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, list):
+        return "[" + ", ".join(_flow(x) for x in v) + "]"
+    return _scalar(v)
+
+
+def doc(**policies: dict[str, Any]) -> str:
+    """A policy document: one line of flow YAML per field of each policy."""
+    lines = ["policies:"]
+    for name, fields in policies.items():
+        if not fields:
+            lines.append(f"  {name}: {{}}")
+            continue
+        lines.append(f"  {name}:")
+        for k, v in fields.items():
+            lines.append(f"    {k}: {_flow(v)}")
+    return "\n".join(lines) + "\n"
+
+
+CONST = {"kind": "constant", "base": "100ms", "jitter": "none"}
+
+
+def const(base: str) -> dict[str, str]:
+    return {"kind": "constant", "base": base, "jitter": "none"}
+
+
+# ---------------------------------------------------------------------------- calls and steps
+
+
+def call(*script: dict[str, Any], api: str = "call", at: int = 0, policy: str = "p", **extra: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"api": api, "at": at, "policy": policy}
+    c.update(extra)
+    c["script"] = list(script)
+    return c
+
+
+def http(method: str, url: str, *script: dict[str, Any], headers: dict[str, str] | None = None,
+         body: str | None = None, **extra: Any) -> dict[str, Any]:  # fmt: skip
+    h: dict[str, Any] = {"method": method, "url": url}
+    if headers:
+        h["headers"] = headers
+    if body is not None:
+        h["body"] = body
+    return call(*script, api="http", http=h, **extra)
+
+
+def ok(value: Any = "ok", after: int = 0) -> dict[str, Any]:
+    return {"return": value, **({"after": after} if after else {})}
+
+
+def boom(cls: str = "Boom", after: int = 0) -> dict[str, Any]:
+    return {"raise": cls, **({"after": after} if after else {})}
+
+
+def status(code: int, after: int = 0, **headers: str) -> dict[str, Any]:
+    s: dict[str, Any] = {"status": code}
+    if headers:
+        s["headers"] = {k.replace("_", "-"): v for k, v in headers.items()}
+    if after:
+        s["after"] = after
+    return s
+
+
+HANG = {"hang": True}
+REFUSE = {"refuse": True}
+CONNECT_TIMEOUT = {"connect_timeout": True}
+TLS = {"tls_certificate": True}
+
+
+def late(ns: int, value: Any = "late") -> dict[str, Any]:
+    return {"late": ns, "return": value}
+
+
+def trap(op: str, nth: int = 1) -> dict[str, Any]:
+    return {"op": op, "nth": nth, "trap": True}
+
+
+def verdict(op: str, packed: int, nth: int = 1) -> dict[str, Any]:
+    return {"op": op, "nth": nth, "verdict": f"{packed:#x}"}
+
+
+def packed(kind: int, detail: int = 0, payload: int = 0) -> int:
+    """A packed verdict (wit/levee.wit): kind in bits 0-3, detail 8-15, payload 16-63."""
+    return kind | (detail << 8) | (payload << 16)
+
+
+ATTEMPT, WAIT, DONE, RETRY, FALLBACK, FAIL, INVALID = range(7)
+R = {
+    "none": 0, "deadline": 1, "retries-exhausted": 2, "non-retryable": 3, "budget": 4, "breaker-open": 5,
+    "rate-limited": 6, "bulkhead-full": 7, "non-idempotent": 8, "retry-after-too-long": 9, "pushback": 10,
+    "cancelled": 11, "fallbacks-failed": 12,
+}  # fmt: skip
+
+
+def scenario(name: str, description: str, covers: list[str], document: str, calls: list[dict[str, Any]],
+             intent: Intent, seed: int = 42, unchecked: dict[int, tuple[str, ...]] | None = None) -> None:  # fmt: skip
+    """`unchecked`: fields of a call's trace left out of `expect` (host-specific by the rules)."""
+    assert all(s["name"] != name for s in SCENARIOS), name
+    SCENARIOS.append({
+        "name": name, "description": description, "covers": covers, "document": document, "seed": seed,
+        "wall_start": WALL, "calls": calls,
+    })  # fmt: skip
+    INTENTS[name] = intent
+    if unchecked:
+        UNCHECKED[name] = unchecked
+
+
+# ---------------------------------------------------------------------------- intent helpers
+
+
+def check(cond: bool, what: str) -> None:
+    if not cond:
+        raise AssertionError(what)
+
+
+def value(t: Trace, v: Any) -> None:
+    check(t["result"] == {"value": v}, f"the call returns {v!r}, not {t['result']}")
+
+
+def http_status(t: Trace, code: int) -> None:
+    check(t["result"] == {"status": code}, f"the call returns the response {code}, not {t['result']}")
+
+
+def error(t: Trace, reason: str, attempts: int | None = None, last: Any = ...) -> None:
+    r = t["result"]
+    check("error" in r, f"the call fails with a typed error, not {r}")
+    e = r["error"]
+    check(e["reason"] == reason, f"the reason is {reason}, not {e['reason']}")
+    if attempts is not None:
+        check(e["attempts"] == attempts, f"the error says {attempts} attempts, not {e['attempts']}")
+    if last is not ...:
+        check(e["last"] == last, f"the error's cause is {last}, not {e['last']}")
+
+
+def raised(t: Trace, cls: str) -> None:
+    check(t["result"] == {"raised": cls}, f"the user's own {cls} is raised, not {t['result']}")
+
+
+def n_attempts(t: Trace, n: int) -> None:
+    check(len(t["attempts"]) == n, f"{n} attempts, not {len(t['attempts'])}")
+
+
+def starts(t: Trace, *at: int) -> None:
+    got = tuple(a["at"] for a in t["attempts"])
+    check(got == at, f"attempts start at {at}, not {got}")
+
+
+def ends(t: Trace, *end: int) -> None:
+    got = tuple(a["end"] for a in t["attempts"])
+    check(got == end, f"attempts end at {end}, not {got}")
+
+
+def sleeps(t: Trace, *ns: int) -> None:
+    check(tuple(t["sleeps"]) == ns, f"sleeps {ns}, not {tuple(t['sleeps'])}")
+
+
+def names(t: Trace) -> list[str]:
+    return [e["name"] for e in t["events"]]
+
+
+def has_event(t: Trace, name: str, **attrs: Any) -> dict[str, Any]:
+    for e in t["events"]:
+        if e["name"] == name and all(e.get(k.replace("_", ".")) == v for k, v in attrs.items()):
+            return e
+    raise AssertionError(f"no {name} event with {attrs} in {t['events']}")
+
+
+def no_event(t: Trace, name: str) -> None:
+    check(name not in names(t), f"no {name} event, but {t['events']}")
+
+
+def metric(t: Trace, key: str, v: Any) -> None:
+    check(t["metrics"].get(key) == v, f"metric {key} = {v}, not {t['metrics'].get(key)}")
+
+
+def fault(t: Trace, kind: str) -> None:
+    has_event(t, "engine-fault", **{"levee_fault": kind})
+    metric(t, "levee.engine.faults{levee.fault=" + kind + "}", 1)
+
+
+def degraded(t: Trace, n: int) -> None:
+    got = [a for a in t["attempts"] if a.get("degraded")]
+    check(len(got) == n, f"{n} degraded attempts, not {len(got)}")
+    if n:
+        check(t["attempts"][-1].get("degraded") is True, "the degraded attempt is the last")
+
+
+def within(t: Trace, start: int, deadline: int) -> None:
+    """Nothing of the call runs past its deadline: no attempt ends and no sleep ends after it."""
+    for a in t["attempts"]:
+        check(a["end"] <= start + deadline, f"an attempt ends at {a['end']}, past the deadline {start + deadline}")
+    # each sleep starts when the attempt before it ended
+    for a, s in zip(t["attempts"], t["sleeps"], strict=False):
+        check(a["end"] + s <= start + deadline, f"a sleep ends at {a['end'] + s}, past the deadline")
+
+
+def calls_metric(t: Trace, policy: str, result: str, retried: bool, reason: str | None = None) -> None:
+    attrs = [f"levee.policy={policy}"]
+    if reason is not None:
+        attrs.insert(0, f"levee.reason={reason}")
+    key = "levee.calls{" + ",".join([*attrs, f"levee.result={result}", f"levee.retried={str(retried).lower()}"]) + "}"
+    # attributes sorted by name
+    parts = sorted(key[len("levee.calls{") : -1].split(","))
+    metric(t, "levee.calls{" + ",".join(parts) + "}", 1)
+
+
+def all_of(*fs: Callable[[list[Trace]], None]) -> Intent:
+    def intent(scn: dict[str, Any], traces: list[Trace]) -> None:
+        for f in fs:
+            f(traces)
+
+    return intent
+
+
+# ---------------------------------------------------------------------------- the scenarios
+# Retries and backoff
+
+scenario(
+    "retry-then-success",
+    "Two failures of a retried error class, then a success: two constant 100 ms sleeps, the third attempt's value.",
+    ["retry", "backoff:constant", "telemetry"],
+    doc(p={"attempts": 3, "backoff": CONST, "retry-on": ["error:Boom"]}),
+    [call(boom(), boom(), ok("done"))],
+    all_of(lambda t: value(t[0], "done"), lambda t: starts(t[0], 0, 100 * MS, 200 * MS),
+           lambda t: sleeps(t[0], 100 * MS, 100 * MS),
+           lambda t: check(names(t[0]) == ["retry-scheduled", "retry-scheduled"], f"events {names(t[0])}"),
+           lambda t: metric(t[0], "levee.retries{levee.policy=p}", 2),
+           lambda t: calls_metric(t[0], "p", "success", True),
+           lambda t: metric(t[0], "levee.attempts{levee.outcome=error-class,levee.policy=p}", 2),
+           lambda t: metric(t[0], "levee.attempts{levee.outcome=success,levee.policy=p}", 1),
+           lambda t: check([r["attempt"] for r in t[0]["on_retry"]] == [1, 2], "on_retry after attempts 1 and 2"),
+           lambda t: check(all(r["error"] == "error:Boom" and r["delay"] == 0.1 for r in t[0]["on_retry"]),
+                           "on_retry gets the error and the 0.1 s delay")),  # fmt: skip
+)
+
+scenario(
+    "retries-exhausted",
+    "Every attempt fails: the typed retries-exhausted error says 3 attempts and names the last error.",
+    ["retry", "error-naming"],
+    doc(p={"attempts": 3, "backoff": CONST, "retry-on": ["error:Boom"]}),
+    [call(boom(), boom(), boom())],
+    all_of(lambda t: error(t[0], "retries-exhausted", 3, "error:Boom"), lambda t: n_attempts(t[0], 3),
+           lambda t: has_event(t[0], "gave-up", levee_reason="retries-exhausted", levee_attempt=3),
+           lambda t: calls_metric(t[0], "p", "failure", True, "retries-exhausted")),  # fmt: skip
+)
+
+scenario(
+    "non-retryable-error-class",
+    "An error class no rule retries ends the call after one attempt with non-retryable.",
+    ["classification", "error-naming"],
+    doc(p={"attempts": 3, "backoff": CONST, "retry-on": ["error:Boom"]}),
+    [call(boom("ValueError"), ok())],
+    all_of(lambda t: error(t[0], "non-retryable", 1, "error:ValueError"), lambda t: n_attempts(t[0], 1),
+           lambda t: sleeps(t[0]), lambda t: calls_metric(t[0], "p", "failure", False, "non-retryable")),  # fmt: skip
+)
+
+scenario(
+    "never-retry-wins",
+    "error:* retries everything but never-retry names the class: one attempt, non-retryable.",
+    ["classification"],
+    doc(p={"attempts": 3, "backoff": CONST, "retry-on": ["error:*"], "never-retry": ["error:Fatal"]}),
+    [call(boom("Fatal"), ok())],
+    all_of(lambda t: error(t[0], "non-retryable", 1, "error:Fatal")),
+)
+
+scenario(
+    "error-class-wildcard-retried",
+    "error:* retries an error of any class; the name travels as the class name.",
+    ["classification", "error-naming"],
+    doc(p={"attempts": 2, "backoff": CONST, "retry-on": ["error:*"]}),
+    [call(boom("SomethingOdd"), ok(7))],
+    all_of(lambda t: value(t[0], 7), lambda t: sleeps(t[0], 100 * MS),
+           lambda t: check(t[0]["on_retry"][0]["error"] == "error:SomethingOdd", "the hook sees the class name")),
+)
+
+scenario(
+    "backoff-exponential-no-jitter",
+    "Exponential backoff without jitter: 100, 200, 400 ms, then the cap of 500 ms.",
+    ["backoff:exponential"],
+    doc(p={"attempts": 5, "backoff": {"kind": "exponential", "base": "100ms", "cap": "500ms", "jitter": "none"},
+           "retry-on": ["error:Boom"]}),  # fmt: skip
+    [call(boom(), boom(), boom(), boom(), ok())],
+    all_of(lambda t: sleeps(t[0], 100 * MS, 200 * MS, 400 * MS, 500 * MS), lambda t: value(t[0], "ok")),
+)
+
+scenario(
+    "backoff-linear",
+    "Linear backoff: base * n.",
+    ["backoff:linear"],
+    doc(p={"attempts": 4, "backoff": {"kind": "linear", "base": "50ms", "jitter": "none"}, "retry-on": ["error:Boom"]}),
+    [call(boom(), boom(), boom(), ok())],
+    all_of(lambda t: sleeps(t[0], 50 * MS, 100 * MS, 150 * MS)),
+)
+
+
+def _full_jitter(t: list[Trace]) -> None:
+    s = t[0]["sleeps"]
+    check(len(s) == 3, "three sleeps")
+    for n, d in enumerate(s):
+        check(0 <= d <= 100 * MS * 2**n, f"sleep {n + 1} ({d}) within U(0, {100 * 2**n} ms)")
+    check(len(set(s)) == 3, "the seeded jitter differs per retry")
+    check([round(r["delay"] * 1e9) for r in t[0]["on_retry"]] == s, "the hook's delays are the sleeps")
+    check([round(e["levee.delay"] * 1e9) for e in t[0]["events"] if e["name"] == "retry-scheduled"] == s,
+          "the events' delays are the sleeps")  # fmt: skip
+
+
+scenario(
+    "backoff-full-jitter-seeded",
+    "Full jitter from the engine's seeded PRNG: the same seed gives the same delays in every host.",
+    ["backoff:jitter", "determinism"],
+    doc(p={"attempts": 4, "backoff": {"kind": "exponential", "base": "100ms", "jitter": "full"},
+           "retry-on": ["error:Boom"]}),  # fmt: skip
+    [call(boom(), boom(), boom(), ok())],
+    lambda scn, t: _full_jitter(t),
+    seed=7,
+)
+
+scenario(
+    "backoff-equal-jitter-seeded",
+    "Equal jitter: each delay in [d/2, d].",
+    ["backoff:jitter"],
+    doc(p={"attempts": 3, "backoff": {"kind": "constant", "base": "200ms", "jitter": "equal"},
+           "retry-on": ["error:Boom"]}),  # fmt: skip
+    [call(boom(), boom(), ok())],
+    all_of(lambda t: check(all(100 * MS <= d <= 200 * MS for d in t[0]["sleeps"]) and len(t[0]["sleeps"]) == 2,
+                           f"equal jitter in [100, 200] ms: {t[0]['sleeps']}")),  # fmt: skip
+    seed=99,
+)
+
+scenario(
+    "on-retry-hook-sees-results",
+    "The on_retry hook runs before each sleep with the failed attempt, the delay in seconds and the error name.",
+    ["on_retry", "telemetry"],
+    doc(p={"attempts": 3, "backoff": const("250ms"), "retry-on": ["error:Flaky", "timeout"],
+           "attempt-timeout": "1s"}),  # fmt: skip
+    [call(boom("Flaky"), HANG, ok())],
+    all_of(lambda t: check(t[0]["on_retry"] == [{"attempt": 1, "delay": 0.25, "error": "error:Flaky"},
+                                                {"attempt": 2, "delay": 0.25, "error": "timeout"}],
+                           f"hook calls {t[0]['on_retry']}"),
+           lambda t: starts(t[0], 0, 250 * MS, 1500 * MS), lambda t: ends(t[0], 0, 1250 * MS, 1500 * MS)),  # fmt: skip
+)
+
+# Deadlines
+
+scenario(
+    "retry-delay-past-deadline-fails",
+    "issue 13: a retry whose delay would end past the deadline is never slept: the call fails with deadline at once.",
+    ["deadline", "issue-13: retry delay past the deadline"],
+    doc(p={"attempts": 5, "deadline": "1s", "backoff": const("800ms"), "retry-on": ["error:Boom"]}),
+    [call(boom(after=300 * MS), ok())],
+    all_of(lambda t: error(t[0], "deadline", 1, "error:Boom"), lambda t: sleeps(t[0]),
+           lambda t: within(t[0], 0, S), lambda t: n_attempts(t[0], 1)),  # fmt: skip
+)
+
+scenario(
+    "retry-delay-fits-deadline",
+    "A retry that ends before the deadline is slept; the next attempt's timeout is what the deadline leaves.",
+    ["deadline", "deadline-clamp"],
+    doc(p={"attempts": 5, "deadline": "1s", "backoff": const("500ms"), "retry-on": ["error:Boom", "timeout"]}),
+    [call(boom(after=300 * MS), HANG)],
+    all_of(lambda t: starts(t[0], 0, 800 * MS), lambda t: ends(t[0], 300 * MS, S),
+           lambda t: error(t[0], "deadline", 2, "timeout"), lambda t: within(t[0], 0, S)),  # fmt: skip
+)
+
+scenario(
+    "attempt-timeout-clamped-to-deadline",
+    "attempt-timeout 800 ms under a 1 s deadline: the second attempt gets the 100 ms left, never past the deadline.",
+    ["deadline-clamp", "timeout"],
+    doc(p={"attempts": 3, "deadline": "1s", "attempt-timeout": "800ms", "backoff": CONST}),
+    [call(HANG, HANG, ok())],
+    all_of(lambda t: starts(t[0], 0, 900 * MS), lambda t: ends(t[0], 800 * MS, S),
+           lambda t: error(t[0], "deadline", 2, "timeout"), lambda t: within(t[0], 0, S)),  # fmt: skip
+)
+
+scenario(
+    "deadline-cuts-a-hanging-attempt",
+    "With a deadline and no attempt-timeout, a hanging attempt is cut at the deadline.",
+    ["deadline", "timeout"],
+    doc(p={"attempts": 3, "deadline": "2s", "backoff": CONST}),
+    [call(HANG, ok())],
+    all_of(lambda t: ends(t[0], 2 * S), lambda t: error(t[0], "deadline", 1, "timeout")),
+)
+
+scenario(
+    "attempt-timeout-then-success",
+    "A hanging attempt is cancelled at its 500 ms timeout and retried.",
+    ["timeout", "retry"],
+    doc(p={"attempts": 2, "attempt-timeout": "500ms", "backoff": CONST}),
+    [call(HANG, ok("second"))],
+    all_of(lambda t: value(t[0], "second"), lambda t: ends(t[0], 500 * MS, 600 * MS),
+           lambda t: metric(t[0], "levee.attempts{levee.outcome=timeout,levee.policy=p}", 1),
+           lambda t: metric(t[0], "levee.attempt.duration{levee.outcome=timeout,levee.policy=p}",
+                            {"count": 1, "sum": 0.5})),  # fmt: skip
+)
+
+scenario(
+    "late-success-is-timeout",
+    "issue 13: an attempt that ignores cancellation and succeeds after its timeout counts as a timeout (the core decides from elapsed) and is retried.",
+    ["late-result", "issue-13: late results"],
+    doc(p={"attempts": 2, "attempt-timeout": "1s", "backoff": CONST}),
+    [call(late(1500 * MS, "too late"), ok("in time"))],
+    all_of(lambda t: value(t[0], "in time"), lambda t: n_attempts(t[0], 2),
+           lambda t: has_event(t[0], "retry-scheduled", levee_attempt=1)),  # fmt: skip
+    unchecked={0: ("attempts", "sleeps", "metrics", "on_retry")},
+)
+
+scenario(
+    "late-success-on-last-attempt",
+    "A late success on the last attempt is a timeout: retries-exhausted with a timeout cause, not the late value.",
+    ["late-result", "issue-13: late results"],
+    doc(p={"attempts": 1, "attempt-timeout": "1s"}),
+    [call(late(2 * S, "too late"))],
+    all_of(lambda t: error(t[0], "retries-exhausted", 1)),
+    unchecked={0: ("attempts", "metrics", "result")},
+)
+
+scenario(
+    "success-within-timeout-is-success",
+    "A success just before its timeout is a success.",
+    ["timeout"],
+    doc(p={"attempts": 2, "attempt-timeout": "1s"}),
+    [call(ok("fast", after=999 * MS))],
+    all_of(lambda t: value(t[0], "fast"), lambda t: n_attempts(t[0], 1)),
+)
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def build() -> list[dict[str, Any]]:
+    """The scenarios as written (no `expect`): fresh copies."""
+    return json.loads(json.dumps(SCENARIOS))
+
+
+def check_intent(scn: dict[str, Any], traces: list[Trace]) -> None:
+    """Raise AssertionError when the traces break the scenario's intent."""
+    INTENTS[scn["name"]](scn, traces)
+
+
+def _strip(scn: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(scn))
+    for i, fields in UNCHECKED.get(scn["name"], {}).items():
+        for f in fields:
+            out["calls"][i]["expect"].pop(f, None)
+    return out
+
+
+def write(scn: dict[str, Any]) -> Path:
+    """Write a blessed scenario (every call has its `expect`), minus its unchecked fields."""
+    path = HERE / f"{scn['name']}.json"
+    path.write_text(json.dumps(_strip(scn), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def remove_stale() -> list[str]:
+    known = {s["name"] for s in SCENARIOS}
+    gone = []
+    for p in HERE.glob("*.json"):
+        if p.name != "schema.json" and p.stem not in known:
+            p.unlink()
+            gone.append(p.name)
+    return gone
+
+
+def check_files() -> int:
+    """Every scenario has its file, and each file's inputs are this generator's."""
+    bad = 0
+    for scn in SCENARIOS:
+        path = HERE / f"{scn['name']}.json"
+        if not path.exists():
+            print(f"missing {path.name}: bless it (LEVEE_BLESS=1 python tests/hosts_runner.py in host-bindings/python)")
+            bad += 1
+            continue
+        on_disk = json.loads(path.read_text(encoding="utf-8"))
+        for c in on_disk.get("calls", []):
+            c.pop("expect", None)
+        if on_disk != scn:
+            print(f"stale {path.name}: its inputs differ from scenarios.py; bless again")
+            bad += 1
+    names = {s["name"] for s in SCENARIOS}
+    for p in HERE.glob("*.json"):
+        if p.name != "schema.json" and p.stem not in names:
+            print(f"{p.name} has no scenario in scenarios.py")
+            bad += 1
+    print(f"{len(SCENARIOS)} scenarios, {bad} problems")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--check"]:
+        sys.exit(check_files())
+    if sys.argv[1:] == ["--list"]:
+        for s in SCENARIOS:
+            print(f"{s['name']}: {s['description']}")
+        sys.exit(0)
+    print(__doc__)
+    sys.exit(2)
