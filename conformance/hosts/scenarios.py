@@ -488,6 +488,293 @@ scenario(
 )
 
 
+# Circuit breakers
+
+BREAKER = {"window": {"kind": "count", "size": 2}, "minimum-calls": 2, "failure-rate": 50, "open-duration": "1s",
+           "half-open-permits": 1}  # fmt: skip
+BRK = doc(p={"attempts": 1, "breaker": BREAKER})
+
+
+def _tripped(t: list[Trace]) -> None:
+    error(t[0], "non-retryable", 1, "error:Boom")  # Boom is no retry-on rule's: the typed error, caused by it
+    error(t[1], "non-retryable", 1, "error:Boom")
+    has_event(t[1], "breaker-transition", levee_breaker_from="closed", levee_breaker_to="open")
+    metric(t[1], "levee.breaker.transitions{levee.breaker.from=closed,levee.breaker.to=open,levee.policy=p}", 1)
+    error(t[2], "breaker-open", 0, None)
+    n_attempts(t[2], 0)
+    e = has_event(t[2], "rejected", levee_reason="breaker-open")
+    check(e["levee.delay"] == 0.9, f"the rejection's hint is the 0.9 s left open, not {e['levee.delay']}")
+    metric(t[2], "levee.rejections{levee.policy=p,levee.reason=breaker-open}", 1)
+
+
+scenario(
+    "breaker-opens-and-rejects",
+    "Two failures in a count window of 2 open the breaker; the next call is rejected with the time left open as its hint.",
+    ["breaker", "rejection", "telemetry"],
+    BRK,
+    [call(boom()), call(boom(), at=100 * MS), call(ok(), at=200 * MS)],
+    lambda scn, t: _tripped(t),
+)
+
+scenario(
+    "breaker-half-open-probe-closes",
+    "After open-duration one probe is let through (open -> half-open); its success closes the breaker.",
+    ["breaker", "half-open"],
+    BRK,
+    [call(boom()), call(boom(), at=100 * MS), call(ok(), at=200 * MS), call(ok("probe"), at=1200 * MS),
+     call(ok("normal"), at=1300 * MS)],  # fmt: skip
+    all_of(_tripped, lambda t: value(t[3], "probe"),
+           lambda t: has_event(t[3], "breaker-transition", levee_breaker_from="open", levee_breaker_to="half-open"),
+           lambda t: has_event(t[3], "breaker-transition", levee_breaker_from="half-open", levee_breaker_to="closed"),
+           lambda t: value(t[4], "normal")),  # fmt: skip
+)
+
+scenario(
+    "breaker-half-open-probe-reopens",
+    "A failing half-open probe opens the breaker again; the next call is rejected.",
+    ["breaker", "half-open"],
+    BRK,
+    [call(boom()), call(boom(), at=100 * MS), call(ok(), at=200 * MS), call(boom(), at=1200 * MS),
+     call(ok(), at=1300 * MS)],  # fmt: skip
+    all_of(_tripped, lambda t: error(t[3], "non-retryable", 1, "error:Boom"),
+           lambda t: has_event(t[3], "breaker-transition", levee_breaker_from="half-open", levee_breaker_to="open"),
+           lambda t: error(t[4], "breaker-open", 0, None)),  # fmt: skip
+)
+
+scenario(
+    "breaker-half-open-one-permit",
+    "half-open-permits 1: while the probe is in flight a second call is rejected.",
+    ["breaker", "half-open"],
+    BRK,
+    [call(boom()), call(boom(), at=100 * MS), call(ok("probe", after=500 * MS), at=1200 * MS),
+     call(ok(), at=1300 * MS)],  # fmt: skip
+    all_of(lambda t: value(t[2], "probe"), lambda t: error(t[3], "breaker-open", 0, None)),
+)
+
+scenario(
+    "breaker-per-key",
+    "Breakers are per key: key a open does not reject key b.",
+    ["breaker", "keys"],
+    BRK,
+    [call(boom(), key="a"), call(boom(), at=100 * MS, key="a"), call(ok(), at=200 * MS, key="a"),
+     call(ok("b is fine"), at=300 * MS, key="b")],  # fmt: skip
+    all_of(lambda t: error(t[2], "breaker-open", 0, None), lambda t: value(t[3], "b is fine")),
+)
+
+scenario(
+    "breaker-open-mid-retries",
+    "A breaker that opens during a call's retries rejects its next attempt: breaker-open after 2 attempts.",
+    ["breaker", "retry"],
+    doc(p={"attempts": 4, "backoff": CONST, "retry-on": ["error:Boom"], "breaker": BREAKER}),
+    [call(boom(), boom(), ok())],
+    all_of(lambda t: error(t[0], "breaker-open", 2, "error:Boom"), lambda t: n_attempts(t[0], 2),
+           lambda t: has_event(t[0], "breaker-transition", levee_breaker_to="open")),  # fmt: skip
+)
+
+scenario(
+    "breaker-ignores-client-errors",
+    "A 404 does not count as a breaker failure (failure-on defaults): the breaker stays closed.",
+    ["breaker", "http"],
+    doc(p={"attempts": 1, "breaker": BREAKER}),
+    [http("GET", "http://svc.test/a", status(404)), http("GET", "http://svc.test/a", status(404), at=100 * MS),
+     http("GET", "http://svc.test/a", status(200), at=200 * MS)],  # fmt: skip
+    all_of(lambda t: http_status(t[0], 404), lambda t: http_status(t[1], 404), lambda t: http_status(t[2], 200),
+           lambda t: no_event(t[1], "breaker-transition")),  # fmt: skip
+)
+
+# Budgets
+
+scenario(
+    "token-budget-refuses-retry",
+    "gRPC A6 token budget (max 3): the first retry is allowed (2 > 1.5), the second refused (1 <= 1.5): budget.",
+    ["budget"],
+    doc(p={"attempts": 5, "backoff": CONST, "retry-on": ["error:Boom"],
+           "budget": {"kind": "token", "max-tokens": 3, "token-ratio": 0.1}}),  # fmt: skip
+    [call(boom(), boom(), ok())],
+    all_of(lambda t: error(t[0], "budget", 2, "error:Boom"), lambda t: sleeps(t[0], 100 * MS),
+           lambda t: has_event(t[0], "budget-refused", levee_attempt=2)),  # fmt: skip
+)
+
+scenario(
+    "token-budget-shared-by-calls",
+    "The budget is shared by the calls of a policy: after one call spent it, the next call's first retry is refused.",
+    ["budget"],
+    doc(p={"attempts": 3, "backoff": CONST, "retry-on": ["error:Boom"],
+           "budget": {"kind": "token", "max-tokens": 3, "token-ratio": 0.1}}),  # fmt: skip
+    [call(boom(), boom()), call(boom(), ok(), at=1 * S)],
+    all_of(lambda t: error(t[0], "budget", 2), lambda t: error(t[1], "budget", 1, "error:Boom"),
+           lambda t: sleeps(t[1])),  # fmt: skip
+)
+
+scenario(
+    "ratio-budget-reserve",
+    "A ratio budget's reserve (min-per-second x ttl) lets a first retry through even with no deposits.",
+    ["budget"],
+    doc(p={"attempts": 2, "backoff": CONST, "retry-on": ["error:Boom"],
+           "budget": {"kind": "ratio", "percent": 10, "min-per-second": 1, "ttl": "1s"}}),  # fmt: skip
+    [call(boom(), ok("retried"))],
+    all_of(lambda t: value(t[0], "retried")),
+)
+
+# Rate limits
+
+RATE = {"rate": 1, "per": "1s", "burst": 1}
+
+scenario(
+    "rate-limit-wait",
+    "A rate limiter with max-wait makes the second call wait 900 ms for its token: a rate-limit-wait event and a sleep.",
+    ["rate-limit", "wait"],
+    doc(p={"attempts": 1, "rate-limit": {**RATE, "max-wait": "2s"}}),
+    [call(ok(1)), call(ok(2), at=100 * MS)],
+    all_of(lambda t: value(t[1], 2), lambda t: sleeps(t[1], 900 * MS), lambda t: starts(t[1], S),
+           lambda t: has_event(t[1], "rate-limit-wait", levee_delay=0.9)),  # fmt: skip
+)
+
+scenario(
+    "rate-limited-reject",
+    "No max-wait: the second call is rejected with rate-limited and the 900 ms hint.",
+    ["rate-limit", "rejection"],
+    doc(p={"attempts": 1, "rate-limit": RATE}),
+    [call(ok(1)), call(ok(2), at=100 * MS)],
+    all_of(lambda t: error(t[1], "rate-limited", 0, None), lambda t: n_attempts(t[1], 0),
+           lambda t: has_event(t[1], "rejected", levee_reason="rate-limited", levee_delay=0.9),
+           lambda t: metric(t[1], "levee.rejections{levee.policy=p,levee.reason=rate-limited}", 1)),  # fmt: skip
+)
+
+scenario(
+    "rate-limit-wait-past-deadline",
+    "A wait that would end past the deadline is not taken: rate-limited at once.",
+    ["rate-limit", "deadline"],
+    doc(p={"attempts": 1, "deadline": "500ms", "rate-limit": {**RATE, "max-wait": "2s"}}),
+    [call(ok(1)), call(ok(2), at=100 * MS)],
+    all_of(lambda t: error(t[1], "rate-limited", 0, None), lambda t: sleeps(t[1])),
+)
+
+scenario(
+    "rate-limit-retry-takes-a-token",
+    "Every retry takes a token too: a retry of a 1/s limiter waits for the next token.",
+    ["rate-limit", "retry"],
+    doc(p={"attempts": 2, "backoff": const("10ms"), "retry-on": ["error:Boom"],
+           "rate-limit": {**RATE, "max-wait": "5s"}}),  # fmt: skip
+    [call(boom(), ok("second"))],
+    all_of(lambda t: value(t[0], "second"), lambda t: starts(t[0], 0, S),
+           lambda t: check(sum(t[0]["sleeps"]) == S, f"10 ms backoff then the wait: {t[0]['sleeps']}")),  # fmt: skip
+)
+
+# Bulkheads
+
+BULK = doc(p={"attempts": 2, "backoff": const("500ms"), "retry-on": ["error:Boom"],
+              "bulkhead": {"max-concurrent": 1}})  # fmt: skip
+
+scenario(
+    "bulkhead-full-rejects",
+    "max-concurrent 1: a second call while the first attempt runs is rejected with bulkhead-full.",
+    ["bulkhead", "rejection"],
+    BULK,
+    [call(ok(1, after=500 * MS)), call(ok(2), at=100 * MS), call(ok(3), at=600 * MS)],
+    all_of(lambda t: value(t[0], 1), lambda t: error(t[1], "bulkhead-full", 0, None), lambda t: value(t[2], 3),
+           lambda t: has_event(t[1], "rejected", levee_reason="bulkhead-full")),  # fmt: skip
+)
+
+scenario(
+    "bulkhead-slot-free-during-sleep",
+    "A call sleeping before its retry holds no slot: another call runs meanwhile.",
+    ["bulkhead", "retry"],
+    BULK,
+    [call(boom(after=100 * MS), ok("retried")), call(ok("between"), at=200 * MS)],
+    all_of(lambda t: value(t[0], "retried"), lambda t: value(t[1], "between"), lambda t: starts(t[0], 0, 600 * MS)),
+)
+
+scenario(
+    "bulkhead-slot-freed-by-cancel",
+    "A cancelled call gives its slot back: the next call is admitted.",
+    ["bulkhead", "cancellation"],
+    BULK,
+    [call(HANG, cancel_at=200 * MS), call(ok("admitted"), at=300 * MS)],
+    all_of(lambda t: check(t[0]["result"] == {"cancelled": True}, "the first call is cancelled"),
+           lambda t: ends(t[0], 200 * MS), lambda t: value(t[1], "admitted")),  # fmt: skip
+)
+
+# Fallbacks
+
+scenario(
+    "fallback-returns",
+    "Retries exhausted: the fallback's value ends the call; fallback-chosen names it and the reason.",
+    ["fallback"],
+    doc(p={"attempts": 2, "backoff": CONST, "retry-on": ["error:Boom"], "fallbacks": ["cache"]}),
+    [call(boom(), boom(), fallbacks={"cache": {"return": "cached"}})],
+    all_of(lambda t: value(t[0], "cached"), lambda t: check(t[0]["fallbacks"] == ["cache"], "cache ran"),
+           lambda t: has_event(t[0], "fallback-chosen", levee_fallback="cache", levee_reason="retries-exhausted"),
+           lambda t: metric(t[0], "levee.fallbacks{levee.fallback=cache,levee.policy=p,levee.reason=retries-exhausted}", 1),
+           lambda t: calls_metric(t[0], "p", "fallback", True)),  # fmt: skip
+)
+
+scenario(
+    "fallback-raises-then-next",
+    "The first fallback raises: the next one of the chain runs and its value ends the call.",
+    ["fallback"],
+    doc(p={"attempts": 1, "fallbacks": ["primary", "secondary"]}),
+    [call(boom(), fallbacks={"primary": {"raise": "CacheDown"}, "secondary": {"return": "default"}})],
+    all_of(lambda t: value(t[0], "default"), lambda t: check(t[0]["fallbacks"] == ["primary", "secondary"], "both ran")),
+)
+
+scenario(
+    "fallbacks-all-fail",
+    "Every fallback raises: the call fails with fallbacks-failed.",
+    ["fallback"],
+    doc(p={"attempts": 1, "fallbacks": ["primary", "secondary"]}),
+    [call(boom(), fallbacks={"primary": {"raise": "CacheDown"}, "secondary": {"raise": "AlsoDown"}})],
+    all_of(lambda t: error(t[0], "fallbacks-failed", 1), lambda t: check(len(t[0]["fallbacks"]) == 2, "both ran")),
+)
+
+scenario(
+    "fallback-only-on-its-reasons",
+    "A fallback on breaker-open only does not run when the call fails for another reason.",
+    ["fallback"],
+    doc(p={"attempts": 1, "fallbacks": [{"name": "cache", "on": ["breaker-open"]}]}),
+    [call(boom(), fallbacks={"cache": {"return": "cached"}})],
+    all_of(lambda t: error(t[0], "non-retryable", 1, "error:Boom"), lambda t: check(t[0]["fallbacks"] == [], "no fallback ran")),
+)
+
+scenario(
+    "fallback-on-breaker-open",
+    "A rejected call (breaker open) falls back without an attempt.",
+    ["fallback", "breaker"],
+    doc(p={"attempts": 1, "breaker": BREAKER, "fallbacks": [{"name": "cache", "on": ["breaker-open"]}]}),
+    [call(boom()), call(boom(), at=100 * MS), call(ok(), at=200 * MS, fallbacks={"cache": {"return": "cached"}})],
+    all_of(lambda t: value(t[2], "cached"), lambda t: n_attempts(t[2], 0),
+           lambda t: has_event(t[2], "fallback-chosen", levee_reason="breaker-open")),  # fmt: skip
+)
+
+scenario(
+    "fallback-on-non-retryable",
+    "A non-retryable failure falls back when the chain lists it.",
+    ["fallback", "classification"],
+    doc(p={"attempts": 3, "retry-on": ["error:Boom"], "fallbacks": [{"name": "cache", "on": ["non-retryable"]}]}),
+    [call(boom("Fatal"), fallbacks={"cache": {"return": 0}})],
+    all_of(lambda t: value(t[0], 0), lambda t: n_attempts(t[0], 1)),
+)
+
+scenario(
+    "fallback-on-rate-limited",
+    "A rate-limited rejection falls back.",
+    ["fallback", "rate-limit"],
+    doc(p={"attempts": 1, "rate-limit": RATE, "fallbacks": ["cache"]}),
+    [call(ok(1)), call(ok(2), at=100 * MS, fallbacks={"cache": {"return": "cached"}})],
+    all_of(lambda t: value(t[1], "cached"), lambda t: has_event(t[1], "fallback-chosen", levee_reason="rate-limited")),
+)
+
+scenario(
+    "fallback-on-deadline",
+    "A call that runs out of deadline falls back.",
+    ["fallback", "deadline"],
+    doc(p={"attempts": 3, "deadline": "1s", "attempt-timeout": "600ms", "backoff": CONST, "fallbacks": ["cache"]}),
+    [call(HANG, HANG, fallbacks={"cache": {"return": "stale"}})],
+    all_of(lambda t: value(t[0], "stale"), lambda t: within(t[0], 0, S),
+           lambda t: has_event(t[0], "fallback-chosen", levee_reason="deadline")),  # fmt: skip
+)
+
+
 # ---------------------------------------------------------------------------- output
 
 

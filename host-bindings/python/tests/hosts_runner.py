@@ -219,9 +219,7 @@ class Replay:
         trace = self.traces[i]
 
         def on_retry(info: levee.RetryInfo) -> None:
-            trace["on_retry"].append(
-                {"attempt": info.attempt, "delay": info.delay, "error": outcome_name(info.error)}
-            )
+            trace["on_retry"].append({"attempt": info.attempt, "delay": info.delay, "error": outcome_name(info.error)})
 
         return self.engine.policy(
             c["policy"],
@@ -296,7 +294,9 @@ class Replay:
         return {"status": response.status_code}
 
     def _failed(self, e: levee.CallFailed) -> dict[str, Any]:
-        return {"error": {"reason": e.reason.wit, "attempts": e.attempts, "last": outcome_name(e.last_error, e.last_result)}}
+        return {
+            "error": {"reason": e.reason.wit, "attempts": e.attempts, "last": outcome_name(e.last_error, e.last_result)}
+        }
 
     # ------------------------------------------------------------ sync
 
@@ -373,7 +373,9 @@ class Replay:
                 if e.label != i:
                     continue
                 if e.kind == "event":
-                    attrs = {k: v for k, v in e.attributes.items() if k not in ("levee.policy", "levee.key", "levee.call")}
+                    attrs = {
+                        k: v for k, v in e.attributes.items() if k not in ("levee.policy", "levee.key", "levee.call")
+                    }
                     events.append({"name": e.name, **attrs})
                 elif e.kind == "add":
                     k = metric_key(e.name, e.attributes)

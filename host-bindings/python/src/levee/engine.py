@@ -19,6 +19,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from ._abi import ComponentFault, Core, event_from_raw
 from ._clock import SystemClock
+from ._constants import METHOD_OTHER, METHODS, START_METHOD_SHIFT
 from ._driver import _SLEEP, ATTEMPT, FallbackContext, RetryHook, RetryInfo, _AttemptResult, _Call, _protocol
 from ._events import Listener
 from ._io import (
@@ -65,10 +66,8 @@ T = TypeVar("T")
 _monotonic_ns = time.monotonic_ns
 
 
-#: The HTTP method codes of `start`'s flags (bits 8-11).
-HTTP_METHODS = {
-    "GET": 1, "HEAD": 2, "POST": 3, "PUT": 4, "DELETE": 5, "PATCH": 6, "OPTIONS": 7, "TRACE": 8, "CONNECT": 9,
-}  # fmt: skip
+#: The HTTP method codes of `start`'s flags (bits 8-11), generated from wit/constants.json.
+HTTP_METHODS = METHODS
 
 
 def method_flags(method: str | None) -> int:
@@ -76,7 +75,7 @@ def method_flags(method: str | None) -> int:
     are case-sensitive (RFC 9110): `"get"` is an unknown method, not `GET` (docs/hosts.md)."""
     if not method:
         return 0
-    return HTTP_METHODS.get(method, 15) << 8
+    return METHODS.get(method, METHOD_OTHER) << START_METHOD_SHIFT
 
 
 # ---------------------------------------------------------------------------- the engine
