@@ -775,6 +775,377 @@ scenario(
 )
 
 
+# HTTP: Retry-After, methods, idempotency headers, bodies, keys
+
+RA = doc(p={"attempts": 2, "backoff": CONST})
+U = "http://svc.test/r"
+
+
+def _date(offset_s: int) -> str:
+    return formatdate(WALL + offset_s, usegmt=True)
+
+
+scenario(
+    "retry-after-delta-seconds",
+    "A 503 with Retry-After: 2 (delta-seconds) waits 2 s instead of the 100 ms backoff.",
+    ["retry-after", "http"],
+    RA,
+    [http("GET", U, status(503, Retry_After="2"), status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: sleeps(t[0], 2 * S), lambda t: starts(t[0], 0, 2 * S),
+           lambda t: check(t[0]["requests"] == [{"x-levee-attempt": "1"}, {"x-levee-attempt": "2"}],
+                           f"x-levee-attempt on every attempt: {t[0]['requests']}")),  # fmt: skip
+)
+
+scenario(
+    "retry-after-http-date",
+    "A 503 with an HTTP-date Retry-After 3 s after the wall clock waits 3 s (the host passes its virtual wall clock).",
+    ["retry-after", "http", "virtual-time"],
+    RA,
+    [http("GET", U, status(503, Retry_After=_date(3)), status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: sleeps(t[0], 3 * S)),
+)
+
+scenario(
+    "retry-after-http-date-later",
+    "The wall clock advances with virtual time: an HTTP-date 10 s after the start, received at 4 s, waits 6 s.",
+    ["retry-after", "http", "virtual-time"],
+    RA,
+    [http("GET", U, status(503, after=4 * S, Retry_After=_date(10)), status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: sleeps(t[0], 6 * S), lambda t: starts(t[0], 0, 10 * S)),
+)
+
+scenario(
+    "retry-after-429",
+    "429 is retried and its Retry-After honoured.",
+    ["retry-after", "http"],
+    RA,
+    [http("GET", U, status(429, Retry_After="1"), status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: sleeps(t[0], S)),
+)
+
+scenario(
+    "retry-after-too-long",
+    "Retry-After above the 300 s cap gives up with retry-after-too-long; the HTTP integration returns the 503 itself.",
+    ["retry-after", "http", "http-result"],
+    RA,
+    [http("GET", U, status(503, Retry_After="400"), status(200))],
+    all_of(lambda t: http_status(t[0], 503), lambda t: sleeps(t[0]),
+           lambda t: has_event(t[0], "gave-up", levee_reason="retry-after-too-long")),  # fmt: skip
+)
+
+scenario(
+    "retry-after-clamped",
+    "over-cap: clamp waits the cap (1 s) for a Retry-After of 10 s.",
+    ["retry-after", "http"],
+    doc(p={"attempts": 2, "backoff": CONST, "retry-after": {"cap": "1s", "over-cap": "clamp"}}),
+    [http("GET", U, status(503, Retry_After="10"), status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: sleeps(t[0], S)),
+)
+
+scenario(
+    "retry-after-past-deadline",
+    "A Retry-After that does not fit the deadline gives up with deadline; the 503 is returned.",
+    ["retry-after", "deadline", "http", "http-result"],
+    doc(p={"attempts": 3, "deadline": "2s", "backoff": CONST}),
+    [http("GET", U, status(503, Retry_After="5"), status(200))],
+    all_of(lambda t: http_status(t[0], 503), lambda t: sleeps(t[0]),
+           lambda t: has_event(t[0], "gave-up", levee_reason="deadline")),  # fmt: skip
+)
+
+scenario(
+    "retry-after-not-honoured",
+    "retry-after.honor false: the backoff applies.",
+    ["retry-after", "http"],
+    doc(p={"attempts": 2, "backoff": CONST, "retry-after": {"honor": False}}),
+    [http("GET", U, status(503, Retry_After="5"), status(200))],
+    all_of(lambda t: sleeps(t[0], 100 * MS)),
+)
+
+scenario(
+    "retry-after-garbage-ignored",
+    "A Retry-After that is neither digits nor a date is ignored: the backoff applies.",
+    ["retry-after", "http"],
+    RA,
+    [http("GET", U, status(503, Retry_After="soon"), status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: sleeps(t[0], 100 * MS)),
+)
+
+scenario(
+    "envoy-overloaded-not-retried",
+    "A 503 marked x-envoy-overloaded is never retried; the 503 is returned.",
+    ["classification", "http", "http-result"],
+    RA,
+    [http("GET", U, status(503, x_envoy_overloaded="true"), status(200))],
+    all_of(lambda t: http_status(t[0], 503), lambda t: n_attempts(t[0], 1)),
+)
+
+scenario(
+    "http-404-not-retried",
+    "404 is in never-retry: one attempt, the response returned.",
+    ["classification", "http", "http-result"],
+    RA,
+    [http("GET", U, status(404), status(200))],
+    all_of(lambda t: http_status(t[0], 404), lambda t: n_attempts(t[0], 1)),
+)
+
+scenario(
+    "http-retries-exhausted-returns-last-response",
+    "Every attempt answers 502: the integration returns the last 502, as a client without Levee would.",
+    ["http", "http-result"],
+    doc(p={"attempts": 3, "backoff": CONST}),
+    [http("GET", U, status(502), status(502), status(502))],
+    all_of(lambda t: http_status(t[0], 502), lambda t: n_attempts(t[0], 3),
+           lambda t: has_event(t[0], "gave-up", levee_reason="retries-exhausted")),  # fmt: skip
+)
+
+M = doc(p={"attempts": 2, "backoff": CONST})
+
+scenario(
+    "http-get-retried",
+    "GET is idempotent: a 503 is retried.",
+    ["methods", "http"],
+    M,
+    [http("GET", U, status(503), status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: n_attempts(t[0], 2)),
+)
+
+scenario(
+    "http-post-not-retried",
+    "POST is not idempotent: a 503 is not retried (non-idempotent) and is returned.",
+    ["methods", "http", "idempotency"],
+    M,
+    [http("POST", U, status(503), status(200), body="bytes")],
+    all_of(lambda t: http_status(t[0], 503), lambda t: n_attempts(t[0], 1),
+           lambda t: has_event(t[0], "gave-up", levee_reason="non-idempotent")),  # fmt: skip
+)
+
+scenario(
+    "http-put-retried",
+    "PUT is idempotent (RFC 9110): retried, its bytes body sent again.",
+    ["methods", "http"],
+    M,
+    [http("PUT", U, status(503), status(200), body="bytes")],
+    all_of(lambda t: http_status(t[0], 200), lambda t: n_attempts(t[0], 2)),
+)
+
+scenario(
+    "http-unknown-method-not-idempotent",
+    "A method outside the nine registered tokens (PURGE) is code 15, other: not idempotent, not retried.",
+    ["methods", "http"],
+    M,
+    [http("PURGE", U, status(503), status(200))],
+    all_of(lambda t: http_status(t[0], 503), lambda t: has_event(t[0], "gave-up", levee_reason="non-idempotent")),
+)
+
+scenario(
+    "http-idempotent-methods-policy",
+    "idempotent-methods [POST] makes POST retryable and GET not.",
+    ["methods", "http"],
+    doc(p={"attempts": 2, "backoff": CONST, "idempotent-methods": ["POST"]}),
+    [http("POST", U, status(503), status(200), body="bytes"), http("GET", U, status(503), status(200), at=S)],
+    all_of(lambda t: http_status(t[0], 200), lambda t: http_status(t[1], 503)),
+)
+
+scenario(
+    "http-idempotency-key-header",
+    "A POST with an Idempotency-Key header is retried; the header reaches every attempt.",
+    ["idempotency", "http", "issue-13: Idempotency-Key"],
+    M,
+    [http("POST", U, status(503), status(200), headers={"Idempotency-Key": "k-1"}, body="bytes")],
+    all_of(lambda t: http_status(t[0], 200),
+           lambda t: check(t[0]["requests"] == [{"x-levee-attempt": "1", "idempotency-key": "k-1"},
+                                                {"x-levee-attempt": "2", "idempotency-key": "k-1"}],
+                           f"requests {t[0]['requests']}")),  # fmt: skip
+)
+
+scenario(
+    "http-x-idempotency-key-header",
+    "X-Idempotency-Key counts as an idempotency key too (names compared case-insensitively).",
+    ["idempotency", "http", "issue-13: X-Idempotency-Key"],
+    M,
+    [http("POST", U, status(503), status(200), headers={"x-IDEMPOTENCY-key": "k-2"}, body="bytes")],
+    all_of(lambda t: http_status(t[0], 200), lambda t: n_attempts(t[0], 2)),
+)
+
+scenario(
+    "http-empty-idempotency-key-ignored",
+    "An empty Idempotency-Key is no key: the POST is not retried.",
+    ["idempotency", "http"],
+    M,
+    [http("POST", U, status(503), status(200), headers={"Idempotency-Key": ""}, body="bytes")],
+    all_of(lambda t: http_status(t[0], 503), lambda t: n_attempts(t[0], 1)),
+)
+
+scenario(
+    "http-stream-body-not-retried",
+    "issue 13: a body that cannot be sent twice makes the call non-idempotent at start, even with an Idempotency-Key: the reason reaches the events.",
+    ["idempotency", "http", "issue-13: non-replayable bodies"],
+    M,
+    [http("POST", U, status(503), status(200), headers={"Idempotency-Key": "k-3"}, body="stream")],
+    all_of(lambda t: http_status(t[0], 503), lambda t: n_attempts(t[0], 1),
+           lambda t: has_event(t[0], "gave-up", levee_reason="non-idempotent")),  # fmt: skip
+)
+
+scenario(
+    "http-stream-body-put-not-retried",
+    "Even an idempotent method (PUT) with a streamed body is started non-idempotent: not retried.",
+    ["idempotency", "http", "issue-13: non-replayable bodies"],
+    M,
+    [http("PUT", U, status(503), status(200), body="stream")],
+    all_of(lambda t: http_status(t[0], 503), lambda t: has_event(t[0], "gave-up", levee_reason="non-idempotent")),
+)
+
+KEYB = doc(p={"attempts": 1, "breaker": {"window": {"kind": "count", "size": 1}, "minimum-calls": 1,
+                                         "failure-rate": 100, "open-duration": "10s"}})  # fmt: skip
+
+scenario(
+    "http-key-host-port",
+    "issue 13: the HTTP key is host:port, the host lower-cased and the default port written: https://API.example.com/a and https://api.example.com:443/b share a breaker; http:// (port 80) and :8443 do not.",
+    ["http-key", "issue-13: the HTTP key"],
+    KEYB,
+    [http("GET", "https://API.example.com/a", status(503)),
+     http("GET", "https://api.example.com:443/b", status(200), at=100 * MS),
+     http("GET", "http://api.example.com/c", status(200), at=200 * MS),
+     http("GET", "https://api.example.com:8443/d", status(200), at=300 * MS)],  # fmt: skip
+    all_of(lambda t: http_status(t[0], 503), lambda t: error(t[1], "breaker-open", 0, None),
+           lambda t: http_status(t[2], 200), lambda t: http_status(t[3], 200)),  # fmt: skip
+)
+
+scenario(
+    "http-key-ipv6-and-userinfo",
+    "An IPv6 literal keeps its brackets and userinfo is dropped: http://user:pw@[::1]:8080/ and http://[::1]:8080/ share a key; http://[::1]/ (port 80) does not.",
+    ["http-key", "issue-13: the HTTP key"],
+    KEYB,
+    [http("GET", "http://user:pw@[::1]:8080/x", status(503)),
+     http("GET", "http://[::1]:8080/y", status(200), at=100 * MS),
+     http("GET", "http://[::1]/z", status(200), at=200 * MS)],  # fmt: skip
+    all_of(lambda t: error(t[1], "breaker-open", 0, None), lambda t: http_status(t[2], 200)),
+)
+
+scenario(
+    "http-key-explicit-default-port",
+    "http://svc.test:80/ and http://svc.test/ are one key.",
+    ["http-key"],
+    KEYB,
+    [http("GET", "http://svc.test:80/", status(500)), http("GET", "http://svc.test/", status(200), at=100 * MS)],
+    all_of(lambda t: error(t[1], "breaker-open", 0, None)),
+)
+
+# Errors: connections, connect timeouts, TLS, names
+
+scenario(
+    "http-connection-refused-retried",
+    "A refused connection is a connection-error: retried.",
+    ["error-naming", "http", "issue-13: connection refused"],
+    M,
+    [http("GET", U, REFUSE, status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: n_attempts(t[0], 2),
+           lambda t: metric(t[0], "levee.attempts{levee.outcome=connection-error,levee.policy=p}", 1)),  # fmt: skip
+)
+
+scenario(
+    "http-connection-refused-exhausted",
+    "No response at all: the typed error, its cause connection-error.",
+    ["error-naming", "http", "http-result"],
+    M,
+    [http("GET", U, REFUSE, REFUSE)],
+    all_of(lambda t: error(t[0], "retries-exhausted", 2, "connection-error")),
+)
+
+scenario(
+    "http-connect-timeout-is-connection-error",
+    "issue 13: a connect timeout is a connection-error, not a timeout: a policy retrying only connection errors retries it.",
+    ["error-naming", "http", "issue-13: connect timeout"],
+    doc(p={"attempts": 2, "backoff": CONST, "retry-on": ["connection-error"]}),
+    [http("GET", U, CONNECT_TIMEOUT, status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: n_attempts(t[0], 2)),
+)
+
+scenario(
+    "http-connect-timeout-not-a-timeout",
+    "A policy retrying only timeouts does not retry a connect timeout: non-retryable, cause connection-error.",
+    ["error-naming", "http", "issue-13: connect timeout"],
+    doc(p={"attempts": 2, "backoff": CONST, "retry-on": ["timeout"]}),
+    [http("GET", U, CONNECT_TIMEOUT, status(200))],
+    all_of(lambda t: error(t[0], "non-retryable", 1, "connection-error")),
+)
+
+scenario(
+    "http-tls-certificate-not-retried",
+    "issue 13: a certificate that fails verification is the error class tls-certificate, which no default rule retries.",
+    ["error-naming", "http", "issue-13: TLS"],
+    M,
+    [http("GET", U, TLS, status(200))],
+    all_of(lambda t: error(t[0], "non-retryable", 1, "error:tls-certificate"), lambda t: n_attempts(t[0], 1)),
+)
+
+scenario(
+    "http-tls-certificate-retry-rule",
+    "A policy can still retry it by name.",
+    ["error-naming", "http"],
+    doc(p={"attempts": 2, "backoff": CONST, "retry-on": ["error:tls-certificate"]}),
+    [http("GET", U, TLS, status(200))],
+    all_of(lambda t: http_status(t[0], 200)),
+)
+
+scenario(
+    "http-timeout-attempt",
+    "A hanging request is cut at the attempt timeout and retried.",
+    ["timeout", "http"],
+    doc(p={"attempts": 2, "attempt-timeout": "300ms", "backoff": CONST}),
+    [http("GET", U, HANG, status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: ends(t[0], 300 * MS, 400 * MS)),
+)
+
+scenario(
+    "http-timeout-exhausted",
+    "Every attempt times out: the typed error, its cause timeout.",
+    ["timeout", "http", "http-result"],
+    doc(p={"attempts": 2, "attempt-timeout": "300ms", "backoff": CONST}),
+    [http("GET", U, HANG, HANG)],
+    all_of(lambda t: error(t[0], "retries-exhausted", 2, "timeout"), lambda t: ends(t[0], 300 * MS, 700 * MS)),
+)
+
+scenario(
+    "call-connection-refused-retried",
+    "Through the call API a refused connection is a connection-error as well.",
+    ["error-naming", "issue-13: connection refused"],
+    M,
+    [call(REFUSE, ok("connected"))],
+    all_of(lambda t: value(t[0], "connected"), lambda t: n_attempts(t[0], 2)),
+)
+
+scenario(
+    "error-name-is-the-class",
+    "The error-class name is the class's own name (no module): a rule names it.",
+    ["error-naming", "issue-13: error naming"],
+    doc(p={"attempts": 2, "backoff": CONST, "retry-on": ["error:ThrottlingException"]}),
+    [call(boom("ThrottlingException"), ok("after throttling"))],
+    all_of(lambda t: value(t[0], "after throttling"),
+           lambda t: metric(t[0], "levee.attempts{levee.outcome=error-class,levee.policy=p}", 1)),  # fmt: skip
+)
+
+# Idempotency through the call API
+
+scenario(
+    "call-non-idempotent-not-retried",
+    "idempotent=false: a retryable failure ends the call with non-idempotent.",
+    ["idempotency"],
+    doc(p={"attempts": 3, "backoff": CONST, "retry-on": ["error:Boom"]}),
+    [call(boom(), ok(), idempotent=False)],
+    all_of(lambda t: error(t[0], "non-idempotent", 1, "error:Boom")),
+)
+
+scenario(
+    "call-idempotency-key-rescues",
+    "A non-idempotent call with an idempotency key is retried.",
+    ["idempotency"],
+    doc(p={"attempts": 3, "backoff": CONST, "retry-on": ["error:Boom"]}),
+    [call(boom(), ok("once"), idempotent=False, idempotency_key="order-17")],
+    all_of(lambda t: value(t[0], "once"), lambda t: n_attempts(t[0], 2)),
+)
+
+
 # ---------------------------------------------------------------------------- output
 
 
