@@ -1146,6 +1146,409 @@ scenario(
 )
 
 
+# Guest faults: traps, verdicts that break the contract, invalid (docs/hosts.md, sections 2-3)
+
+RP = doc(p={"attempts": 3, "backoff": CONST, "retry-on": ["error:Boom"]})
+
+
+def _recovered(t: Trace, kind: str, attempts: int, degraded_n: int) -> None:
+    fault(t, kind)
+    n_attempts(t, attempts)
+    degraded(t, degraded_n)
+    check("retry-scheduled" not in names(t)[names(t).index("engine-fault"):], "no retry after the fault")
+
+
+scenario(
+    "trap-at-start-degraded-attempt",
+    "The guest traps at start: re-instantiated, engine-fault (trap), exactly one degraded attempt whose value ends the call; the next call is guarded again.",
+    ["trap-recovery", "issue-13: degraded attempt after a trap at start"],
+    RP,
+    [call(ok("unguarded"), faults=[trap("start")]), call(boom(), ok("guarded"), at=S)],
+    all_of(lambda t: value(t[0], "unguarded"), lambda t: _recovered(t[0], "trap", 1, 1),
+           lambda t: value(t[1], "guarded"), lambda t: n_attempts(t[1], 2), lambda t: no_event(t[1], "engine-fault")),  # fmt: skip
+)
+
+scenario(
+    "trap-at-start-degraded-error-is-the-users",
+    "issue 13: after a trap at start the degraded attempt's own error is raised as the user's error, never an engine-fault reason, and it is not retried.",
+    ["trap-recovery", "issue-13: the user's original error afterwards"],
+    RP,
+    [call(boom(), ok(), faults=[trap("start")])],
+    all_of(lambda t: raised(t[0], "Boom"), lambda t: _recovered(t[0], "trap", 1, 1)),
+)
+
+scenario(
+    "trap-at-start-timeout-is-attempt-timeout",
+    "issue 13: the degraded attempt runs under the policy's attempt-timeout (200 ms) when it is shorter than the time left.",
+    ["trap-recovery", "deadline-clamp", "issue-13: degraded attempt timeout"],
+    doc(p={"attempts": 3, "attempt-timeout": "200ms", "deadline": "1s", "backoff": CONST}),
+    [call(HANG, faults=[trap("start")])],
+    all_of(lambda t: ends(t[0], 200 * MS), lambda t: degraded(t[0], 1), lambda t: fault(t[0], "trap")),
+    unchecked={0: ("result",)},
+)
+
+scenario(
+    "trap-at-start-timeout-clamped-to-deadline",
+    "issue 13: the degraded attempt's timeout is clamped to the deadline (300 ms), not the 2 s attempt-timeout.",
+    ["trap-recovery", "deadline-clamp", "issue-13: degraded attempt timeout clamped to the deadline"],
+    doc(p={"attempts": 3, "attempt-timeout": "2s", "deadline": "300ms", "backoff": CONST}),
+    [call(HANG, faults=[trap("start")])],
+    all_of(lambda t: ends(t[0], 300 * MS), lambda t: degraded(t[0], 1), lambda t: within(t[0], 0, 300 * MS)),
+    unchecked={0: ("result",)},
+)
+
+scenario(
+    "trap-at-acquire-degraded-attempt",
+    "issue 13: a trap at the acquire after a retry: one degraded attempt, its value ends the call.",
+    ["trap-recovery", "issue-13: degraded attempt after a trap at acquire"],
+    RP,
+    [call(boom(), ok("degraded"), faults=[trap("acquire")])],
+    all_of(lambda t: value(t[0], "degraded"), lambda t: _recovered(t[0], "trap", 2, 1), lambda t: sleeps(t[0], 100 * MS),
+           lambda t: starts(t[0], 0, 100 * MS)),  # fmt: skip
+)
+
+scenario(
+    "trap-at-acquire-degraded-timeout-clamped",
+    "After a trap at acquire the degraded attempt gets what the deadline leaves (600 ms at 400 ms of 1 s).",
+    ["trap-recovery", "deadline-clamp"],
+    doc(p={"attempts": 3, "deadline": "1s", "attempt-timeout": "800ms", "backoff": const("100ms"),
+           "retry-on": ["error:Boom"]}),  # fmt: skip
+    [call(boom(after=300 * MS), HANG, faults=[trap("acquire")])],
+    all_of(lambda t: starts(t[0], 0, 400 * MS), lambda t: ends(t[0], 300 * MS, S), lambda t: degraded(t[0], 1)),
+    unchecked={0: ("result",)},
+)
+
+scenario(
+    "trap-at-report-raises-the-attempts-error",
+    "issue 13: a trap at the report of a failed attempt ends the call with that attempt's own error: no retry, no engine-fault reason.",
+    ["trap-recovery", "issue-13: degraded attempt after a trap at report"],
+    RP,
+    [call(boom(), ok(), faults=[trap("report")])],
+    all_of(lambda t: raised(t[0], "Boom"), lambda t: _recovered(t[0], "trap", 1, 0), lambda t: sleeps(t[0])),
+)
+
+scenario(
+    "trap-at-second-report",
+    "The second report traps: the second attempt's own error stands.",
+    ["trap-recovery"],
+    RP,
+    [call(boom(), boom("Second"), ok(), faults=[trap("report", 2)])],
+    all_of(lambda t: raised(t[0], "Second"), lambda t: n_attempts(t[0], 2), lambda t: fault(t[0], "trap")),
+)
+
+scenario(
+    "trap-at-report-of-an-http-response",
+    "A trap at the report of a 503: the HTTP integration returns that response.",
+    ["trap-recovery", "http", "http-result"],
+    doc(p={"attempts": 3, "backoff": CONST}),
+    [http("GET", U, status(503), status(200), faults=[trap("report")])],
+    all_of(lambda t: http_status(t[0], 503), lambda t: n_attempts(t[0], 1), lambda t: fault(t[0], "trap")),
+)
+
+scenario(
+    "trap-at-start-http",
+    "A trap at start of an HTTP call: one degraded request, its response returned.",
+    ["trap-recovery", "http"],
+    doc(p={"attempts": 3, "backoff": CONST}),
+    [http("GET", U, status(503), status(200), faults=[trap("start")])],
+    all_of(lambda t: http_status(t[0], 503), lambda t: degraded(t[0], 1),
+           lambda t: check(t[0]["requests"] == [{"x-levee-attempt": "1"}], f"one request: {t[0]['requests']}")),  # fmt: skip
+)
+
+scenario(
+    "trap-at-report-fallback-value-stands",
+    "A trap at report-fallback after the fallback returned: its value stands.",
+    ["trap-recovery", "fallback"],
+    doc(p={"attempts": 1, "fallbacks": ["cache"]}),
+    [call(boom(), fallbacks={"cache": {"return": "cached"}}, faults=[trap("report-fallback")])],
+    all_of(lambda t: value(t[0], "cached"), lambda t: fault(t[0], "trap")),
+)
+
+scenario(
+    "trap-at-report-fallback-error-stands",
+    "A trap at report-fallback after the fallback raised: the fallback's own error is raised, the next fallback does not run.",
+    ["trap-recovery", "fallback"],
+    doc(p={"attempts": 1, "fallbacks": ["primary", "secondary"]}),
+    [call(boom(), fallbacks={"primary": {"raise": "CacheDown"}, "secondary": {"return": "unused"}},
+          faults=[trap("report-fallback")])],  # fmt: skip
+    all_of(lambda t: raised(t[0], "CacheDown"), lambda t: check(t[0]["fallbacks"] == ["primary"], "only primary ran")),
+)
+
+scenario(
+    "trap-never-reopens-a-tripped-breaker",
+    "The snapshot taken at the breaker's transition is restored after a trap: the breaker is still open for the call after the faulted one.",
+    ["trap-recovery", "breaker", "snapshot"],
+    BRK,
+    [call(boom()), call(boom(), at=100 * MS), call(ok("degraded"), at=200 * MS, faults=[trap("start")]),
+     call(ok(), at=300 * MS)],  # fmt: skip
+    all_of(lambda t: value(t[2], "degraded"), lambda t: degraded(t[2], 1), lambda t: error(t[3], "breaker-open", 0, None)),
+)
+
+scenario(
+    "contract-attempt-number",
+    "A start verdict with attempt number 2 for a new call breaks the contract: a guest fault (contract), the degraded attempt.",
+    ["contract", "issue-13: verdicts that break the contract"],
+    RP,
+    [call(ok("degraded"), faults=[verdict("start", packed(ATTEMPT, 2, 0))])],
+    all_of(lambda t: value(t[0], "degraded"), lambda t: _recovered(t[0], "contract", 1, 1)),
+)
+
+scenario(
+    "contract-attempt-past-maximum",
+    "issue 13: an attempt past the policy's maximum is a guest fault, never run as an attempt: the degraded attempt.",
+    ["contract", "issue-13: an attempt past the maximum"],
+    doc(p={"attempts": 2, "backoff": CONST, "retry-on": ["error:Boom"]}),
+    [call(boom(), ok("degraded"), faults=[verdict("acquire", packed(ATTEMPT, 3, 0))])],
+    all_of(lambda t: value(t[0], "degraded"), lambda t: _recovered(t[0], "contract", 2, 1)),
+)
+
+scenario(
+    "contract-attempt-timeout-above-policy",
+    "An attempt timeout above the policy's attempt-timeout breaks the contract: the degraded attempt runs under the policy's 1 s.",
+    ["contract", "deadline-clamp"],
+    doc(p={"attempts": 3, "attempt-timeout": "1s", "backoff": CONST}),
+    [call(HANG, faults=[verdict("start", packed(ATTEMPT, 1, 5 * S))])],
+    all_of(lambda t: ends(t[0], S), lambda t: degraded(t[0], 1), lambda t: fault(t[0], "contract")),
+    unchecked={0: ("result",)},
+)
+
+scenario(
+    "contract-attempt-timeout-past-deadline",
+    "issue 13: a timeout past the deadline breaks the contract (the host does not clamp it): the degraded attempt under the time left.",
+    ["contract", "deadline-clamp", "issue-13: a timeout past the deadline"],
+    doc(p={"attempts": 3, "deadline": "500ms", "backoff": CONST}),
+    [call(HANG, faults=[verdict("start", packed(ATTEMPT, 1, 2 * S))])],
+    all_of(lambda t: ends(t[0], 500 * MS), lambda t: degraded(t[0], 1), lambda t: fault(t[0], "contract")),
+    unchecked={0: ("result",)},
+)
+
+scenario(
+    "contract-no-timeout-under-attempt-timeout",
+    "A timeout of 0 under a policy with an attempt-timeout breaks the contract.",
+    ["contract"],
+    doc(p={"attempts": 3, "attempt-timeout": "1s", "backoff": CONST}),
+    [call(ok("degraded"), faults=[verdict("start", packed(ATTEMPT, 1, 0))])],
+    all_of(lambda t: value(t[0], "degraded"), lambda t: _recovered(t[0], "contract", 1, 1)),
+)
+
+scenario(
+    "contract-retry-past-deadline",
+    "issue 13: a retry delay that ends past the deadline breaks the contract: the attempt's own error, no sleep.",
+    ["contract", "deadline", "issue-13: a delay past the deadline"],
+    doc(p={"attempts": 3, "deadline": "1s", "backoff": CONST, "retry-on": ["error:Boom"]}),
+    [call(boom(), ok(), faults=[verdict("report", packed(RETRY, 0, 5 * S))])],
+    all_of(lambda t: raised(t[0], "Boom"), lambda t: sleeps(t[0]), lambda t: _recovered(t[0], "contract", 1, 0)),
+)
+
+scenario(
+    "contract-wait-past-deadline",
+    "A rate-limit wait past the deadline breaks the contract: the degraded attempt instead of the wait.",
+    ["contract", "deadline"],
+    doc(p={"attempts": 3, "deadline": "1s", "backoff": CONST, "retry-on": ["error:Boom"]}),
+    [call(boom(), ok("degraded"), faults=[verdict("acquire", packed(WAIT, R["rate-limited"], 10 * S))])],
+    all_of(lambda t: value(t[0], "degraded"), lambda t: sleeps(t[0], 100 * MS), lambda t: _recovered(t[0], "contract", 2, 1)),
+)
+
+scenario(
+    "contract-fallback-index-out-of-range",
+    "issue 13: a fallback index past the chain breaks the contract: no fallback runs, the attempt's own error stands.",
+    ["contract", "fallback", "issue-13: a fallback index out of range"],
+    doc(p={"attempts": 1, "fallbacks": ["cache"]}),
+    [call(boom(), fallbacks={"cache": {"return": "unused"}},
+          faults=[verdict("report", packed(FALLBACK, R["retries-exhausted"], 5))])],  # fmt: skip
+    all_of(lambda t: raised(t[0], "Boom"), lambda t: check(t[0]["fallbacks"] == [], "no fallback ran"),
+           lambda t: fault(t[0], "contract")),  # fmt: skip
+)
+
+scenario(
+    "contract-fail-without-reason",
+    "fail with reason none breaks the contract.",
+    ["contract"],
+    RP,
+    [call(boom(), faults=[verdict("report", packed(FAIL, 0, 0))])],
+    all_of(lambda t: raised(t[0], "Boom"), lambda t: fault(t[0], "contract")),
+)
+
+scenario(
+    "contract-unknown-reason",
+    "fail with a reason the WIT does not have breaks the contract.",
+    ["contract"],
+    RP,
+    [call(boom(), faults=[verdict("report", packed(FAIL, 200, 0))])],
+    all_of(lambda t: raised(t[0], "Boom"), lambda t: fault(t[0], "contract")),
+)
+
+scenario(
+    "contract-unknown-kind",
+    "A verdict kind above 6 breaks the contract.",
+    ["contract"],
+    RP,
+    [call(ok("degraded"), faults=[verdict("start", 0x7)])],
+    all_of(lambda t: value(t[0], "degraded"), lambda t: _recovered(t[0], "contract", 1, 1)),
+)
+
+scenario(
+    "contract-reserved-bits",
+    "Bits 5-7 set break the contract.",
+    ["contract"],
+    RP,
+    [call(ok("degraded"), faults=[verdict("start", packed(ATTEMPT, 1, 0) | 0x20)])],
+    all_of(lambda t: value(t[0], "degraded"), lambda t: fault(t[0], "contract")),
+)
+
+scenario(
+    "contract-done-to-acquire",
+    "done answered to acquire breaks the contract: the degraded attempt.",
+    ["contract"],
+    RP,
+    [call(boom(), ok("degraded"), faults=[verdict("acquire", packed(DONE))])],
+    all_of(lambda t: value(t[0], "degraded"), lambda t: _recovered(t[0], "contract", 2, 1)),
+)
+
+scenario(
+    "invalid-at-report-evicted-call",
+    "issue 13: invalid (unknown call: evicted at MAX_LIVE_CALLS) at a report: engine-fault (invalid), the attempt's own error, no retry.",
+    ["invalid", "eviction", "issue-13: invalid and evicted calls"],
+    RP,
+    [call(boom(), ok(), faults=[verdict("report", packed(INVALID, 1))])],
+    all_of(lambda t: raised(t[0], "Boom"), lambda t: _recovered(t[0], "invalid", 1, 0)),
+)
+
+scenario(
+    "invalid-at-start",
+    "issue 13: invalid at start: one degraded attempt (never an unguarded run with retries, never an 'invalid' error).",
+    ["invalid", "issue-13: invalid and evicted calls"],
+    RP,
+    [call(ok("degraded"), faults=[verdict("start", packed(INVALID, 1))])],
+    all_of(lambda t: value(t[0], "degraded"), lambda t: _recovered(t[0], "invalid", 1, 1)),
+)
+
+scenario(
+    "invalid-at-acquire",
+    "invalid at acquire after a retry: one degraded attempt.",
+    ["invalid", "issue-13: invalid and evicted calls"],
+    RP,
+    [call(boom(), boom(), ok(), faults=[verdict("acquire", packed(INVALID, 1))])],
+    all_of(lambda t: raised(t[0], "Boom"), lambda t: _recovered(t[0], "invalid", 2, 1)),
+)
+
+# Cancellation
+
+scenario(
+    "cancel-during-sleep",
+    "The caller cancels during the 1 s retry sleep: the sleep is cut short, no further attempt, the language's own cancellation.",
+    ["cancellation", "issue-13: cancellation during a sleep"],
+    doc(p={"attempts": 3, "backoff": const("1s"), "retry-on": ["error:Boom"]}),
+    [call(boom(), ok(), cancel_at=500 * MS), call(ok("after"), at=2 * S)],
+    all_of(lambda t: check(t[0]["result"] == {"cancelled": True}, f"cancelled, not {t[0]['result']}"),
+           lambda t: n_attempts(t[0], 1), lambda t: calls_metric(t[0], "p", "cancelled", False),
+           lambda t: value(t[1], "after")),  # fmt: skip
+)
+
+scenario(
+    "cancel-during-attempt",
+    "The caller cancels a hanging attempt: it ends at the cancel and is not reported (no levee.attempts).",
+    ["cancellation"],
+    doc(p={"attempts": 3, "backoff": CONST}),
+    [call(HANG, cancel_at=300 * MS)],
+    all_of(lambda t: ends(t[0], 300 * MS), lambda t: check(t[0]["result"] == {"cancelled": True}, "cancelled"),
+           lambda t: check(not any(k.startswith("levee.attempts") for k in t[0]["metrics"]), "the attempt is not counted")),  # fmt: skip
+)
+
+scenario(
+    "cancel-during-rate-limit-wait",
+    "Cancelled while waiting for a rate-limit token: cancelled, no attempt.",
+    ["cancellation", "rate-limit"],
+    doc(p={"attempts": 1, "rate-limit": {**RATE, "max-wait": "2s"}}),
+    [call(ok(1)), call(ok(2), at=100 * MS, cancel_at=500 * MS)],
+    all_of(lambda t: check(t[1]["result"] == {"cancelled": True}, "cancelled"), lambda t: n_attempts(t[1], 0)),
+)
+
+scenario(
+    "cancel-http-during-sleep",
+    "An HTTP call cancelled during its Retry-After sleep.",
+    ["cancellation", "http"],
+    RA,
+    [http("GET", U, status(503, Retry_After="5"), status(200), cancel_at=S)],
+    all_of(lambda t: check(t[0]["result"] == {"cancelled": True}, "cancelled"), lambda t: n_attempts(t[0], 1)),
+)
+
+# Keys and eviction
+
+scenario(
+    "key-evicted",
+    "keys.max 1: a second key evicts the first (key-evicted).",
+    ["eviction", "keys"],
+    doc(p={"attempts": 1, "keys": {"max": 1}, "breaker": BREAKER}),
+    [call(ok(), key="a"), call(ok(), key="b", at=100 * MS)],
+    all_of(lambda t: has_event(t[1], "key-evicted"), lambda t: no_event(t[0], "key-evicted")),
+)
+
+scenario(
+    "evicted-key-starts-fresh",
+    "An evicted key's open breaker is forgotten: the key starts fresh when it comes back.",
+    ["eviction", "keys", "breaker"],
+    doc(p={"attempts": 1, "keys": {"max": 1}, "breaker": BREAKER}),
+    [call(boom(), key="a"), call(boom(), key="a", at=100 * MS), call(ok(), key="a", at=200 * MS),
+     call(ok("b"), key="b", at=300 * MS), call(ok("a again"), key="a", at=400 * MS)],  # fmt: skip
+    all_of(lambda t: error(t[2], "breaker-open", 0, None), lambda t: value(t[3], "b"), lambda t: value(t[4], "a again")),
+)
+
+# Telemetry and more deadline edges
+
+scenario(
+    "telemetry-first-time-success",
+    "A first-time success: levee.calls (success, not retried), one levee.attempts and its duration, no events.",
+    ["telemetry"],
+    doc(p={"attempts": 3}),
+    [call(ok("fine", after=250 * MS))],
+    all_of(lambda t: calls_metric(t[0], "p", "success", False),
+           lambda t: metric(t[0], "levee.attempts{levee.outcome=success,levee.policy=p}", 1),
+           lambda t: metric(t[0], "levee.attempt.duration{levee.outcome=success,levee.policy=p}", {"count": 1, "sum": 0.25}),
+           lambda t: check(t[0]["events"] == [], "no events")),  # fmt: skip
+)
+
+scenario(
+    "telemetry-failure-metrics",
+    "A failed call: levee.calls with its reason, levee.retries and the retry-delay histogram.",
+    ["telemetry"],
+    doc(p={"attempts": 2, "backoff": const("300ms"), "retry-on": ["error:Boom"]}),
+    [call(boom(), boom())],
+    all_of(lambda t: calls_metric(t[0], "p", "failure", True, "retries-exhausted"),
+           lambda t: metric(t[0], "levee.retry.delay{levee.policy=p}", {"count": 1, "sum": 0.3}),
+           lambda t: metric(t[0], "levee.retries{levee.policy=p}", 1)),  # fmt: skip
+)
+
+scenario(
+    "deadline-retry-start-at-deadline",
+    "A retry whose start would fall exactly at the deadline is not scheduled: deadline.",
+    ["deadline"],
+    doc(p={"attempts": 3, "deadline": "1s", "backoff": CONST, "retry-on": ["error:Boom"]}),
+    [call(boom(after=900 * MS), ok())],
+    all_of(lambda t: error(t[0], "deadline", 1, "error:Boom"), lambda t: sleeps(t[0])),
+)
+
+scenario(
+    "deadline-spans-calls-retries",
+    "The deadline spans every attempt and sleep: the third attempt gets only the 200 ms left.",
+    ["deadline", "deadline-clamp"],
+    doc(p={"attempts": 5, "deadline": "1s", "backoff": const("100ms"), "retry-on": ["error:Boom", "timeout"]}),
+    [call(boom(after=300 * MS), boom(after=300 * MS), HANG)],
+    all_of(lambda t: starts(t[0], 0, 400 * MS, 800 * MS), lambda t: ends(t[0], 300 * MS, 700 * MS, S),
+           lambda t: error(t[0], "deadline", 3, "timeout")),  # fmt: skip
+)
+
+scenario(
+    "concurrent-calls-interleave",
+    "Two calls run concurrently on one engine, each with its own attempts and sleeps.",
+    ["concurrency", "retry"],
+    doc(p={"attempts": 3, "backoff": const("200ms"), "retry-on": ["error:Boom"]}),
+    [call(boom(after=50 * MS), ok("one", after=50 * MS)), call(boom(after=10 * MS), ok("two"), at=120 * MS)],
+    all_of(lambda t: value(t[0], "one"), lambda t: value(t[1], "two"), lambda t: starts(t[0], 0, 250 * MS),
+           lambda t: starts(t[1], 120 * MS, 330 * MS)),  # fmt: skip
+)
+
+
 # ---------------------------------------------------------------------------- output
 
 
