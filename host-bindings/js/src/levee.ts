@@ -53,8 +53,10 @@ export interface FallbackContext {
   reason: Reason;
   /** The attempts made. */
   attempts: number;
-  /** The error of the last attempt (or of the previous fallback), if any. */
+  /** The error of the last attempt, if it threw. */
   lastError: unknown;
+  /** The error of the previous fallback of the chain, if one ran and failed. */
+  fallbackError: unknown;
   /** The value of the last attempt when the policy classified it as a failure (a 503 response). */
   lastResult: unknown;
   /** The caller's signal, if any. */
@@ -421,8 +423,10 @@ export class Levee {
 
   /** Report an attempt (and count it); `undefined` after a trap. */
   #report<T>(d: CallDriver, st: CallState<T>, now: bigint, elapsed: bigint, outcome: Outcome): bigint | undefined {
-    this.#telemetry?.attempt(d.policy.name, outcome.kind, Number(elapsed));
-    return this.#rt.report(d.policy, st.key, st.call, now, elapsed, outcome, d.attempts);
+    const v = this.#rt.report(d.policy, st.key, st.call, now, elapsed, outcome, d.attempts);
+    // Counted once the core has it (an attempt whose report trapped was never reported).
+    if (v !== undefined) this.#telemetry?.attempt(d.policy.name, outcome.kind, Number(elapsed));
+    return v;
   }
 
   /** The call ended: `levee.calls`. */
@@ -538,6 +542,7 @@ export class Levee {
         const name = d.fallbackName;
         const fb = options?.fallbacks?.[name] ?? (this.#fallbacks.get(name) as FallbackFn<T> | undefined);
         let ok = false;
+        const previous = st.fallbackError;
         st.fallbackError = undefined;
         if (fb === undefined) {
           // Counted as failed; the error that ends the call names it (the attempt's error stands).
@@ -551,6 +556,7 @@ export class Levee {
               attempts: d.attempts,
               lastError: st.lastError,
               lastResult: st.lastResult,
+              fallbackError: previous,
               signal,
             });
             const fallbackValue = isThenable(r) ? await r : r;
@@ -564,7 +570,6 @@ export class Levee {
           } catch (err) {
             st.fallbackError = err;
           }
-          if (!ok) st.lastError = st.fallbackError;
         }
         now = this.#now();
         v = rt.reportFallback(p, st.key, st.call, now, ok, d.attempts);

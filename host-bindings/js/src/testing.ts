@@ -206,3 +206,120 @@ export class VirtualClock implements Clock {
     })();
   }
 }
+
+// ------------------------------------------------------------------ guest faults, injected
+
+/** A crossing of the call protocol. */
+export type FaultOp = 'start' | 'acquire' | 'report' | 'report-fallback';
+
+/**
+ * A guest fault on the `nth` crossing named `op` of one call (1 for the first): a trap (the
+ * default), or the guest's answer replaced by the packed `verdict` (one that breaks the contract).
+ */
+export interface Fault {
+  op: FaultOp;
+  nth?: number;
+  verdict?: bigint | number | string;
+}
+
+const FAULT_OPS: readonly FaultOp[] = ['start', 'acquire', 'report', 'report-fallback'];
+const METHOD_PREFIX = '[method]engine.';
+
+interface Plan {
+  faults: { op: FaultOp; nth: number; verdict: bigint | undefined }[];
+  counts: Record<FaultOp, number>;
+}
+
+/**
+ * Faults for tests of the recovery path (docs/hosts.md, section 3), at the component's
+ * boundary, exactly where a real trap surfaces: pass `instantiateCore` to `load`, then
+ * `inject(call, ...faults)` before the call runs. A Levee numbers its calls 1, 2, ... in the order
+ * `run` (or a `leveeFetch` request) is called. The plan survives the re-instantiation.
+ */
+export class FaultInjector {
+  readonly #plans = new Map<bigint, Plan>();
+  /** The `instantiateCore` load option that arms the faults. */
+  readonly instantiateCore = (module: WebAssembly.Module, imports: Record<string, unknown>): WebAssembly.Instance => {
+    const instance = new WebAssembly.Instance(module, imports as WebAssembly.Imports);
+    const exports: Record<string, unknown> = { ...instance.exports };
+    for (const [name, value] of Object.entries(instance.exports)) {
+      const at = name.lastIndexOf(METHOD_PREFIX);
+      const op = at < 0 ? undefined : FAULT_OPS.find((o) => name.slice(at + METHOD_PREFIX.length) === o);
+      if (op === undefined || typeof value !== 'function') continue;
+      const real = value as (...args: unknown[]) => unknown;
+      exports[name] = (...args: unknown[]): unknown => {
+        // The canonical ABI of every crossing: the engine's rep, then the call (an i64).
+        const plan = typeof args[1] === 'bigint' ? this.#plans.get(BigInt.asUintN(64, args[1])) : undefined;
+        if (plan === undefined) return real(...args);
+        const n = ++plan.counts[op];
+        const fault = plan.faults.find((f) => f.op === op && f.nth === n);
+        if (fault === undefined) return real(...args);
+        if (fault.verdict === undefined) throw new WebAssembly.RuntimeError(`unreachable (injected at ${op} #${n})`);
+        real(...args);
+        return BigInt.asIntN(64, fault.verdict);
+      };
+    }
+    return { exports } as unknown as WebAssembly.Instance;
+  };
+
+  /** Arm `faults` for call `call`. */
+  inject(call: bigint | number, ...faults: Fault[]): this {
+    const plan: Plan = { faults: [], counts: { start: 0, acquire: 0, report: 0, 'report-fallback': 0 } };
+    for (const f of faults) {
+      if (!FAULT_OPS.includes(f.op)) throw new RangeError(`levee: unknown crossing '${String(f.op)}'`);
+      plan.faults.push({ op: f.op, nth: f.nth ?? 1, verdict: f.verdict === undefined ? undefined : BigInt(f.verdict) });
+    }
+    this.#plans.set(BigInt(call), plan);
+    return this;
+  }
+}
+
+// ------------------------------------------------------------------ telemetry, recorded
+
+/** One thing a `RecordingSink` received. */
+export interface Recorded {
+  kind: 'event' | 'add' | 'record' | 'gauge';
+  name: string;
+  value: number;
+  attributes: Record<string, string | number | boolean>;
+  /** What `label()` said when it was recorded (say, the test's own call index). */
+  label: unknown;
+}
+
+/** A `TelemetrySink` that keeps everything, in order; `label` tags each entry (e.g. from an AsyncLocalStorage). */
+export class RecordingSink {
+  readonly entries: Recorded[] = [];
+  readonly #label: () => unknown;
+
+  constructor(label: () => unknown = () => undefined) {
+    this.#label = label;
+  }
+
+  #add(kind: Recorded['kind'], name: string, value: number, attributes: Recorded['attributes']): void {
+    this.entries.push({ kind, name, value, attributes: { ...attributes }, label: this.#label() });
+  }
+
+  event(name: string, attributes: Recorded['attributes']): void {
+    this.#add('event', name, 0, attributes);
+  }
+
+  add(counter: string, value: number, attributes: Recorded['attributes']): void {
+    this.#add('add', counter, value, attributes);
+  }
+
+  record(histogram: string, value: number, attributes: Recorded['attributes']): void {
+    this.#add('record', histogram, value, attributes);
+  }
+
+  gauge(gauge: string, value: number, attributes: Recorded['attributes']): void {
+    this.#add('gauge', gauge, value, attributes);
+  }
+}
+
+/** `name{a=1,b=x}`, attributes sorted by name (the metric keys of conformance/hosts). */
+export function metricKey(name: string, attributes: Record<string, string | number | boolean>): string {
+  const parts = Object.keys(attributes)
+    .sort()
+    .map((k) => `${k}=${String(attributes[k])}`);
+  return `${name}{${parts.join(',')}}`;
+}

@@ -149,7 +149,9 @@ describe('outcomes of errors', () => {
       cause: Object.assign(new Error('x'), { code: 'UND_ERR_CONNECT_TIMEOUT' }),
     });
     assert.deepEqual(outcomeOfError(connectTimeout), { kind: 'connection-error' });
-    const badCert = new TypeError('fetch failed', { cause: Object.assign(new Error('x'), { code: 'CERT_HAS_EXPIRED' }) });
+    const badCert = new TypeError('fetch failed', {
+      cause: Object.assign(new Error('x'), { code: 'CERT_HAS_EXPIRED' }),
+    });
     assert.deepEqual(outcomeOfError(badCert), { kind: 'error-class', name: 'tls-certificate' });
   });
 });
@@ -320,12 +322,12 @@ describe('run', () => {
 
   test('fallbacks registered by name run in the chain order', async () => {
     const levee = loadSync(DOC, { seed: 1n, fallbacks: { first: () => Promise.reject(new Error('first failed')) } });
-    levee.fallback('second', (ctx) => `second after ${ctx.lastError.message}`);
+    levee.fallback('second', (ctx) => `second after ${ctx.fallbackError.message} (${ctx.lastError.message})`);
     const events = recordEvents(levee);
     const value = await levee.run('chain', () => {
       throw new Error('primary');
     });
-    assert.equal(value, 'second after first failed');
+    assert.equal(value, 'second after first failed (primary)');
     assert.deepEqual(
       events.filter((e) => e.kind === 'fallback-chosen').map((e) => e.name),
       ['first', 'second'],
@@ -353,7 +355,8 @@ describe('run', () => {
       ),
       (err) => {
         assert.equal(err.reason, 'fallbacks-failed');
-        assert.equal(err.lastError.message, 'f2');
+        // The cause is the last attempt's error (docs/hosts.md, section 5).
+        assert.equal(err.lastError.message, 'primary');
         return true;
       },
     );
@@ -529,7 +532,11 @@ describe('metrics', () => {
     const attempts = recorded.filter((r) => r.name === 'levee.attempts').map((r) => r.attributes['levee.outcome']);
     assert.deepEqual(attempts, ['error-class', 'success']);
     const calls = recorded.filter((r) => r.name === 'levee.calls');
-    assert.deepEqual(calls[0].attributes, { 'levee.policy': 'quick', 'levee.result': 'success', 'levee.retried': true });
+    assert.deepEqual(calls[0].attributes, {
+      'levee.policy': 'quick',
+      'levee.result': 'success',
+      'levee.retried': true,
+    });
   });
 
   test('with @opentelemetry/api installed, load() uses its global meter', async () => {
