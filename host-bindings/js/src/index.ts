@@ -3,7 +3,7 @@
 import { readFile } from 'node:fs/promises';
 import { instantiate } from '../wasm/levee_policy.js';
 type ComponentExports = ReturnType<typeof instantiate>;
-import { Levee, loadSink, sinkOf } from './levee.js';
+import { Levee, loadSink, loadSpans, sinkOf } from './levee.js';
 import type { LoadOptions } from './levee.js';
 import { nodePlatform } from './platform-node.js';
 
@@ -13,7 +13,7 @@ import { nodePlatform } from './platform-node.js';
  * is installed, events are also recorded as metrics on its global meter (unless `meter: null`).
  */
 export async function load(document: string, options: LoadOptions = {}): Promise<Levee> {
-  return new Levee(nodePlatform, document, options, await loadSink(options));
+  return new Levee(nodePlatform, document, options, await loadSink(options), await loadSpans(options));
 }
 
 /** `load` without looking for OpenTelemetry (metrics only through `options.meter`). */
@@ -69,6 +69,7 @@ export type {
   TelemetrySink,
 } from './events.js';
 export * as constants from './constants.js';
+export type { OpenTelemetryApiLike, SpanHandle } from './spans.js';
 export type {
   Analysis,
   BreakerState,

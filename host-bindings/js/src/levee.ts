@@ -36,6 +36,8 @@ import type {
   TelemetrySink,
 } from './events.js';
 import { DEFAULT_MAX_MEMORY_BYTES, Runtime, startFlags } from './runtime.js';
+import { CallSpan, Spans } from './spans.js';
+import type { OpenTelemetryApiLike } from './spans.js';
 import type { ComponentExports, InstantiateCore, Platform, PolicyEntry, TraceStep } from './runtime.js';
 
 export type { AttemptContext } from './attempt.js';
@@ -108,6 +110,11 @@ export interface LoadOptions {
   /** `onRetry` hooks per policy name, called before the sleep of each retry (see `Levee.onRetry`). */
   onRetry?: Record<string, RetryHook>;
   /**
+   * Spans `levee.call` and `levee.attempt` (docs/telemetry.md) on OpenTelemetry: pass the
+   * `@opentelemetry/api` module, or `true` (with `load`, which imports it). Default: none.
+   */
+  spans?: OpenTelemetryApiLike | boolean;
+  /**
    * The clock of this Levee: every `now` it gives the core, the sleeps between attempts and the
    * attempts' timeouts. Default: the runtime's monotonic clock and the event loop's timers. Tests
    * pass a `VirtualClock` from `levee-resilience/testing`.
@@ -144,11 +151,25 @@ export class Levee {
   readonly #emitter = new Emitter();
   readonly #telemetry: Telemetry | undefined;
   readonly #retryHooks = new Map<string, RetryHook[]>();
+  readonly #spans: Spans | undefined;
   #closed = false;
   #nextCall = 1;
 
   /** @internal Use `load` from `levee` (Node) or `levee/worker`. */
-  constructor(platform: Platform, document: string, options: LoadOptions, sink: TelemetrySink | undefined) {
+  constructor(
+    platform: Platform,
+    document: string,
+    options: LoadOptions,
+    sink: TelemetrySink | undefined,
+    otel?: OpenTelemetryApiLike,
+  ) {
+    const api = otel ?? (typeof options.spans === 'object' ? options.spans : undefined);
+    if (options.spans === true && api === undefined) {
+      throw new TypeError(
+        'levee: spans: true needs load() (which imports @opentelemetry/api); pass the module instead',
+      );
+    }
+    this.#spans = api === undefined ? undefined : new Spans(api);
     const clock = options.clock;
     // The platform's clock is read directly: one call on the hot path, not two.
     this.#now = clock === undefined ? platform.now : () => clock.now();
@@ -333,7 +354,7 @@ export class Levee {
     const call = BigInt(this.#nextCall++);
     if (!rt.healthy && !rt.reinstantiate()) {
       // No instance to ask: the recovery path, as after a trap at `start`.
-      return this.#drive(new CallDriver(p, now), new CallState(fn, options, key, call, rt.generation), undefined, now);
+      return this.#drive(new CallDriver(p, now), this.#state(p, fn, options, key, call, rt.generation), undefined, now);
     }
     const gen = rt.generation;
     let v = rt.start(p, call, key, options === undefined ? 0 : startFlags(options), now);
@@ -343,14 +364,29 @@ export class Levee {
       // back for batching. (`0x100` is exactly that verdict; anything else goes through the driver.)
       let n = Number(v);
       if (n === 0x100 && p.attemptTimeoutNs === 0 && p.deadlineNs === 0 && signal === undefined) {
-        if (options?.outcomeOf === undefined) return this.#fast(p, fn, options, key, call, now, gen);
+        if (options?.outcomeOf === undefined && this.#spans === undefined) {
+          return this.#fast(p, fn, options, key, call, now, gen);
+        }
       } else if (n < 0) {
         // The core module's i64, read as the WIT's u64.
         v = BigInt.asUintN(64, v);
         n = Number(v);
       }
     }
-    return this.#drive(new CallDriver(p, now), new CallState(fn, options, key, call, gen), v, now);
+    return this.#drive(new CallDriver(p, now), this.#state(p, fn, options, key, call, gen), v, now);
+  }
+
+  #state<T>(
+    p: PolicyEntry,
+    fn: (ctx: AttemptContext) => T | PromiseLike<T>,
+    options: RunOptions<T> | undefined,
+    key: string,
+    call: bigint,
+    gen: number,
+  ): CallState<T> {
+    const st = new CallState(fn, options, key, call, gen);
+    if (this.#spans !== undefined) st.span = this.#spans.call(p.name, key);
+    return st;
   }
 
   /**
@@ -429,9 +465,10 @@ export class Levee {
     return v;
   }
 
-  /** The call ended: `levee.calls`. */
-  #ended(d: CallDriver, result: CallResult, reason?: Reason): void {
+  /** The call ended: `levee.calls`, and the end of its span. */
+  #ended<T>(d: CallDriver, st: CallState<T>, result: CallResult, reason?: Reason): void {
     this.#telemetry?.call(d.policy.name, result, d.attempts > 1, reason);
+    st.span?.end(result, reason);
   }
 
   /**
@@ -465,25 +502,28 @@ export class Levee {
         const started = now;
         let outcome: Outcome | undefined;
         let elapsed: bigint;
+        const span = st.span?.startAttempt(d.attempts, options?.method !== undefined, degraded);
         try {
-          const r = st.fn(ctx);
+          const r = span === undefined ? st.fn(ctx) : st.span!.within(span, () => st.fn(ctx));
           const result = timeoutNs > 0 || signal !== undefined ? await ctx.race(r) : isThenable(r) ? await r : r;
           now = this.#now();
           ctx.dispose();
           if (degraded) {
             // Its own result ends the call, whatever it is (a late success is a success).
-            this.#ended(d, 'success');
+            if (span !== undefined) CallSpan.endAttempt(span, options?.outcomeOf?.(result)?.kind ?? 'success');
+            this.#ended(d, st, 'success');
             return result;
           }
           elapsed = now - started;
           outcome = options?.outcomeOf?.(result);
+          if (span !== undefined) CallSpan.endAttempt(span, outcome?.kind ?? 'success');
           if (outcome === undefined || outcome.kind === 'success') {
             // A success is held back to ride on the next `start`, unless it is late (the core
             // must hear it: it is a timeout) or its instance was replaced (the core answers).
             if ((timeoutNs === 0 || elapsed < BigInt(timeoutNs)) && rt.generation === st.gen) {
               rt.hold(st.call, now, elapsed);
               this.#telemetry?.attempt(p.name, 'success', Number(elapsed));
-              this.#ended(d, 'success');
+              this.#ended(d, st, 'success');
               return result;
             }
             outcome = { kind: 'success' };
@@ -494,14 +534,18 @@ export class Levee {
         } catch (err) {
           now = this.#now();
           ctx.dispose();
+          if (span !== undefined) {
+            const kind = ctx.timedOut ? 'timeout' : (options?.errorOutcome?.(err) ?? outcomeOfError(err)).kind;
+            CallSpan.endAttempt(span, signal?.aborted && !ctx.timedOut ? 'cancelled' : kind);
+          }
           if (signal?.aborted && !ctx.timedOut) {
             // Cancelled by the caller: the attempt is not reported.
             if (!degraded) rt.cancel(st.call, now, st.gen);
-            this.#ended(d, 'cancelled');
+            this.#ended(d, st, 'cancelled');
             throw signal.reason;
           }
           if (degraded) {
-            this.#ended(d, 'failure');
+            this.#ended(d, st, 'failure');
             throw err;
           }
           if (ctx.timedOut) {
@@ -526,7 +570,7 @@ export class Levee {
         } catch (reason) {
           now = this.#now();
           rt.cancel(st.call, now, st.gen);
-          this.#ended(d, 'cancelled');
+          this.#ended(d, st, 'cancelled');
           throw reason;
         }
         now = this.#now();
@@ -578,36 +622,36 @@ export class Levee {
 
       if (act === ACT_DONE) {
         if (st.fellBack) {
-          this.#ended(d, 'fallback');
+          this.#ended(d, st, 'fallback');
           return st.fallbackValue as T;
         }
-        this.#ended(d, 'success');
+        this.#ended(d, st, 'success');
         return st.value as T;
       }
 
       if (act === ACT_END_ATTEMPT) {
         // Recovery after the report of an attempt: its own result, value or error.
         if (st.lastError !== undefined) {
-          this.#ended(d, 'failure');
+          this.#ended(d, st, 'failure');
           throw st.lastError;
         }
-        this.#ended(d, 'success');
+        this.#ended(d, st, 'success');
         return st.lastResult as T;
       }
 
       if (act === ACT_END_FALLBACK) {
         // Recovery after the report of a fallback: its own result, value or error.
         if (st.fellBack) {
-          this.#ended(d, 'fallback');
+          this.#ended(d, st, 'fallback');
           return st.fallbackValue as T;
         }
-        this.#ended(d, 'failure');
+        this.#ended(d, st, 'failure');
         throw st.fallbackError ?? st.lastError;
       }
 
       // ACT_FAIL: the core's reason.
       rt.failed(now, st.gen);
-      this.#ended(d, 'failure', d.reason);
+      this.#ended(d, st, 'failure', d.reason);
       throw new LeveeError(d.reason, {
         policy: p.name,
         attempts: d.attempts,
@@ -658,6 +702,7 @@ class CallState<T> {
   fallbackValue: T | undefined = undefined;
   fallbackError: unknown = undefined;
   readonly unregistered: string[] = [];
+  span: CallSpan | undefined = undefined;
 
   constructor(
     fn: (ctx: AttemptContext) => T | PromiseLike<T>,
@@ -694,6 +739,12 @@ export async function defaultTelemetry(meter?: MeterLike): Promise<TelemetrySink
 export function sinkOf(options: LoadOptions): TelemetrySink | undefined {
   if (options.telemetry !== undefined) return options.telemetry ?? undefined;
   return options.meter ? new OpenTelemetrySink(options.meter) : undefined;
+}
+
+/** `@opentelemetry/api` for `spans: true`. */
+export async function loadSpans(options: LoadOptions): Promise<OpenTelemetryApiLike | undefined> {
+  if (options.spans !== true) return undefined;
+  return (await import('@opentelemetry/api')) as unknown as OpenTelemetryApiLike;
 }
 
 /** The sink of the load options, with `@opentelemetry/api`'s global meter when nothing says otherwise. */
