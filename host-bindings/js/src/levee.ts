@@ -22,6 +22,7 @@ import {
   CallDriver,
 } from './driver.js';
 import type { Action } from './driver.js';
+import { GUARD_SNAPSHOT_INTERVAL_MS } from './constants.js';
 import { LeveeError, outcomeOfError } from './errors.js';
 import type { Outcome, Reason } from './errors.js';
 import { Emitter, OpenTelemetrySink, Telemetry, reportHookError } from './events.js';
@@ -121,8 +122,9 @@ export interface LoadOptions {
    */
   clock?: Clock;
   /**
-   * How often (at most) the state is exported for trap recovery, in ms. Default 1000. Whatever
-   * the interval, the state is also exported whenever a breaker changes state, and after
+   * How often (at most) the state is exported for trap recovery on the call path, in ms of the
+   * Levee's clock. Default 1000, the rule of every host (docs/hosts.md, section 7). Whatever the
+   * interval, the state is also exported whenever a breaker changes state, and after
    * `setBreakerState`, `reload` and `importState`, so a trap never forgets a trip.
    */
   checkpointIntervalMs?: number;
@@ -182,7 +184,7 @@ export class Levee {
       {
         seed: options.seed !== undefined ? BigInt.asUintN(64, BigInt(options.seed)) : platform.randomSeed(),
         instantiateCore: options.instantiateCore,
-        checkpointNs: BigInt(Math.round((options.checkpointIntervalMs ?? 1000) * 1e6)),
+        checkpointNs: BigInt(Math.round((options.checkpointIntervalMs ?? GUARD_SNAPSHOT_INTERVAL_MS) * 1e6)),
         maxMemoryBytes: options.maxMemoryBytes ?? DEFAULT_MAX_MEMORY_BYTES,
         trace: options.trace,
         wallMs: wall === undefined ? Date.now : () => wall.call(clock),
@@ -650,7 +652,6 @@ export class Levee {
       }
 
       // ACT_FAIL: the core's reason.
-      rt.failed(now, st.gen);
       this.#ended(d, st, 'failure', d.reason);
       throw new LeveeError(d.reason, {
         policy: p.name,

@@ -194,7 +194,6 @@ export class Runtime {
   // Trap recovery: the last exported state.
   #lastState: Uint8Array | undefined;
   nextCheckpoint: bigint;
-  #lastCheckpointAt = 0n;
   #memories: WebAssembly.Memory[] = [];
   readonly #trace: ((step: TraceStep) => void) | undefined;
 
@@ -574,14 +573,6 @@ export class Runtime {
     }
   }
 
-  /** A failure changed the breaker and budget state: keep it for trap recovery (at most every 10 ms). */
-  failed(now: bigint, gen: number): void {
-    if (this.#generation === gen && now - this.#lastCheckpointAt > 10_000_000n) {
-      if (this.holding) this.flush();
-      this.checkpoint(now);
-    }
-  }
-
   #traceStep(
     op: TraceStep['op'],
     call: bigint,
@@ -630,7 +621,6 @@ export class Runtime {
 
   checkpoint(now: bigint): void {
     this.nextCheckpoint = now + this.#options.checkpointNs;
-    this.#lastCheckpointAt = now;
     // JavaScript cannot cap a Wasm memory it did not create: check its size here, and treat a
     // component whose memory outgrew the bound like one that trapped (the last state comes back).
     let bytes = 0;
