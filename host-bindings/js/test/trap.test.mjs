@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { LeveeError, loadSync } from '../dist/index.js';
+import { FaultInjector, VirtualClock } from '../dist/testing.js';
 
 const DOC = `
 policies:
@@ -236,4 +237,32 @@ test('the bounds fit the largest valid work: 4,096 policies, a 4,000-policy relo
   assert.ok(state.length > 1 << 20, `${state.length} bytes`);
   levee.importState(state);
   assert.equal(faults.length, 0);
+});
+
+test('a call in flight when another call trapped: the new instance answers invalid, its attempt stands', async () => {
+  const faults = new FaultInjector();
+  const clock = new VirtualClock();
+  const levee = loadSync(DOC, { seed: 3n, clock, instantiateCore: faults.instantiateCore, meter: null });
+  const seen = [];
+  levee.on('engine-fault', (e) => seen.push([e.fault, e.phase, e.call]));
+  // Call 1 is in its first attempt on the first instance when call 2 traps at start.
+  faults.inject(2, { op: 'start', nth: 1 });
+  const first = levee.run(
+    'plain',
+    async () => {
+      await clock.sleep(50);
+      throw new Error('first failed');
+    },
+    { signal: new AbortController().signal },
+  );
+  await clock.settle();
+  assert.equal(await levee.run('plain', () => 'second, degraded'), 'second, degraded');
+  // No retry for call 1: the engine it started on is gone; its own error ends it.
+  const ended = assert.rejects(first, (err) => !(err instanceof LeveeError) && err.message === 'first failed');
+  await clock.advance(50);
+  await ended;
+  assert.deepEqual(seen, [
+    ['trap', 'start', 2n],
+    ['invalid', 'report', 1n],
+  ]);
 });
