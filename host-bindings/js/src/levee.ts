@@ -75,8 +75,11 @@ export interface RunOptions<T> {
   signal?: AbortSignal;
   /** The operation is idempotent (default true). When false the core retries it only with a key. */
   idempotent?: boolean;
-  /** The operation carries an idempotency key (so the core may retry it even if not idempotent). */
-  idempotencyKey?: boolean;
+  /**
+   * The operation carries an idempotency key (so the core may retry it even if not idempotent):
+   * `true`, or the key itself (an empty string counts as none).
+   */
+  idempotencyKey?: boolean | string;
   /** The HTTP method of the operation, if it is one (the core knows which methods are idempotent). */
   method?: string;
   /** Describe a value an attempt returned (e.g. an HTTP response); `undefined` means success. */

@@ -83,12 +83,13 @@ export interface RuntimeOptions {
  * sent (RFC 9110 methods are case-sensitive: `get` is not `GET`, and is code `METHOD_OTHER`).
  */
 export function startFlags(
-  options: { idempotent?: boolean; idempotencyKey?: boolean; method?: string } | undefined,
+  options: { idempotent?: boolean; idempotencyKey?: boolean | string; method?: string } | undefined,
 ): number {
   if (options === undefined) return 0;
   let flags = 0;
   if (options.idempotent === false) flags |= START_NON_IDEMPOTENT;
-  if (options.idempotencyKey === true) flags |= START_IDEMPOTENCY_KEY;
+  const key = options.idempotencyKey;
+  if (key === true || (typeof key === 'string' && key !== '')) flags |= START_IDEMPOTENCY_KEY;
   const method = options.method;
   if (method !== undefined && method !== '') {
     const code = Object.hasOwn(METHODS, method) ? METHODS[method]! : METHOD_OTHER;

@@ -218,7 +218,7 @@ class Replay {
           key: c.key ?? '',
           signal: controller.signal,
           idempotent: c.idempotent ?? true,
-          idempotencyKey: Boolean(c.idempotency_key),
+          idempotencyKey: c.idempotency_key ?? false,
           onRetry: this.#onRetry(i),
         });
         trace.result = { value: value === undefined ? null : value };

@@ -65,6 +65,8 @@ describe('verdicts', () => {
     assert.equal(startFlags(undefined), 0);
     assert.equal(startFlags({ idempotent: false }), 1);
     assert.equal(startFlags({ idempotencyKey: true }), 2);
+    assert.equal(startFlags({ idempotencyKey: 'order-17' }), 2);
+    assert.equal(startFlags({ idempotencyKey: '' }), 0);
     assert.equal(startFlags({ method: 'POST' }), 3 << 8);
     // RFC 9110 methods are case-sensitive (docs/hosts.md, section 6): `post` is another token.
     assert.equal(startFlags({ method: 'post' }), 15 << 8);
