@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._abi import ComponentFault, Core, LoadErrors, Runtime, event_from_raw
 from ._clock import SYSTEM, Clock, SystemClock
+from ._constants import GUARD_SNAPSHOT_INTERVAL_MS
 from ._events import Listener, dispatch, logger
 from .errors import LeveeError, PolicyError, ProtocolError, UnknownPolicy
 from .outcomes import Outcome
@@ -113,12 +114,19 @@ class EngineRuntime:
         *,
         seed: int | None = None,
         component: str | os.PathLike[str] | None = None,
-        snapshot_interval: float = 1.0,
+        snapshot_interval: float = GUARD_SNAPSHOT_INTERVAL_MS / 1000,
         clock: Clock | None = None,
         telemetry: TelemetrySink | None = None,
     ) -> None:
         """Load `document` (YAML or JSON text). `seed` fixes the jitter PRNG (default: from
-        `os.urandom`). Raises `PolicyError` naming every invalid field."""
+        `os.urandom`). Raises `PolicyError` naming every invalid field.
+
+        `clock` is the clock of every `now`, sleep and asyncio attempt timeout (default the
+        system's; `levee.testing.VirtualClock` in tests). `telemetry` receives the events and
+        metrics of docs/telemetry.md (`levee.telemetry.OpenTelemetrySink`, or your own
+        `TelemetrySink`). `snapshot_interval` is the guard of docs/hosts.md section 7: at most
+        one snapshot per interval of the engine's clock on the call path, besides the ones
+        taken after every breaker transition."""
         self._document = document
         #: the clock of every `now`, sleep and asyncio attempt timeout (`levee.testing.VirtualClock`
         #: in tests); the hot path is kept for the system clock only

@@ -152,13 +152,15 @@ class OpenTelemetrySink:
         METRIC_BREAKER_STATE: "1",
     }
 
-    def __init__(self, meter_provider: Any = None, tracer_provider: Any = None) -> None:
+    def __init__(self, meter_provider: Any = None, tracer_provider: Any = None, *, gauge_key: bool = True) -> None:
+        """`gauge_key=False` drops `levee.key` from the breaker-state gauge too (one series per
+        policy instead of one per downstream key)."""
         from opentelemetry import metrics, trace
 
+        self._gauge_key = gauge_key
         self._meter = (meter_provider or metrics.get_meter_provider()).get_meter("levee")
         self._trace = trace
         self._instruments: dict[str, Any] = {}
-        self._gauge_values: dict[tuple[str, tuple[tuple[str, AttributeValue], ...]], float] = {}
 
     def _instrument(self, name: str, kind: str) -> Any:
         inst = self._instruments.get(name)
@@ -185,4 +187,7 @@ class OpenTelemetrySink:
         self._instrument(histogram, "histogram").record(value, dict(attributes))
 
     def gauge(self, gauge: str, value: float, attributes: Mapping[str, AttributeValue]) -> None:
-        self._instrument(gauge, "gauge").set(value, dict(attributes))
+        attrs = dict(attributes)
+        if not self._gauge_key:
+            attrs.pop(ATTR_KEY, None)
+        self._instrument(gauge, "gauge").set(value, attrs)
