@@ -22,7 +22,7 @@ from ._constants import GUARD_SNAPSHOT_INTERVAL_MS
 from ._events import Listener, dispatch, logger
 from .errors import LeveeError, PolicyError, ProtocolError, UnknownPolicy
 from .outcomes import Outcome
-from .telemetry import TelemetrySink, emit_attempt, emit_call
+from .telemetry import SpanSink, TelemetrySink, emit_attempt, emit_call
 from .types import BreakerState, Event, EventKind, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict
 
 if TYPE_CHECKING:
@@ -151,10 +151,15 @@ class EngineRuntime:
         self._listeners: list[Listener] = []
         #: events and metrics (docs/telemetry.md); None: logging and listeners only
         self._sink: TelemetrySink | None = telemetry
+        spans = (
+            telemetry if isinstance(telemetry, SpanSink) and callable(getattr(telemetry, "start_call", None)) else None
+        )
+        #: the sink's spans (every call then takes the driver path: one span per attempt)
+        self._spans: SpanSink | None = spans
         self._retry_hooks: dict[str, tuple[RetryHook, ...]] = {}
         self._tracer: Callable[[TraceStep], None] | None = None
         # whether calls take the one-crossing hot path (no tracer, the system clock)
-        self._hot = type(self._clock) is SystemClock
+        self._hot = type(self._clock) is SystemClock and self._spans is None
         self._slots: dict[str, _PolicySlot] = {}
         self._names: list[str] = []
         self._refresh_policies()
