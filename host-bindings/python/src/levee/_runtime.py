@@ -314,6 +314,7 @@ class EngineRuntime:
             call = self._next_call
             self._next_call = call + 1
             core = self._core
+            now = self._now()  # the call's start: its deadline counts from here
             try:
                 if self._closed:
                     raise LeveeError("the engine is closed")
@@ -332,7 +333,6 @@ class EngineRuntime:
                     sc, sa, se, sg = pending.popleft()
                     if sg != self._generation:
                         sc = sa = se = 0
-                now = self._now()
                 v = core.start(call, slot.index, key, flags, now, sc, sa, se)
                 if v & EVENTS_BIT:
                     self._events_locked(v, events)
@@ -341,7 +341,6 @@ class EngineRuntime:
                     raise
                 self._recover_locked(e, events, "trap", slot.info.name, key, call)
                 v = -1
-                now = self._now()
             gen = self._generation
         if events:
             dispatch(events, self._listeners, self._sink)
