@@ -356,9 +356,16 @@ export class OpenTelemetrySink implements TelemetrySink {
   readonly #histograms = new Map<string, { record(value: number, attributes?: Attributes): void }>();
   readonly #gauges = new Map<string, { record(value: number, attributes?: Attributes): void } | undefined>();
 
-  constructor(meter: MeterLike, activeSpan?: () => SpanLike | undefined) {
+  readonly #gaugeKey: boolean;
+
+  /**
+   * `gaugeKey: false` drops `levee.key` from the breaker-state gauge too (one series per policy
+   * instead of one per key: keys can number in the millions).
+   */
+  constructor(meter: MeterLike, activeSpan?: () => SpanLike | undefined, options: { gaugeKey?: boolean } = {}) {
     this.#meter = meter;
     this.#activeSpan = activeSpan;
+    this.#gaugeKey = options.gaugeKey ?? true;
   }
 
   event(name: string, attributes: Attributes): void {
@@ -388,7 +395,12 @@ export class OpenTelemetrySink implements TelemetrySink {
     if (!this.#gauges.has(gauge)) {
       this.#gauges.set(gauge, this.#meter.createGauge?.(gauge, { unit: UNITS[gauge] ?? '' }));
     }
-    this.#gauges.get(gauge)?.record(value, attributes);
+    let attrs = attributes;
+    if (!this.#gaugeKey && ATTR_KEY in attrs) {
+      attrs = { ...attributes };
+      delete attrs[ATTR_KEY];
+    }
+    this.#gauges.get(gauge)?.record(value, attrs);
   }
 }
 

@@ -6,6 +6,7 @@ import {
   GrpcStatusError,
   HttpStatusError,
   LeveeError,
+  OpenTelemetrySink,
   PolicyLoadError,
   decodeVerdict,
   encodeVerdict,
@@ -539,6 +540,25 @@ describe('metrics', () => {
       'levee.result': 'success',
       'levee.retried': true,
     });
+  });
+
+  test('the breaker gauge carries the key, unless the sink is told to drop it', async () => {
+    const BREAKER =
+      'policies:\n  b:\n    attempts: 1\n    breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 1s }\n';
+    for (const gaugeKey of [true, false]) {
+      const gauges = [];
+      const meter = {
+        createCounter: () => ({ add: () => undefined }),
+        createHistogram: () => ({ record: () => undefined }),
+        createGauge: (name) => ({ record: (value, attributes) => gauges.push({ name, value, attributes }) }),
+      };
+      const levee = loadSync(BREAKER, { seed: 1n, telemetry: new OpenTelemetrySink(meter, undefined, { gaugeKey }) });
+      for (let i = 0; i < 2; i++) {
+        await assert.rejects(levee.run('b', () => Promise.reject(new FatalError('x')), { key: 'db-1' }));
+      }
+      const expected = gaugeKey ? { 'levee.policy': 'b', 'levee.key': 'db-1' } : { 'levee.policy': 'b' };
+      assert.deepEqual(gauges, [{ name: 'levee.breaker.state', value: 1, attributes: expected }]);
+    }
   });
 
   test('with @opentelemetry/api installed, load() uses its global meter', async () => {
