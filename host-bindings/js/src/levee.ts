@@ -630,6 +630,11 @@ export class Levee {
           this.#ended(d, st, 'fallback');
           return st.fallbackValue as T;
         }
+        if (st.lastError !== undefined) {
+          // The core ended the call on an attempt that threw: the attempt's own error stands.
+          this.#ended(d, st, 'failure');
+          throw st.lastError;
+        }
         this.#ended(d, st, 'success');
         return st.value as T;
       }
