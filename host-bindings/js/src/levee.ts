@@ -367,7 +367,7 @@ export class Levee {
       // The common case: attempt 1 without timeout (the policy has none, nor a deadline), no
       // events, no caller signal and no value to describe: a short path whose success is held
       // back for batching. (`0x100` is exactly that verdict; anything else goes through the driver.)
-      let n = Number(v);
+      const n = Number(v);
       if (n === 0x100 && p.attemptTimeoutNs === 0 && p.deadlineNs === 0 && signal === undefined) {
         if (options?.outcomeOf === undefined && this.#spans === undefined) {
           return this.#fast(p, fn, options, key, call, now, gen);
@@ -375,7 +375,6 @@ export class Levee {
       } else if (n < 0) {
         // The core module's i64, read as the WIT's u64.
         v = BigInt.asUintN(64, v);
-        n = Number(v);
       }
     }
     return this.#drive(new CallDriver(p, now), this.#state(p, fn, options, key, call, gen), v, now);

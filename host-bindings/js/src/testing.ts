@@ -13,6 +13,8 @@
 //   using _ = noWaits();               // or: every Levee skips its waits between attempts
 
 import type { Clock } from './clock.js';
+import type { InstantiateCore } from './runtime.js';
+import type { TelemetrySink } from './events.js';
 
 export { noWaits } from './clock.js';
 export type { Clock } from './clock.js';
@@ -239,7 +241,7 @@ interface Plan {
 export class FaultInjector {
   readonly #plans = new Map<bigint, Plan>();
   /** The `instantiateCore` load option that arms the faults. */
-  readonly instantiateCore = (module: WebAssembly.Module, imports: Record<string, unknown>): WebAssembly.Instance => {
+  readonly instantiateCore: InstantiateCore = (module, imports) => {
     const instance = new WebAssembly.Instance(module, imports as WebAssembly.Imports);
     const exports: Record<string, unknown> = { ...instance.exports };
     for (const [name, value] of Object.entries(instance.exports)) {
@@ -287,7 +289,7 @@ export interface Recorded {
 }
 
 /** A `TelemetrySink` that keeps everything, in order; `label` tags each entry (e.g. from an AsyncLocalStorage). */
-export class RecordingSink {
+export class RecordingSink implements TelemetrySink {
   readonly entries: Recorded[] = [];
   readonly #label: () => unknown;
 
