@@ -20,9 +20,9 @@ const CONTRACT_HEADERS = ['x-levee-attempt', 'idempotency-key', 'x-idempotency-k
 
 // Scenarios this host cannot replay through its public API, with the reason (reported to the lead).
 const SKIP = {
-  'http-key-ipv6-and-userinfo':
+  'http-key-userinfo-dropped':
     "WHATWG fetch refuses a URL with credentials (new Request('http://user:pw@...') throws a TypeError " +
-    'before any call starts), so the fetch integration never sends it: the scenario needs the userinfo case apart',
+    'before any call starts), so the fetch integration never sends one; the scenario says such a client skips it',
 };
 
 class ScenarioError extends Error {}
