@@ -80,3 +80,19 @@ test('a fallback named by the policy but never registered is named in the error;
     'from cache',
   );
 });
+
+test('a request that cannot be built (credentials in the URL) is refused as itself, before any call starts', async () => {
+  const levee = loadSync(DOC, { seed: 1n, meter: null });
+  let attempts = 0;
+  const events = [];
+  levee.on('event', (e) => events.push(e));
+  const fetchWithPolicy = leveeFetch(levee, 'upstream', {
+    fetch: async () => {
+      attempts++;
+      return new Response('never');
+    },
+  });
+  await assert.rejects(fetchWithPolicy('http://user:pw@svc.test/a'), (err) => err instanceof TypeError);
+  assert.equal(attempts, 0);
+  assert.deepEqual(events, []);
+});
