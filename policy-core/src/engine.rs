@@ -12,9 +12,13 @@ use crate::table::Table;
 use crate::breaker::{Breaker, Check};
 use crate::budget::{BudgetCfg, BudgetState};
 use crate::classify::Observed;
-use crate::limiter::Gcra;
-use crate::policy::{self, LoadError, OverCap, Policy};
-use crate::retry_after::{parse_pushback, parse_retry_after, ServerDelay};
+use crate::deadline;
+use crate::error::LoadError;
+use crate::fallback;
+use crate::policy::{self, Policy};
+use crate::rate::Gcra;
+use crate::retry::retry_after::{parse_pushback, parse_retry_after, ServerDelay};
+use crate::retry::{self, Decision, Failure};
 use crate::rng::Rng;
 use crate::types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Reason, Verdict, VerdictKind};
 
@@ -449,7 +453,7 @@ impl Engine {
 
     /// The policy with every default, as JSON.
     pub fn policy_json(&self, index: u32) -> Option<String> {
-        self.policy(index).map(|p| crate::doc::to_json(&crate::state::policy_to_json(p)))
+        self.policy(index).map(policy::to_json)
     }
 
     /// Worst cases of a policy run by `layers` layers.
@@ -499,7 +503,7 @@ impl Engine {
         if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
             b.on_call(cfg, now);
         }
-        let deadline = p.deadline.map(|d| now.saturating_add(d));
+        let deadline = deadline::starting_at(p.deadline, now);
         let slot = self.calls.insert(
             call,
             Call {
@@ -576,10 +580,8 @@ impl Engine {
         let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
-        if let Some(dl) = c.deadline {
-            if now >= dl {
-                return self.reject_at(slot, Reason::Deadline, 0, now);
-            }
+        if deadline::passed(c.deadline, now) {
+            return self.reject_at(slot, Reason::Deadline, 0, now);
         }
         if c.attempts >= p.attempts {
             // Cannot happen through `report`; kept so that no path exceeds the maximum.
@@ -603,7 +605,7 @@ impl Engine {
         // Concurrency limit.
         let bulkhead = p.bulkhead.is_some();
         if let Some(bh) = &p.bulkhead {
-            if ks.in_flight >= bh.max_concurrent {
+            if !bh.admits(ks.in_flight) {
                 return self.reject_at(slot, Reason::BulkheadFull, 0, now);
             }
         }
@@ -645,13 +647,7 @@ impl Engine {
         }
         c.attempts = c.attempts.saturating_add(1);
         c.phase = Phase::InFlight { permit, slot: bulkhead };
-        let remaining = c.deadline.map(|dl| dl.saturating_sub(now));
-        let timeout = match (p.attempt_timeout, remaining) {
-            (Some(t), Some(r)) => t.min(r),
-            (Some(t), None) => t,
-            (None, Some(r)) => r,
-            (None, None) => 0,
-        };
+        let timeout = deadline::attempt_timeout(p.attempt_timeout, c.deadline, now);
         let v = Verdict::attempt(c.attempts, timeout);
         self.finish(v)
     }
@@ -689,7 +685,7 @@ impl Engine {
     fn next_fallback(&mut self, slot: u32, from: usize, reason: Reason, now: u64) -> Option<Verdict> {
         let (&call, c) = self.calls.get_mut(slot)?;
         let p = self.policies.get(c.policy)?;
-        let (index, fb) = p.fallbacks.iter().enumerate().skip(from).find(|(_, f)| f.on.contains(&reason))?;
+        let (index, fb) = fallback::next(&p.fallbacks, from, reason)?;
         c.phase = Phase::Fallback { index, reason };
         let mut e = Event::new(now, EventKind::FallbackChosen, c.policy as u32, &c.key);
         e.call = call;
@@ -778,14 +774,10 @@ impl Engine {
         self.retry_decision(at, server, stop, retryable, now)
     }
 
-    /// After a failed attempt that was recorded: retry, or end (fallback or fail).
+    /// After a failed attempt that was recorded: retry, or end (fallback or fail), as the
+    /// retry ladder (`crate::retry::decide`) says. Out of line: the success path stays small.
+    #[inline(never)]
     fn retry_decision(&mut self, at: u32, server: ServerDelay, stop: bool, retryable: bool, now: u64) -> Verdict {
-        if stop {
-            return self.end_at(at, Reason::Pushback, 0, now);
-        }
-        if !retryable {
-            return self.end_at(at, Reason::NonRetryable, 0, now);
-        }
         let Some((&call, c)) = self.calls.get_mut(at) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
@@ -794,48 +786,56 @@ impl Engine {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         let method = (c.flags >> 8) & 0xF;
-        let idempotent =
-            c.flags & FLAG_IDEMPOTENCY_KEY != 0 || (c.flags & FLAG_NON_IDEMPOTENT == 0 && policy::method_idempotent(p, method));
-        if !idempotent {
-            return self.end_at(at, Reason::NonIdempotent, 0, now);
-        }
-        if c.attempts >= p.attempts {
-            return self.end_at(at, Reason::RetriesExhausted, 0, now);
-        }
-        let delay = match server {
-            ServerDelay::After(d) if d > p.retry_after.cap => match p.retry_after.over_cap {
-                OverCap::Fail => return self.end_at(at, Reason::RetryAfterTooLong, d, now),
-                OverCap::Clamp => p.retry_after.cap,
+        let idempotent = c.flags & FLAG_IDEMPOTENCY_KEY != 0 || (c.flags & FLAG_NON_IDEMPOTENT == 0 && p.method_idempotent(method));
+        let failure = Failure {
+            stop,
+            retryable,
+            idempotent,
+            attempts: c.attempts,
+            server: match server {
+                ServerDelay::After(d) => Some(d),
+                _ => None,
             },
-            ServerDelay::After(d) => d,
-            _ => p.backoff.delay(c.attempts, c.prev_delay, &mut self.rng),
+            now,
+            deadline: c.deadline,
         };
-        if let Some(dl) = c.deadline {
-            if now.saturating_add(delay) >= dl {
-                return self.end_at(at, Reason::Deadline, 0, now);
-            }
-        }
+        let (attempts, prev, rng) = (c.attempts, c.prev_delay, &mut self.rng);
         // The key's state was touched by this report already: found again without a touch.
         let budget = keys.get_mut(c.key_at).and_then(|(_, ks)| ks.budget.as_mut());
-        if let (Some(cfg), Some(b)) = (&p.budget, budget) {
-            let (allowed, level) = b.try_retry(cfg, now);
-            if !allowed {
+        let decision = retry::decide(
+            p.attempts,
+            &p.retry_after,
+            failure,
+            || p.backoff.delay(attempts, prev, rng),
+            || match (&p.budget, budget) {
+                (Some(cfg), Some(b)) => match b.try_retry(cfg, now) {
+                    (true, _) => Ok(()),
+                    (false, level) => Err(level),
+                },
+                _ => Ok(()),
+            },
+        );
+        match decision {
+            Decision::Retry(delay) => {
+                c.prev_delay = delay;
+                let mut e = Event::new(now, EventKind::RetryScheduled, pi as u32, &c.key);
+                e.call = call;
+                e.attempt = c.attempts;
+                e.duration = delay;
+                push_event(&mut self.events, e);
+                self.finish(Verdict::new(VerdictKind::Retry, 0, delay))
+            }
+            Decision::Stop { reason, hint } => self.end_at(at, reason, hint, now),
+            Decision::Refused(level) => {
                 let mut e = Event::new(now, EventKind::BudgetRefused, pi as u32, &c.key);
                 e.call = call;
                 e.attempt = c.attempts;
                 e.reason = Reason::Budget;
                 e.value = level;
                 push_event(&mut self.events, e);
-                return self.end_at(at, Reason::Budget, 0, now);
+                self.end_at(at, Reason::Budget, 0, now)
             }
         }
-        c.prev_delay = delay;
-        let mut e = Event::new(now, EventKind::RetryScheduled, pi as u32, &c.key);
-        e.call = call;
-        e.attempt = c.attempts;
-        e.duration = delay;
-        push_event(&mut self.events, e);
-        self.finish(Verdict::new(VerdictKind::Retry, 0, delay))
     }
 
     /// Report whether the fallback the last verdict chose succeeded.

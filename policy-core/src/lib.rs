@@ -16,16 +16,20 @@
 #![warn(missing_docs)]
 
 pub mod analysis;
-pub mod backoff;
 pub mod breaker;
 pub mod budget;
+pub mod bulkhead;
 pub mod classify;
+pub mod deadline;
 pub mod doc;
 pub mod durable;
 mod engine;
-pub mod limiter;
+pub mod error;
+pub mod fallback;
 pub mod policy;
-pub mod retry_after;
+pub mod rate;
+mod read;
+pub mod retry;
 pub mod rng;
 mod share;
 mod state;
@@ -33,7 +37,10 @@ mod table;
 pub mod time;
 pub mod types;
 
+pub use retry::{backoff, retry_after};
+
 pub use analysis::Analysis;
 pub use engine::{CallInfo, Engine, PolicyInfo, MAX_LIVE_CALLS, MAX_PENDING_EVENTS};
-pub use policy::{LoadError, Policy};
+pub use error::LoadError;
+pub use policy::Policy;
 pub use types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Reason, Verdict, VerdictKind};
