@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::table::Table;
 
+use crate::adaptive::{Limit, Signal};
 use crate::breaker::{Breaker, Check};
 use crate::budget::{BudgetCfg, BudgetState};
 use crate::classify::Observed;
@@ -81,6 +82,7 @@ pub(crate) struct KeyState {
     pub(crate) breaker: Option<Breaker>,
     pub(crate) limiter: Option<Gcra>,
     pub(crate) budget: Option<BudgetState>,
+    pub(crate) adaptive: Option<Limit>,
     pub(crate) in_flight: u32,
 }
 
@@ -91,6 +93,7 @@ impl KeyState {
             breaker: p.breaker.as_ref().map(|b| b.fresh()),
             limiter: p.rate_limit.as_ref().map(|r| r.fresh()),
             budget: p.budget.as_ref().map(|b| b.fresh()),
+            adaptive: p.concurrency.as_ref().map(|c| c.fresh()),
             in_flight: 0,
         }
     }
@@ -339,6 +342,18 @@ fn relocate_key(
 /// The state of a key, if it has one (a lookup that touches nothing).
 fn key_state<'a>(keys: &'a Keys, key: &str) -> Option<&'a KeyState> {
     keys.find(key).and_then(|i| keys.get(i)).map(|(_, s)| s)
+}
+
+/// What an attempt's outcome teaches an adaptive limit (see `crate::adaptive`): the
+/// dependency's answers are latency samples, a timeout is a drop, the rest is ignored.
+#[inline(never)]
+fn observe_limit(cfg: &crate::adaptive::AdaptiveCfg, lim: &mut Limit, kind: OutcomeKind, elapsed: u64, in_flight: u32, now: u64) {
+    let signal = match kind {
+        OutcomeKind::Success | OutcomeKind::HttpStatus | OutcomeKind::GrpcStatus => Signal::Sample { rtt: elapsed, in_flight },
+        OutcomeKind::Timeout => Signal::Drop,
+        OutcomeKind::ConnectionError | OutcomeKind::ErrorClass => return,
+    };
+    lim.observe(cfg, signal, now);
 }
 
 /// The tables' hasher seed for an engine seed (a different stream from the jitter PRNG's).
@@ -602,10 +617,15 @@ impl Engine {
                 Check::Reject(hint) => return self.reject_at(slot, Reason::BreakerOpen, hint, now),
             }
         }
-        // Concurrency limit.
-        let bulkhead = p.bulkhead.is_some();
+        // Concurrency limit: fixed (bulkhead) or adaptive.
+        let bulkhead = p.bulkhead.is_some() || p.concurrency.is_some();
         if let Some(bh) = &p.bulkhead {
             if !bh.admits(ks.in_flight) {
+                return self.reject_at(slot, Reason::BulkheadFull, 0, now);
+            }
+        }
+        if let (Some(cfg), Some(lim)) = (&p.concurrency, &ks.adaptive) {
+            if ks.in_flight >= lim.current(cfg) {
                 return self.reject_at(slot, Reason::BulkheadFull, 0, now);
             }
         }
@@ -728,6 +748,9 @@ impl Engine {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         if slot {
+            if let (Some(cfg), Some(lim)) = (&p.concurrency, ks.adaptive.as_mut()) {
+                observe_limit(cfg, lim, kind, elapsed, ks.in_flight, now);
+            }
             ks.in_flight = ks.in_flight.saturating_sub(1);
         }
         let server = match kind {
@@ -964,6 +987,15 @@ impl Engine {
         let fresh = cfg.fresh();
         let g = key_state(self.keys.get(policy as usize)?, key).and_then(|s| s.limiter.as_ref()).unwrap_or(&fresh);
         Some(g.tokens(cfg, now))
+    }
+
+    /// The adaptive concurrency limit attempts of a policy and key are admitted under now,
+    /// if the policy has one.
+    pub fn concurrency_limit(&self, policy: u32, key: &str) -> Option<u32> {
+        let cfg = self.policy(policy)?.concurrency.as_ref()?;
+        let fresh = cfg.fresh();
+        let lim = key_state(self.keys.get(policy as usize)?, key).and_then(|s| s.adaptive.as_ref()).unwrap_or(&fresh);
+        Some(lim.current(cfg))
     }
 
     /// Keys with state for a policy.

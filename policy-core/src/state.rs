@@ -37,7 +37,7 @@ impl Engine {
                 // By name: the bytes never depend on the table's layout.
                 let mut sorted: Vec<(&std::sync::Arc<str>, &KeyState)> = keys.iter().map(|(_, k, s)| (k, s)).collect();
                 sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                let keys: Vec<Value> = sorted.into_iter().map(|(k, s)| key_to_json(k, s)).collect();
+                let keys: Vec<Value> = sorted.into_iter().map(|(k, s)| key_to_json(p, k, s)).collect();
                 obj([("name", p.name.as_str().into()), ("fingerprint", fingerprint(p)), ("keys", Value::List(keys))])
             })
             .collect();
@@ -123,15 +123,20 @@ fn fingerprint(p: &Policy) -> Value {
     obj([("window", p.breaker.as_ref().map(|b| b.window.fingerprint()).unwrap_or(Value::Null))])
 }
 
-fn key_to_json(key: &str, s: &KeyState) -> Value {
+fn key_to_json(p: &Policy, key: &str, s: &KeyState) -> Value {
     let or_null = |v: Option<Value>| v.unwrap_or(Value::Null);
-    obj([
+    let mut out = obj([
         ("key", key.into()),
         ("last_used", s.last_used.into()),
         ("breaker", or_null(s.breaker.as_ref().map(Breaker::to_json))),
         ("limiter", or_null(s.limiter.as_ref().map(Gcra::to_json))),
         ("budget", or_null(s.budget.as_ref().map(BudgetState::to_json))),
-    ])
+    ]);
+    // Added after version 1's first release: present only when the policy has it.
+    if let (Value::Map(entries), Some(cfg), Some(l)) = (&mut out, &p.concurrency, &s.adaptive) {
+        entries.push(("concurrency".to_string(), l.to_json(cfg)));
+    }
+    out
 }
 
 fn key_from_json(p: &Policy, v: &Value, path: &str, same_window: bool) -> Result<(String, KeyState), LoadError> {
@@ -145,6 +150,9 @@ fn key_from_json(p: &Policy, v: &Value, path: &str, same_window: bool) -> Result
     }
     if let (Some(cfg), Some(b)) = (&p.budget, v.get("budget").filter(|b| !b.is_null())) {
         s.budget = Some(cfg.import(b, &format!("{path}.budget"))?);
+    }
+    if let (Some(cfg), Some(c)) = (&p.concurrency, v.get("concurrency").filter(|c| !c.is_null())) {
+        s.adaptive = Some(cfg.import(c, &format!("{path}.concurrency"))?);
     }
     Ok((key, s))
 }

@@ -11,7 +11,7 @@ use crate::time::format_duration;
 pub fn policy_to_json(p: &Policy) -> Value {
     let d = |ns: Option<u64>| Value::from(ns.map(format_duration));
     let or_null = |v: Option<Value>| v.unwrap_or(Value::Null);
-    obj([
+    let mut out = obj([
         ("name", p.name.as_str().into()),
         ("attempts", p.attempts_preset.written(p.attempts).into()),
         ("attempts-preset", p.attempts_preset.name().into()),
@@ -29,5 +29,11 @@ pub fn policy_to_json(p: &Policy) -> Value {
         ("fallbacks", fallback::to_json(&p.fallbacks)),
         ("keys", obj([("max", p.max_keys.into())])),
         ("durable", obj([("lease", format_duration(p.durable.lease).into()), ("max-crashes", p.durable.max_crashes.into())])),
-    ])
+    ]);
+    // Sections added after the first release appear only when a policy has them, so that a
+    // policy's JSON, and the hash of it that durable records carry, stay as they were.
+    if let (Value::Map(entries), Some(c)) = (&mut out, &p.concurrency) {
+        entries.push(("concurrency".to_string(), c.to_json()));
+    }
+    out
 }

@@ -26,6 +26,7 @@ pub use crate::error::{escape, LoadError};
 pub use crate::fallback::{FallbackCfg, FALLBACK_TRIGGERS};
 pub use crate::retry::{AttemptsPreset, OverCap, RetryAfterCfg};
 
+use crate::adaptive::{self, AdaptiveCfg};
 use crate::breaker::{self, BreakerCfg};
 use crate::budget::{self, BudgetCfg};
 use crate::bulkhead::{self, BulkheadCfg};
@@ -75,6 +76,8 @@ pub struct Policy {
     pub rate_limit: Option<RateCfg>,
     /// Concurrency limit (default none).
     pub bulkhead: Option<BulkheadCfg>,
+    /// Adaptive concurrency limit (default none; excludes `bulkhead`).
+    pub concurrency: Option<AdaptiveCfg>,
     /// Fallback chain (default empty).
     pub fallbacks: Vec<FallbackCfg>,
     /// Most keys with state at once (default 1024).
@@ -146,6 +149,7 @@ const POLICY_FIELDS: &[&str] = &[
     "breaker",
     "rate-limit",
     "bulkhead",
+    "concurrency",
     "fallbacks",
     "keys",
     "attempts-preset",
@@ -214,6 +218,13 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
     let breaker = f.take("breaker").and_then(|v| breaker::parse(&f.path_of("breaker"), v, errors));
     let rate_limit = f.take("rate-limit").and_then(|v| rate::parse(&f.path_of("rate-limit"), v, errors));
     let bulkhead = f.take("bulkhead").and_then(|v| bulkhead::parse(&f.path_of("bulkhead"), v, errors));
+    let concurrency = f.take("concurrency").and_then(|v| adaptive::parse(&f.path_of("concurrency"), v, errors));
+    if bulkhead.is_some() && concurrency.is_some() {
+        errors.push(LoadError::new(
+            &f.path_of("concurrency"),
+            "a policy has one concurrency limit: `bulkhead` (fixed) or `concurrency` (adaptive), not both",
+        ));
+    }
     let fallbacks = f.take("fallbacks").map(|v| fallback::parse(&f.path_of("fallbacks"), v, errors)).unwrap_or_default();
     let max_keys = parse_keys(&mut f, errors);
     let durable = DurableCfg::parse(&mut f, errors);
@@ -235,6 +246,7 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
         breaker,
         rate_limit,
         bulkhead,
+        concurrency,
         fallbacks,
         max_keys,
         attempts_preset,
