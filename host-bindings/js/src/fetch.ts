@@ -10,7 +10,7 @@ import {
 } from './constants.js';
 import { LeveeError } from './errors.js';
 import type { RetryHook } from './events.js';
-import type { AttemptContext, FallbackFn, Levee, PolicyEntry } from './levee.js';
+import type { AttemptContext, FallbackFn, Levee, PolicyEntry, RetryPredicate } from './levee.js';
 
 export interface LeveeFetchOptions {
   /** The fetch to wrap (default: the global one). */
@@ -21,6 +21,8 @@ export interface LeveeFetchOptions {
   fallbacks?: Record<string, FallbackFn<Response>>;
   /** Called before the sleep of each retry of these requests (see `Levee.onRetry`). */
   onRetry?: RetryHook;
+  /** A retry predicate for these requests (its `value` is the Response; see `Levee.retryIf`). */
+  retryIf?: RetryPredicate<Response>;
 }
 
 /**
@@ -120,6 +122,7 @@ export function leveeFetch(
         acceptFallback: (value) => value instanceof Response,
         fallbacks: options.fallbacks,
         onRetry: options.onRetry,
+        retryIf: options.retryIf,
       });
     } catch (err) {
       // A response the call ended after is returned as fetch would return it (docs/hosts.md, section 5).

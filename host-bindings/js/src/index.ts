@@ -34,12 +34,14 @@ export async function loadFile(path: string | URL, options: LoadOptions = {}): P
 export { Levee, sleep, startFlags } from './levee.js';
 export type {
   AttemptContext,
+  AttemptResult,
   Clock,
   FallbackContext,
   FallbackFn,
   InstantiateCore,
   LoadOptions,
   PolicyEntry,
+  RetryPredicate,
   RunOptions,
   TraceStep,
 } from './levee.js';

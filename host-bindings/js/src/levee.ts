@@ -22,7 +22,7 @@ import {
   CallDriver,
 } from './driver.js';
 import type { Action } from './driver.js';
-import { GUARD_SNAPSHOT_INTERVAL_MS } from './constants.js';
+import { GUARD_SNAPSHOT_INTERVAL_MS, REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY } from './constants.js';
 import { LeveeError, outcomeOfError } from './errors.js';
 import type { Outcome, Reason } from './errors.js';
 import { Emitter, OpenTelemetrySink, Telemetry, reportHookError } from './events.js';
@@ -94,7 +94,29 @@ export interface RunOptions<T> {
   acceptFallback?: (value: unknown) => boolean;
   /** Called before the sleep of each retry of this call (before the policy's hooks); see `Levee.onRetry`. */
   onRetry?: RetryHook;
+  /** This call's retry predicate (it wins over the policy's, see `Levee.retryIf`). */
+  retryIf?: RetryPredicate<T>;
 }
+
+/** What a retry predicate sees: the attempt's value, or the error it threw (a timeout's is a `TimeoutError`). */
+export interface AttemptResult<T = unknown> {
+  /** The attempt's number, 1 for the first. */
+  attempt: number;
+  threw: boolean;
+  /** The error it threw (when `threw`). */
+  error: unknown;
+  /** The value it returned (when not `threw`), e.g. a Response. */
+  value: T | undefined;
+}
+
+/**
+ * A retry predicate in code (docs/hosts.md, section 9; tenacity's `retry_if_result`): `true`
+ * retry this attempt's failure or result, `false` never retry it, `undefined` let the policy's
+ * rules decide. It takes the place of `retry-on` and `never-retry` only: idempotency, the
+ * attempts, Retry-After, the deadline and the budget still decide, in the core. One that throws
+ * is reported and counts as `undefined`.
+ */
+export type RetryPredicate<T = unknown> = (result: AttemptResult<T>) => boolean | undefined | void;
 
 export interface LoadOptions {
   /** The seed of the core's PRNG (jitter). Default: from the OS random source. */
@@ -113,6 +135,8 @@ export interface LoadOptions {
   meter?: MeterLike | null;
   /** `onRetry` hooks per policy name, called before the sleep of each retry (see `Levee.onRetry`). */
   onRetry?: Record<string, RetryHook>;
+  /** Retry predicates per policy name (see `Levee.retryIf`). */
+  retryIf?: Record<string, RetryPredicate>;
   /**
    * Spans `levee.call` and `levee.attempt` (docs/telemetry.md) on OpenTelemetry: pass the
    * `@opentelemetry/api` module, or `true` (with `load`, which imports it). Default: none.
@@ -156,6 +180,7 @@ export class Levee {
   readonly #emitter = new Emitter();
   readonly #telemetry: Telemetry | undefined;
   readonly #retryHooks = new Map<string, RetryHook[]>();
+  readonly #predicates = new Map<string, RetryPredicate>();
   readonly #spans: Spans | undefined;
   #closed = false;
   #nextCall = 1;
@@ -197,6 +222,7 @@ export class Levee {
     );
     for (const [name, fn] of Object.entries(options.fallbacks ?? {})) this.#fallbacks.set(name, fn);
     for (const [name, hook] of Object.entries(options.onRetry ?? {})) this.onRetry(name, hook);
+    for (const [name, predicate] of Object.entries(options.retryIf ?? {})) this.retryIf(name, predicate);
   }
 
   // ---------------------------------------------------------------- policies and state
@@ -243,6 +269,16 @@ export class Levee {
   onRetry(policy: string, hook: RetryHook): this {
     const hooks = this.#retryHooks.get(policy);
     this.#retryHooks.set(policy, hooks === undefined ? [hook] : [...hooks, hook]);
+    return this;
+  }
+
+  /**
+   * Set (or replace) a policy's retry predicate: code that sees each attempt's result or error and
+   * answers retry (`true`), never retry (`false`) or nothing (`undefined`); a call's own `retryIf`
+   * wins. The answer goes to the core as a report flag; the core decides.
+   */
+  retryIf(policy: string, predicate: RetryPredicate): this {
+    this.#predicates.set(policy, predicate);
     return this;
   }
 
@@ -369,7 +405,12 @@ export class Levee {
       // back for batching. (`0x100` is exactly that verdict; anything else goes through the driver.)
       const n = Number(v);
       if (n === 0x100 && p.attemptTimeoutNs === 0 && p.deadlineNs === 0 && signal === undefined) {
-        if (options?.outcomeOf === undefined && this.#spans === undefined) {
+        if (
+          options?.outcomeOf === undefined &&
+          this.#spans === undefined &&
+          options?.retryIf === undefined &&
+          (this.#predicates.size === 0 || !this.#predicates.has(p.name))
+        ) {
           return this.#fast(p, fn, options, key, call, now, gen);
         }
       } else if (n < 0) {
@@ -462,8 +503,15 @@ export class Levee {
   }
 
   /** Report an attempt (and count it); `undefined` after a trap. */
-  #report<T>(d: CallDriver, st: CallState<T>, now: bigint, elapsed: bigint, outcome: Outcome): bigint | undefined {
-    const v = this.#rt.report(d.policy, st.key, st.call, now, elapsed, outcome, d.attempts);
+  #report<T>(
+    d: CallDriver,
+    st: CallState<T>,
+    now: bigint,
+    elapsed: bigint,
+    outcome: Outcome,
+    callerFlags = 0,
+  ): bigint | undefined {
+    const v = this.#rt.report(d.policy, st.key, st.call, now, elapsed, outcome, d.attempts, callerFlags);
     // Counted once the core has it (an attempt whose report trapped was never reported).
     if (v !== undefined) this.#telemetry?.attempt(d.policy.name, outcome.kind, Number(elapsed));
     return v;
@@ -506,6 +554,7 @@ export class Levee {
         const started = now;
         let outcome: Outcome | undefined;
         let elapsed: bigint;
+        let callerFlags = 0;
         const span = st.span?.startAttempt(d.attempts, options?.method !== undefined, degraded);
         try {
           const r = span === undefined ? st.fn(ctx) : st.span!.within(span, () => st.fn(ctx));
@@ -521,10 +570,16 @@ export class Levee {
           elapsed = now - started;
           outcome = options?.outcomeOf?.(result);
           if (span !== undefined) CallSpan.endAttempt(span, outcome?.kind ?? 'success');
+          callerFlags = this.#ask(d, st, false, undefined, result);
           if (outcome === undefined || outcome.kind === 'success') {
             // A success is held back to ride on the next `start`, unless it is late (the core
-            // must hear it: it is a timeout) or its instance was replaced (the core answers).
-            if ((timeoutNs === 0 || elapsed < BigInt(timeoutNs)) && rt.generation === st.gen) {
+            // must hear it: it is a timeout), its instance was replaced (the core answers), or
+            // the caller's predicate wants it retried (the core decides).
+            if (
+              (timeoutNs === 0 || elapsed < BigInt(timeoutNs)) &&
+              rt.generation === st.gen &&
+              (callerFlags & REPORT_CALLER_RETRY) === 0
+            ) {
               rt.hold(st.call, now, elapsed);
               this.#telemetry?.attempt(p.name, 'success', Number(elapsed));
               this.#ended(d, st, 'success');
@@ -559,11 +614,12 @@ export class Levee {
             outcome = options?.errorOutcome?.(err) ?? outcomeOfError(err);
             elapsed = now - started;
           }
+          callerFlags = this.#ask(d, st, true, err, undefined);
           st.lastError = err;
           st.lastResult = undefined;
           st.value = undefined;
         }
-        v = this.#report(d, st, now, elapsed, outcome);
+        v = this.#report(d, st, now, elapsed, outcome, callerFlags);
         continue;
       }
 
@@ -669,6 +725,20 @@ export class Levee {
         unregistered: st.unregistered,
       });
     }
+  }
+
+  /** The caller's predicate (the call's, else the policy's) on an attempt to report, as report flags. */
+  #ask<T>(d: CallDriver, st: CallState<T>, threw: boolean, error: unknown, value: T | undefined): number {
+    const predicate = st.options?.retryIf ?? (this.#predicates.get(d.policy.name) as RetryPredicate<T> | undefined);
+    if (predicate === undefined) return 0;
+    let answer: boolean | undefined | void;
+    try {
+      answer = predicate({ attempt: d.attempts, threw, error, value });
+    } catch (err) {
+      reportHookError(err);
+      return 0;
+    }
+    return answer === true ? REPORT_CALLER_RETRY : answer === false ? REPORT_CALLER_NO_RETRY : 0;
   }
 
   /** The `onRetry` hooks (the call's, then the policy's), before the sleep of a retry. */

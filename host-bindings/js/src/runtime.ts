@@ -496,18 +496,20 @@ export class Runtime {
     elapsed: bigint,
     outcome: Outcome,
     attempts: number,
+    callerFlags = 0,
   ): bigint | undefined {
     let v: bigint;
     try {
       if (this.holding) this.flush();
       let code = 0;
       let text = '';
-      let flags = 0;
+      // The caller's predicate (REPORT_CALLER_RETRY / REPORT_CALLER_NO_RETRY), as the driver passes it.
+      let flags = callerFlags;
       switch (outcome.kind) {
         case 'http-status':
           code = outcome.status;
           text = outcome.retryAfter ?? '';
-          if (outcome.overloaded === true) flags = REPORT_OVERLOADED;
+          if (outcome.overloaded === true) flags |= REPORT_OVERLOADED;
           break;
         case 'grpc-status':
           code = outcome.code;
