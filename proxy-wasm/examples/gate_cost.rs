@@ -45,7 +45,7 @@ const DOC: &str = r#"{"policies": {"edge": {"attempts": 3, "backoff": {"base": "
 fn main() {
     let mut g = Gate::new(levee_proxy_wasm::config::parse(DOC).expect("config"), 1);
     let store = Mem::default();
-    let n = 200_000u64;
+    let n: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(200_000);
     let t = Instant::now();
     for i in 0..n {
         let now = 1_000_000_000 + i * 1000;
