@@ -65,6 +65,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--compare", metavar="FILTER.wasm", help="another build of the levee filter (listener `other`), same rounds")
     a = ap.parse_args()
+    if a.compare:
+        a.compare = str(Path(a.compare).resolve())  # Envoy runs in a directory of its own
     work = Path(tempfile.mkdtemp(prefix="levee-bench-"))
     up = subprocess.Popen([a.loadgen, "-serve", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
     envoy = None
@@ -113,11 +115,20 @@ def main() -> int:
         if a.compare:
             o50, o99 = med["other"]
             print(f"  other - wasm  : p50 {o50 - w50:+6.1f} us  p99 {o99 - w99:+6.1f} us  (the --compare build)")
+        # Paired: each round's difference (the listeners of a round ran seconds apart, under
+        # the same load), then the median: less moved by a load that changes between rounds.
+        def paired(x: str, y: str) -> float:
+            return statistics.median(p[0] - q[0] for p, q in zip(results[x], results[y]))
+        print("  median of the rounds' own p50 differences:")
+        pairs = [("wasm", "plain"), ("levee", "wasm"), ("levee", "native")] + ([("other", "wasm"), ("levee", "other")] if a.compare else [])
+        for x, y in pairs:
+            print(f"    {x:6s} - {y:6s}: {paired(x, y):+6.1f} us")
         time.sleep(1.5)  # the workers publish their counters every second
         calls1 = host_calls(envoy)
         calls, requests = calls1[0] - calls0[0], calls1[1] - calls0[1]
         print(f"  levee filter: {calls / max(requests, 1):.2f} proxy-wasm host calls per request"
-              f" ({calls} over {requests} requests, the workers' 1 s metric ticks included)")
+              f" ({calls} over {requests} requests, the workers' 1 s metric ticks included;"
+              " a --compare build that counts them too adds to the same counter)")
         return 0
     finally:
         if envoy is not None:
