@@ -606,7 +606,9 @@ impl Gate {
                 if is(v, VerdictKind::Fallback) {
                     call.done = false;
                     let a = self.fallback(call, v, now);
-                    call.done = true;
+                    // A fallback cluster call pending: the call stays live in the worker's
+                    // engine until its answer, and a reset before it (`abandon`) ends it.
+                    call.done = !matches!(a, Admit::Dispatch { .. });
                     return Some(a);
                 }
                 None
@@ -897,6 +899,41 @@ mod tests {
         let bytes = store.get("levee:p:k").0.expect("state");
         fresh.cfg.engine.import_key(0, "k", &bytes).expect("import");
         assert_eq!(fresh.config().engine.in_flight(0, "k"), 0);
+    }
+
+    #[test]
+    fn no_call_outlives_its_request() {
+        // Every way a request ends leaves the worker's engine with no live call: forwarded and
+        // answered, rejected, a local fallback, a cluster fallback answered or reset.
+        let doc = r#"
+document: { policies: { p: { attempts: 1, breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 10s },
+  fallbacks: [{ name: spare, on: [retries-exhausted, non-retryable, breaker-open] }] } } }
+fallbacks: { spare: { cluster: spare } }"#;
+        let store = Shared::default();
+        let mut g = gate(doc, 1);
+        let live = |g: &Gate| g.config().engine.live_calls();
+        // Two failures: each answer is a fallback cluster call.
+        for reset in [false, true] {
+            let (adm, call) = g.admit(&store, S, "k", "GET", None);
+            assert!(matches!(adm, Admit::Forward(_)), "{adm:?}");
+            let mut c = call.expect("call");
+            let a = g.complete(&store, S, &mut c, &Response { status: 503, attempts: 1, ..Default::default() }, 1);
+            assert!(matches!(a, Some(Admit::Dispatch { .. })), "{a:?}");
+            assert_eq!(live(&g), 1);
+            if reset {
+                g.abandon(&store, S, &mut c);
+            } else {
+                assert_eq!(g.fallback_result(&mut c, S, Some(200)), Admit::Forward(Vec::new()));
+            }
+            assert_eq!(live(&g), 0, "reset {reset}");
+        }
+        // The breaker is open: admission chooses the fallback; its call fails, then a reset.
+        let (adm, call) = g.admit(&store, S, "k", "GET", None);
+        assert!(matches!(adm, Admit::Dispatch { .. }), "{adm:?}");
+        let mut c = call.expect("call");
+        assert!(matches!(g.fallback_result(&mut c, S, None), Admit::Reply(_)));
+        g.abandon(&store, S, &mut c);
+        assert_eq!(live(&g), 0);
     }
 
     #[test]
