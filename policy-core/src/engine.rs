@@ -655,6 +655,31 @@ impl Engine {
                 }
             }
         }
+        // The AWS client rate (budget kind aws-adaptive; a policy with it has no rate-limit,
+        // so `reserved_at` is its own).
+        if let (Some(cfg @ BudgetCfg::AwsAdaptive(aws)), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+            match c.reserved_at {
+                Some(at) if now < at => return self.finish(Verdict::new(VerdictKind::Wait, Reason::RateLimited as u8, at - now)),
+                Some(_) => c.reserved_at = None,
+                None => {
+                    if let Err(wait) = b.try_acquire(cfg, now) {
+                        let fits = c.deadline.is_none_or(|dl| now.saturating_add(wait) < dl);
+                        if wait <= aws.max_wait && fits {
+                            c.reserved_at = Some(now.saturating_add(wait));
+                            let mut e = Event::new(now, EventKind::RateLimitWait, pi as u32, &c.key);
+                            e.call = call;
+                            e.attempt = c.attempts.saturating_add(1);
+                            e.reason = Reason::RateLimited;
+                            e.duration = wait;
+                            push_event(&mut self.events, e);
+                            return self.finish(Verdict::new(VerdictKind::Wait, Reason::RateLimited as u8, wait));
+                        }
+                        b.give_back();
+                        return self.reject_at(slot, Reason::RateLimited, wait, now);
+                    }
+                }
+            }
+        }
         // Commit.
         if permit {
             if let Some(b) = ks.breaker.as_mut() {
@@ -765,6 +790,9 @@ impl Engine {
             has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
         };
         let success = observed.is_success();
+        if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+            b.on_outcome(cfg, &observed, now);
+        }
         if let (Some(cfg), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
             let failure = !success && cfg.failure_on.matches(&observed);
             let slow = elapsed >= cfg.slow_call_duration;
