@@ -1232,6 +1232,57 @@ vec("budget-aws-adaptive-errors", "aws-adaptive is its own rate limiter: not wit
     "policies:\n  a: { budget: { kind: aws-adaptive }, rate-limit: { rate: 5 } }\n  b: { budget: { kind: aws-adaptive, max-tokens: 3, throttle-on: [\"http:4299\"] } }\n", [])
 
 
+# --------------------------------------------------------------------------------------
+# Bulkhead queue (cockatiel's bulkhead(limit, queue), Polly's concurrency limiter queue)
+# --------------------------------------------------------------------------------------
+
+
+def qwait(d=None):
+    e = {"kind": "wait", "reason": "bulkhead-full"}
+    if d is not None:
+        e["payload"] = d
+    return e
+
+
+BQ = "attempts: 1\nbulkhead: { max-concurrent: 1, queue: 2, queue-timeout: 1s }\n"
+vec("bulkhead-queue-fifo", "A full bulkhead queues calls FIFO (wait, reason bulkhead-full) up to its queue length; when a slot frees the oldest waiter is admitted, a later one waits the rest of its time.",
+    ["bulkhead", "bulkhead-queue"], policy(BQ),
+    [start(1, 0, expect=attempt(1)), start(2, 0, expect=qwait(1000 * MS)), start(3, 10 * MS, expect=qwait(1000 * MS)),
+     start(4, 10 * MS, expect=fail("bulkhead-full")),
+     report(1, 100 * MS, expect=DONE),
+     acquire(3, 100 * MS, expect=qwait(910 * MS)), acquire(2, 100 * MS, expect=attempt(1)),
+     report(2, 200 * MS, expect=DONE), acquire(3, 200 * MS, expect=attempt(1)), drain()])
+
+vec("bulkhead-queue-timeout", "A waiter whose queue-timeout has passed with no slot free is rejected (bulkhead-full); one that finds a slot free is admitted even after it.",
+    ["bulkhead", "bulkhead-queue"], policy("attempts: 1\nbulkhead: { max-concurrent: 1, queue: 2, queue-timeout: 100ms }\n"),
+    [start(1, 0), start(2, 0, expect=qwait(100 * MS)), start(3, 0, expect=qwait(100 * MS)),
+     acquire(2, 100 * MS, expect=fail("bulkhead-full")),
+     report(1, 150 * MS, expect=DONE), acquire(3, 300 * MS, expect=attempt(1)), drain()])
+
+vec("bulkhead-queue-deadline", "The wait in the queue never passes the call's deadline.",
+    ["bulkhead", "bulkhead-queue", "deadline"], policy("attempts: 1\ndeadline: 50ms\nbulkhead: { max-concurrent: 1, queue: 1 }\n"),
+    [start(1, 0), start(2, 10 * MS, expect=qwait(50 * MS)), acquire(2, 60 * MS, expect=fail("deadline")),
+     start(3, 61 * MS, expect=qwait(50 * MS))])
+
+vec("bulkhead-queue-cancel", "A cancelled waiter leaves the queue: the next one moves up.",
+    ["bulkhead", "bulkhead-queue"], policy(BQ),
+    [start(1, 0), start(2, 0, expect=qwait()), start(3, 0, expect=qwait()), cancel(2, MS),
+     start(4, MS, expect=qwait()), report(1, 2 * MS, expect=DONE), acquire(3, 2 * MS, expect=attempt(1))])
+
+vec("bulkhead-queue-no-overtaking", "A call that arrives while others wait queues behind them even when a slot is free.",
+    ["bulkhead", "bulkhead-queue"], policy(BQ),
+    [start(1, 0), start(2, 0, expect=qwait()), report(1, MS, expect=DONE), start(3, MS, expect=qwait(1000 * MS)),
+     acquire(2, 2 * MS, expect=attempt(1)), report(2, 3 * MS, expect=DONE), acquire(3, 3 * MS, expect=attempt(1))])
+
+vec("bulkhead-queue-retry-requeues", "A retry of a call needs a slot again: it queues like any attempt.",
+    ["bulkhead", "bulkhead-queue"], policy("attempts: 2\nbackoff: { kind: constant, base: 10ms, jitter: none }\nbulkhead: { max-concurrent: 1, queue: 1 }\n"),
+    [start(1, 0), report(1, MS, "http-status", code=503, expect=retry(10 * MS)), start(2, 2 * MS, expect=attempt(1)),
+     acquire(1, 11 * MS, expect=qwait(1000 * MS)), report(2, 20 * MS, expect=DONE), acquire(1, 20 * MS, expect=attempt(2))])
+
+vec("bulkhead-queue-errors", "The queue's fields are checked.", ["bulkhead", "bulkhead-queue", "errors"],
+    "policies:\n  a: { bulkhead: { queue: -1 } }\n  b: { bulkhead: { queue: 2, queue-timeout: \"0\" } }\n", [])
+
+
 
 def main():
     out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")
