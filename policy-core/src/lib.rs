@@ -23,6 +23,7 @@ pub mod classify;
 pub mod doc;
 pub mod durable;
 mod engine;
+pub mod fleet;
 pub mod limiter;
 pub mod policy;
 pub mod retry_after;

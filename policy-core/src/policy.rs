@@ -158,6 +158,8 @@ pub struct Policy {
     pub attempts_preset: AttemptsPreset,
     /// Durable calls under this policy.
     pub durable: DurableCfg,
+    /// State shared across processes (default none: local only). See [`crate::fleet`].
+    pub fleet: Option<crate::fleet::FleetCfg>,
 }
 
 /// How a policy's `attempts` is counted: the anchors disagree, and a policy moved from one of
@@ -249,6 +251,7 @@ const POLICY_FIELDS: &[&str] = &[
     "keys",
     "attempts-preset",
     "durable",
+    "fleet",
 ];
 
 /// Parse a whole document into its policies (in document order).
@@ -382,6 +385,7 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
             }
         }
     };
+    let fleet = f.take("fleet").and_then(|v| crate::fleet::parse(&f.path_of("fleet"), v, &breaker, &budget, errors));
     f.finish(POLICY_FIELDS, errors);
     if errors.len() > before {
         return None;
@@ -404,6 +408,7 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
         max_keys,
         attempts_preset,
         durable,
+        fleet,
     })
 }
 
@@ -620,7 +625,7 @@ fn parse_breaker(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Option<B
     })
 }
 
-fn parse_rate(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Option<RateCfg> {
+pub(crate) fn parse_rate(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Option<RateCfg> {
     let mut r = Fields::new(path, v, errors)?;
     let rate = match r.take("rate") {
         None => {
@@ -790,7 +795,7 @@ fn methods(f: &mut Fields<'_>, errors: &mut Vec<LoadError>) -> u16 {
 
 // ---- scalar readers -------------------------------------------------------------------
 
-fn describe(v: &Value) -> String {
+pub(crate) fn describe(v: &Value) -> String {
     match v {
         Value::Int(i) => format!("{i}"),
         Value::Float(x) if x.is_nan() => ".nan (not a number)".to_string(),
@@ -802,7 +807,7 @@ fn describe(v: &Value) -> String {
     }
 }
 
-fn int(v: &Value) -> Option<i64> {
+pub(crate) fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => i64::try_from(*i).ok(),
         Value::Float(x) if x.fract() == 0.0 && x.abs() < 9.0e15 => Some(*x as i64),
@@ -818,7 +823,7 @@ fn number(v: &Value) -> Option<f64> {
     }
 }
 
-fn uint(f: &mut Fields<'_>, field: &str, default: u32, lo: u32, hi: u32, errors: &mut Vec<LoadError>) -> u32 {
+pub(crate) fn uint(f: &mut Fields<'_>, field: &str, default: u32, lo: u32, hi: u32, errors: &mut Vec<LoadError>) -> u32 {
     match f.take(field) {
         None => default,
         Some(v) => match int(v) {
@@ -847,7 +852,7 @@ fn fraction(f: &mut Fields<'_>, field: &str, default: f64, lo: f64, hi: f64, err
     }
 }
 
-fn opt_duration(f: &mut Fields<'_>, field: &str, errors: &mut Vec<LoadError>, positive: bool) -> Option<u64> {
+pub(crate) fn opt_duration(f: &mut Fields<'_>, field: &str, errors: &mut Vec<LoadError>, positive: bool) -> Option<u64> {
     let v = f.take(field)?;
     let path = f.path_of(field);
     let parsed = match v {
@@ -869,7 +874,7 @@ fn opt_duration(f: &mut Fields<'_>, field: &str, errors: &mut Vec<LoadError>, po
     }
 }
 
-fn choose<T: Copy>(path: &str, v: &Value, options: &[(&str, T)], errors: &mut Vec<LoadError>) -> Option<T> {
+pub(crate) fn choose<T: Copy>(path: &str, v: &Value, options: &[(&str, T)], errors: &mut Vec<LoadError>) -> Option<T> {
     let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
     match v {
         Value::Str(s) => match options.iter().find(|(n, _)| n == s) {
