@@ -87,6 +87,7 @@ class FleetPlan:
     rate_burst: int
     rate_max_wait: int
     lease: int
+    shares_state: bool  # a breaker or a shared budget: published, not only rate-limited
 
     @staticmethod
     def parse(index: int, text: str) -> FleetPlan:
@@ -105,6 +106,7 @@ class FleetPlan:
             rate_burst=int(rate.get("burst", 0)),
             rate_max_wait=int(rate.get("max-wait", 0)),
             lease=int(rate.get("lease", 1)),
+            shares_state=bool(p["breaker"]) or bool(p["budget"]),
         )
 
 
@@ -141,7 +143,9 @@ class Fleet:
             text = engine._locked_op(lambda c, i=idx: c.fleet_plan(i))  # type: ignore[misc]
             if text is not None:
                 self.plans[name] = FleetPlan.parse(idx, text)
-        timeout = min((p.timeout for p in self.plans.values()), default=5_000_000) / 1e9
+        # The client waits as long as the slowest policy allows; each operation is then held
+        # to its own policy's timeout (`_timed`).
+        timeout = max((p.timeout for p in self.plans.values()), default=5_000_000) / 1e9
         self._timeout_ns = int(timeout * 1e9)
         self.redis: redis.Redis = client or redis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
@@ -188,7 +192,7 @@ class Fleet:
         try:
             return self._handle(name, key).call(fn, *args, **kwargs)
         finally:
-            if plan is not None and plan.strict and self._up:
+            if plan is not None and plan.strict and plan.shares_state and self._up:
                 self.sync(name, key)
 
     def sync(self, name: str, key: str = "") -> bool:
@@ -267,10 +271,10 @@ class Fleet:
                 self._handles.popitem(last=False)
         return h
 
-    def _timed(self, fn: Callable[[], Any]) -> Any:
+    def _timed(self, fn: Callable[[], Any], limit_ns: int = 0) -> Any:
         start = _monotonic_ns()
         out = fn()
-        if _monotonic_ns() - start > self._timeout_ns:
+        if _monotonic_ns() - start > (limit_ns or self._timeout_ns):
             raise redis.TimeoutError("the store answered after the policy's fleet timeout")
         return out
 
@@ -281,19 +285,18 @@ class Fleet:
         rk = plan.key_prefix + key + "}:r"
         lease = plan.lease if cost == 1 else 1
         now = _monotonic_ns()
-        if lease > 1:
-            with self._lock:
-                b = self._leases.get(rk)
-                if b is not None:
-                    if b.tokens > 0 and now < b.expires:
-                        b.tokens -= 1
-                        return
-                    if now < b.blocked_until:
-                        raise self._limited(plan, b.blocked_until - now)
+        with self._lock:
+            b = self._leases.get(rk)
+            if b is not None:
+                if b.tokens > 0 and now < b.expires:
+                    b.tokens -= 1
+                    return
+                if now < b.blocked_until:  # the store's last answer: no token before then
+                    raise self._limited(plan, b.blocked_until - now)
         want = lease if lease > 1 else cost
         args = [plan.rate_interval, plan.rate_burst, want, plan.rate_max_wait, 1 if lease > 1 else 0]
         try:
-            kind, granted, ns = (int(x) for x in self._timed(lambda: self._gcra(keys=[rk], args=args)))
+            kind, granted, ns = (int(x) for x in self._timed(lambda: self._gcra(keys=[rk], args=args), plan.timeout))
         except redis.RedisError as e:
             self._degrade(e)
             return
@@ -307,9 +310,8 @@ class Fleet:
         if kind == 1:
             time.sleep(max(0, min(ns, plan.rate_max_wait)) / 1e9)
             return
-        if lease > 1:
-            with self._lock:
-                self._leases.setdefault(rk, _Lease()).blocked_until = now + max(ns, 0)
+        with self._lock:
+            self._leases.setdefault(rk, _Lease()).blocked_until = now + max(ns, 0)
         raise self._limited(plan, ns)
 
     @staticmethod
@@ -319,7 +321,7 @@ class Fleet:
     def _sync(self, plan: FleetPlan, key: str) -> None:
         sk = plan.key_prefix + key + "}:s"
         ttl_ms = max(1, plan.ttl // 1_000_000)
-        raw = self._timed(lambda: self._state(keys=[sk], args=["", b"", ttl_ms]))
+        raw = self._timed(lambda: self._state(keys=[sk], args=["", b"", ttl_ms]), plan.timeout)
         version, wall = int(raw[1]), int(raw[2])
         data = bytes(raw[3]) if len(raw) > 3 else b""
         idx = plan.index
@@ -329,7 +331,7 @@ class Fleet:
             if isinstance(merged, LoadError):
                 self._emit(FleetEvent("bad-state", str(merged), plan.policy, key))
                 return
-            out = self._timed(lambda: self._state(keys=[sk], args=[version, merged, ttl_ms]))
+            out = self._timed(lambda: self._state(keys=[sk], args=[version, merged, ttl_ms]), plan.timeout)
             if int(out[0]) == 1:
                 self.publications += 1
                 err = self.engine._locked_op(lambda c: c.fleet_apply(idx, key, self.node, now, wall, merged))
@@ -349,7 +351,7 @@ class Fleet:
                     keys = list(self._keys)
                 for name, key in keys:
                     plan = self.plans.get(name)
-                    if plan is None or plan.strict or not self._up:
+                    if plan is None or plan.strict or not plan.shares_state or not self._up:
                         continue
                     try:
                         self._sync(plan, key)
