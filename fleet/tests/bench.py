@@ -14,8 +14,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import levee
 from levee.fleet import Fleet
@@ -63,28 +64,58 @@ def _per_call(fn: Callable[[], None]) -> float:
 
 
 def go(*args: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in subprocess.run([GO, *args], capture_output=True, text=True, check=True).stdout.splitlines()]
+    return [
+        json.loads(line)
+        for line in subprocess.run([GO, *args], capture_output=True, text=True, check=True).stdout.splitlines()
+    ]
 
 
 def main() -> None:
     py = python_costs()
-    gor = go("--policies", str(HERE / "bench.yaml"), "--addr", ADDR, "--node", "bench-go", "--start", "0", "bench")[0]["ns_per_call"]
+    gor = go("--policies", str(HERE / "bench.yaml"), "--addr", ADDR, "--node", "bench-go", "--start", "0", "bench")[0][
+        "ns_per_call"
+    ]
     print("| policy | Python per call | Go per call |\n|---|---|---|")
     for n in NAMES:
         print(f"| `{n}` | {py[n] / 1000:.1f} us | {gor[n] / 1000:.2f} us |")
     rows: dict[str, tuple[float, int]] = {}
-    scripts = (("Levee gcra.lua", ROOT / "fleet" / "lua" / "gcra.lua"), ("redis_rate (from its formula)", HERE / "redis_rate.lua"))
+    scripts = (
+        ("Levee gcra.lua", ROOT / "fleet" / "lua" / "gcra.lua"),
+        ("redis_rate (from its formula)", HERE / "redis_rate.lua"),
+    )
     for label, script in scripts * 2:  # alternated, the better round of each kept
         start = time.time() + 1.0
-        procs = [subprocess.Popen([GO, "--policies", str(HERE / "bench.yaml"), "--addr", ADDR, "--node", f"t{i}", "--start", f"{start:.3f}",
-                                   "--seconds", "5", "--script", str(script), "throughput"], stdout=subprocess.PIPE, text=True)
-                 for i in range(4)]
+        procs = [
+            subprocess.Popen(
+                [
+                    GO,
+                    "--policies",
+                    str(HERE / "bench.yaml"),
+                    "--addr",
+                    ADDR,
+                    "--node",
+                    f"t{i}",
+                    "--start",
+                    f"{start:.3f}",
+                    "--seconds",
+                    "5",
+                    "--script",
+                    str(script),
+                    "throughput",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(4)
+        ]
         res = [json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1])["throughput"] for p in procs]
         decisions = sum(r["decisions"] for r in res)
         admitted = sum(r["admitted"] for r in res)
         if decisions / 5 > rows.get(label, (0.0, 0))[0]:
             rows[label] = (decisions / 5, admitted)
-    print("\n| script, 4 Go processes, 1,000/s burst 50, 5 s | decisions/s | admitted in 5 s (bound 5,050) |\n|---|---|---|")
+    print(
+        "\n| script, 4 Go processes, 1,000/s burst 50, 5 s | decisions/s | admitted in 5 s (bound 5,050) |\n|---|---|---|"
+    )
     for label, (dps, adm) in rows.items():
         print(f"| {label} | {dps:,.0f} | {adm:,} |")
 

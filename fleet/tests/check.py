@@ -50,15 +50,26 @@ def collect(procs: list[subprocess.Popen[str]], timeout: float) -> list[dict[str
 
 def redis_cli(*args: str) -> str:
     host, port = ADDR.split(":")
-    return subprocess.run(["redis-cli", "-h", host, "-p", port, *args], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["redis-cli", "-h", host, "-p", port, *args], capture_output=True, text=True, check=True
+    ).stdout
 
 
-def scenario(name: str, workers: list[tuple[str, str]], seconds: float, mode: str, extra: dict[str, list[str]] | None = None,
-             during: Any = None) -> list[dict[str, Any]]:
+def scenario(
+    name: str,
+    workers: list[tuple[str, str]],
+    seconds: float,
+    mode: str,
+    extra: dict[str, list[str]] | None = None,
+    during: Any = None,
+) -> list[dict[str, Any]]:
     print(f"== {name}", flush=True)
     redis_cli("FLUSHALL")
     start = time.time() + 2.0  # every worker loads its engine first
-    procs = [spawn(lang, mode, node, start, "--seconds", str(seconds), *((extra or {}).get(node, []))) for lang, node in workers]
+    procs = [
+        spawn(lang, mode, node, start, "--seconds", str(seconds), *((extra or {}).get(node, [])))
+        for lang, node in workers
+    ]
     if during is not None:
         during(start)
     return collect(procs, timeout=seconds + 60)
@@ -71,10 +82,14 @@ def main() -> None:
         res = scenario(f"GCRA at 1,000/s, burst 50, 4 processes for 10 s ({mode})", four, 10.0, mode)
         admitted = sum(r["ok"] for r in res)
         per = ", ".join(f"{r['node']} {r['ok']}" for r in res)
-        check(abs(admitted - 10_000) <= 100 and admitted <= 10_050,
-              f"{admitted} admitted ({per}): within 1% of 10,000, never above rate x time + burst (10,050)")
+        check(
+            abs(admitted - 10_000) <= 100 and admitted <= 10_050,
+            f"{admitted} admitted ({per}): within 1% of 10,000, never above rate x time + burst (10,050)",
+        )
         check(all(r["errors"] == 0 for r in res), "no errors on the data path")
-        check(all(not r["fleet_events"] for r in res), f"no process went local-only: {[r['fleet_events'] for r in res]}")
+        check(
+            all(not r["fleet_events"] for r in res), f"no process went local-only: {[r['fleet_events'] for r in res]}"
+        )
 
     if os.environ.get("FLEET_ONLY_RATE"):
         return finish()
@@ -82,16 +97,26 @@ def main() -> None:
     by = {r["node"]: r for r in res}
     check(by["py-1"]["open"] > 0, f"the bad node's own breaker opened ({by['py-1']['open']} calls rejected)")
     for n in ("py-2", "go-1", "go-2"):
-        check(by[n]["open"] == 0 and by[n]["failed"] == 0 and by[n]["quorum_events"] == 0,
-              f"{n} kept serving: {by[n]['ok']} ok, {by[n]['open']} rejected, no quorum")
+        check(
+            by[n]["open"] == 0 and by[n]["failed"] == 0 and by[n]["quorum_events"] == 0,
+            f"{n} kept serving: {by[n]['ok']} ok, {by[n]['open']} rejected, no quorum",
+        )
 
-    res = scenario("a quorum of bad nodes (py-1 and go-1 fail from 1 s; the others from 3 s)", four, 6.0, "breaker",
-                   {"py-1": ["--bad", "1:99"], "go-1": ["--bad", "1:99"], "py-2": ["--bad", "3:99"], "go-2": ["--bad", "3:99"]})
+    res = scenario(
+        "a quorum of bad nodes (py-1 and go-1 fail from 1 s; the others from 3 s)",
+        four,
+        6.0,
+        "breaker",
+        {"py-1": ["--bad", "1:99"], "go-1": ["--bad", "1:99"], "py-2": ["--bad", "3:99"], "go-2": ["--bad", "3:99"]},
+    )
     by = {r["node"]: r for r in res}
     for n in ("py-2", "go-2"):
         r = by[n]
         early = sum(r["phases"].get(s, {}).get("open", 0) for s in ("1", "2"))
-        check(r["quorum_events"] >= 1 and early > 0, f"{n}, still healthy, opened by the quorum: {early} calls rejected in seconds 1-2")
+        check(
+            r["quorum_events"] >= 1 and early > 0,
+            f"{n}, still healthy, opened by the quorum: {early} calls rejected in seconds 1-2",
+        )
     # With the dependency down everywhere (from 3 s), the fleet probes one process at a time:
     # one holder of a 1 s lease sends its 2 half-open trials, not 2 per process.
     trials = sum(r["phases"].get(s, {}).get("invoked", 0) for r in res for s in ("4", "5"))
@@ -114,13 +139,20 @@ def main() -> None:
         check("degraded" in ev and "restored" in ev, f"{r['node']} went local-only and came back: {ev}")
     check(all(r["publications"] > 0 for r in res), "publication went on")
 
-    res = scenario("two concurrent failure records", [("py", "py-1"), ("go", "go-1")], 0.0, "records",
-                   {"py-1": ["--failures", "7"], "go-1": ["--failures", "11"]})
+    res = scenario(
+        "two concurrent failure records",
+        [("py", "py-1"), ("go", "go-1")],
+        0.0,
+        "records",
+        {"py-1": ["--failures", "7"], "go-1": ["--failures", "11"]},
+    )
     conflicts = sum(r["conflicts"] for r in res)
     state = json.loads(subprocess.run([PY, "-c", INSPECT, ADDR], capture_output=True, text=True, check=True).stdout)
     recs = {r["node"]: r for r in state["records"]}
-    check(recs.get("py-1", {}).get("failures") == 7 and recs.get("go-1", {}).get("failures") == 11,
-          f"both records counted: py-1 {recs.get('py-1', {}).get('failures')}, go-1 {recs.get('go-1', {}).get('failures')}")
+    check(
+        recs.get("py-1", {}).get("failures") == 7 and recs.get("go-1", {}).get("failures") == 11,
+        f"both records counted: py-1 {recs.get('py-1', {}).get('failures')}, go-1 {recs.get('go-1', {}).get('failures')}",
+    )
     check(conflicts > 0, f"{conflicts} compare-and-set conflicts were merged again, none lost")
 
     finish()

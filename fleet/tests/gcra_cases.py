@@ -25,7 +25,9 @@ for i, case in enumerate(cases):
         tat = int(r.hget(key, "t") or 0)
         want = (s["kind"], s["granted"], s["ns"], s["tat"])
         if (kind, granted, ns, tat) != want:
-            sys.exit(f"gcra case {i} at now={s['now']}: the script answered {(kind, granted, ns, tat)}, the core {want}")
+            sys.exit(
+                f"gcra case {i} at now={s['now']}: the script answered {(kind, granted, ns, tat)}, the core {want}"
+            )
         steps += 1
     r.delete(key)
 print(f"  ok    {len(cases)} traces, {steps} decisions: the script's answers, hints and TATs are the core's")

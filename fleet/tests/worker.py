@@ -39,7 +39,7 @@ def main() -> None:
     fleet = Fleet(engine, f"redis://{a.addr}/0", node=a.node, listener=on_fleet)
     out: dict[str, Any] = {"node": a.node, "lang": "python", "mode": a.mode}
     if a.mode == "records":
-        for i in range(a.failures):
+        for _ in range(a.failures):
             try:
                 fleet.call("count", _fail, key="k")
             except levee.LeveeError:
@@ -62,7 +62,7 @@ def main() -> None:
         phase = phases.setdefault(str(int(t)), {"ok": 0, "open": 0, "failed": 0, "invoked": 0})
         failing = bad[0] <= t < bad[1]
 
-        def dependency() -> int:
+        def dependency(phase: dict[str, int] = phase, failing: bool = failing) -> int:
             counts["invoked"] += 1
             phase["invoked"] += 1
             if failing:
@@ -87,8 +87,14 @@ def main() -> None:
             out.setdefault("error_samples", []).append(repr(e))
         if a.mode in ("breaker", "steady"):
             time.sleep(0.005)
-    out.update(counts, phases=phases, quorum_events=quorum[0], fleet_events=events,
-               conflicts=fleet.conflicts, publications=fleet.publications)
+    out.update(
+        counts,
+        phases=phases,
+        quorum_events=quorum[0],
+        fleet_events=events,
+        conflicts=fleet.conflicts,
+        publications=fleet.publications,
+    )
     print(json.dumps(out), flush=True)
     fleet.close()
 

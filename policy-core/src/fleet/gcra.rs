@@ -97,10 +97,11 @@ mod tests {
     fn burst_wait_reject_and_leases() {
         // 10 per ms, burst 3: T = 100_000 ns.
         let t = 100_000;
-        let (mut tat, mut a) = (0, Answer::Reject { retry_after: 0 });
+        let mut tat = 0;
         for _ in 0..3 {
-            (tat, a) = take(tat, 0, t, 3, 1, 0, false);
+            let (next, a) = take(tat, 0, t, 3, 1, 0, false);
             assert_eq!(a, Answer::Admit { granted: 1 });
+            tat = next;
         }
         assert_eq!(take(tat, 0, t, 3, 1, 0, false), (tat, Answer::Reject { retry_after: t }));
         assert_eq!(take(tat, 0, t, 3, 1, t, false), (tat + t, Answer::Wait { granted: 1, wait: t }));

@@ -34,9 +34,10 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -318,23 +319,32 @@ class Fleet:
     def _limited(plan: FleetPlan, ns: int) -> RateLimited:
         return RateLimited(Reason.RATE_LIMITED, policy=plan.policy, attempts=0, retry_after=max(ns, 0) / 1e9)
 
+    def _script_state(self, plan: FleetPlan, sk: str, version: int | str, data: bytes, ttl_ms: int) -> Any:
+        return self._timed(lambda: self._state(keys=[sk], args=[version, data, ttl_ms]), plan.timeout)
+
+    def _merge(self, idx: int, key: str, now: int, wall: int, data: bytes) -> bytes | LoadError:
+        return self.engine._locked_op(lambda c: c.fleet_merge(idx, key, self.node, now, wall, data))
+
+    def _apply(self, idx: int, key: str, now: int, wall: int, data: bytes) -> LoadError | None:
+        return self.engine._locked_op(lambda c: c.fleet_apply(idx, key, self.node, now, wall, data))
+
     def _sync(self, plan: FleetPlan, key: str) -> None:
+        """One publication: read, merge, compare-and-set (merging again on a conflict), apply."""
         sk = plan.key_prefix + key + "}:s"
         ttl_ms = max(1, plan.ttl // 1_000_000)
-        raw = self._timed(lambda: self._state(keys=[sk], args=["", b"", ttl_ms]), plan.timeout)
+        raw = self._script_state(plan, sk, "", b"", ttl_ms)
         version, wall = int(raw[1]), int(raw[2])
         data = bytes(raw[3]) if len(raw) > 3 else b""
-        idx = plan.index
         for _ in range(_MAX_CAS):
             now = _monotonic_ns()
-            merged = self.engine._locked_op(lambda c: c.fleet_merge(idx, key, self.node, now, wall, data))
+            merged = self._merge(plan.index, key, now, wall, data)
             if isinstance(merged, LoadError):
                 self._emit(FleetEvent("bad-state", str(merged), plan.policy, key))
                 return
-            out = self._timed(lambda: self._state(keys=[sk], args=[version, merged, ttl_ms]), plan.timeout)
+            out = self._script_state(plan, sk, version, merged, ttl_ms)
             if int(out[0]) == 1:
                 self.publications += 1
-                err = self.engine._locked_op(lambda c: c.fleet_apply(idx, key, self.node, now, wall, merged))
+                err = self._apply(plan.index, key, now, wall, merged)
                 if err is not None:
                     self._emit(FleetEvent("bad-state", str(err), plan.policy, key))
                 return
