@@ -2,8 +2,8 @@
 # The fleet's multi-process test (docs/fleet.md): a private Redis on 127.0.0.1 (Debian's
 # redis-server, installed when missing) on a free port, Python and Go processes sharing it:
 # the Lua GCRA against the core's cases, 1,000/s across 4 processes for 10 s (async leases and
-# strict), one bad node, a quorum of bad nodes, Redis killed and restarted, two concurrent
-# failure records. Redis is stopped at the end. About two minutes.
+# strict), one bad node, a quorum of bad nodes, Redis killed and restarted, Redis blocked
+# for a second, two concurrent failure records. Redis is stopped at the end. About two minutes.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -36,7 +36,7 @@ WORK="$(mktemp -d)"
 (cd "$ROOT/host-bindings/go/fleet" && gofmt -l . | (! grep .) && go vet ./... && go build -o "$WORK/fleet-worker" ./cmd/fleet-worker)
 
 PORT="$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-REDIS_CMD=(redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes
+REDIS_CMD=(redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --enable-debug-command local
            --pidfile "$WORK/redis.pid" --logfile "$WORK/redis.log" --dir "$WORK")
 stop() {
   if [ -f "$WORK/redis.pid" ]; then kill "$(cat "$WORK/redis.pid")" 2>/dev/null || true; fi
