@@ -29,9 +29,10 @@ VENV="$ROOT/fleet/.venv"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 quiet "$VENV/bin/pip" install --upgrade pip
 quiet "$VENV/bin/pip" install --force-reinstall --no-deps "$ROOT/host-bindings/python"
-quiet "$VENV/bin/pip" install "$ROOT/host-bindings/python[fleet]" "mypy>=1.10" "types-redis" || \
-  quiet "$VENV/bin/pip" install "$ROOT/host-bindings/python[fleet]" "mypy>=1.10"
+quiet "$VENV/bin/pip" install "$ROOT/host-bindings/python[fleet]" "mypy>=1.10"  # redis-py ships its types
 rm -rf "$ROOT/host-bindings/python/build" "$ROOT"/host-bindings/python/src/*.egg-info
+echo "== mypy --strict levee.fleet"
+(cd "$ROOT/host-bindings/python" && MYPYPATH=src "$VENV/bin/python" -m mypy --strict --follow-imports=silent src/levee/fleet.py)
 WORK="$(mktemp -d)"
 (cd "$ROOT/host-bindings/go/fleet" && gofmt -l . | (! grep .) && go vet ./... && go build -o "$WORK/fleet-worker" ./cmd/fleet-worker)
 

@@ -208,6 +208,9 @@ class Fleet:
         except redis.RedisError as e:
             self._degrade(e)
             return False
+        except Exception:  # the engine faulted (it recovers by itself): never fail the call for it
+            logger.exception("levee fleet publication failed")
+            return False
 
     def inspect(self, name: str, key: str = "") -> dict[str, Any] | None:
         """The key's shared state as the core reads it (None when there is none)."""
@@ -264,13 +267,14 @@ class Fleet:
 
     def _handle(self, name: str, key: str) -> Policy:
         k = (name, key)
-        h = self._handles.get(k)
-        if h is None:
-            h = self.engine.policy(name, key=key)
-            self._handles[k] = h
-            if len(self._handles) > _MAX_KEYS:
-                self._handles.popitem(last=False)
-        return h
+        with self._lock:
+            h = self._handles.get(k)
+            if h is None:
+                h = self.engine.policy(name, key=key)
+                self._handles[k] = h
+                if len(self._handles) > _MAX_KEYS:
+                    self._handles.popitem(last=False)
+            return h
 
     def _timed(self, fn: Callable[[], Any], limit_ns: int = 0) -> Any:
         start = _monotonic_ns()
