@@ -1138,9 +1138,10 @@ vec("fleet-probe-one-process-at-a-time", "An open breaker about to go half-open 
      breaker(1100 * MS, key="x", expect="half-open"), breaker(1100 * MS, key="z", expect="open"),
      breaker(1950 * MS, key="z", expect="open"), breaker(2100 * MS, key="z", expect="half-open")])
 
-vec("fleet-plan", "The fleet plan a host reads: the store key prefix hashed by policy, publication, timeouts and the GCRA parameters; none without a fleet section.",
-    ["fleet"], "policies:\n  p:\n    attempts: 1\n    fleet: { publish: strict, timeout: 3ms, rate-limit: { rate: 1000, burst: 20, max-wait: 5ms } }\n  q: { attempts: 1 }\n",
-    [{"op": "fleet_plan", "policy": "p"}, {"op": "fleet_plan", "policy": "q", "expect": None}])
+vec("fleet-plan", "The fleet plan a host reads: the store key prefix hashed by policy, publication, timeouts and the GCRA parameters, its max-wait capped by the deadline; none without a fleet section.",
+    ["fleet"], "policies:\n  p:\n    attempts: 1\n    fleet: { publish: strict, timeout: 3ms, rate-limit: { rate: 1000, burst: 20, max-wait: 5ms } }\n  q: { attempts: 1 }\n"
+    "  d:\n    deadline: 2ms\n    fleet: { rate-limit: { rate: 10, max-wait: 1s } }\n",
+    [{"op": "fleet_plan", "policy": "p"}, {"op": "fleet_plan", "policy": "q", "expect": None}, {"op": "fleet_plan", "policy": "d"}])
 
 vec("fleet-bad-bytes-are-refused", "Shared bytes that are not the core's (garbage, another version, truncated), an empty node name and a policy without a fleet section are errors naming what is wrong.",
     ["fleet", "errors"], FLEET,

@@ -192,14 +192,16 @@ pub fn parse(
 impl FleetCfg {
     /// What a host needs to run the fleet option for `policy`, as a JSON value (durations in
     /// nanoseconds). `key-prefix` followed by a key and `}` names the key's store entries
-    /// (`:s` state, `:r` rate), hashed by policy and key on a Redis Cluster.
-    pub fn plan(&self, policy: &str, has_breaker: bool) -> Value {
+    /// (`:s` state, `:r` rate), hashed by policy and key on a Redis Cluster. The rate limit's
+    /// `max-wait` is already capped by the policy's `deadline`: a wait that cannot fit it is a
+    /// reject, as in the engine's own limiter.
+    pub fn plan(&self, policy: &str, has_breaker: bool, deadline: Option<u64>) -> Value {
         let rate = match &self.rate_limit {
             None => Value::Null,
             Some(r) => obj([
                 ("interval", r.interval().into()),
                 ("burst", r.burst.into()),
-                ("max-wait", r.max_wait.into()),
+                ("max-wait", r.max_wait.min(deadline.unwrap_or(u64::MAX)).into()),
                 ("lease", if self.publish == Publish::Strict { 1u32.into() } else { self.lease.into() }),
             ]),
         };
@@ -224,6 +226,6 @@ impl crate::Engine {
     pub fn fleet_plan(&self, policy: u32) -> Option<String> {
         let p = self.policy(policy)?;
         let f = p.fleet.as_ref()?;
-        Some(crate::doc::to_json(&f.plan(&p.name, p.breaker.is_some())))
+        Some(crate::doc::to_json(&f.plan(&p.name, p.breaker.is_some(), p.deadline)))
     }
 }
