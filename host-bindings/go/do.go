@@ -182,9 +182,9 @@ func DoValue[T any](ctx context.Context, p *Policy, fn func(ctx context.Context)
 	return a.val, err
 }
 
-// attempter runs one attempt under a timeout (0 = none) and says what happened.
+// attempter runs one attempt under a timeout (0 = none) on e's clock and says what happened.
 type attempter interface {
-	attempt(ctx context.Context, timeout time.Duration) (Outcome, error)
+	attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error)
 }
 
 // retryPreparer is an attempter that must prepare a retry (false: it cannot be retried).
@@ -194,12 +194,12 @@ type retryPreparer interface {
 
 type funcAttempt func(ctx context.Context) error
 
-func (f funcAttempt) attempt(ctx context.Context, timeout time.Duration) (Outcome, error) {
+func (f funcAttempt) attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error) {
 	if timeout <= 0 {
 		err := f(ctx)
 		return Classify(ctx, err), err
 	}
-	actx, cancel := context.WithTimeout(ctx, timeout)
+	actx, cancel := e.withTimeout(ctx, timeout)
 	err := f(actx)
 	o := Classify(actx, err)
 	cancel()
@@ -227,14 +227,14 @@ type fallbackChecker interface {
 	checkFallback(v any) error
 }
 
-func (a *valueAttempt[T]) attempt(ctx context.Context, timeout time.Duration) (Outcome, error) {
+func (a *valueAttempt[T]) attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error) {
 	return funcAttempt(func(ctx context.Context) error {
 		v, err := a.fn(ctx)
 		if err == nil {
 			a.val = v
 		}
 		return err
-	}).attempt(ctx, timeout)
+	}).attempt(e, ctx, timeout)
 }
 
 // Classify maps the error of an attempt run under actx to an outcome. It only
@@ -511,20 +511,6 @@ func (e *Engine) guestFault(err error) {
 	e.emit([]Event{{At: e.Now(), Kind: EventEngineFault, Err: fmt.Errorf("%w: %w", ErrEngineFault, err)}})
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		t.Stop()
-		return ctx.Err()
-	}
-}
-
 // run drives one call through the step protocol. If the function (or a
 // fallback) panics, the call is cancelled in the core and the panic goes on.
 func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal any, fbUsed bool, err error) {
@@ -557,66 +543,43 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 	return fbVal, fbUsed, err
 }
 
+// steps performs the driver's actions for one call: the glue between the
+// driver (driver.go), the attempter (the caller's function, or an HTTP request)
+// and the engine's crossings.
 func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *policyState, call uint64) (fbVal any, fbUsed bool, err error) {
 	e := p.e
 	info := &st.info
 	v, start, gen, ferr := e.startCall(call, st.index, co.key, co.flags)
-	var deadline uint64
-	if info.Deadline > 0 {
-		deadline = start + info.Deadline
+	if ferr != nil && errors.Is(ferr, ErrClosed) {
+		return nil, false, ferr
 	}
-	attempts := 0
+	d := newDriver(info, start)
 	var lastErr, fbErr error
 	var unregistered []string
-	now := start
-
-	// singleAttempt: the engine failed; the call proceeds as one attempt without retries.
-	singleAttempt := func() (any, bool, error) {
-		if attempts > 0 {
-			return nil, false, lastErr
-		}
-		_, err := a.attempt(ctx, time.Duration(info.AttemptTimeout))
-		return nil, false, err
-	}
-	if ferr != nil {
-		if errors.Is(ferr, ErrClosed) {
-			return nil, false, ferr
-		}
-		return singleAttempt()
-	}
+	now := start // the reading the verdict in hand was asked at
 	tr := e.o.trace
-	if tr != nil {
+	if tr != nil && ferr == nil {
 		tr(Step{Op: "start", Call: call, Now: start, Verdict: v})
 	}
 	for {
-		switch v.Kind() {
-		case VerdictAttempt:
-			attempts++
-			if info.MaxAttempts > 0 && attempts > int(info.MaxAttempts) {
-				e.guestFault(fmt.Errorf("attempt %d granted past max-attempts %d", attempts, info.MaxAttempts))
-				_ = e.Cancel(call, e.Now())
-				return nil, false, &Error{Policy: p.name, Reason: ReasonRetriesExhausted, Attempts: attempts - 1, Last: lastErr}
-			}
-			timeout := time.Duration(v.Payload())
-			if deadline > 0 {
-				left := time.Duration(0)
-				if deadline > now {
-					left = time.Duration(deadline - now)
-				}
-				if timeout == 0 || timeout > left {
-					timeout = max(left, 1)
-				}
-			}
+		var act action
+		if ferr != nil {
+			act = d.crossingFailed(e.Now())
+		} else {
+			act = d.next(v, now)
+		}
+		switch act.kind {
+		case actAttempt:
 			// The attempt runs from the reading the verdict was asked at (one
 			// clock reading fewer; the crossing, well under a microsecond, counts
 			// toward its elapsed time).
 			t0 := now
-			o, aerr := a.attempt(ctx, timeout)
+			o, aerr := a.attempt(e, ctx, act.d)
 			t1 := e.Now()
 			now = t1
 			if cerr := ctx.Err(); cerr != nil {
 				_ = e.Cancel(call, t1)
-				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: attempts, Last: aerr, Ctx: cerr}
+				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: d.attempts, Last: aerr, Ctx: cerr}
 			}
 			if o.Kind == OutcomeSuccess {
 				if tr != nil {
@@ -632,7 +595,7 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 			}
 			var wall uint64
 			if o.Kind == OutcomeHTTPStatus && o.Text != "" {
-				wall = uint64(time.Now().Unix())
+				wall = e.wallSecs()
 			}
 			text := strings.ToValidUTF8(o.Text, "\uFFFD") // a raw header: the core says what it means
 			v, ferr = e.step(func(ctx context.Context, in *instance) (Verdict, error) {
@@ -641,25 +604,16 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "report", Call: call, Now: t1, Outcome: o, Verdict: v})
 			}
-		case VerdictWait, VerdictRetry:
-			d := v.Payload()
-			now = e.Now()
-			if deadline > 0 && now+d > deadline {
-				if deadline > now {
-					d = deadline - now
-				} else {
-					d = 0
-				}
-			}
-			if v.Kind() == VerdictRetry {
+		case actSleep:
+			if act.retry {
 				if rp, ok := a.(retryPreparer); ok && !rp.prepareRetry() {
 					_ = e.Cancel(call, e.Now())
 					return nil, false, lastErr
 				}
 			}
-			if cerr := sleepCtx(ctx, time.Duration(d)); cerr != nil {
+			if cerr := e.sleep(ctx, act.d); cerr != nil {
 				_ = e.Cancel(call, e.Now())
-				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: attempts, Last: lastErr, Ctx: cerr}
+				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: d.attempts, Last: lastErr, Ctx: cerr}
 			}
 			now = e.Now()
 			at := now
@@ -667,18 +621,9 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "acquire", Call: call, Now: now, Verdict: v})
 			}
-		case VerdictDone:
-			return fbVal, fbUsed, nil
-		case VerdictFallback:
-			idx := v.Payload()
-			if idx >= uint64(len(info.Fallbacks)) {
-				e.guestFault(fmt.Errorf("fallback index %d out of the chain of %d", idx, len(info.Fallbacks)))
-				_ = e.Cancel(call, e.Now())
-				return singleAttempt()
-			}
-			name := info.Fallbacks[idx]
+		case actFallback:
 			ok := false
-			if f := e.fallback(name, co); f != nil {
+			if f := e.fallback(act.name, co); f != nil {
 				val, err := f(ctx, lastErr)
 				if fc, isFC := a.(fallbackChecker); isFC && err == nil {
 					err = fc.checkFallback(val)
@@ -688,8 +633,8 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 				} else {
 					fbErr = err
 				}
-			} else if !slices.Contains(unregistered, name) {
-				unregistered = append(unregistered, name)
+			} else if !slices.Contains(unregistered, act.name) {
+				unregistered = append(unregistered, act.name)
 			}
 			now = e.Now()
 			at := now
@@ -699,17 +644,24 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "report-fallback", Call: call, Now: now, Verdict: v})
 			}
-		case VerdictFail:
-			return nil, false, &Error{Policy: p.name, Reason: v.Reason(), Attempts: attempts,
-				RetryAfter: time.Duration(v.Payload()), Last: lastErr, FallbackErr: fbErr, Unregistered: unregistered}
-		default:
-			// invalid: the engine does not know the call (it was re-instantiated
-			// meanwhile, or it misbehaves); the call ends as a single attempt.
-			e.guestFault(fmt.Errorf("verdict %v for call %d", v, call))
-			return singleAttempt()
-		}
-		if ferr != nil {
-			return singleAttempt()
+		case actDone:
+			return fbVal, fbUsed, nil
+		case actFail:
+			return nil, false, &Error{Policy: p.name, Reason: act.reason, Attempts: d.attempts,
+				RetryAfter: act.d, Last: lastErr, FallbackErr: fbErr, Unregistered: unregistered}
+		case actRecover:
+			if act.fault != nil {
+				e.guestFault(fmt.Errorf("call %d: %w", call, act.fault))
+				_ = e.Cancel(call, e.Now())
+			}
+			if fbUsed {
+				return fbVal, fbUsed, nil
+			}
+			if act.ran {
+				return nil, false, lastErr
+			}
+			_, err := a.attempt(e, ctx, act.timeout)
+			return nil, false, err
 		}
 	}
 }

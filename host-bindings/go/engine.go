@@ -56,6 +56,7 @@ type options struct {
 	logger      *slog.Logger
 	fallbacks   map[string]Fallback
 	trace       func(Step)
+	clock       Clock // nil: the machine's clock (the fast path)
 }
 
 // Option configures Load.
@@ -139,7 +140,9 @@ func WithFallback(name string, f Fallback) Option {
 type Engine struct {
 	o     options
 	seed  uint64
-	epoch time.Time
+	epoch time.Time // real time at Load: the watchdog's origin, and Now's without WithClock
+	// vepoch is the injected clock's reading at Load (Now's origin with WithClock)
+	vepoch time.Time
 
 	mu      sync.Mutex
 	doc     string
@@ -299,6 +302,9 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 		return nil, err
 	}
 	e.epoch = time.Now() // the clock starts once the module is compiled
+	if e.o.clock != nil {
+		e.vepoch = e.o.clock.Now()
+	}
 	if e.o.callLimit > 0 {
 		e.watch = newWatch(e.epoch, e.o.callLimit)
 	}
@@ -319,14 +325,18 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 // under (one without Done, so wazero starts no goroutine).
 func (e *Engine) enter() context.Context {
 	if e.watch != nil {
-		return e.enterAt(e.Now())
+		return e.enterAt(uint64(time.Since(e.epoch)))
 	}
 	return context.Background()
 }
 
-// enterAt is enter with a reading of the clock the caller has just taken.
+// enterAt is enter with a reading of the clock the caller has just taken (the
+// engine's Now; with an injected clock, the watchdog reads real time itself).
 func (e *Engine) enterAt(now uint64) context.Context {
 	if w := e.watch; w != nil {
+		if e.o.clock != nil {
+			now = uint64(time.Since(e.epoch))
+		}
 		s := max(int64(now), e.lastStart+1)
 		e.lastStart = s
 		w.start.Store(s)
@@ -551,8 +561,30 @@ func (e *Engine) op(keep bool, f func(ctx context.Context, in *instance) error) 
 	return nil
 }
 
-// Now is the engine's monotonic clock in ns (the `now` of the step protocol).
-func (e *Engine) Now() uint64 { return uint64(time.Since(e.epoch)) }
+// Now is the engine's monotonic clock in ns (the `now` of the step protocol):
+// the time since Load on the engine's Clock.
+func (e *Engine) Now() uint64 {
+	if c := e.o.clock; c != nil {
+		return uint64(max(c.Now().Sub(e.vepoch), 0))
+	}
+	return uint64(time.Since(e.epoch))
+}
+
+// Clock is the clock the engine runs on (SystemClock{} unless WithClock).
+func (e *Engine) Clock() Clock {
+	if e.o.clock != nil {
+		return e.o.clock
+	}
+	return SystemClock{}
+}
+
+// wallSecs is the clock's wall time in seconds (for a Retry-After HTTP date).
+func (e *Engine) wallSecs() uint64 {
+	if c := e.o.clock; c != nil {
+		return uint64(max(c.Now().Unix(), 0))
+	}
+	return uint64(time.Now().Unix())
+}
 
 // NewCallID returns a fresh non-zero call id.
 func (e *Engine) NewCallID() uint64 { return e.nextCall.Add(1) }

@@ -121,11 +121,11 @@ func (h *httpAttempt) checkFallback(v any) error {
 	return nil
 }
 
-func (h *httpAttempt) attempt(ctx context.Context, timeout time.Duration) (Outcome, error) {
+func (h *httpAttempt) attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error) {
 	h.discard()
 	actx, cancel := ctx, context.CancelFunc(nil)
 	if timeout > 0 {
-		actx, cancel = context.WithTimeout(ctx, timeout)
+		actx, cancel = e.withTimeout(ctx, timeout)
 	}
 	r := h.req.WithContext(actx)
 	r.Body = h.body
