@@ -897,6 +897,20 @@ vec("retry-after-wall-top-bit", "A wall clock of 2^63 s is a time far in the fut
     policy(NOJ), [start(1, 0), report(1, MS, "http-status", code=503, text="Sun, 06 Nov 1994 08:49:37 GMT", wall=1 << 63,
                                      expect=retry(0)), drain()])
 
+vec("late-success-is-timeout", "A success reported with an elapsed that reaches the attempt's timeout (a host that could not stop waiting) is a timeout: retried, and a failure for the breaker. Just under the timeout it is a success.", ["timeout", "classification"],
+    policy("attempts: 3\nattempt-timeout: 100ms\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50 }\n" + NOJ),
+    [start(1, 0, expect=attempt(1, 100 * MS)), report(1, 150 * MS, elapsed=150 * MS, expect=retry(100 * MS)),
+     acquire(1, 250 * MS, expect=attempt(2, 100 * MS)), report(1, 350 * MS, elapsed=100 * MS - 1, expect=DONE), drain()])
+
+vec("late-success-deadline", "A late success past the deadline (the attempt's timeout was the rest of the deadline) fails with deadline instead of returning.", ["timeout", "deadline"],
+    policy("attempts: 3\ndeadline: 1s\n" + NOJ),
+    [start(1, 0, expect=attempt(1, S)), report(1, 2 * S, elapsed=2 * S, expect=fail("deadline")), drain()])
+
+vec("late-settle-ends-call", "A late success held back against the protocol (passed as settle) is a timeout whose answer nobody hears: the call is ended, not left live.", ["timeout", "batching"],
+    policy("attempts: 3\nattempt-timeout: 100ms\n" + NOJ),
+    [start(1, 0, expect=attempt(1, 100 * MS)), start(2, 300 * MS, settle=(1, 200 * MS, 200 * MS), expect=attempt(1, 100 * MS)),
+     info(1, None), acquire(1, 400 * MS, expect=invalid(1)), drain()])
+
 TOKENS10 = policy("attempts: 2\nbudget: { kind: token, max-tokens: 10, token-ratio: 0.1 }\n" + NOJ)
 vec("reload-scales-token-budget", "A reload from max-tokens 10 to 20 keeps the level in proportion (6 of 10 becomes 12 of 20), as gRPC does.", ["budget", "reload"],
     TOKENS10, [step for i in range(1, 5) for step in (start(i, i * S), report(i, i * S, "timeout", expect=retry()), cancel(i, i * S))]

@@ -95,8 +95,17 @@ impl KeyState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Ready,
-    InFlight { permit: bool, slot: bool },
-    Fallback { index: usize, reason: Reason },
+    /// `timeout`: the attempt's timeout as the verdict gave it (0 none): an outcome whose
+    /// `elapsed` reaches it arrived late and is a timeout.
+    InFlight {
+        permit: bool,
+        slot: bool,
+        timeout: u64,
+    },
+    Fallback {
+        index: usize,
+        reason: Reason,
+    },
 }
 
 /// A live call's key: the key table's `Arc` of the name (cloning it does not allocate), or
@@ -475,9 +484,14 @@ impl Engine {
         settle_elapsed: u64,
     ) -> Verdict {
         if settle_call != 0 {
-            // A held-back success; its answer is always `done` (or invalid, a host bug that
-            // the host learns of when the call's next operation fails).
-            let _ = self.report(settle_call, settle_at, settle_elapsed, OutcomeKind::Success, 0, "", 0, 0);
+            // A held-back success; its answer is `done` (or invalid, a host bug that the host
+            // learns of when the call's next operation fails). A late one (held back against
+            // the protocol) is a timeout whose answer nobody hears: end the call so that
+            // nothing it holds outlives it.
+            let v = self.report(settle_call, settle_at, settle_elapsed, OutcomeKind::Success, 0, "", 0, 0);
+            if !matches!(v.kind(), Some(VerdictKind::Done | VerdictKind::Invalid)) {
+                self.cancel(settle_call, settle_at);
+            }
         }
         if call == 0 || self.calls.find(&call).is_some() {
             return self.finish(Verdict::invalid(InvalidCode::DuplicateCall));
@@ -537,7 +551,7 @@ impl Engine {
     /// Give back what an in-flight attempt holds (no outcome recorded).
     fn release_at(&mut self, i: u32, now: u64) {
         let Some((&call, c)) = self.calls.get_mut(i) else { return };
-        let Phase::InFlight { permit, slot } = c.phase else { return };
+        let Phase::InFlight { permit, slot, .. } = c.phase else { return };
         c.phase = Phase::Ready;
         let now = c.observe(now);
         let (Some(p), Some(keys)) = (self.policies.get(c.policy), self.keys.get_mut(c.policy)) else { return };
@@ -644,7 +658,6 @@ impl Engine {
             refile(keys, c.key_at);
         }
         c.attempts = c.attempts.saturating_add(1);
-        c.phase = Phase::InFlight { permit, slot: bulkhead };
         let remaining = c.deadline.map(|dl| dl.saturating_sub(now));
         let timeout = match (p.attempt_timeout, remaining) {
             (Some(t), Some(r)) => t.min(r),
@@ -652,6 +665,7 @@ impl Engine {
             (None, Some(r)) => r,
             (None, None) => 0,
         };
+        c.phase = Phase::InFlight { permit, slot: bulkhead, timeout };
         let v = Verdict::attempt(c.attempts, timeout);
         self.finish(v)
     }
@@ -719,8 +733,16 @@ impl Engine {
         let Some((_, c)) = self.calls.get_mut(at) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
-        let Phase::InFlight { permit: _, slot } = c.phase else {
+        let Phase::InFlight { permit: _, slot, timeout } = c.phase else {
             return self.finish(Verdict::invalid(InvalidCode::WrongStep));
+        };
+        // A late outcome: the attempt outlived the timeout its verdict gave (a host that could
+        // not stop waiting, such as a blocking function). Whatever it produced, it is a timeout,
+        // decided here once so that every host's late attempt means the same thing.
+        let (kind, code, text) = if timeout > 0 && elapsed >= timeout && kind != OutcomeKind::Timeout {
+            (OutcomeKind::Timeout, 0, "")
+        } else {
+            (kind, code, text)
         };
         let pi = c.policy;
         let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
