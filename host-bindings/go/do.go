@@ -581,7 +581,7 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 				_ = e.Cancel(call, t1)
 				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: d.attempts, Last: aerr, Ctx: cerr}
 			}
-			if o.Kind == OutcomeSuccess {
+			if o.Kind == OutcomeSuccess && act.holdable(t1-t0) {
 				if tr != nil {
 					tr(Step{Op: "hold-success", Call: call, Now: t1, Outcome: o})
 				}

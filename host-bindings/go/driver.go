@@ -38,6 +38,7 @@ const (
 type action struct {
 	kind    actionKind
 	n       int           // actAttempt: the attempt number (1 on the first)
+	limit   time.Duration // actAttempt: the timeout the verdict gave (a success this late is the core's to judge)
 	d       time.Duration // actAttempt: the attempt's timeout; actSleep: the delay; actFail: retry-after
 	retry   bool          // actSleep: a retry (false: a wait for a permit)
 	reason  Reason        // actFail, actFallback: the core's reason
@@ -74,6 +75,11 @@ func (d *driver) left(now uint64) (left uint64, ok bool) {
 	return 0, true
 }
 
+// holdable says whether a success that took elapsed may be held back to settle
+// on the next start: only one below the timeout its verdict gave (a late one is
+// a timeout whose answer the host must hear; the WIT's engine-api).
+func (a *action) holdable(elapsed uint64) bool { return a.limit == 0 || time.Duration(elapsed) < a.limit }
+
 // next is the action for verdict v, asked at now.
 func (d *driver) next(v Verdict, now uint64) action {
 	switch v.Kind() {
@@ -83,11 +89,12 @@ func (d *driver) next(v Verdict, now uint64) action {
 			d.attempts--
 			return d.recover(now, fmt.Errorf("attempt %d granted past max-attempts %d", d.attempts+1, d.info.MaxAttempts))
 		}
-		timeout := v.Payload()
+		given := v.Payload()
+		timeout := given
 		if left, ok := d.left(now); ok && (timeout == 0 || timeout > left) {
 			timeout = max(left, 1)
 		}
-		return action{kind: actAttempt, n: d.attempts, d: time.Duration(timeout)}
+		return action{kind: actAttempt, n: d.attempts, d: time.Duration(timeout), limit: time.Duration(given)}
 	case VerdictWait, VerdictRetry:
 		delay := v.Payload()
 		if left, ok := d.left(now); ok && delay > left {

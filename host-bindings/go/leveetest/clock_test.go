@@ -194,3 +194,26 @@ func TestClockTimersFireInOrder(t *testing.T) {
 		t.Fatal("no timer should be left")
 	}
 }
+
+// A success that arrives after its attempt's timeout (a function that ignores its
+// context) is reported, not held back: the core judges it a timeout and retries.
+func TestLateSuccessIsTheCoresToJudge(t *testing.T) {
+	clk := leveetest.NewAutoClock()
+	var retries atomic.Int32
+	e := load(t, levee.WithClock(clk), levee.WithListener(func(ev levee.Event) {
+		if ev.Kind == levee.EventRetryScheduled {
+			retries.Add(1)
+		}
+	}))
+	n := 0
+	err := levee.Do(context.Background(), policy(t, e, "timed"), func(ctx context.Context) error {
+		n++
+		if n == 1 {
+			_ = clk.Sleep(context.Background(), 6*time.Second) // deaf to ctx
+		}
+		return nil
+	})
+	if err != nil || n != 2 || retries.Load() != 1 {
+		t.Fatalf("err = %v after %d attempts, %d retries scheduled", err, n, retries.Load())
+	}
+}
