@@ -78,7 +78,9 @@ func (d *driver) left(now uint64) (left uint64, ok bool) {
 // holdable says whether a success that took elapsed may be held back to settle
 // on the next start: only one below the timeout its verdict gave (a late one is
 // a timeout whose answer the host must hear; the WIT's engine-api).
-func (a *action) holdable(elapsed uint64) bool { return a.limit == 0 || time.Duration(elapsed) < a.limit }
+func (a *action) holdable(elapsed uint64) bool {
+	return a.limit == 0 || time.Duration(elapsed) < a.limit
+}
 
 // next is the action for verdict v, asked at now.
 func (d *driver) next(v Verdict, now uint64) action {
