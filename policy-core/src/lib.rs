@@ -34,6 +34,8 @@ pub mod time;
 pub mod types;
 
 pub use analysis::Analysis;
-pub use engine::{CallInfo, Engine, PolicyInfo, MAX_LIVE_CALLS, MAX_PENDING_EVENTS};
+pub use engine::{
+    CallInfo, Engine, PolicyInfo, FLAG_IDEMPOTENCY_KEY, FLAG_NON_IDEMPOTENT, FLAG_OVERLOADED, MAX_LIVE_CALLS, MAX_PENDING_EVENTS,
+};
 pub use policy::{LoadError, Policy};
 pub use types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Reason, Verdict, VerdictKind};
