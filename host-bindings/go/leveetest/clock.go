@@ -2,7 +2,7 @@
 // clock for levee.WithClock, whose timers fire when the test advances it, and
 // NoWaits, the switch that turns the waits of an engine off.
 //
-//	clk := leveetest.NewClock()
+//	clk := leveetest.NewVirtualClock()
 //	e, _ := levee.Load(ctx, doc, levee.WithClock(clk))
 //	go func() { done <- levee.Do(ctx, p, fn) }()
 //	clk.BlockUntil(ctx, 1) // the call sleeps before its retry
@@ -23,17 +23,17 @@ import (
 	levee "github.com/levee-dev/levee/host-bindings/go"
 )
 
-// Epoch is where a NewClock starts: 2026-01-01T00:00:00Z (wall seconds matter
+// Epoch is where a NewVirtualClock starts: 2026-01-01T00:00:00Z (wall seconds matter
 // only for a Retry-After given as an HTTP date).
 var Epoch = time.Date(2026, time.January, 1, 0, 0, 0, 0, time.UTC)
 
-// Clock is a virtual levee.Clock. Time moves only when the test calls Advance
+// VirtualClock is a virtual levee.Clock. Time moves only when the test calls Advance
 // or Set, or, in auto-advance mode (NewAutoClock, NoWaits), when a goroutine
 // sleeps on it. Timers fire in the order of their times (then of their
 // creation); their functions run synchronously in the goroutine that moves
 // the clock, with the clock set to their time, so they must not block. It is
 // safe for use by many goroutines.
-type Clock struct {
+type VirtualClock struct {
 	mu      sync.Mutex
 	now     time.Time
 	timers  timerHeap
@@ -42,19 +42,21 @@ type Clock struct {
 	changed chan struct{} // closed and replaced when the set of timers changes
 }
 
-// NewClock is a virtual clock at Epoch that moves only when the test advances it.
-func NewClock() *Clock { return NewClockAt(Epoch) }
+// NewVirtualClock is a virtual clock at Epoch that moves only when the test advances it.
+func NewVirtualClock() *VirtualClock { return NewVirtualClockAt(Epoch) }
 
-// NewClockAt is a virtual clock at t that moves only when the test advances it.
-func NewClockAt(t time.Time) *Clock { return &Clock{now: t, changed: make(chan struct{})} }
+// NewVirtualClockAt is a virtual clock at t that moves only when the test advances it.
+func NewVirtualClockAt(t time.Time) *VirtualClock {
+	return &VirtualClock{now: t, changed: make(chan struct{})}
+}
 
 // NewAutoClock is a virtual clock at Epoch in auto-advance mode: a Sleep moves
 // the clock to its end at once, firing the timers due on the way (when one of
 // them ends the sleeper's context, as an attempt timeout does, the clock stops
 // there and Sleep returns the context's error). A single goroutine's calls are
 // then deterministic and never wait.
-func NewAutoClock() *Clock {
-	c := NewClock()
+func NewAutoClock() *VirtualClock {
+	c := NewVirtualClock()
 	c.auto = true
 	return c
 }
@@ -67,18 +69,18 @@ func NewAutoClock() *Clock {
 func NoWaits() levee.Option { return levee.WithClock(NewAutoClock()) }
 
 // Now is the virtual time.
-func (c *Clock) Now() time.Time {
+func (c *VirtualClock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now
 }
 
 // Since is the virtual time elapsed since t.
-func (c *Clock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+func (c *VirtualClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
 // AfterFunc calls f once the clock has passed d from now (d <= 0: at the next
 // move of the clock, or at once in auto-advance mode).
-func (c *Clock) AfterFunc(d time.Duration, f func()) levee.Timer {
+func (c *VirtualClock) AfterFunc(d time.Duration, f func()) levee.Timer {
 	c.mu.Lock()
 	t := c.addLocked(d, f)
 	c.mu.Unlock()
@@ -87,7 +89,7 @@ func (c *Clock) AfterFunc(d time.Duration, f func()) levee.Timer {
 
 // Sleep waits until the clock has passed d from now, or until ctx is done. In
 // auto-advance mode it moves the clock itself.
-func (c *Clock) Sleep(ctx context.Context, d time.Duration) error {
+func (c *VirtualClock) Sleep(ctx context.Context, d time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -110,7 +112,7 @@ func (c *Clock) Sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func (c *Clock) autoSleep(ctx context.Context, d time.Duration) error {
+func (c *VirtualClock) autoSleep(ctx context.Context, d time.Duration) error {
 	c.mu.Lock()
 	target := c.now.Add(d)
 	c.mu.Unlock()
@@ -133,7 +135,7 @@ func (c *Clock) autoSleep(ctx context.Context, d time.Duration) error {
 }
 
 // Advance moves the clock d forward, firing the timers due on the way in order.
-func (c *Clock) Advance(d time.Duration) {
+func (c *VirtualClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	target := c.now.Add(d)
 	c.mu.Unlock()
@@ -141,7 +143,7 @@ func (c *Clock) Advance(d time.Duration) {
 }
 
 // Set moves the clock to t (never backwards), firing the timers due on the way in order.
-func (c *Clock) Set(target time.Time) {
+func (c *VirtualClock) Set(target time.Time) {
 	for {
 		c.mu.Lock()
 		if len(c.timers) == 0 || c.timers[0].when.After(target) {
@@ -159,7 +161,7 @@ func (c *Clock) Set(target time.Time) {
 
 // AdvanceToNext moves the clock to the earliest pending timer and fires it (and
 // any others due at the same time); false when no timer is pending.
-func (c *Clock) AdvanceToNext() bool {
+func (c *VirtualClock) AdvanceToNext() bool {
 	c.mu.Lock()
 	if len(c.timers) == 0 {
 		c.mu.Unlock()
@@ -172,7 +174,7 @@ func (c *Clock) AdvanceToNext() bool {
 }
 
 // Pending is the number of timers and sleepers waiting on the clock.
-func (c *Clock) Pending() int {
+func (c *VirtualClock) Pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.timers)
@@ -181,7 +183,7 @@ func (c *Clock) Pending() int {
 // BlockUntil waits (in real time) until at least n timers or sleepers wait on
 // the clock, or ctx is done: a test starts a call in a goroutine, then
 // BlockUntil before it advances the clock past the call's sleep.
-func (c *Clock) BlockUntil(ctx context.Context, n int) error {
+func (c *VirtualClock) BlockUntil(ctx context.Context, n int) error {
 	for {
 		c.mu.Lock()
 		if len(c.timers) >= n {
@@ -198,7 +200,7 @@ func (c *Clock) BlockUntil(ctx context.Context, n int) error {
 	}
 }
 
-func (c *Clock) addLocked(d time.Duration, f func()) *timer {
+func (c *VirtualClock) addLocked(d time.Duration, f func()) *timer {
 	c.seq++
 	t := &timer{c: c, when: c.now.Add(max(d, 0)), seq: c.seq, f: f, index: -1}
 	heap.Push(&c.timers, t)
@@ -211,7 +213,7 @@ func (c *Clock) addLocked(d time.Duration, f func()) *timer {
 	return t
 }
 
-func (c *Clock) popLocked() *timer {
+func (c *VirtualClock) popLocked() *timer {
 	t := heap.Pop(&c.timers).(*timer)
 	if t.when.After(c.now) {
 		c.now = t.when
@@ -220,13 +222,13 @@ func (c *Clock) popLocked() *timer {
 	return t
 }
 
-func (c *Clock) notifyLocked() {
+func (c *VirtualClock) notifyLocked() {
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
 
 type timer struct {
-	c     *Clock
+	c     *VirtualClock
 	when  time.Time
 	seq   uint64
 	f     func()
@@ -274,4 +276,4 @@ func (h *timerHeap) Pop() any {
 	return t
 }
 
-var _ levee.Clock = (*Clock)(nil)
+var _ levee.Clock = (*VirtualClock)(nil)

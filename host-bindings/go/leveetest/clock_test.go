@@ -69,7 +69,7 @@ func TestNoWaitsRunsBackoffInstantly(t *testing.T) {
 
 // A virtual attempt timeout cancels the attempt's context when the test moves the clock past it.
 func TestVirtualAttemptTimeoutCancelsTheAttempt(t *testing.T) {
-	clk := leveetest.NewClock()
+	clk := leveetest.NewVirtualClock()
 	e := load(t, levee.WithClock(clk))
 	var attempts atomic.Int32
 	deadlines := make(chan time.Duration, 2)
@@ -151,7 +151,7 @@ func TestAutoClockStopsAtTheAttemptTimeout(t *testing.T) {
 
 // Cancelling the caller's context during a virtual sleep ends the call as cancelled.
 func TestCancelDuringVirtualSleep(t *testing.T) {
-	clk := leveetest.NewClock()
+	clk := leveetest.NewVirtualClock()
 	e := load(t, levee.WithClock(clk))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -174,7 +174,7 @@ func TestCancelDuringVirtualSleep(t *testing.T) {
 }
 
 func TestClockTimersFireInOrder(t *testing.T) {
-	clk := leveetest.NewClock()
+	clk := leveetest.NewVirtualClock()
 	var got []int
 	clk.AfterFunc(3*time.Second, func() { got = append(got, 3) })
 	clk.AfterFunc(time.Second, func() { got = append(got, 1) })
