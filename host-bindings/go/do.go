@@ -2,6 +2,8 @@ package levee
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +16,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 )
 
 // Policy is a named policy of an engine. It stays valid across Reload (it is
@@ -99,6 +102,8 @@ type CallOption struct {
 	flags uint32
 	mask  uint32 // flag bits cleared before flags are set
 	fb    Fallback
+	// onRetry is the OnRetry hook
+	onRetry func(RetryInfo)
 }
 
 type callOptKind uint8
@@ -108,12 +113,16 @@ const (
 	optKey
 	optFlags
 	optFallback
+	optOnRetry
+	optHTTP
 )
 
 type callOpts struct {
 	key       string
 	flags     uint32
 	fallbacks map[string]Fallback
+	onRetry   func(RetryInfo)
+	http      bool // the Transport's call (http.request.resend_count on its attempt spans)
 }
 
 func (o *CallOption) apply(c *callOpts) {
@@ -127,6 +136,10 @@ func (o *CallOption) apply(c *callOpts) {
 			c.fallbacks = map[string]Fallback{}
 		}
 		c.fallbacks[o.s] = o.fb
+	case optOnRetry:
+		c.onRetry = o.onRetry
+	case optHTTP:
+		c.http = true
 	}
 }
 
@@ -142,7 +155,7 @@ func WithIdempotencyKey() CallOption { return CallOption{kind: optFlags, flags: 
 
 // WithMethod passes the HTTP method of the operation to the core.
 func WithMethod(method string) CallOption {
-	return CallOption{kind: optFlags, mask: 0xf << flagMethodShift, flags: MethodFlag(method)}
+	return CallOption{kind: optFlags, mask: cStartMethodMask << flagMethodShift, flags: MethodFlag(method)}
 }
 
 // withFlags sets flag bits.
@@ -187,9 +200,9 @@ type attempter interface {
 	attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error)
 }
 
-// retryPreparer is an attempter that must prepare a retry (false: it cannot be retried).
+// retryPreparer is an attempter that must prepare a retry (an error: it cannot be sent again).
 type retryPreparer interface {
-	prepareRetry() bool
+	prepareRetry() error
 }
 
 type funcAttempt func(ctx context.Context) error
@@ -237,14 +250,18 @@ func (a *valueAttempt[T]) attempt(e *Engine, ctx context.Context, timeout time.D
 	}).attempt(e, ctx, timeout)
 }
 
-// Classify maps the error of an attempt run under actx to an outcome. It only
-// says what happened; the policy decides what to do about it:
+// Classify maps the error of an attempt run under actx to an outcome, by the
+// table of docs/hosts.md (section 6). It only says what happened; the policy
+// decides what to do about it:
 //   - nil: success;
 //   - an OutcomeError: its outcome;
-//   - actx's deadline passed, or a timeout error: timeout;
-//   - a network error (dial, reset, refused, unexpected EOF): connection-error;
-//   - anything else: error-class, named by an `ErrorClass() string` method in
-//     the chain or else by the Go type of the first non-wrapper error.
+//   - actx's deadline passed (the attempt timeout): timeout;
+//   - the server's certificate failed verification: error-class "tls-certificate";
+//   - the connection could not be made (refused, reset, DNS, a connect timeout,
+//     a TLS handshake failure): connection-error;
+//   - another timeout (a read, a response header wait): timeout;
+//   - another network error (reset, broken pipe, unexpected EOF): connection-error;
+//   - anything else: error-class, named by ErrorClassOf.
 func Classify(actx context.Context, err error) Outcome {
 	if err == nil {
 		return Outcome{Kind: OutcomeSuccess}
@@ -253,43 +270,83 @@ func Classify(actx context.Context, err error) Outcome {
 	if errors.As(err, &oe) {
 		return oe.LeveeOutcome()
 	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
-		(actx != nil && errors.Is(actx.Err(), context.DeadlineExceeded)) {
+	if actx != nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+		return Outcome{Kind: OutcomeTimeout}
+	}
+	if isCertificateError(err) {
+		return Outcome{Kind: OutcomeErrorClass, Text: cHttpTlsCertificateClass}
+	}
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	var recErr tls.RecordHeaderError
+	var alert tls.AlertError
+	if (errors.As(err, &opErr) && opErr.Op == "dial") || errors.As(err, &dnsErr) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.As(err, &recErr) || errors.As(err, &alert) {
+		return Outcome{Kind: OutcomeConnectionError}
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
 		return Outcome{Kind: OutcomeTimeout}
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		return Outcome{Kind: OutcomeTimeout}
 	}
-	var opErr *net.OpError
-	var dnsErr *net.DNSError
-	if errors.As(err, &opErr) || errors.As(err, &dnsErr) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.ErrUnexpectedEOF) ||
+	if opErr != nil || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) {
 		return Outcome{Kind: OutcomeConnectionError}
 	}
 	return Outcome{Kind: OutcomeErrorClass, Text: ErrorClassOf(err)}
 }
 
-// ErrorClassOf is the class name Classify gives an error.
+func isCertificateError(err error) bool {
+	var cv *tls.CertificateVerificationError
+	var ua x509.UnknownAuthorityError
+	var he x509.HostnameError
+	var ci x509.CertificateInvalidError
+	return errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci)
+}
+
+// ErrorClassOf is the class name of an error, by the naming rule of docs/hosts.md:
+// the LeveeClass() of the first error in the chain that has one; else the
+// dynamic type of the error, skipping fmt.Errorf's wrappers, without package or
+// `*` (*fs.PathError is "PathError"; errors.New values are "errorString", so
+// give them a class). An empty name, or one not UTF-8, is "Error".
 func ErrorClassOf(err error) string {
-	type classer interface{ ErrorClass() string }
+	type classer interface{ LeveeClass() string }
 	var c classer
 	if errors.As(err, &c) {
-		return c.ErrorClass()
+		return validClass(c.LeveeClass())
 	}
 	for e := err; e != nil; {
-		t := reflect.TypeOf(e).String()
-		if t != "*fmt.wrapError" && t != "*fmt.wrapErrors" {
-			return t
+		t := reflect.TypeOf(e)
+		if s := t.String(); s != "*fmt.wrapError" && s != "*fmt.wrapErrors" {
+			return typeClass(t)
 		}
 		u, ok := e.(interface{ Unwrap() error })
 		if !ok {
-			return t
+			return typeClass(t)
 		}
 		e = u.Unwrap()
 	}
-	return reflect.TypeOf(err).String()
+	return cHttpUnnamedErrorClass
+}
+
+func typeClass(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	name := t.Name()
+	if i := strings.IndexByte(name, '['); i >= 0 {
+		name = name[:i] // generics stripped
+	}
+	return validClass(name)
+}
+
+func validClass(s string) string {
+	if s == "" || !utf8.ValidString(s) {
+		return cHttpUnnamedErrorClass
+	}
+	return s
 }
 
 var errNilPolicy = errors.New("levee: the policy is nil (get one with Engine.Policy)")
@@ -446,6 +503,11 @@ func (e *Engine) drainEmit() {
 }
 
 func (e *Engine) emit(evs []Event) {
+	if t := e.o.tel; t != nil {
+		for i := range evs {
+			e.telEvent(t, &evs[i])
+		}
+	}
 	for _, ev := range evs {
 		for _, l := range e.o.listeners {
 			l(ev)
@@ -506,9 +568,19 @@ func (e *Engine) fallback(name string, co *callOpts) Fallback {
 	return f
 }
 
-// guestFault reports guest output the host refuses (without re-instantiating).
-func (e *Engine) guestFault(err error) {
-	e.emit([]Event{{At: e.Now(), Kind: EventEngineFault, Err: fmt.Errorf("%w: %w", ErrEngineFault, err)}})
+// invalidFault reports the core's `invalid` for a call this host started (no
+// re-instantiation: the instance is sound, it does not know the call).
+func (e *Engine) invalidFault(err error) {
+	e.emit([]Event{{At: e.Now(), Kind: EventEngineFault, Fault: faultInvalid.String(), Err: fmt.Errorf("%w: %w", ErrEngineFault, err)}})
+}
+
+// contractFault re-instantiates the engine after a verdict broke the contract.
+func (e *Engine) contractFault(err error) {
+	e.mu.Lock()
+	if !e.closed {
+		_ = e.faultKindLocked(fmt.Errorf("a verdict broke the contract: %w", err), faultContract)
+	}
+	e.unlockEmit()
 }
 
 // run drives one call through the step protocol. If the function (or a
@@ -532,30 +604,62 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 		return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Ctx: err}
 	}
 	call := p.e.nextCall.Add(1)
-	finished := false
+	c := callRun{p: p, a: a, co: &co, st: st, call: call}
 	defer func() {
-		if !finished {
+		if !c.finished {
 			_ = p.e.Cancel(call, p.e.Now())
+			c.tel.end(cResults[3], c.d.attempts > 1, ReasonCancelled, errPanicked)
 		}
 	}()
-	fbVal, fbUsed, err = p.steps(ctx, a, &co, st, call)
-	finished = true
+	ctx, c.tel = p.e.startCallTel(ctx, p.name, co.key, co.http)
+	fbVal, fbUsed, err = c.steps(ctx)
+	c.finished = true
 	return fbVal, fbUsed, err
 }
 
-// steps performs the driver's actions for one call: the glue between the
-// driver (driver.go), the attempter (the caller's function, or an HTTP request)
-// and the engine's crossings.
-func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *policyState, call uint64) (fbVal any, fbUsed bool, err error) {
-	e := p.e
-	info := &st.info
-	v, start, gen, ferr := e.startCall(call, st.index, co.key, co.flags)
+var errPanicked = errors.New("levee: the call panicked")
+
+// callRun is one call in progress: the glue between the driver (driver.go), the
+// attempter (the caller's function, or an HTTP request) and the engine's crossings.
+type callRun struct {
+	p        *Policy
+	a        attempter
+	co       *callOpts
+	st       *policyState
+	call     uint64
+	d        driver
+	tel      *callTel
+	finished bool
+	lastErr  error
+	fbErr    error
+	fbVal    any
+	fbUsed   bool
+	unreg    []string
+}
+
+// fail builds the typed error of a reason.
+func (c *callRun) fail(reason Reason, retryAfter time.Duration, ctxErr error) error {
+	return &Error{Policy: c.p.name, Reason: reason, Attempts: c.d.attempts, RetryAfter: retryAfter, Last: c.lastErr,
+		FallbackErr: c.fbErr, Unregistered: c.unreg, Ctx: ctxErr}
+}
+
+func (c *callRun) cancelled(cerr error) (any, bool, error) {
+	e := c.p.e
+	_ = e.Cancel(c.call, e.Now())
+	c.tel.end(cResults[3], c.d.attempts > 1, ReasonCancelled, cerr)
+	return nil, false, c.fail(ReasonCancelled, 0, cerr)
+}
+
+// steps performs the driver's actions until the call ends.
+func (c *callRun) steps(ctx context.Context) (any, bool, error) {
+	e, a, call := c.p.e, c.a, c.call
+	info := &c.st.info
+	v, start, gen, ferr := e.startCall(call, c.st.index, c.co.key, c.co.flags)
 	if ferr != nil && errors.Is(ferr, ErrClosed) {
 		return nil, false, ferr
 	}
-	d := newDriver(info, start)
-	var lastErr, fbErr error
-	var unregistered []string
+	c.d = newDriver(info, start)
+	d := &c.d
 	now := start // the reading the verdict in hand was asked at
 	tr := e.o.trace
 	if tr != nil && ferr == nil {
@@ -574,24 +678,33 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 			// clock reading fewer; the crossing, well under a microsecond, counts
 			// toward its elapsed time).
 			t0 := now
-			o, aerr := a.attempt(e, ctx, act.d)
+			actx, span := c.tel.attemptSpan(ctx, act.n, false)
+			o, aerr := a.attempt(e, actx, act.d)
 			t1 := e.Now()
 			now = t1
+			endAttemptSpan(span, o, aerr)
 			if cerr := ctx.Err(); cerr != nil {
-				_ = e.Cancel(call, t1)
-				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: d.attempts, Last: aerr, Ctx: cerr}
+				c.lastErr = aerr
+				return c.cancelled(cerr)
 			}
-			if o.Kind == OutcomeSuccess && act.holdable(t1-t0) {
+			elapsed := t1 - t0
+			if o.Kind == OutcomeSuccess && (act.d == 0 || time.Duration(elapsed) < act.d) {
+				// held back to settle on the next start (a late success is the core's to judge)
 				if tr != nil {
 					tr(Step{Op: "hold-success", Call: call, Now: t1, Outcome: o})
 				}
-				e.holdSuccess(call, t1, t1-t0, gen)
+				e.holdSuccess(call, t1, elapsed, gen)
+				c.tel.reported(o.Kind, elapsed)
+				c.tel.end(cResults[0], act.n > 1, ReasonNone, nil)
 				return nil, false, nil
 			}
-			lastErr = aerr
+			if o.Kind == OutcomeTimeout && act.d > 0 && time.Duration(elapsed) > act.d {
+				elapsed = uint64(act.d) // the timeout fired: the attempt lasted its timeout
+			}
+			c.lastErr = aerr
 			var flags uint32
 			if o.Overloaded {
-				flags |= ReportFlagOverloaded
+				flags |= cReportOverloaded
 			}
 			var wall uint64
 			if o.Kind == OutcomeHTTPStatus && o.Text != "" {
@@ -599,21 +712,26 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 			}
 			text := strings.ToValidUTF8(o.Text, "\uFFFD") // a raw header: the core says what it means
 			v, ferr = e.step(func(ctx context.Context, in *instance) (Verdict, error) {
-				return in.report(ctx, e.rep, call, t1, t1-t0, o.Kind, o.Code, text, wall, flags)
+				return in.report(ctx, e.rep, call, t1, elapsed, o.Kind, o.Code, text, wall, flags)
 			})
+			c.tel.reported(o.Kind, elapsed)
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "report", Call: call, Now: t1, Outcome: o, Verdict: v})
 			}
 		case actSleep:
 			if act.retry {
-				if rp, ok := a.(retryPreparer); ok && !rp.prepareRetry() {
-					_ = e.Cancel(call, e.Now())
-					return nil, false, lastErr
+				c.onRetry(act.d)
+				if rp, ok := a.(retryPreparer); ok {
+					if err := rp.prepareRetry(); err != nil {
+						// the operation cannot be sent again (GetBody failed): that is this call's end
+						_ = e.Cancel(call, e.Now())
+						c.tel.end(cResults[2], d.attempts > 1, ReasonNone, err)
+						return nil, false, err
+					}
 				}
 			}
 			if cerr := e.sleep(ctx, act.d); cerr != nil {
-				_ = e.Cancel(call, e.Now())
-				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: d.attempts, Last: lastErr, Ctx: cerr}
+				return c.cancelled(cerr)
 			}
 			now = e.Now()
 			at := now
@@ -623,18 +741,24 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 			}
 		case actFallback:
 			ok := false
-			if f := e.fallback(act.name, co); f != nil {
-				val, err := f(ctx, lastErr)
+			if f := e.fallback(act.name, c.co); f != nil {
+				val, err := f(ctx, c.lastErr)
 				if fc, isFC := a.(fallbackChecker); isFC && err == nil {
 					err = fc.checkFallback(val)
 				}
 				if err == nil {
-					ok, fbVal, fbUsed = true, val, true
+					ok, c.fbVal, c.fbUsed = true, val, true
 				} else {
-					fbErr = err
+					c.fbErr = err
 				}
-			} else if !slices.Contains(unregistered, act.name) {
-				unregistered = append(unregistered, act.name)
+			} else {
+				c.fbErr = nil
+				if !slices.Contains(c.unreg, act.name) {
+					c.unreg = append(c.unreg, act.name)
+				}
+			}
+			if cerr := ctx.Err(); cerr != nil {
+				return c.cancelled(cerr)
 			}
 			now = e.Now()
 			at := now
@@ -645,23 +769,92 @@ func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *polic
 				tr(Step{Op: "report-fallback", Call: call, Now: now, Verdict: v})
 			}
 		case actDone:
-			return fbVal, fbUsed, nil
+			if c.fbUsed {
+				c.tel.end(cResults[1], d.attempts > 1, ReasonNone, nil)
+				return c.fbVal, true, nil
+			}
+			c.tel.end(cResults[0], d.attempts > 1, ReasonNone, nil)
+			return nil, false, nil
 		case actFail:
-			return nil, false, &Error{Policy: p.name, Reason: act.reason, Attempts: d.attempts,
-				RetryAfter: act.d, Last: lastErr, FallbackErr: fbErr, Unregistered: unregistered}
-		case actRecover:
-			if act.fault != nil {
-				e.guestFault(fmt.Errorf("call %d: %w", call, act.fault))
-				_ = e.Cancel(call, e.Now())
-			}
-			if fbUsed {
-				return fbVal, fbUsed, nil
-			}
-			if act.ran {
-				return nil, false, lastErr
-			}
-			_, err := a.attempt(e, ctx, act.timeout)
+			err := c.fail(act.reason, act.d, nil)
+			c.tel.end(cResults[2], d.attempts > 1, act.reason, err)
 			return nil, false, err
+		case actRecover:
+			return c.recover(ctx, act)
 		}
+	}
+}
+
+// recover ends the call on the one recovery path (docs/hosts.md, section 3).
+func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
+	e, d := c.p.e, &c.d
+	switch act.fault {
+	case faultContract:
+		e.contractFault(fmt.Errorf("call %d, %v: %w", c.call, d.op, act.breach))
+	case faultInvalid:
+		e.invalidFault(fmt.Errorf("call %d, %v: %w", c.call, d.op, act.breach))
+	}
+	switch act.ending {
+	case recoverAttemptResult:
+		// the attempt's own result: its value (nil error), or its error as the user's own
+		c.tel.end(callResultOf(c.lastErr), d.attempts > 1, ReasonNone, c.lastErr)
+		return nil, false, c.lastErr
+	case recoverFallbackResult:
+		if c.fbUsed {
+			c.tel.end(cResults[1], d.attempts > 1, ReasonNone, nil)
+			return c.fbVal, true, nil
+		}
+		err := c.fbErr
+		if err == nil {
+			err = &Error{Policy: c.p.name, Reason: ReasonFallbacksFailed, Attempts: d.attempts, Last: c.lastErr, Unregistered: c.unreg}
+		}
+		c.tel.end(cResults[2], d.attempts > 1, ReasonNone, err)
+		return nil, false, err
+	case recoverDeadline:
+		err := c.fail(ReasonDeadline, 0, nil)
+		c.tel.end(cResults[2], d.attempts > 1, ReasonDeadline, err)
+		return nil, false, err
+	default: // recoverDegraded: exactly one attempt, without the core
+		actx, span := c.tel.attemptSpan(ctx, act.n, true)
+		o, err := c.a.attempt(e, actx, act.d)
+		endAttemptSpan(span, o, err)
+		if cerr := ctx.Err(); cerr != nil {
+			c.lastErr = err
+			c.tel.end(cResults[3], d.attempts > 0, ReasonCancelled, cerr)
+			return nil, false, c.fail(ReasonCancelled, 0, cerr)
+		}
+		if o.Kind == OutcomeSuccess {
+			err = nil // a late success of a degraded attempt is still a success
+		}
+		c.tel.end(callResultOf(err), d.attempts > 0, ReasonNone, err)
+		return nil, false, err
+	}
+}
+
+func callResultOf(err error) string {
+	if err == nil {
+		return cResults[0]
+	}
+	return cResults[2]
+}
+
+// onRetry calls the policy's and the call's retry hooks.
+func (c *callRun) onRetry(delay time.Duration) {
+	e := c.p.e
+	ph := e.o.onRetry[c.p.name]
+	if ph == nil && c.co.onRetry == nil {
+		return
+	}
+	ri := RetryInfo{Policy: c.p.name, Key: c.co.key, Attempt: c.d.attempts, Delay: delay, Err: c.lastErr}
+	if rr, ok := c.a.(interface{ lastResult() any }); ok {
+		if r := rr.lastResult(); r != nil {
+			ri.Result, ri.Err = r, nil
+		}
+	}
+	if ph != nil {
+		e.callHook(ph, ri)
+	}
+	if c.co.onRetry != nil {
+		e.callHook(c.co.onRetry, ri)
 	}
 }

@@ -83,7 +83,7 @@ func mustPolicy(t testing.TB, e *Engine, name string) *Policy {
 type flaky struct{}
 
 func (flaky) Error() string      { return "flaky" }
-func (flaky) ErrorClass() string { return "flaky" }
+func (flaky) LeveeClass() string { return "flaky" }
 
 var connErr = &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 
@@ -148,7 +148,7 @@ func TestDoErrors(t *testing.T) {
 	if !errors.As(err, &ne) {
 		t.Fatalf("last error lost: %v", err)
 	}
-	// error classes named by ErrorClass()
+	// error classes named by LeveeClass()
 	n = 0
 	err = Do(context.Background(), mustPolicy(t, e, "classes"), func(context.Context) error {
 		n++

@@ -57,6 +57,10 @@ type options struct {
 	fallbacks   map[string]Fallback
 	trace       func(Step)
 	clock       Clock // nil: the machine's clock (the fast path)
+	tel         Telemetry
+	tracer      Tracer
+	noGaugeKey  bool
+	onRetry     map[string]func(RetryInfo)
 }
 
 // Option configures Load.
@@ -448,7 +452,10 @@ func (e *Engine) refreshInfosLocked(ctx context.Context) error {
 
 // faultLocked re-instantiates the engine after the guest failed, restores the
 // last snapshot of its state, and queues an EventEngineFault.
-func (e *Engine) faultLocked(cause error) error {
+func (e *Engine) faultLocked(cause error) error { return e.faultKindLocked(cause, faultTrap) }
+
+// faultKindLocked is faultLocked for a trap or a contract breach.
+func (e *Engine) faultKindLocked(cause error, kind fault) error {
 	if e.in != nil {
 		e.in.close(context.Background())
 		e.setInstanceLocked(nil)
@@ -459,7 +466,7 @@ func (e *Engine) faultLocked(cause error) error {
 	e.gen++
 	e.lastRecovery = max(e.Now(), 1)
 	e.hold = heldSuccess{}
-	ev := Event{At: e.Now(), Kind: EventEngineFault, Err: cause}
+	ev := Event{At: e.Now(), Kind: EventEngineFault, Fault: kind.String(), Err: cause}
 	if _, err := e.instantiateLocked(); err != nil {
 		ev.Err = fmt.Errorf("%w; re-instantiation failed: %w", cause, err)
 	} else if e.snap != nil {

@@ -1,0 +1,236 @@
+package levee
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Telemetry is the sink of docs/telemetry.md: the events, counters, histograms
+// and gauges of one schema that every Levee host emits, with the same names,
+// units (seconds) and attributes. Package leveeotel adapts it to OpenTelemetry
+// (metrics and, through Tracer, spans); a test can record it as it is.
+//
+// The methods are called outside the engine's lock, from the goroutines of the
+// calls, in the order each call makes them; they must be safe for concurrent use.
+type Telemetry interface {
+	// Event is an event (the core's, in the order it recorded them, or engine-fault).
+	Event(name string, attrs []slog.Attr)
+	// Add is a counter increment.
+	Add(counter string, value int64, attrs []slog.Attr)
+	// Record is a histogram sample (seconds for the durations of the schema).
+	Record(histogram string, value float64, attrs []slog.Attr)
+	// Gauge is a gauge's new value.
+	Gauge(gauge string, value int64, attrs []slog.Attr)
+}
+
+// Tracer is implemented by a Telemetry that also records spans: `levee.call`
+// per call and `levee.attempt` per attempt, a child of the call's span. The
+// context an attempt runs under is the one StartSpan returns.
+type Tracer interface {
+	StartSpan(ctx context.Context, name string, attrs []slog.Attr) (context.Context, Span)
+}
+
+// Span is a span a Tracer started.
+type Span interface {
+	SetAttributes(attrs ...slog.Attr)
+	// End ends the span; a non-nil err marks it as an error.
+	End(err error)
+}
+
+// WithTelemetry sends the schema of docs/telemetry.md to t (and spans, when t is
+// also a Tracer). Without it, nothing is built for telemetry on the call path.
+func WithTelemetry(t Telemetry) Option {
+	return func(o *options) {
+		o.tel = t
+		o.tracer, _ = t.(Tracer)
+	}
+}
+
+// WithoutBreakerKey drops `levee.key` from the `levee.breaker.state` gauge (keys
+// can number in the millions: one time series per downstream host).
+func WithoutBreakerKey() Option { return func(o *options) { o.noGaugeKey = true } }
+
+// RetryInfo is what an OnRetry hook receives, before the sleep of each retry.
+type RetryInfo struct {
+	Policy, Key string
+	// Attempt is the attempt that failed (1 for the first).
+	Attempt int
+	// Delay is the sleep about to start.
+	Delay time.Duration
+	// Err is what the failed attempt returned, when it was an error (nil for a
+	// response of the Transport: see Result).
+	Err error
+	// Result is the response the failed attempt returned (the Transport's
+	// *http.Response), nil otherwise.
+	Result any
+	// Reason is ReasonNone for a retry.
+	Reason Reason
+}
+
+// OnRetry calls f before the sleep of each retry of this call (tenacity's
+// before_sleep, failsafe-go's OnRetry). A hook that panics is logged and
+// ignored: it never changes the call.
+func OnRetry(f func(RetryInfo)) CallOption { return CallOption{kind: optOnRetry, onRetry: f} }
+
+// WithPolicyOnRetry calls f before the sleep of each retry of every call of the
+// named policy (a call's own OnRetry runs after it).
+func WithPolicyOnRetry(policy string, f func(RetryInfo)) Option {
+	return func(o *options) {
+		if o.onRetry == nil {
+			o.onRetry = map[string]func(RetryInfo){}
+		}
+		o.onRetry[policy] = f
+	}
+}
+
+func (e *Engine) callHook(f func(RetryInfo), ri RetryInfo) {
+	defer func() {
+		if r := recover(); r != nil && e.o.logger != nil {
+			e.o.logger.Warn("levee: an on_retry hook panicked (ignored)", slog.String("policy", ri.Policy),
+				slog.String("panic", fmt.Sprint(r)))
+		}
+	}()
+	f(ri)
+}
+
+func secs(ns uint64) float64 { return float64(ns) / 1e9 }
+
+// telEvent sends one engine event to the sink, with the metrics it counts.
+func (e *Engine) telEvent(t Telemetry, ev *Event) {
+	policy := e.policyName(ev.Policy)
+	name := ev.Kind.String()
+	attrs := make([]slog.Attr, 0, 6)
+	attrs = append(attrs, slog.String(cAttrPolicy, policy), slog.String(cAttrKey, ev.Key))
+	if ev.Call != 0 {
+		attrs = append(attrs, slog.Uint64(cAttrCall, ev.Call))
+	}
+	pol := []slog.Attr{slog.String(cAttrPolicy, policy)}
+	switch ev.Kind {
+	case EventRetryScheduled:
+		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)), slog.Float64(cAttrDelay, secs(ev.Duration)))
+		t.Event(name, attrs)
+		t.Add(cMetricRetries, 1, pol)
+		t.Record(cMetricRetryDelay, secs(ev.Duration), pol)
+	case EventGaveUp:
+		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)), slog.String(cAttrReason, ev.Reason.String()))
+		t.Event(name, attrs)
+	case EventRejected:
+		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)), slog.String(cAttrReason, ev.Reason.String()),
+			slog.Float64(cAttrDelay, secs(ev.Duration)))
+		t.Event(name, attrs)
+		t.Add(cMetricRejections, 1, []slog.Attr{slog.String(cAttrPolicy, policy), slog.String(cAttrReason, ev.Reason.String())})
+	case EventBudgetRefused:
+		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)), slog.Int64(cAttrBudgetLevel, ev.Value))
+		t.Event(name, attrs)
+	case EventBreakerTransition:
+		attrs = append(attrs, slog.String(cAttrBreakerFrom, ev.StateFrom.String()), slog.String(cAttrBreakerTo, ev.StateTo.String()))
+		t.Event(name, attrs)
+		t.Add(cMetricBreakerTransitions, 1, []slog.Attr{slog.String(cAttrBreakerFrom, ev.StateFrom.String()),
+			slog.String(cAttrBreakerTo, ev.StateTo.String()), slog.String(cAttrPolicy, policy)})
+		g := []slog.Attr{slog.String(cAttrPolicy, policy)}
+		if !e.o.noGaugeKey {
+			g = []slog.Attr{slog.String(cAttrKey, ev.Key), slog.String(cAttrPolicy, policy)}
+		}
+		t.Gauge(cMetricBreakerState, int64(ev.StateTo), g)
+	case EventFallbackChosen:
+		attrs = append(attrs, slog.String(cAttrFallback, ev.Name), slog.String(cAttrReason, ev.Reason.String()))
+		t.Event(name, attrs)
+		t.Add(cMetricFallbacks, 1, []slog.Attr{slog.String(cAttrFallback, ev.Name), slog.String(cAttrPolicy, policy),
+			slog.String(cAttrReason, ev.Reason.String())})
+	case EventRateLimitWait:
+		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)), slog.Float64(cAttrDelay, secs(ev.Duration)))
+		t.Event(name, attrs)
+	case EventEngineFault:
+		attrs = append(attrs, slog.String(cAttrFault, ev.Fault))
+		t.Event(name, attrs)
+		t.Add(cMetricEngineFaults, 1, []slog.Attr{slog.String(cAttrFault, ev.Fault)})
+	default: // key-evicted, call-evicted, permit-expired
+		t.Event(name, attrs)
+	}
+}
+
+// callTel is the telemetry of one call (nil when the engine has no sink).
+type callTel struct {
+	t      Telemetry
+	tr     Tracer
+	policy string
+	key    string
+	span   Span
+	pol    []slog.Attr // levee.policy alone
+	http   bool
+}
+
+func (e *Engine) startCallTel(ctx context.Context, policy, key string, http bool) (context.Context, *callTel) {
+	t := e.o.tel
+	if t == nil {
+		return ctx, nil
+	}
+	c := &callTel{t: t, tr: e.o.tracer, policy: policy, key: key, http: http, pol: []slog.Attr{slog.String(cAttrPolicy, policy)}}
+	if c.tr != nil {
+		ctx, c.span = c.tr.StartSpan(ctx, cSpanCall, []slog.Attr{slog.String(cAttrPolicy, policy), slog.String(cAttrKey, key)})
+	}
+	return ctx, c
+}
+
+// attemptSpan starts the span of attempt n (degraded: of the recovery path).
+func (c *callTel) attemptSpan(ctx context.Context, n int, degraded bool) (context.Context, Span) {
+	if c == nil || c.tr == nil {
+		return ctx, nil
+	}
+	attrs := []slog.Attr{slog.Int64(cAttrAttempt, int64(n))}
+	if c.http && n > 1 {
+		attrs = append(attrs, slog.Int64(cAttrResendCount, int64(n-1)))
+	}
+	if degraded {
+		attrs = append(attrs, slog.Bool(cAttrDegraded, true))
+	}
+	return c.tr.StartSpan(ctx, cSpanAttempt, attrs)
+}
+
+func endAttemptSpan(s Span, o Outcome, err error) {
+	if s == nil {
+		return
+	}
+	s.SetAttributes(slog.String(cAttrOutcome, o.Kind.String()))
+	if o.Kind == OutcomeSuccess {
+		err = nil
+	}
+	s.End(err)
+}
+
+// reported counts an attempt reported to the core (or held back to be).
+func (c *callTel) reported(o OutcomeKind, elapsed uint64) {
+	if c == nil {
+		return
+	}
+	attrs := []slog.Attr{slog.String(cAttrOutcome, o.String()), slog.String(cAttrPolicy, c.policy)}
+	c.t.Add(cMetricAttempts, 1, attrs)
+	c.t.Record(cMetricAttemptDuration, secs(elapsed), attrs)
+}
+
+// end counts the call's end: result is one of cResults; reason on failure.
+func (c *callTel) end(result string, retried bool, reason Reason, err error) {
+	if c == nil {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 4)
+	attrs = append(attrs, slog.String(cAttrPolicy, c.policy))
+	if result == "failure" && reason != ReasonNone {
+		attrs = append(attrs, slog.String(cAttrReason, reason.String()))
+	}
+	attrs = append(attrs, slog.String(cAttrResult, result), slog.Bool(cAttrRetried, retried))
+	c.t.Add(cMetricCalls, 1, attrs)
+	if c.span != nil {
+		sa := []slog.Attr{slog.String(cAttrResult, result)}
+		if reason != ReasonNone {
+			sa = append(sa, slog.String(cAttrReason, reason.String()))
+		}
+		c.span.SetAttributes(sa...)
+		if result == "success" || result == "fallback" {
+			err = nil
+		}
+		c.span.End(err)
+	}
+}
