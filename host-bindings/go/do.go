@@ -352,7 +352,7 @@ func validClass(s string) string {
 var errNilPolicy = errors.New("levee: the policy is nil (get one with Engine.Policy)")
 
 // startCall starts a call, settling a held-back success on the same crossing.
-func (e *Engine) startCall(call uint64, index uint32, key string, flags uint32) (v Verdict, now, gen uint64, err error) {
+func (e *Engine) startCall(cctx context.Context, call uint64, index uint32, key string, flags uint32) (v Verdict, now, gen uint64, err error) {
 	e.mu.Lock()
 	if err = e.readyLocked(true); err != nil {
 		gen = e.gen
@@ -368,10 +368,17 @@ func (e *Engine) startCall(call uint64, index uint32, key string, flags uint32) 
 	if key != "" {
 		e.keyedCalls++
 	}
-	v, err = e.in.start(ctx, e.rep, call, index, key, flags, now, h.call, h.at, h.elapsed)
+	if e.inject != nil {
+		v, err = e.injected(cctx, call, opStart, func() (Verdict, error) {
+			return e.in.start(ctx, e.rep, call, index, key, flags, now, h.call, h.at, h.elapsed)
+		})
+	} else {
+		v, err = e.in.start(ctx, e.rep, call, index, key, flags, now, h.call, h.at, h.elapsed)
+	}
 	e.leave()
 	if err != nil {
 		err = e.faultLocked(err)
+		e.tagFaultLocked(callRef{call, index, key})
 	} else {
 		if v.EventsPending() {
 			e.drainLocked()
@@ -402,22 +409,58 @@ func (e *Engine) snapshotLocked(now uint64) {
 // step is a crossing of a call Do drives: the events its verdict says are pending
 // are drained under the same lock (drainLocked), so no other goroutine's trap can
 // come between a breaker transition and its snapshot.
-func (e *Engine) step(f func(ctx context.Context, in *instance) (Verdict, error)) (v Verdict, err error) {
+func (e *Engine) step(cctx context.Context, ref callRef, op crossing, f func(ctx context.Context, in *instance) (Verdict, error)) (v Verdict, err error) {
 	e.mu.Lock()
 	defer e.unlockEmit()
 	if err := e.readyLocked(false); err != nil {
 		return 0, err
 	}
 	ctx := e.enter()
-	v, err = f(ctx, e.in)
+	if e.inject != nil {
+		in := e.in
+		v, err = e.injected(cctx, ref.call, op, func() (Verdict, error) { return f(ctx, in) })
+	} else {
+		v, err = f(ctx, e.in)
+	}
 	e.leave()
 	if err != nil {
-		return 0, e.faultLocked(err)
+		err = e.faultLocked(err)
+		e.tagFaultLocked(ref)
+		return 0, err
 	}
 	if v.EventsPending() {
 		e.drainLocked()
 	}
 	return v, nil
+}
+
+// callRef names the call a crossing belongs to, for the engine-fault it may cause.
+type callRef struct {
+	call   uint64
+	policy uint32
+	key    string
+}
+
+// tagFaultLocked makes the engine-fault just queued the call's (levee.call,
+// levee.policy, levee.key of docs/telemetry.md).
+func (e *Engine) tagFaultLocked(ref callRef) {
+	if n := len(e.queued); n > 0 && e.queued[n-1].Kind == EventEngineFault && e.queued[n-1].Call == 0 {
+		e.queued[n-1].Call, e.queued[n-1].Policy, e.queued[n-1].Key = ref.call, ref.policy, ref.key
+	}
+}
+
+// injected runs a crossing under the test seam (export_test.go): the hook may
+// make it trap, or replace its verdict (a verdict that breaks the contract).
+func (e *Engine) injected(cctx context.Context, call uint64, op crossing, f func() (Verdict, error)) (Verdict, error) {
+	trap, verdict, replace := e.inject(cctx, call, op.String())
+	if trap {
+		return 0, trapf("injected trap on %v of call %d", op, call)
+	}
+	v, err := f()
+	if err == nil && replace {
+		return Verdict(verdict) | v&cVerdictEventsBit, nil
+	}
+	return v, err
 }
 
 // holdSuccess holds back the report of a success, to be settled by the next
@@ -570,18 +613,22 @@ func (e *Engine) fallback(name string, co *callOpts) Fallback {
 
 // invalidFault reports the core's `invalid` for a call this host started (no
 // re-instantiation: the instance is sound, it does not know the call).
-func (e *Engine) invalidFault(err error) {
-	e.emit([]Event{{At: e.Now(), Kind: EventEngineFault, Fault: faultInvalid.String(), Err: fmt.Errorf("%w: %w", ErrEngineFault, err)}})
+func (e *Engine) invalidFault(ref callRef, err error) {
+	e.emit([]Event{{At: e.Now(), Kind: EventEngineFault, Fault: faultInvalid.String(), Call: ref.call, Policy: ref.policy,
+		Key: ref.key, Err: fmt.Errorf("%w: %w", ErrEngineFault, err)}})
 }
 
 // contractFault re-instantiates the engine after a verdict broke the contract.
-func (e *Engine) contractFault(err error) {
+func (e *Engine) contractFault(ref callRef, err error) {
 	e.mu.Lock()
 	if !e.closed {
 		_ = e.faultKindLocked(fmt.Errorf("a verdict broke the contract: %w", err), faultContract)
+		e.tagFaultLocked(ref)
 	}
 	e.unlockEmit()
 }
+
+func (c *callRun) ref() callRef { return callRef{c.call, c.st.index, c.co.key} }
 
 // run drives one call through the step protocol. If the function (or a
 // fallback) panics, the call is cancelled in the core and the panic goes on.
@@ -654,7 +701,7 @@ func (c *callRun) cancelled(cerr error) (any, bool, error) {
 func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 	e, a, call := c.p.e, c.a, c.call
 	info := &c.st.info
-	v, start, gen, ferr := e.startCall(call, c.st.index, c.co.key, c.co.flags)
+	v, start, gen, ferr := e.startCall(ctx, call, c.st.index, c.co.key, c.co.flags)
 	if ferr != nil && errors.Is(ferr, ErrClosed) {
 		return nil, false, ferr
 	}
@@ -711,7 +758,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 				wall = e.wallSecs()
 			}
 			text := strings.ToValidUTF8(o.Text, "\uFFFD") // a raw header: the core says what it means
-			v, ferr = e.step(func(ctx context.Context, in *instance) (Verdict, error) {
+			v, ferr = e.step(ctx, c.ref(), opReport, func(ctx context.Context, in *instance) (Verdict, error) {
 				return in.report(ctx, e.rep, call, t1, elapsed, o.Kind, o.Code, text, wall, flags)
 			})
 			c.tel.reported(o.Kind, elapsed)
@@ -735,7 +782,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 			}
 			now = e.Now()
 			at := now
-			v, ferr = e.step(func(ctx context.Context, in *instance) (Verdict, error) { return in.acquire(ctx, e.rep, call, at) })
+			v, ferr = e.step(ctx, c.ref(), opAcquire, func(ctx context.Context, in *instance) (Verdict, error) { return in.acquire(ctx, e.rep, call, at) })
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "acquire", Call: call, Now: now, Verdict: v})
 			}
@@ -762,7 +809,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 			}
 			now = e.Now()
 			at := now
-			v, ferr = e.step(func(ctx context.Context, in *instance) (Verdict, error) {
+			v, ferr = e.step(ctx, c.ref(), opReportFallback, func(ctx context.Context, in *instance) (Verdict, error) {
 				return in.reportFallback(ctx, e.rep, call, at, ok)
 			})
 			if tr != nil && ferr == nil {
@@ -790,9 +837,9 @@ func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
 	e, d := c.p.e, &c.d
 	switch act.fault {
 	case faultContract:
-		e.contractFault(fmt.Errorf("call %d, %v: %w", c.call, d.op, act.breach))
+		e.contractFault(c.ref(), fmt.Errorf("call %d, %v: %w", c.call, d.op, act.breach))
 	case faultInvalid:
-		e.invalidFault(fmt.Errorf("call %d, %v: %w", c.call, d.op, act.breach))
+		e.invalidFault(c.ref(), fmt.Errorf("call %d, %v: %w", c.call, d.op, act.breach))
 	}
 	switch act.ending {
 	case recoverAttemptResult:
@@ -815,7 +862,7 @@ func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
 		c.tel.end(cResults[2], d.attempts > 1, ReasonDeadline, err)
 		return nil, false, err
 	default: // recoverDegraded: exactly one attempt, without the core
-		actx, span := c.tel.attemptSpan(ctx, act.n, true)
+		actx, span := c.tel.attemptSpan(context.WithValue(ctx, degradedKey{}, true), act.n, true)
 		o, err := c.a.attempt(e, actx, act.d)
 		endAttemptSpan(span, o, err)
 		if cerr := ctx.Err(); cerr != nil {
@@ -830,6 +877,13 @@ func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
 		return nil, false, err
 	}
 }
+
+type degradedKey struct{}
+
+// Degraded says whether the attempt running under ctx is the degraded attempt
+// of the recovery path (docs/hosts.md, section 3): the engine failed, and this
+// one attempt runs without the policy.
+func Degraded(ctx context.Context) bool { d, _ := ctx.Value(degradedKey{}).(bool); return d }
 
 func callResultOf(err error) string {
 	if err == nil {

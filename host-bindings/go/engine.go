@@ -182,6 +182,9 @@ type Engine struct {
 	// the start (engine ns) of the last guest call, to keep starts distinct
 	lastStart int64
 
+	// inject is the test seam of conformance/hosts (export_test.go): nil in use
+	inject func(ctx context.Context, call uint64, op string) (trap bool, verdict uint64, replace bool)
+
 	nextCall atomic.Uint64
 	fbMu     sync.RWMutex
 	fbs      map[string]Fallback
