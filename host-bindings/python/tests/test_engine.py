@@ -351,25 +351,31 @@ def test_events_go_to_logging(engine: levee.Engine, caplog: pytest.LogCaptureFix
     assert ev.kind is EventKind.RETRY_SCHEDULED and ev.attempt == 1
 
 
-def test_events_go_to_opentelemetry(engine: levee.Engine) -> None:
-    from opentelemetry import metrics
+def test_telemetry_goes_to_opentelemetry() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+    from levee.telemetry import OpenTelemetrySink
+
     reader = InMemoryMetricReader()
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    engine = levee.Engine(DOC, seed=7, telemetry=OpenTelemetrySink(MeterProvider(metric_readers=[reader])))
     engine.policy("fast").call(Flaky(ConnectionError()))
     data = reader.get_metrics_data()
     assert data is not None
-    points: list[Any] = [
-        p
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == "levee.events"
-        for p in m.data.data_points
+    points: dict[str, list[Any]] = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                points.setdefault(m.name, []).extend(m.data.data_points)
+    assert [p.value for p in points["levee.retries"]] == [1]
+    calls = points["levee.calls"]
+    assert [(dict(p.attributes or {}), p.value) for p in calls] == [
+        ({"levee.policy": "fast", "levee.result": "success", "levee.retried": True}, 1)
     ]
-    assert any(dict(p.attributes or {}).get("levee.event") == "retry-scheduled" and p.value >= 1 for p in points)
+    outcomes = sorted(str(dict(p.attributes or {})["levee.outcome"]) for p in points["levee.attempts"])
+    assert outcomes == ["connection-error", "success"]
+    (delay,) = points["levee.retry.delay"]
+    assert delay.count == 1 and delay.sum == pytest.approx(0.001)
 
 
 def test_seeded_jitter_is_deterministic() -> None:
