@@ -351,23 +351,28 @@ func validClass(s string) string {
 
 var errNilPolicy = errors.New("levee: the policy is nil (get one with Engine.Policy)")
 
-// startCall starts a call, settling a held-back success on the same crossing.
-func (e *Engine) startCall(cctx context.Context, call uint64, index uint32, key string, flags uint32) (v Verdict, now, gen uint64, err error) {
+// startCall starts a call, settling a held-back success on the same crossing,
+// and starts its driver d at the reading the call starts at; act is the
+// driver's action for the verdict (decided under the lock: see decideLocked).
+func (e *Engine) startCall(cctx context.Context, ref callRef, flags uint32, d *driver, info *PolicyInfo) (act action, v Verdict, gen uint64, err error) {
 	e.mu.Lock()
 	if err = e.readyLocked(true); err != nil {
 		gen = e.gen
-		e.unlockEmit()
-		return 0, e.Now(), gen, err
+		*d = newDriver(info, e.Now())
+		e.unlockEmitCtx(cctx)
+		return act, 0, gen, err
 	}
 	e.takePendingLocked()
 	gen = e.gen
 	h := e.hold
 	e.hold = heldSuccess{}
-	now = e.Now()
+	now := e.Now()
+	*d = newDriver(info, now)
 	ctx := e.enterAt(now) // one clock reading serves the call's start and the bound
-	if key != "" {
+	if ref.key != "" {
 		e.keyedCalls++
 	}
+	call, index, key := ref.call, ref.policy, ref.key
 	if e.inject != nil {
 		v, err = e.injected(cctx, call, opStart, func() (Verdict, error) {
 			return e.in.start(ctx, e.rep, call, index, key, flags, now, h.call, h.at, h.elapsed)
@@ -378,17 +383,49 @@ func (e *Engine) startCall(cctx context.Context, call uint64, index uint32, key 
 	e.leave()
 	if err != nil {
 		err = e.faultLocked(err)
-		e.tagFaultLocked(callRef{call, index, key})
+		e.tagFaultLocked(ref)
 	} else {
-		if v.EventsPending() {
-			e.drainLocked()
-		}
+		act = e.decideLocked(d, v, now, ref)
 		if e.o.snapEvery > 0 && e.in != nil && now-e.snapAt >= uint64(e.o.snapEvery) {
 			e.snapshotLocked(now)
 		}
 	}
-	e.unlockEmit()
-	return v, now, gen, err
+	e.unlockEmitCtx(cctx)
+	return act, v, gen, err
+}
+
+// decideLocked asks the driver what verdict v (asked at now) means, under the
+// lock of the crossing that gave it: a verdict the host refuses (docs/hosts.md,
+// section 3) loses the events of its crossing, and a contract breach
+// re-instantiates the engine before any other goroutine crosses; otherwise the
+// events the verdict says are pending are drained under the same lock, so no
+// other goroutine's trap can come between a breaker transition and its snapshot.
+func (e *Engine) decideLocked(d *driver, v Verdict, now uint64, ref callRef) action {
+	act := d.next(v, now)
+	if act.kind == actRecover {
+		switch act.fault {
+		case faultContract:
+			_ = e.faultKindLocked(fmt.Errorf("call %d, %v: a verdict broke the contract: %w", ref.call, d.op, act.breach), faultContract)
+			e.tagFaultLocked(ref)
+		case faultInvalid:
+			if v.EventsPending() && e.in != nil {
+				gctx := e.enter()
+				_, err := e.in.drainEvents(gctx, e.rep) // the refused crossing's events are lost
+				e.leave()
+				if err != nil {
+					_ = e.faultLocked(err)
+				}
+			}
+			e.queued = append(e.queued, Event{At: e.Now(), Kind: EventEngineFault, Fault: faultInvalid.String(),
+				Call: ref.call, Policy: ref.policy, Key: ref.key,
+				Err: fmt.Errorf("%w: call %d, %v: %w", ErrEngineFault, ref.call, d.op, act.breach)})
+		}
+		return act
+	}
+	if v.EventsPending() {
+		e.drainLocked()
+	}
+	return act
 }
 
 func (e *Engine) snapshotLocked(now uint64) {
@@ -406,14 +443,14 @@ func (e *Engine) snapshotLocked(now uint64) {
 	e.stateBytes, e.keyedCalls = len(b), 0
 }
 
-// step is a crossing of a call Do drives: the events its verdict says are pending
-// are drained under the same lock (drainLocked), so no other goroutine's trap can
-// come between a breaker transition and its snapshot.
-func (e *Engine) step(cctx context.Context, ref callRef, op crossing, f func(ctx context.Context, in *instance) (Verdict, error)) (v Verdict, err error) {
+// step is a crossing of a call Do drives, asked at now; act is the driver's
+// action for its verdict (decideLocked).
+func (e *Engine) step(cctx context.Context, ref callRef, op crossing, d *driver, now uint64,
+	f func(ctx context.Context, in *instance) (Verdict, error)) (act action, v Verdict, err error) {
 	e.mu.Lock()
-	defer e.unlockEmit()
+	defer e.unlockEmitCtx(cctx)
 	if err := e.readyLocked(false); err != nil {
-		return 0, err
+		return act, 0, err
 	}
 	ctx := e.enter()
 	if e.inject != nil {
@@ -426,12 +463,9 @@ func (e *Engine) step(cctx context.Context, ref callRef, op crossing, f func(ctx
 	if err != nil {
 		err = e.faultLocked(err)
 		e.tagFaultLocked(ref)
-		return 0, err
+		return act, 0, err
 	}
-	if v.EventsPending() {
-		e.drainLocked()
-	}
-	return v, nil
+	return e.decideLocked(d, v, now, ref), v, nil
 }
 
 // callRef names the call a crossing belongs to, for the engine-fault it may cause.
@@ -528,27 +562,24 @@ func (e *Engine) sendHeldLocked() error {
 
 // Flush sends a held-back success report now (Do holds one back to settle it on
 // the next call) and delivers the events it caused.
-func (e *Engine) Flush() error {
-	if err := e.op(false, func(context.Context, *instance) error { return nil }); err != nil {
-		return err
-	}
-	e.drainEmit()
-	return nil
-}
+func (e *Engine) Flush() error { return e.FlushContext(context.Background()) }
 
-// drainEmit drains the engine's events and delivers them to listeners and the logger.
-func (e *Engine) drainEmit() {
+// FlushContext is Flush delivering the events with ctx (to the telemetry sink
+// and the logger): the context of the call whose success was held back, say.
+func (e *Engine) FlushContext(ctx context.Context) error {
 	e.mu.Lock()
-	if e.readyLocked(false) == nil {
+	err := e.readyLocked(false)
+	if err == nil {
 		e.drainLocked()
 	}
-	e.unlockEmit()
+	e.unlockEmitCtx(ctx)
+	return err
 }
 
-func (e *Engine) emit(evs []Event) {
+func (e *Engine) emit(ctx context.Context, evs []Event) {
 	if t := e.o.tel; t != nil {
 		for i := range evs {
-			e.telEvent(t, &evs[i])
+			e.telEvent(ctx, t, &evs[i])
 		}
 	}
 	for _, ev := range evs {
@@ -587,7 +618,7 @@ func (e *Engine) emit(evs []Event) {
 			if ev.Err != nil {
 				attrs = append(attrs, slog.String("error", ev.Err.Error()))
 			}
-			lg.LogAttrs(context.Background(), level, "levee "+ev.Kind.String(), attrs...)
+			lg.LogAttrs(ctx, level, "levee "+ev.Kind.String(), attrs...)
 		}
 	}
 }
@@ -609,23 +640,6 @@ func (e *Engine) fallback(name string, co *callOpts) Fallback {
 	f := e.fbs[name]
 	e.fbMu.RUnlock()
 	return f
-}
-
-// invalidFault reports the core's `invalid` for a call this host started (no
-// re-instantiation: the instance is sound, it does not know the call).
-func (e *Engine) invalidFault(ref callRef, err error) {
-	e.emit([]Event{{At: e.Now(), Kind: EventEngineFault, Fault: faultInvalid.String(), Call: ref.call, Policy: ref.policy,
-		Key: ref.key, Err: fmt.Errorf("%w: %w", ErrEngineFault, err)}})
-}
-
-// contractFault re-instantiates the engine after a verdict broke the contract.
-func (e *Engine) contractFault(ref callRef, err error) {
-	e.mu.Lock()
-	if !e.closed {
-		_ = e.faultKindLocked(fmt.Errorf("a verdict broke the contract: %w", err), faultContract)
-		e.tagFaultLocked(ref)
-	}
-	e.unlockEmit()
 }
 
 func (c *callRun) ref() callRef { return callRef{c.call, c.st.index, c.co.key} }
@@ -701,23 +715,21 @@ func (c *callRun) cancelled(cerr error) (any, bool, error) {
 func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 	e, a, call := c.p.e, c.a, c.call
 	info := &c.st.info
-	v, start, gen, ferr := e.startCall(ctx, call, c.st.index, c.co.key, c.co.flags)
+	d := &c.d
+	act, v, gen, ferr := e.startCall(ctx, c.ref(), c.co.flags, d, info)
 	if ferr != nil && errors.Is(ferr, ErrClosed) {
 		return nil, false, ferr
 	}
-	c.d = newDriver(info, start)
-	d := &c.d
+	start := d.start
 	now := start // the reading the verdict in hand was asked at
 	tr := e.o.trace
 	if tr != nil && ferr == nil {
 		tr(Step{Op: "start", Call: call, Now: start, Verdict: v})
 	}
 	for {
-		var act action
 		if ferr != nil {
 			act = d.crossingFailed(e.Now())
-		} else {
-			act = d.next(v, now)
+			ferr = nil
 		}
 		switch act.kind {
 		case actAttempt:
@@ -758,7 +770,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 				wall = e.wallSecs()
 			}
 			text := strings.ToValidUTF8(o.Text, "\uFFFD") // a raw header: the core says what it means
-			v, ferr = e.step(ctx, c.ref(), opReport, func(ctx context.Context, in *instance) (Verdict, error) {
+			act, v, ferr = e.step(ctx, c.ref(), opReport, d, t1, func(ctx context.Context, in *instance) (Verdict, error) {
 				return in.report(ctx, e.rep, call, t1, elapsed, o.Kind, o.Code, text, wall, flags)
 			})
 			c.tel.reported(o.Kind, elapsed)
@@ -782,7 +794,9 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 			}
 			now = e.Now()
 			at := now
-			v, ferr = e.step(ctx, c.ref(), opAcquire, func(ctx context.Context, in *instance) (Verdict, error) { return in.acquire(ctx, e.rep, call, at) })
+			act, v, ferr = e.step(ctx, c.ref(), opAcquire, d, at, func(ctx context.Context, in *instance) (Verdict, error) {
+				return in.acquire(ctx, e.rep, call, at)
+			})
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "acquire", Call: call, Now: now, Verdict: v})
 			}
@@ -809,7 +823,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 			}
 			now = e.Now()
 			at := now
-			v, ferr = e.step(ctx, c.ref(), opReportFallback, func(ctx context.Context, in *instance) (Verdict, error) {
+			act, v, ferr = e.step(ctx, c.ref(), opReportFallback, d, at, func(ctx context.Context, in *instance) (Verdict, error) {
 				return in.reportFallback(ctx, e.rep, call, at, ok)
 			})
 			if tr != nil && ferr == nil {
@@ -834,13 +848,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 
 // recover ends the call on the one recovery path (docs/hosts.md, section 3).
 func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
-	e, d := c.p.e, &c.d
-	switch act.fault {
-	case faultContract:
-		e.contractFault(c.ref(), fmt.Errorf("call %d, %v: %w", c.call, d.op, act.breach))
-	case faultInvalid:
-		e.invalidFault(c.ref(), fmt.Errorf("call %d, %v: %w", c.call, d.op, act.breach))
-	}
+	e, d := c.p.e, &c.d // the fault is reported (and a contract breach recovered) by decideLocked
 	switch act.ending {
 	case recoverAttemptResult:
 		// the attempt's own result: its value (nil error), or its error as the user's own

@@ -89,6 +89,7 @@ type action struct {
 // driver holds what the protocol must remember of one call.
 type driver struct {
 	info     *PolicyInfo
+	start    uint64 // engine ns the call started at
 	deadline uint64 // engine ns, 0 = none
 	attempts int
 	op       crossing // the crossing whose verdict (or failure) comes next
@@ -96,7 +97,7 @@ type driver struct {
 
 // newDriver starts the driver of a call started at start (engine ns).
 func newDriver(info *PolicyInfo, start uint64) driver {
-	d := driver{info: info, op: opStart}
+	d := driver{info: info, op: opStart, start: start}
 	if info.Deadline > 0 {
 		d.deadline = start + info.Deadline
 	}

@@ -545,12 +545,16 @@ func (e *Engine) drainLocked() {
 }
 
 // unlockEmit releases the lock and delivers the events queued under it.
-func (e *Engine) unlockEmit() {
+func (e *Engine) unlockEmit() { e.unlockEmitCtx(context.Background()) }
+
+// unlockEmitCtx is unlockEmit on the goroutine of a call whose context is ctx
+// (the telemetry sink and the logger receive it).
+func (e *Engine) unlockEmitCtx(ctx context.Context) {
 	queued := e.queued
 	e.queued = nil
 	e.mu.Unlock()
 	if queued != nil {
-		e.emit(queued)
+		e.emit(ctx, queued)
 	}
 }
 
@@ -620,7 +624,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	e.closeLocked(ctx)
 	e.unlockEmit()
 	if len(evs) > 0 {
-		e.emit(evs)
+		e.emit(ctx, evs)
 	}
 	return nil
 }

@@ -14,15 +14,19 @@ import (
 //
 // The methods are called outside the engine's lock, from the goroutines of the
 // calls, in the order each call makes them; they must be safe for concurrent use.
+//
+// ctx is the context of the call whose crossing or attempt produced the entry
+// (its span's, under a Tracer), or context.Background() for what no call made
+// (an event drained by Flush, Close or another Engine method).
 type Telemetry interface {
 	// Event is an event (the core's, in the order it recorded them, or engine-fault).
-	Event(name string, attrs []slog.Attr)
+	Event(ctx context.Context, name string, attrs []slog.Attr)
 	// Add is a counter increment.
-	Add(counter string, value int64, attrs []slog.Attr)
+	Add(ctx context.Context, counter string, value int64, attrs []slog.Attr)
 	// Record is a histogram sample (seconds for the durations of the schema).
-	Record(histogram string, value float64, attrs []slog.Attr)
+	Record(ctx context.Context, histogram string, value float64, attrs []slog.Attr)
 	// Gauge is a gauge's new value.
-	Gauge(gauge string, value int64, attrs []slog.Attr)
+	Gauge(ctx context.Context, gauge string, value int64, attrs []slog.Attr)
 }
 
 // Tracer is implemented by a Telemetry that also records spans: `levee.call`
@@ -99,7 +103,7 @@ func (e *Engine) callHook(f func(RetryInfo), ri RetryInfo) {
 func secs(ns uint64) float64 { return float64(ns) / 1e9 }
 
 // telEvent sends one engine event to the sink, with the metrics it counts.
-func (e *Engine) telEvent(t Telemetry, ev *Event) {
+func (e *Engine) telEvent(ctx context.Context, t Telemetry, ev *Event) {
 	policy := e.policyName(ev.Policy)
 	name := ev.Kind.String()
 	attrs := make([]slog.Attr, 0, 6)
@@ -111,49 +115,50 @@ func (e *Engine) telEvent(t Telemetry, ev *Event) {
 	switch ev.Kind {
 	case EventRetryScheduled:
 		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)), slog.Float64(cAttrDelay, secs(ev.Duration)))
-		t.Event(name, attrs)
-		t.Add(cMetricRetries, 1, pol)
-		t.Record(cMetricRetryDelay, secs(ev.Duration), pol)
+		t.Event(ctx, name, attrs)
+		t.Add(ctx, cMetricRetries, 1, pol)
+		t.Record(ctx, cMetricRetryDelay, secs(ev.Duration), pol)
 	case EventGaveUp:
 		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)), slog.String(cAttrReason, ev.Reason.String()))
-		t.Event(name, attrs)
+		t.Event(ctx, name, attrs)
 	case EventRejected:
 		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)), slog.String(cAttrReason, ev.Reason.String()),
 			slog.Float64(cAttrDelay, secs(ev.Duration)))
-		t.Event(name, attrs)
-		t.Add(cMetricRejections, 1, []slog.Attr{slog.String(cAttrPolicy, policy), slog.String(cAttrReason, ev.Reason.String())})
+		t.Event(ctx, name, attrs)
+		t.Add(ctx, cMetricRejections, 1, []slog.Attr{slog.String(cAttrPolicy, policy), slog.String(cAttrReason, ev.Reason.String())})
 	case EventBudgetRefused:
 		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)), slog.Int64(cAttrBudgetLevel, ev.Value))
-		t.Event(name, attrs)
+		t.Event(ctx, name, attrs)
 	case EventBreakerTransition:
 		attrs = append(attrs, slog.String(cAttrBreakerFrom, ev.StateFrom.String()), slog.String(cAttrBreakerTo, ev.StateTo.String()))
-		t.Event(name, attrs)
-		t.Add(cMetricBreakerTransitions, 1, []slog.Attr{slog.String(cAttrBreakerFrom, ev.StateFrom.String()),
+		t.Event(ctx, name, attrs)
+		t.Add(ctx, cMetricBreakerTransitions, 1, []slog.Attr{slog.String(cAttrBreakerFrom, ev.StateFrom.String()),
 			slog.String(cAttrBreakerTo, ev.StateTo.String()), slog.String(cAttrPolicy, policy)})
 		g := []slog.Attr{slog.String(cAttrPolicy, policy)}
 		if !e.o.noGaugeKey {
 			g = []slog.Attr{slog.String(cAttrKey, ev.Key), slog.String(cAttrPolicy, policy)}
 		}
-		t.Gauge(cMetricBreakerState, int64(ev.StateTo), g)
+		t.Gauge(ctx, cMetricBreakerState, int64(ev.StateTo), g)
 	case EventFallbackChosen:
 		attrs = append(attrs, slog.String(cAttrFallback, ev.Name), slog.String(cAttrReason, ev.Reason.String()))
-		t.Event(name, attrs)
-		t.Add(cMetricFallbacks, 1, []slog.Attr{slog.String(cAttrFallback, ev.Name), slog.String(cAttrPolicy, policy),
+		t.Event(ctx, name, attrs)
+		t.Add(ctx, cMetricFallbacks, 1, []slog.Attr{slog.String(cAttrFallback, ev.Name), slog.String(cAttrPolicy, policy),
 			slog.String(cAttrReason, ev.Reason.String())})
 	case EventRateLimitWait:
 		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)), slog.Float64(cAttrDelay, secs(ev.Duration)))
-		t.Event(name, attrs)
+		t.Event(ctx, name, attrs)
 	case EventEngineFault:
 		attrs = append(attrs, slog.String(cAttrFault, ev.Fault))
-		t.Event(name, attrs)
-		t.Add(cMetricEngineFaults, 1, []slog.Attr{slog.String(cAttrFault, ev.Fault)})
+		t.Event(ctx, name, attrs)
+		t.Add(ctx, cMetricEngineFaults, 1, []slog.Attr{slog.String(cAttrFault, ev.Fault)})
 	default: // key-evicted, call-evicted, permit-expired
-		t.Event(name, attrs)
+		t.Event(ctx, name, attrs)
 	}
 }
 
 // callTel is the telemetry of one call (nil when the engine has no sink).
 type callTel struct {
+	ctx    context.Context // the call's (with its span)
 	t      Telemetry
 	tr     Tracer
 	policy string
@@ -168,10 +173,11 @@ func (e *Engine) startCallTel(ctx context.Context, call uint64, policy, key stri
 	if t == nil {
 		return ctx, nil
 	}
-	c := &callTel{t: t, tr: e.o.tracer, policy: policy, key: key, http: http, pol: []slog.Attr{slog.String(cAttrPolicy, policy)}}
+	c := &callTel{ctx: ctx, t: t, tr: e.o.tracer, policy: policy, key: key, http: http, pol: []slog.Attr{slog.String(cAttrPolicy, policy)}}
 	if c.tr != nil {
 		ctx, c.span = c.tr.StartSpan(ctx, cSpanCall, []slog.Attr{slog.String(cAttrPolicy, policy), slog.String(cAttrKey, key),
 			slog.Uint64(cAttrCall, call)})
+		c.ctx = ctx
 	}
 	return ctx, c
 }
@@ -208,8 +214,8 @@ func (c *callTel) reported(o OutcomeKind, elapsed uint64) {
 		return
 	}
 	attrs := []slog.Attr{slog.String(cAttrOutcome, o.String()), slog.String(cAttrPolicy, c.policy)}
-	c.t.Add(cMetricAttempts, 1, attrs)
-	c.t.Record(cMetricAttemptDuration, secs(elapsed), attrs)
+	c.t.Add(c.ctx, cMetricAttempts, 1, attrs)
+	c.t.Record(c.ctx, cMetricAttemptDuration, secs(elapsed), attrs)
 }
 
 // end counts the call's end: result is one of cResults; reason on failure.
@@ -223,7 +229,7 @@ func (c *callTel) end(result string, retried bool, reason Reason, err error) {
 		attrs = append(attrs, slog.String(cAttrReason, reason.String()))
 	}
 	attrs = append(attrs, slog.String(cAttrResult, result), slog.Bool(cAttrRetried, retried))
-	c.t.Add(cMetricCalls, 1, attrs)
+	c.t.Add(c.ctx, cMetricCalls, 1, attrs)
 	if c.span != nil {
 		sa := []slog.Attr{slog.String(cAttrResult, result)}
 		if reason != ReasonNone {

@@ -46,8 +46,6 @@ type Telemetry struct {
 	meter  metric.Meter
 	tracer trace.Tracer
 
-	calls sync.Map // call id -> trace.Span of the call's levee.call span, while it runs
-
 	mu       sync.RWMutex
 	counters map[string]metric.Int64Counter
 	hists    map[string]metric.Float64Histogram
@@ -136,40 +134,34 @@ func instrument[T any](t *Telemetry, m map[string]T, name string) (T, bool) {
 	return i, ok
 }
 
-// Event adds the event to the span of its call (levee.call) while that span
-// runs; an event of no call, or of a call whose span has ended (a success held
-// back and settled by a later call), has no span to go to and is dropped:
-// subscribe a levee.Listener or a log/slog logger (levee.WithLogger) to keep
-// every event.
-func (t *Telemetry) Event(name string, attrs []slog.Attr) {
-	for _, a := range attrs {
-		if a.Key == "levee.call" {
-			if s, ok := t.calls.Load(a.Value.Uint64()); ok {
-				s.(trace.Span).AddEvent(name, trace.WithAttributes(KeyValues(attrs)...))
-			}
-			return
-		}
+// Event adds the event to the span of ctx (the call's levee.call span when the
+// call's crossing drained it) if that span records; an event no call's context
+// carries (drained by Flush or Close) has no span to go to: subscribe a
+// levee.Listener or a log/slog logger (levee.WithLogger) to keep every event.
+func (t *Telemetry) Event(ctx context.Context, name string, attrs []slog.Attr) {
+	if s := trace.SpanFromContext(ctx); s.IsRecording() {
+		s.AddEvent(name, trace.WithAttributes(KeyValues(attrs)...))
 	}
 }
 
 // Add increments a counter.
-func (t *Telemetry) Add(counter string, value int64, attrs []slog.Attr) {
+func (t *Telemetry) Add(ctx context.Context, counter string, value int64, attrs []slog.Attr) {
 	if i, ok := instrument(t, t.counters, counter); ok {
-		i.Add(context.Background(), value, metric.WithAttributes(KeyValues(attrs)...))
+		i.Add(ctx, value, metric.WithAttributes(KeyValues(attrs)...))
 	}
 }
 
 // Record records a histogram sample.
-func (t *Telemetry) Record(histogram string, value float64, attrs []slog.Attr) {
+func (t *Telemetry) Record(ctx context.Context, histogram string, value float64, attrs []slog.Attr) {
 	if i, ok := instrument(t, t.hists, histogram); ok {
-		i.Record(context.Background(), value, metric.WithAttributes(KeyValues(attrs)...))
+		i.Record(ctx, value, metric.WithAttributes(KeyValues(attrs)...))
 	}
 }
 
 // Gauge records a gauge's new value.
-func (t *Telemetry) Gauge(gauge string, value int64, attrs []slog.Attr) {
+func (t *Telemetry) Gauge(ctx context.Context, gauge string, value int64, attrs []slog.Attr) {
 	if i, ok := instrument(t, t.gauges, gauge); ok {
-		i.Record(context.Background(), value, metric.WithAttributes(KeyValues(attrs)...))
+		i.Record(ctx, value, metric.WithAttributes(KeyValues(attrs)...))
 	}
 }
 
@@ -180,23 +172,10 @@ func (t *Telemetry) StartSpan(ctx context.Context, name string, attrs []slog.Att
 		kind = trace.SpanKindClient
 	}
 	ctx, s := t.tracer.Start(ctx, name, trace.WithAttributes(KeyValues(attrs)...), trace.WithSpanKind(kind))
-	sp := span{s: s}
-	if name == "levee.call" && s.IsRecording() {
-		for _, a := range attrs {
-			if a.Key == "levee.call" {
-				sp.t, sp.call = t, a.Value.Uint64()
-				t.calls.Store(sp.call, s)
-			}
-		}
-	}
-	return ctx, sp
+	return ctx, span{s}
 }
 
-type span struct {
-	s    trace.Span
-	t    *Telemetry // set on a call's span, to forget it at End
-	call uint64
-}
+type span struct{ s trace.Span }
 
 func (s span) SetAttributes(attrs ...slog.Attr) { s.s.SetAttributes(KeyValues(attrs)...) }
 
@@ -204,9 +183,6 @@ func (s span) End(err error) {
 	if err != nil {
 		s.s.RecordError(err)
 		s.s.SetStatus(codes.Error, err.Error())
-	}
-	if s.t != nil {
-		s.t.calls.Delete(s.call)
 	}
 	s.s.End()
 }

@@ -1,6 +1,7 @@
 package leveetest
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -11,9 +12,15 @@ import (
 )
 
 // Recorder is a levee.Telemetry that keeps everything it receives, for tests
-// (levee.WithTelemetry(rec)). It is safe for use by many goroutines.
+// (levee.WithTelemetry(rec)). With a Label function, every entry also keeps
+// what it returns for the context of the entry (say, which call of the test
+// made it). It is safe for use by many goroutines.
 type Recorder struct {
+	// Label, when set, labels every entry from its context (RecordedEvent.Label, ...For).
+	Label func(ctx context.Context) any
+
 	mu      sync.Mutex
+	entries []Entry
 	events  []RecordedEvent
 	counts  map[string]int64
 	samples map[string]Samples
@@ -24,6 +31,16 @@ type Recorder struct {
 type RecordedEvent struct {
 	Name  string
 	Attrs map[string]any // string, int64, uint64, float64 or bool
+	Label any
+}
+
+// Entry is anything the sink received, in order: Kind is event, add, record or gauge.
+type Entry struct {
+	Kind  string
+	Name  string
+	Value float64
+	Attrs []slog.Attr
+	Label any
 }
 
 // Samples is what a histogram received under one set of attributes.
@@ -56,36 +73,58 @@ func attrMap(attrs []slog.Attr) map[string]any {
 	return m
 }
 
+func (r *Recorder) label(ctx context.Context) any {
+	if r.Label == nil {
+		return nil
+	}
+	return r.Label(ctx)
+}
+
 // Event records an event.
-func (r *Recorder) Event(name string, attrs []slog.Attr) {
+func (r *Recorder) Event(ctx context.Context, name string, attrs []slog.Attr) {
+	l := r.label(ctx)
 	r.mu.Lock()
-	r.events = append(r.events, RecordedEvent{Name: name, Attrs: attrMap(attrs)})
+	r.events = append(r.events, RecordedEvent{Name: name, Attrs: attrMap(attrs), Label: l})
+	r.entries = append(r.entries, Entry{Kind: "event", Name: name, Attrs: attrs, Label: l})
 	r.mu.Unlock()
 }
 
 // Add records a counter increment.
-func (r *Recorder) Add(counter string, value int64, attrs []slog.Attr) {
+func (r *Recorder) Add(ctx context.Context, counter string, value int64, attrs []slog.Attr) {
+	l := r.label(ctx)
 	r.mu.Lock()
 	r.counts[SeriesName(counter, attrs)] += value
+	r.entries = append(r.entries, Entry{Kind: "add", Name: counter, Value: float64(value), Attrs: attrs, Label: l})
 	r.mu.Unlock()
 }
 
 // Record records a histogram sample.
-func (r *Recorder) Record(histogram string, value float64, attrs []slog.Attr) {
+func (r *Recorder) Record(ctx context.Context, histogram string, value float64, attrs []slog.Attr) {
+	l := r.label(ctx)
 	k := SeriesName(histogram, attrs)
 	r.mu.Lock()
 	s := r.samples[k]
 	s.Count++
 	s.Sum += value
 	r.samples[k] = s
+	r.entries = append(r.entries, Entry{Kind: "record", Name: histogram, Value: value, Attrs: attrs, Label: l})
 	r.mu.Unlock()
 }
 
 // Gauge records a gauge's new value.
-func (r *Recorder) Gauge(gauge string, value int64, attrs []slog.Attr) {
+func (r *Recorder) Gauge(ctx context.Context, gauge string, value int64, attrs []slog.Attr) {
+	l := r.label(ctx)
 	r.mu.Lock()
 	r.gauges[SeriesName(gauge, attrs)] = value
+	r.entries = append(r.entries, Entry{Kind: "gauge", Name: gauge, Value: float64(value), Attrs: attrs, Label: l})
 	r.mu.Unlock()
+}
+
+// Entries is everything received so far, in order.
+func (r *Recorder) Entries() []Entry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Entry(nil), r.entries...)
 }
 
 // Events is every event so far, in order.
