@@ -773,7 +773,9 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 			act, v, ferr = e.step(ctx, c.ref(), opReport, d, t1, func(ctx context.Context, in *instance) (Verdict, error) {
 				return in.report(ctx, e.rep, call, t1, elapsed, o.Kind, o.Code, text, wall, flags)
 			})
-			c.tel.reported(o.Kind, elapsed)
+			if ferr == nil { // a report that trapped never reached the core
+				c.tel.reported(o.Kind, elapsed)
+			}
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "report", Call: call, Now: t1, Outcome: o, Verdict: v})
 			}
@@ -852,7 +854,7 @@ func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
 	switch act.ending {
 	case recoverAttemptResult:
 		// the attempt's own result: its value (nil error), or its error as the user's own
-		c.tel.end(callResultOf(c.lastErr), d.attempts > 1, ReasonNone, c.lastErr)
+		c.tel.end(c.ownResult(c.lastErr), d.attempts > 1, ReasonNone, c.lastErr)
 		return nil, false, c.lastErr
 	case recoverFallbackResult:
 		if c.fbUsed {
@@ -881,7 +883,7 @@ func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
 		if o.Kind == OutcomeSuccess {
 			err = nil // a late success of a degraded attempt is still a success
 		}
-		c.tel.end(callResultOf(err), d.attempts > 0, ReasonNone, err)
+		c.tel.end(c.ownResult(err), d.attempts > 0, ReasonNone, err)
 		return nil, false, err
 	}
 }
@@ -893,8 +895,13 @@ type degradedKey struct{}
 // one attempt runs without the policy.
 func Degraded(ctx context.Context) bool { d, _ := ctx.Value(degradedKey{}).(bool); return d }
 
-func callResultOf(err error) string {
+// ownResult is the levee.result of a call that ends with its attempt's own
+// result: a success, or a response of the Transport, is a success.
+func (c *callRun) ownResult(err error) string {
 	if err == nil {
+		return cResults[0]
+	}
+	if rr, ok := c.a.(interface{ lastResult() any }); ok && rr.lastResult() != nil {
 		return cResults[0]
 	}
 	return cResults[2]

@@ -307,8 +307,8 @@ func (d *dependency) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	got := map[string]string{}
 	for _, name := range []string{"x-levee-attempt", "idempotency-key", "x-idempotency-key"} {
-		if v := req.Header.Get(name); v != "" {
-			got[name] = v
+		if vs, ok := req.Header[http.CanonicalHeaderKey(name)]; ok && len(vs) > 0 {
+			got[name] = vs[0]
 		}
 	}
 	d.requests = append(d.requests, got)
