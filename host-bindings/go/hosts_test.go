@@ -156,8 +156,14 @@ func (s *sched) wait(ctx context.Context, i int, d time.Duration, deaf bool) err
 		return ctx.Err()
 	}
 	ch := make(chan struct{})
-	s.setBlocked(i, true)
+	// blocked and its timer added at once, so the runner never sees the one without the other
+	s.mu.Lock()
+	if _, ok := s.live[i]; ok {
+		s.live[i] = true
+		s.notifyLocked()
+	}
 	tm := s.clk.AfterFunc(d, func() { s.setBlocked(i, false); close(ch) })
+	s.mu.Unlock()
 	if deaf {
 		<-ch
 		return nil
@@ -178,7 +184,14 @@ func (s *sched) hangUntilDone(ctx context.Context, i int) error {
 	if dl, ok := ctx.Deadline(); ok {
 		return s.wait(ctx, i, dl.Sub(s.clk.Now()), false)
 	}
-	s.setBlocked(i, true)
+	s.mu.Lock()
+	if ctx.Err() == nil {
+		if _, ok := s.live[i]; ok {
+			s.live[i] = true
+			s.notifyLocked()
+		}
+	}
+	s.mu.Unlock()
 	<-ctx.Done() // only a cancel ends it; the cancel marks the call runnable
 	return ctx.Err()
 }
@@ -410,8 +423,8 @@ func runScenario(t *testing.T, sc *hsScenario) {
 		})
 		if c.CancelAt != nil {
 			s.clk.AfterFunc(time.Duration(*c.CancelAt), func() {
-				s.setBlocked(i, false)
-				cancel()
+				cancel()               // first: a wait that blocks after this sees ctx done
+				s.setBlocked(i, false) // then: a wait blocked before it is runnable now
 			})
 		}
 	}
