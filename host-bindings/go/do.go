@@ -665,7 +665,7 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 		return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Ctx: err}
 	}
 	call := p.e.nextCall.Add(1)
-	c := callRun{p: p, a: a, co: &co, st: st, call: call}
+	c := callRun{p: p, a: a, co: co, st: st, call: call}
 	defer func() {
 		if !c.finished {
 			_ = p.e.Cancel(call, p.e.Now())
@@ -685,7 +685,7 @@ var errPanicked = errors.New("levee: the call panicked")
 type callRun struct {
 	p        *Policy
 	a        attempter
-	co       *callOpts
+	co       callOpts // a copy: a pointer to the caller's would escape with c's content
 	st       *policyState
 	call     uint64
 	d        driver
@@ -804,7 +804,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 			}
 		case actFallback:
 			ok := false
-			if f := e.fallback(act.name, c.co); f != nil {
+			if f := e.fallback(act.name, &c.co); f != nil {
 				val, err := f(ctx, c.lastErr)
 				if fc, isFC := a.(fallbackChecker); isFC && err == nil {
 					err = fc.checkFallback(val)
