@@ -805,7 +805,9 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 		case actFallback:
 			ok := false
 			if f := e.fallback(act.name, &c.co); f != nil {
-				val, err := f(ctx, c.lastErr)
+				fctx := context.WithValue(ctx, fallbackKey{}, FallbackInfo{Policy: c.p.name, Name: act.name,
+					Reason: act.reason, Attempts: d.attempts, Err: c.lastErr})
+				val, err := f(fctx, c.lastErr)
 				if fc, isFC := a.(fallbackChecker); isFC && err == nil {
 					err = fc.checkFallback(val)
 				}
@@ -886,6 +888,25 @@ func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
 		c.tel.end(c.ownResult(err), d.attempts > 0, ReasonNone, err)
 		return nil, false, err
 	}
+}
+
+type fallbackKey struct{}
+
+// FallbackInfo is what a fallback is told of its call (docs/hosts.md, section 5).
+type FallbackInfo struct {
+	Policy, Name string
+	// Reason is the core's reason for falling back (the trigger).
+	Reason Reason
+	// Attempts is the attempts made.
+	Attempts int
+	// Err is the last attempt's error (the cause argument of the Fallback).
+	Err error
+}
+
+// FallbackContext returns the FallbackInfo of the fallback running under ctx.
+func FallbackContext(ctx context.Context) (FallbackInfo, bool) {
+	fi, ok := ctx.Value(fallbackKey{}).(FallbackInfo)
+	return fi, ok
 }
 
 type degradedKey struct{}

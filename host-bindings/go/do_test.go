@@ -482,3 +482,22 @@ func TestDoHeldSuccessesFreeTheirSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A fallback is told the trigger's reason, the attempts made and the last error.
+func TestFallbackContext(t *testing.T) {
+	e := mustLoad(t, doDoc, WithSeed(1))
+	p := mustPolicy(t, e, "with-fallback")
+	boom := &net.OpError{Op: "dial", Err: errors.New("refused")}
+	var got FallbackInfo
+	v, err := DoValue(context.Background(), p, func(context.Context) (string, error) { return "", boom },
+		WithCallFallback("cached", func(ctx context.Context, cause error) (any, error) {
+			got, _ = FallbackContext(ctx)
+			return "from cache", nil
+		}))
+	if err != nil || v != "from cache" {
+		t.Fatalf("DoValue = %q, %v", v, err)
+	}
+	if got.Policy != "with-fallback" || got.Name != "cached" || got.Reason != ReasonRetriesExhausted || got.Attempts != 2 || got.Err != boom {
+		t.Fatalf("FallbackInfo = %+v", got)
+	}
+}

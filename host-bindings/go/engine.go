@@ -79,12 +79,15 @@ func WithCoreModule(wasm []byte) Option { return func(o *options) { o.core = was
 // walks: the document's, and the state's (the size of the last state exported or
 // imported, plus StateBytesPerKeyedCall for every keyed call since). The linear
 // memory may grow to DefaultMemoryLimitPages.
+//
+// The values are the GUARDS of wit/constants.json (docs/hosts.md, section 7): one
+// unit of guest work is 1 ns here.
 const (
-	DefaultGuestCallLimit   = time.Second
-	GuestTimePerByte        = 20 * time.Microsecond
+	DefaultGuestCallLimit   = cGuardGuestWorkUnits * time.Nanosecond
+	GuestTimePerByte        = cGuardGuestWorkUnitsPerByte * time.Nanosecond
 	StateBytesPerKeyedCall  = 1024
-	DefaultMemoryLimitPages = 8192 // 512 MiB
-	DefaultSnapshotInterval = time.Second
+	DefaultMemoryLimitPages = cGuardGuestMemoryBytes / (64 << 10) // 512 MiB
+	DefaultSnapshotInterval = cGuardSnapshotIntervalMs * time.Millisecond
 )
 
 // WithGuestCallLimit sets the base bound of every call into the guest (default
