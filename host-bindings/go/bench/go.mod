@@ -1,6 +1,6 @@
 module github.com/levee-dev/levee/host-bindings/go/bench
 
-go 1.26.0
+go 1.25.0
 
 require (
 	github.com/cenkalti/backoff/v5 v5.0.3
@@ -12,7 +12,7 @@ require (
 require (
 	github.com/bits-and-blooms/bitset v1.24.4 // indirect
 	github.com/tetratelabs/wazero v1.12.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/sys v0.44.0 // indirect
 )
 
 replace github.com/levee-dev/levee/host-bindings/go => ../
