@@ -696,6 +696,7 @@ type callRun struct {
 	fbVal    any
 	fbUsed   bool
 	unreg    []string
+	fbUnreg  bool // the last fallback chosen had no function registered
 }
 
 // fail builds the typed error of a reason.
@@ -804,6 +805,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 			}
 		case actFallback:
 			ok := false
+			c.fbUnreg = false
 			if f := e.fallback(act.name, &c.co); f != nil {
 				fctx := context.WithValue(ctx, fallbackKey{}, FallbackInfo{Policy: c.p.name, Name: act.name,
 					Reason: act.reason, Attempts: d.attempts, Err: c.lastErr})
@@ -817,7 +819,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 					c.fbErr = err
 				}
 			} else {
-				c.fbErr = nil
+				c.fbUnreg = true
 				if !slices.Contains(c.unreg, act.name) {
 					c.unreg = append(c.unreg, act.name)
 				}
@@ -864,7 +866,7 @@ func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
 			return c.fbVal, true, nil
 		}
 		err := c.fbErr
-		if err == nil {
+		if c.fbUnreg || err == nil {
 			err = &Error{Policy: c.p.name, Reason: ReasonFallbacksFailed, Attempts: d.attempts, Last: c.lastErr, Unregistered: c.unreg}
 		}
 		c.tel.end(cResults[2], d.attempts > 1, ReasonNone, err)
