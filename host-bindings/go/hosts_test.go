@@ -339,6 +339,12 @@ func (d *dependency) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // ---------------------------------------------------------------- one scenario
 
+var knownExpect = map[string]bool{"attempts": true, "requests": true, "sleeps": true, "fallbacks": true, "result": true,
+	"events": true, "metrics": true, "on_retry": true}
+
+var knownSteps = map[string]bool{"return": true, "raise": true, "status": true, "refuse": true, "connect_timeout": true,
+	"tls_certificate": true, "hang": true, "late": true}
+
 type callOut struct {
 	id        uint64
 	value     any
@@ -362,6 +368,25 @@ func runScenario(t *testing.T, sc *hsScenario) {
 	}
 	defer e.Close(ctx)
 
+	// a field or step this runner does not know would go unchecked: refuse it
+	for i, c := range sc.Calls {
+		for k := range c.Expect {
+			if !knownExpect[k] {
+				t.Fatalf("call %d: expect.%s is not a field this runner checks", i, k)
+			}
+		}
+		for n, st := range c.Script {
+			kind := ""
+			for k := range st {
+				if k != "after" && k != "headers" && !(k == "return" && st["late"] != nil) {
+					if kind != "" || !knownSteps[k] {
+						t.Fatalf("call %d: script step %d %v is not one this runner plays", i, n, st)
+					}
+					kind = k
+				}
+			}
+		}
+	}
 	outs := make([]*callOut, len(sc.Calls))
 	var idMu sync.Mutex
 	crossings := map[int]map[string]int{}
