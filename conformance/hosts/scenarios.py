@@ -995,8 +995,8 @@ scenario(
     all_of(lambda t: http_status(t[0], 503), lambda t: has_event(t[0], "gave-up", levee_reason="non-idempotent")),
 )
 
-KEYB = doc(p={"attempts": 1, "breaker": {"window": {"kind": "count", "size": 1}, "minimum-calls": 1,
-                                         "failure-rate": 100, "open-duration": "10s"}})  # fmt: skip
+KEYB_BREAKER = {"window": {"kind": "count", "size": 1}, "minimum-calls": 1, "failure-rate": 100, "open-duration": "10s"}
+KEYB = doc(p={"attempts": 1, "breaker": KEYB_BREAKER})
 
 scenario(
     "http-key-host-port",
@@ -1546,6 +1546,48 @@ scenario(
     [call(boom(after=50 * MS), ok("one", after=50 * MS)), call(boom(after=10 * MS), ok("two"), at=120 * MS)],
     all_of(lambda t: value(t[0], "one"), lambda t: value(t[1], "two"), lambda t: starts(t[0], 0, 250 * MS),
            lambda t: starts(t[1], 120 * MS, 330 * MS)),  # fmt: skip
+)
+
+
+# More HTTP: fallbacks, lower-case methods, the hook on responses, a date in the past
+
+scenario(
+    "http-fallback-response",
+    "An HTTP call rejected by an open breaker falls back; the fallback's response is returned.",
+    ["fallback", "http", "breaker"],
+    doc(p={"attempts": 1, "breaker": KEYB_BREAKER, "fallbacks": [{"name": "static", "on": ["breaker-open"]}]}),
+    [http("GET", U, status(500)), http("GET", U, status(200), at=100 * MS, fallbacks={"static": {"return": {"status": 203}}})],
+    all_of(lambda t: http_status(t[0], 500), lambda t: http_status(t[1], 203), lambda t: n_attempts(t[1], 0),
+           lambda t: check(t[1]["fallbacks"] == ["static"], "the fallback ran")),  # fmt: skip
+)
+
+scenario(
+    "http-lowercase-unknown-method",
+    "issue 13: methods are case-sensitive; a lower-case token outside the registered nine (purge) is other (15) in every host, whatever the library does to its case: not idempotent, not retried.",
+    ["methods", "http", "issue-13: HTTP methods incl. lower-case"],
+    M,
+    [http("purge", U, status(503), status(200))],
+    all_of(lambda t: http_status(t[0], 503), lambda t: has_event(t[0], "gave-up", levee_reason="non-idempotent")),
+)
+
+scenario(
+    "on-retry-hook-http-response",
+    "The on_retry hook of an HTTP retry after a 503 gets the response, not an error (error: null).",
+    ["on_retry", "http"],
+    M,
+    [http("GET", U, status(503), status(200))],
+    all_of(lambda t: check(t[0]["on_retry"] == [{"attempt": 1, "delay": 0.1, "error": None}], f"{t[0]['on_retry']}")),
+)
+
+scenario(
+    "retry-after-date-in-the-past",
+    "An HTTP-date Retry-After already past means retry now: the next attempt starts when the first ended.",
+    ["retry-after", "http"],
+    RA,
+    [http("GET", U, status(503, after=5 * S, Retry_After=_date(1)), status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: starts(t[0], 0, 5 * S),
+           lambda t: has_event(t[0], "retry-scheduled", levee_delay=0.0)),  # fmt: skip
+    unchecked={0: ("sleeps",)},
 )
 
 

@@ -73,3 +73,32 @@ def test_error_naming() -> None:
 
     o = outcome_for_exception(ThrottlingException())
     assert (o.kind, o.text) == (OutcomeKind.ERROR_CLASS, "ThrottlingException")
+
+
+def test_http_attempt_spans_carry_resend_count_and_degraded() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import levee
+    from levee.http import LeveeTransport
+    from levee.telemetry import OpenTelemetrySink
+    from levee.testing import VirtualClock, inject_fault
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    doc = "policies:\n  p: { attempts: 3, backoff: { kind: constant, base: 1s, jitter: none } }\n"
+    engine = levee.loads(doc, seed=1, clock=VirtualClock(), telemetry=OpenTelemetrySink(tracer_provider=provider))
+    answers = iter([503, 200, 200])
+    mock = httpx.MockTransport(lambda request: httpx.Response(next(answers)))
+    with httpx.Client(transport=LeveeTransport(engine, "p", transport=mock)) as client:
+        assert client.get("http://svc.test/").status_code == 200
+        inject_fault(engine, "start")
+        assert client.get("http://svc.test/").status_code == 200
+    attrs = [dict(s.attributes or {}) for s in exporter.get_finished_spans() if s.name == "levee.attempt"]
+    assert attrs == [
+        {"levee.attempt": 1, "levee.outcome": "http-status"},
+        {"levee.attempt": 2, "http.request.resend_count": 1, "levee.outcome": "http-status"},
+        {"levee.attempt": 1, "levee.degraded": True, "levee.outcome": "http-status"},
+    ]

@@ -808,3 +808,31 @@ def test_a_state_too_large_for_wasmtime_py_stops_snapshots_instead_of_faulting_e
         engine._snapshot_due = 0
     assert engine._snapshots_stopped
     assert engine.faults == 1  # the first export faulted; none after
+
+
+def test_opentelemetry_spans_per_call_and_attempt() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from levee.telemetry import OpenTelemetrySink
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = levee.Engine(DOC, seed=7, telemetry=OpenTelemetrySink(tracer_provider=provider))
+    assert engine.policy("fast").call(Flaky(ConnectionError())) == "ok"
+    spans = exporter.get_finished_spans()
+    attempts = [s for s in spans if s.name == "levee.attempt"]
+    (call,) = [s for s in spans if s.name == "levee.call"]
+    assert [dict(s.attributes or {}) for s in attempts] == [
+        {"levee.attempt": 1, "levee.outcome": "connection-error"},
+        {"levee.attempt": 2, "levee.outcome": "success"},
+    ]
+    assert all(s.parent is not None and s.parent.span_id == call.context.span_id for s in attempts)
+    assert dict(call.attributes or {}) == {"levee.policy": "fast", "levee.key": "", "levee.result": "success"}
+    with pytest.raises(levee.RetriesExhausted):
+        engine.policy("one").call(Flaky(ConnectionError()))
+    failed = [s for s in exporter.get_finished_spans() if s.name == "levee.call"][-1]
+    assert failed.status.status_code.name == "ERROR"
+    assert dict(failed.attributes or {})["levee.reason"] == "retries-exhausted"

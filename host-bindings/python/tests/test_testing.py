@@ -156,3 +156,26 @@ def test_inject_fault_counts_survive_recovery() -> None:
     assert engine.faults == 2
     with pytest.raises(ValueError):
         inject_fault(engine, "nonsense")
+
+
+async def test_the_readme_example() -> None:
+    doc = """
+policies:
+  checkout:
+    attempts: 3
+    attempt-timeout: 1s
+    backoff: { kind: constant, base: 2s, jitter: none }
+"""
+    clock = VirtualClock()
+    engine = levee.loads(doc, seed=42, clock=clock)
+
+    @engine.policy("checkout")
+    async def charge() -> str:
+        await clock.sleep_async(3600)
+        return "never"
+
+    t0 = time.monotonic()
+    with pytest.raises(levee.RetriesExhausted):
+        await charge()
+    assert clock.monotonic() == 7.0
+    assert time.monotonic() - t0 < 1.5

@@ -85,11 +85,13 @@ class _Call:
         "fell_back",
         "finished",
         "gen",
+        "http",
         "key",
         "kwargs",
         "last",
         "on_retry",
         "slot",
+        "span",
         "started",
         "t",
         "unregistered",
@@ -119,6 +121,10 @@ class _Call:
         self.finished = False
         self.unregistered: tuple[str, ...] = ()
         self.on_retry = on_retry
+        #: an HTTP integration's call (its attempt spans carry http.request.resend_count)
+        self.http = False
+        spans = engine._spans
+        self.span: Any = spans.start_call(slot.info.name, key) if spans is not None else None
 
     def outcome_of(self, value: Any, exc: BaseException | None, start: int, end: int, timeout: int) -> _AttemptResult:
         """Describe what an attempt did (never whether it was late: the core decides that from
@@ -146,8 +152,15 @@ class _Call:
         )
 
     def ended(self, result: str, reason: Reason | None = None) -> None:
-        """The call is over: `levee.calls` (docs/telemetry.md)."""
+        """The call is over: `levee.calls` and the end of its span (docs/telemetry.md)."""
         self.finished = True
+        spans = self.engine._spans
+        if spans is not None and self.span is not None:
+            span, self.span = self.span, None
+            try:
+                spans.end_call(span, result, reason.wit if reason else None)
+            except Exception:
+                logger.exception("levee: telemetry sink %r failed", spans)
         sink = self.engine._sink
         if sink is not None:
             try:
@@ -218,6 +231,25 @@ class _Call:
             raise last.exc
         self.ended("success")
         return last.value
+
+    def attempt_span(self, number: int, degraded: bool) -> Any:
+        spans = self.engine._spans
+        if spans is None:
+            return None
+        try:
+            return spans.start_attempt(self.span, number, degraded, self.http)
+        except Exception:
+            logger.exception("levee: telemetry sink %r failed", spans)
+            return None
+
+    def end_attempt_span(self, token: Any, res: _AttemptResult | None) -> None:
+        spans = self.engine._spans
+        if spans is None or token is None:
+            return
+        try:
+            spans.end_attempt(token, res.outcome.kind.wit if res is not None else None)
+        except Exception:
+            logger.exception("levee: telemetry sink %r failed", spans)
 
     def retry_hooks(self, delay: int) -> None:
         last = self.last
@@ -298,7 +330,11 @@ def _degraded(st: _Call, op: str) -> Generator[Action, Any, Any]:
             st.ended("failure", Reason.DEADLINE)
             raise st.failure(Reason.DEADLINE, 0)
         timeout = left if timeout == 0 else min(timeout, left)
-    st.last = yield (ATTEMPT, st.attempts + 1, timeout)
+    span = st.attempt_span(st.attempts + 1, True)
+    try:
+        st.last = yield (ATTEMPT, st.attempts + 1, timeout)
+    finally:
+        st.end_attempt_span(span, st.last if span is not None else None)
     st.attempts += 1
     return st.degraded_value()
 
@@ -326,7 +362,14 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                 return (yield from _degraded(st, op))
             if kind == ATTEMPT:
                 st.attempts += 1
-                res: _AttemptResult = yield (ATTEMPT, st.attempts, v >> 16)
+                span = st.attempt_span(st.attempts, False) if eng._spans is not None else None
+                res: _AttemptResult | None = None
+                try:
+                    res = yield (ATTEMPT, st.attempts, v >> 16)
+                finally:
+                    if span is not None:
+                        st.end_attempt_span(span, res)
+                assert res is not None
                 st.last = res
                 op = "report"
                 try:

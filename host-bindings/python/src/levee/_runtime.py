@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._abi import ComponentFault, Core, LoadErrors, Runtime, event_from_raw
 from ._clock import SYSTEM, Clock, SystemClock
+from ._constants import GUARD_SNAPSHOT_INTERVAL_MS
 from ._events import Listener, dispatch, logger
 from .errors import LeveeError, PolicyError, ProtocolError, UnknownPolicy
 from .outcomes import Outcome
-from .telemetry import TelemetrySink, emit_attempt, emit_call
+from .telemetry import SpanSink, TelemetrySink, emit_attempt, emit_call
 from .types import BreakerState, Event, EventKind, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict
 
 if TYPE_CHECKING:
@@ -113,12 +114,19 @@ class EngineRuntime:
         *,
         seed: int | None = None,
         component: str | os.PathLike[str] | None = None,
-        snapshot_interval: float = 1.0,
+        snapshot_interval: float = GUARD_SNAPSHOT_INTERVAL_MS / 1000,
         clock: Clock | None = None,
         telemetry: TelemetrySink | None = None,
     ) -> None:
         """Load `document` (YAML or JSON text). `seed` fixes the jitter PRNG (default: from
-        `os.urandom`). Raises `PolicyError` naming every invalid field."""
+        `os.urandom`). Raises `PolicyError` naming every invalid field.
+
+        `clock` is the clock of every `now`, sleep and asyncio attempt timeout (default the
+        system's; `levee.testing.VirtualClock` in tests). `telemetry` receives the events and
+        metrics of docs/telemetry.md (`levee.telemetry.OpenTelemetrySink`, or your own
+        `TelemetrySink`). `snapshot_interval` is the guard of docs/hosts.md section 7: at most
+        one snapshot per interval of the engine's clock on the call path, besides the ones
+        taken after every breaker transition."""
         self._document = document
         #: the clock of every `now`, sleep and asyncio attempt timeout (`levee.testing.VirtualClock`
         #: in tests); the hot path is kept for the system clock only
@@ -143,10 +151,15 @@ class EngineRuntime:
         self._listeners: list[Listener] = []
         #: events and metrics (docs/telemetry.md); None: logging and listeners only
         self._sink: TelemetrySink | None = telemetry
+        spans = (
+            telemetry if isinstance(telemetry, SpanSink) and callable(getattr(telemetry, "start_call", None)) else None
+        )
+        #: the sink's spans (every call then takes the driver path: one span per attempt)
+        self._spans: SpanSink | None = spans
         self._retry_hooks: dict[str, tuple[RetryHook, ...]] = {}
         self._tracer: Callable[[TraceStep], None] | None = None
         # whether calls take the one-crossing hot path (no tracer, the system clock)
-        self._hot = type(self._clock) is SystemClock
+        self._hot = type(self._clock) is SystemClock and self._spans is None
         self._slots: dict[str, _PolicySlot] = {}
         self._names: list[str] = []
         self._refresh_policies()
@@ -301,6 +314,7 @@ class EngineRuntime:
             call = self._next_call
             self._next_call = call + 1
             core = self._core
+            now = self._now()  # the call's start: its deadline counts from here
             try:
                 if self._closed:
                     raise LeveeError("the engine is closed")
@@ -319,7 +333,6 @@ class EngineRuntime:
                     sc, sa, se, sg = pending.popleft()
                     if sg != self._generation:
                         sc = sa = se = 0
-                now = self._now()
                 v = core.start(call, slot.index, key, flags, now, sc, sa, se)
                 if v & EVENTS_BIT:
                     self._events_locked(v, events)
@@ -328,7 +341,6 @@ class EngineRuntime:
                     raise
                 self._recover_locked(e, events, "trap", slot.info.name, key, call)
                 v = -1
-                now = self._now()
             gen = self._generation
         if events:
             dispatch(events, self._listeners, self._sink)

@@ -279,7 +279,7 @@ class Engine(EngineRuntime):
     def trace(self, tracer: Callable[[TraceStep], None] | None) -> None:
         """Call `tracer(step)` at every step (slower: no success is held back while set)."""
         self._tracer = tracer
-        self._hot = tracer is None and type(self._clock) is SystemClock
+        self._hot = tracer is None and type(self._clock) is SystemClock and self._spans is None
 
     def __enter__(self) -> Engine:
         return self

@@ -130,7 +130,9 @@ class _Base:
         pol = self._policy
         key = self._key(request)
         call, gen, v, now = self._engine._start(pol._slot, key, request_flags(request) | pol._flags)
-        return pol._state(call, gen, now, key, (request,), {}), v
+        st = pol._state(call, gen, now, key, (request,), {})
+        st.http = True
+        return st, v
 
     def _result(self, request: httpx.Request, response: httpx.Response | None, exc: BaseException | None,
                 start: int, timeout: int) -> _AttemptResult:  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from .types import BreakerState, Event, EventKind
 
-__all__ = ["AttributeValue", "OpenTelemetrySink", "TelemetrySink", "event_attributes"]
+__all__ = ["AttributeValue", "OpenTelemetrySink", "SpanSink", "TelemetrySink", "event_attributes"]
 
 AttributeValue = str | int | float | bool
 
@@ -46,6 +46,10 @@ ATTR_FAULT = "levee.fault"
 ATTR_RESULT = "levee.result"
 ATTR_RETRIED = "levee.retried"
 ATTR_OUTCOME = "levee.outcome"
+ATTR_DEGRADED = "levee.degraded"
+ATTR_RESEND_COUNT = "http.request.resend_count"
+SPAN_CALL = "levee.call"
+SPAN_ATTEMPT = "levee.attempt"
 
 _BREAKER_NUMBER = {s: i for i, s in enumerate(BreakerState)}
 
@@ -62,6 +66,21 @@ class TelemetrySink(Protocol):
     def record(self, histogram: str, value: float, attributes: Mapping[str, AttributeValue]) -> None: ...
 
     def gauge(self, gauge: str, value: float, attributes: Mapping[str, AttributeValue]) -> None: ...
+
+
+@runtime_checkable
+class SpanSink(Protocol):
+    """A sink that also makes spans (docs/telemetry.md, "Spans"): one per call and a child per
+    attempt. An engine whose sink has these methods runs every call on the driver path, so that
+    each attempt gets its span (the one-crossing hot path has none)."""
+
+    def start_call(self, policy: str, key: str) -> Any: ...
+
+    def end_call(self, span: Any, result: str, reason: str | None) -> None: ...
+
+    def start_attempt(self, call_span: Any, number: int, degraded: bool, http: bool) -> Any: ...
+
+    def end_attempt(self, span: Any, outcome: str | None) -> None: ...
 
 
 def event_attributes(ev: Event) -> dict[str, AttributeValue]:
@@ -137,7 +156,9 @@ def emit_call(sink: TelemetrySink, policy: str, result: str, retried: bool, reas
 
 class OpenTelemetrySink:
     """The OpenTelemetry adapter (`pip install levee-resilience[otel]`): metrics on the meter
-    ``levee`` (a no-op until an SDK is configured), events as events of the current span."""
+    ``levee`` (a no-op until an SDK is configured), the spans `levee.call` and `levee.attempt`
+    on the tracer ``levee``, and events as events of the current span (the attempt's or the
+    call's). `spans=False` leaves spans out (calls then keep the one-crossing hot path)."""
 
     _UNITS: ClassVar[dict[str, str]] = {
         METRIC_CALLS: "{call}",
@@ -152,13 +173,21 @@ class OpenTelemetrySink:
         METRIC_BREAKER_STATE: "1",
     }
 
-    def __init__(self, meter_provider: Any = None, tracer_provider: Any = None) -> None:
-        from opentelemetry import metrics, trace
+    def __init__(self, meter_provider: Any = None, tracer_provider: Any = None, *, gauge_key: bool = True,
+                 spans: bool = True) -> None:  # fmt: skip
+        """`gauge_key=False` drops `levee.key` from the breaker-state gauge too (one series per
+        policy instead of one per downstream key)."""
+        from opentelemetry import context, metrics, trace
 
+        self._gauge_key = gauge_key
+        self._context = context
+        self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("levee")
+        if not spans:
+            # an instance attribute hides the methods: no longer a SpanSink
+            self.start_call = None  # type: ignore[method-assign,assignment]
         self._meter = (meter_provider or metrics.get_meter_provider()).get_meter("levee")
         self._trace = trace
         self._instruments: dict[str, Any] = {}
-        self._gauge_values: dict[tuple[str, tuple[tuple[str, AttributeValue], ...]], float] = {}
 
     def _instrument(self, name: str, kind: str) -> Any:
         inst = self._instruments.get(name)
@@ -185,4 +214,43 @@ class OpenTelemetrySink:
         self._instrument(histogram, "histogram").record(value, dict(attributes))
 
     def gauge(self, gauge: str, value: float, attributes: Mapping[str, AttributeValue]) -> None:
-        self._instrument(gauge, "gauge").set(value, dict(attributes))
+        attrs = dict(attributes)
+        if not self._gauge_key:
+            attrs.pop(ATTR_KEY, None)
+        self._instrument(gauge, "gauge").set(value, attrs)
+
+    # ------------------------------------------------------------ spans
+
+    def start_call(self, policy: str, key: str) -> Any:
+        return self._tracer.start_span(SPAN_CALL, attributes={ATTR_POLICY: policy, ATTR_KEY: key})
+
+    def end_call(self, span: Any, result: str, reason: str | None) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute(ATTR_RESULT, result)
+        if reason is not None:
+            span.set_attribute(ATTR_REASON, reason)
+        if result == "failure":
+            span.set_status(Status(StatusCode.ERROR, reason or "the call failed"))
+        span.end()
+
+    def start_attempt(self, call_span: Any, number: int, degraded: bool, http: bool) -> Any:
+        attrs: dict[str, AttributeValue] = {ATTR_ATTEMPT: number}
+        if degraded:
+            attrs[ATTR_DEGRADED] = True
+        if http and number > 1:
+            attrs[ATTR_RESEND_COUNT] = number - 1
+        parent = self._trace.set_span_in_context(call_span) if call_span is not None else None
+        span = self._tracer.start_span(SPAN_ATTEMPT, context=parent, attributes=attrs)
+        token = self._context.attach(self._trace.set_span_in_context(span))
+        return span, token
+
+    def end_attempt(self, span: Any, outcome: str | None) -> None:
+        s, token = span
+        try:
+            self._context.detach(token)
+        except Exception:
+            pass  # detached in another context: the span still ends
+        if outcome is not None:
+            s.set_attribute(ATTR_OUTCOME, outcome)
+        s.end()
