@@ -2,6 +2,7 @@ package leveeotel_test
 
 import (
 	"context"
+	"net/http"
 	"testing"
 
 	levee "github.com/levee-dev/levee/host-bindings/go"
@@ -109,4 +110,52 @@ func attrs(set attribute.Set) string {
 		s += string(kv.Key) + "=" + kv.Value.Emit()
 	}
 	return s
+}
+
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// The Transport's retries carry http.request.resend_count (n - 1), absent on the first.
+func TestHTTPAttemptSpans(t *testing.T) {
+	ctx := context.Background()
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	e, err := levee.Load(ctx, "policies:\n  api:\n    attempts: 3\n    backoff: { kind: constant, base: 1s, cap: 1s, jitter: none }\n",
+		leveetest.NoWaits(), levee.WithTelemetry(leveeotel.New(leveeotel.WithTracerProvider(tp))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close(ctx)
+	p, _ := e.Policy("api")
+	n := 0
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		n++
+		code := 503
+		if n == 3 {
+			code = 200
+		}
+		return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+	})
+	client := &http.Client{Transport: &levee.Transport{Base: base, Policy: p}}
+	resp, err := client.Get("http://svc.test/x")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%v %v", resp, err)
+	}
+	var resend []int64
+	for _, s := range spans.Ended() {
+		if s.Name() != "levee.attempt" {
+			continue
+		}
+		v := int64(0)
+		for _, kv := range s.Attributes() {
+			if kv.Key == "http.request.resend_count" {
+				v = kv.Value.AsInt64()
+			}
+		}
+		resend = append(resend, v)
+	}
+	if len(resend) != 3 || resend[0] != 0 || resend[1] != 1 || resend[2] != 2 {
+		t.Fatalf("resend counts %v", resend)
+	}
 }
