@@ -49,9 +49,11 @@ func (SystemClock) Sleep(ctx context.Context, d time.Duration) error { return sl
 func (SystemClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
 // WithClock runs the engine on clk instead of the machine's clock: the `now` of
-// every crossing, the sleeps between attempts and the attempt timeouts (the
-// context deadline of an attempt is clk's: its Done closes when clk passes it,
-// and its Err is then context.DeadlineExceeded). nil keeps the machine's clock.
+// every crossing, the sleeps between attempts and the attempt timeouts (an
+// attempt's context times out on clk: its Done closes when clk passes the
+// deadline, and its Err is then context.DeadlineExceeded; its Deadline() is in
+// real time, for I/O that reads it, and ClockDeadline gives it on clk). nil
+// keeps the machine's clock.
 func WithClock(clk Clock) Option {
 	return func(o *options) {
 		if _, sys := clk.(SystemClock); sys {
@@ -99,7 +101,8 @@ func (e *Engine) withTimeout(ctx context.Context, d time.Duration) (context.Cont
 // (the parent's Err) or when it is cancelled (context.Canceled).
 type clockCtx struct {
 	context.Context // the parent, for Value
-	deadline        time.Time
+	clk             Clock
+	deadline        time.Time // on clk
 	done            chan struct{}
 	mu              sync.Mutex
 	err             error
@@ -108,7 +111,7 @@ type clockCtx struct {
 }
 
 func withClockTimeout(parent context.Context, clk Clock, d time.Duration) (context.Context, context.CancelFunc) {
-	c := &clockCtx{Context: parent, deadline: clk.Now().Add(d), done: make(chan struct{})}
+	c := &clockCtx{Context: parent, clk: clk, deadline: clk.Now().Add(d), done: make(chan struct{})}
 	if err := parent.Err(); err != nil {
 		c.finish(err)
 		return c, func() {}
@@ -142,7 +145,35 @@ func (c *clockCtx) finish(err error) {
 	}
 }
 
-func (c *clockCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+// Deadline is in real time, as every consumer of a context (a net.Dialer, say)
+// compares it with time.Now(): now plus what is left on the clock, or the
+// parent's deadline if that is earlier. ClockDeadline gives it on the clock.
+func (c *clockCtx) Deadline() (time.Time, bool) {
+	dl := time.Now().Add(max(c.deadline.Sub(c.clk.Now()), 0))
+	if pd, ok := c.Context.Deadline(); ok && pd.Before(dl) {
+		return pd, true
+	}
+	return dl, true
+}
+
+func (c *clockCtx) Value(key any) any {
+	if key == (clockCtxKey{}) {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+type clockCtxKey struct{}
+
+// ClockDeadline is the deadline of an attempt's context on the engine's clock:
+// under WithClock, the virtual time its timeout fires at (ctx.Deadline() is that
+// deadline in real time); otherwise ctx.Deadline().
+func ClockDeadline(ctx context.Context) (time.Time, bool) {
+	if c, ok := ctx.Value(clockCtxKey{}).(*clockCtx); ok {
+		return c.deadline, true
+	}
+	return ctx.Deadline()
+}
 func (c *clockCtx) Done() <-chan struct{}       { return c.done }
 func (c *clockCtx) Err() error {
 	c.mu.Lock()

@@ -181,7 +181,7 @@ func (s *sched) wait(ctx context.Context, i int, d time.Duration, deaf bool) err
 // hangUntilDone blocks call i until ctx is done: its deadline (a timer at the
 // same instant, made after the context's, fires after it) or a cancel.
 func (s *sched) hangUntilDone(ctx context.Context, i int) error {
-	if dl, ok := ctx.Deadline(); ok {
+	if dl, ok := levee.ClockDeadline(ctx); ok {
 		return s.wait(ctx, i, dl.Sub(s.clk.Now()), false)
 	}
 	s.mu.Lock()

@@ -3,6 +3,8 @@ package leveetest_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -78,7 +80,7 @@ func TestVirtualAttemptTimeoutCancelsTheAttempt(t *testing.T) {
 	go func() {
 		done <- levee.Do(context.Background(), policy(t, e, "timed"), func(ctx context.Context) error {
 			attempts.Add(1)
-			dl, ok := ctx.Deadline()
+			dl, ok := levee.ClockDeadline(ctx)
 			if !ok {
 				deadlines <- -1
 			} else {
@@ -217,3 +219,34 @@ func TestLateSuccessIsTheCoresToJudge(t *testing.T) {
 		t.Fatalf("err = %v after %d attempts, %d retries scheduled", err, n, retries.Load())
 	}
 }
+
+// Under a virtual clock the attempt's ctx.Deadline() is in real time (now plus what
+// is left on the virtual clock), so real I/O under it (a dial on 127.0.0.1) works,
+// and levee.ClockDeadline gives the virtual one.
+func TestVirtualDeadlineIsRealForIO(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }))
+	defer srv.Close()
+	clk := leveetest.NewAutoClock()
+	e := load(t, levee.WithClock(clk))
+	var real, virtual time.Duration
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		dl, _ := r.Context().Deadline()
+		real = time.Until(dl)
+		vdl, _ := levee.ClockDeadline(r.Context())
+		virtual = vdl.Sub(clk.Now())
+		return http.DefaultTransport.RoundTrip(r)
+	})
+	client := &http.Client{Transport: &levee.Transport{Base: base, Policy: policy(t, e, "timed")}}
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != 204 || virtual != 5*time.Second || real <= 4*time.Second || real > 5*time.Second {
+		t.Fatalf("status %d, deadline %v away in real time, %v on the clock", resp.StatusCode, real, virtual)
+	}
+}
+
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
