@@ -174,7 +174,7 @@ func ClockDeadline(ctx context.Context) (time.Time, bool) {
 	}
 	return ctx.Deadline()
 }
-func (c *clockCtx) Done() <-chan struct{}       { return c.done }
+func (c *clockCtx) Done() <-chan struct{} { return c.done }
 func (c *clockCtx) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
