@@ -353,7 +353,7 @@ scenario(
     ["backoff:linear"],
     doc(p={"attempts": 4, "backoff": {"kind": "linear", "base": "50ms", "jitter": "none"}, "retry-on": ["error:Boom"]}),
     [call(boom(), boom(), boom(), ok())],
-    all_of(lambda t: sleeps(t[0], 50 * MS, 100 * MS, 150 * MS)),
+    all_of(lambda t: sleeps(t[0], 50 * MS, 100 * MS, 150 * MS), lambda t: value(t[0], "ok")),
 )
 
 
@@ -375,7 +375,7 @@ scenario(
     doc(p={"attempts": 4, "backoff": {"kind": "exponential", "base": "100ms", "jitter": "full"},
            "retry-on": ["error:Boom"]}),  # fmt: skip
     [call(boom(), boom(), boom(), ok())],
-    lambda scn, t: _full_jitter(t),
+    all_of(_full_jitter, lambda t: value(t[0], "ok")),
     seed=7,
 )
 
@@ -387,7 +387,8 @@ scenario(
            "retry-on": ["error:Boom"]}),  # fmt: skip
     [call(boom(), boom(), ok())],
     all_of(lambda t: check(all(100 * MS <= d <= 200 * MS for d in t[0]["sleeps"]) and len(t[0]["sleeps"]) == 2,
-                           f"equal jitter in [100, 200] ms: {t[0]['sleeps']}")),  # fmt: skip
+                           f"equal jitter in [100, 200] ms: {t[0]['sleeps']}"),
+           lambda t: value(t[0], "ok")),  # fmt: skip
     seed=99,
 )
 
@@ -401,7 +402,8 @@ scenario(
     all_of(lambda t: check(t[0]["on_retry"] == [{"attempt": 1, "delay": 0.25, "error": "error:Flaky"},
                                                 {"attempt": 2, "delay": 0.25, "error": "timeout"}],
                            f"hook calls {t[0]['on_retry']}"),
-           lambda t: starts(t[0], 0, 250 * MS, 1500 * MS), lambda t: ends(t[0], 0, 1250 * MS, 1500 * MS)),  # fmt: skip
+           lambda t: starts(t[0], 0, 250 * MS, 1500 * MS), lambda t: ends(t[0], 0, 1250 * MS, 1500 * MS),
+           lambda t: value(t[0], "ok")),  # fmt: skip
 )
 
 # Deadlines
@@ -858,7 +860,7 @@ scenario(
     ["retry-after", "http"],
     doc(p={"attempts": 2, "backoff": CONST, "retry-after": {"honor": False}}),
     [http("GET", U, status(503, Retry_After="5"), status(200))],
-    all_of(lambda t: sleeps(t[0], 100 * MS)),
+    all_of(lambda t: sleeps(t[0], 100 * MS), lambda t: http_status(t[0], 200)),
 )
 
 scenario(
@@ -1481,7 +1483,8 @@ scenario(
     ["eviction", "keys"],
     doc(p={"attempts": 1, "keys": {"max": 1}, "breaker": BREAKER}),
     [call(ok(), key="a"), call(ok(), key="b", at=100 * MS)],
-    all_of(lambda t: has_event(t[1], "key-evicted"), lambda t: no_event(t[0], "key-evicted")),
+    all_of(lambda t: has_event(t[1], "key-evicted"), lambda t: no_event(t[0], "key-evicted"),
+           lambda t: value(t[0], "ok"), lambda t: value(t[1], "ok")),  # fmt: skip
 )
 
 scenario(
@@ -1505,7 +1508,7 @@ scenario(
     all_of(lambda t: calls_metric(t[0], "p", "success", False),
            lambda t: metric(t[0], "levee.attempts{levee.outcome=success,levee.policy=p}", 1),
            lambda t: metric(t[0], "levee.attempt.duration{levee.outcome=success,levee.policy=p}", {"count": 1, "sum": 0.25}),
-           lambda t: check(t[0]["events"] == [], "no events")),  # fmt: skip
+           lambda t: check(t[0]["events"] == [], "no events"), lambda t: value(t[0], "fine")),  # fmt: skip
 )
 
 scenario(
@@ -1516,7 +1519,8 @@ scenario(
     [call(boom(), boom())],
     all_of(lambda t: calls_metric(t[0], "p", "failure", True, "retries-exhausted"),
            lambda t: metric(t[0], "levee.retry.delay{levee.policy=p}", {"count": 1, "sum": 0.3}),
-           lambda t: metric(t[0], "levee.retries{levee.policy=p}", 1)),  # fmt: skip
+           lambda t: metric(t[0], "levee.retries{levee.policy=p}", 1),
+           lambda t: error(t[0], "retries-exhausted", 2, "error:Boom")),  # fmt: skip
 )
 
 scenario(
@@ -1576,7 +1580,8 @@ scenario(
     ["on_retry", "http"],
     M,
     [http("GET", U, status(503), status(200))],
-    all_of(lambda t: check(t[0]["on_retry"] == [{"attempt": 1, "delay": 0.1, "error": None}], f"{t[0]['on_retry']}")),
+    all_of(lambda t: check(t[0]["on_retry"] == [{"attempt": 1, "delay": 0.1, "error": None}], f"{t[0]['on_retry']}"),
+           lambda t: http_status(t[0], 200)),  # fmt: skip
 )
 
 scenario(

@@ -47,12 +47,30 @@ def test_scenario_files_are_the_generators() -> None:
     assert not on_disk, f"files with no scenario: {sorted(on_disk)}"
 
 
+GEN = load_generator()
+
+
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_async_api(path: Path) -> None:
     scn = _load(path)
-    for k, (c, t) in enumerate(zip(scn["calls"], replay(scn), strict=True)):
+    traces = replay(scn)
+    for k, (c, t) in enumerate(zip(scn["calls"], traces, strict=True)):
         diffs = compare(c["expect"], t)
         assert not diffs, f"call {k}: " + "; ".join(diffs)
+    GEN.check_intent(scn, traces)  # the full trace, unchecked fields included, still meets the intent
+
+
+def test_intents_refuse_wrong_traces() -> None:
+    """An intent is not a formality: a trace whose results are all wrong fails nearly all of them."""
+    refused = 0
+    for path in FILES:
+        scn = _load(path)
+        wrong = [{**c["expect"], "result": {"value": "__wrong__"}} for c in scn["calls"]]
+        try:
+            GEN.check_intent(scn, wrong)
+        except (AssertionError, KeyError):
+            refused += 1
+    assert refused >= 0.9 * len(FILES), f"only {refused} of {len(FILES)} intents look at the result"
 
 
 SYNC = [p for p in FILES if sync_replayable(_load(p))]

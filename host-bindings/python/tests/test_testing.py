@@ -179,3 +179,34 @@ policies:
         await charge()
     assert clock.monotonic() == 7.0
     assert time.monotonic() - t0 < 1.5
+
+
+def test_sync_late_success_is_a_timeout_decided_by_the_core() -> None:
+    # A blocking function cannot be stopped: the host reports what it returned, with the time it
+    # took, and the core decides that an outcome whose elapsed reaches the timeout is a timeout.
+    clock = VirtualClock()
+    engine = levee.loads(DOC, seed=1, clock=clock)
+    answers = iter([1.5, 0.1])
+    calls: list[float] = []
+
+    def dependency() -> str:
+        calls.append(clock.monotonic())
+        clock.sleep(next(answers))
+        return "late" if len(calls) == 1 else "in time"
+
+    assert engine.policy("timed").call(dependency) == "in time"
+    assert calls == [0.0, pytest.approx(2.0)]  # 1.5 s late, then the 500 ms backoff
+
+
+def test_real_clock_late_success_is_never_held_back() -> None:
+    doc = "policies:\n  p: { attempts: 2, attempt-timeout: 20ms, backoff: { kind: constant, base: 1ms } }\n"
+    engine = levee.loads(doc, seed=1)
+    n: list[int] = []
+
+    def dependency() -> int:
+        n.append(1)
+        if len(n) == 1:
+            time.sleep(0.05)  # returns after its 20 ms timeout
+        return len(n)
+
+    assert engine.policy("p").call(dependency) == 2
