@@ -99,7 +99,11 @@ func TestHostScenarios(t *testing.T) {
 		if err := json.Unmarshal(b, &sc); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
-		t.Run(sc.Name, func(t *testing.T) { runScenario(t, &sc) })
+		t.Run(sc.Name, func(t *testing.T) { runScenario(t, &sc, false) })
+		if hasCallAPI(&sc) {
+			// again through Policy.Do, which returns no value: every field but the value
+			t.Run(sc.Name+"/Do", func(t *testing.T) { runScenario(t, &sc, true) })
+		}
 	}
 	if n == 0 {
 		t.Skipf("no host scenarios in %s yet", dir)
@@ -353,9 +357,21 @@ type callOut struct {
 	fallbacks []string
 	onRetry   []map[string]any
 	dep       *dependency
+	plain     bool // run through Policy.Do: no value to compare
 }
 
-func runScenario(t *testing.T, sc *hsScenario) {
+func hasCallAPI(sc *hsScenario) bool {
+	for _, c := range sc.Calls {
+		if c.API == "call" {
+			return true
+		}
+	}
+	return false
+}
+
+// runScenario replays one scenario; plain replays its `call`s through Policy.Do
+// (no value) instead of DoValue.
+func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 	ctx := context.Background()
 	origin := time.Unix(sc.WallStart, 0)
 	s := &sched{clk: leveetest.NewVirtualClockAt(origin), live: map[int]bool{}, changed: make(chan struct{}), origin: origin}
@@ -440,7 +456,7 @@ func runScenario(t *testing.T, sc *hsScenario) {
 					s.notifyLocked()
 					s.mu.Unlock()
 				}()
-				runCall(t, e, c, out, cctx)
+				runCall(t, e, c, out, cctx, plain)
 				// a success Do held back is settled now, so its events are this call's
 				// (the core's decisions are those of the next start's settle either way)
 				_ = e.FlushContext(cctx)
@@ -516,6 +532,14 @@ func runScenario(t *testing.T, sc *hsScenario) {
 		}
 		check("sleeps", orEmpty(clk.sleeps[i]))
 		check("fallbacks", orEmptyS(out.fallbacks))
+		if out.plain && out.err == nil {
+			// Policy.Do returns no value: the call must have succeeded, whatever its value
+			var want map[string]any
+			_ = json.Unmarshal(c.Expect["result"], &want)
+			if _, ok := want["value"]; ok {
+				out.value = want["value"]
+			}
+		}
 		check("result", resultOf(c, out))
 		check("on_retry", orEmptyM(out.onRetry))
 		key := ""
@@ -699,7 +723,7 @@ func unwrapURL(err error) error {
 
 // ---------------------------------------------------------------- one call
 
-func runCall(t *testing.T, e *levee.Engine, c *hsCall, out *callOut, ctx context.Context) {
+func runCall(t *testing.T, e *levee.Engine, c *hsCall, out *callOut, ctx context.Context, plain bool) {
 	p, err := e.Policy(c.Policy)
 	if err != nil {
 		out.err = err
@@ -766,6 +790,11 @@ func runCall(t *testing.T, e *levee.Engine, c *hsCall, out *callOut, ctx context
 		opts = append(opts, levee.WithIdempotencyKey())
 	}
 	opts = append(opts, levee.OnRetry(hook))
+	if plain {
+		out.plain = true
+		out.err = p.Do(ctx, func(ctx context.Context) error { return out.dep.play(ctx, false).err }, opts...)
+		return
+	}
 	out.value, out.err = levee.DoValue(ctx, p, func(ctx context.Context) (any, error) {
 		r := out.dep.play(ctx, false)
 		return r.value, r.err
