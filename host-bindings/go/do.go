@@ -355,10 +355,11 @@ var errNilPolicy = errors.New("levee: the policy is nil (get one with Engine.Pol
 // and starts its driver d at the reading the call starts at; act is the
 // driver's action for the verdict (decided under the lock: see decideLocked).
 func (e *Engine) startCall(cctx context.Context, ref callRef, flags uint32, d *driver, info *PolicyInfo) (act action, v Verdict, gen uint64, err error) {
+	*d = newDriver(info, 0) // outside the lock; begin sets the start
 	e.mu.Lock()
 	if err = e.readyLocked(true); err != nil {
 		gen = e.gen
-		*d = newDriver(info, e.Now())
+		d.begin(e.Now())
 		e.unlockEmitCtx(cctx)
 		return act, 0, gen, err
 	}
@@ -367,7 +368,7 @@ func (e *Engine) startCall(cctx context.Context, ref callRef, flags uint32, d *d
 	h := e.hold
 	e.hold = heldSuccess{}
 	now := e.Now()
-	*d = newDriver(info, now)
+	d.begin(now)
 	ctx := e.enterAt(now) // one clock reading serves the call's start and the bound
 	if ref.key != "" {
 		e.keyedCalls++

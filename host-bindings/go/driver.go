@@ -91,17 +91,25 @@ type driver struct {
 	info     *PolicyInfo
 	start    uint64 // engine ns the call started at
 	deadline uint64 // engine ns, 0 = none
+	span     uint64 // the policy's deadline, ns after the start (0 = none)
 	attempts int
 	op       crossing // the crossing whose verdict (or failure) comes next
 }
 
 // newDriver starts the driver of a call started at start (engine ns).
 func newDriver(info *PolicyInfo, start uint64) driver {
-	d := driver{info: info, op: opStart, start: start}
-	if info.Deadline > 0 {
-		d.deadline = start + info.Deadline
-	}
+	d := driver{info: info, op: opStart, span: info.Deadline}
+	d.begin(start)
 	return d
+}
+
+// begin sets the call's start (engine ns); the rest of the driver was made
+// before (the engine calls it under its lock, so it reads nothing of info).
+func (d *driver) begin(start uint64) {
+	d.start = start
+	if d.span > 0 {
+		d.deadline = start + d.span
+	}
 }
 
 // left is the time to the deadline at now (0 when past it); ok false without a deadline.
