@@ -673,7 +673,7 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 			c.tel.end(cResults[3], c.d.attempts > 1, ReasonCancelled, errPanicked)
 		}
 	}()
-	ctx, c.tel = p.e.startCallTel(ctx, call, p.name, co.key, co.http)
+	ctx, c.tel = p.e.startCallTel(ctx, p.name, co.key, co.http)
 	fbVal, fbUsed, err = c.steps(ctx)
 	c.finished = true
 	return fbVal, fbUsed, err

@@ -31,8 +31,7 @@ type Telemetry interface {
 
 // Tracer is implemented by a Telemetry that also records spans: `levee.call`
 // per call and `levee.attempt` per attempt, a child of the call's span. The
-// context an attempt runs under is the one StartSpan returns. The call's span
-// also has `levee.call`, the call's id, which the call's events carry too.
+// context an attempt runs under is the one StartSpan returns.
 type Tracer interface {
 	StartSpan(ctx context.Context, name string, attrs []slog.Attr) (context.Context, Span)
 }
@@ -168,15 +167,14 @@ type callTel struct {
 	http   bool
 }
 
-func (e *Engine) startCallTel(ctx context.Context, call uint64, policy, key string, http bool) (context.Context, *callTel) {
+func (e *Engine) startCallTel(ctx context.Context, policy, key string, http bool) (context.Context, *callTel) {
 	t := e.o.tel
 	if t == nil {
 		return ctx, nil
 	}
 	c := &callTel{ctx: ctx, t: t, tr: e.o.tracer, policy: policy, key: key, http: http, pol: []slog.Attr{slog.String(cAttrPolicy, policy)}}
 	if c.tr != nil {
-		ctx, c.span = c.tr.StartSpan(ctx, cSpanCall, []slog.Attr{slog.String(cAttrPolicy, policy), slog.String(cAttrKey, key),
-			slog.Uint64(cAttrCall, call)})
+		ctx, c.span = c.tr.StartSpan(ctx, cSpanCall, []slog.Attr{slog.String(cAttrPolicy, policy), slog.String(cAttrKey, key)})
 		c.ctx = ctx
 	}
 	return ctx, c
