@@ -79,71 +79,18 @@ ATTR_RESEND_COUNT: Final[str] = "http.request.resend_count"
 SPAN_CALL: Final[str] = "levee.call"
 SPAN_ATTEMPT: Final[str] = "levee.attempt"
 
-REASONS: Final[tuple[str, ...]] = (
-    "none",
-    "deadline",
-    "retries-exhausted",
-    "non-retryable",
-    "budget",
-    "breaker-open",
-    "rate-limited",
-    "bulkhead-full",
-    "non-idempotent",
-    "retry-after-too-long",
-    "pushback",
-    "cancelled",
-    "fallbacks-failed",
-)
-OUTCOME_KINDS: Final[tuple[str, ...]] = (
-    "success",
-    "timeout",
-    "connection-error",
-    "http-status",
-    "grpc-status",
-    "error-class",
-)
+REASONS: Final[tuple[str, ...]] = ("none", "deadline", "retries-exhausted", "non-retryable", "budget", "breaker-open", "rate-limited", "bulkhead-full", "non-idempotent", "retry-after-too-long", "pushback", "cancelled", "fallbacks-failed")
+OUTCOME_KINDS: Final[tuple[str, ...]] = ("success", "timeout", "connection-error", "http-status", "grpc-status", "error-class")
 BREAKER_STATES: Final[tuple[str, ...]] = ("closed", "open", "half-open", "forced-open", "forced-closed", "disabled")
-EVENT_KINDS: Final[tuple[str, ...]] = (
-    "retry-scheduled",
-    "gave-up",
-    "rejected",
-    "budget-refused",
-    "breaker-transition",
-    "fallback-chosen",
-    "rate-limit-wait",
-    "key-evicted",
-    "call-evicted",
-    "permit-expired",
-)
+EVENT_KINDS: Final[tuple[str, ...]] = ("retry-scheduled", "gave-up", "rejected", "budget-refused", "breaker-transition", "fallback-chosen", "rate-limit-wait", "key-evicted", "call-evicted", "permit-expired")
 DURABLE_ACTIONS: Final[tuple[str, ...]] = ("run", "wait", "done", "dead", "cancelled")
-DURABLE_REASONS: Final[tuple[str, ...]] = (
-    "none",
-    "deadline",
-    "retries-exhausted",
-    "non-retryable",
-    "non-idempotent",
-    "retry-after-too-long",
-    "pushback",
-    "cancelled",
-    "unknown-outcome",
-    "crash-limit",
-)
+DURABLE_REASONS: Final[tuple[str, ...]] = ("none", "deadline", "retries-exhausted", "non-retryable", "non-idempotent", "retry-after-too-long", "pushback", "cancelled", "unknown-outcome", "crash-limit")
 VERDICT_KINDS: Final[tuple[str, ...]] = ("attempt", "wait", "done", "retry", "fallback", "fail", "invalid")
 IDEMPOTENCY_HEADERS: Final[tuple[str, ...]] = ("idempotency-key", "x-idempotency-key")
 FAULTS: Final[tuple[str, ...]] = ("trap", "contract", "invalid")
 RESULTS: Final[tuple[str, ...]] = ("success", "fallback", "failure", "cancelled")
 
 #: Case-sensitive method tokens and their `start` codes; any other token is METHOD_OTHER.
-METHODS: Final[dict[str, int]] = {
-    "GET": 1,
-    "HEAD": 2,
-    "POST": 3,
-    "PUT": 4,
-    "DELETE": 5,
-    "PATCH": 6,
-    "OPTIONS": 7,
-    "TRACE": 8,
-    "CONNECT": 9,
-}
+METHODS: Final[dict[str, int]] = {"GET": 1, "HEAD": 2, "POST": 3, "PUT": 4, "DELETE": 5, "PATCH": 6, "OPTIONS": 7, "TRACE": 8, "CONNECT": 9}
 #: Default port of each URL scheme (the HTTP key is host:port).
 DEFAULT_PORTS: Final[dict[str, int]] = {"http": 80, "https": 443, "ws": 80, "wss": 443}

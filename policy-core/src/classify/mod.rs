@@ -14,6 +14,9 @@
 //! An HTTP status below 400 and gRPC `OK` are successes; everything else is a failure.
 //! A failure is retryable when a `retry-on` rule matches it and no `never-retry` rule does.
 
+use crate::doc::{self, Fields, Value};
+use crate::error::LoadError;
+use crate::read::describe;
 use crate::types::OutcomeKind;
 
 /// gRPC status names, by code.
@@ -223,6 +226,89 @@ pub const HTTP_METHODS: [&str; 10] = ["", "GET", "HEAD", "POST", "PUT", "DELETE"
 
 /// RFC 9110 idempotent methods (the default of `idempotent-methods`).
 pub const DEFAULT_IDEMPOTENT_METHODS: &[&str] = &["GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"];
+
+/// Parse a list of rules (`retry-on`, `never-retry`, `breaker.failure-on`); `default` when absent.
+pub(crate) fn parse_rules(f: &mut Fields<'_>, field: &str, default: &[&str], errors: &mut Vec<LoadError>) -> Rules {
+    let Some(v) = f.take(field) else {
+        return Rules::parse_all(default).unwrap_or_default();
+    };
+    let path = f.path_of(field);
+    let Value::List(items) = v else {
+        errors.push(LoadError::new(&path, format!("must be a list of rules such as [timeout, \"http:503\"], found {}", v.type_name())));
+        return Rules::default();
+    };
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let text = match item {
+            Value::Str(s) => s.clone(),
+            Value::Int(n) => format!("http:{n}"),
+            other => {
+                errors.push(LoadError::new(&format!("{path}[{i}]"), format!("must be a rule string, found {}", describe(other))));
+                continue;
+            }
+        };
+        match Rule::parse(&text) {
+            Ok(r) => out.push(r),
+            Err(e) => errors.push(LoadError::new(&format!("{path}[{i}]"), e)),
+        }
+    }
+    Rules(out)
+}
+
+/// Parse `idempotent-methods` into a bit set (bit `i`: method number `i` of [`HTTP_METHODS`]).
+pub(crate) fn parse_methods(f: &mut Fields<'_>, errors: &mut Vec<LoadError>) -> u16 {
+    let names: Vec<String> = match f.take("idempotent-methods") {
+        None => DEFAULT_IDEMPOTENT_METHODS.iter().map(|s| s.to_string()).collect(),
+        Some(Value::List(items)) => items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| match item {
+                Value::Str(s) => Some(s.to_ascii_uppercase()),
+                other => {
+                    errors.push(LoadError::new(
+                        &format!("{}[{i}]", f.path_of("idempotent-methods")),
+                        format!("must be a method name, found {}", describe(other)),
+                    ));
+                    None
+                }
+            })
+            .collect(),
+        Some(other) => {
+            errors.push(LoadError::new(
+                &f.path_of("idempotent-methods"),
+                format!("must be a list of HTTP methods, found {}", other.type_name()),
+            ));
+            Vec::new()
+        }
+    };
+    let mut bits = 0u16;
+    for (i, name) in names.iter().enumerate() {
+        match HTTP_METHODS.iter().skip(1).position(|m| m == name) {
+            Some(p) => bits |= 1 << (p + 1),
+            None => errors.push(LoadError::new(
+                &format!("{}[{i}]", f.path_of("idempotent-methods")),
+                format!("`{name}` is not one of {}", doc::list(HTTP_METHODS.get(1..).unwrap_or_default())),
+            )),
+        }
+    }
+    bits
+}
+
+/// The method names of a bit set made by [`parse_methods`], in [`HTTP_METHODS`] order.
+pub(crate) fn method_names(bits: u16) -> Vec<&'static str> {
+    HTTP_METHODS.iter().enumerate().filter(|(i, _)| *i > 0 && bits & (1 << i) != 0).map(|(_, m)| *m).collect()
+}
+
+/// Whether an HTTP method (by its `start` flags number) is idempotent under a method bit set.
+/// 0 (not an HTTP call) is; 15 (another method) is not.
+#[inline]
+pub fn method_idempotent(bits: u16, method: u32) -> bool {
+    match method {
+        0 => true,
+        1..=9 => bits & (1 << method) != 0,
+        _ => false,
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -18,7 +18,28 @@
 //! `f64` (each step one correctly rounded multiplication, so the same on every platform) that
 //! stops as soon as it exceeds `cap / base`; any `n` up to `u32::MAX` is fine.
 
+use crate::doc::{obj, Fields, Value};
+use crate::error::LoadError;
+use crate::read::{choose, describe, number, opt_duration};
 use crate::rng::Rng;
+use crate::time::{format_duration, MILLISECOND, SECOND};
+
+/// Default backoff kind.
+pub const DEFAULT_KIND: Kind = Kind::Exponential;
+/// Default first delay (`base`).
+pub const DEFAULT_BASE: u64 = 100 * MILLISECOND;
+/// Default growth per retry of the exponential kind.
+pub const DEFAULT_MULTIPLIER: f64 = 2.0;
+/// Default largest delay before jitter (`cap`).
+pub const DEFAULT_CAP: u64 = 20 * SECOND;
+/// Default jitter.
+pub const DEFAULT_JITTER: Jitter = Jitter::Full;
+/// Default spread of proportional jitter (Polly's ±25%).
+pub const DEFAULT_JITTER_RATIO: f64 = 0.25;
+/// Largest multiplier accepted.
+pub const MAX_MULTIPLIER: f64 = 1000.0;
+/// The fields of `backoff`.
+pub const FIELDS: &[&str] = &["kind", "base", "multiplier", "cap", "jitter", "jitter-ratio"];
 
 /// Backoff kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,12 +118,12 @@ pub struct Backoff {
 impl Default for Backoff {
     fn default() -> Self {
         Backoff {
-            kind: Kind::Exponential,
-            base: 100 * crate::time::MILLISECOND,
-            multiplier: 2.0,
-            cap: 20 * crate::time::SECOND,
-            jitter: Jitter::Full,
-            jitter_ratio: 0.25,
+            kind: DEFAULT_KIND,
+            base: DEFAULT_BASE,
+            multiplier: DEFAULT_MULTIPLIER,
+            cap: DEFAULT_CAP,
+            jitter: DEFAULT_JITTER,
+            jitter_ratio: DEFAULT_JITTER_RATIO,
         }
     }
 }
@@ -175,10 +196,92 @@ pub(crate) fn exponential(base: u64, m: f64, e: u32, cap: u64) -> u64 {
     }
 }
 
+/// Parse `backoff` (absent: every default).
+pub(crate) fn parse(f: &mut Fields<'_>, errors: &mut Vec<LoadError>) -> Backoff {
+    let mut out = Backoff::default();
+    let Some(v) = f.take("backoff") else {
+        return out;
+    };
+    let path = f.path_of("backoff");
+    let Some(mut b) = Fields::new(&path, v, errors) else {
+        return out;
+    };
+    if let Some(k) = b.take("kind") {
+        if let Some(kind) = choose(&b.path_of("kind"), k, &Kind::ALL.map(|k| (k.name(), k)), errors) {
+            out.kind = kind;
+        }
+    }
+    if out.kind == Kind::Decorrelated {
+        out.jitter = Jitter::Decorrelated;
+    }
+    if let Some(base) = opt_duration(&mut b, "base", errors, false) {
+        out.base = base;
+    }
+    if let Some(m) = b.take("multiplier") {
+        match number(m) {
+            Some(x) if x.is_finite() && (1.0..=MAX_MULTIPLIER).contains(&x) => out.multiplier = x,
+            _ => errors.push(LoadError::new(&b.path_of("multiplier"), format!("must be a number from 1 to 1000, found {}", describe(m)))),
+        }
+    }
+    if let Some(cap) = opt_duration(&mut b, "cap", errors, false) {
+        out.cap = cap;
+    }
+    if let Some(j) = b.take("jitter") {
+        let jp = b.path_of("jitter");
+        if let Some(jitter) = choose(&jp, j, &Jitter::ALL.map(|j| (j.name(), j)), errors) {
+            if jitter == Jitter::Decorrelated && out.kind != Kind::Decorrelated {
+                errors.push(LoadError::new(
+                    &jp,
+                    "decorrelated jitter is the `decorrelated` backoff kind's own and goes only with it (use kind: decorrelated)",
+                ));
+            } else if jitter != Jitter::Decorrelated && out.kind == Kind::Decorrelated {
+                errors.push(LoadError::new(
+                    &jp,
+                    format!(
+                        "the `decorrelated` kind has its own jitter (each delay is drawn from base to 3 times the previous one), so `{}` cannot apply; leave `jitter` out (or write jitter: decorrelated), or choose another kind for {} jitter",
+                        jitter.name(),
+                        jitter.name()
+                    ),
+                ));
+            } else {
+                out.jitter = jitter;
+            }
+        }
+    }
+    if let Some(r) = b.take("jitter-ratio") {
+        match number(r) {
+            Some(x) if x > 0.0 && x <= 1.0 => out.jitter_ratio = x,
+            _ => errors
+                .push(LoadError::new(&b.path_of("jitter-ratio"), format!("must be a number above 0 and at most 1, found {}", describe(r)))),
+        }
+    }
+    if out.cap < out.base {
+        errors.push(LoadError::new(
+            &b.path_of("cap"),
+            format!("({}) must not be below base ({})", format_duration(out.cap), format_duration(out.base)),
+        ));
+    }
+    b.finish(FIELDS, errors);
+    out
+}
+
+impl Backoff {
+    /// As the policy's JSON shows it (fields that do not apply are null).
+    pub(crate) fn to_json(&self) -> Value {
+        obj([
+            ("kind", self.kind.name().into()),
+            ("base", format_duration(self.base).into()),
+            ("multiplier", if self.kind == Kind::Exponential { self.multiplier.into() } else { Value::Null }),
+            ("cap", format_duration(self.cap).into()),
+            ("jitter", self.jitter.name().into()),
+            ("jitter-ratio", if self.jitter == Jitter::Proportional { self.jitter_ratio.into() } else { Value::Null }),
+        ])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::{MILLISECOND, SECOND};
 
     fn expo(base: u64, m: f64, cap: u64) -> Backoff {
         Backoff { kind: Kind::Exponential, base, multiplier: m, cap, jitter: Jitter::None, jitter_ratio: 0.25 }

@@ -9,6 +9,24 @@
 //!   `100 / percent`; deposits expire after `ttl` (kept in 10 slots of `ttl / 10`); a reserve
 //!   of `min-per-second * ttl` retries is always there. Kept in milli-units.
 
+use crate::doc::{obj, Fields, Value};
+use crate::error::LoadError;
+use crate::read::{choose, fraction, opt_duration, pairs, rows, uint};
+use crate::time::{format_duration, SECOND};
+
+/// Default `max-tokens` of token throttling.
+pub const DEFAULT_MAX_TOKENS: f64 = 10.0;
+/// Default `token-ratio` of token throttling.
+pub const DEFAULT_TOKEN_RATIO: f64 = 0.1;
+/// Default `percent` of the ratio budget (Finagle, tower).
+pub const DEFAULT_PERCENT: f64 = 20.0;
+/// Default `min-per-second` of the ratio budget.
+pub const DEFAULT_MIN_PER_SECOND: u32 = 10;
+/// Default `ttl` of the ratio budget's deposits.
+pub const DEFAULT_TTL: u64 = 10 * SECOND;
+/// Shortest and longest `ttl` (tower's bounds).
+pub const TTL_RANGE: core::ops::RangeInclusive<u64> = SECOND..=60 * SECOND;
+
 /// Budget configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub enum BudgetCfg {
@@ -28,6 +46,81 @@ pub enum BudgetCfg {
         /// How long a deposit counts (default 10s).
         ttl: u64,
     },
+}
+
+/// Parse `budget`.
+pub(crate) fn parse(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Option<BudgetCfg> {
+    let mut b = Fields::new(path, v, errors)?;
+    let kind = match b.take("kind") {
+        None => {
+            errors.push(LoadError::new(
+                &b.path_of("kind"),
+                "is required: `token` (gRPC retry throttling) or `ratio` (Finagle/tower retry budget)",
+            ));
+            None
+        }
+        Some(k) => choose(&b.path_of("kind"), k, &[("token", 0u8), ("ratio", 1u8)], errors),
+    };
+    match kind {
+        Some(0) => {
+            let max = fraction(&mut b, "max-tokens", DEFAULT_MAX_TOKENS, 0.001, 1000.0, errors);
+            let ratio = fraction(&mut b, "token-ratio", DEFAULT_TOKEN_RATIO, 0.001, 1000.0, errors);
+            b.finish(&["kind", "max-tokens", "token-ratio"], errors);
+            Some(BudgetCfg::Token { max_milli: (max * 1000.0).round() as i64, ratio_milli: (ratio * 1000.0).round() as i64 })
+        }
+        Some(_) => {
+            let percent = fraction(&mut b, "percent", DEFAULT_PERCENT, 0.001, 1000.0, errors);
+            let min_per_second = uint(&mut b, "min-per-second", DEFAULT_MIN_PER_SECOND, 0, 1_000_000, errors);
+            let ttl = opt_duration(&mut b, "ttl", errors, false).unwrap_or(DEFAULT_TTL);
+            if !TTL_RANGE.contains(&ttl) {
+                errors.push(LoadError::new(&b.path_of("ttl"), "must be from 1s to 60s (tower's bounds)"));
+            }
+            b.finish(&["kind", "percent", "min-per-second", "ttl"], errors);
+            Some(BudgetCfg::Ratio { percent, min_per_second, ttl })
+        }
+        None => None,
+    }
+}
+
+impl BudgetCfg {
+    /// As the policy's JSON shows it.
+    pub(crate) fn to_json(&self) -> Value {
+        match self {
+            BudgetCfg::Token { max_milli, ratio_milli } => obj([
+                ("kind", "token".into()),
+                ("max-tokens", (*max_milli as f64 / 1000.0).into()),
+                ("token-ratio", (*ratio_milli as f64 / 1000.0).into()),
+            ]),
+            BudgetCfg::Ratio { percent, min_per_second, ttl } => obj([
+                ("kind", "ratio".into()),
+                ("percent", (*percent).into()),
+                ("min-per-second", (*min_per_second).into()),
+                ("ttl", format_duration(*ttl).into()),
+            ]),
+        }
+    }
+
+    /// Import a budget's exported state (see [`BudgetState::to_json`]): kept when it is of
+    /// this budget's kind (clamped to its bounds), else a fresh state.
+    pub(crate) fn import(&self, b: &Value, path: &str) -> Result<BudgetState, LoadError> {
+        let state = if let Some(t) = b.get("token") {
+            BudgetState::Token { tokens: t.as_i64().ok_or_else(|| LoadError::new(path, "token must be an integer"))? }
+        } else if let Some(r) = b.get("ratio") {
+            BudgetState::Ratio {
+                slots: pairs(Some(r), path, 2)?
+                    .iter()
+                    .map(|r| (r.first().copied().unwrap_or(0).max(0) as u64, r.get(1).copied().unwrap_or(0)))
+                    .collect(),
+            }
+        } else {
+            return Err(LoadError::new(path, "must be {\"token\": n} or {\"ratio\": [...]}"));
+        };
+        let same = matches!(
+            (self, &state),
+            (BudgetCfg::Token { .. }, BudgetState::Token { .. }) | (BudgetCfg::Ratio { .. }, BudgetState::Ratio { .. })
+        );
+        Ok(if same { self.clamp(state) } else { self.fresh() })
+    }
 }
 
 /// Number of slots a ratio budget keeps over its TTL.
@@ -132,6 +225,14 @@ impl BudgetState {
                 }
             }
             (_, _) => (true, 0),
+        }
+    }
+
+    /// As exported state: `{"token": n}` or `{"ratio": [[slot, balance], ...]}`.
+    pub(crate) fn to_json(&self) -> Value {
+        match self {
+            BudgetState::Token { tokens } => obj([("token", (*tokens).into())]),
+            BudgetState::Ratio { slots } => obj([("ratio", rows(slots.iter().map(|(s, v)| [Value::from(*s), Value::from(*v)])))]),
         }
     }
 

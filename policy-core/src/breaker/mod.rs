@@ -17,8 +17,55 @@
 //! * Only legal automatic edges: closed->open, open->half-open, half-open->closed,
 //!   half-open->open. Forced states are an operator's.
 
-use crate::classify::Rules;
+use crate::classify::{self, Rules};
+use crate::doc::{obj, Fields, Value};
+use crate::error::LoadError;
+use crate::read::{choose, describe, fraction, int, opt_duration, pairs, rows, u32_at, u64_at, uint};
+use crate::time::{format_duration, SECOND};
 use crate::types::BreakerState as S;
+
+/// Default size of a count window, in calls (resilience4j's `slidingWindowSize`).
+pub const DEFAULT_WINDOW_CALLS: u32 = 100;
+/// Default sliding window.
+pub const DEFAULT_WINDOW: Window = Window::Count(DEFAULT_WINDOW_CALLS);
+/// Largest count window.
+pub const MAX_WINDOW_CALLS: u32 = 100_000;
+/// Default length of a time window.
+pub const DEFAULT_TIME_WINDOW: u64 = 60 * SECOND;
+/// Default bucket of a time window.
+pub const DEFAULT_BUCKET: u64 = SECOND;
+/// Most buckets of a time window.
+pub const MAX_BUCKETS: u64 = 3600;
+/// Default failure-rate threshold, percent.
+pub const DEFAULT_FAILURE_RATE: f64 = 50.0;
+/// Default slow-call-rate threshold, percent.
+pub const DEFAULT_SLOW_CALL_RATE: f64 = 100.0;
+/// Default duration from which a call is slow.
+pub const DEFAULT_SLOW_CALL_DURATION: u64 = 60 * SECOND;
+/// Default calls needed before the breaker may trip.
+pub const DEFAULT_MINIMUM_CALLS: u32 = 100;
+/// Default time open after a trip.
+pub const DEFAULT_OPEN_DURATION: u64 = 60 * SECOND;
+/// Default growth of the open time per consecutive trip (when `open-duration-max` lets it grow).
+pub const DEFAULT_OPEN_DURATION_MULTIPLIER: f64 = 2.0;
+/// Default trial calls in half-open.
+pub const DEFAULT_HALF_OPEN_PERMITS: u32 = 10;
+/// Default time after which an unreported half-open permit is given back.
+pub const DEFAULT_HALF_OPEN_PERMIT_TIMEOUT: u64 = 60 * SECOND;
+/// The fields of `breaker`.
+pub const FIELDS: &[&str] = &[
+    "window",
+    "failure-rate",
+    "slow-call-rate",
+    "slow-call-duration",
+    "minimum-calls",
+    "open-duration",
+    "open-duration-max",
+    "open-duration-multiplier",
+    "half-open-permits",
+    "half-open-permit-timeout",
+    "failure-on",
+];
 
 /// Sliding window kinds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,7 +164,182 @@ pub enum Check {
     Reject(u64),
 }
 
+fn parse_window(wp: &str, w: &Value, errors: &mut Vec<LoadError>) -> Option<Window> {
+    let mut wf = Fields::new(wp, w, errors)?;
+    let kind = match wf.take("kind") {
+        None => Some(0u8),
+        Some(k) => choose(&wf.path_of("kind"), k, &[("count", 0u8), ("time", 1u8)], errors),
+    };
+    let out = match kind {
+        Some(1) => {
+            let size = opt_duration(&mut wf, "size", errors, false).unwrap_or(DEFAULT_TIME_WINDOW);
+            let bucket = opt_duration(&mut wf, "bucket", errors, false).unwrap_or(DEFAULT_BUCKET);
+            if bucket == 0 || size < bucket || size / bucket.max(1) > MAX_BUCKETS {
+                errors.push(LoadError::new(wp, "a time window needs 0 < bucket <= size and at most 3600 buckets"));
+            }
+            Window::Time { size, bucket }
+        }
+        _ => match wf.take("size") {
+            None => DEFAULT_WINDOW,
+            Some(s) => match int(s) {
+                Some(n) if (1..=i64::from(MAX_WINDOW_CALLS)).contains(&n) => Window::Count(n as u32),
+                _ => {
+                    errors.push(LoadError::new(
+                        &wf.path_of("size"),
+                        format!("a count window's size is a number of calls from 1 to 100000, found {}", describe(s)),
+                    ));
+                    DEFAULT_WINDOW
+                }
+            },
+        },
+    };
+    wf.finish(&["kind", "size", "bucket"], errors);
+    Some(out)
+}
+
+/// Parse `breaker`.
+pub(crate) fn parse(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Option<BreakerCfg> {
+    let mut b = Fields::new(path, v, errors)?;
+    let window = match b.take("window") {
+        None => DEFAULT_WINDOW,
+        Some(w) => parse_window(&b.path_of("window"), w, errors)?,
+    };
+    let failure_rate = fraction(&mut b, "failure-rate", DEFAULT_FAILURE_RATE, 0.001, 100.0, errors);
+    let slow_call_rate = fraction(&mut b, "slow-call-rate", DEFAULT_SLOW_CALL_RATE, 0.001, 100.0, errors);
+    let slow_call_duration = opt_duration(&mut b, "slow-call-duration", errors, false).unwrap_or(DEFAULT_SLOW_CALL_DURATION);
+    let minimum_calls = uint(&mut b, "minimum-calls", DEFAULT_MINIMUM_CALLS, 1, 1_000_000, errors);
+    let open_duration = opt_duration(&mut b, "open-duration", errors, false).unwrap_or(DEFAULT_OPEN_DURATION);
+    let open_duration_max = opt_duration(&mut b, "open-duration-max", errors, false).unwrap_or(open_duration);
+    if open_duration_max < open_duration {
+        errors.push(LoadError::new(&b.path_of("open-duration-max"), "must not be below open-duration"));
+    }
+    let open_duration_multiplier = fraction(&mut b, "open-duration-multiplier", DEFAULT_OPEN_DURATION_MULTIPLIER, 1.0, 1000.0, errors);
+    let half_open_permits = uint(&mut b, "half-open-permits", DEFAULT_HALF_OPEN_PERMITS, 1, 10_000, errors);
+    let half_open_permit_timeout =
+        opt_duration(&mut b, "half-open-permit-timeout", errors, false).unwrap_or(DEFAULT_HALF_OPEN_PERMIT_TIMEOUT);
+    if half_open_permit_timeout == 0 {
+        errors.push(LoadError::new(&b.path_of("half-open-permit-timeout"), "must be above 0"));
+    }
+    let failure_on = classify::parse_rules(&mut b, "failure-on", classify::DEFAULT_BREAKER_FAILURE_ON, errors);
+    b.finish(FIELDS, errors);
+    Some(BreakerCfg {
+        window,
+        failure_rate,
+        slow_call_rate,
+        slow_call_duration,
+        minimum_calls,
+        open_duration,
+        open_duration_max,
+        open_duration_multiplier,
+        half_open_permits,
+        half_open_permit_timeout,
+        failure_on,
+    })
+}
+
+impl Window {
+    /// The window as exported state's fingerprint shows it (sizes in ns): a state is kept
+    /// across a reload only under the same fingerprint.
+    pub(crate) fn fingerprint(&self) -> Value {
+        match *self {
+            Window::Count(n) => obj([("kind", "count".into()), ("size", n.into())]),
+            Window::Time { size, bucket } => obj([("kind", "time".into()), ("size", size.into()), ("bucket", bucket.into())]),
+        }
+    }
+}
+
 impl BreakerCfg {
+    /// As the policy's JSON shows it.
+    pub(crate) fn to_json(&self) -> Value {
+        obj([
+            (
+                "window",
+                match self.window {
+                    Window::Count(n) => obj([("kind", "count".into()), ("size", n.into())]),
+                    Window::Time { size, bucket } => {
+                        obj([("kind", "time".into()), ("size", format_duration(size).into()), ("bucket", format_duration(bucket).into())])
+                    }
+                },
+            ),
+            ("failure-rate", self.failure_rate.into()),
+            ("slow-call-rate", self.slow_call_rate.into()),
+            ("slow-call-duration", format_duration(self.slow_call_duration).into()),
+            ("minimum-calls", self.minimum_calls.into()),
+            ("open-duration", format_duration(self.open_duration).into()),
+            ("open-duration-max", format_duration(self.open_duration_max).into()),
+            ("open-duration-multiplier", self.open_duration_multiplier.into()),
+            ("half-open-permits", self.half_open_permits.into()),
+            ("half-open-permit-timeout", format_duration(self.half_open_permit_timeout).into()),
+            ("failure-on", self.failure_on.texts().into()),
+        ])
+    }
+
+    /// Import a breaker's exported state (see [`Breaker::to_json`]); its window is kept only
+    /// when `same_window`.
+    pub(crate) fn import(&self, b: &Value, bp: &str, same_window: bool) -> Result<Breaker, LoadError> {
+        let state = b
+            .get("state")
+            .and_then(Value::as_str)
+            .and_then(S::from_name)
+            .ok_or_else(|| LoadError::new(&format!("{bp}.state"), "is not a breaker state"))?;
+        let trial = pairs(Some(&Value::List(vec![b.get("trial").cloned().unwrap_or(Value::Null)])), &format!("{bp}.trial"), 3)?;
+        let trial = trial.first().cloned().unwrap_or_default();
+        let t = |i: usize| trial.get(i).copied().unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32;
+        let window_v = b.get("window").ok_or_else(|| LoadError::new(&format!("{bp}.window"), "is missing"))?;
+        let window = if let Some(c) = window_v.get("count") {
+            let wp = format!("{bp}.window.count");
+            let ring: Vec<u8> = c
+                .get("ring")
+                .and_then(Value::as_list)
+                .ok_or_else(|| LoadError::new(&wp, "ring must be a list"))?
+                .iter()
+                .map(|x| x.as_u64().filter(|b| *b < 4).map(|b| b as u8).ok_or_else(|| LoadError::new(&wp, "ring entries are 0 to 3")))
+                .collect::<Result<_, _>>()?;
+            let failures = ring.iter().filter(|b| *b & 1 != 0).count() as u32;
+            let slow = ring.iter().filter(|b| *b & 2 != 0).count() as u32;
+            let pos = u32_at(c, "pos", &wp)?;
+            let size = match self.window {
+                Window::Count(n) => n.max(1),
+                Window::Time { .. } => 1,
+            };
+            WindowState::Count { pos: pos % size, ring, failures, slow }
+        } else if let Some(t) = window_v.get("time") {
+            let rows = pairs(Some(t), &format!("{bp}.window.time"), 4)?;
+            let clamp = |x: i64| x.clamp(0, i64::from(u32::MAX)) as u32;
+            WindowState::Time {
+                buckets: rows
+                    .iter()
+                    .map(|r| {
+                        (
+                            r.first().copied().unwrap_or(0).max(0) as u64,
+                            clamp(r.get(1).copied().unwrap_or(0)),
+                            clamp(r.get(2).copied().unwrap_or(0)),
+                            clamp(r.get(3).copied().unwrap_or(0)),
+                        )
+                    })
+                    .collect(),
+            }
+        } else {
+            return Err(LoadError::new(&format!("{bp}.window"), "must be {\"count\": ...} or {\"time\": ...}"));
+        };
+        let permits = pairs(b.get("permits"), &format!("{bp}.permits"), 2)?
+            .iter()
+            .map(|r| (r.first().copied().unwrap_or(0) as u64, r.get(1).copied().unwrap_or(0) as u64))
+            .collect();
+        let imported = Breaker {
+            state,
+            open_until: u64_at(b, "open_until", bp)?,
+            trips: u32_at(b, "trips", bp)?,
+            window,
+            epoch: u64_at(b, "epoch", bp)?,
+            permits,
+            issued: u32_at(b, "issued", bp)?,
+            trial: (t(0), t(1), t(2)),
+            last_now: u64_at(b, "last_now", bp)?,
+        };
+        Ok(self.adopt(imported, same_window))
+    }
+
     /// Open duration after `trips` consecutive trips.
     pub fn open_for(&self, trips: u32) -> u64 {
         crate::backoff::exponential(
@@ -170,6 +392,35 @@ impl BreakerCfg {
 }
 
 impl Breaker {
+    /// As exported state.
+    pub(crate) fn to_json(&self) -> Value {
+        let window = match &self.window {
+            WindowState::Count { ring, pos, failures, slow } => obj([(
+                "count",
+                obj([
+                    ("ring", Value::List(ring.iter().map(|x| u32::from(*x).into()).collect())),
+                    ("pos", (*pos).into()),
+                    ("failures", (*failures).into()),
+                    ("slow", (*slow).into()),
+                ]),
+            )]),
+            WindowState::Time { buckets } => {
+                obj([("time", rows(buckets.iter().map(|(i, c, f, s)| [*i, u64::from(*c), u64::from(*f), u64::from(*s)])))])
+            }
+        };
+        obj([
+            ("state", self.state.name().into()),
+            ("open_until", self.open_until.into()),
+            ("trips", self.trips.into()),
+            ("epoch", self.epoch.into()),
+            ("permits", rows(self.permits.iter().map(|(c, at)| [*c, *at]))),
+            ("issued", self.issued.into()),
+            ("trial", Value::List(vec![self.trial.0.into(), self.trial.1.into(), self.trial.2.into()])),
+            ("last_now", self.last_now.into()),
+            ("window", window),
+        ])
+    }
+
     /// The state at `now` without changing anything (an expired open reads half-open).
     pub fn peek(&self, now: u64) -> S {
         if self.state == S::Open && now.max(self.last_now) >= self.open_until {
