@@ -674,6 +674,7 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 		}
 	}()
 	ctx, c.tel = p.e.startCallTel(ctx, p.name, co.key, co.http)
+	c.ctx = ctx
 	fbVal, fbUsed, err = c.steps(ctx)
 	c.finished = true
 	return fbVal, fbUsed, err
@@ -690,6 +691,7 @@ type callRun struct {
 	st       *policyState
 	call     uint64
 	d        driver
+	ctx      context.Context // the call's (with its span), for cancel's events
 	tel      *callTel
 	finished bool
 	lastErr  error
@@ -706,9 +708,14 @@ func (c *callRun) fail(reason Reason, retryAfter time.Duration, ctxErr error) er
 		FallbackErr: c.fbErr, Unregistered: c.unreg, Ctx: ctxErr}
 }
 
-func (c *callRun) cancelled(cerr error) (any, bool, error) {
+// cancelCall abandons the call in the core, its events delivered with the call's context.
+func (c *callRun) cancelCall(ctx context.Context) {
 	e := c.p.e
-	_ = e.Cancel(c.call, e.Now())
+	_ = e.opCtx(ctx, func(gctx context.Context, in *instance) error { return in.cancel(gctx, e.rep, c.call, e.Now()) })
+}
+
+func (c *callRun) cancelled(cerr error) (any, bool, error) {
+	c.cancelCall(c.ctx)
 	c.tel.end(cResults[3], c.d.attempts > 1, ReasonCancelled, cerr)
 	return nil, false, c.fail(ReasonCancelled, 0, cerr)
 }
@@ -787,7 +794,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 				if rp, ok := a.(retryPreparer); ok {
 					if err := rp.prepareRetry(); err != nil {
 						// the operation cannot be sent again (GetBody failed): that is this call's end
-						_ = e.Cancel(call, e.Now())
+						c.cancelCall(ctx)
 						c.tel.end(cResults[2], d.attempts > 1, ReasonNone, err)
 						return nil, false, err
 					}

@@ -169,8 +169,8 @@ func (d *driver) next(v Verdict, now uint64) action {
 		d.op = opReportFallback
 		return action{kind: actFallback, name: info.Fallbacks[idx], reason: v.Reason()}
 	case VerdictDone:
-		if d.op == opAcquire {
-			return d.breach(faultContract, now, "done answered to acquire")
+		if d.op == opAcquire || d.op == opStart {
+			return d.breach(faultContract, now, "done answered to %v (it only admits)", d.op)
 		}
 		return action{kind: actDone}
 	case VerdictFail:

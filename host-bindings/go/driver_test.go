@@ -74,6 +74,7 @@ func TestDriverContract(t *testing.T) {
 		{"fallback out of range", afterAttempt(), mkVerdict(VerdictFallback, 0, 1), 50 * ms, faultContract, recoverAttemptResult},
 		{"fail without a reason", afterAttempt(), mkVerdict(VerdictFail, 0, 0), 50 * ms, faultContract, recoverAttemptResult},
 		{"done to acquire", afterRetry(), mkVerdict(VerdictDone, 0, 0), 60 * ms, faultContract, recoverDegraded},
+		{"done to start", fresh(), mkVerdict(VerdictDone, 0, 0), 0, faultContract, recoverDegraded},
 		{"invalid", afterRetry(), mkVerdict(VerdictInvalid, InvalidUnknownCall, 0), 60 * ms, faultInvalid, recoverDegraded},
 		{"deadline passed", afterRetry(), mkVerdict(VerdictInvalid, InvalidUnknownCall, 0), 100 * ms, faultInvalid, recoverDeadline},
 	}

@@ -564,8 +564,17 @@ func (e *Engine) unlockEmitCtx(ctx context.Context) {
 // op runs f under the lock with a ready instance and the call bound; an error
 // of the guest re-instantiates the engine.
 func (e *Engine) op(keep bool, f func(ctx context.Context, in *instance) error) error {
+	return e.opKeep(context.Background(), keep, f)
+}
+
+// opCtx is op for a call whose context is cctx (its events are delivered with it).
+func (e *Engine) opCtx(cctx context.Context, f func(ctx context.Context, in *instance) error) error {
+	return e.opKeep(cctx, false, f)
+}
+
+func (e *Engine) opKeep(cctx context.Context, keep bool, f func(ctx context.Context, in *instance) error) error {
 	e.mu.Lock()
-	defer e.unlockEmit()
+	defer e.unlockEmitCtx(cctx)
 	if err := e.readyLocked(keep); err != nil {
 		return err
 	}
