@@ -77,11 +77,19 @@ func replayable(req *http.Request) bool {
 	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 }
 
-// hasIdempotencyKey says whether a header of IDEMPOTENCY_HEADERS is set and not empty.
+// hasIdempotencyKey says whether a header of IDEMPOTENCY_HEADERS is set and not
+// empty, its name compared case-insensitively (also when set on the map directly,
+// without canonicalisation).
 func hasIdempotencyKey(h http.Header) bool {
-	for _, name := range cIdempotencyHeaders {
-		if h.Get(name) != "" {
-			return true
+	for k, vs := range h {
+		for _, name := range cIdempotencyHeaders {
+			if strings.EqualFold(k, name) {
+				for _, v := range vs {
+					if v != "" {
+						return true
+					}
+				}
+			}
 		}
 	}
 	return false

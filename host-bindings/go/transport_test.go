@@ -420,3 +420,21 @@ func TestMethodFlags(t *testing.T) {
 		t.Fatal("no method is none")
 	}
 }
+
+func TestIdempotencyHeaders(t *testing.T) {
+	for _, c := range []struct {
+		h    http.Header
+		want bool
+	}{
+		{http.Header{"Idempotency-Key": {"k"}}, true},
+		{http.Header{"X-Idempotency-Key": {"k"}}, true},
+		{http.Header{"x-idempotency-key": {"k"}}, true}, // set on the map, not canonicalised
+		{http.Header{"Idempotency-Key": {""}}, false},
+		{http.Header{"Idempotency-Keys": {"k"}}, false},
+		{http.Header{}, false},
+	} {
+		if got := hasIdempotencyKey(c.h); got != c.want {
+			t.Errorf("hasIdempotencyKey(%v) = %v", c.h, got)
+		}
+	}
+}
