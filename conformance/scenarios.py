@@ -911,6 +911,34 @@ vec("late-settle-ends-call", "A late success held back against the protocol (pas
     [start(1, 0, expect=attempt(1, 100 * MS)), start(2, 300 * MS, settle=(1, 200 * MS, 200 * MS), expect=attempt(1, 100 * MS)),
      info(1, None), acquire(1, 400 * MS, expect=invalid(1)), drain()])
 
+CALLER = policy("attempts: 3\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50 }\n" + NOJ)
+vec("caller-predicate-retries-a-result", "Report flag bit 1: the caller's predicate calls a returned result a failure (retry_if_result): it is retried, but the breaker does not count it as the dependency failing.", ["classification", "predicates"],
+    CALLER, [start(1, 0), report(1, MS, flags=2, expect=retry()), acquire(1, 200 * MS, expect=attempt(2)),
+             report(1, 201 * MS, flags=2, expect=retry()), acquire(1, 500 * MS, expect=attempt(3)),
+             report(1, 501 * MS, flags=2, expect=fail("retries-exhausted")), breaker(600 * MS, expect="closed"), drain()])
+
+vec("caller-predicate-refuses-a-retryable", "Report flag bit 2: the caller's predicate says never retry a 503 that retry-on would retry: non-retryable, and still a breaker failure.", ["classification", "predicates"],
+    CALLER, [start(1, 0), report(1, MS, "http-status", code=503, flags=4, expect=fail("non-retryable")),
+             start(2, 10 * MS), report(2, 11 * MS, "http-status", code=503, flags=4, expect=fail("non-retryable")),
+             breaker(12 * MS, expect="open"), drain()])
+
+vec("caller-predicate-retries-an-error-the-policy-would-not", "The caller's predicate retries error:Fatal, which the default retry-on does not name; no-retry wins when both bits are set.", ["classification", "predicates"],
+    CALLER, [start(1, 0), report(1, MS, "error-class", text="Fatal", flags=2, expect=retry()), acquire(1, 300 * MS, expect=attempt(2)),
+             report(1, 301 * MS, "error-class", text="Fatal", flags=6, expect=fail("non-retryable")), drain()])
+
+vec("caller-predicate-keeps-the-ladder", "A caller's retry does not override the rest of the ladder: a non-idempotent call is not retried, and an overloaded response never is.", ["classification", "predicates", "idempotency"],
+    CALLER, [start(1, 0, flags=1), report(1, MS, "error-class", text="Boom", flags=2, expect=fail("non-idempotent")),
+             start(2, 10 * MS), report(2, 11 * MS, "http-status", code=503, flags=1 | 2, expect=fail("non-retryable")), drain()])
+
+ANY = "attempts: 2\nretry-on: [any]\n" + NOJ
+vec("retry-on-any", "`retry-on: [any]` retries every failure, error classes included; the default never-retry still holds (404 is not retried) until it is emptied.", ["classification", "predicates"],
+    "policies:\n  p: { attempts: 2, retry-on: [any], backoff: { jitter: none } }\n  q: { attempts: 2, retry-on: [any], never-retry: [], backoff: { jitter: none } }\n",
+    [start(1, 0), report(1, MS, "error-class", text="Anything", expect=retry()), cancel(1, 2 * MS),
+     start(2, 10 * MS), report(2, 11 * MS, "http-status", code=404, expect=fail("non-retryable")),
+     start(3, 20 * MS, policy="q"), report(3, 21 * MS, "http-status", code=404, expect=retry()), cancel(3, 22 * MS),
+     start(4, 30 * MS), report(4, 31 * MS, "grpc-status", code=3, expect=retry()), cancel(4, 32 * MS),
+     pinfo("p"), drain()])
+
 TOKENS10 = policy("attempts: 2\nbudget: { kind: token, max-tokens: 10, token-ratio: 0.1 }\n" + NOJ)
 vec("reload-scales-token-budget", "A reload from max-tokens 10 to 20 keeps the level in proportion (6 of 10 becomes 12 of 20), as gRPC does.", ["budget", "reload"],
     TOKENS10, [step for i in range(1, 5) for step in (start(i, i * S), report(i, i * S, "timeout", expect=retry()), cancel(i, i * S))]

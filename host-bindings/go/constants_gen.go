@@ -9,6 +9,8 @@ const (
 	cStartMethodShift           = 8
 	cStartMethodMask            = 15
 	cReportOverloaded           = 1
+	cReportCallerRetry          = 2
+	cReportCallerNoRetry        = 4
 	cMethodNone                 = 0
 	cMethodOther                = 15
 	cMethodGet                  = 1

@@ -12,6 +12,10 @@ pub const START_METHOD_SHIFT: u32 = 8;
 pub const START_METHOD_MASK: u32 = 15;
 /// `REPORT_OVERLOADED` of the contract.
 pub const REPORT_OVERLOADED: u32 = 1;
+/// `REPORT_CALLER_RETRY` of the contract.
+pub const REPORT_CALLER_RETRY: u32 = 2;
+/// `REPORT_CALLER_NO_RETRY` of the contract.
+pub const REPORT_CALLER_NO_RETRY: u32 = 4;
 /// `METHOD_NONE` of the contract.
 pub const METHOD_NONE: u32 = 0;
 /// `METHOD_OTHER` of the contract.

@@ -69,8 +69,7 @@ const LIMITS: [(&str, usize); 6] =
 
 /// `begin` flag: the operation is not idempotent (retried only with an idempotency key).
 pub const FLAG_NON_IDEMPOTENT: u32 = 1;
-/// `outcome` flag: the response is marked overloaded (`x-envoy-overloaded`): never retried.
-pub const FLAG_OVERLOADED: u32 = 1;
+pub use crate::classify::{FLAG_CALLER_NO_RETRY, FLAG_CALLER_RETRY, FLAG_OVERLOADED};
 
 /// Where a durable call is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -682,7 +681,7 @@ impl Engine {
             class: if kind == OutcomeKind::ErrorClass { text } else { "" },
             has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
         };
-        if observed.is_success() {
+        if crate::classify::succeeded(&observed, flags) {
             rec.state = State::Done;
             rec.next_at = 0;
             return Ok(finished(rec, changed));
@@ -692,10 +691,9 @@ impl Engine {
         rec.error_message = truncate(message, 4096).to_string();
         rec.error_at = now;
         rec.error_attempt = rec.attempts;
-        let overloaded = kind == OutcomeKind::HttpStatus && flags & FLAG_OVERLOADED != 0;
         let failure = Failure {
             stop: server == ServerDelay::Stop,
-            retryable: !overloaded && p.retry_on.matches(&observed) && !p.never_retry.matches(&observed),
+            retryable: crate::classify::retryable(&p.retry_on, &p.never_retry, &observed, flags),
             idempotent: rec.idempotent(),
             attempts: rec.attempts,
             server: match server {

@@ -12,7 +12,7 @@ use crate::table::Table;
 use crate::adaptive::{Limit, Signal};
 use crate::breaker::{Breaker, Check};
 use crate::budget::{BudgetCfg, BudgetState};
-use crate::classify::Observed;
+use crate::classify::{self, Observed};
 use crate::deadline;
 use crate::error::LoadError;
 use crate::fallback;
@@ -40,8 +40,7 @@ pub const MAX_PENDING_EVENTS: usize = 4_096;
 pub const FLAG_NON_IDEMPOTENT: u32 = 1;
 /// `start` flag: the call carries an idempotency key.
 pub const FLAG_IDEMPOTENCY_KEY: u32 = 2;
-/// `report` flag: the response is marked overloaded (`x-envoy-overloaded`).
-pub const FLAG_OVERLOADED: u32 = 1;
+pub use crate::classify::{FLAG_CALLER_NO_RETRY, FLAG_CALLER_RETRY, FLAG_OVERLOADED};
 
 /// What a host needs to know of a policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -786,9 +785,10 @@ impl Engine {
             class: if kind == OutcomeKind::ErrorClass { text } else { "" },
             has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
         };
-        let success = observed.is_success();
+        let success = classify::succeeded(&observed, flags);
         if let (Some(cfg), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
-            let failure = !success && cfg.failure_on.matches(&observed);
+            // A result the caller's predicate calls a failure is not the dependency failing.
+            let failure = !observed.is_success() && cfg.failure_on.matches(&observed);
             let slow = elapsed >= cfg.slow_call_duration;
             let mut t = Vec::new();
             b.record(cfg, call, now, failure, slow, &mut t);
@@ -804,8 +804,7 @@ impl Engine {
             self.calls.remove(at);
             return self.finish(Verdict::new(VerdictKind::Done, 0, 0));
         }
-        let overloaded = kind == OutcomeKind::HttpStatus && flags & FLAG_OVERLOADED != 0;
-        let retryable = !overloaded && p.retry_on.matches(&observed) && !p.never_retry.matches(&observed);
+        let retryable = classify::retryable(&p.retry_on, &p.never_retry, &observed, flags);
         let stop = server == ServerDelay::Stop;
         if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
             if retryable || stop {

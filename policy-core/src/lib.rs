@@ -42,7 +42,8 @@ pub use retry::{backoff, retry_after};
 
 pub use analysis::Analysis;
 pub use engine::{
-    CallInfo, Engine, PolicyInfo, FLAG_IDEMPOTENCY_KEY, FLAG_NON_IDEMPOTENT, FLAG_OVERLOADED, MAX_LIVE_CALLS, MAX_PENDING_EVENTS,
+    CallInfo, Engine, PolicyInfo, FLAG_CALLER_NO_RETRY, FLAG_CALLER_RETRY, FLAG_IDEMPOTENCY_KEY, FLAG_NON_IDEMPOTENT, FLAG_OVERLOADED,
+    MAX_LIVE_CALLS, MAX_PENDING_EVENTS,
 };
 pub use error::LoadError;
 pub use policy::Policy;

@@ -3,7 +3,7 @@
 
 use levee_core::classify::HTTP_METHODS;
 use levee_core::types::{BreakerState, EventKind, InvalidCode, OutcomeKind, Reason, VerdictKind, PAYLOAD_MAX};
-use levee_core::{FLAG_IDEMPOTENCY_KEY, FLAG_NON_IDEMPOTENT, FLAG_OVERLOADED};
+use levee_core::{FLAG_CALLER_NO_RETRY, FLAG_CALLER_RETRY, FLAG_IDEMPOTENCY_KEY, FLAG_NON_IDEMPOTENT, FLAG_OVERLOADED};
 use serde_json::Value;
 
 fn constants() -> Value {
@@ -32,6 +32,8 @@ fn flags_and_verdict_layout_agree() {
     assert_eq!(at(&c, &["start_flags", "NON_IDEMPOTENT"]).as_u64(), Some(u64::from(FLAG_NON_IDEMPOTENT)));
     assert_eq!(at(&c, &["start_flags", "IDEMPOTENCY_KEY"]).as_u64(), Some(u64::from(FLAG_IDEMPOTENCY_KEY)));
     assert_eq!(at(&c, &["report_flags", "OVERLOADED"]).as_u64(), Some(u64::from(FLAG_OVERLOADED)));
+    assert_eq!(at(&c, &["report_flags", "CALLER_RETRY"]).as_u64(), Some(u64::from(FLAG_CALLER_RETRY)));
+    assert_eq!(at(&c, &["report_flags", "CALLER_NO_RETRY"]).as_u64(), Some(u64::from(FLAG_CALLER_NO_RETRY)));
     assert_eq!(at(&c, &["verdict", "PAYLOAD_MAX"]).as_u64(), Some(PAYLOAD_MAX));
     let kinds: Vec<&str> =
         at(&c, &["verdict", "kinds"]).as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();

@@ -58,6 +58,44 @@ pub enum Rule {
     },
     /// `error:NAME`; `None` is `error:*`.
     Error(Option<String>),
+    /// `any`: every failure (the explicit "retry any error" choice; `never-retry` still applies).
+    Any,
+}
+
+/// `report` flag: the outcome is an HTTP response marked overloaded (`x-envoy-overloaded`):
+/// never retried, whatever else says so.
+pub const FLAG_OVERLOADED: u32 = 1;
+/// `report` flag: the caller's own predicate (code, not the policy) says this attempt failed
+/// and may be retried: a result its code deems a failure (`retry_if_result`), or an error it
+/// deems transient. It takes the place of `retry-on` and `never-retry`; the rest of the retry
+/// ladder (pushback, idempotency, attempts, Retry-After, deadline, budget) still decides.
+pub const FLAG_CALLER_RETRY: u32 = 2;
+/// `report` flag: the caller's own predicate says this attempt must not be retried. With both
+/// caller bits set, this one wins.
+pub const FLAG_CALLER_NO_RETRY: u32 = 4;
+
+/// Whether an attempt succeeded: the outcome is a success and the caller's predicate did not
+/// call it a failure.
+#[inline]
+pub fn succeeded(observed: &Observed<'_>, flags: u32) -> bool {
+    observed.is_success() && flags & (FLAG_CALLER_RETRY | FLAG_CALLER_NO_RETRY) == 0
+}
+
+/// Whether a failed attempt may be retried as far as classification goes (the first rungs of
+/// the retry ladder): never when overloaded; else the caller's predicate when it answered
+/// (no-retry first); else `retry-on` and not `never-retry`.
+#[inline]
+pub fn retryable(retry_on: &Rules, never_retry: &Rules, observed: &Observed<'_>, flags: u32) -> bool {
+    if observed.kind == OutcomeKind::HttpStatus && flags & FLAG_OVERLOADED != 0 {
+        return false;
+    }
+    if flags & FLAG_CALLER_NO_RETRY != 0 {
+        return false;
+    }
+    if flags & FLAG_CALLER_RETRY != 0 {
+        return true;
+    }
+    retry_on.matches(observed) && !never_retry.matches(observed)
 }
 
 /// An outcome as the classifier sees it.
@@ -92,11 +130,12 @@ impl Rule {
         match t {
             "timeout" => return Ok(Rule::Timeout),
             "connection-error" => return Ok(Rule::ConnectionError),
+            "any" => return Ok(Rule::Any),
             _ => {}
         }
         let Some((kind, spec)) = t.split_once(':') else {
             return Err(format!(
-                "`{t}` is not a rule: use timeout, connection-error, http:CODE, http:LO-HI, http:5xx, grpc:NAME, or error:CLASS"
+                "`{t}` is not a rule: use timeout, connection-error, http:CODE, http:LO-HI, http:5xx, grpc:NAME, error:CLASS, or any"
             ));
         };
         match kind {
@@ -129,6 +168,7 @@ impl Rule {
             (Rule::Grpc { code, needs_pushback }, OutcomeKind::GrpcStatus) => *code == o.code && (!needs_pushback || o.has_pushback),
             (Rule::Error(None), OutcomeKind::ErrorClass) => true,
             (Rule::Error(Some(name)), OutcomeKind::ErrorClass) => name == o.class,
+            (Rule::Any, _) => !o.is_success(),
             _ => false,
         }
     }
@@ -146,6 +186,7 @@ impl Rule {
             }
             Rule::Error(None) => "error:*".into(),
             Rule::Error(Some(n)) => format!("error:{n}"),
+            Rule::Any => "any".into(),
         }
     }
 }
