@@ -104,6 +104,7 @@ type CallOption struct {
 	fb    Fallback
 	// onRetry is the OnRetry hook
 	onRetry func(RetryInfo)
+	retryIf func(any, error) RetryAnswer
 }
 
 type callOptKind uint8
@@ -115,6 +116,7 @@ const (
 	optFallback
 	optOnRetry
 	optHTTP
+	optRetryIf
 )
 
 type callOpts struct {
@@ -122,6 +124,7 @@ type callOpts struct {
 	flags     uint32
 	fallbacks map[string]Fallback
 	onRetry   func(RetryInfo)
+	retryIf   func(any, error) RetryAnswer
 	http      bool // the Transport's call (http.request.resend_count on its attempt spans)
 }
 
@@ -140,6 +143,8 @@ func (o *CallOption) apply(c *callOpts) {
 		c.onRetry = o.onRetry
 	case optHTTP:
 		c.http = true
+	case optRetryIf:
+		c.retryIf = o.retryIf
 	}
 }
 
@@ -222,6 +227,7 @@ func (f funcAttempt) attempt(e *Engine, ctx context.Context, timeout time.Durati
 type valueAttempt[T any] struct {
 	fn  func(ctx context.Context) (T, error)
 	val T
+	ok  bool // the last attempt returned val without an error
 }
 
 func (a *valueAttempt[T]) checkFallback(v any) error {
@@ -235,6 +241,14 @@ func (a *valueAttempt[T]) checkFallback(v any) error {
 	return nil
 }
 
+// lastResult is the value of the last attempt when it succeeded (for a retry predicate).
+func (a *valueAttempt[T]) lastResult() any {
+	if a.ok {
+		return a.val
+	}
+	return nil
+}
+
 // fallbackChecker is an attempter that checks the value a fallback returns.
 type fallbackChecker interface {
 	checkFallback(v any) error
@@ -243,7 +257,8 @@ type fallbackChecker interface {
 func (a *valueAttempt[T]) attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error) {
 	return funcAttempt(func(ctx context.Context) error {
 		v, err := a.fn(ctx)
-		if err == nil {
+		a.ok = err == nil
+		if a.ok {
 			a.val = v
 		}
 		return err
@@ -756,7 +771,11 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 				return c.cancelled(cerr)
 			}
 			elapsed := t1 - t0
-			if o.Kind == OutcomeSuccess && (act.d == 0 || time.Duration(elapsed) < act.d) {
+			var caller uint32 // the retry predicate's answer, a report flag
+			if c.co.retryIf != nil || e.o.retryIf != nil {
+				caller = c.askPredicate(aerr)
+			}
+			if o.Kind == OutcomeSuccess && caller&cReportCallerRetry == 0 && (act.d == 0 || time.Duration(elapsed) < act.d) {
 				// held back to settle on the next start (a late success is the core's to judge)
 				if tr != nil {
 					tr(Step{Op: "hold-success", Call: call, Now: t1, Outcome: o})
@@ -770,7 +789,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 				elapsed = uint64(act.d) // the timeout fired: the attempt lasted its timeout
 			}
 			c.lastErr = aerr
-			var flags uint32
+			flags := caller
 			if o.Overloaded {
 				flags |= cReportOverloaded
 			}

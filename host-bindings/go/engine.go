@@ -61,6 +61,7 @@ type options struct {
 	tracer      Tracer
 	noGaugeKey  bool
 	onRetry     map[string]func(RetryInfo)
+	retryIf     map[string]func(any, error) RetryAnswer
 }
 
 // Option configures Load.

@@ -240,3 +240,67 @@ func (c *callTel) end(result string, retried bool, reason Reason, err error) {
 		c.span.End(err)
 	}
 }
+
+// RetryAnswer is what a retry predicate says of an attempt (docs/hosts.md, section 9).
+type RetryAnswer uint8
+
+const (
+	// Unset leaves the attempt to the policy's rules.
+	Unset RetryAnswer = iota
+	// Retry calls the attempt a failure to retry (a result, too).
+	Retry
+	// NoRetry says the attempt must not be retried (it wins over the policy's retry-on).
+	NoRetry
+)
+
+// RetryIf sets this call's retry predicate (it wins over the policy's, see
+// WithPolicyRetryIf): f sees each reported attempt's result (DoValue's value,
+// the Transport's *http.Response, nil otherwise) or error, and its answer goes
+// to the core as a report flag; the core puts it in place of the policy's
+// retry-on and never-retry only (overload, pushback, idempotency, the attempts,
+// Retry-After, the deadline and the budget still decide). A predicate that
+// panics is logged and counts as Unset.
+func RetryIf(f func(result any, err error) RetryAnswer) CallOption {
+	return CallOption{kind: optRetryIf, retryIf: f}
+}
+
+// WithPolicyRetryIf sets the retry predicate of every call of the named policy
+// (a call's RetryIf wins).
+func WithPolicyRetryIf(policy string, f func(result any, err error) RetryAnswer) Option {
+	return func(o *options) {
+		if o.retryIf == nil {
+			o.retryIf = map[string]func(any, error) RetryAnswer{}
+		}
+		o.retryIf[policy] = f
+	}
+}
+
+// askPredicate is the report flags of the call's retry predicate for an attempt.
+func (c *callRun) askPredicate(err error) (flags uint32) {
+	f := c.co.retryIf
+	if f == nil {
+		if f = c.p.e.o.retryIf[c.p.name]; f == nil {
+			return 0
+		}
+	}
+	var result any
+	if rr, ok := c.a.(interface{ lastResult() any }); ok {
+		result = rr.lastResult()
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			flags = 0
+			if lg := c.p.e.o.logger; lg != nil {
+				lg.Warn("levee: a retry predicate panicked (counted as unset)", slog.String("policy", c.p.name),
+					slog.String("panic", fmt.Sprint(r)))
+			}
+		}
+	}()
+	switch f(result, err) {
+	case Retry:
+		return cReportCallerRetry
+	case NoRetry:
+		return cReportCallerNoRetry
+	}
+	return 0
+}

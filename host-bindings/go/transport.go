@@ -46,6 +46,9 @@ type Transport struct {
 	Key func(*http.Request) string
 	// OnRetry is called before the sleep of each retry (see OnRetry).
 	OnRetry func(RetryInfo)
+	// RetryIf is the retry predicate of every request (see RetryIf); it sees the
+	// *http.Response of each attempt that got one, or the attempt's error.
+	RetryIf func(result any, err error) RetryAnswer
 }
 
 // HTTPKey is the key of an HTTP call by the rule of docs/hosts.md: the URL's
@@ -128,10 +131,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		flags |= FlagIdempotencyKey
 	}
 	h := &httpAttempt{base: t.base(), req: req, body: req.Body}
-	opts := [...]CallOption{WithKey(key), withFlags(flags), {kind: optHTTP}, OnRetry(t.OnRetry)}
+	opts := [...]CallOption{WithKey(key), withFlags(flags), {kind: optHTTP}, {}, {}}
 	n := 3
 	if t.OnRetry != nil {
-		n = 4
+		opts[n] = OnRetry(t.OnRetry)
+		n++
+	}
+	if t.RetryIf != nil {
+		opts[n] = RetryIf(t.RetryIf)
+		n++
 	}
 	fbv, used, err := t.Policy.run(req.Context(), h, opts[:n])
 	if used && err == nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -250,3 +251,59 @@ func TestVirtualDeadlineIsRealForIO(t *testing.T) {
 type rtFunc func(*http.Request) (*http.Response, error)
 
 func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A retry predicate in code (docs/hosts.md, section 9): a result it calls a failure is
+// retried; its "no" stops an error the policy would retry.
+func TestRetryIf(t *testing.T) {
+	e := load(t, leveetest.NoWaits(), levee.WithPolicyRetryIf("slow", func(result any, err error) levee.RetryAnswer {
+		if result == "bad" {
+			return levee.Retry
+		}
+		return levee.Unset
+	}))
+	n := 0
+	v, err := levee.DoValue(context.Background(), policy(t, e, "slow"), func(context.Context) (any, error) {
+		n++
+		if n < 3 {
+			return "bad", nil
+		}
+		return "good", nil
+	})
+	if err != nil || v != "good" || n != 3 {
+		t.Fatalf("DoValue = %v, %v after %d attempts", v, err, n)
+	}
+	n = 0
+	err = levee.Do(context.Background(), policy(t, e, "slow"), func(context.Context) error {
+		n++
+		return levee.ClassError("flaky", errors.New("down")) // retry-on: error:flaky
+	}, levee.RetryIf(func(any, error) levee.RetryAnswer { return levee.NoRetry }))
+	if !errors.Is(err, levee.ErrNonRetryable) || n != 1 {
+		t.Fatalf("Do = %v after %d attempts", err, n)
+	}
+	n = 0
+	_, err = levee.DoValue(context.Background(), policy(t, e, "slow"), func(context.Context) (any, error) { n++; return "bad", nil },
+		levee.RetryIf(func(any, error) levee.RetryAnswer { panic("predicate bug") }))
+	if err != nil || n != 1 {
+		t.Fatalf("a panicking predicate must count as unset: %v after %d attempts", err, n)
+	}
+}
+
+// The Transport's predicate sees the response: a 200 it calls a failure is retried.
+func TestTransportRetryIf(t *testing.T) {
+	e := load(t, leveetest.NoWaits())
+	n := 0
+	base := rtFunc(func(r *http.Request) (*http.Response, error) {
+		n++
+		return &http.Response{StatusCode: 200, Header: http.Header{"X-Stale": {strconv.FormatBool(n < 2)}}, Body: http.NoBody, Request: r}, nil
+	})
+	tr := &levee.Transport{Base: base, Policy: policy(t, e, "timed"), RetryIf: func(result any, err error) levee.RetryAnswer {
+		if r, ok := result.(*http.Response); ok && r.Header.Get("X-Stale") == "true" {
+			return levee.Retry
+		}
+		return levee.Unset
+	}}
+	resp, err := (&http.Client{Transport: tr}).Get("http://svc.test/")
+	if err != nil || resp.StatusCode != 200 || n != 2 || resp.Header.Get("X-Stale") != "false" {
+		t.Fatalf("%v %v after %d attempts", resp, err, n)
+	}
+}
