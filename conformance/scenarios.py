@@ -1230,6 +1230,101 @@ vec("adaptive-errors", "Adaptive limits name their errors: a missing kind, an un
     "  e: { concurrency: { kind: adaptive, algorithm: aimd, backoff-ratio: 1, smoothing: 0.5 } }\n", [])
 
 
+# --------------------------------------------------------------------------------------
+# AWS adaptive retry: the CUBIC client rate (budget kind aws-adaptive; ANCHORS.md)
+# --------------------------------------------------------------------------------------
+
+AWS = "attempts: 3\nbackoff: { kind: constant, base: 10ms, jitter: none }\nbudget: { kind: aws-adaptive }\n"
+RL_WAIT = {"kind": "wait", "reason": "rate-limited"}
+
+# The first response is a throttle: nothing was measured, so Wmax = 0 and the rate 0; the
+# bucket fills at its floor of 0.5/s from empty: 10 ms later it holds 0.005 tokens, so the
+# retry waits (1 - 0.005) / 0.5 = 1.99 s; then it runs without asking again.
+vec("budget-aws-adaptive-throttle-waits", "AWS adaptive: after a throttle every attempt takes a token of the CUBIC rate; the retry waits 1.99 s for one at the 0.5/s floor.",
+    ["budget", "aws-adaptive"], policy(AWS),
+    [start(1, 0, expect=attempt(1)), report(1, MS, "http-status", code=429, expect=retry(10 * MS)),
+     acquire(1, 11 * MS, expect={**RL_WAIT, "payload": 1_990_000_000}),
+     acquire(1, 11 * MS + 1_000 * MS, expect={**RL_WAIT, "payload": 990_000_000}),
+     acquire(1, 11 * MS + 1_990 * MS, expect=attempt(2)), report(1, 2_100 * MS, expect=DONE), drain()])
+
+vec("budget-aws-adaptive-max-wait", "AWS adaptive: a wait for a token above max-wait is a rejection (rate-limited) with the wait as its hint.",
+    ["budget", "aws-adaptive"], policy(AWS.replace("kind: aws-adaptive", "kind: aws-adaptive, max-wait: 1s")),
+    [start(1, 0), report(1, MS, "http-status", code=429, expect=retry(10 * MS)),
+     acquire(1, 11 * MS, expect=fail("rate-limited", 1_990_000_000)),
+     start(2, 12 * MS, expect=fail("rate-limited")), drain()])
+
+# 20 responses a second for 2 s: measured = 0.8 * 20 + 0.2 * (the previous) = 19.98/s; the
+# bucket, refilled meanwhile at the CUBIC rate from Wmax 0.5 (about 1.2/s), holds 1.18 tokens.
+# A throttle: Wmax = 19.98, rate = 0.7 * 19.98 = 13.986/s. One call runs at once, the next
+# waits (1 - 0.176) / 13.986 = 58.9 ms (blessed: 58.949 ms; an independent float model of
+# botocore gives 58.917 ms: the core keeps rates in milli-requests per second, rounded down,
+# so its bucket refilled 0.0004 tokens less over the 40 responses). After export and import
+# the debt is kept: one more call waits (1.810 / 13.986 =) 129.45 ms.
+steady = []
+for i in range(40):
+    steady += [start(100 + i, i * 50 * MS), report(100 + i, i * 50 * MS, expect=DONE)]
+vec("budget-aws-adaptive-cubic-rate", "AWS adaptive: a throttle after a steady 20/s sets Wmax to the measured rate and the rate to 0.7 of it; the bucket then spaces attempts at that rate.",
+    ["budget", "aws-adaptive"], policy("attempts: 1\nbudget: { kind: aws-adaptive }\n"),
+    steady + [start(1, 2_000 * MS), report(1, 2_000 * MS, "http-status", code=429, expect=fail("retries-exhausted")),
+              start(2, 2_000 * MS, expect=attempt(1)), start(3, 2_000 * MS, expect=RL_WAIT),
+              export_import(), start(4, 2_001 * MS, expect=RL_WAIT)])
+
+vec("budget-aws-adaptive-errors", "aws-adaptive is its own rate limiter: not with rate-limit; its fields are checked.",
+    ["budget", "aws-adaptive", "errors"],
+    "policies:\n  a: { budget: { kind: aws-adaptive }, rate-limit: { rate: 5 } }\n  b: { budget: { kind: aws-adaptive, max-tokens: 3, throttle-on: [\"http:4299\"] } }\n", [])
+
+
+# --------------------------------------------------------------------------------------
+# Bulkhead queue (cockatiel's bulkhead(limit, queue), Polly's concurrency limiter queue)
+# --------------------------------------------------------------------------------------
+
+
+def qwait(d=None):
+    e = {"kind": "wait", "reason": "bulkhead-full"}
+    if d is not None:
+        e["payload"] = d
+    return e
+
+
+BQ = "attempts: 1\nbulkhead: { max-concurrent: 1, queue: 2, queue-timeout: 1s }\n"
+vec("bulkhead-queue-fifo", "A full bulkhead queues calls FIFO (wait, reason bulkhead-full) up to its queue length; when a slot frees the oldest waiter is admitted, a later one waits the rest of its time.",
+    ["bulkhead", "bulkhead-queue"], policy(BQ),
+    [start(1, 0, expect=attempt(1)), start(2, 0, expect=qwait(1000 * MS)), start(3, 10 * MS, expect=qwait(1000 * MS)),
+     start(4, 10 * MS, expect=fail("bulkhead-full")),
+     report(1, 100 * MS, expect=DONE),
+     acquire(3, 100 * MS, expect=qwait(910 * MS)), acquire(2, 100 * MS, expect=attempt(1)),
+     report(2, 200 * MS, expect=DONE), acquire(3, 200 * MS, expect=attempt(1)), drain()])
+
+vec("bulkhead-queue-timeout", "A waiter whose queue-timeout has passed with no slot free is rejected (bulkhead-full); one that finds a slot free is admitted even after it.",
+    ["bulkhead", "bulkhead-queue"], policy("attempts: 1\nbulkhead: { max-concurrent: 1, queue: 2, queue-timeout: 100ms }\n"),
+    [start(1, 0), start(2, 0, expect=qwait(100 * MS)), start(3, 0, expect=qwait(100 * MS)),
+     acquire(2, 100 * MS, expect=fail("bulkhead-full")),
+     report(1, 150 * MS, expect=DONE), acquire(3, 300 * MS, expect=attempt(1)), drain()])
+
+vec("bulkhead-queue-deadline", "The wait in the queue never passes the call's deadline.",
+    ["bulkhead", "bulkhead-queue", "deadline"], policy("attempts: 1\ndeadline: 50ms\nbulkhead: { max-concurrent: 1, queue: 1 }\n"),
+    [start(1, 0), start(2, 10 * MS, expect=qwait(50 * MS)), acquire(2, 60 * MS, expect=fail("deadline")),
+     start(3, 61 * MS, expect=qwait(50 * MS))])
+
+vec("bulkhead-queue-cancel", "A cancelled waiter leaves the queue: the next one moves up.",
+    ["bulkhead", "bulkhead-queue"], policy(BQ),
+    [start(1, 0), start(2, 0, expect=qwait()), start(3, 0, expect=qwait()), cancel(2, MS),
+     start(4, MS, expect=qwait()), report(1, 2 * MS, expect=DONE), acquire(3, 2 * MS, expect=attempt(1))])
+
+vec("bulkhead-queue-no-overtaking", "A call that arrives while others wait queues behind them even when a slot is free.",
+    ["bulkhead", "bulkhead-queue"], policy(BQ),
+    [start(1, 0), start(2, 0, expect=qwait()), report(1, MS, expect=DONE), start(3, MS, expect=qwait(1000 * MS)),
+     acquire(2, 2 * MS, expect=attempt(1)), report(2, 3 * MS, expect=DONE), acquire(3, 3 * MS, expect=attempt(1))])
+
+vec("bulkhead-queue-retry-requeues", "A retry of a call needs a slot again: it queues like any attempt.",
+    ["bulkhead", "bulkhead-queue"], policy("attempts: 2\nbackoff: { kind: constant, base: 10ms, jitter: none }\nbulkhead: { max-concurrent: 1, queue: 1 }\n"),
+    [start(1, 0), report(1, MS, "http-status", code=503, expect=retry(10 * MS)), start(2, 2 * MS, expect=attempt(1)),
+     acquire(1, 11 * MS, expect=qwait(1000 * MS)), report(2, 20 * MS, expect=DONE), acquire(1, 20 * MS, expect=attempt(2))])
+
+vec("bulkhead-queue-errors", "The queue's fields are checked.", ["bulkhead", "bulkhead-queue", "errors"],
+    "policies:\n  a: { bulkhead: { queue: -1 } }\n  b: { bulkhead: { queue: 2, queue-timeout: \"0\" } }\n", [])
+
+
 
 def main():
     out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")

@@ -69,7 +69,8 @@ pub fn analyze(p: &Policy, layers: u32) -> Analysis {
     let per_layer = f64::from(attempts);
     let amplification = per_layer.powi(exponent);
     let with_budget = match &p.budget {
-        None => amplification,
+        // The AWS client rate slows retries down but never refuses one.
+        None | Some(BudgetCfg::AwsAdaptive(_)) => amplification,
         Some(BudgetCfg::Token { .. }) => 1.0,
         Some(BudgetCfg::Ratio { percent, .. }) => (1.0 + percent / 100.0).min(per_layer).powi(exponent),
     };

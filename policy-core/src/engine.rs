@@ -12,6 +12,7 @@ use crate::table::Table;
 use crate::adaptive::{Limit, Signal};
 use crate::breaker::{Breaker, Check};
 use crate::budget::{BudgetCfg, BudgetState};
+use crate::bulkhead::{Admit, Queue};
 use crate::classify::{self, Observed};
 use crate::deadline;
 use crate::error::LoadError;
@@ -82,6 +83,8 @@ pub(crate) struct KeyState {
     pub(crate) limiter: Option<Gcra>,
     pub(crate) budget: Option<BudgetState>,
     pub(crate) adaptive: Option<Limit>,
+    /// Calls waiting for a bulkhead slot (a bulkhead with a queue).
+    pub(crate) queue: Queue,
     pub(crate) in_flight: u32,
 }
 
@@ -93,6 +96,7 @@ impl KeyState {
             limiter: p.rate_limit.as_ref().map(|r| r.fresh()),
             budget: p.budget.as_ref().map(|b| b.fresh()),
             adaptive: p.concurrency.as_ref().map(|c| c.fresh()),
+            queue: Queue::new(),
             in_flight: 0,
         }
     }
@@ -562,8 +566,21 @@ impl Engine {
         e.call = id;
         e.attempt = c.attempts;
         push_event(&mut self.events, e);
+        self.leave_queue(i);
         self.release_at(i, now);
         self.calls.remove(i);
+    }
+
+    /// Take a call out of its key's bulkhead queue, if it waits there (it ends or is cancelled).
+    fn leave_queue(&mut self, i: u32) {
+        let Some((&call, c)) = self.calls.get(i) else { return };
+        if self.policies.get(c.policy).and_then(|p| p.bulkhead.as_ref()).is_none_or(|b| b.queue == 0) {
+            return;
+        }
+        let Some(keys) = self.keys.get_mut(c.policy) else { return };
+        if let Some((_, ks)) = keys.find(&*c.key).and_then(|k| keys.get_mut(k)) {
+            ks.queue.retain(|(w, _)| *w != call);
+        }
     }
 
     /// Give back what an in-flight attempt holds (no outcome recorded).
@@ -633,8 +650,24 @@ impl Engine {
         // Concurrency limit: fixed (bulkhead) or adaptive.
         let bulkhead = p.bulkhead.is_some() || p.concurrency.is_some();
         if let Some(bh) = &p.bulkhead {
-            if !bh.admits(ks.in_flight) {
-                return self.reject_at(slot, Reason::BulkheadFull, 0, now);
+            if bh.queue == 0 {
+                if !bh.admits(ks.in_flight) {
+                    return self.reject_at(slot, Reason::BulkheadFull, 0, now);
+                }
+            } else {
+                match bh.admit(&mut ks.queue, call, ks.in_flight, now, c.deadline) {
+                    Admit::Slot => {}
+                    Admit::Wait(wait) => {
+                        let mut e = Event::new(now, EventKind::RateLimitWait, pi as u32, &c.key);
+                        e.call = call;
+                        e.attempt = c.attempts.saturating_add(1);
+                        e.reason = Reason::BulkheadFull;
+                        e.duration = wait;
+                        push_event(&mut self.events, e);
+                        return self.finish(Verdict::new(VerdictKind::Wait, Reason::BulkheadFull as u8, wait));
+                    }
+                    Admit::Full => return self.reject_at(slot, Reason::BulkheadFull, 0, now),
+                }
             }
         }
         if let (Some(cfg), Some(lim)) = (&p.concurrency, &ks.adaptive) {
@@ -663,6 +696,31 @@ impl Engine {
                             push_event(&mut self.events, e);
                             return self.finish(Verdict::new(VerdictKind::Wait, Reason::RateLimited as u8, wait));
                         }
+                        return self.reject_at(slot, Reason::RateLimited, wait, now);
+                    }
+                }
+            }
+        }
+        // The AWS client rate (budget kind aws-adaptive; a policy with it has no rate-limit,
+        // so `reserved_at` is its own).
+        if let (Some(cfg @ BudgetCfg::AwsAdaptive(aws)), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+            match c.reserved_at {
+                Some(at) if now < at => return self.finish(Verdict::new(VerdictKind::Wait, Reason::RateLimited as u8, at - now)),
+                Some(_) => c.reserved_at = None,
+                None => {
+                    if let Err(wait) = b.try_acquire(cfg, now) {
+                        let fits = c.deadline.is_none_or(|dl| now.saturating_add(wait) < dl);
+                        if wait <= aws.max_wait && fits {
+                            c.reserved_at = Some(now.saturating_add(wait));
+                            let mut e = Event::new(now, EventKind::RateLimitWait, pi as u32, &c.key);
+                            e.call = call;
+                            e.attempt = c.attempts.saturating_add(1);
+                            e.reason = Reason::RateLimited;
+                            e.duration = wait;
+                            push_event(&mut self.events, e);
+                            return self.finish(Verdict::new(VerdictKind::Wait, Reason::RateLimited as u8, wait));
+                        }
+                        b.give_back();
                         return self.reject_at(slot, Reason::RateLimited, wait, now);
                     }
                 }
@@ -699,6 +757,7 @@ impl Engine {
 
     /// The retry loop stopped without success: choose a fallback or fail.
     fn end_at(&mut self, slot: u32, reason: Reason, hint: u64, now: u64) -> Verdict {
+        self.leave_queue(slot);
         let Some((&call, c)) = self.calls.get_mut(slot) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
@@ -786,6 +845,9 @@ impl Engine {
             has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
         };
         let success = classify::succeeded(&observed, flags);
+        if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+            b.on_outcome(cfg, &observed, now);
+        }
         if let (Some(cfg), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
             // A result the caller's predicate calls a failure is not the dependency failing.
             let failure = !observed.is_success() && cfg.failure_on.matches(&observed);
@@ -908,6 +970,7 @@ impl Engine {
     /// Abandon a call: release what it holds.
     pub fn cancel(&mut self, call: u64, now: u64) {
         if let Some(at) = self.calls.find(&call) {
+            self.leave_queue(at);
             self.release_at(at, now);
             self.calls.remove(at);
         }

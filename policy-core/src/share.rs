@@ -16,7 +16,9 @@
 //!          permits (n, then call and issued-at), window (0 count: pos, n, ring bytes |
 //!          1 time: n, then bucket, calls, failures, slow)
 //! limiter: tat, last_now
-//! budget:  0 token: tokens | 1 ratio: n, then slot and balance
+//! budget:  0 token: tokens | 1 ratio: n, then slot and balance |
+//!          2 aws: started, enabled, w_max, last_fail, measured, last_bucket, count, rate,
+//!          last_refill, tokens (signed)
 //! ```
 
 use crate::breaker::{Breaker, WindowState};
@@ -141,6 +143,23 @@ impl Engine {
                 out.push(0);
                 put_i(&mut out, *tokens);
             }
+            Some(BudgetState::Aws(a)) => {
+                out.push(2);
+                for v in [
+                    u64::from(a.started),
+                    u64::from(a.enabled),
+                    a.w_max,
+                    a.last_fail,
+                    a.measured,
+                    a.last_bucket,
+                    a.count,
+                    a.rate,
+                    a.last_refill,
+                ] {
+                    put(&mut out, v);
+                }
+                put_i(&mut out, a.tokens);
+            }
             Some(BudgetState::Ratio { slots }) => {
                 out.push(1);
                 put(&mut out, slots.len() as u64);
@@ -232,6 +251,25 @@ impl Engine {
                         }
                         BudgetState::Ratio { slots }
                     }
+                    2 => {
+                        let mut w = [0u64; 9];
+                        for x in w.iter_mut() {
+                            *x = r.u64()?;
+                        }
+                        let [started, enabled, w_max, last_fail, measured, last_bucket, count, rate, last_refill] = w;
+                        BudgetState::Aws(crate::budget::AwsState {
+                            started: started != 0,
+                            enabled: enabled != 0,
+                            w_max,
+                            last_fail,
+                            measured,
+                            last_bucket,
+                            count,
+                            rate,
+                            tokens: r.i64()?,
+                            last_refill,
+                        })
+                    }
                     _ => return Err(bad("budget kind")),
                 };
                 if let Some(cfg) = &p.budget {
@@ -239,6 +277,7 @@ impl Engine {
                         (cfg, &state),
                         (crate::budget::BudgetCfg::Token { .. }, BudgetState::Token { .. })
                             | (crate::budget::BudgetCfg::Ratio { .. }, BudgetState::Ratio { .. })
+                            | (crate::budget::BudgetCfg::AwsAdaptive(_), BudgetState::Aws(_))
                     );
                     s.budget = Some(if same { cfg.clamp(state) } else { cfg.fresh() });
                 }

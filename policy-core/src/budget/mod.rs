@@ -9,10 +9,14 @@
 //!   `100 / percent`; deposits expire after `ttl` (kept in 10 slots of `ttl / 10`); a reserve
 //!   of `min-per-second * ttl` retries is always there. Kept in milli-units.
 
+pub mod aws;
+
+use crate::classify::Observed;
 use crate::doc::{obj, Fields, Value};
 use crate::error::LoadError;
 use crate::read::{choose, fraction, opt_duration, pairs, rows, uint};
 use crate::time::{format_duration, SECOND};
+pub use aws::{AwsCfg, AwsState};
 
 /// Default `max-tokens` of token throttling.
 pub const DEFAULT_MAX_TOKENS: f64 = 10.0;
@@ -46,6 +50,8 @@ pub enum BudgetCfg {
         /// How long a deposit counts (default 10s).
         ttl: u64,
     },
+    /// The AWS SDKs' adaptive mode: a CUBIC client rate limiter (see [`aws`]).
+    AwsAdaptive(AwsCfg),
 }
 
 /// Parse `budget`.
@@ -55,11 +61,11 @@ pub(crate) fn parse(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Optio
         None => {
             errors.push(LoadError::new(
                 &b.path_of("kind"),
-                "is required: `token` (gRPC retry throttling) or `ratio` (Finagle/tower retry budget)",
+                "is required: `token` (gRPC retry throttling), `ratio` (Finagle/tower retry budget) or `aws-adaptive` (the AWS SDKs' CUBIC client rate)",
             ));
             None
         }
-        Some(k) => choose(&b.path_of("kind"), k, &[("token", 0u8), ("ratio", 1u8)], errors),
+        Some(k) => choose(&b.path_of("kind"), k, &[("token", 0u8), ("ratio", 1u8), ("aws-adaptive", 2u8)], errors),
     };
     match kind {
         Some(0) => {
@@ -67,6 +73,11 @@ pub(crate) fn parse(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Optio
             let ratio = fraction(&mut b, "token-ratio", DEFAULT_TOKEN_RATIO, 0.001, 1000.0, errors);
             b.finish(&["kind", "max-tokens", "token-ratio"], errors);
             Some(BudgetCfg::Token { max_milli: (max * 1000.0).round() as i64, ratio_milli: (ratio * 1000.0).round() as i64 })
+        }
+        Some(2) => {
+            let cfg = aws::parse(&mut b, errors);
+            b.finish(aws::FIELDS, errors);
+            Some(BudgetCfg::AwsAdaptive(cfg))
         }
         Some(_) => {
             let percent = fraction(&mut b, "percent", DEFAULT_PERCENT, 0.001, 1000.0, errors);
@@ -97,6 +108,7 @@ impl BudgetCfg {
                 ("min-per-second", (*min_per_second).into()),
                 ("ttl", format_duration(*ttl).into()),
             ]),
+            BudgetCfg::AwsAdaptive(a) => a.to_json(),
         }
     }
 
@@ -112,12 +124,16 @@ impl BudgetCfg {
                     .map(|r| (r.first().copied().unwrap_or(0).max(0) as u64, r.get(1).copied().unwrap_or(0)))
                     .collect(),
             }
+        } else if let Some(a) = b.get("aws") {
+            BudgetState::Aws(AwsState::from_json(a, &format!("{path}.aws"))?)
         } else {
-            return Err(LoadError::new(path, "must be {\"token\": n} or {\"ratio\": [...]}"));
+            return Err(LoadError::new(path, "must be {\"token\": n}, {\"ratio\": [...]} or {\"aws\": {...}}"));
         };
         let same = matches!(
             (self, &state),
-            (BudgetCfg::Token { .. }, BudgetState::Token { .. }) | (BudgetCfg::Ratio { .. }, BudgetState::Ratio { .. })
+            (BudgetCfg::Token { .. }, BudgetState::Token { .. })
+                | (BudgetCfg::Ratio { .. }, BudgetState::Ratio { .. })
+                | (BudgetCfg::AwsAdaptive(_), BudgetState::Aws(_))
         );
         Ok(if same { self.clamp(state) } else { self.fresh() })
     }
@@ -139,6 +155,8 @@ pub enum BudgetState {
         /// Slots.
         slots: Vec<(u64, i64)>,
     },
+    /// AWS adaptive mode.
+    Aws(AwsState),
 }
 
 impl BudgetCfg {
@@ -147,6 +165,7 @@ impl BudgetCfg {
         match self {
             BudgetCfg::Token { max_milli, .. } => BudgetState::Token { tokens: *max_milli },
             BudgetCfg::Ratio { .. } => BudgetState::Ratio { slots: Vec::new() },
+            BudgetCfg::AwsAdaptive(_) => BudgetState::Aws(AwsState::default()),
         }
     }
 
@@ -160,7 +179,12 @@ impl BudgetCfg {
 
     /// Whether a state made under `other` can be kept under `self` (same kind).
     pub fn same_kind(&self, other: &BudgetCfg) -> bool {
-        matches!((self, other), (BudgetCfg::Token { .. }, BudgetCfg::Token { .. }) | (BudgetCfg::Ratio { .. }, BudgetCfg::Ratio { .. }))
+        matches!(
+            (self, other),
+            (BudgetCfg::Token { .. }, BudgetCfg::Token { .. })
+                | (BudgetCfg::Ratio { .. }, BudgetCfg::Ratio { .. })
+                | (BudgetCfg::AwsAdaptive(_), BudgetCfg::AwsAdaptive(_))
+        )
     }
 
     /// Bring an imported state within this configuration's bounds.
@@ -170,6 +194,7 @@ impl BudgetCfg {
                 BudgetState::Token { tokens: tokens.clamp(0, *max_milli) }
             }
             (BudgetCfg::Ratio { .. }, s @ BudgetState::Ratio { .. }) => s,
+            (BudgetCfg::AwsAdaptive(_), s @ BudgetState::Aws(_)) => s,
             (cfg, _) => cfg.fresh(),
         }
     }
@@ -185,6 +210,30 @@ impl BudgetState {
                 Some((_, balance)) => *balance = balance.saturating_add(1000),
                 None => slots.push((slot, 1000)),
             }
+        }
+    }
+
+    /// Any outcome was reported (the AWS client rate measures and adjusts).
+    #[inline]
+    pub fn on_outcome(&mut self, cfg: &BudgetCfg, observed: &Observed<'_>, now: u64) {
+        if let (BudgetCfg::AwsAdaptive(c), BudgetState::Aws(s)) = (cfg, self) {
+            s.on_response(c, observed, now);
+        }
+    }
+
+    /// Take the AWS client rate's token for an attempt, or say how long to wait for it.
+    #[inline]
+    pub fn try_acquire(&mut self, cfg: &BudgetCfg, now: u64) -> Result<(), u64> {
+        match (cfg, self) {
+            (BudgetCfg::AwsAdaptive(_), BudgetState::Aws(s)) => s.try_acquire(now),
+            _ => Ok(()),
+        }
+    }
+
+    /// Give back a token [`try_acquire`](Self::try_acquire) reserved for a wait that did not fit.
+    pub fn give_back(&mut self) {
+        if let BudgetState::Aws(s) = self {
+            s.give_back();
         }
     }
 
@@ -233,6 +282,7 @@ impl BudgetState {
         match self {
             BudgetState::Token { tokens } => obj([("token", (*tokens).into())]),
             BudgetState::Ratio { slots } => obj([("ratio", rows(slots.iter().map(|(s, v)| [Value::from(*s), Value::from(*v)])))]),
+            BudgetState::Aws(a) => a.to_json(),
         }
     }
 
@@ -240,7 +290,7 @@ impl BudgetState {
     pub fn tokens(&self) -> Option<i64> {
         match self {
             BudgetState::Token { tokens } => Some(*tokens),
-            BudgetState::Ratio { .. } => None,
+            BudgetState::Ratio { .. } | BudgetState::Aws(_) => None,
         }
     }
 }

@@ -218,6 +218,12 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
     let breaker = f.take("breaker").and_then(|v| breaker::parse(&f.path_of("breaker"), v, errors));
     let rate_limit = f.take("rate-limit").and_then(|v| rate::parse(&f.path_of("rate-limit"), v, errors));
     let bulkhead = f.take("bulkhead").and_then(|v| bulkhead::parse(&f.path_of("bulkhead"), v, errors));
+    if matches!(budget, Some(BudgetCfg::AwsAdaptive(_))) && rate_limit.is_some() {
+        errors.push(LoadError::new(
+            &f.path_of("budget"),
+            "`aws-adaptive` is a client rate limiter of its own: a policy with it has no `rate-limit`",
+        ));
+    }
     let concurrency = f.take("concurrency").and_then(|v| adaptive::parse(&f.path_of("concurrency"), v, errors));
     if bulkhead.is_some() && concurrency.is_some() {
         errors.push(LoadError::new(
