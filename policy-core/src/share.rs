@@ -257,7 +257,7 @@ impl Engine {
                             *x = r.u64()?;
                         }
                         let [started, enabled, w_max, last_fail, measured, last_bucket, count, rate, last_refill] = w;
-                        BudgetState::Aws(crate::budget::AwsState {
+                        BudgetState::Aws(Box::new(crate::budget::AwsState {
                             started: started != 0,
                             enabled: enabled != 0,
                             w_max,
@@ -268,7 +268,7 @@ impl Engine {
                             rate,
                             tokens: r.i64()?,
                             last_refill,
-                        })
+                        }))
                     }
                     _ => return Err(bad("budget kind")),
                 };

@@ -152,7 +152,7 @@ fn key_from_json(p: &Policy, v: &Value, path: &str, same_window: bool) -> Result
         s.budget = Some(cfg.import(b, &format!("{path}.budget"))?);
     }
     if let (Some(cfg), Some(c)) = (&p.concurrency, v.get("concurrency").filter(|c| !c.is_null())) {
-        s.adaptive = Some(cfg.import(c, &format!("{path}.concurrency"))?);
+        s.adaptive = Some(Box::new(cfg.import(c, &format!("{path}.concurrency"))?));
     }
     Ok((key, s))
 }

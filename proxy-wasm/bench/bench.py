@@ -13,6 +13,7 @@ request's scheduled time; rounds alternate the listeners. Prints p50 and p99 per
 what the filter adds to each.
 
   python3 bench.py ENVOY LEVEE_CLI FILTER.wasm PASSTHROUGH.wasm LOADGEN [--rate 500] [--seconds 10] [--rounds 3]
+      [--compare OTHER_FILTER.wasm]   # e.g. the previous commit's filter, measured in the same rounds
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -44,6 +46,13 @@ BREAKERS = """
       - {max_connections: 1024, max_pending_requests: 1024, max_requests: 1024, max_retries: 3}"""
 
 
+def host_calls(envoy: et.Envoy) -> tuple[int, int]:
+    """The levee filter's host calls so far (its `levee.host_calls` counter, all workers), and
+    the requests its listener completed (the load generator's warm-up included)."""
+    stats = envoy.stats()
+    return stats.get("wasmcustom.levee.host_calls", 0), stats.get("http.levee.downstream_rq_completed", 0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("envoy")
@@ -54,7 +63,10 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=500)
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--compare", metavar="FILTER.wasm", help="another build of the levee filter (listener `other`), same rounds")
     a = ap.parse_args()
+    if a.compare:
+        a.compare = str(Path(a.compare).resolve())  # Envoy runs in a directory of its own
     work = Path(tempfile.mkdtemp(prefix="levee-bench-"))
     up = subprocess.Popen([a.loadgen, "-serve", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
     envoy = None
@@ -62,12 +74,14 @@ def main() -> int:
         assert up.stdout is not None
         up_port = int(up.stdout.readline().strip().rsplit(":", 1)[1])
         retry = et.route_retry_policy(a.cli, work, "edge", DOC)
-        ports = {n: et.free_port() for n in ("plain", "wasm", "native", "levee")}
+        names = ["plain", "wasm", "native", "levee"] + (["other"] if a.compare else [])
+        ports = {n: et.free_port() for n in names}
         listeners = (
             et.listener("plain", ports["plain"], "upstream", None, "", "", "")
             + et.listener("wasm", ports["wasm"], "upstream", {}, a.passthrough, "passthrough", "")
             + et.listener("native", ports["native"], "guarded", None, "", "", retry)
             + et.listener("levee", ports["levee"], "upstream", DOC, a.wasm, "levee", retry)
+            + (et.listener("other", ports["other"], "upstream", DOC, a.compare, "other", retry) if a.compare else "")
         )
         config = (
             "static_resources:\n  listeners:" + listeners + "  clusters:" + et.cluster("upstream", up_port) + et.cluster("guarded", up_port, BREAKERS)
@@ -77,6 +91,7 @@ def main() -> int:
             print(envoy.log.read_text()[-3000:], file=sys.stderr)
             return 1
         results: dict[str, list[tuple[float, float]]] = {n: [] for n in ports}
+        calls0 = host_calls(envoy)
         for r in range(a.rounds):
             for name, port in ports.items():
                 out = subprocess.run(
@@ -97,6 +112,23 @@ def main() -> int:
         for base in ("plain", "wasm", "native"):
             b50, b99 = med[base]
             print(f"  levee - {base:6s}: p50 {lp50 - b50:+6.1f} us  p99 {lp99 - b99:+6.1f} us")
+        if a.compare:
+            o50, o99 = med["other"]
+            print(f"  other - wasm  : p50 {o50 - w50:+6.1f} us  p99 {o99 - w99:+6.1f} us  (the --compare build)")
+        # Paired: each round's difference (the listeners of a round ran seconds apart, under
+        # the same load), then the median: less moved by a load that changes between rounds.
+        def paired(x: str, y: str) -> float:
+            return statistics.median(p[0] - q[0] for p, q in zip(results[x], results[y]))
+        print("  median of the rounds' own p50 differences:")
+        pairs = [("wasm", "plain"), ("levee", "wasm"), ("levee", "native")] + ([("other", "wasm"), ("levee", "other")] if a.compare else [])
+        for x, y in pairs:
+            print(f"    {x:6s} - {y:6s}: {paired(x, y):+6.1f} us")
+        time.sleep(1.5)  # the workers publish their counters every second
+        calls1 = host_calls(envoy)
+        calls, requests = calls1[0] - calls0[0], calls1[1] - calls0[1]
+        print(f"  levee filter: {calls / max(requests, 1):.2f} proxy-wasm host calls per request"
+              f" ({calls} over {requests} requests, the workers' 1 s metric ticks included;"
+              " a --compare build that counts them too adds to the same counter)")
         return 0
     finally:
         if envoy is not None:

@@ -42,18 +42,30 @@ const DOC: &str = r#"{"policies": {"edge": {"attempts": 3, "backoff": {"base": "
   "retry-on": ["http:503", "connection-error"], "budget": {"kind": "token", "max-tokens": 100, "token-ratio": 0.1},
   "breaker": {"window": {"kind": "count", "size": 100}, "minimum-calls": 20, "failure-rate": 50, "open-duration": "5s"}}}}"#;
 
-fn main() {
-    let mut g = Gate::new(levee_proxy_wasm::config::parse(DOC).expect("config"), 1);
+/// `n` requests through `workers` gates sharing one store, taking turns (one request each):
+/// with two, every operation finds the other worker's bytes and imports them, as two Envoy
+/// workers sharing a key do.
+fn run(workers: u64, n: u64) -> f64 {
+    let mut gates: Vec<Gate> = (1..=workers).map(|w| Gate::new(levee_proxy_wasm::config::parse(DOC).expect("config"), w)).collect();
     let store = Mem::default();
-    let n = 200_000u64;
     let t = Instant::now();
     for i in 0..n {
+        let g = gates.get_mut((i % workers) as usize).expect("gate");
         let now = 1_000_000_000 + i * 1000;
         let (a, call) = g.admit(&store, now, "backend", "GET", None);
         assert!(matches!(a, Admit::Forward(_)));
         let mut c = call.expect("call");
         g.complete(&store, now + 500, &mut c, &Response { status: 200, attempts: 1, ..Default::default() }, 1);
     }
-    let per = t.elapsed().as_nanos() as f64 / n as f64;
-    println!("admit + complete: {per:.0} ns per request (native, in-memory store)");
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+/// `gate_cost [N] [WORKERS]`: N requests (default 200,000); WORKERS 1 or 2 (default: both, in turn).
+fn main() {
+    let n: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(200_000);
+    let only: Option<u64> = std::env::args().nth(2).and_then(|a| a.parse().ok());
+    for workers in [1u64, 2].into_iter().filter(|w| only.is_none_or(|o| o == *w)) {
+        let per = run(workers, n);
+        println!("admit + complete, {workers} worker(s) taking turns: {per:.0} ns per request (native, in-memory store)");
+    }
 }

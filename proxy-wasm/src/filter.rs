@@ -5,9 +5,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
+use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, Status};
 
 use crate::config::{self, KeySource};
 use crate::gate::{Admit, Call, Gate, Reply, Response, Stats, Store, HEADER_ATTEMPT};
@@ -20,18 +19,134 @@ mod entry {
     }}
 }
 
+/// The proxy-wasm host calls this module makes, counted (`levee.host_calls`): every call into
+/// Envoy goes through [`host`], so that the count per request is measured, not estimated.
+mod host {
+    use std::cell::Cell;
+    use std::time::{Duration, SystemTime};
+
+    use proxy_wasm::hostcalls;
+    use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType, MetricType, Status};
+
+    use crate::headers::Headers;
+
+    thread_local! {
+        static CALLS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Host calls made so far by this VM.
+    pub fn calls() -> u64 {
+        CALLS.with(Cell::get)
+    }
+
+    fn count() {
+        CALLS.with(|c| c.set(c.get() + 1));
+    }
+
+    pub fn time() -> Result<SystemTime, Status> {
+        count();
+        hostcalls::get_current_time()
+    }
+    pub fn log(level: LogLevel, msg: &str) {
+        count();
+        let _ = hostcalls::log(level, msg);
+    }
+    pub fn shared_get(key: &str) -> Result<(Option<Bytes>, Option<u32>), Status> {
+        count();
+        hostcalls::get_shared_data(key)
+    }
+    pub fn shared_set(key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+        count();
+        hostcalls::set_shared_data(key, Some(value), cas)
+    }
+    pub fn define_metric(name: &str) -> u32 {
+        count();
+        hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0)
+    }
+    pub fn increment_metric(id: u32, by: i64) {
+        count();
+        let _ = hostcalls::increment_metric(id, by);
+    }
+    pub fn tick_period(period: Duration) {
+        count();
+        let _ = hostcalls::set_tick_period(period);
+    }
+    pub fn plugin_configuration() -> Option<Bytes> {
+        count();
+        hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX).ok().flatten()
+    }
+    pub fn property(path: Vec<&str>) -> Option<Bytes> {
+        count();
+        hostcalls::get_property(path).ok().flatten()
+    }
+    /// Every header of a map, in one call, read in place ([`Headers`]).
+    pub fn headers(map: MapType) -> Headers {
+        count();
+        Headers::new(super::raw::header_pairs(map))
+    }
+    pub fn set_header(map: MapType, name: &str, value: &str) {
+        count();
+        let _ = hostcalls::set_map_value(map, name, Some(value));
+    }
+    pub fn send_response(status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) {
+        count();
+        let _ = hostcalls::send_http_response(status, headers, body);
+    }
+    pub fn dispatch(cluster: &str, headers: Vec<(&str, &str)>, timeout: Duration) -> bool {
+        count();
+        hostcalls::dispatch_http_call(cluster, headers, None, vec![], timeout).is_ok()
+    }
+    pub fn call_response_body(size: usize) -> Option<Bytes> {
+        count();
+        hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, size).ok().flatten()
+    }
+    pub fn resume_request() {
+        count();
+        let _ = hostcalls::resume_http_request();
+    }
+}
+
+/// The one ABI function the filter calls itself: `proxy_get_header_map_pairs`, so that the
+/// serialized map is read in place (the SDK's `get_map_bytes` copies every name and value
+/// into an allocation of its own).
+#[allow(unsafe_code)]
+mod raw {
+    use proxy_wasm::types::MapType;
+
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        fn proxy_get_header_map_pairs(map_type: u32, return_data: *mut *mut u8, return_size: *mut usize) -> u32;
+    }
+
+    /// The serialized map (empty when the host has none or fails).
+    pub fn header_pairs(map: MapType) -> Vec<u8> {
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: the host writes a pointer to `size` bytes it allocated through this module's
+        // `proxy_on_memory_allocate` (the SDK's: a boxed `[u8]` of exactly `size` bytes) and
+        // hands their ownership over; the SDK's own `get_map` takes them the same way.
+        unsafe {
+            let status = proxy_get_header_map_pairs(map as u32, &mut data, &mut size);
+            if status != 0 || data.is_null() {
+                return Vec::new();
+            }
+            Vec::from_raw_parts(data, size, size)
+        }
+    }
+}
+
 /// Envoy's shared data.
 struct Shared;
 
 impl Store for Shared {
     fn get(&self, key: &str) -> (Option<Vec<u8>>, u32) {
-        match hostcalls::get_shared_data(key) {
+        match host::shared_get(key) {
             Ok((v, cas)) => (v, cas.unwrap_or(0)),
             Err(_) => (None, 0),
         }
     }
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), bool> {
-        match hostcalls::set_shared_data(key, Some(value), (cas != 0).then_some(cas)) {
+        match host::shared_set(key, value, (cas != 0).then_some(cas)) {
             Ok(()) => Ok(()),
             Err(Status::CasMismatch) => Err(true),
             Err(_) => Err(false),
@@ -40,38 +155,59 @@ impl Store for Shared {
 }
 
 fn wall() -> (u64, u64) {
-    let d = hostcalls::get_current_time().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).unwrap_or_default();
+    let d = host::time().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).unwrap_or_default();
     (u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), d.as_secs())
 }
 
 fn log(level: LogLevel, msg: &str) {
-    let _ = hostcalls::log(level, msg);
+    host::log(level, msg);
 }
 
-const METRICS: [&str; 8] =
-    ["admitted", "rejected", "fallbacks", "cas_fail_open", "keys_fail_open", "state_fail_open", "cas_mismatches", "clock_backwards"];
+const METRICS: [&str; 9] = [
+    "admitted",
+    "rejected",
+    "fallbacks",
+    "cas_fail_open",
+    "keys_fail_open",
+    "state_fail_open",
+    "cas_mismatches",
+    "clock_backwards",
+    "host_calls",
+];
+/// The counters published at once when they change (the first two, admitted and host calls,
+/// wait for the next tick: they change on every request).
+const EVERY_TICK: [usize; 2] = [0, 8];
+/// How often a worker publishes its counters.
+const TICK: Duration = Duration::from_secs(1);
 
-fn values(s: &Stats, backwards: u64) -> [u64; 8] {
-    [s.admitted, s.rejected, s.fallbacks, s.cas_fail_open, s.keys_fail_open, s.state_fail_open, s.cas_mismatches, backwards]
+fn values(s: &Stats, backwards: u64) -> [u64; 9] {
+    [s.admitted, s.rejected, s.fallbacks, s.cas_fail_open, s.keys_fail_open, s.state_fail_open, s.cas_mismatches, backwards, host::calls()]
 }
 
 /// What a worker's contexts share.
 struct Worker {
     gate: Gate,
     metrics: Vec<u32>,
-    published: [u64; 8],
+    published: [u64; 9],
 }
 
 impl Worker {
-    /// Add what the counters gained since the last publication to Envoy's metrics.
-    fn publish(&mut self) {
+    /// Add what the counters gained since the last publication to Envoy's metrics: all of them
+    /// on a tick, else only the rare ones (a rejection, a fault), so that a request that only
+    /// passes costs no metric call.
+    fn publish(&mut self, tick: bool) {
         let now = values(&self.gate.stats, self.gate.clock.backwards);
-        for ((id, new), old) in self.metrics.iter().zip(now.iter()).zip(self.published.iter()) {
-            if new > old {
-                let _ = hostcalls::increment_metric(*id, (new - old) as i64);
+        let rare = now.iter().zip(self.published.iter()).enumerate().any(|(i, (n, o))| n != o && !EVERY_TICK.contains(&i));
+        if !tick && !rare {
+            return;
+        }
+        for ((id, new), old) in self.metrics.iter().zip(now.iter()).zip(self.published.iter_mut()) {
+            if *new > *old {
+                host::increment_metric(*id, (*new - *old) as i64);
+                *old = *new;
             }
         }
-        self.published = now;
+        // The metric calls just made count on the next publication.
     }
 }
 
@@ -98,7 +234,7 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let bytes = self.get_plugin_configuration().unwrap_or_default();
+        let bytes = host::plugin_configuration().unwrap_or_default();
         let text = match std::str::from_utf8(&bytes) {
             Ok(t) => t,
             Err(_) => {
@@ -109,10 +245,10 @@ impl RootContext for Root {
         match config::parse(text) {
             Ok(cfg) => {
                 let info = cfg.engine.policy_info(cfg.policy);
-                let metrics =
-                    METRICS.iter().map(|m| hostcalls::define_metric(MetricType::Counter, &format!("levee.{m}")).unwrap_or(0)).collect();
+                let metrics = METRICS.iter().map(|m| host::define_metric(&format!("levee.{m}"))).collect();
                 let gate = Gate::new(cfg, worker_number());
-                self.worker = Some(Rc::new(RefCell::new(Worker { gate, metrics, published: [0; 8] })));
+                self.worker = Some(Rc::new(RefCell::new(Worker { gate, metrics, published: [0; 9] })));
+                host::tick_period(TICK);
                 log(LogLevel::Info, &format!("levee: policy `{}` loaded", info.map(|i| i.name).unwrap_or_default()));
                 true
             }
@@ -126,9 +262,15 @@ impl RootContext for Root {
         }
     }
 
+    fn on_tick(&mut self) {
+        if let Some(w) = &self.worker {
+            w.borrow_mut().publish(true);
+        }
+    }
+
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let worker = self.worker.clone()?;
-        Some(Box::new(Request { worker, call: None, local: false }))
+        Some(Box::new(Request { worker, call: None, local: false, path: None, authority: None }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -141,21 +283,27 @@ struct Request {
     call: Option<Call>,
     /// The filter answered this request itself; its own reply passes back through the filter.
     local: bool,
+    /// The request's `:path` and `:authority`, kept for a fallback cluster call.
+    path: Option<String>,
+    authority: Option<String>,
+}
+
+fn text(v: &[u8]) -> &str {
+    std::str::from_utf8(v).unwrap_or_default()
 }
 
 impl Request {
     fn reply(&mut self, r: &Reply) {
         self.local = true;
         let headers: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        self.send_http_response(u32::from(r.status), headers, Some(r.body.as_bytes()));
+        host::send_response(u32::from(r.status), headers, Some(r.body.as_bytes()));
     }
 
     fn dispatch(&mut self, cluster: &str, authority: Option<&str>, timeout_ms: u64) -> bool {
-        let path = self.get_http_request_header(":path").unwrap_or_else(|| "/".into());
-        let own = self.get_http_request_header(":authority").unwrap_or_default();
-        let authority = authority.unwrap_or(&own).to_string();
-        let headers = vec![(":method", "GET"), (":path", path.as_str()), (":authority", authority.as_str())];
-        self.dispatch_http_call(cluster, headers, None, vec![], Duration::from_millis(timeout_ms)).is_ok()
+        let path = self.path.as_deref().unwrap_or("/");
+        let authority = authority.or(self.authority.as_deref()).unwrap_or_default();
+        let headers = vec![(":method", "GET"), (":path", path), (":authority", authority)];
+        host::dispatch(cluster, headers, Duration::from_millis(timeout_ms))
     }
 
     /// Do what the gate answered; the action for the filter chain.
@@ -163,7 +311,7 @@ impl Request {
         match a {
             Admit::Forward(headers) => {
                 for (k, v) in &headers {
-                    self.set_http_request_header(k, Some(v));
+                    host::set_header(MapType::HttpRequestHeaders, k, v);
                 }
                 Action::Continue
             }
@@ -192,54 +340,65 @@ impl Request {
 
 impl Context for Request {
     fn on_http_call_response(&mut self, _token: u32, _headers: usize, body_size: usize, _trailers: usize) {
-        let status = self.get_http_call_response_header(":status").and_then(|s| s.parse::<u16>().ok());
+        let response = host::headers(MapType::HttpCallResponseHeaders);
+        let status = response.get(":status").and_then(|v| v.parse::<u16>().ok());
         let (wall_ns, _) = wall();
         let Some(mut call) = self.call.take() else { return };
         let next = self.worker.borrow_mut().gate.fallback_result(&mut call, wall_ns, status);
         self.call = Some(call);
         match next {
             Admit::Forward(_) => {
-                let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
-                let kept: Vec<(String, String)> =
-                    self.get_http_call_response_headers().into_iter().filter(|(k, _)| !k.starts_with(':')).collect();
-                let mut headers: Vec<(&str, &str)> = kept.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let body = host::call_response_body(body_size).unwrap_or_default();
+                let mut headers: Vec<(&str, &str)> =
+                    response.iter().filter(|(k, _)| !k.starts_with(b":")).map(|(k, v)| (text(k), text(v))).collect();
                 headers.push(("x-levee-fallback", "cluster"));
                 self.local = true;
-                self.send_http_response(u32::from(status.unwrap_or(200)), headers, Some(&body));
+                host::send_response(u32::from(status.unwrap_or(200)), headers, Some(&body));
             }
             other => {
                 if self.act(other) == Action::Continue {
-                    self.resume_http_request();
+                    host::resume_request();
                 }
             }
         }
-        self.worker.borrow_mut().publish();
+        self.worker.borrow_mut().publish(false);
     }
 }
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        // Every header in one host call: cheaper than one call per header the filter reads.
+        let headers = host::headers(MapType::HttpRequestHeaders);
+        let get = |name: &str| headers.get(name);
         #[cfg(feature = "test-trap")]
-        if self.get_http_request_header("x-levee-test-trap").is_some() {
+        if get("x-levee-test-trap").is_some() {
             #[allow(clippy::panic)]
             {
                 panic!("levee: trap asked for by x-levee-test-trap (test build)");
             }
         }
-        let key_source = self.worker.borrow().gate.config().key.clone();
-        let key = match key_source {
-            KeySource::Cluster => {
-                self.get_property(vec!["xds", "cluster_name"]).and_then(|b| String::from_utf8(b).ok()).unwrap_or_default()
+        let by_cluster = matches!(self.worker.borrow().gate.config().key, KeySource::Cluster);
+        let key = if by_cluster {
+            // The route's cluster: it depends on the route, which only Envoy knows at this point.
+            host::property(vec!["xds", "cluster_name"]).and_then(|b| String::from_utf8(b).ok()).unwrap_or_default()
+        } else {
+            let w = self.worker.borrow();
+            match &w.gate.config().key {
+                KeySource::Header(h) => get(h).unwrap_or_default().to_string(),
+                KeySource::Cluster => String::new(),
             }
-            KeySource::Header(h) => self.get_http_request_header(&h).unwrap_or_default(),
         };
-        let method = self.get_http_request_header(":method").unwrap_or_default();
-        let app = self.get_http_request_header(HEADER_ATTEMPT).and_then(|v| v.trim().parse::<u32>().ok());
+        let method = get(":method").unwrap_or_default();
+        let app = get(HEADER_ATTEMPT).and_then(|v| v.trim().parse::<u32>().ok());
         let (wall_ns, _) = wall();
-        let (admit, call) = self.worker.borrow_mut().gate.admit(&Shared, wall_ns, &key, &method, app);
+        let (admit, call) = self.worker.borrow_mut().gate.admit(&Shared, wall_ns, &key, method, app);
+        if matches!(admit, Admit::Dispatch { .. }) {
+            self.path = get(":path").map(str::to_string);
+            self.authority = get(":authority").map(str::to_string);
+        }
         self.call = call;
         let action = self.act(admit);
-        self.worker.borrow_mut().publish();
+        self.worker.borrow_mut().publish(false);
         action
     }
 
@@ -248,28 +407,35 @@ impl HttpContext for Request {
             return Action::Continue;
         }
         let Some(mut call) = self.call.take() else { return Action::Continue };
-        let status = self.get_http_response_header(":status").and_then(|s| s.parse::<u16>().ok()).unwrap_or(0);
-        let attempts = self.get_http_response_header("x-envoy-attempt-count").and_then(|s| s.parse::<u32>().ok()).unwrap_or(1);
-        let retry_after = self.get_http_response_header("retry-after").unwrap_or_default();
-        let overloaded = self.get_http_response_header("x-envoy-overloaded").is_some();
+        if call.is_done() {
+            self.call = Some(call);
+            return Action::Continue;
+        }
+        let headers = host::headers(MapType::HttpResponseHeaders);
+        let get = |name: &str| headers.get(name);
+        let status = get(":status").and_then(|s| s.parse::<u16>().ok()).unwrap_or(0);
+        let attempts = get("x-envoy-attempt-count").and_then(|s| s.parse::<u32>().ok()).unwrap_or(1);
+        let retry_after = get("retry-after").unwrap_or_default();
+        let overloaded = get("x-envoy-overloaded").is_some();
         let (wall_ns, wall_secs) = wall();
-        let r = Response { status, attempts, retry_after: &retry_after, overloaded };
+        let r = Response { status, attempts, retry_after, overloaded };
         let next = self.worker.borrow_mut().gate.complete(&Shared, wall_ns, &mut call, &r, wall_secs);
         self.call = Some(call);
         let action = match next {
             Some(a) => self.act(a),
             None => Action::Continue,
         };
-        self.worker.borrow_mut().publish();
+        self.worker.borrow_mut().publish(false);
         action
     }
 
     fn on_log(&mut self) {
-        if let Some(mut call) = self.call.take() {
+        // Nothing to release (the usual case): no host call.
+        if let Some(mut call) = self.call.take().filter(|c| !c.is_done()) {
             let (wall_ns, _) = wall();
             let mut w = self.worker.borrow_mut();
             w.gate.abandon(&Shared, wall_ns, &mut call);
-            w.publish();
+            w.publish(false);
         }
     }
 }

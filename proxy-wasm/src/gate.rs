@@ -3,14 +3,17 @@
 //! the shared state across workers.
 //!
 //! # State across workers
-//! Each Envoy worker runs its own Wasm VM, so each has its own engine. A key's state (breaker,
-//! limiter, budget, in-flight count) lives in the proxy's shared data as
-//! [`levee_core::Engine::export_key`] bytes. Every operation on a key reads the bytes and their
-//! CAS version, imports them into a copy of the request's engine, runs the core, exports and
-//! writes back with the version read. On a mismatch another worker changed the key in
-//! between: the copy is dropped and the operation runs again on fresh bytes, so N workers
-//! admit exactly what one engine would. After `cas-retries` mismatches in a row the filter
-//! fails open (the request goes on without the filter's decision) and counts it.
+//! Each Envoy worker runs its own Wasm VM, so each has its own engine, one per worker: it
+//! holds the worker's live calls, and a key's state only as a copy. The key's state
+//! (breaker, limiter, budget, in-flight count) lives in the proxy's shared data as
+//! [`levee_core::Engine::export_key`] bytes. Every operation on a key reads the bytes and
+//! their CAS version, imports them into the worker's engine (unless they are the bytes the
+//! engine's copy was last synced to), runs the core, exports and writes back with the
+//! version read. On a mismatch another worker changed the key in between: the operation is
+//! undone (the call put back as it was: see [`Gate::complete`]) and runs again on fresh
+//! bytes, so N workers admit exactly what one engine would. After `cas-retries` mismatches
+//! in a row the filter fails open (the request goes on without the filter's decision) and
+//! counts it.
 //!
 //! Shared data has no delete, so keys are registered first in one bounded registry per
 //! policy (the policy's `keys.max`); a key past the bound fails open and is counted.
@@ -18,6 +21,8 @@
 //! # Clock
 //! The ABI's only clock is wall time. [`Clock`] hands the core the largest time it has seen,
 //! so a wall clock stepped back reads as no time passing (and is counted).
+
+use std::collections::HashMap;
 
 use levee_core::classify::Rule;
 use levee_core::{Engine, OutcomeKind, Reason, Verdict, VerdictKind};
@@ -93,16 +98,26 @@ pub enum Fault {
     State,
 }
 
-/// A request the filter manages.
+/// A request the filter manages: a live call of the worker's engine.
 #[derive(Clone, Debug)]
 pub struct Call {
-    engine: Engine,
     id: u64,
     key: String,
+    flags: u32,
     started: u64,
+    /// The key's bytes the admission ran on: the call is made again from them when an
+    /// operation on it must be undone.
+    admitted_on: Vec<u8>,
     /// Retries the router was allowed.
     pub max_retries: u32,
     done: bool,
+}
+
+impl Call {
+    /// The filter has nothing left to do for this request.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
 }
 
 /// What to do with a request's headers.
@@ -149,14 +164,25 @@ pub struct Response<'a> {
     pub overloaded: bool,
 }
 
-/// One worker's gate: the validated configuration and what it needs to run requests.
+/// One worker's gate: the validated configuration, the worker's engine and what it needs to
+/// run requests.
 #[derive(Debug)]
 pub struct Gate {
+    /// `cfg.engine` is the worker's engine: its live calls, and copies of its keys' states.
     cfg: FilterConfig,
     retry_on: RetryOn,
     static_headers: Vec<(&'static str, String)>,
     prefix: String,
     max_keys: u32,
+    /// `attempts - 1` of the policy.
+    max_retries: u32,
+    /// An outcome the router retries, as the core classifies it (see `probe_outcome`).
+    probe: Option<(OutcomeKind, i32)>,
+    /// A fresh key's bytes.
+    fresh: Vec<u8>,
+    /// Per key, the bytes the engine's copy of its state was last synced to (imported, or
+    /// exported and written): when shared data still holds them, no import is needed.
+    synced: HashMap<String, Vec<u8>>,
     worker: u64,
     seq: u64,
     /// The monotonic clock.
@@ -185,6 +211,25 @@ fn secs_ceil(ns: u64) -> u64 {
     ns.div_ceil(1_000_000_000).max(1)
 }
 
+fn is(v: Verdict, kind: VerdictKind) -> bool {
+    v.kind() == Some(kind)
+}
+
+/// An outcome the router retries under this policy, as the core classifies it: the first
+/// retriable 5xx, else the first retriable status, else a connection error or timeout.
+fn probe_outcome(cfg: &FilterConfig, retry_on: &RetryOn) -> Option<(OutcomeKind, i32)> {
+    let codes = &retry_on.status_codes;
+    if let Some(c) = codes.iter().find(|c| **c >= 500).or(codes.first()) {
+        return Some((OutcomeKind::HttpStatus, i32::from(*c)));
+    }
+    let p = cfg.engine.policy(cfg.policy)?;
+    p.retry_on.0.iter().find_map(|r| match r {
+        Rule::ConnectionError => Some((OutcomeKind::ConnectionError, 0)),
+        Rule::Timeout => Some((OutcomeKind::Timeout, 0)),
+        _ => None,
+    })
+}
+
 impl Gate {
     /// A gate for a configuration; `worker` makes call ids unique across workers.
     pub fn new(cfg: FilterConfig, worker: u64) -> Gate {
@@ -210,13 +255,22 @@ impl Gate {
         }
         let prefix = format!("levee:{}:", policy.as_ref().map(|p| p.name.as_str()).unwrap_or(""));
         let max_keys = policy.as_ref().map(|p| p.max_keys).unwrap_or(1).min(65_536);
+        let max_retries = policy.as_ref().map(|p| p.attempts.saturating_sub(1)).unwrap_or(0);
+        let probe = probe_outcome(&cfg, &retry_on);
+        // The engine holds no key yet: this is a fresh key's state (the same for every name).
+        let fresh = cfg.engine.export_key(cfg.policy, "").unwrap_or_default();
         Gate {
             cfg,
             retry_on,
             static_headers,
             prefix,
             max_keys,
-            worker: worker & 0xFF_FFFF,
+            max_retries,
+            probe,
+            fresh,
+            synced: HashMap::new(),
+            // Never 0, so that no call id is 0.
+            worker: (worker & 0xFF_FFFF).max(1),
             seq: 0,
             clock: Clock::default(),
             stats: Stats::default(),
@@ -258,8 +312,7 @@ impl Gate {
                 Ok(()) => {
                     // Only the worker that registered a key creates it; nobody writes it with
                     // version 0 again, so no later write is lost.
-                    let fresh = self.cfg.engine.export_key(self.cfg.policy, key).unwrap_or_default();
-                    return store.set(&self.shared_key(key), &fresh, 0).map_err(|_| Fault::State);
+                    return store.set(&self.shared_key(key), &self.fresh, 0).map_err(|_| Fault::State);
                 }
                 Err(true) => *mismatches += 1,
                 Err(false) => return Err(Fault::State),
@@ -275,48 +328,84 @@ impl Gate {
         s
     }
 
-    /// Run `op` on a copy of `engine` holding the key's shared state, and publish the result
-    /// with compare-and-swap; retried on a mismatch, failing open after `cas-retries`.
-    /// Mismatches are added to `mismatches` (not to `self`, so that `engine` may be `self`'s).
+    /// Run `op` on the worker's engine holding the key's shared state (the bytes read are
+    /// its second argument), and publish the result with compare-and-swap; on a mismatch
+    /// `undo` puts the engine's calls back as they were before `op` (false: it cannot, the
+    /// operation fails open) and the operation runs again on fresh bytes, failing open after
+    /// `cas-retries`. On an error `undo` has run. Returns `op`'s answer and the bytes read.
     fn with_key<T>(
-        &self,
+        &mut self,
         store: &impl Store,
-        engine: &Engine,
         key: &str,
-        mismatches: &mut u64,
-        mut op: impl FnMut(&mut Engine) -> T,
-    ) -> Result<(Engine, T), Fault> {
+        mut op: impl FnMut(&mut Engine, &[u8]) -> Result<T, Fault>,
+        mut undo: impl FnMut(&mut Engine) -> bool,
+    ) -> Result<(T, Vec<u8>), Fault> {
         let skey = self.shared_key(key);
         let pi = self.cfg.policy;
         let mut registered = false;
+        let mut fault = Fault::Contention;
         for _ in 0..=self.cfg.cas_retries {
             let (bytes, cas) = store.get(&skey);
             let Some(bytes) = bytes.filter(|_| cas != 0) else {
                 if !registered {
                     registered = true;
-                    self.register(store, key, mismatches)?;
+                    let mut mismatches = 0;
+                    let r = self.register(store, key, &mut mismatches);
+                    self.stats.cas_mismatches += mismatches;
+                    r?;
                 } else {
                     // Registered by another worker that has not created it yet.
-                    *mismatches += 1;
+                    self.stats.cas_mismatches += 1;
                 }
                 continue;
             };
-            let mut e = engine.clone();
-            if e.import_key(pi, key, &bytes).is_err() {
-                return Err(Fault::State);
+            let e = &mut self.cfg.engine;
+            // A table at its bound may have evicted the key's copy: then import anyway.
+            let full = e.policy(pi).is_some_and(|p| e.key_count(pi) >= p.max_keys as usize);
+            if full || self.synced.get(key).is_none_or(|s| *s != bytes) {
+                self.synced.remove(key);
+                if e.import_key(pi, key, &bytes).is_err() {
+                    return Err(Fault::State);
+                }
             }
-            let out = op(&mut e);
-            let Some(next) = e.export_key(pi, key) else { return Err(Fault::State) };
-            if next == bytes {
-                return Ok((e, out));
+            let out = op(e, &bytes);
+            if e.has_events() {
+                e.drain_events();
             }
-            match store.set(&skey, &next, cas) {
-                Ok(()) => return Ok((e, out)),
-                Err(true) => *mismatches += 1,
-                Err(false) => return Err(Fault::State),
+            let (Ok(out), Some(next)) = (out, e.export_key(pi, key)) else {
+                fault = Fault::State;
+                break;
+            };
+            let written = if next == bytes { Ok(()) } else { store.set(&skey, &next, cas) };
+            match written {
+                Ok(()) => {
+                    match self.synced.get_mut(key) {
+                        Some(s) => *s = next,
+                        None => {
+                            self.synced.insert(key.to_string(), next);
+                        }
+                    }
+                    return Ok((out, bytes));
+                }
+                Err(true) => {
+                    // The engine's copy is not what shared data holds: imported next time.
+                    self.synced.remove(key);
+                    self.stats.cas_mismatches += 1;
+                    if !undo(&mut self.cfg.engine) {
+                        return Err(Fault::State);
+                    }
+                }
+                Err(false) => {
+                    fault = Fault::State;
+                    break;
+                }
             }
         }
-        Err(Fault::Contention)
+        self.synced.remove(key);
+        if fault == Fault::State {
+            undo(&mut self.cfg.engine);
+        }
+        Err(fault)
     }
 
     fn count_fault(&mut self, f: Fault) {
@@ -337,30 +426,46 @@ impl Gate {
         }
         let id = self.next_id();
         let (pi, flags) = (self.cfg.policy, method_number(method) << METHOD_SHIFT);
-        let mut mismatches = 0;
-        let result = self.with_key(store, &self.cfg.engine, key, &mut mismatches, |e| {
-            let v = e.start(id, pi, key, flags, now, 0, 0, 0);
-            if v.kind() == Some(VerdictKind::Wait) {
-                // The ABI gives an HTTP context no timer: the wait is the client's (Retry-After).
+        // The application retries this request: one layer retries, so the router does not.
+        let probe = self.probe.filter(|_| app_attempt.is_none() && self.max_retries > 0);
+        let max = self.max_retries;
+        let result = self.with_key(
+            store,
+            key,
+            |e, bytes| {
+                let mut v = e.start(id, pi, key, flags, now, 0, 0, 0);
+                let mut left = 0;
+                if let (true, Some((kind, code))) = (is(v, VerdictKind::Attempt), probe) {
+                    left = retries_left(e, id, now, kind, code, max);
+                    // The replay changed the key and ended the call: both are made again from
+                    // the bytes read, exactly as the first `start` made them.
+                    e.cancel(id, now);
+                    e.import_key(pi, key, bytes).map_err(|_| Fault::State)?;
+                    v = e.start(id, pi, key, flags, now, 0, 0, 0);
+                }
+                if is(v, VerdictKind::Wait) {
+                    // The ABI gives an HTTP context no timer: the wait is the client's (Retry-After).
+                    e.cancel(id, now);
+                }
+                Ok((v, left))
+            },
+            |e| {
                 e.cancel(id, now);
-            }
-            v
-        });
-        self.stats.cas_mismatches += mismatches;
-        let (mut engine, v) = match result {
+                true
+            },
+        );
+        let ((v, left), bytes) = match result {
             Ok(r) => r,
             Err(f) => {
                 self.count_fault(f);
                 return (Admit::FailOpen(f), None);
             }
         };
-        engine.drain_events();
-        let mut call = Call { engine, id, key: key.to_string(), started: now, max_retries: 0, done: false };
+        let mut call = Call { id, key: key.to_string(), flags, started: now, admitted_on: bytes, max_retries: 0, done: false };
         match v.kind() {
             Some(VerdictKind::Attempt) => {
                 self.stats.admitted += 1;
-                // The application retries this request: one layer retries, so the router does not.
-                call.max_retries = if app_attempt.is_some() { 0 } else { self.retries_left(&call, now) };
+                call.max_retries = left;
                 let mut headers = Vec::with_capacity(self.static_headers.len() + 1);
                 headers.push(("x-envoy-max-retries", call.max_retries.to_string()));
                 headers.extend(self.static_headers.iter().cloned());
@@ -368,12 +473,10 @@ impl Gate {
             }
             Some(VerdictKind::Wait) => {
                 self.stats.rejected += 1;
-                call.done = true;
                 (Admit::Reply(self.rejection(Reason::RateLimited, v.payload())), None)
             }
             Some(VerdictKind::Fail) => {
                 self.stats.rejected += 1;
-                call.done = true;
                 (Admit::Reply(self.rejection(v.reason(), v.payload())), None)
             }
             Some(VerdictKind::Fallback) => {
@@ -381,6 +484,7 @@ impl Gate {
                 (a, Some(call))
             }
             _ => {
+                self.cfg.engine.cancel(id, now);
                 self.stats.state_fail_open += 1;
                 (Admit::FailOpen(Fault::State), None)
             }
@@ -405,7 +509,8 @@ impl Gate {
         self.stats.fallbacks += 1;
         match self.cfg.fallbacks.get(v.payload() as usize).cloned() {
             Some(FallbackAction::Local { status, body, content_type }) => {
-                let _ = call.engine.report_fallback(call.id, now, true);
+                let _ = self.cfg.engine.report_fallback(call.id, now, true);
+                self.drain();
                 call.done = true;
                 Admit::Reply(Reply { status, headers: vec![("content-type", content_type), ("x-levee-fallback", "local".into())], body })
             }
@@ -413,9 +518,16 @@ impl Gate {
                 Admit::Dispatch { cluster, authority, timeout_ms: ms_ceil(timeout) }
             }
             None => {
+                self.cfg.engine.cancel(call.id, now);
                 call.done = true;
                 Admit::Reply(self.rejection(v.reason(), 0))
             }
+        }
+    }
+
+    fn drain(&mut self) {
+        if self.cfg.engine.has_events() {
+            self.cfg.engine.drain_events();
         }
     }
 
@@ -424,7 +536,8 @@ impl Gate {
     pub fn fallback_result(&mut self, call: &mut Call, wall_ns: u64, status: Option<u16>) -> Admit {
         let now = self.clock.now(wall_ns);
         let ok = status.is_some_and(|s| s < 500);
-        let v = call.engine.report_fallback(call.id, now, ok);
+        let v = self.cfg.engine.report_fallback(call.id, now, ok);
+        self.drain();
         match v.kind() {
             Some(VerdictKind::Done) => {
                 call.done = true;
@@ -438,49 +551,15 @@ impl Gate {
         }
     }
 
-    /// How many retries the router may make now: the attempts the core would grant if every
-    /// one failed retriably, asked of a copy of the call (the budget, breaker and deadline
-    /// all answer), at most `attempts - 1`.
-    fn retries_left(&self, call: &Call, now: u64) -> u32 {
-        let Some((kind, code)) = self.probe_outcome() else { return 0 };
-        let mut e = call.engine.clone();
-        let mut t = now;
-        let mut n = 0u32;
-        let max = self.cfg.engine.policy(self.cfg.policy).map(|p| p.attempts.saturating_sub(1)).unwrap_or(0);
-        while n < max {
-            let v = e.report(call.id, t, 0, kind, code, "", 0, 0);
-            if v.kind() != Some(VerdictKind::Retry) {
-                break;
-            }
-            t = t.saturating_add(v.payload());
-            if e.acquire(call.id, t).kind() != Some(VerdictKind::Attempt) {
-                break;
-            }
-            n += 1;
-        }
-        n
-    }
-
-    /// An outcome the router retries under this policy, as the core classifies it: the first
-    /// retriable 5xx, else the first retriable status, else a connection error.
-    fn probe_outcome(&self) -> Option<(OutcomeKind, i32)> {
-        let codes = &self.retry_on.status_codes;
-        if let Some(c) = codes.iter().find(|c| **c >= 500).or(codes.first()) {
-            return Some((OutcomeKind::HttpStatus, i32::from(*c)));
-        }
-        let p = self.cfg.engine.policy(self.cfg.policy)?;
-        p.retry_on.0.iter().find_map(|r| match r {
-            Rule::ConnectionError => Some((OutcomeKind::ConnectionError, 0)),
-            Rule::Timeout => Some((OutcomeKind::Timeout, 0)),
-            _ => None,
-        })
-    }
-
     /// The router answered: feed every attempt to the breaker and the budget. The router
     /// retried only what `x-envoy-retry-on` allowed, so each attempt before the last failed
     /// retriably; its status is not reported downstream, so it counts as the final status when
     /// that is a retriable failure, else as the probe outcome. Returns a fallback to run, if
     /// the core chose one.
+    ///
+    /// Undoing this on a CAS mismatch: the call is ended and made again in the worker's engine
+    /// by the same `start` on the bytes its admission ran on (the same state, the same `now`:
+    /// the same call, in flight on its first attempt), then the fresh bytes are imported.
     pub fn complete(&mut self, store: &impl Store, wall_ns: u64, call: &mut Call, r: &Response<'_>, wall_secs: u64) -> Option<Admit> {
         if call.done {
             return None;
@@ -490,46 +569,52 @@ impl Gate {
         let elapsed = now.saturating_sub(call.started);
         let attempts = r.attempts.clamp(1, call.max_retries.saturating_add(1));
         let final_code = i32::from(r.status);
-        let retriable_final = self.retry_on.status_codes.contains(&r.status);
-        let earlier = if retriable_final { Some((OutcomeKind::HttpStatus, final_code)) } else { self.probe_outcome() };
+        let retriable_final = self.retry_on.status_codes.binary_search(&r.status).is_ok();
+        let earlier = if retriable_final { Some((OutcomeKind::HttpStatus, final_code)) } else { self.probe };
         let flags = if r.overloaded { FLAG_OVERLOADED } else { 0 };
         let (id, per) = (call.id, elapsed / u64::from(attempts));
-        let mut mismatches = 0;
-        let result = self.with_key(store, &call.engine, &call.key, &mut mismatches, |e| {
-            let mut live = true;
-            for _ in 1..attempts {
-                let Some((kind, code)) = earlier else { break };
-                let v = e.report(id, now, per, kind, code, "", wall_secs, 0);
-                if v.kind() != Some(VerdictKind::Retry) || e.acquire(id, now).kind() != Some(VerdictKind::Attempt) {
-                    live = false;
-                    break;
+        let pi = self.cfg.policy;
+        let (key, admitted_on, start_flags, started) = (call.key.as_str(), call.admitted_on.as_slice(), call.flags, call.started);
+        let result = self.with_key(
+            store,
+            key,
+            |e, _| {
+                let mut live = true;
+                for _ in 1..attempts {
+                    let Some((kind, code)) = earlier else { break };
+                    let v = e.report(id, now, per, kind, code, "", wall_secs, 0);
+                    if !is(v, VerdictKind::Retry) || !is(e.acquire(id, now), VerdictKind::Attempt) {
+                        live = false;
+                        break;
+                    }
                 }
-            }
-            if !live {
-                e.cancel(id, now);
-                return Verdict::new(VerdictKind::Done, 0, 0);
-            }
-            let v = e.report(id, now, per, OutcomeKind::HttpStatus, final_code, r.retry_after, wall_secs, flags);
-            if v.kind() == Some(VerdictKind::Retry) {
-                // The router is done with this request: no retry of the core's happens.
-                e.cancel(id, now);
-            }
-            v
-        });
-        self.stats.cas_mismatches += mismatches;
+                if !live {
+                    e.cancel(id, now);
+                    return Ok(Verdict::new(VerdictKind::Done, 0, 0));
+                }
+                let v = e.report(id, now, per, OutcomeKind::HttpStatus, final_code, r.retry_after, wall_secs, flags);
+                if is(v, VerdictKind::Retry) {
+                    // The router is done with this request: no retry of the core's happens.
+                    e.cancel(id, now);
+                }
+                Ok(v)
+            },
+            |e| remake(e, pi, id, key, start_flags, started, admitted_on),
+        );
         match result {
-            Ok((mut e, v)) => {
-                e.drain_events();
-                call.engine = e;
-                if v.kind() == Some(VerdictKind::Fallback) {
+            Ok((v, _)) => {
+                if is(v, VerdictKind::Fallback) {
                     call.done = false;
                     let a = self.fallback(call, v, now);
-                    call.done = true;
+                    // A fallback cluster call pending: the call stays live in the worker's
+                    // engine until its answer, and a reset before it (`abandon`) ends it.
+                    call.done = !matches!(a, Admit::Dispatch { .. });
                     return Some(a);
                 }
                 None
             }
             Err(f) => {
+                self.cfg.engine.cancel(id, now);
                 self.count_fault(f);
                 None
             }
@@ -543,14 +628,56 @@ impl Gate {
         }
         call.done = true;
         let now = self.clock.now(wall_ns);
-        let id = call.id;
-        let mut mismatches = 0;
-        let result = self.with_key(store, &call.engine, &call.key, &mut mismatches, |e| e.cancel(id, now));
-        self.stats.cas_mismatches += mismatches;
+        let (pi, id) = (self.cfg.policy, call.id);
+        let (key, admitted_on, flags, started) = (call.key.as_str(), call.admitted_on.as_slice(), call.flags, call.started);
+        let result = self.with_key(
+            store,
+            key,
+            |e, _| {
+                e.cancel(id, now);
+                Ok(())
+            },
+            |e| remake(e, pi, id, key, flags, started, admitted_on),
+        );
         if let Err(f) = result {
+            self.cfg.engine.cancel(id, now);
             self.count_fault(f);
         }
     }
+}
+
+/// How many retries the router may make now: the attempts the core would grant if every one
+/// failed retriably (the budget, the breaker and the deadline all answer), at most `max`.
+/// Asked of the call itself, which this ends: the caller makes it again.
+fn retries_left(e: &mut Engine, id: u64, now: u64, kind: OutcomeKind, code: i32, max: u32) -> u32 {
+    let mut t = now;
+    let mut n = 0u32;
+    while n < max {
+        let v = e.report(id, t, 0, kind, code, "", 0, 0);
+        if !is(v, VerdictKind::Retry) {
+            break;
+        }
+        t = t.saturating_add(v.payload());
+        if !is(e.acquire(id, t), VerdictKind::Attempt) {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+/// Put a call back as its admission made it (in flight on its first attempt): end it, and
+/// `start` it again on the bytes the admission ran on, at the admission's `now`.
+fn remake(e: &mut Engine, pi: u32, id: u64, key: &str, flags: u32, started: u64, admitted_on: &[u8]) -> bool {
+    e.cancel(id, started);
+    if e.import_key(pi, key, admitted_on).is_err() {
+        return false;
+    }
+    let v = e.start(id, pi, key, flags, started, 0, 0, 0);
+    if e.has_events() {
+        e.drain_events();
+    }
+    is(v, VerdictKind::Attempt)
 }
 
 #[cfg(test)]
@@ -697,6 +824,116 @@ mod tests {
         // Garbage in shared data fails open too.
         store.set("levee:p:k", b"garbage", 0).expect("set");
         assert_eq!(g.admit(&store, S, "k", "GET", None).0, Admit::FailOpen(Fault::State));
+    }
+
+    /// Counts the shared-data host calls.
+    struct Counting(Shared, std::cell::Cell<(u32, u32)>);
+    impl Store for Counting {
+        fn get(&self, key: &str) -> (Option<Vec<u8>>, u32) {
+            let (g, s) = self.1.get();
+            self.1.set((g + 1, s));
+            self.0.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), bool> {
+            let (g, s) = self.1.get();
+            self.1.set((g, s + 1));
+            self.0.set(key, value, cas)
+        }
+    }
+
+    #[test]
+    fn a_request_costs_two_shared_data_reads_and_two_writes() {
+        let doc =
+            "policies: { p: { attempts: 3, budget: { kind: token }, breaker: { window: { kind: count, size: 100 }, minimum-calls: 20 } } }";
+        let store = Counting(Shared::default(), Default::default());
+        let (mut a, mut b) = (gate(doc, 1), gate(doc, 2));
+        // The first request registers the key: two more reads and two more writes.
+        let (_, call) = a.admit(&store, S, "k", "GET", None);
+        a.complete(&store, S, &mut call.expect("call"), &Response { status: 200, attempts: 1, ..Default::default() }, 1);
+        assert_eq!(store.1.get(), (4, 4));
+        for i in 0..10u64 {
+            // Two workers taking turns: each imports what the other wrote.
+            let g = if i % 2 == 0 { &mut a } else { &mut b };
+            store.1.set((0, 0));
+            let t = S + (i + 1) * 1000;
+            let (adm, call) = g.admit(&store, t, "k", "GET", None);
+            assert!(matches!(&adm, Admit::Forward(h) if h.contains(&("x-envoy-max-retries", "2".into()))), "{adm:?}");
+            g.complete(&store, t + 500, &mut call.expect("call"), &Response { status: 200, attempts: 1, ..Default::default() }, 1);
+            assert_eq!(store.1.get(), (2, 2), "request {i}");
+        }
+        assert_eq!(a.config().engine.live_calls() + b.config().engine.live_calls(), 0, "no call left behind");
+    }
+
+    #[test]
+    fn a_mismatch_undoes_the_completion_and_runs_it_again_on_fresh_bytes() {
+        // Worker a's completion loses one race to worker b: its report runs again on b's bytes,
+        // so the breaker sees both failures and the bulkhead both releases.
+        let doc = "policies: { p: { attempts: 1, bulkhead: { max-concurrent: 2 }, breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50 } } }";
+        let store = Shared::default();
+        let (mut a, mut b) = (gate(doc, 1), gate(doc, 2));
+        let (_, ca) = a.admit(&store, S, "k", "GET", None);
+        let (_, cb) = b.admit(&store, S, "k", "GET", None);
+        let (mut ca, mut cb) = (ca.expect("a"), cb.expect("b"));
+        /// Runs b's completion when a first writes, so that a's write finds a new version.
+        struct Race<'a>(&'a Shared, std::cell::RefCell<Option<(&'a mut Gate, &'a mut Call)>>);
+        impl Store for Race<'_> {
+            fn get(&self, key: &str) -> (Option<Vec<u8>>, u32) {
+                self.0.get(key)
+            }
+            fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), bool> {
+                if let Some((g, c)) = self.1.borrow_mut().take() {
+                    g.complete(self.0, S, c, &Response { status: 503, attempts: 1, ..Default::default() }, 1);
+                }
+                self.0.set(key, value, cas)
+            }
+        }
+        let race = Race(&store, std::cell::RefCell::new(Some((&mut b, &mut cb))));
+        a.complete(&race, S, &mut ca, &Response { status: 503, attempts: 1, ..Default::default() }, 1);
+        assert_eq!(a.stats.cas_mismatches, 1);
+        assert_eq!(a.config().engine.live_calls(), 0);
+        // Both failures counted (2 of 2: open), both slots released.
+        let (adm, _) = a.admit(&store, S, "k", "GET", None);
+        let Admit::Reply(r) = adm else { panic!("{adm:?}") };
+        assert!(r.headers.contains(&("x-levee-reason", "breaker-open".into())), "{:?}", r.headers);
+        let mut fresh = gate(doc, 3);
+        let bytes = store.get("levee:p:k").0.expect("state");
+        fresh.cfg.engine.import_key(0, "k", &bytes).expect("import");
+        assert_eq!(fresh.config().engine.in_flight(0, "k"), 0);
+    }
+
+    #[test]
+    fn no_call_outlives_its_request() {
+        // Every way a request ends leaves the worker's engine with no live call: forwarded and
+        // answered, rejected, a local fallback, a cluster fallback answered or reset.
+        let doc = r#"
+document: { policies: { p: { attempts: 1, breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 10s },
+  fallbacks: [{ name: spare, on: [retries-exhausted, non-retryable, breaker-open] }] } } }
+fallbacks: { spare: { cluster: spare } }"#;
+        let store = Shared::default();
+        let mut g = gate(doc, 1);
+        let live = |g: &Gate| g.config().engine.live_calls();
+        // Two failures: each answer is a fallback cluster call.
+        for reset in [false, true] {
+            let (adm, call) = g.admit(&store, S, "k", "GET", None);
+            assert!(matches!(adm, Admit::Forward(_)), "{adm:?}");
+            let mut c = call.expect("call");
+            let a = g.complete(&store, S, &mut c, &Response { status: 503, attempts: 1, ..Default::default() }, 1);
+            assert!(matches!(a, Some(Admit::Dispatch { .. })), "{a:?}");
+            assert_eq!(live(&g), 1);
+            if reset {
+                g.abandon(&store, S, &mut c);
+            } else {
+                assert_eq!(g.fallback_result(&mut c, S, Some(200)), Admit::Forward(Vec::new()));
+            }
+            assert_eq!(live(&g), 0, "reset {reset}");
+        }
+        // The breaker is open: admission chooses the fallback; its call fails, then a reset.
+        let (adm, call) = g.admit(&store, S, "k", "GET", None);
+        assert!(matches!(adm, Admit::Dispatch { .. }), "{adm:?}");
+        let mut c = call.expect("call");
+        assert!(matches!(g.fallback_result(&mut c, S, None), Admit::Reply(_)));
+        g.abandon(&store, S, &mut c);
+        assert_eq!(live(&g), 0);
     }
 
     #[test]

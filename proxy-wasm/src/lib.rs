@@ -6,12 +6,13 @@
 //! what to retry, feeds every attempt back, and shares state across Envoy's workers through
 //! shared data with compare-and-swap. See `docs/envoy.md`.
 //!
-//! The logic ([`config`], [`envoy`], [`gate`]) is plain Rust, tested natively; the ABI glue
+//! The logic ([`config`], [`envoy`], [`gate`], [`headers`]) is plain Rust, tested natively; the ABI glue
 //! (`filter`) exists only on `wasm32`.
 
 pub mod config;
 pub mod envoy;
 pub mod gate;
+pub mod headers;
 
 #[cfg(target_arch = "wasm32")]
 mod filter;

@@ -125,7 +125,7 @@ impl BudgetCfg {
                     .collect(),
             }
         } else if let Some(a) = b.get("aws") {
-            BudgetState::Aws(AwsState::from_json(a, &format!("{path}.aws"))?)
+            BudgetState::Aws(Box::new(AwsState::from_json(a, &format!("{path}.aws"))?))
         } else {
             return Err(LoadError::new(path, "must be {\"token\": n}, {\"ratio\": [...]} or {\"aws\": {...}}"));
         };
@@ -155,8 +155,8 @@ pub enum BudgetState {
         /// Slots.
         slots: Vec<(u64, i64)>,
     },
-    /// AWS adaptive mode.
-    Aws(AwsState),
+    /// AWS adaptive mode (boxed: it would double the size of every key's budget).
+    Aws(Box<AwsState>),
 }
 
 impl BudgetCfg {
@@ -165,7 +165,7 @@ impl BudgetCfg {
         match self {
             BudgetCfg::Token { max_milli, .. } => BudgetState::Token { tokens: *max_milli },
             BudgetCfg::Ratio { .. } => BudgetState::Ratio { slots: Vec::new() },
-            BudgetCfg::AwsAdaptive(_) => BudgetState::Aws(AwsState::default()),
+            BudgetCfg::AwsAdaptive(_) => BudgetState::Aws(Box::default()),
         }
     }
 
