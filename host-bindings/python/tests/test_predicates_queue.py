@@ -196,3 +196,27 @@ def test_a_full_queue_rejects_at_once() -> None:
     out = asyncio.run(main())
     assert out[:3] == ["held", "held", "held"]
     assert isinstance(out[3], levee.BulkheadFull)
+
+
+def test_no_waits_still_parks_a_queued_call() -> None:
+    # no_waits skips backoffs and limiter waits; a queued call waits for another call, and
+    # skipping its park would spin on acquire (and starve the event loop that runs the holder)
+    import levee.testing
+
+    eng = levee.loads(DOC.replace("queue-timeout: 3s", "queue-timeout: 2s"), seed=1)
+    pol = eng.policy("q")
+    steps: list[levee.TraceStep] = []
+
+    async def main() -> list[Any]:
+        async def hold() -> int:
+            await asyncio.sleep(0.1)
+            return 1
+
+        first = asyncio.create_task(pol.acall(hold))
+        await asyncio.sleep(0.01)
+        eng.trace = steps.append
+        return list(await asyncio.gather(first, pol.acall(hold)))
+
+    with levee.testing.no_waits():
+        assert asyncio.run(main()) == [1, 1]
+    assert len(steps) < 10, [str(s) for s in steps]

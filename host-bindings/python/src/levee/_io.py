@@ -70,37 +70,43 @@ def sleep_sync(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> None:
     With `park`, the call waits in a bulkhead queue: the sleep ends early when a report or cancel
     of the same policy and key wakes it. On the system clock a thread waits on an event; a clock
     whose synchronous sleep is not interruptible (`VirtualClock`: the time passes at once) sleeps
-    the payload, which the contract allows (docs/policy.md, "The queue")."""
-    if ns > 0 and _clock._waits[0]:
-        if park and type(eng._clock) is SystemClock:
-            assert isinstance(park, _Parker)
+    the payload, which the contract allows (docs/policy.md, "The queue"). A park is waited for
+    even under `no_waits`: it waits for another call, and skipping it would only spin."""
+    if ns <= 0:
+        return
+    if park:
+        assert isinstance(park, _Parker)
+        if type(eng._clock) is SystemClock:
             ev = park.event = threading.Event()
             if not park.woken:  # read after attaching the event: a wake in between is seen
                 ev.wait(ns / 1e9)
         else:
             eng._clock.sleep(ns / 1e9)
+    elif _clock._waits[0]:
+        eng._clock.sleep(ns / 1e9)
 
 
 async def sleep_async(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> None:
     """`sleep_sync` for asyncio: a parked task sleeps on the engine's clock (virtual time
     included) and a wake-up future, whichever completes first."""
-    if ns > 0 and _clock._waits[0]:
-        if park:
-            assert isinstance(park, _Parker)
-            loop = asyncio.get_running_loop()
-            fut: asyncio.Future[None] = loop.create_future()
-            park.loop = loop
-            park.fut = fut
-            if park.woken:
-                return
-            sleeper = asyncio.ensure_future(eng._clock.sleep_async(ns / 1e9))
-            try:
-                await asyncio.wait((sleeper, fut), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                sleeper.cancel()
-                fut.cancel()
-        else:
-            await eng._clock.sleep_async(ns / 1e9)
+    if ns <= 0:
+        return
+    if park:
+        assert isinstance(park, _Parker)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        park.loop = loop
+        park.fut = fut
+        if park.woken:
+            return
+        sleeper = asyncio.ensure_future(eng._clock.sleep_async(ns / 1e9))
+        try:
+            await asyncio.wait((sleeper, fut), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            fut.cancel()
+    elif _clock._waits[0]:
+        await eng._clock.sleep_async(ns / 1e9)
 
 
 def attempt_timeout_cm(eng: EngineRuntime, ns: int) -> AbstractAsyncContextManager[Any]:
