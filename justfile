@@ -31,7 +31,7 @@ demo: component
 # Every test: Rust (core, component, conformance, host, CLI), then Python, JavaScript, Go, the
 # Envoy filter in a real Envoy, durable calls on SQLite and PostgreSQL, then the release
 # artifacts installed outside the checkout.
-test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts test-envoy test-durable test-install
+test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts test-envoy test-durable test-fleet test-install
     @echo "levee: all tests passed"
 
 # Every release artifact into dist/, from one version (VERSION): the component and its WIT, the
@@ -79,6 +79,12 @@ test-envoy: setup
 # killed at random (DURABLE_SCALE=N to change; 0 skips it).
 test-durable: component
     bash durable/tests/run.sh
+
+# Fleet-wide state (docs/fleet.md): Python and Go processes sharing one private Redis on
+# 127.0.0.1: the Lua GCRA against the core's cases, 1,000/s across 4 processes, one bad node, a
+# quorum, Redis killed and restarted, concurrent records (FLEET_BENCH=1 adds the benchmarks).
+test-fleet: component
+    bash fleet/tests/run.sh
 
 # Every conformance vector against conformance/schema.json; every host's generated constants current.
 test-vectors-schema:

@@ -1122,6 +1122,84 @@ vec("durable-policy-gone-after-reload", "A record whose policy a reload removed 
     [d_begin(W0, policy="q"), reload("policies:\n  p: { attempts: 3 }\n", {"ok": None}), d_step(W0, expect=derr("record.policy")),
      d_begin(W0, policy="p"), reload("policies:\n  p: { attempts: 4 }\n", {"ok": None}), d_step(W0, expect=ok("run", policy_changed=True))])
 
+# --- Fleet-wide state (policy-core/src/fleet, docs/fleet.md) -------------------------------
+# One engine stands for several processes: it publishes the evidence of key `x` as nodes `a`
+# and `b` (the shared bytes flow from step to step, as a durable record does) and applies the
+# result to key `y` as node `c`. The quorum rule is the core's: these vectors pin it.
+
+def f_merge(now, wall, node, key="x", policy="p", shared=None, expect=None):
+    s = {"op": "fleet_merge", "policy": policy, "key": key, "node": node, "now": now, "wall_ms": wall}
+    if shared is not None:
+        s["shared_hex"] = shared
+    return {**s, **_x(expect)}
+
+
+def f_apply(now, wall, node, key="y", policy="p", shared=None, expect=None):
+    s = {"op": "fleet_apply", "policy": policy, "key": key, "node": node, "now": now, "wall_ms": wall}
+    if shared is not None:
+        s["shared_hex"] = shared
+    return {**s, **_x(expect)}
+
+
+def f_trip(key, t0, first_call):
+    steps = []
+    for i in range(2):
+        steps += [start(first_call + i, t0 + 2 * i, key=key, expect=attempt(1)), report(first_call + i, t0 + 2 * i + 1, "timeout")]
+    return steps
+
+
+FLEET = ("policies:\n  p:\n    attempts: 1\n"
+         "    breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 1s, half-open-permits: 1 }\n"
+         "    budget: { kind: token, max-tokens: 10, token-ratio: 1 }\n"
+         "    fleet: { quorum: 2, within: 30s, ttl: 60s, publish-every: 100ms }\n"
+         "  q: { attempts: 1 }\n")
+OPEN = {"state": "open"}
+
+vec("fleet-one-open-process-is-not-a-quorum", "One process whose breaker opened on its own window publishes it; a process with a quorum of 2 stays closed: one bad node lowers only its own traffic.",
+    ["fleet", "breaker"], FLEET,
+    f_trip("x", 0, 1) + [breaker(10, key="x", expect="open"), f_merge(10, 1000, "a"), drain(),
+     f_apply(20, 1000, "c", expect={"ok": None}), breaker(20, key="y", expect="closed"), drain(expect=[])])
+
+vec("fleet-quorum-opens-a-closed-breaker", "Two processes open within `within` open a third, closed one (closed -> open, an event named fleet-quorum with the count); its record says it was opened by the fleet and does not count.",
+    ["fleet", "breaker"], FLEET,
+    f_trip("x", 0, 1) + [f_merge(10, 1000, "a"), f_merge(10, 1000, "b"), drain(),
+     f_apply(20, 1000, "c", expect={"ok": None}), breaker(20, key="y", expect="open"),
+     drain(expect=[{"kind": "breaker-transition", "key": "y", "state_from": "closed", "state_to": "open", "name": "fleet-quorum", "value": 2}]),
+     f_merge(30, 1000, "c", key="y")])
+
+vec("fleet-quorum-counts-only-recent-openings", "Openings older than `within` (30 s) do not count toward the quorum.",
+    ["fleet", "breaker"], FLEET,
+    f_trip("x", 0, 1) + [f_merge(10, 1000, "a"), f_merge(10, 1000, "b"), drain(),
+     f_apply(20, 31_001, "c", expect={"ok": None}), breaker(20, key="y", expect="closed"),
+     f_apply(20, 30_999, "c", expect={"ok": None}), breaker(20, key="y", expect="open")])
+
+vec("fleet-probe-one-process-at-a-time", "An open breaker about to go half-open takes the fleet's probe; another process's open breaker then stays open until that probe's lease ends, and the holder's goes half-open on time.",
+    ["fleet", "breaker", "half-open"], FLEET,
+    f_trip("x", 0, 1) + f_trip("z", 0, 3) + [f_merge(950 * MS, 1950, "a"), f_merge(950 * MS, 1950, "b", key="z"),
+     f_apply(950 * MS, 1950, "a", key="x", expect={"ok": None}), f_apply(950 * MS, 1950, "b", key="z", expect={"ok": None}),
+     breaker(1100 * MS, key="x", expect="half-open"), breaker(1100 * MS, key="z", expect="open"),
+     breaker(1950 * MS, key="z", expect="open"), breaker(2100 * MS, key="z", expect="half-open")])
+
+vec("fleet-plan", "The fleet plan a host reads: the store key prefix hashed by policy, publication, timeouts and the GCRA parameters, its max-wait capped by the deadline; none without a fleet section.",
+    ["fleet"], "policies:\n  p:\n    attempts: 1\n    fleet: { publish: strict, timeout: 3ms, rate-limit: { rate: 1000, burst: 20, max-wait: 5ms } }\n  q: { attempts: 1 }\n"
+    "  d:\n    deadline: 2ms\n    fleet: { rate-limit: { rate: 10, max-wait: 1s } }\n",
+    [{"op": "fleet_plan", "policy": "p"}, {"op": "fleet_plan", "policy": "q", "expect": None}, {"op": "fleet_plan", "policy": "d"}])
+
+vec("fleet-bad-bytes-are-refused", "Shared bytes that are not the core's (garbage, another version, truncated), an empty node name and a policy without a fleet section are errors naming what is wrong.",
+    ["fleet", "errors"], FLEET,
+    [f_merge(0, 1, "a", shared="00"), f_merge(0, 1, "a", shared="4c4602"), f_merge(0, 1, "a", shared="4c460100"),
+     f_merge(0, 1, ""), f_merge(0, 1, "a", policy="q"), f_apply(0, 1, "a", shared="4c46"),
+     {"op": "fleet_inspect", "shared_hex": "4c4601000000000100"}, {"op": "fleet_inspect", "shared_hex": "4c46010000000000"}])
+
+vec("fleet-errors-are-named", "Every invalid fleet field is named: quorum 0, a ttl shorter than two publications, a timeout above 1 s, a lease above the burst, a shared ratio budget, a bad prefix, a section that shares nothing, an unknown field.",
+    ["fleet", "errors"],
+    "policies:\n"
+    "  a: { breaker: {}, fleet: { quorum: 0, ttl: 100ms, publish-every: 1s, timeout: 2s } }\n"
+    "  b: { fleet: { rate-limit: { rate: 10, burst: 5 }, lease: 6, prefix: \"a b\" } }\n"
+    "  c: { budget: { kind: ratio }, fleet: { budget: shared } }\n"
+    "  d: { fleet: { publish: sometimes } }\n"
+    "  e: { breaker: {}, fleet: { quorom: 2 } }\n", [])
+
 PRESETS = [
     ("levee", 3, 3), ("temporal", 3, 3), ("durable-task", 3, 3),
     ("step-functions", 3, 4), ("celery", 3, 4), ("sidekiq", 3, 4),

@@ -1606,6 +1606,174 @@ scenario(
 )
 
 
+# Predicates in code (docs/hosts.md, section 9; docs/policy.md, "Predicates in code"): a call's
+# `retry_if` answers, one per reported attempt, in order (true, false, null, or "raise": the
+# predicate raises); `retry_if` in the trace is what the predicate was given, per attempt.
+
+PRED = doc(p={"attempts": 3, "backoff": CONST, "retry-on": ["error:Boom"]})
+
+
+def seen(t: Trace, *subjects: dict[str, Any]) -> None:
+    check(t["retry_if"] == list(subjects), f"the predicate is given {list(subjects)}, not {t['retry_if']}")
+
+
+scenario(
+    "predicate-retries-a-result",
+    "retry_if answers true for a returned result (tenacity's retry_if_result): the result is retried after the backoff; the next result, answered null, ends the call.",
+    ["predicate", "retry", "issue-16: predicates in code"],
+    PRED,
+    [call(ok("pending"), ok("ready"), retry_if=[True, None])],
+    all_of(lambda t: value(t[0], "ready"), lambda t: starts(t[0], 0, 100 * MS), lambda t: sleeps(t[0], 100 * MS),
+           lambda t: seen(t[0], {"by": "call", "value": "pending"}, {"by": "call", "value": "ready"}),
+           lambda t: has_event(t[0], "retry-scheduled")),  # fmt: skip
+)
+
+scenario(
+    "predicate-retries-an-error",
+    "retry_if answers true for error:Fatal, which retry-on does not name: it is retried; the predicate sees the error, then the value.",
+    ["predicate", "retry", "issue-16: predicates in code"],
+    PRED,
+    [call(boom("Fatal"), ok("done"), retry_if=[True])],
+    all_of(lambda t: value(t[0], "done"), lambda t: n_attempts(t[0], 2), lambda t: sleeps(t[0], 100 * MS),
+           lambda t: seen(t[0], {"by": "call", "error": "error:Fatal"}, {"by": "call", "value": "done"})),  # fmt: skip
+)
+
+scenario(
+    "predicate-refuses-a-retryable",
+    "retry_if answers false for error:Boom, which retry-on retries: one attempt, no sleep, the call fails non-retryable with Boom as its cause.",
+    ["predicate", "issue-16: predicates in code"],
+    PRED,
+    [call(boom(), ok("never"), retry_if=[False])],
+    all_of(lambda t: n_attempts(t[0], 1), lambda t: sleeps(t[0]), lambda t: no_event(t[0], "retry-scheduled"),
+           lambda t: error(t[0], "non-retryable", 1, "error:Boom"),
+           lambda t: seen(t[0], {"by": "call", "error": "error:Boom"})),  # fmt: skip
+)
+
+scenario(
+    "predicate-raises-counts-as-none",
+    "A predicate that raises is reported and counts as null: the policy's rules decide (error:Boom is retried, error:Fatal is not).",
+    ["predicate", "issue-16: predicates in code"],
+    PRED,
+    [call(boom(), ok("second"), retry_if=["raise", "raise"]), call(boom("Fatal"), ok("never"), at=S, retry_if=["raise"])],
+    all_of(lambda t: value(t[0], "second"), lambda t: n_attempts(t[0], 2), lambda t: sleeps(t[0], 100 * MS),
+           lambda t: seen(t[0], {"by": "call", "error": "error:Boom"}, {"by": "call", "value": "second"}),
+           lambda t: n_attempts(t[1], 1), lambda t: sleeps(t[1]),
+           lambda t: seen(t[1], {"by": "call", "error": "error:Fatal"})),  # fmt: skip
+)
+
+scenario(
+    "predicate-keeps-the-ladder",
+    "retry_if answers true on a non-idempotent call: the ladder still refuses (gave-up non-idempotent), one attempt.",
+    ["predicate", "idempotency", "issue-16: predicates in code"],
+    PRED,
+    [call(boom(), ok("never"), idempotent=False, retry_if=[True])],
+    all_of(lambda t: n_attempts(t[0], 1), lambda t: sleeps(t[0]),
+           lambda t: has_event(t[0], "gave-up", levee_reason="non-idempotent"), lambda t: error(t[0], "non-idempotent", 1),
+           lambda t: seen(t[0], {"by": "call", "error": "error:Boom"})),  # fmt: skip
+)
+
+scenario(
+    "predicate-of-the-policy-and-the-calls-wins",
+    "A policy's predicate (Engine.retry_if) decides for calls without their own: it retries error:Fatal; a call's own predicate wins over it (false: no retry of error:Boom).",
+    ["predicate", "issue-16: predicates in code"],
+    PRED,
+    [call(boom("Fatal"), ok("by-policy")), call(boom(), ok("never"), at=S, retry_if=[False])],
+    all_of(lambda t: value(t[0], "by-policy"), lambda t: n_attempts(t[0], 2),
+           lambda t: seen(t[0], {"by": "policy", "error": "error:Fatal"}, {"by": "policy", "value": "by-policy"}),
+           lambda t: n_attempts(t[1], 1), lambda t: seen(t[1], {"by": "call", "error": "error:Boom"})),  # fmt: skip
+)
+SCENARIOS[-1]["retry_if_policy"] = {"p": [True, None]}
+
+scenario(
+    "predicate-http-response",
+    "An HTTP integration's predicate sees the response: true retries a 200 (a body the caller calls a failure), false refuses a 503 retry-on would retry, and the 503 is returned.",
+    ["predicate", "http", "issue-16: predicates in code"],
+    doc(p={"attempts": 3, "backoff": CONST}),
+    [http("GET", U, status(200), status(200), retry_if=[True, None]),
+     http("GET", U, status(503), status(200), at=S, retry_if=[False])],
+    all_of(lambda t: http_status(t[0], 200), lambda t: n_attempts(t[0], 2), lambda t: sleeps(t[0], 100 * MS),
+           lambda t: seen(t[0], {"by": "call", "status": 200}, {"by": "call", "status": 200}),
+           lambda t: http_status(t[1], 503), lambda t: n_attempts(t[1], 1),
+           lambda t: seen(t[1], {"by": "call", "status": 503})),  # fmt: skip
+)
+
+scenario(
+    "retry-on-any",
+    "retry-on: [any] retries an error class no rule names; the default never-retry still holds for a 404.",
+    ["retry", "classification", "issue-16: retry any error"],
+    doc(p={"attempts": 2, "backoff": CONST, "retry-on": ["any"]}),
+    [call(boom("Whatever"), ok("retried")), http("GET", U, status(404), status(200), at=S)],
+    all_of(lambda t: value(t[0], "retried"), lambda t: n_attempts(t[0], 2), lambda t: sleeps(t[0], 100 * MS),
+           lambda t: http_status(t[1], 404), lambda t: n_attempts(t[1], 1)),  # fmt: skip
+)
+
+
+# The bulkhead queue (docs/policy.md, "The queue"): a parked call sleeps until its payload
+# elapses or a report or cancel of its policy and key wakes it; the core picks who gets the slot.
+# A parked call's sleep is recorded with the payload the verdict asked for, like a sleep cut short.
+
+QUEUE = doc(p={"attempts": 1, "bulkhead": {"max-concurrent": 1, "queue": 2, "queue-timeout": "1s"}})
+
+
+def queued(t: Trace) -> None:
+    # the event's core reason is bulkhead-full; docs/telemetry.md gives rate-limit-wait no
+    # levee.reason attribute, so the trace shows the wait and its delay only
+    check(any(e["name"] == "rate-limit-wait" for e in t["events"]), f"a rate-limit-wait event in {t['events']}")
+
+
+scenario(
+    "bulkhead-queue-fifo-wake-on-report",
+    "Two calls queue behind a running one; each report wakes the queue and the oldest waiter starts at that instant (no polling): FIFO, the later one waits again for the rest of its time.",
+    ["bulkhead", "bulkhead-queue", "issue-16: bulkhead queue"],
+    QUEUE,
+    [call(ok(0, after=100 * MS)), call(ok(1, after=100 * MS), at=10 * MS), call(ok(2, after=100 * MS), at=20 * MS)],
+    all_of(lambda t: value(t[0], 0), lambda t: value(t[1], 1), lambda t: value(t[2], 2),
+           lambda t: starts(t[1], 100 * MS), lambda t: starts(t[2], 200 * MS),
+           lambda t: sleeps(t[1], S), lambda t: sleeps(t[2], S, 920 * MS), lambda t: queued(t[1]), lambda t: queued(t[2])),  # fmt: skip
+)
+
+scenario(
+    "bulkhead-queue-wake-on-cancel",
+    "Cancelling the running call wakes the waiter, which starts at the cancel.",
+    ["bulkhead", "bulkhead-queue", "cancellation", "issue-16: bulkhead queue"],
+    QUEUE,
+    [call(HANG, cancel_at=100 * MS), call(ok("next"), at=10 * MS)],
+    all_of(lambda t: check(t[0]["result"] == {"cancelled": True}, "the first call is cancelled"),
+           lambda t: value(t[1], "next"), lambda t: starts(t[1], 100 * MS), lambda t: sleeps(t[1], S)),  # fmt: skip
+)
+
+scenario(
+    "bulkhead-queue-waiter-cancelled",
+    "A waiter cancelled in the queue leaves it without an attempt; the one behind it moves up and starts when the slot frees.",
+    ["bulkhead", "bulkhead-queue", "cancellation", "issue-16: bulkhead queue"],
+    QUEUE,
+    [call(ok(0, after=300 * MS)), call(ok("never"), at=10 * MS, cancel_at=100 * MS), call(ok(2), at=20 * MS)],
+    all_of(lambda t: value(t[0], 0), lambda t: check(t[1]["result"] == {"cancelled": True}, "the waiter is cancelled"),
+           lambda t: n_attempts(t[1], 0), lambda t: value(t[2], 2), lambda t: starts(t[2], 300 * MS)),  # fmt: skip
+)
+
+scenario(
+    "bulkhead-queue-timeout",
+    "A waiter that no slot reaches within queue-timeout is rejected with bulkhead-full at its end, without an attempt.",
+    ["bulkhead", "bulkhead-queue", "rejection", "issue-16: bulkhead queue"],
+    doc(p={"attempts": 1, "bulkhead": {"max-concurrent": 1, "queue": 2, "queue-timeout": "100ms"}}),
+    [call(ok(0, after=500 * MS)), call(ok("never"), at=10 * MS)],
+    all_of(lambda t: value(t[0], 0), lambda t: error(t[1], "bulkhead-full", 0, None), lambda t: n_attempts(t[1], 0),
+           lambda t: sleeps(t[1], 100 * MS), lambda t: queued(t[1]),
+           lambda t: has_event(t[1], "rejected", levee_reason="bulkhead-full")),  # fmt: skip
+)
+
+scenario(
+    "bulkhead-queue-full-rejects",
+    "With the queue full (queue 1) a further call is rejected at once with bulkhead-full, no sleep; the queued one runs when the slot frees.",
+    ["bulkhead", "bulkhead-queue", "rejection", "issue-16: bulkhead queue"],
+    doc(p={"attempts": 1, "bulkhead": {"max-concurrent": 1, "queue": 1, "queue-timeout": "1s"}}),
+    [call(ok(0, after=300 * MS)), call(ok(1), at=10 * MS), call(ok("never"), at=20 * MS)],
+    all_of(lambda t: value(t[0], 0), lambda t: value(t[1], 1), lambda t: starts(t[1], 300 * MS),
+           lambda t: error(t[2], "bulkhead-full", 0, None), lambda t: sleeps(t[2]), lambda t: n_attempts(t[2], 0)),  # fmt: skip
+)
+
+
 # ---------------------------------------------------------------------------- output
 
 

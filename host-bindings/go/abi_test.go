@@ -2,6 +2,8 @@ package levee
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -204,6 +206,21 @@ policies:
 	}
 }
 
+type timeoutErr struct{}
+
+func (*timeoutErr) Error() string   { return "i/o timeout" }
+func (*timeoutErr) Timeout() bool   { return true }
+func (*timeoutErr) Temporary() bool { return true }
+
+type classed struct{}
+
+func (classed) Error() string      { return "throttled" }
+func (classed) LeveeClass() string { return "Throttled" }
+
+type genericErr[T any] struct{}
+
+func (genericErr[T]) Error() string { return "generic" }
+
 func TestClassify(t *testing.T) {
 	cases := []struct {
 		err  error
@@ -216,8 +233,17 @@ func TestClassify(t *testing.T) {
 		{HTTPStatusError(429, "1"), Outcome{Kind: OutcomeHTTPStatus, Code: 429, Text: "1"}},
 		{GRPCStatusError(14, ""), Outcome{Kind: OutcomeGRPCStatus, Code: 14}},
 		{ClassError("Throttled", errors.New("x")), Outcome{Kind: OutcomeErrorClass, Text: "Throttled"}},
-		{fmt.Errorf("ctx: %w", os.ErrNotExist), Outcome{Kind: OutcomeErrorClass, Text: "*errors.errorString"}},
-		{fmt.Errorf("wrapped: %w", &os.PathError{Op: "open", Err: os.ErrPermission}), Outcome{Kind: OutcomeErrorClass, Text: "*fs.PathError"}},
+		{fmt.Errorf("ctx: %w", os.ErrNotExist), Outcome{Kind: OutcomeErrorClass, Text: "errorString"}},
+		{fmt.Errorf("wrapped: %w", &os.PathError{Op: "open", Err: os.ErrPermission}), Outcome{Kind: OutcomeErrorClass, Text: "PathError"}},
+		// docs/hosts.md, section 6: a connect timeout is a connection error, a certificate its own class
+		{&net.OpError{Op: "dial", Err: &timeoutErr{}}, Outcome{Kind: OutcomeConnectionError}},
+		{&net.OpError{Op: "read", Err: &timeoutErr{}}, Outcome{Kind: OutcomeTimeout}},
+		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, Outcome{Kind: OutcomeConnectionError}},
+		{&tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}, Outcome{Kind: OutcomeErrorClass, Text: "tls-certificate"}},
+		{fmt.Errorf("x: %w", x509.HostnameError{}), Outcome{Kind: OutcomeErrorClass, Text: "tls-certificate"}},
+		{tls.RecordHeaderError{Msg: "not TLS"}, Outcome{Kind: OutcomeConnectionError}},
+		{classed{}, Outcome{Kind: OutcomeErrorClass, Text: "Throttled"}},
+		{genericErr[int]{}, Outcome{Kind: OutcomeErrorClass, Text: "genericErr"}},
 	}
 	for _, c := range cases {
 		if got := Classify(context.Background(), c.err); got != c.want {

@@ -76,6 +76,10 @@ const (
 	fnDurableCancel
 	fnDurableRevive
 	fnDurableInspect
+	fnFleetPlan
+	fnFleetMerge
+	fnFleetApply
+	fnFleetInspect
 	// start-unkeyed is a plain function of the interface, after the resource: the Go host
 	// passes borrows as reps and skips lowering an empty key already, so it gains nothing
 	// from it and binds it only to keep the bindings exactly the WIT's.
@@ -118,6 +122,12 @@ var sigs = [nFuncs]*funcSig{
 	fnDurableCancel:  method("durable-cancel", ts(listOf(tU8), tU64), ts(resultOf(tDurableStep, tLoadError))),
 	fnDurableRevive:  method("durable-revive", ts(listOf(tU8), tU64), ts(resultOf(tDurableStep, tLoadError))),
 	fnDurableInspect: method("durable-inspect", ts(listOf(tU8)), ts(resultOf(tString, tLoadError))),
+	fnFleetPlan:      method("fleet-plan", ts(tU32), ts(optionOf(tString))),
+	fnFleetMerge: method("fleet-merge", ts(tU32, tString, tString, tU64, tU64, listOf(tU8)),
+		ts(resultOf(listOf(tU8), tLoadError))),
+	fnFleetApply: method("fleet-apply", ts(tU32, tString, tString, tU64, tU64, listOf(tU8)),
+		ts(resultOf(nil, tLoadError))),
+	fnFleetInspect: method("fleet-inspect", ts(listOf(tU8)), ts(resultOf(tString, tLoadError))),
 	fnStartUnkeyed: newFuncSig(ifaceEngineAPI+"#start-unkeyed", ts(tU32, tU64, tU32, tU32, tU64, tU64, tU64, tU64),
 		ts(tU64)),
 }

@@ -11,6 +11,7 @@ case "$wasm_dir" in /*) ;; *) wasm_dir="$root/$wasm_dir" ;; esac
 LEVEE_WASM_DIR="$wasm_dir" bash "$root/release/go-core.sh" --check
 cd "$here"
 export LEVEE_VECTORS_DIR="${LEVEE_VECTORS_DIR:-$root/conformance/vectors}"
+export LEVEE_HOSTS_DIR="${LEVEE_HOSTS_DIR:-$root/conformance/hosts}" # the host scenarios (hosts_test.go)
 go mod download
 unformatted="$(gofmt -l .)"
 if [ -n "$unformatted" ]; then

@@ -160,6 +160,7 @@ func runVector(t *testing.T, path string) {
 		return i
 	}
 	var record []byte // the record of the last durable step that succeeded
+	var shared []byte // the bytes of the last fleet_merge that succeeded
 	for n, rawStep := range vec.Steps {
 		var s step
 		if err := decodeUseNumber(rawStep, &s); err != nil {
@@ -327,6 +328,50 @@ func runVector(t *testing.T, path string) {
 				got, err = map[string]any{"err": *le}, nil
 			} else if err == nil {
 				got = map[string]any{"ok": js}
+			}
+		case "fleet_plan":
+			var plan string
+			var ok bool
+			plan, ok, err = e.FleetPlan(policy(s.str("policy")))
+			if ok {
+				got = plan
+			}
+		case "fleet_merge", "fleet_apply", "fleet_inspect":
+			sh := shared
+			if h, ok := s["shared_hex"].(string); ok {
+				sh, err = hex.DecodeString(h)
+				if err != nil {
+					t.Fatalf("step %d: shared_hex: %v", n, err)
+				}
+			}
+			switch op {
+			case "fleet_inspect":
+				var js string
+				js, err = e.FleetInspect(sh)
+				if err == nil {
+					got = map[string]any{"ok": js}
+				}
+			case "fleet_apply":
+				err = e.FleetApply(policy(s.str("policy")), s.str("key"), s.str("node"), s.u64("now"), s.u64("wall_ms"), sh)
+				if err == nil {
+					got = map[string]any{"ok": nil}
+				}
+			default:
+				var merged []byte
+				merged, err = e.FleetMerge(policy(s.str("policy")), s.str("key"), s.str("node"), s.u64("now"), s.u64("wall_ms"), sh)
+				if err == nil {
+					var js string
+					if js, err = e.FleetInspect(merged); err == nil {
+						var state any
+						if err = json.Unmarshal([]byte(js), &state); err == nil {
+							shared = merged
+							got = map[string]any{"ok": map[string]any{"hex": hex.EncodeToString(merged), "state": state}}
+						}
+					}
+				}
+			}
+			if le, ok := err.(*LoadError); ok {
+				got, err = map[string]any{"err": *le}, nil
 			}
 		default:
 			t.Fatalf("step %d: unknown op %q", n, op)

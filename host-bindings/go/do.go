@@ -2,6 +2,8 @@ package levee
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +16,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 )
 
 // Policy is a named policy of an engine. It stays valid across Reload (it is
@@ -99,6 +102,9 @@ type CallOption struct {
 	flags uint32
 	mask  uint32 // flag bits cleared before flags are set
 	fb    Fallback
+	// onRetry is the OnRetry hook
+	onRetry func(RetryInfo)
+	retryIf func(any, error) RetryAnswer
 }
 
 type callOptKind uint8
@@ -108,12 +114,18 @@ const (
 	optKey
 	optFlags
 	optFallback
+	optOnRetry
+	optHTTP
+	optRetryIf
 )
 
 type callOpts struct {
 	key       string
 	flags     uint32
 	fallbacks map[string]Fallback
+	onRetry   func(RetryInfo)
+	retryIf   func(any, error) RetryAnswer
+	http      bool // the Transport's call (http.request.resend_count on its attempt spans)
 }
 
 func (o *CallOption) apply(c *callOpts) {
@@ -127,6 +139,12 @@ func (o *CallOption) apply(c *callOpts) {
 			c.fallbacks = map[string]Fallback{}
 		}
 		c.fallbacks[o.s] = o.fb
+	case optOnRetry:
+		c.onRetry = o.onRetry
+	case optHTTP:
+		c.http = true
+	case optRetryIf:
+		c.retryIf = o.retryIf
 	}
 }
 
@@ -142,7 +160,7 @@ func WithIdempotencyKey() CallOption { return CallOption{kind: optFlags, flags: 
 
 // WithMethod passes the HTTP method of the operation to the core.
 func WithMethod(method string) CallOption {
-	return CallOption{kind: optFlags, mask: 0xf << flagMethodShift, flags: MethodFlag(method)}
+	return CallOption{kind: optFlags, mask: cStartMethodMask << flagMethodShift, flags: MethodFlag(method)}
 }
 
 // withFlags sets flag bits.
@@ -182,24 +200,24 @@ func DoValue[T any](ctx context.Context, p *Policy, fn func(ctx context.Context)
 	return a.val, err
 }
 
-// attempter runs one attempt under a timeout (0 = none) and says what happened.
+// attempter runs one attempt under a timeout (0 = none) on e's clock and says what happened.
 type attempter interface {
-	attempt(ctx context.Context, timeout time.Duration) (Outcome, error)
+	attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error)
 }
 
-// retryPreparer is an attempter that must prepare a retry (false: it cannot be retried).
+// retryPreparer is an attempter that must prepare a retry (an error: it cannot be sent again).
 type retryPreparer interface {
-	prepareRetry() bool
+	prepareRetry() error
 }
 
 type funcAttempt func(ctx context.Context) error
 
-func (f funcAttempt) attempt(ctx context.Context, timeout time.Duration) (Outcome, error) {
+func (f funcAttempt) attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error) {
 	if timeout <= 0 {
 		err := f(ctx)
 		return Classify(ctx, err), err
 	}
-	actx, cancel := context.WithTimeout(ctx, timeout)
+	actx, cancel := e.withTimeout(ctx, timeout)
 	err := f(actx)
 	o := Classify(actx, err)
 	cancel()
@@ -209,6 +227,7 @@ func (f funcAttempt) attempt(ctx context.Context, timeout time.Duration) (Outcom
 type valueAttempt[T any] struct {
 	fn  func(ctx context.Context) (T, error)
 	val T
+	ok  bool // the last attempt returned val without an error
 }
 
 func (a *valueAttempt[T]) checkFallback(v any) error {
@@ -222,29 +241,42 @@ func (a *valueAttempt[T]) checkFallback(v any) error {
 	return nil
 }
 
+// lastResult is the value of the last attempt when it succeeded (for a retry predicate).
+func (a *valueAttempt[T]) lastResult() any {
+	if a.ok {
+		return a.val
+	}
+	return nil
+}
+
 // fallbackChecker is an attempter that checks the value a fallback returns.
 type fallbackChecker interface {
 	checkFallback(v any) error
 }
 
-func (a *valueAttempt[T]) attempt(ctx context.Context, timeout time.Duration) (Outcome, error) {
+func (a *valueAttempt[T]) attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error) {
 	return funcAttempt(func(ctx context.Context) error {
 		v, err := a.fn(ctx)
-		if err == nil {
+		a.ok = err == nil
+		if a.ok {
 			a.val = v
 		}
 		return err
-	}).attempt(ctx, timeout)
+	}).attempt(e, ctx, timeout)
 }
 
-// Classify maps the error of an attempt run under actx to an outcome. It only
-// says what happened; the policy decides what to do about it:
+// Classify maps the error of an attempt run under actx to an outcome, by the
+// table of docs/hosts.md (section 6). It only says what happened; the policy
+// decides what to do about it:
 //   - nil: success;
 //   - an OutcomeError: its outcome;
-//   - actx's deadline passed, or a timeout error: timeout;
-//   - a network error (dial, reset, refused, unexpected EOF): connection-error;
-//   - anything else: error-class, named by an `ErrorClass() string` method in
-//     the chain or else by the Go type of the first non-wrapper error.
+//   - actx's deadline passed (the attempt timeout): timeout;
+//   - the server's certificate failed verification: error-class "tls-certificate";
+//   - the connection could not be made (refused, reset, DNS, a connect timeout,
+//     a TLS handshake failure): connection-error;
+//   - another timeout (a read, a response header wait): timeout;
+//   - another network error (reset, broken pipe, unexpected EOF): connection-error;
+//   - anything else: error-class, named by ErrorClassOf.
 func Classify(actx context.Context, err error) Outcome {
 	if err == nil {
 		return Outcome{Kind: OutcomeSuccess}
@@ -253,78 +285,163 @@ func Classify(actx context.Context, err error) Outcome {
 	if errors.As(err, &oe) {
 		return oe.LeveeOutcome()
 	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
-		(actx != nil && errors.Is(actx.Err(), context.DeadlineExceeded)) {
+	if actx != nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+		return Outcome{Kind: OutcomeTimeout}
+	}
+	if isCertificateError(err) {
+		return Outcome{Kind: OutcomeErrorClass, Text: cHttpTlsCertificateClass}
+	}
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	var recErr tls.RecordHeaderError
+	var alert tls.AlertError
+	if (errors.As(err, &opErr) && opErr.Op == "dial") || errors.As(err, &dnsErr) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.As(err, &recErr) || errors.As(err, &alert) {
+		return Outcome{Kind: OutcomeConnectionError}
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
 		return Outcome{Kind: OutcomeTimeout}
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		return Outcome{Kind: OutcomeTimeout}
 	}
-	var opErr *net.OpError
-	var dnsErr *net.DNSError
-	if errors.As(err, &opErr) || errors.As(err, &dnsErr) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.ErrUnexpectedEOF) ||
+	if opErr != nil || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) {
 		return Outcome{Kind: OutcomeConnectionError}
 	}
 	return Outcome{Kind: OutcomeErrorClass, Text: ErrorClassOf(err)}
 }
 
-// ErrorClassOf is the class name Classify gives an error.
+func isCertificateError(err error) bool {
+	var cv *tls.CertificateVerificationError
+	var ua x509.UnknownAuthorityError
+	var he x509.HostnameError
+	var ci x509.CertificateInvalidError
+	return errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci)
+}
+
+// ErrorClassOf is the class name of an error, by the naming rule of docs/hosts.md:
+// the LeveeClass() of the first error in the chain that has one; else the
+// dynamic type of the error, skipping fmt.Errorf's wrappers, without package or
+// `*` (*fs.PathError is "PathError"; errors.New values are "errorString", so
+// give them a class). An empty name, or one not UTF-8, is "Error".
 func ErrorClassOf(err error) string {
-	type classer interface{ ErrorClass() string }
+	type classer interface{ LeveeClass() string }
 	var c classer
 	if errors.As(err, &c) {
-		return c.ErrorClass()
+		return validClass(c.LeveeClass())
 	}
 	for e := err; e != nil; {
-		t := reflect.TypeOf(e).String()
-		if t != "*fmt.wrapError" && t != "*fmt.wrapErrors" {
-			return t
+		t := reflect.TypeOf(e)
+		if s := t.String(); s != "*fmt.wrapError" && s != "*fmt.wrapErrors" {
+			return typeClass(t)
 		}
 		u, ok := e.(interface{ Unwrap() error })
 		if !ok {
-			return t
+			return typeClass(t)
 		}
 		e = u.Unwrap()
 	}
-	return reflect.TypeOf(err).String()
+	return cHttpUnnamedErrorClass
+}
+
+func typeClass(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	name := t.Name()
+	if i := strings.IndexByte(name, '['); i >= 0 {
+		name = name[:i] // generics stripped
+	}
+	return validClass(name)
+}
+
+func validClass(s string) string {
+	if s == "" || !utf8.ValidString(s) {
+		return cHttpUnnamedErrorClass
+	}
+	return s
 }
 
 var errNilPolicy = errors.New("levee: the policy is nil (get one with Engine.Policy)")
 
-// startCall starts a call, settling a held-back success on the same crossing.
-func (e *Engine) startCall(call uint64, index uint32, key string, flags uint32) (v Verdict, now, gen uint64, err error) {
+// startCall starts a call, settling a held-back success on the same crossing,
+// and starts its driver d at the reading the call starts at; act is the
+// driver's action for the verdict (decided under the lock: see decideLocked).
+func (e *Engine) startCall(cctx context.Context, ref callRef, flags uint32, d *driver, info *PolicyInfo) (act action, v Verdict, gen uint64, err error) {
+	*d = newDriver(info, 0) // outside the lock; begin sets the start
 	e.mu.Lock()
 	if err = e.readyLocked(true); err != nil {
 		gen = e.gen
-		e.unlockEmit()
-		return 0, e.Now(), gen, err
+		d.begin(e.Now())
+		e.unlockEmitCtx(cctx)
+		return act, 0, gen, err
 	}
 	e.takePendingLocked()
 	gen = e.gen
 	h := e.hold
 	e.hold = heldSuccess{}
-	now = e.Now()
+	now := e.Now()
+	d.begin(now)
 	ctx := e.enterAt(now) // one clock reading serves the call's start and the bound
-	if key != "" {
+	if ref.key != "" {
 		e.keyedCalls++
 	}
-	v, err = e.in.start(ctx, e.rep, call, index, key, flags, now, h.call, h.at, h.elapsed)
+	call, index, key := ref.call, ref.policy, ref.key
+	if e.inject != nil {
+		v, err = e.injected(cctx, call, opStart, func() (Verdict, error) {
+			return e.in.start(ctx, e.rep, call, index, key, flags, now, h.call, h.at, h.elapsed)
+		})
+	} else {
+		v, err = e.in.start(ctx, e.rep, call, index, key, flags, now, h.call, h.at, h.elapsed)
+	}
 	e.leave()
 	if err != nil {
 		err = e.faultLocked(err)
+		e.tagFaultLocked(ref)
 	} else {
-		if v.EventsPending() {
-			e.drainLocked()
-		}
+		act = e.decideLocked(d, v, now, ref)
 		if e.o.snapEvery > 0 && e.in != nil && now-e.snapAt >= uint64(e.o.snapEvery) {
 			e.snapshotLocked(now)
 		}
 	}
-	e.unlockEmit()
-	return v, now, gen, err
+	e.unlockEmitCtx(cctx)
+	return act, v, gen, err
+}
+
+// decideLocked asks the driver what verdict v (asked at now) means, under the
+// lock of the crossing that gave it: a verdict the host refuses (docs/hosts.md,
+// section 3) loses the events of its crossing, and a contract breach
+// re-instantiates the engine before any other goroutine crosses; otherwise the
+// events the verdict says are pending are drained under the same lock, so no
+// other goroutine's trap can come between a breaker transition and its snapshot.
+func (e *Engine) decideLocked(d *driver, v Verdict, now uint64, ref callRef) action {
+	act := d.next(v, now)
+	if act.kind == actRecover {
+		switch act.fault {
+		case faultContract:
+			_ = e.faultKindLocked(fmt.Errorf("call %d, %v: a verdict broke the contract: %w", ref.call, d.op, act.breach), faultContract)
+			e.tagFaultLocked(ref)
+		case faultInvalid:
+			if v.EventsPending() && e.in != nil {
+				gctx := e.enter()
+				_, err := e.in.drainEvents(gctx, e.rep) // the refused crossing's events are lost
+				e.leave()
+				if err != nil {
+					_ = e.faultLocked(err)
+				}
+			}
+			e.queued = append(e.queued, Event{At: e.Now(), Kind: EventEngineFault, Fault: faultInvalid.String(),
+				Call: ref.call, Policy: ref.policy, Key: ref.key,
+				Err: fmt.Errorf("%w: call %d, %v: %w", ErrEngineFault, ref.call, d.op, act.breach)})
+		}
+		return act
+	}
+	if v.EventsPending() {
+		e.drainLocked()
+	}
+	return act
 }
 
 func (e *Engine) snapshotLocked(now uint64) {
@@ -342,25 +459,58 @@ func (e *Engine) snapshotLocked(now uint64) {
 	e.stateBytes, e.keyedCalls = len(b), 0
 }
 
-// step is a crossing of a call Do drives: the events its verdict says are pending
-// are drained under the same lock (drainLocked), so no other goroutine's trap can
-// come between a breaker transition and its snapshot.
-func (e *Engine) step(f func(ctx context.Context, in *instance) (Verdict, error)) (v Verdict, err error) {
+// step is a crossing of a call Do drives, asked at now; act is the driver's
+// action for its verdict (decideLocked).
+func (e *Engine) step(cctx context.Context, ref callRef, op crossing, d *driver, now uint64,
+	f func(ctx context.Context, in *instance) (Verdict, error)) (act action, v Verdict, err error) {
 	e.mu.Lock()
-	defer e.unlockEmit()
+	defer e.unlockEmitCtx(cctx)
 	if err := e.readyLocked(false); err != nil {
-		return 0, err
+		return act, 0, err
 	}
 	ctx := e.enter()
-	v, err = f(ctx, e.in)
+	if e.inject != nil {
+		in := e.in
+		v, err = e.injected(cctx, ref.call, op, func() (Verdict, error) { return f(ctx, in) })
+	} else {
+		v, err = f(ctx, e.in)
+	}
 	e.leave()
 	if err != nil {
-		return 0, e.faultLocked(err)
+		err = e.faultLocked(err)
+		e.tagFaultLocked(ref)
+		return act, 0, err
 	}
-	if v.EventsPending() {
-		e.drainLocked()
+	return e.decideLocked(d, v, now, ref), v, nil
+}
+
+// callRef names the call a crossing belongs to, for the engine-fault it may cause.
+type callRef struct {
+	call   uint64
+	policy uint32
+	key    string
+}
+
+// tagFaultLocked makes the engine-fault just queued the call's (levee.call,
+// levee.policy, levee.key of docs/telemetry.md).
+func (e *Engine) tagFaultLocked(ref callRef) {
+	if n := len(e.queued); n > 0 && e.queued[n-1].Kind == EventEngineFault && e.queued[n-1].Call == 0 {
+		e.queued[n-1].Call, e.queued[n-1].Policy, e.queued[n-1].Key = ref.call, ref.policy, ref.key
 	}
-	return v, nil
+}
+
+// injected runs a crossing under the test seam (export_test.go): the hook may
+// make it trap, or replace its verdict (a verdict that breaks the contract).
+func (e *Engine) injected(cctx context.Context, call uint64, op crossing, f func() (Verdict, error)) (Verdict, error) {
+	trap, verdict, replace := e.inject(cctx, call, op.String())
+	if trap {
+		return 0, trapf("injected trap on %v of call %d", op, call)
+	}
+	v, err := f()
+	if err == nil && replace {
+		return Verdict(verdict) | v&cVerdictEventsBit, nil
+	}
+	return v, err
 }
 
 // holdSuccess holds back the report of a success, to be settled by the next
@@ -428,24 +578,26 @@ func (e *Engine) sendHeldLocked() error {
 
 // Flush sends a held-back success report now (Do holds one back to settle it on
 // the next call) and delivers the events it caused.
-func (e *Engine) Flush() error {
-	if err := e.op(false, func(context.Context, *instance) error { return nil }); err != nil {
-		return err
-	}
-	e.drainEmit()
-	return nil
-}
+func (e *Engine) Flush() error { return e.FlushContext(context.Background()) }
 
-// drainEmit drains the engine's events and delivers them to listeners and the logger.
-func (e *Engine) drainEmit() {
+// FlushContext is Flush delivering the events with ctx (to the telemetry sink
+// and the logger): the context of the call whose success was held back, say.
+func (e *Engine) FlushContext(ctx context.Context) error {
 	e.mu.Lock()
-	if e.readyLocked(false) == nil {
+	err := e.readyLocked(false)
+	if err == nil {
 		e.drainLocked()
 	}
-	e.unlockEmit()
+	e.unlockEmitCtx(ctx)
+	return err
 }
 
-func (e *Engine) emit(evs []Event) {
+func (e *Engine) emit(ctx context.Context, evs []Event) {
+	if t := e.o.tel; t != nil {
+		for i := range evs {
+			e.telEvent(ctx, t, &evs[i])
+		}
+	}
 	for _, ev := range evs {
 		for _, l := range e.o.listeners {
 			l(ev)
@@ -482,7 +634,7 @@ func (e *Engine) emit(evs []Event) {
 			if ev.Err != nil {
 				attrs = append(attrs, slog.String("error", ev.Err.Error()))
 			}
-			lg.LogAttrs(context.Background(), level, "levee "+ev.Kind.String(), attrs...)
+			lg.LogAttrs(ctx, level, "levee "+ev.Kind.String(), attrs...)
 		}
 	}
 }
@@ -506,24 +658,7 @@ func (e *Engine) fallback(name string, co *callOpts) Fallback {
 	return f
 }
 
-// guestFault reports guest output the host refuses (without re-instantiating).
-func (e *Engine) guestFault(err error) {
-	e.emit([]Event{{At: e.Now(), Kind: EventEngineFault, Err: fmt.Errorf("%w: %w", ErrEngineFault, err)}})
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		t.Stop()
-		return ctx.Err()
-	}
-}
+func (c *callRun) ref() callRef { return callRef{c.call, c.st.index, c.co.key} }
 
 // run drives one call through the step protocol. If the function (or a
 // fallback) panics, the call is cancelled in the core and the panic goes on.
@@ -546,170 +681,299 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 		return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Ctx: err}
 	}
 	call := p.e.nextCall.Add(1)
-	finished := false
+	c := callRun{p: p, a: a, co: co, st: st, call: call}
 	defer func() {
-		if !finished {
+		if !c.finished {
 			_ = p.e.Cancel(call, p.e.Now())
+			c.tel.end(cResults[3], c.d.attempts > 1, ReasonCancelled, errPanicked)
 		}
 	}()
-	fbVal, fbUsed, err = p.steps(ctx, a, &co, st, call)
-	finished = true
+	ctx, c.tel = p.e.startCallTel(ctx, p.name, co.key, co.http)
+	c.ctx = ctx
+	fbVal, fbUsed, err = c.steps(ctx)
+	c.finished = true
 	return fbVal, fbUsed, err
 }
 
-func (p *Policy) steps(ctx context.Context, a attempter, co *callOpts, st *policyState, call uint64) (fbVal any, fbUsed bool, err error) {
-	e := p.e
-	info := &st.info
-	v, start, gen, ferr := e.startCall(call, st.index, co.key, co.flags)
-	var deadline uint64
-	if info.Deadline > 0 {
-		deadline = start + info.Deadline
-	}
-	attempts := 0
-	var lastErr, fbErr error
-	var unregistered []string
-	now := start
+var errPanicked = errors.New("levee: the call panicked")
 
-	// singleAttempt: the engine failed; the call proceeds as one attempt without retries.
-	singleAttempt := func() (any, bool, error) {
-		if attempts > 0 {
-			return nil, false, lastErr
-		}
-		_, err := a.attempt(ctx, time.Duration(info.AttemptTimeout))
-		return nil, false, err
+// callRun is one call in progress: the glue between the driver (driver.go), the
+// attempter (the caller's function, or an HTTP request) and the engine's crossings.
+type callRun struct {
+	p        *Policy
+	a        attempter
+	co       callOpts // a copy: a pointer to the caller's would escape with c's content
+	st       *policyState
+	call     uint64
+	d        driver
+	ctx      context.Context // the call's (with its span), for cancel's events
+	tel      *callTel
+	finished bool
+	lastErr  error
+	fbErr    error
+	fbVal    any
+	fbUsed   bool
+	unreg    []string
+	fbUnreg  bool // the last fallback chosen had no function registered
+}
+
+// fail builds the typed error of a reason.
+func (c *callRun) fail(reason Reason, retryAfter time.Duration, ctxErr error) error {
+	return &Error{Policy: c.p.name, Reason: reason, Attempts: c.d.attempts, RetryAfter: retryAfter, Last: c.lastErr,
+		FallbackErr: c.fbErr, Unregistered: c.unreg, Ctx: ctxErr}
+}
+
+// cancelCall abandons the call in the core, its events delivered with the call's context.
+func (c *callRun) cancelCall(ctx context.Context) {
+	e := c.p.e
+	_ = e.opCtx(ctx, func(gctx context.Context, in *instance) error { return in.cancel(gctx, e.rep, c.call, e.Now()) })
+}
+
+func (c *callRun) cancelled(cerr error) (any, bool, error) {
+	c.cancelCall(c.ctx)
+	c.tel.end(cResults[3], c.d.attempts > 1, ReasonCancelled, cerr)
+	return nil, false, c.fail(ReasonCancelled, 0, cerr)
+}
+
+// steps performs the driver's actions until the call ends.
+func (c *callRun) steps(ctx context.Context) (any, bool, error) {
+	e, a, call := c.p.e, c.a, c.call
+	info := &c.st.info
+	d := &c.d
+	act, v, gen, ferr := e.startCall(ctx, c.ref(), c.co.flags, d, info)
+	if ferr != nil && errors.Is(ferr, ErrClosed) {
+		return nil, false, ferr
 	}
-	if ferr != nil {
-		if errors.Is(ferr, ErrClosed) {
-			return nil, false, ferr
-		}
-		return singleAttempt()
-	}
+	start := d.start
+	now := start // the reading the verdict in hand was asked at
 	tr := e.o.trace
-	if tr != nil {
+	if tr != nil && ferr == nil {
 		tr(Step{Op: "start", Call: call, Now: start, Verdict: v})
 	}
 	for {
-		switch v.Kind() {
-		case VerdictAttempt:
-			attempts++
-			if info.MaxAttempts > 0 && attempts > int(info.MaxAttempts) {
-				e.guestFault(fmt.Errorf("attempt %d granted past max-attempts %d", attempts, info.MaxAttempts))
-				_ = e.Cancel(call, e.Now())
-				return nil, false, &Error{Policy: p.name, Reason: ReasonRetriesExhausted, Attempts: attempts - 1, Last: lastErr}
-			}
-			timeout := time.Duration(v.Payload())
-			if deadline > 0 {
-				left := time.Duration(0)
-				if deadline > now {
-					left = time.Duration(deadline - now)
-				}
-				if timeout == 0 || timeout > left {
-					timeout = max(left, 1)
-				}
-			}
+		if ferr != nil {
+			act = d.crossingFailed(e.Now())
+			ferr = nil
+		}
+		switch act.kind {
+		case actAttempt:
 			// The attempt runs from the reading the verdict was asked at (one
 			// clock reading fewer; the crossing, well under a microsecond, counts
 			// toward its elapsed time).
 			t0 := now
-			o, aerr := a.attempt(ctx, timeout)
+			actx, span := c.tel.attemptSpan(ctx, act.n, false)
+			o, aerr := a.attempt(e, actx, act.d)
 			t1 := e.Now()
 			now = t1
+			endAttemptSpan(span, o, aerr)
 			if cerr := ctx.Err(); cerr != nil {
-				_ = e.Cancel(call, t1)
-				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: attempts, Last: aerr, Ctx: cerr}
+				c.lastErr = aerr
+				return c.cancelled(cerr)
 			}
-			if o.Kind == OutcomeSuccess {
+			elapsed := t1 - t0
+			var caller uint32 // the retry predicate's answer, a report flag
+			if c.co.retryIf != nil || e.o.retryIf != nil {
+				caller = c.askPredicate(aerr)
+			}
+			if o.Kind == OutcomeSuccess && caller&cReportCallerRetry == 0 && (act.d == 0 || time.Duration(elapsed) < act.d) {
+				// held back to settle on the next start (a late success is the core's to judge)
 				if tr != nil {
 					tr(Step{Op: "hold-success", Call: call, Now: t1, Outcome: o})
 				}
-				e.holdSuccess(call, t1, t1-t0, gen)
+				e.holdSuccess(call, t1, elapsed, gen)
+				c.tel.reported(o.Kind, elapsed)
+				c.tel.end(cResults[0], act.n > 1, ReasonNone, nil)
 				return nil, false, nil
 			}
-			lastErr = aerr
-			var flags uint32
+			if o.Kind == OutcomeTimeout && act.d > 0 && time.Duration(elapsed) > act.d {
+				elapsed = uint64(act.d) // the timeout fired: the attempt lasted its timeout
+			}
+			c.lastErr = aerr
+			flags := caller
 			if o.Overloaded {
-				flags |= ReportFlagOverloaded
+				flags |= cReportOverloaded
 			}
 			var wall uint64
 			if o.Kind == OutcomeHTTPStatus && o.Text != "" {
-				wall = uint64(time.Now().Unix())
+				wall = e.wallSecs()
 			}
 			text := strings.ToValidUTF8(o.Text, "\uFFFD") // a raw header: the core says what it means
-			v, ferr = e.step(func(ctx context.Context, in *instance) (Verdict, error) {
-				return in.report(ctx, e.rep, call, t1, t1-t0, o.Kind, o.Code, text, wall, flags)
+			act, v, ferr = e.step(ctx, c.ref(), opReport, d, t1, func(ctx context.Context, in *instance) (Verdict, error) {
+				return in.report(ctx, e.rep, call, t1, elapsed, o.Kind, o.Code, text, wall, flags)
 			})
+			if ferr == nil { // a report that trapped never reached the core
+				c.tel.reported(o.Kind, elapsed)
+			}
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "report", Call: call, Now: t1, Outcome: o, Verdict: v})
 			}
-		case VerdictWait, VerdictRetry:
-			d := v.Payload()
-			now = e.Now()
-			if deadline > 0 && now+d > deadline {
-				if deadline > now {
-					d = deadline - now
-				} else {
-					d = 0
+		case actSleep:
+			if act.retry {
+				c.onRetry(act.d)
+				if rp, ok := a.(retryPreparer); ok {
+					if err := rp.prepareRetry(); err != nil {
+						// the operation cannot be sent again (GetBody failed): that is this call's end
+						c.cancelCall(ctx)
+						c.tel.end(cResults[2], d.attempts > 1, ReasonNone, err)
+						return nil, false, err
+					}
 				}
 			}
-			if v.Kind() == VerdictRetry {
-				if rp, ok := a.(retryPreparer); ok && !rp.prepareRetry() {
-					_ = e.Cancel(call, e.Now())
-					return nil, false, lastErr
-				}
-			}
-			if cerr := sleepCtx(ctx, time.Duration(d)); cerr != nil {
-				_ = e.Cancel(call, e.Now())
-				return nil, false, &Error{Policy: p.name, Reason: ReasonCancelled, Attempts: attempts, Last: lastErr, Ctx: cerr}
+			if cerr := e.sleep(ctx, act.d); cerr != nil {
+				return c.cancelled(cerr)
 			}
 			now = e.Now()
 			at := now
-			v, ferr = e.step(func(ctx context.Context, in *instance) (Verdict, error) { return in.acquire(ctx, e.rep, call, at) })
+			act, v, ferr = e.step(ctx, c.ref(), opAcquire, d, at, func(ctx context.Context, in *instance) (Verdict, error) {
+				return in.acquire(ctx, e.rep, call, at)
+			})
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "acquire", Call: call, Now: now, Verdict: v})
 			}
-		case VerdictDone:
-			return fbVal, fbUsed, nil
-		case VerdictFallback:
-			idx := v.Payload()
-			if idx >= uint64(len(info.Fallbacks)) {
-				e.guestFault(fmt.Errorf("fallback index %d out of the chain of %d", idx, len(info.Fallbacks)))
-				_ = e.Cancel(call, e.Now())
-				return singleAttempt()
-			}
-			name := info.Fallbacks[idx]
+		case actFallback:
 			ok := false
-			if f := e.fallback(name, co); f != nil {
-				val, err := f(ctx, lastErr)
+			c.fbUnreg = false
+			if f := e.fallback(act.name, &c.co); f != nil {
+				fctx := context.WithValue(ctx, fallbackKey{}, FallbackInfo{Policy: c.p.name, Name: act.name,
+					Reason: act.reason, Attempts: d.attempts, Err: c.lastErr})
+				val, err := f(fctx, c.lastErr)
 				if fc, isFC := a.(fallbackChecker); isFC && err == nil {
 					err = fc.checkFallback(val)
 				}
 				if err == nil {
-					ok, fbVal, fbUsed = true, val, true
+					ok, c.fbVal, c.fbUsed = true, val, true
 				} else {
-					fbErr = err
+					c.fbErr = err
 				}
-			} else if !slices.Contains(unregistered, name) {
-				unregistered = append(unregistered, name)
+			} else {
+				c.fbUnreg = true
+				if !slices.Contains(c.unreg, act.name) {
+					c.unreg = append(c.unreg, act.name)
+				}
+			}
+			if cerr := ctx.Err(); cerr != nil {
+				return c.cancelled(cerr)
 			}
 			now = e.Now()
 			at := now
-			v, ferr = e.step(func(ctx context.Context, in *instance) (Verdict, error) {
+			act, v, ferr = e.step(ctx, c.ref(), opReportFallback, d, at, func(ctx context.Context, in *instance) (Verdict, error) {
 				return in.reportFallback(ctx, e.rep, call, at, ok)
 			})
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "report-fallback", Call: call, Now: now, Verdict: v})
 			}
-		case VerdictFail:
-			return nil, false, &Error{Policy: p.name, Reason: v.Reason(), Attempts: attempts,
-				RetryAfter: time.Duration(v.Payload()), Last: lastErr, FallbackErr: fbErr, Unregistered: unregistered}
-		default:
-			// invalid: the engine does not know the call (it was re-instantiated
-			// meanwhile, or it misbehaves); the call ends as a single attempt.
-			e.guestFault(fmt.Errorf("verdict %v for call %d", v, call))
-			return singleAttempt()
+		case actDone:
+			if c.fbUsed {
+				c.tel.end(cResults[1], d.attempts > 1, ReasonNone, nil)
+				return c.fbVal, true, nil
+			}
+			c.tel.end(cResults[0], d.attempts > 1, ReasonNone, nil)
+			return nil, false, nil
+		case actFail:
+			err := c.fail(act.reason, act.d, nil)
+			c.tel.end(cResults[2], d.attempts > 1, act.reason, err)
+			return nil, false, err
+		case actRecover:
+			return c.recover(ctx, act)
 		}
-		if ferr != nil {
-			return singleAttempt()
+	}
+}
+
+// recover ends the call on the one recovery path (docs/hosts.md, section 3).
+func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
+	e, d := c.p.e, &c.d // the fault is reported (and a contract breach recovered) by decideLocked
+	switch act.ending {
+	case recoverAttemptResult:
+		// the attempt's own result: its value (nil error), or its error as the user's own
+		c.tel.end(c.ownResult(c.lastErr), d.attempts > 1, ReasonNone, c.lastErr)
+		return nil, false, c.lastErr
+	case recoverFallbackResult:
+		if c.fbUsed {
+			c.tel.end(cResults[1], d.attempts > 1, ReasonNone, nil)
+			return c.fbVal, true, nil
 		}
+		err := c.fbErr
+		if c.fbUnreg || err == nil {
+			err = &Error{Policy: c.p.name, Reason: ReasonFallbacksFailed, Attempts: d.attempts, Last: c.lastErr, Unregistered: c.unreg}
+		}
+		c.tel.end(cResults[2], d.attempts > 1, ReasonNone, err)
+		return nil, false, err
+	case recoverDeadline:
+		err := c.fail(ReasonDeadline, 0, nil)
+		c.tel.end(cResults[2], d.attempts > 1, ReasonDeadline, err)
+		return nil, false, err
+	default: // recoverDegraded: exactly one attempt, without the core
+		actx, span := c.tel.attemptSpan(context.WithValue(ctx, degradedKey{}, true), act.n, true)
+		o, err := c.a.attempt(e, actx, act.d)
+		endAttemptSpan(span, o, err)
+		if cerr := ctx.Err(); cerr != nil {
+			c.lastErr = err
+			c.tel.end(cResults[3], d.attempts > 0, ReasonCancelled, cerr)
+			return nil, false, c.fail(ReasonCancelled, 0, cerr)
+		}
+		if o.Kind == OutcomeSuccess {
+			err = nil // a late success of a degraded attempt is still a success
+		}
+		c.tel.end(c.ownResult(err), d.attempts > 0, ReasonNone, err)
+		return nil, false, err
+	}
+}
+
+type fallbackKey struct{}
+
+// FallbackInfo is what a fallback is told of its call (docs/hosts.md, section 5).
+type FallbackInfo struct {
+	Policy, Name string
+	// Reason is the core's reason for falling back (the trigger).
+	Reason Reason
+	// Attempts is the attempts made.
+	Attempts int
+	// Err is the last attempt's error (the cause argument of the Fallback).
+	Err error
+}
+
+// FallbackContext returns the FallbackInfo of the fallback running under ctx.
+func FallbackContext(ctx context.Context) (FallbackInfo, bool) {
+	fi, ok := ctx.Value(fallbackKey{}).(FallbackInfo)
+	return fi, ok
+}
+
+type degradedKey struct{}
+
+// Degraded says whether the attempt running under ctx is the degraded attempt
+// of the recovery path (docs/hosts.md, section 3): the engine failed, and this
+// one attempt runs without the policy.
+func Degraded(ctx context.Context) bool { d, _ := ctx.Value(degradedKey{}).(bool); return d }
+
+// ownResult is the levee.result of a call that ends with its attempt's own
+// result: a success, or a response of the Transport, is a success.
+func (c *callRun) ownResult(err error) string {
+	if err == nil {
+		return cResults[0]
+	}
+	if rr, ok := c.a.(interface{ lastResult() any }); ok && rr.lastResult() != nil {
+		return cResults[0]
+	}
+	return cResults[2]
+}
+
+// onRetry calls the policy's and the call's retry hooks.
+func (c *callRun) onRetry(delay time.Duration) {
+	e := c.p.e
+	ph := e.o.onRetry[c.p.name]
+	if ph == nil && c.co.onRetry == nil {
+		return
+	}
+	ri := RetryInfo{Policy: c.p.name, Key: c.co.key, Attempt: c.d.attempts, Delay: delay, Err: c.lastErr}
+	if rr, ok := c.a.(interface{ lastResult() any }); ok {
+		if r := rr.lastResult(); r != nil {
+			ri.Result, ri.Err = r, nil
+		}
+	}
+	if ph != nil {
+		e.callHook(ph, ri)
+	}
+	if c.co.onRetry != nil {
+		e.callHook(c.co.onRetry, ri)
 	}
 }

@@ -83,7 +83,7 @@ func mustPolicy(t testing.TB, e *Engine, name string) *Policy {
 type flaky struct{}
 
 func (flaky) Error() string      { return "flaky" }
-func (flaky) ErrorClass() string { return "flaky" }
+func (flaky) LeveeClass() string { return "flaky" }
 
 var connErr = &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 
@@ -148,7 +148,7 @@ func TestDoErrors(t *testing.T) {
 	if !errors.As(err, &ne) {
 		t.Fatalf("last error lost: %v", err)
 	}
-	// error classes named by ErrorClass()
+	// error classes named by LeveeClass()
 	n = 0
 	err = Do(context.Background(), mustPolicy(t, e, "classes"), func(context.Context) error {
 		n++
@@ -480,5 +480,24 @@ func TestDoHeldSuccessesFreeTheirSlots(t *testing.T) {
 	}
 	if err := e.Flush(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A fallback is told the trigger's reason, the attempts made and the last error.
+func TestFallbackContext(t *testing.T) {
+	e := mustLoad(t, doDoc, WithSeed(1))
+	p := mustPolicy(t, e, "with-fallback")
+	boom := &net.OpError{Op: "dial", Err: errors.New("refused")}
+	var got FallbackInfo
+	v, err := DoValue(context.Background(), p, func(context.Context) (string, error) { return "", boom },
+		WithCallFallback("cached", func(ctx context.Context, cause error) (any, error) {
+			got, _ = FallbackContext(ctx)
+			return "from cache", nil
+		}))
+	if err != nil || v != "from cache" {
+		t.Fatalf("DoValue = %q, %v", v, err)
+	}
+	if got.Policy != "with-fallback" || got.Name != "cached" || got.Reason != ReasonRetriesExhausted || got.Attempts != 2 || got.Err != boom {
+		t.Fatalf("FallbackInfo = %+v", got)
 	}
 }

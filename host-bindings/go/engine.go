@@ -56,6 +56,12 @@ type options struct {
 	logger      *slog.Logger
 	fallbacks   map[string]Fallback
 	trace       func(Step)
+	clock       Clock // nil: the machine's clock (the fast path)
+	tel         Telemetry
+	tracer      Tracer
+	noGaugeKey  bool
+	onRetry     map[string]func(RetryInfo)
+	retryIf     map[string]func(any, error) RetryAnswer
 }
 
 // Option configures Load.
@@ -74,12 +80,15 @@ func WithCoreModule(wasm []byte) Option { return func(o *options) { o.core = was
 // walks: the document's, and the state's (the size of the last state exported or
 // imported, plus StateBytesPerKeyedCall for every keyed call since). The linear
 // memory may grow to DefaultMemoryLimitPages.
+//
+// The values are the GUARDS of wit/constants.json (docs/hosts.md, section 7): one
+// unit of guest work is 1 ns here.
 const (
-	DefaultGuestCallLimit   = time.Second
-	GuestTimePerByte        = 20 * time.Microsecond
+	DefaultGuestCallLimit   = cGuardGuestWorkUnits * time.Nanosecond
+	GuestTimePerByte        = cGuardGuestWorkUnitsPerByte * time.Nanosecond
 	StateBytesPerKeyedCall  = 1024
-	DefaultMemoryLimitPages = 8192 // 512 MiB
-	DefaultSnapshotInterval = time.Second
+	DefaultMemoryLimitPages = cGuardGuestMemoryBytes / (64 << 10) // 512 MiB
+	DefaultSnapshotInterval = cGuardSnapshotIntervalMs * time.Millisecond
 )
 
 // WithGuestCallLimit sets the base bound of every call into the guest (default
@@ -139,7 +148,9 @@ func WithFallback(name string, f Fallback) Option {
 type Engine struct {
 	o     options
 	seed  uint64
-	epoch time.Time
+	epoch time.Time // real time at Load: the watchdog's origin, and Now's without WithClock
+	// vepoch is the injected clock's reading at Load (Now's origin with WithClock)
+	vepoch time.Time
 
 	mu      sync.Mutex
 	doc     string
@@ -174,6 +185,9 @@ type Engine struct {
 	watch *watch
 	// the start (engine ns) of the last guest call, to keep starts distinct
 	lastStart int64
+
+	// inject is the test seam of conformance/hosts (export_test.go): nil in use
+	inject func(ctx context.Context, call uint64, op string) (trap bool, verdict uint64, replace bool)
 
 	nextCall atomic.Uint64
 	fbMu     sync.RWMutex
@@ -299,6 +313,9 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 		return nil, err
 	}
 	e.epoch = time.Now() // the clock starts once the module is compiled
+	if e.o.clock != nil {
+		e.vepoch = e.o.clock.Now()
+	}
 	if e.o.callLimit > 0 {
 		e.watch = newWatch(e.epoch, e.o.callLimit)
 	}
@@ -319,14 +336,18 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 // under (one without Done, so wazero starts no goroutine).
 func (e *Engine) enter() context.Context {
 	if e.watch != nil {
-		return e.enterAt(e.Now())
+		return e.enterAt(uint64(time.Since(e.epoch)))
 	}
 	return context.Background()
 }
 
-// enterAt is enter with a reading of the clock the caller has just taken.
+// enterAt is enter with a reading of the clock the caller has just taken (the
+// engine's Now; with an injected clock, the watchdog reads real time itself).
 func (e *Engine) enterAt(now uint64) context.Context {
 	if w := e.watch; w != nil {
+		if e.o.clock != nil {
+			now = uint64(time.Since(e.epoch))
+		}
 		s := max(int64(now), e.lastStart+1)
 		e.lastStart = s
 		w.start.Store(s)
@@ -438,7 +459,10 @@ func (e *Engine) refreshInfosLocked(ctx context.Context) error {
 
 // faultLocked re-instantiates the engine after the guest failed, restores the
 // last snapshot of its state, and queues an EventEngineFault.
-func (e *Engine) faultLocked(cause error) error {
+func (e *Engine) faultLocked(cause error) error { return e.faultKindLocked(cause, faultTrap) }
+
+// faultKindLocked is faultLocked for a trap or a contract breach.
+func (e *Engine) faultKindLocked(cause error, kind fault) error {
 	if e.in != nil {
 		e.in.close(context.Background())
 		e.setInstanceLocked(nil)
@@ -449,7 +473,7 @@ func (e *Engine) faultLocked(cause error) error {
 	e.gen++
 	e.lastRecovery = max(e.Now(), 1)
 	e.hold = heldSuccess{}
-	ev := Event{At: e.Now(), Kind: EventEngineFault, Err: cause}
+	ev := Event{At: e.Now(), Kind: EventEngineFault, Fault: kind.String(), Err: cause}
 	if _, err := e.instantiateLocked(); err != nil {
 		ev.Err = fmt.Errorf("%w; re-instantiation failed: %w", cause, err)
 	} else if e.snap != nil {
@@ -525,20 +549,33 @@ func (e *Engine) drainLocked() {
 }
 
 // unlockEmit releases the lock and delivers the events queued under it.
-func (e *Engine) unlockEmit() {
+func (e *Engine) unlockEmit() { e.unlockEmitCtx(context.Background()) }
+
+// unlockEmitCtx is unlockEmit on the goroutine of a call whose context is ctx
+// (the telemetry sink and the logger receive it).
+func (e *Engine) unlockEmitCtx(ctx context.Context) {
 	queued := e.queued
 	e.queued = nil
 	e.mu.Unlock()
 	if queued != nil {
-		e.emit(queued)
+		e.emit(ctx, queued)
 	}
 }
 
 // op runs f under the lock with a ready instance and the call bound; an error
 // of the guest re-instantiates the engine.
 func (e *Engine) op(keep bool, f func(ctx context.Context, in *instance) error) error {
+	return e.opKeep(context.Background(), keep, f)
+}
+
+// opCtx is op for a call whose context is cctx (its events are delivered with it).
+func (e *Engine) opCtx(cctx context.Context, f func(ctx context.Context, in *instance) error) error {
+	return e.opKeep(cctx, false, f)
+}
+
+func (e *Engine) opKeep(cctx context.Context, keep bool, f func(ctx context.Context, in *instance) error) error {
 	e.mu.Lock()
-	defer e.unlockEmit()
+	defer e.unlockEmitCtx(cctx)
 	if err := e.readyLocked(keep); err != nil {
 		return err
 	}
@@ -551,8 +588,30 @@ func (e *Engine) op(keep bool, f func(ctx context.Context, in *instance) error) 
 	return nil
 }
 
-// Now is the engine's monotonic clock in ns (the `now` of the step protocol).
-func (e *Engine) Now() uint64 { return uint64(time.Since(e.epoch)) }
+// Now is the engine's monotonic clock in ns (the `now` of the step protocol):
+// the time since Load on the engine's Clock.
+func (e *Engine) Now() uint64 {
+	if c := e.o.clock; c != nil {
+		return uint64(max(c.Now().Sub(e.vepoch), 0))
+	}
+	return uint64(time.Since(e.epoch))
+}
+
+// Clock is the clock the engine runs on (SystemClock{} unless WithClock).
+func (e *Engine) Clock() Clock {
+	if e.o.clock != nil {
+		return e.o.clock
+	}
+	return SystemClock{}
+}
+
+// wallSecs is the clock's wall time in seconds (for a Retry-After HTTP date).
+func (e *Engine) wallSecs() uint64 {
+	if c := e.o.clock; c != nil {
+		return uint64(max(c.Now().Unix(), 0))
+	}
+	return uint64(time.Now().Unix())
+}
 
 // NewCallID returns a fresh non-zero call id.
 func (e *Engine) NewCallID() uint64 { return e.nextCall.Add(1) }
@@ -578,7 +637,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	e.closeLocked(ctx)
 	e.unlockEmit()
 	if len(evs) > 0 {
-		e.emit(evs)
+		e.emit(ctx, evs)
 	}
 	return nil
 }

@@ -23,7 +23,7 @@ policies:
 type flakyErr struct{}
 
 func (flakyErr) Error() string      { return "flaky" }
-func (flakyErr) ErrorClass() string { return "flaky" }
+func (flakyErr) LeveeClass() string { return "flaky" }
 
 func ExampleDo() {
 	ctx := context.Background()

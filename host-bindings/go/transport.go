@@ -3,11 +3,16 @@ package levee
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // Transport is an http.RoundTripper that runs every request under a policy.
@@ -37,8 +42,60 @@ type Transport struct {
 	// Policy is applied to every request.
 	Policy *Policy
 	// Key names the key of a request for per-key breakers and limits
-	// (nil: the request's host).
+	// (nil: HTTPKey of the request's URL, its origin as host:port).
 	Key func(*http.Request) string
+	// OnRetry is called before the sleep of each retry (see OnRetry).
+	OnRetry func(RetryInfo)
+	// RetryIf is the retry predicate of every request (see RetryIf); it sees the
+	// *http.Response of each attempt that got one, or the attempt's error.
+	RetryIf func(result any, err error) RetryAnswer
+}
+
+// HTTPKey is the key of an HTTP call by the rule of docs/hosts.md: the URL's
+// origin as host:port, the host lower-cased, an IPv6 literal in brackets, no
+// userinfo, and the port always written (the scheme's default when the URL has
+// none: http 80, https 443, ws 80, wss 443).
+func HTTPKey(u *url.URL) string {
+	host := u.Hostname()
+	if utf8.ValidString(host) { // invalid UTF-8 stays as it is, for the key check to refuse
+		host = strings.ToLower(host)
+	}
+	port := u.Port()
+	if port == "" {
+		port = cDefaultPorts[strings.ToLower(u.Scheme)]
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// httpMethod is the method net/http sends: as given, "" being GET.
+func httpMethod(req *http.Request) string {
+	if req.Method == "" {
+		return http.MethodGet
+	}
+	return req.Method
+}
+
+// replayable says whether the request's body can be sent again (none, or GetBody).
+func replayable(req *http.Request) bool {
+	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+}
+
+// hasIdempotencyKey says whether a header of IDEMPOTENCY_HEADERS is set and not
+// empty, its name compared case-insensitively (also when set on the map directly,
+// without canonicalisation).
+func hasIdempotencyKey(h http.Header) bool {
+	for k, vs := range h {
+		for _, name := range cIdempotencyHeaders {
+			if strings.EqualFold(k, name) {
+				for _, v := range vs {
+					if v != "" {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
 }
 
 // HeaderAttempt is the cross-layer header: the attempt number (1 on the first),
@@ -60,16 +117,31 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, ErrNoPolicy
 	}
-	key := req.URL.Host
+	var key string
 	if t.Key != nil {
 		key = t.Key(req)
+	} else {
+		key = HTTPKey(req.URL)
 	}
-	flags := MethodFlag(req.Method)
-	if req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != "" {
+	flags := MethodFlag(httpMethod(req))
+	if !replayable(req) {
+		// a body that cannot be sent twice: never a second attempt, whatever the headers say
+		flags |= FlagNotIdempotent
+	} else if hasIdempotencyKey(req.Header) {
 		flags |= FlagIdempotencyKey
 	}
 	h := &httpAttempt{base: t.base(), req: req, body: req.Body}
-	fbv, used, err := t.Policy.run(req.Context(), h, []CallOption{WithKey(key), withFlags(flags)})
+	opts := [...]CallOption{WithKey(key), withFlags(flags), {kind: optHTTP}, {}, {}}
+	n := 3
+	if t.OnRetry != nil {
+		opts[n] = OnRetry(t.OnRetry)
+		n++
+	}
+	if t.RetryIf != nil {
+		opts[n] = RetryIf(t.RetryIf)
+		n++
+	}
+	fbv, used, err := t.Policy.run(req.Context(), h, opts[:n])
 	if used && err == nil {
 		h.discard()
 		if r, ok := fbv.(*http.Response); ok && r != nil {
@@ -121,11 +193,11 @@ func (h *httpAttempt) checkFallback(v any) error {
 	return nil
 }
 
-func (h *httpAttempt) attempt(ctx context.Context, timeout time.Duration) (Outcome, error) {
+func (h *httpAttempt) attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error) {
 	h.discard()
 	actx, cancel := ctx, context.CancelFunc(nil)
 	if timeout > 0 {
-		actx, cancel = context.WithTimeout(ctx, timeout)
+		actx, cancel = e.withTimeout(ctx, timeout)
 	}
 	r := h.req.WithContext(actx)
 	r.Body = h.body
@@ -165,26 +237,32 @@ func (h *httpAttempt) attempt(ctx context.Context, timeout time.Duration) (Outco
 		cancel = nil
 	}
 	h.resp, h.cancel = resp, cancel
-	o := Outcome{Kind: OutcomeHTTPStatus, Code: int32(resp.StatusCode), Text: resp.Header.Get("Retry-After"),
-		Overloaded: resp.Header.Get("X-Envoy-Overloaded") != ""}
+	o := Outcome{Kind: OutcomeHTTPStatus, Code: int32(resp.StatusCode), Text: resp.Header.Get(cHttpRetryAfterHeader),
+		Overloaded: resp.Header.Get(cHttpOverloadedHeader) != ""}
 	h.lastErr = &outcomeError{o: o}
 	return o, h.lastErr
 }
 
-// prepareRetry frees the last response and rewinds the body; false when it cannot.
-func (h *httpAttempt) prepareRetry() bool {
-	if h.req.Body != nil && h.req.Body != http.NoBody {
-		if h.req.GetBody == nil {
-			return false
-		}
+// prepareRetry frees the last response and rewinds the body (GetBody: the
+// start flags made sure a body without it is never retried).
+func (h *httpAttempt) prepareRetry() error {
+	if h.req.Body != nil && h.req.Body != http.NoBody && h.req.GetBody != nil {
 		b, err := h.req.GetBody()
 		if err != nil {
-			return false
+			return fmt.Errorf("levee: the request body cannot be sent again: %w", err)
 		}
 		h.body = b
 	}
 	h.discard()
-	return true
+	return nil
+}
+
+// lastResult is the response of the last attempt, for RetryInfo.Result.
+func (h *httpAttempt) lastResult() any {
+	if h.resp != nil {
+		return h.resp
+	}
+	return nil
 }
 
 // discard closes the response of the last attempt (after draining a little of

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -383,3 +384,57 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// The HTTP key rule of docs/hosts.md, section 6.
+func TestHTTPKey(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://API.example.com/a":          "api.example.com:443",
+		"https://api.example.com:443/b":      "api.example.com:443",
+		"http://svc.test/r":                  "svc.test:80",
+		"http://svc.test:8080/r":             "svc.test:8080",
+		"ws://svc.test/":                     "svc.test:80",
+		"wss://svc.test/":                    "svc.test:443",
+		"http://user:pw@[::1]/x":             "[::1]:80",
+		"https://[2001:DB8::1]:8443/x?q=1#f": "[2001:db8::1]:8443",
+	} {
+		u, err := url.Parse(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := HTTPKey(u); got != want {
+			t.Errorf("HTTPKey(%s) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// Methods are case-sensitive; "" is GET (net/http sends GET).
+func TestMethodFlags(t *testing.T) {
+	get := MethodFlag("GET")
+	if MethodFlag("get") == get || MethodFlag("get") != cMethodOther<<flagMethodShift {
+		t.Fatal("lower-case get must be 'other'")
+	}
+	if MethodFlag(httpMethod(&http.Request{})) != get {
+		t.Fatal("an empty method is GET")
+	}
+	if MethodFlag("") != 0 {
+		t.Fatal("no method is none")
+	}
+}
+
+func TestIdempotencyHeaders(t *testing.T) {
+	for _, c := range []struct {
+		h    http.Header
+		want bool
+	}{
+		{http.Header{"Idempotency-Key": {"k"}}, true},
+		{http.Header{"X-Idempotency-Key": {"k"}}, true},
+		{http.Header{"x-idempotency-key": {"k"}}, true}, // set on the map, not canonicalised
+		{http.Header{"Idempotency-Key": {""}}, false},
+		{http.Header{"Idempotency-Keys": {"k"}}, false},
+		{http.Header{}, false},
+	} {
+		if got := hasIdempotencyKey(c.h); got != c.want {
+			t.Errorf("hasIdempotencyKey(%v) = %v", c.h, got)
+		}
+	}
+}

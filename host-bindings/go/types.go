@@ -26,9 +26,7 @@ const (
 	ReasonFallbacksFailed
 )
 
-var reasonNames = []string{"none", "deadline", "retries-exhausted", "non-retryable", "budget",
-	"breaker-open", "rate-limited", "bulkhead-full", "non-idempotent", "retry-after-too-long",
-	"pushback", "cancelled", "fallbacks-failed"}
+var reasonNames = cReasons[:]
 
 func (r Reason) String() string { return enumName(reasonNames, int(r)) }
 
@@ -45,7 +43,7 @@ const (
 	OutcomeErrorClass
 )
 
-var outcomeKindNames = []string{"success", "timeout", "connection-error", "http-status", "grpc-status", "error-class"}
+var outcomeKindNames = cOutcomeKinds[:]
 
 func (k OutcomeKind) String() string { return enumName(outcomeKindNames, int(k)) }
 
@@ -62,7 +60,7 @@ const (
 	BreakerDisabled
 )
 
-var breakerStateNames = []string{"closed", "open", "half-open", "forced-open", "forced-closed", "disabled"}
+var breakerStateNames = cBreakerStates[:]
 
 func (s BreakerState) String() string { return enumName(breakerStateNames, int(s)) }
 
@@ -86,12 +84,11 @@ const (
 	EventEngineFault EventKind = 255
 )
 
-var eventKindNames = []string{"retry-scheduled", "gave-up", "rejected", "budget-refused",
-	"breaker-transition", "fallback-chosen", "rate-limit-wait", "key-evicted", "call-evicted", "permit-expired"}
+var eventKindNames = cEventKinds[:]
 
 func (k EventKind) String() string {
 	if k == EventEngineFault {
-		return "engine-fault"
+		return cEventEngineFault
 	}
 	return enumName(eventKindNames, int(k))
 }
@@ -149,6 +146,8 @@ type Event struct {
 	Value     int64
 	// Err is set only on EventEngineFault: what the guest did.
 	Err error
+	// Fault is set only on EventEngineFault: "trap", "contract" or "invalid" (docs/hosts.md, section 3).
+	Fault string
 }
 
 // LoadError is an error in a policy document or in imported state.
@@ -205,7 +204,7 @@ const (
 	VerdictInvalid
 )
 
-var verdictKindNames = []string{"attempt", "wait", "done", "retry", "fallback", "fail", "invalid"}
+var verdictKindNames = cVerdictKinds[:]
 
 func (k VerdictKind) String() string { return enumName(verdictKindNames, int(k)) }
 
@@ -219,16 +218,16 @@ func ParseVerdictKind(s string) (VerdictKind, bool) {
 type Verdict uint64
 
 // Kind is bits 0-3.
-func (v Verdict) Kind() VerdictKind { return VerdictKind(v & 0xf) }
+func (v Verdict) Kind() VerdictKind { return VerdictKind(v & cVerdictKindMask) }
 
 // EventsPending is bit 4: events wait in drain-events.
-func (v Verdict) EventsPending() bool { return v&0x10 != 0 }
+func (v Verdict) EventsPending() bool { return v&cVerdictEventsBit != 0 }
 
 // Detail is bits 8-15: the attempt number, a Reason, or an invalid code.
-func (v Verdict) Detail() uint8 { return uint8(v >> 8) }
+func (v Verdict) Detail() uint8 { return uint8(v >> cVerdictDetailShift) }
 
 // Payload is bits 16-63: ns (timeout, delay, hint) or a fallback index.
-func (v Verdict) Payload() uint64 { return uint64(v) >> 16 }
+func (v Verdict) Payload() uint64 { return uint64(v) >> cVerdictPayloadShift }
 
 // Reason reads the detail byte as a Reason (wait, retry, fallback, fail).
 func (v Verdict) Reason() Reason { return Reason(v.Detail()) }
@@ -239,47 +238,32 @@ func (v Verdict) String() string {
 
 // Invalid codes (detail of an invalid verdict).
 const (
-	InvalidUnknownCall   = 1
-	InvalidDuplicateCall = 2
-	InvalidUnknownPolicy = 3
-	InvalidWrongStep     = 4
-	InvalidUnknownEngine = 5 // start-unkeyed with an id that names no live engine
+	InvalidUnknownCall   = cInvalidUnknownCall
+	InvalidDuplicateCall = cInvalidDuplicateCall
+	InvalidUnknownPolicy = cInvalidUnknownPolicy
+	InvalidWrongStep     = cInvalidWrongStep
+	InvalidUnknownEngine = cInvalidUnknownEngine // start-unkeyed with an id that names no live engine
 )
 
 // Call flags for start.
 const (
-	FlagNotIdempotent    uint32 = 1 << 0
-	FlagIdempotencyKey   uint32 = 1 << 1
-	flagMethodShift             = 8
-	ReportFlagOverloaded uint32 = 1 << 0
+	FlagNotIdempotent    uint32 = cStartNonIdempotent
+	FlagIdempotencyKey   uint32 = cStartIdempotencyKey
+	flagMethodShift             = cStartMethodShift
+	ReportFlagOverloaded uint32 = cReportOverloaded
 )
 
-// MethodFlag encodes an HTTP method into bits 8-11 of start's flags.
+// MethodFlag encodes an HTTP method into bits 8-11 of start's flags. Methods are
+// case-sensitive (RFC 9110, docs/hosts.md): the nine registered tokens have
+// their codes, "" is none, and any other token (lower-case "get" included) is
+// "other", which no default treats as idempotent.
 func MethodFlag(method string) uint32 {
-	var m uint32
-	switch method {
-	case "":
-		m = 0
-	case "GET":
-		m = 1
-	case "HEAD":
-		m = 2
-	case "POST":
-		m = 3
-	case "PUT":
-		m = 4
-	case "DELETE":
-		m = 5
-	case "PATCH":
-		m = 6
-	case "OPTIONS":
-		m = 7
-	case "TRACE":
-		m = 8
-	case "CONNECT":
-		m = 9
-	default:
-		m = 15
+	if method == "" {
+		return cMethodNone << flagMethodShift
+	}
+	m, ok := cMethods[method]
+	if !ok {
+		m = cMethodOther
 	}
 	return m << flagMethodShift
 }
@@ -296,7 +280,7 @@ const (
 	DurableCancelled
 )
 
-var durableActionNames = []string{"run", "wait", "done", "dead", "cancelled"}
+var durableActionNames = cDurableActions[:]
 
 func (a DurableAction) String() string { return enumName(durableActionNames, int(a)) }
 
@@ -317,8 +301,7 @@ const (
 	DurableReasonCrashLimit
 )
 
-var durableReasonNames = []string{"none", "deadline", "retries-exhausted", "non-retryable", "non-idempotent",
-	"retry-after-too-long", "pushback", "cancelled", "unknown-outcome", "crash-limit"}
+var durableReasonNames = cDurableReasons[:]
 
 func (r DurableReason) String() string { return enumName(durableReasonNames, int(r)) }
 

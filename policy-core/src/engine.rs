@@ -193,14 +193,16 @@ pub struct Engine {
     pub(crate) policies: Vec<Policy>,
     pub(crate) keys: Vec<Keys>,
     calls: Calls,
-    events: VecDeque<Event>,
+    pub(crate) events: VecDeque<Event>,
     pub(crate) rng: Rng,
     pub(crate) tick: u64,
     /// Seeds the tables' hasher (never a decision: see `table`).
     pub(crate) hash_seed: u64,
+    /// What this engine last took from and gave to the fleet's shared state (see `fleet`).
+    pub(crate) fleet: crate::fleet::Marks,
 }
 
-fn push_event(events: &mut VecDeque<Event>, e: Event) {
+pub(crate) fn push_event(events: &mut VecDeque<Event>, e: Event) {
     if events.len() >= MAX_PENDING_EVENTS {
         events.pop_front();
     }
@@ -387,7 +389,16 @@ impl Engine {
 
     fn with_tables(policies: Vec<Policy>, rng: Rng, hash_seed: u64) -> Engine {
         let keys = policies.iter().map(|_| Keys::with_seed(hash_seed)).collect();
-        Engine { policies, keys, calls: Calls::with_seed(hash_seed), events: VecDeque::new(), rng, tick: 0, hash_seed }
+        Engine {
+            policies,
+            keys,
+            calls: Calls::with_seed(hash_seed),
+            events: VecDeque::new(),
+            rng,
+            tick: 0,
+            hash_seed,
+            fleet: Default::default(),
+        }
     }
 
     /// Empty key tables for the current policies (with this engine's hasher seed).

@@ -213,6 +213,9 @@ impl<const UNKEYED: bool> Target for WasmWith<UNKEYED> {
         let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_reload(&mut self.store, e, doc)).map_err(|v| v.into_iter().map(|e| (e.path, e.message)).collect())
     }
+    fn fleet(&mut self, call: &crate::FleetCall) -> Result<crate::FleetOut, (String, String)> {
+        self.fleet_call(call)
+    }
     fn durable(&mut self, call: &DurableCall) -> Result<DurableOut, (String, String)> {
         let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         let st = &mut self.store;
@@ -269,6 +272,25 @@ impl<const UNKEYED: bool> Target for WasmWith<UNKEYED> {
             policy_changed: s.policy_changed,
             bytes: s.bytes,
         })
+    }
+}
+
+impl<const UNKEYED: bool> WasmWith<UNKEYED> {
+    fn fleet_call(&mut self, call: &crate::FleetCall) -> Result<crate::FleetOut, (String, String)> {
+        use crate::{FleetCall, FleetOut};
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
+        let st = &mut self.store;
+        let le = |e: wit::LoadError| (e.path, e.message);
+        match call {
+            FleetCall::Plan { policy } => Ok(FleetOut::Plan(must(api.call_fleet_plan(st, e, *policy)))),
+            FleetCall::Sync { apply: false, policy, key, node, now, wall_ms, shared } => {
+                must(api.call_fleet_merge(st, e, *policy, key, node, *now, *wall_ms, shared)).map(FleetOut::Bytes).map_err(le)
+            }
+            FleetCall::Sync { apply: true, policy, key, node, now, wall_ms, shared } => {
+                must(api.call_fleet_apply(st, e, *policy, key, node, *now, *wall_ms, shared)).map(|()| FleetOut::Unit).map_err(le)
+            }
+            FleetCall::Inspect { shared } => must(api.call_fleet_inspect(st, e, shared)).map(FleetOut::Json).map_err(le),
+        }
     }
 }
 

@@ -51,6 +51,68 @@ pub trait Target: Sized {
     fn reload(&mut self, doc: &str) -> Result<(), Errors>;
     /// One of the `durable-*` functions.
     fn durable(&mut self, call: &DurableCall) -> Result<DurableOut, (String, String)>;
+    /// One of the `fleet-*` functions.
+    fn fleet(&mut self, call: &FleetCall) -> Result<FleetOut, (String, String)>;
+}
+
+/// The arguments of a `fleet-*` function (docs/fleet.md).
+#[derive(Clone, Debug)]
+pub enum FleetCall {
+    /// `fleet-plan`.
+    Plan {
+        /// Policy index.
+        policy: u32,
+    },
+    /// `fleet-merge` (`apply: false`) or `fleet-apply` (`apply: true`).
+    Sync {
+        /// Apply rather than merge.
+        apply: bool,
+        /// Policy index.
+        policy: u32,
+        /// Key.
+        key: String,
+        /// Node name.
+        node: String,
+        /// Host monotonic ns.
+        now: u64,
+        /// Store wall-clock ms.
+        wall_ms: u64,
+        /// Shared bytes.
+        shared: Vec<u8>,
+    },
+    /// `fleet-inspect`.
+    Inspect {
+        /// Shared bytes.
+        shared: Vec<u8>,
+    },
+}
+
+/// What a `fleet-*` function answered.
+#[derive(Clone, Debug)]
+pub enum FleetOut {
+    /// `fleet-plan`.
+    Plan(Option<String>),
+    /// `fleet-merge`'s bytes.
+    Bytes(Vec<u8>),
+    /// `fleet-apply`.
+    Unit,
+    /// `fleet-inspect`'s JSON.
+    Json(String),
+}
+
+/// A fleet function as the core's types say (shared by the native target).
+pub fn fleet_native(e: &mut levee_core::Engine, call: &FleetCall) -> Result<FleetOut, (String, String)> {
+    let le = |e: levee_core::LoadError| (e.path, e.message);
+    match call {
+        FleetCall::Plan { policy } => Ok(FleetOut::Plan(e.fleet_plan(*policy))),
+        FleetCall::Sync { apply: false, policy, key, node, now, wall_ms, shared } => {
+            e.fleet_merge(*policy, key, node, *now, *wall_ms, shared).map(FleetOut::Bytes).map_err(le)
+        }
+        FleetCall::Sync { apply: true, policy, key, node, now, wall_ms, shared } => {
+            e.fleet_apply(*policy, key, node, *now, *wall_ms, shared).map(|()| FleetOut::Unit).map_err(le)
+        }
+        FleetCall::Inspect { shared } => levee_core::Engine::fleet_inspect(shared).map(FleetOut::Json).map_err(le),
+    }
 }
 
 /// The arguments of a `durable-*` function.
@@ -206,6 +268,9 @@ impl Target for Native {
     fn durable(&mut self, call: &DurableCall) -> Result<DurableOut, (String, String)> {
         durable_native(&mut self.0, call)
     }
+    fn fleet(&mut self, call: &FleetCall) -> Result<FleetOut, (String, String)> {
+        fleet_native(&mut self.0, call)
+    }
 }
 
 /// The JSON form of a verdict.
@@ -274,8 +339,9 @@ pub fn replay<T: Target>(vector: &Value) -> Result<(Value, Vec<String>), String>
     let steps = vector.get("steps").and_then(Value::as_array).cloned().unwrap_or_default();
     let mut new_steps = Vec::with_capacity(steps.len());
     let mut record = Vec::new();
+    let mut shared = Vec::new();
     for (i, step) in steps.iter().enumerate() {
-        let actual = run_step(&mut target, step, doc, seed, &mut record).map_err(|e| format!("{name} step {i}: {e}"))?;
+        let actual = run_step(&mut target, step, doc, seed, &mut record, &mut shared).map_err(|e| format!("{name} step {i}: {e}"))?;
         let mut s = step.clone();
         if let Some(actual) = actual {
             if let Some(expected) = step.get("expect") {
@@ -360,9 +426,54 @@ fn durable_call<T: Target>(t: &mut T, op: &str, step: &Value, current: &[u8]) ->
     })
 }
 
-fn run_step<T: Target>(t: &mut T, step: &Value, doc: &str, seed: u64, record: &mut Vec<u8>) -> Result<Option<Value>, String> {
+/// A fleet step: `fleet_merge` and `fleet_apply` work on `shared_hex` when the step gives it,
+/// else on the bytes the last successful `fleet_merge` returned (none at first).
+fn fleet_step<T: Target>(t: &mut T, op: &str, step: &Value, shared: &mut Vec<u8>) -> Result<Value, String> {
+    let bytes = match step.get("shared_hex").and_then(Value::as_str) {
+        Some(h) => unhex(h),
+        None => shared.clone(),
+    };
+    let call = match op {
+        "fleet_plan" => FleetCall::Plan { policy: policy_arg(t, step)? },
+        "fleet_inspect" => FleetCall::Inspect { shared: bytes },
+        _ => FleetCall::Sync {
+            apply: op == "fleet_apply",
+            policy: policy_arg(t, step)?,
+            key: arg_str(step, "key").to_string(),
+            node: arg_str(step, "node").to_string(),
+            now: arg_u64(step, "now"),
+            wall_ms: arg_u64(step, "wall_ms"),
+            shared: bytes,
+        },
+    };
+    Ok(match t.fleet(&call) {
+        Ok(FleetOut::Plan(p)) => json!(p),
+        Ok(FleetOut::Unit) => json!({"ok": null}),
+        Ok(FleetOut::Json(text)) => json!({"ok": text}),
+        Ok(FleetOut::Bytes(b)) => {
+            let state = match t.fleet(&FleetCall::Inspect { shared: b.clone() }) {
+                Ok(FleetOut::Json(text)) => serde_json::from_str::<Value>(&text).map_err(|e| format!("fleet-inspect: {e}"))?,
+                other => return Err(format!("fleet-inspect of merged bytes: {other:?}")),
+            };
+            let out = json!({"ok": {"hex": hex(&b), "state": state}});
+            *shared = b;
+            out
+        }
+        Err((p, m)) => json!({"err": {"path": p, "message": m}}),
+    })
+}
+
+fn run_step<T: Target>(
+    t: &mut T,
+    step: &Value,
+    doc: &str,
+    seed: u64,
+    record: &mut Vec<u8>,
+    shared: &mut Vec<u8>,
+) -> Result<Option<Value>, String> {
     let op = step.get("op").and_then(Value::as_str).ok_or("no op")?;
     Ok(Some(match op {
+        "fleet_plan" | "fleet_merge" | "fleet_apply" | "fleet_inspect" => fleet_step(t, op, step, shared)?,
         "durable_begin" | "durable_step" | "durable_renew" | "durable_outcome" | "durable_cancel" | "durable_revive"
         | "durable_inspect" => {
             let call = durable_call(t, op, step, record)?;

@@ -10,6 +10,8 @@ const VECTORS = new URL('../../../conformance/vectors/', import.meta.url);
 
 /** Vectors this host skips, by name, with the reason. None today. */
 const SKIP = {};
+/** Vectors with `fleet_*` steps (issue 18): the JS host has no fleet option yet (Python and Go have it). */
+const FLEET_SKIP = 'the JS host does not bind fleet-* yet (issue 18)';
 
 const UNKNOWN_POLICY = 4294967295;
 
@@ -304,7 +306,7 @@ test('the conformance vectors are there', () => {
 const component = instantiateComponent();
 for (const file of files) {
   const vector = JSON.parse(readFileSync(new URL(file, VECTORS), 'utf8'));
-  const skip = SKIP[vector.name];
+  const skip = SKIP[vector.name] ?? (vector.steps.some((s) => s.op.startsWith('fleet_')) ? FLEET_SKIP : undefined);
   test(`vector ${vector.name}`, skip ? { skip } : {}, () => {
     assert.equal(`${vector.name}.json`, file, 'a vector is named after its file');
     replay(component, vector);

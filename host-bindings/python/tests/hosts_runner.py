@@ -23,7 +23,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -133,6 +133,37 @@ class Replay:
                 registered[name] = spec
         for name, spec in registered.items():
             self.engine.register_fallback(name, self._fallback(name, spec))
+        # the policies' retry predicates (`Engine.retry_if`): one answer per call of the predicate,
+        # across the calls of that policy, in order
+        for name, answers in (scn.get("retry_if_policy") or {}).items():
+            self.engine.retry_if(name, self._predicate("policy", list(answers)))
+
+    # ------------------------------------------------------------ retry predicates
+
+    def _predicate(self, by: str, answers: list[Any]) -> Callable[[Any], bool | None]:
+        """A predicate answering `answers` in turn (`"raise"`: it raises; past the end: None),
+        recording in the running call's trace what it was given."""
+        used = [0]
+
+        def predicate(subject: Any) -> bool | None:
+            i = CALL.get()
+            assert i is not None
+            seen: dict[str, Any] = {"by": by}
+            if isinstance(subject, httpx.Response):
+                seen["status"] = subject.status_code
+            elif isinstance(subject, BaseException):
+                seen["error"] = outcome_name(subject)
+            else:
+                seen["value"] = subject
+            self.traces[i].setdefault("retry_if", []).append(seen)
+            n = used[0]
+            used[0] += 1
+            answer = answers[n] if n < len(answers) else None
+            if answer == "raise":
+                raise error_class("PredicateBroke")("a scripted predicate failure")
+            return cast("bool | None", answer)
+
+        return predicate
 
     # ------------------------------------------------------------ the fake dependency
 
@@ -221,13 +252,20 @@ class Replay:
         def on_retry(info: levee.RetryInfo) -> None:
             trace["on_retry"].append({"attempt": info.attempt, "delay": info.delay, "error": outcome_name(info.error)})
 
+        retry_if = self._predicate("call", list(c["retry_if"])) if "retry_if" in c else None
         return self.engine.policy(
             c["policy"],
             key=c.get("key", ""),
             idempotent=c.get("idempotent", True),
             idempotency_key=bool(c.get("idempotency_key")),
             on_retry=on_retry,
+            # an HTTP call's predicate goes to the transport (`retry_if=`), a call's to its handle
+            retry_if=retry_if if c.get("api", "call") != "http" else None,
         )
+
+    def _http_predicate(self, i: int) -> Callable[[Any], bool | None] | None:
+        c = self.scn["calls"][i]
+        return self._predicate("call", list(c["retry_if"])) if "retry_if" in c else None
 
     def _request(self, c: dict[str, Any], client_body: Callable[[], Any]) -> dict[str, Any]:
         h = c["http"]
@@ -287,7 +325,8 @@ class Replay:
             yield b"part-1"
             yield b"part-2"
 
-        transport = AsyncLeveeTransport(self.engine, self._handle(i), transport=httpx.MockTransport(handler))
+        transport = AsyncLeveeTransport(self.engine, self._handle(i), transport=httpx.MockTransport(handler),
+                                        retry_if=self._http_predicate(i))  # fmt: skip
         async with httpx.AsyncClient(transport=transport) as client:
             h = c["http"]
             response = await client.request(h["method"], h["url"], **self._request(c, stream))
@@ -350,7 +389,8 @@ class Replay:
             yield b"part-1"
             yield b"part-2"
 
-        transport = LeveeTransport(self.engine, self._handle(i), transport=httpx.MockTransport(handler))
+        transport = LeveeTransport(self.engine, self._handle(i), transport=httpx.MockTransport(handler),
+                                   retry_if=self._http_predicate(i))  # fmt: skip
         with httpx.Client(transport=transport) as client:
             h = c["http"]
             response = client.request(h["method"], h["url"], **self._request(c, stream))
@@ -388,6 +428,8 @@ class Replay:
             trace["events"] = events
             trace["metrics"] = dict(sorted(counters.items()))
             trace["on_retry"] = t["on_retry"]
+            if "retry_if" in c or self.scn.get("retry_if_policy") or "retry_if" in t:
+                trace["retry_if"] = t.get("retry_if", [])
             out.append(trace)
         return out
 

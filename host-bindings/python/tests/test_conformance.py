@@ -68,6 +68,7 @@ class Runner:
         self.core = core
         # The record of the last durable step that succeeded (steps without `record_hex` use it).
         self.record = b""
+        self.shared = b""
 
     def policy(self, step: dict[str, Any]) -> int:
         name = step.get("policy")
@@ -177,7 +178,34 @@ class Runner:
             return True, {"err": {"path": ierr.path, "message": ierr.message}}
         if op.startswith("durable_"):
             return True, self.durable(op, step, u, s)
+        if op.startswith("fleet_"):
+            return True, self.fleet(op, step, u, s)
         raise AssertionError(f"unknown op {op!r}")
+
+    def fleet(self, op: str, step: dict[str, Any], u: Callable[[str], int], s: Callable[[str], str]) -> Any:
+        """The fleet steps (levee.fleet): the shared bytes flow as the Rust runner's do."""
+        c = self.core
+        shared = bytes.fromhex(s("shared_hex")) if "shared_hex" in step else self.shared
+        if op == "fleet_plan":
+            return c.fleet_plan(self.policy(step))
+        if op == "fleet_inspect":
+            text = c.fleet_inspect(shared)
+            return (
+                {"err": {"path": text.path, "message": text.message}} if isinstance(text, LoadError) else {"ok": text}
+            )
+        args = (self.policy(step), s("key"), s("node"), u("now"), u("wall_ms"), shared)
+        if op == "fleet_apply":
+            err = c.fleet_apply(*args)
+            return {"ok": None} if err is None else {"err": {"path": err.path, "message": err.message}}
+        if op != "fleet_merge":
+            raise AssertionError(f"unknown op {op!r}")
+        merged = c.fleet_merge(*args)
+        if isinstance(merged, LoadError):
+            return {"err": {"path": merged.path, "message": merged.message}}
+        state = c.fleet_inspect(merged)
+        assert isinstance(state, str), state
+        self.shared = merged
+        return {"ok": {"hex": merged.hex(), "state": json.loads(state)}}
 
     def durable(self, op: str, step: dict[str, Any], u: Callable[[str], int], s: Callable[[str], str]) -> Any:
         c = self.core

@@ -388,6 +388,30 @@ impl GuestEngine for EngineResource {
     fn durable_inspect(&self, record: Vec<u8>) -> Result<String, wit::LoadError> {
         core::durable::inspect(&record).map_err(load_error)
     }
+
+    fn fleet_plan(&self, policy: u32) -> Option<String> {
+        self.get().fleet_plan(policy)
+    }
+
+    fn fleet_merge(
+        &self,
+        policy: u32,
+        key: String,
+        node: String,
+        now: u64,
+        wall_ms: u64,
+        shared: Vec<u8>,
+    ) -> Result<Vec<u8>, wit::LoadError> {
+        self.get_mut().fleet_merge(policy, &key, &node, now, wall_ms, &shared).map_err(load_error)
+    }
+
+    fn fleet_apply(&self, policy: u32, key: String, node: String, now: u64, wall_ms: u64, shared: Vec<u8>) -> Result<(), wit::LoadError> {
+        self.get_mut().fleet_apply(policy, &key, &node, now, wall_ms, &shared).map_err(load_error)
+    }
+
+    fn fleet_inspect(&self, shared: Vec<u8>) -> Result<String, wit::LoadError> {
+        core::Engine::fleet_inspect(&shared).map_err(load_error)
+    }
 }
 
 #[cfg(target_arch = "wasm32")]

@@ -87,6 +87,8 @@ pub struct Policy {
     pub attempts_preset: AttemptsPreset,
     /// Durable calls under this policy.
     pub durable: DurableCfg,
+    /// State shared across processes (default none: local only). See [`crate::fleet`].
+    pub fleet: Option<crate::fleet::FleetCfg>,
 }
 
 /// Durable calls (records that survive a restart; see `crate::durable`).
@@ -154,6 +156,7 @@ const POLICY_FIELDS: &[&str] = &[
     "keys",
     "attempts-preset",
     "durable",
+    "fleet",
 ];
 
 /// Parse a whole document into its policies (in document order).
@@ -234,6 +237,7 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
     let fallbacks = f.take("fallbacks").map(|v| fallback::parse(&f.path_of("fallbacks"), v, errors)).unwrap_or_default();
     let max_keys = parse_keys(&mut f, errors);
     let durable = DurableCfg::parse(&mut f, errors);
+    let fleet = f.take("fleet").and_then(|v| crate::fleet::parse(&f.path_of("fleet"), v, &breaker, &budget, errors));
     f.finish(POLICY_FIELDS, errors);
     if errors.len() > before {
         return None;
@@ -257,6 +261,7 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
         max_keys,
         attempts_preset,
         durable,
+        fleet,
     })
 }
 

@@ -350,6 +350,10 @@ class Core:
             "[method]engine.durable-cancel",
             "[method]engine.durable-revive",
             "[method]engine.durable-inspect",
+            "[method]engine.fleet-plan",
+            "[method]engine.fleet-merge",
+            "[method]engine.fleet-apply",
+            "[method]engine.fleet-inspect",
         ):
             idx = self.instance.get_export_index(self.store, name, iface)
             func = self.instance.get_func(self.store, idx) if idx is not None else None
@@ -756,6 +760,36 @@ class Core:
     def durable_inspect(self, record: bytes) -> str | LoadError:
         tag, val = self._slow("durable-inspect", _Args(1).bytes_list(0, record))
         return str(val) if tag == "ok" else LoadError(val["path"], val["message"])
+
+    # Fleet-wide state (levee.fleet; docs/fleet.md).
+    def fleet_plan(self, policy: int) -> str | None:
+        r = self._slow("fleet-plan", _Args(1).u32(0, policy & 0xFFFFFFFF))
+        return None if r is None else str(r)
+
+    def _fleet_args(self, policy: int, key: str, node: str, now: int, wall_ms: int, shared: bytes) -> _Args:
+        return (
+            _Args(6)
+            .u32(0, policy & 0xFFFFFFFF)
+            .string(1, key)
+            .string(2, node)
+            .u64(3, now)
+            .u64(4, wall_ms)
+            .bytes_list(5, shared)
+        )
+
+    def fleet_merge(self, policy: int, key: str, node: str, now: int, wall_ms: int, shared: bytes) -> bytes | LoadError:
+        tag, val = self._slow("fleet-merge", self._fleet_args(policy, key, node, now, wall_ms, shared))
+        if tag != "ok":
+            return LoadError(str(val["path"]), str(val["message"]))
+        return bytes(val) if val else b""
+
+    def fleet_apply(self, policy: int, key: str, node: str, now: int, wall_ms: int, shared: bytes) -> LoadError | None:
+        tag, val = self._slow("fleet-apply", self._fleet_args(policy, key, node, now, wall_ms, shared))
+        return None if tag == "ok" else LoadError(str(val["path"]), str(val["message"]))
+
+    def fleet_inspect(self, shared: bytes) -> str | LoadError:
+        tag, val = self._slow("fleet-inspect", _Args(1).bytes_list(0, shared))
+        return str(val) if tag == "ok" else LoadError(str(val["path"]), str(val["message"]))
 
 
 def _durable(r: tuple[str, Any]) -> DurableStep | LoadError:

@@ -6,12 +6,14 @@ asyncio calls, the attempt iterators and the httpx transports (`_io`, `engine`, 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._constants import REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY
 from ._events import logger
-from ._runtime import _Fault
+from ._runtime import PARK_MASK, PARK_VERDICT, _Fault
 from .errors import failure_for
 from .outcomes import Classifier, Outcome, outcome_for_exception, outcome_for_result
 from .telemetry import emit_attempt, emit_call
@@ -58,6 +60,34 @@ class RetryInfo:
 
 RetryHook = Callable[[RetryInfo], None]
 
+#: A retry predicate (docs/hosts.md, section 9): called once per reported attempt with what the
+#: attempt returned, or the exception it raised; `True` retry, `False` do not, `None` the
+#: policy's rules decide. The core puts the answer in its place in the retry ladder.
+RetryPredicate = Callable[[Any], "bool | None"]
+
+
+def predicate_flags(pred: RetryPredicate, subject: Any, policy: str) -> int:
+    """The `report` flags of a predicate's answer; one that raises, or answers anything but
+    True, False or None, is logged and counts as None (the host decides nothing from it)."""
+    try:
+        answer = pred(subject)
+    except Exception:
+        logger.exception("levee: retry_if predicate %r of policy %r failed; the policy's rules decide", pred, policy)
+        return 0
+    if answer is None:
+        return 0
+    if answer is True:
+        return REPORT_CALLER_RETRY
+    if answer is False:
+        return REPORT_CALLER_NO_RETRY
+    if inspect.iscoroutine(answer):
+        answer.close()
+    logger.error(
+        "levee: retry_if predicate %r of policy %r answered %r, not True, False or None; the policy's rules decide",
+        pred, policy, answer,
+    )  # fmt: skip
+    return 0
+
 
 class _AttemptResult:
     __slots__ = ("end", "exc", "outcome", "start", "value")
@@ -90,6 +120,7 @@ class _Call:
         "kwargs",
         "last",
         "on_retry",
+        "retry_if",
         "slot",
         "span",
         "started",
@@ -99,8 +130,10 @@ class _Call:
 
     def __init__(self, engine: EngineRuntime, slot: _PolicySlot, call: int, gen: int, started: int,
                  classify: Classifier | None, args: tuple[Any, ...], kwargs: dict[str, Any], key: str = "",
-                 on_retry: tuple[RetryHook, ...] = ()) -> None:  # fmt: skip
+                 on_retry: tuple[RetryHook, ...] = (), retry_if: RetryPredicate | None = None) -> None:  # fmt: skip
         self.engine = engine
+        #: the retry predicate (the handle's, else the policy's)
+        self.retry_if = retry_if
         self.slot = slot
         self.call = call
         self.gen = gen
@@ -182,20 +215,29 @@ class _Call:
             c.cancel(call, now)
             return 0
 
+        eng = self.engine
         try:
-            self.engine._cross(self, op)
+            eng._cross(self, op)
         except _Fault:
             pass
+        if eng._parked:
+            eng._unpark(self.slot.index, self.key, call)
+            eng._wake(self.slot.index, self.key)
 
     def report(self, res: _AttemptResult) -> int:
         eng = self.engine
         o = res.outcome
         wall = int(eng._clock.time()) if o.kind is OutcomeKind.HTTP_STATUS and o.text else 0
         flags = 1 if o.overloaded else 0
+        pred = self.retry_if
+        if pred is not None:
+            flags |= predicate_flags(pred, res.exc if res.exc is not None else res.value, self.slot.info.name)
         call = self.call
         self.t = res.end
         elapsed = res.end - res.start
         v = eng._cross(self, lambda c: c.report(call, res.end, elapsed, o.kind, o.code, o.text, wall, flags))
+        if eng._parked:
+            eng._wake(self.slot.index, self.key)
         sink = eng._sink
         if sink is not None:
             try:
@@ -380,7 +422,16 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                 delay = v >> 16
                 if kind == RETRY and st.on_retry:
                     st.retry_hooks(delay)
-                if delay:
+                if v & PARK_MASK == PARK_VERDICT:
+                    # queued for a bulkhead slot: sleep until the payload elapses or a report or
+                    # cancel of this policy and key wakes the call (docs/policy.md, "The queue")
+                    parker = eng._parker(st.slot.index, st.key, st.call)
+                    if parker is not None and delay:
+                        try:
+                            yield (_SLEEP, delay, parker)
+                        finally:
+                            eng._unpark(st.slot.index, st.key, st.call)
+                elif delay:
                     yield (_SLEEP, delay, 0)
                 op = "acquire"
                 try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -16,6 +17,7 @@ from . import _clock
 from ._clock import SystemClock
 from ._driver import _SLEEP, ATTEMPT, _AttemptResult, _Call, _fallback_context, _protocol, _unregistered
 from ._events import logger
+from ._runtime import _Parker
 from .outcomes import Outcome
 from .types import Reason
 
@@ -63,14 +65,47 @@ class _AttemptScope:
             self._clock = None
 
 
-def sleep_sync(eng: EngineRuntime, ns: int) -> None:
-    """A wait the core asked for, on the engine's clock (none under `levee.testing.no_waits`)."""
-    if ns > 0 and _clock._waits[0]:
+def sleep_sync(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> None:
+    """A wait the core asked for, on the engine's clock (none under `levee.testing.no_waits`).
+    With `park`, the call waits in a bulkhead queue: the sleep ends early when a report or cancel
+    of the same policy and key wakes it. On the system clock a thread waits on an event; a clock
+    whose synchronous sleep is not interruptible (`VirtualClock`: the time passes at once) sleeps
+    the payload, which the contract allows (docs/policy.md, "The queue"). A park is waited for
+    even under `no_waits`: it waits for another call, and skipping it would only spin."""
+    if ns <= 0:
+        return
+    if park:
+        assert isinstance(park, _Parker)
+        if type(eng._clock) is SystemClock:
+            ev = park.event = threading.Event()
+            if not park.woken:  # read after attaching the event: a wake in between is seen
+                ev.wait(ns / 1e9)
+        else:
+            eng._clock.sleep(ns / 1e9)
+    elif _clock._waits[0]:
         eng._clock.sleep(ns / 1e9)
 
 
-async def sleep_async(eng: EngineRuntime, ns: int) -> None:
-    if ns > 0 and _clock._waits[0]:
+async def sleep_async(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> None:
+    """`sleep_sync` for asyncio: a parked task sleeps on the engine's clock (virtual time
+    included) and a wake-up future, whichever completes first."""
+    if ns <= 0:
+        return
+    if park:
+        assert isinstance(park, _Parker)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        park.loop = loop
+        park.fut = fut
+        if park.woken:
+            return
+        sleeper = asyncio.ensure_future(eng._clock.sleep_async(ns / 1e9))
+        try:
+            await asyncio.wait((sleeper, fut), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            fut.cancel()
+    elif _clock._waits[0]:
         await eng._clock.sleep_async(ns / 1e9)
 
 
@@ -169,7 +204,7 @@ def _drive_sync(st: _Call, v: int, fn: Callable[..., Any], args: tuple[Any, ...]
             if op == ATTEMPT:
                 action = gen.send(_attempt_sync(st, fn, args, kwargs, action[2]))
             elif op == _SLEEP:
-                sleep_sync(st.engine, action[1])
+                sleep_sync(st.engine, action[1], action[2])
                 action = gen.send(None)
             else:
                 action = gen.send(_run_fallback_sync(st, action[1], action[2]))
@@ -193,7 +228,7 @@ async def _drive_async(st: _Call, v: int, fn: Callable[..., Awaitable[Any]], arg
             if op == ATTEMPT:
                 action = gen.send(await _attempt_async(st, fn, args, kwargs, action[2]))
             elif op == _SLEEP:
-                await sleep_async(st.engine, action[1])
+                await sleep_async(st.engine, action[1], action[2])
                 action = gen.send(None)
             else:
                 action = gen.send(await _run_fallback_async(st, action[1], action[2]))

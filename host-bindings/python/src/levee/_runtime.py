@@ -26,12 +26,48 @@ from .telemetry import SpanSink, TelemetrySink, emit_attempt, emit_call
 from .types import BreakerState, Event, EventKind, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict
 
 if TYPE_CHECKING:
-    from ._driver import FallbackContext, RetryHook, _Call
+    from ._driver import FallbackContext, RetryHook, RetryPredicate, _Call
 
 T = TypeVar("T")
 
 
 EVENTS_BIT = 0x10
+#: a `wait` verdict with reason bulkhead-full (kind 1, detail 7): the call joined the bulkhead's
+#: queue and is parked (docs/policy.md, "The queue"); `v & PARK_MASK == PARK_VERDICT`
+PARK_MASK = 0xFF0F
+PARK_VERDICT = 0x0701
+
+
+class _Parker:
+    """A call parked in a bulkhead queue: woken (`wake`) by a report or cancel of an attempt of
+    the same policy and key, from any thread, whichever executor (thread or asyncio task) sleeps
+    on it. `wake` before the sleeper has attached itself is kept in `woken`."""
+
+    __slots__ = ("event", "fut", "loop", "woken")
+
+    def __init__(self) -> None:
+        self.woken = False
+        self.event: threading.Event | None = None
+        self.loop: Any = None
+        self.fut: Any = None
+
+    def wake(self) -> None:
+        self.woken = True  # before reading event/fut: the sleeper attaches them, then reads woken
+        ev = self.event
+        if ev is not None:
+            ev.set()
+        fut = self.fut
+        if fut is not None:
+            try:
+                self.loop.call_soon_threadsafe(_resolve, fut)
+            except RuntimeError:  # its loop is closed: nobody is waiting any more
+                pass
+
+
+def _resolve(fut: Any) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
 
 # ---------------------------------------------------------------------------- the component
 
@@ -92,10 +128,12 @@ class _Fault(Exception):
 
 
 class _PolicySlot:
-    __slots__ = ("index", "info", "tmax")
+    __slots__ = ("index", "info", "retry_if", "tmax")
 
     def __init__(self, index: int, info: PolicyInfo) -> None:
         self.index = index
+        #: the policy's retry predicate (`Engine.retry_if`); a handle's own wins
+        self.retry_if: RetryPredicate | None = None
         self.set(info)
 
     def set(self, info: PolicyInfo) -> None:
@@ -157,6 +195,10 @@ class EngineRuntime:
         #: the sink's spans (every call then takes the driver path: one span per attempt)
         self._spans: SpanSink | None = spans
         self._retry_hooks: dict[str, tuple[RetryHook, ...]] = {}
+        #: calls parked in a bulkhead queue, per (policy index, key), by call id; empty (and
+        #: checked only for emptiness) while nobody is parked: the hot path pays one truth test
+        self._parked: dict[tuple[int, str], dict[int, _Parker]] = {}
+        self._park_lock = threading.Lock()
         self._tracer: Callable[[TraceStep], None] | None = None
         # whether calls take the one-crossing hot path (no tracer, the system clock)
         self._hot = type(self._clock) is SystemClock and self._spans is None
@@ -336,6 +378,8 @@ class EngineRuntime:
                 v = core.start(call, slot.index, key, flags, now, sc, sa, se)
                 if v & EVENTS_BIT:
                     self._events_locked(v, events)
+                    if v & PARK_MASK == PARK_VERDICT:  # a queued wait always carries its event
+                        self._park_locked(slot.index, key, call)
             except ComponentFault as e:
                 if not core.dead:
                     raise
@@ -363,6 +407,8 @@ class EngineRuntime:
                     self._flush_locked(events)
                     v = fn(core)
                     self._events_locked(v, events)
+                    if v & PARK_MASK == PARK_VERDICT:
+                        self._park_locked(st.slot.index, st.key, st.call)
                 except ComponentFault as e:
                     if not core.dead:
                         raise
@@ -372,6 +418,45 @@ class EngineRuntime:
         finally:
             if events:
                 dispatch(events, self._listeners, self._sink)
+
+    # -------------------------------------------------------------- the bulkhead queue
+
+    def _park_locked(self, index: int, key: str, call: int) -> None:
+        """Register `call` as parked, under the engine's lock in the crossing that queued it: a
+        report or cancel of the key crosses after it and sees it (no lost wake-up)."""
+        with self._park_lock:
+            calls = self._parked.get((index, key))
+            if calls is None:
+                calls = self._parked[(index, key)] = {}
+            parker = calls[call] = _Parker()
+        if self._pending:
+            # a held-back success appended since this crossing's flush frees a slot: its call
+            # may have looked at `_parked` before this registration
+            parker.wake()
+
+    def _parker(self, index: int, key: str, call: int) -> _Parker | None:
+        """The parker of a call told to wait in the queue (None: already woken)."""
+        calls = self._parked.get((index, key))
+        if calls is None:
+            return None
+        parker = calls.get(call)
+        return None if parker is None or parker.woken else parker
+
+    def _unpark(self, index: int, key: str, call: int) -> None:
+        """The call's park is over (its payload elapsed, or it was woken or cancelled)."""
+        with self._park_lock:
+            calls = self._parked.get((index, key))
+            if calls is not None and calls.pop(call, None) is not None and not calls:
+                del self._parked[(index, key)]
+
+    def _wake(self, index: int, key: str) -> None:
+        """An attempt of (policy, key) was reported or cancelled: wake every call parked on it
+        (the core decides which gets the slot; the others are told to wait again)."""
+        with self._park_lock:
+            calls = self._parked.pop((index, key), None)
+        if calls:
+            for parker in calls.values():
+                parker.wake()
 
     def _maybe_snapshot(self) -> None:
         now = self._now()

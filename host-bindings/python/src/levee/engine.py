@@ -20,7 +20,17 @@ from typing import Any, ParamSpec, TypeVar, cast
 from ._abi import ComponentFault, Core, event_from_raw
 from ._clock import SystemClock
 from ._constants import METHOD_OTHER, METHODS, START_METHOD_SHIFT
-from ._driver import _SLEEP, ATTEMPT, FallbackContext, RetryHook, RetryInfo, _AttemptResult, _Call, _protocol
+from ._driver import (
+    _SLEEP,
+    ATTEMPT,
+    FallbackContext,
+    RetryHook,
+    RetryInfo,
+    RetryPredicate,
+    _AttemptResult,
+    _Call,
+    _protocol,
+)
 from ._events import Listener
 from ._io import (
     _ATTEMPT_DEADLINE,
@@ -48,6 +58,7 @@ __all__ = [
     "FallbackContext",
     "Policy",
     "RetryInfo",
+    "RetryPredicate",
     "TraceStep",
     "_Call",
     "_drive_sync",
@@ -110,6 +121,7 @@ class Engine(EngineRuntime):
         method: str | None = None,
         classify: Classifier | None = None,
         on_retry: RetryHook | None = None,
+        retry_if: RetryPredicate | None = None,
     ) -> Policy:
         """A handle on the named policy: a decorator, `call`/`acall`, and `attempts()`.
 
@@ -119,13 +131,23 @@ class Engine(EngineRuntime):
         string); `method` is the HTTP method, case-sensitive as RFC 9110 says (`"get"` is not
         `GET`). `classify` maps a result or exception to an `Outcome` (return `None` for the
         default). `on_retry(info)` runs before the sleep of each retry (a `RetryInfo`), after
-        the hooks registered for the policy with `Engine.on_retry`.
+        the hooks registered for the policy with `Engine.on_retry`. `retry_if(result_or_error)`
+        is the retry predicate (docs/hosts.md, section 9): called once per attempt with what it
+        returned or raised, it answers True (retry), False (do not) or None (the policy's rules
+        decide); it wins over the policy's (`Engine.retry_if`). The core still applies pushback,
+        idempotency, the attempts, Retry-After, the deadline and the budget.
         """
         slot = self._slots.get(name)
         if slot is None or slot.index < 0:
             raise UnknownPolicy(name, self._names)
         flags = (0 if idempotent else 1) | (2 if idempotency_key else 0) | method_flags(method)
-        return Policy(self, slot, key, flags, classify, on_retry)
+        return Policy(self, slot, key, flags, classify, on_retry, retry_if)
+
+    def retry_if(self, policy: str, predicate: RetryPredicate | None) -> None:
+        """The retry predicate of every handle on `policy` that has none of its own (see
+        `policy(retry_if=)`); `None` removes it."""
+        self._index(policy)
+        self._slots[policy].retry_if = predicate
 
     def on_retry(self, policy: str, hook: RetryHook) -> None:
         """Call `hook(info)` before the sleep of every retry of `policy` (every handle on it)."""
@@ -329,11 +351,16 @@ class Policy:
     """A named policy of an engine, with per-use options. Use it as a decorator (sync or
     `async def`), with `call`/`acall`, or with `attempts()`/`attempts_async()`."""
 
-    __slots__ = ("_classify", "_flags", "_key", "_key_fn", "_on_retry", "_slot", "engine")
+    __slots__ = ("_classify", "_flags", "_holdable", "_key", "_key_fn", "_on_retry", "_retry_if", "_slot", "engine")
 
     def __init__(self, engine: Engine, slot: _PolicySlot, key: str | Callable[..., str], flags: int,
-                 classify: Classifier | None, on_retry: RetryHook | None = None) -> None:  # fmt: skip
+                 classify: Classifier | None, on_retry: RetryHook | None = None,
+                 retry_if: RetryPredicate | None = None) -> None:  # fmt: skip
         self.engine = engine
+        self._retry_if = retry_if
+        #: whether a first success may be held back (reported by the next call): not when a
+        #: classifier or a predicate of this handle must see it
+        self._holdable = classify is None and retry_if is None
         self._on_retry = on_retry
         self._slot = slot
         self._key_fn: Callable[..., str] | None = None
@@ -363,7 +390,9 @@ class Policy:
 
     def _state(self, call: int, gen: int, started: int, key: str, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> _Call:  # fmt: skip
-        return _Call(self.engine, self._slot, call, gen, started, self._classify, args, kwargs, key, self._hooks())
+        slot = self._slot
+        return _Call(self.engine, slot, call, gen, started, self._classify, args, kwargs, key, self._hooks(),
+                     self._retry_if or slot.retry_if)  # fmt: skip
 
     # -------------------------------------------------------------- sync
 
@@ -406,10 +435,13 @@ class Policy:
             end = _monotonic_ns()
             if (
                 (timeout == 0 or end - start < timeout)  # a late success is never held back
-                and self._classify is None
+                and self._holdable
+                and slot.retry_if is None
                 and (_RESULT_IS_RESPONSE.get(type(value)) is False or outcome_for_result(value) is None)
             ):
                 eng._pending.append((call, end, end - start, gen))
+                if eng._parked:  # calls wait in a bulkhead queue: this success frees a slot
+                    eng._wake(slot.index, key)
                 if eng._sink is not None:
                     eng._count_success(slot, end - start)
                 if end >= eng._snapshot_due:
@@ -455,8 +487,15 @@ class Policy:
                 self._state(call, gen, now, key, (), {}).cancel()
                 raise
             end = _monotonic_ns()
-            if (timeout == 0 or end - start < timeout) and self._classify is None and outcome_for_result(value) is None:
+            if (
+                (timeout == 0 or end - start < timeout)
+                and self._holdable
+                and slot.retry_if is None
+                and outcome_for_result(value) is None
+            ):
                 eng._pending.append((call, end, end - start, gen))
+                if eng._parked:
+                    eng._wake(slot.index, key)
                 if eng._sink is not None:
                     eng._count_success(slot, end - start)
                 if end >= eng._snapshot_due:
@@ -593,7 +632,7 @@ class Attempts:
                     yield attempt
                     action = proto.send(attempt._outcome())
                 elif op == _SLEEP:
-                    sleep_sync(eng, action[1])
+                    sleep_sync(eng, action[1], action[2])
                     action = proto.send(None)
                 else:
                     action = proto.send(_run_fallback_sync(st, action[1], action[2]))
@@ -629,7 +668,7 @@ class AsyncAttempts:
                     yield attempt
                     action = proto.send(attempt._outcome())
                 elif op == _SLEEP:
-                    await sleep_async(eng, action[1])
+                    await sleep_async(eng, action[1], action[2])
                     action = proto.send(None)
                 else:
                     action = proto.send(await _run_fallback_async(st, action[1], action[2]))

@@ -39,7 +39,7 @@ from ._constants import (
     START_IDEMPOTENCY_KEY,
     START_NON_IDEMPOTENT,
 )
-from ._driver import _SLEEP, ATTEMPT, _AttemptResult, _Call, _protocol
+from ._driver import _SLEEP, ATTEMPT, RetryPredicate, _AttemptResult, _Call, _protocol
 from ._events import logger
 from ._io import _AttemptScope, _run_fallback_async, _run_fallback_sync, attempt_timeout_cm, sleep_async, sleep_sync
 from .engine import Engine, Policy, method_flags
@@ -121,10 +121,13 @@ def _read_within(response: httpx.Response, timeout_ns: int, start: int, now: Cal
 
 
 class _Base:
-    def __init__(self, engine: Engine, policy: str | Policy, key: Callable[[httpx.Request], str] | None) -> None:
+    def __init__(self, engine: Engine, policy: str | Policy, key: Callable[[httpx.Request], str] | None,
+                 retry_if: RetryPredicate | None = None) -> None:  # fmt: skip
         self._policy = policy if isinstance(policy, Policy) else engine.policy(policy)
         self._engine = self._policy.engine
         self._key = key or _default_key
+        #: the retry predicate, given the `httpx.Response` or the transport's exception
+        self._retry_if = retry_if
 
     def _begin(self, request: httpx.Request) -> tuple[_Call, int]:
         pol = self._policy
@@ -132,6 +135,8 @@ class _Base:
         call, gen, v, now = self._engine._start(pol._slot, key, request_flags(request) | pol._flags)
         st = pol._state(call, gen, now, key, (request,), {})
         st.http = True
+        if self._retry_if is not None:
+            st.retry_if = self._retry_if
         return st, v
 
     def _result(self, request: httpx.Request, response: httpx.Response | None, exc: BaseException | None,
@@ -148,8 +153,9 @@ class LeveeTransport(_Base, httpx.BaseTransport):
     """A sync httpx transport applying `policy` to each request through `transport`."""
 
     def __init__(self, engine: Engine, policy: str | Policy, *, transport: httpx.BaseTransport | None = None,
-                 key: Callable[[httpx.Request], str] | None = None) -> None:  # fmt: skip
-        super().__init__(engine, policy, key)
+                 key: Callable[[httpx.Request], str] | None = None,
+                 retry_if: RetryPredicate | None = None) -> None:  # fmt: skip
+        super().__init__(engine, policy, key, retry_if)
         self._transport = transport or httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -179,7 +185,7 @@ class LeveeTransport(_Base, httpx.BaseTransport):
                     last = res.value
                     action = proto.send(res)
                 elif op == _SLEEP:
-                    sleep_sync(self._engine, action[1])
+                    sleep_sync(self._engine, action[1], action[2])
                     action = proto.send(None)
                 else:
                     action = proto.send(_checked(action[1], *_run_fallback_sync(st, action[1], action[2])))
@@ -200,8 +206,9 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
     """An asyncio httpx transport applying `policy` to each request through `transport`."""
 
     def __init__(self, engine: Engine, policy: str | Policy, *, transport: httpx.AsyncBaseTransport | None = None,
-                 key: Callable[[httpx.Request], str] | None = None) -> None:  # fmt: skip
-        super().__init__(engine, policy, key)
+                 key: Callable[[httpx.Request], str] | None = None,
+                 retry_if: RetryPredicate | None = None) -> None:  # fmt: skip
+        super().__init__(engine, policy, key, retry_if)
         self._transport = transport or httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -233,7 +240,7 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
                     last = res.value
                     action = proto.send(res)
                 elif op == _SLEEP:
-                    await sleep_async(self._engine, action[1])
+                    await sleep_async(self._engine, action[1], action[2])
                     action = proto.send(None)
                 else:
                     action = proto.send(_checked(action[1], *await _run_fallback_async(st, action[1], action[2])))

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The fleet's multi-process test (docs/fleet.md): a private Redis on 127.0.0.1 (Debian's
+# redis-server, installed when missing) on a free port, Python and Go processes sharing it:
+# the Lua GCRA against the core's cases, 1,000/s across 4 processes for 10 s (async leases and
+# strict), one bad node, a quorum of bad nodes, Redis killed and restarted, Redis blocked
+# for a second, two concurrent failure records. Redis is stopped at the end. About two minutes.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+export LEVEE_WASM_DIR="${LEVEE_WASM_DIR:-$ROOT/target/levee}"
+if [ ! -f "$LEVEE_WASM_DIR/levee_policy.wasm" ]; then
+  echo "fleet: $LEVEE_WASM_DIR/levee_policy.wasm is missing; build it with ./dev component" >&2
+  exit 1
+fi
+quiet() { local log; log="$(mktemp)"; if ! "$@" >"$log" 2>&1; then cat "$log" >&2; rm -f "$log"; return 1; fi; rm -f "$log"; }
+
+echo "== the Lua scripts: one source (fleet/lua), copied into the hosts"
+for f in gcra.lua state.lua; do
+  cmp "$ROOT/fleet/lua/$f" "$ROOT/host-bindings/python/src/levee/_fleet/$f"
+  cmp "$ROOT/fleet/lua/$f" "$ROOT/host-bindings/go/fleet/lua/$f"
+done
+
+echo "== install: redis-server, a venv with the Python host and redis-py, the Go worker"
+if ! command -v redis-server >/dev/null; then
+  quiet apt-get update
+  quiet env DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server
+fi
+VENV="$ROOT/fleet/.venv"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+quiet "$VENV/bin/pip" install --upgrade pip
+quiet "$VENV/bin/pip" install --force-reinstall --no-deps "$ROOT/host-bindings/python"
+quiet "$VENV/bin/pip" install "$ROOT/host-bindings/python[fleet]" "mypy>=1.10"  # redis-py ships its types
+rm -rf "$ROOT/host-bindings/python/build" "$ROOT"/host-bindings/python/src/*.egg-info
+echo "== mypy --strict levee.fleet"
+(cd "$ROOT/host-bindings/python" && MYPYPATH=src "$VENV/bin/python" -m mypy --strict --follow-imports=silent src/levee/fleet.py)
+WORK="$(mktemp -d)"
+(cd "$ROOT/host-bindings/go/fleet" && gofmt -l . | (! grep .) && go vet ./... && go build -o "$WORK/fleet-worker" ./cmd/fleet-worker)
+
+PORT="$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+REDIS_CMD=(redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --enable-debug-command local
+           --pidfile "$WORK/redis.pid" --logfile "$WORK/redis.log" --dir "$WORK")
+stop() {
+  if [ -f "$WORK/redis.pid" ]; then kill "$(cat "$WORK/redis.pid")" 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}
+trap stop EXIT
+"${REDIS_CMD[@]}"
+for _ in $(seq 50); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+echo "== redis $(redis-server --version | awk '{print $3}') on 127.0.0.1:$PORT"
+
+echo "== the Lua GCRA reproduces the core's (fleet/tests/gcra-cases.json)"
+"$VENV/bin/python" "$HERE/gcra_cases.py" "127.0.0.1:$PORT"
+
+echo "== the multi-process scenarios"
+FLEET_PY="$VENV/bin/python" FLEET_GO_WORKER="$WORK/fleet-worker" FLEET_REDIS="127.0.0.1:$PORT" \
+  FLEET_REDIS_CMD="$("$VENV/bin/python" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${REDIS_CMD[@]}")" \
+  timeout 600 "$VENV/bin/python" "$HERE/check.py"
+
+if [ "${FLEET_BENCH:-0}" = 1 ]; then
+  echo "== benchmarks (docs/performance.md)"
+  FLEET_GO_WORKER="$WORK/fleet-worker" "$VENV/bin/python" "$HERE/bench.py" "127.0.0.1:$PORT"
+fi
