@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::handle::BoxFuture;
+use crate::call::BoxFuture;
 use crate::outcome::{request_flags, IntoOutcome, Outcome};
 use crate::{Levee, LeveeError, UnknownPolicy};
 

@@ -19,11 +19,19 @@ pub mod outcome;
 pub mod raw;
 
 #[cfg(feature = "tokio")]
+mod call;
+#[cfg(feature = "tokio")]
+mod driver;
+#[cfg(feature = "tokio")]
 mod error;
 #[cfg(feature = "tokio")]
 pub mod events;
 #[cfg(feature = "tokio")]
 mod handle;
+#[cfg(feature = "tokio")]
+mod runtime;
+#[cfg(feature = "tokio")]
+pub mod time;
 
 /// The policy core's own types (`levee-core`), re-exported.
 pub use levee_core as core;
@@ -31,9 +39,13 @@ pub use outcome::{IntoOutcome, Outcome};
 pub use raw::{Backend, Limits, RawEngine, Trap};
 
 #[cfg(feature = "tokio")]
+pub use call::{Attempt, BoxFuture, Call, FallbackContext, FallbackFn};
+#[cfg(feature = "tokio")]
 pub use error::{LeveeError, LoadErrors, UnknownPolicy};
 #[cfg(feature = "tokio")]
-pub use handle::{Attempt, BoxFuture, Builder, Call, FallbackContext, FallbackFn, Levee, Step};
+pub use handle::{Builder, Levee};
+#[cfg(feature = "tokio")]
+pub use runtime::Step;
 
 #[cfg(feature = "reqwest")]
 pub mod client;
