@@ -80,11 +80,12 @@ test-envoy: setup
 test-durable: component
     bash durable/tests/run.sh
 
-# Every conformance vector against conformance/schema.json.
+# Every conformance vector against conformance/schema.json; every host's generated constants current.
 test-vectors-schema:
     python3 -m venv target/tools-venv
     target/tools-venv/bin/pip install --quiet --disable-pip-version-check jsonschema==4.26.0
     target/tools-venv/bin/python conformance/check_schema.py
+    python3 wit/gen_constants.py --check
 
 # The hosts in other languages, each through its own ci.sh (installs its own dependencies).
 test-hosts: component

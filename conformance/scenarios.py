@@ -897,6 +897,20 @@ vec("retry-after-wall-top-bit", "A wall clock of 2^63 s is a time far in the fut
     policy(NOJ), [start(1, 0), report(1, MS, "http-status", code=503, text="Sun, 06 Nov 1994 08:49:37 GMT", wall=1 << 63,
                                      expect=retry(0)), drain()])
 
+vec("late-success-is-timeout", "A success reported with an elapsed that reaches the attempt's timeout (a host that could not stop waiting) is a timeout: retried, and a failure for the breaker. Just under the timeout it is a success.", ["timeout", "classification"],
+    policy("attempts: 3\nattempt-timeout: 100ms\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50 }\n" + NOJ),
+    [start(1, 0, expect=attempt(1, 100 * MS)), report(1, 150 * MS, elapsed=150 * MS, expect=retry(100 * MS)),
+     acquire(1, 250 * MS, expect=attempt(2, 100 * MS)), report(1, 350 * MS, elapsed=100 * MS - 1, expect=DONE), drain()])
+
+vec("late-success-deadline", "A late success past the deadline (the attempt's timeout was the rest of the deadline) fails with deadline instead of returning.", ["timeout", "deadline"],
+    policy("attempts: 3\ndeadline: 1s\n" + NOJ),
+    [start(1, 0, expect=attempt(1, S)), report(1, 2 * S, elapsed=2 * S, expect=fail("deadline")), drain()])
+
+vec("late-settle-ends-call", "A late success held back against the protocol (passed as settle) is a timeout whose answer nobody hears: the call is ended, not left live.", ["timeout", "batching"],
+    policy("attempts: 3\nattempt-timeout: 100ms\n" + NOJ),
+    [start(1, 0, expect=attempt(1, 100 * MS)), start(2, 300 * MS, settle=(1, 200 * MS, 200 * MS), expect=attempt(1, 100 * MS)),
+     info(1, None), acquire(1, 400 * MS, expect=invalid(1)), drain()])
+
 TOKENS10 = policy("attempts: 2\nbudget: { kind: token, max-tokens: 10, token-ratio: 0.1 }\n" + NOJ)
 vec("reload-scales-token-budget", "A reload from max-tokens 10 to 20 keeps the level in proportion (6 of 10 becomes 12 of 20), as gRPC does.", ["budget", "reload"],
     TOKENS10, [step for i in range(1, 5) for step in (start(i, i * S), report(i, i * S, "timeout", expect=retry()), cancel(i, i * S))]
@@ -1102,6 +1116,91 @@ vec("attempts-preset-zero", "`attempts: 0` is unlimited under temporal, no retry
 vec("attempts-preset-errors", "An unknown preset, 0 under durable-task and a negative count are errors naming the field.",
     ["attempts", "presets", "errors"],
     "policies:\n  a: { attempts-preset: temporall }\n  b: { attempts-preset: durable-task, attempts: 0 }\n  c: { attempts-preset: celery, attempts: -1 }\n  d: { durable: { max-crashes: 0, lease: \"0\" } }\n", [])
+
+# --------------------------------------------------------------------------------------
+# Adaptive concurrency limits (ANCHORS.md "Adaptive concurrency"; docs/policy.md)
+# The limit is observed as the number of calls admitted at once: `admitted(n, ...)` starts
+# n calls that must all be admitted, then one more that must be rejected (bulkhead-full).
+# --------------------------------------------------------------------------------------
+
+
+def admitted(n, first, t, key=""):
+    return [start(first + i, t, key=key, expect=attempt(1)) for i in range(n)] + \
+        [start(first + n, t, key=key, expect=fail("bulkhead-full"))]
+
+
+def ok_after(call, t, elapsed):
+    return report(call, t, "success", elapsed=elapsed, expect=DONE)
+
+
+ENVOY = "attempts: 1\nconcurrency: { kind: adaptive, algorithm: envoy-gradient, initial-limit: 100, min-rtt-samples: 3 }\n"
+
+for sample_ms, limit in [(25, 57), (5, 214)]:
+    # Envoy: the limit is pinned at min-rtt-concurrency (3) while minRTT is measured (3 samples
+    # of 10 ms, p50 10 ms); then L = 100; a window (100 ms) of samples with p50 `sample_ms`
+    # gives g = clamp(10 * 1.25 / sample, 0.5, 2) and L = floor(L g + sqrt(L g)):
+    # 25 ms: 100 * 0.5 = 50, + 7.07 = 57; 5 ms: 100 * 2 = 200, + 14.14 = 214 (ANCHORS.md).
+    vec(f"adaptive-envoy-gradient-{sample_ms}ms", f"Envoy's gradient: L 100, minRTT 10 ms, a window's p50 of {sample_ms} ms gives {limit}.",
+        ["adaptive"], policy(ENVOY),
+        admitted(3, 1, 0)
+        + [ok_after(1, 10 * MS, 10 * MS), ok_after(2, 10 * MS, 10 * MS), ok_after(3, 10 * MS, 10 * MS)]
+        + [start(10, 20 * MS), ok_after(10, 20 * MS + sample_ms * MS, sample_ms * MS)]
+        + [start(11, 30 * MS), ok_after(11, 30 * MS + sample_ms * MS, sample_ms * MS)]
+        + admitted(100, 100, 50 * MS) + [cancel(100 + i, 60 * MS) for i in range(100)]
+        + [start(20, 120 * MS), ok_after(20, 120 * MS + sample_ms * MS, sample_ms * MS)]
+        + admitted(limit, 1000, 200 * MS))
+
+vec("adaptive-timeouts-are-not-samples", "A timeout or a cancellation is no latency sample: minRTT is still being measured (limit pinned at 3) until a success reports one.",
+    ["adaptive"], policy("attempts: 1\nconcurrency: { kind: adaptive, algorithm: envoy-gradient, initial-limit: 50, min-rtt-samples: 1 }\n"),
+    admitted(3, 1, 0)
+    + [report(1, 5 * MS, "timeout", elapsed=5 * MS, expect=fail("retries-exhausted")), cancel(2, 6 * MS),
+       report(3, 7 * MS, "connection-error", elapsed=7 * MS, expect=fail("retries-exhausted"))]
+    + admitted(3, 5, 8 * MS)
+    + [ok_after(5, 9 * MS, MS)]
+    + admitted(48, 100, 10 * MS))
+
+# Vegas: L 20 (lg 1, alpha 3, beta 6). 20 calls in flight; #1 (100 ms) sets noload; #2 at
+# 100 ms with 19 in flight: queue 0 -> L + 6 = 26; #3 at 200 ms with 18 in flight: queue
+# ceil(26 * 100 / 200) = 13 > 6 -> 25. 17 remain in flight: 8 more are admitted, not 9.
+vec("adaptive-vegas", "Vegas: noload from the first sample; queue 0 adds beta (20 -> 26), queue 13 > beta takes lg (26 -> 25).",
+    ["adaptive"], policy("attempts: 1\nconcurrency: { kind: adaptive, algorithm: vegas }\n"),
+    admitted(20, 1, 0)
+    + [ok_after(1, 100 * MS, 100 * MS), ok_after(2, 100 * MS, 100 * MS), ok_after(3, 200 * MS, 200 * MS)]
+    + admitted(8, 100, 300 * MS))
+
+# Gradient2: L 20, samples with in-flight >= L/2. Three samples of 100 us (long 100, g = 1):
+# estimate 20 -> 20.8 -> 21.6 -> 22.4 (the queue term, 0.2 * 4, while g is 1); 17 in flight
+# plus 5 = 22. Then 1000 us with 21 in flight: long = (3 * 100 + 1000) / 4 = 325,
+# g = 1.5 * 325 / 1000 = 0.4875 -> 0.5, no queue term: 22.4 * 0.8 + 11.2 * 0.2 = 20.16 -> 20,
+# with 21 in flight: none admitted.
+US = 1000
+vec("adaptive-gradient2", "Gradient2: steady latency grows the limit by the queue term only while the gradient is 1 (20 -> 22); a tenfold latency halves the gradient (22 -> 20).",
+    ["adaptive"], policy("attempts: 1\nconcurrency: { kind: adaptive, algorithm: gradient2 }\n"),
+    admitted(20, 1, 0)
+    + [ok_after(1, 100 * US, 100 * US), ok_after(2, 100 * US, 100 * US), ok_after(3, 100 * US, 100 * US)]
+    + admitted(5, 100, 200 * US)[:5] + [start(105, 200 * US, expect=fail("bulkhead-full"))]
+    + [ok_after(4, 1000 * US, 1000 * US), start(200, 1100 * US, expect=fail("bulkhead-full"))])
+
+# AIMD: L 4; a timeout multiplies it by 0.9: floor(3.6) = 3 (3 in flight: none admitted); a
+# success with in-flight * 2 >= L adds 1 (2 in flight: 2 more admitted).
+vec("adaptive-aimd", "AIMD: a timeout multiplies the limit by 0.9 (4 -> 3); a success while the limit is in use adds 1 (3 -> 4).",
+    ["adaptive"], policy("attempts: 1\nconcurrency: { kind: adaptive, algorithm: aimd, initial-limit: 4 }\n"),
+    admitted(4, 1, 0)
+    + [report(1, MS, "timeout", elapsed=MS), start(10, 2 * MS, expect=fail("bulkhead-full"))]
+    + [ok_after(2, 3 * MS, MS)] + admitted(2, 20, 5 * MS))
+
+vec("adaptive-state-survives-export", "The adaptive limit is exported and imported with the state.",
+    ["adaptive", "state"], policy("attempts: 1\nconcurrency: { kind: adaptive, algorithm: aimd, initial-limit: 4 }\n"),
+    admitted(4, 1, 0)
+    + [report(1, MS, "timeout", elapsed=MS), cancel(2, MS), cancel(3, MS), cancel(4, MS), export_import()]
+    + admitted(3, 10, 2 * MS))
+
+vec("adaptive-errors", "Adaptive limits name their errors: a missing kind, an unknown algorithm, min above initial, and a bulkhead beside it.",
+    ["adaptive", "errors"],
+    "policies:\n  a: { concurrency: { algorithm: vegas } }\n  b: { concurrency: { kind: adaptive, algorithm: gradient3 } }\n"
+    "  c: { concurrency: { kind: adaptive, initial-limit: 5, min-limit: 6 } }\n  d: { bulkhead: {}, concurrency: { kind: adaptive } }\n"
+    "  e: { concurrency: { kind: adaptive, algorithm: aimd, backoff-ratio: 1, smoothing: 0.5 } }\n", [])
+
 
 
 def main():

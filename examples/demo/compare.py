@@ -5,9 +5,10 @@
 
 Each FILE is what one host's demo.sh printed. The hosts print in their own styles; this
 reads the decision out of each step line (`... -> attempt #1 (timeout 2s)`, or the Python
-host's `verdict=retry(reason=none, ns=...)`) and the final result line. Retry delays carry
-jitter from each host's own seed, so hosts agree when they make the same decisions in the
-same order; the delays are shown for reading, not compared.
+host's `verdict=retry(reason=none, ns=...)`) and the final result line. Every host runs with
+the same seed (run.sh), so the hosts agree only when they make the same decisions in the same
+order with the same delays: a retry's or wait's delay, to the millisecond every host prints,
+is part of what is compared.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def decision(line: str) -> tuple[str, str] | None:
         if kind in ("retry", "wait"):
             ns = re.search(r"ns=(\d+)", args)
             delay = f"{int(ns.group(1)) / 1e6:.0f}ms" if ns else "?"
-            return kind, f"{kind} {delay}"
+            return f"{kind} {delay}", f"{kind} {delay}"
         if kind == "fail":
             r = re.search(r"reason=([a-z-]+)", args)
             d = f"fail: {r.group(1) if r else '?'}"
@@ -49,7 +50,8 @@ def decision(line: str) -> tuple[str, str] | None:
         d = f"attempt {m.group(1)}"
         return d, d
     if m := re.match(r"(retry|wait)(?: after)? (\S+)", tail):
-        return m.group(1), f"{m.group(1)} {_ms(m.group(2))}"
+        d = f"{m.group(1)} {_ms(m.group(2))}"
+        return d, d
     if tail.startswith("done"):
         return "done", "done"
     if m := re.match(r"fail:?\s*([a-z-]+)", tail):

@@ -18,6 +18,9 @@ if [ "${1:-}" = "-v" ]; then verbose=1; shift; fi
 hosts=("$@")
 [ ${#hosts[@]} -gt 0 ] || hosts=(rust python js go)
 limit="${LEVEE_DEMO_TIMEOUT:-900}"
+# One jitter seed for every host: the same policy, seed and trace give the same delays.
+seed="${LEVEE_DEMO_SEED:-1}"
+export LEVEE_DEMO_SEED="$seed"
 
 bold() { if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then printf '\033[1m%s\033[0m\n' "$*"; else printf '%s\n' "$*"; fi; }
 
@@ -35,7 +38,7 @@ for _ in $(seq 1 100); do [ -s "$work/port" ] && break; sleep 0.05; done
 if [ ! -s "$work/port" ]; then echo "the flaky server did not start" >&2; exit 1; fi
 port="$(cat "$work/port")"
 bold "flaky server on http://127.0.0.1:$port/demo/<client>: 503, 429 (Retry-After: 1), 503, then 200"
-bold "policy: $policy"
+bold "policy: $policy (seed $seed in every host)"
 sed -n '/^policies:/,$p' "$policy"
 echo
 
@@ -43,10 +46,10 @@ ran=()
 for host in "${hosts[@]}"; do
   url="http://127.0.0.1:$port/demo/$host"
   case "$host" in
-    rust) script="$root/examples/rust-reqwest/demo.sh"; args=(--policy-file "$policy" --policy demo --seed 1) ;;
+    rust) script="$root/examples/rust-reqwest/demo.sh"; args=(--policy-file "$policy" --policy demo --seed "$seed") ;;
     python) script="$root/host-bindings/python/demo.sh"; args=("$policy" demo) ;;
     js) script="$root/host-bindings/js/demo.sh"; args=("$policy") ;;
-    go) script="$root/host-bindings/go/demo.sh"; args=(-policy-file "$policy" -policy demo -seed 1) ;;
+    go) script="$root/host-bindings/go/demo.sh"; args=(-policy-file "$policy" -policy demo -seed "$seed") ;;
     *) echo "unknown host '$host' (known: rust python js go)" >&2; continue ;;
   esac
   if [ ! -f "$script" ]; then

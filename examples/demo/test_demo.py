@@ -31,22 +31,22 @@ rust result http 200 (23 bytes)
 """
 PYTHON = """policy 'demo' -> http://127.0.0.1:1/demo/python
 step 1: start           attempt=0 outcome=-                            verdict=attempt(n=1, timeout_ns=2000000000)
-step 2: report          attempt=1 outcome=http-status 503              verdict=retry(reason=none, ns=57832055)
-        event: retry scheduled in 57.832 ms after attempt 1 (policy=0 call=1)
+step 2: report          attempt=1 outcome=http-status 503              verdict=retry(reason=none, ns=70292184)
+        event: retry scheduled in 70.292 ms after attempt 1 (policy=0 call=1)
 step 3: acquire         attempt=1 outcome=-                            verdict=attempt(n=2, timeout_ns=2000000000)
 step 4: report          attempt=2 outcome=http-status 429 (1)          verdict=retry(reason=none, ns=1000000000)
 step 5: acquire         attempt=2 outcome=-                            verdict=attempt(n=3, timeout_ns=2000000000)
-step 6: report          attempt=3 outcome=http-status 503              verdict=retry(reason=none, ns=50489256)
+step 6: report          attempt=3 outcome=http-status 503              verdict=retry(reason=none, ns=208174648)
 step 7: acquire         attempt=3 outcome=-                            verdict=attempt(n=4, timeout_ns=2000000000)
 step 8: report          attempt=4 outcome=http-status 200              verdict=done
 result: HTTP 200
 """
 JS = """+    1ms js start                              -> attempt 1 (timeout 2000.0ms)
-+    3ms js attempt 1: HTTP 503                -> retry after 66.1ms
++    3ms js attempt 1: HTTP 503                -> retry after 70.3ms
 +   70ms js acquire                            -> attempt 2 (timeout 2000.0ms)
 +   72ms js attempt 2: HTTP 429 Retry-After: 1 -> retry after 1000.0ms
 + 1073ms js acquire                            -> attempt 3 (timeout 2000.0ms)
-+ 1075ms js attempt 3: HTTP 503                -> retry after 295.0ms
++ 1075ms js attempt 3: HTTP 503                -> retry after 208.2ms
 + 1371ms js event breaker closed -> open
 + 1371ms js acquire                            -> attempt 4 (timeout 2000.0ms)
 + 1373ms js attempt 4: HTTP 200                -> done
@@ -99,9 +99,15 @@ class Compare(unittest.TestCase):
     def test_hosts_in_their_own_styles_agree(self) -> None:
         r = self.run_compare({"rust": RUST, "python": PYTHON, "js": JS})
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("all 3 host(s) agree: attempt 1 -> 503: retry -> attempt 2 -> 429: retry", r.stdout)
+        self.assertIn("all 3 host(s) agree: attempt 1 -> 503: retry 70ms -> attempt 2 -> 429: retry 1000ms", r.stdout)
         self.assertIn("429: retry 1000ms", r.stdout)
         self.assertIn("=> HTTP 200", r.stdout)
+
+    def test_a_different_delay_is_a_disagreement(self) -> None:
+        r = self.run_compare({"rust": RUST, "js": JS.replace("retry after 70.3ms", "retry after 66.1ms")})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("DISAGREE", r.stdout)
+        self.assertIn("503: retry 66ms", r.stdout)
 
     def test_a_disagreement_is_reported(self) -> None:
         r = self.run_compare({"rust": RUST, "go": GO_DISAGREES})

@@ -66,6 +66,8 @@ function outcome(o) {
 }
 
 const levee = await load(document, {
+  // One seed for every host (examples/demo/run.sh passes LEVEE_DEMO_SEED): the same jitter.
+  seed: BigInt(process.env.LEVEE_DEMO_SEED || '1'),
   meter: null,
   trace: (s) => {
     const what = s.op === 'report' ? `attempt ${s.attempts}: ${outcome(s.outcome)}` : s.op;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# CI for the Python host: venv, install (pip install .[test]), mypy --strict, pytest (unit,
-# conformance, end-to-end on 127.0.0.1), and the benchmark in its short mode.
+# CI for the Python host: venv, install (pip install .[test]), mypy --strict, the host scenarios
+# (conformance/hosts), pytest (unit, conformance, end-to-end on 127.0.0.1), and the benchmark in
+# its short mode.
 # Expects the component built in $LEVEE_WASM_DIR (default <repo>/target/levee).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,6 +37,10 @@ echo "== ruff"
 "$HERE/.venv/bin/ruff" format --check src tests bench demo.py setup.py
 echo "== mypy --strict"
 "$VPY" -m mypy --strict src/levee tests bench
+echo "== host scenarios (conformance/hosts: inputs as scenarios.py writes them, schema, replay)"
+"$VPY" ../../conformance/hosts/scenarios.py --check
+"$VPY" -m pytest -q -p no:cacheprovider tests/test_host_scenarios.py::test_scenarios_match_the_schema
+"$VPY" tests/hosts_runner.py
 echo "== pytest"
 # run from a directory where `import levee` resolves to the installed wheel, not src/
 "$VPY" -m pytest -q -p no:cacheprovider tests

@@ -36,7 +36,9 @@ def main(argv: list[str]) -> int:
     for shared in (root / "examples" / "demo" / "policy.yaml", root / "examples" / "demo.yaml"):
         if not source and shared.is_file():
             source = str(shared)
-    engine = levee.load(Path(source)) if source else levee.Engine(BUILTIN)
+    # One seed for every host (examples/demo/run.sh passes LEVEE_DEMO_SEED): the same jitter.
+    seed = int(os.environ.get("LEVEE_DEMO_SEED", "1"))
+    engine = levee.load(Path(source), seed=seed) if source else levee.Engine(BUILTIN, seed=seed)
     name = argv[3] if len(argv) > 3 else ("demo" if "demo" in engine.policies else engine.policies[0])
     print(f"policy {name!r} -> {url}")
     n = 0

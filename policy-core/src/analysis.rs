@@ -4,10 +4,10 @@
 //! be up to `u32::MAX`), only on how long the backoff grows before it reaches its cap, and
 //! that walk is bounded by [`EXACT_STEPS`].
 
-use crate::backoff::{exponential, Jitter, Kind};
 use crate::budget::BudgetCfg;
 use crate::classify::Rule;
 use crate::policy::Policy;
+use crate::retry::backoff::{exponential, Jitter, Kind};
 
 /// Worst cases of a policy (see the WIT `analysis` record).
 #[derive(Clone, Debug, PartialEq)]

@@ -9,7 +9,7 @@
 //! documents. It is small on purpose: it keeps the component far below its size budget and
 //! has no recursion deeper than [`MAX_DEPTH`].
 
-use crate::policy::LoadError;
+use crate::error::LoadError;
 
 /// Largest document accepted (bytes).
 pub const MAX_DOCUMENT_BYTES: usize = 1 << 20;

@@ -52,11 +52,13 @@
 use crate::classify::Observed;
 use crate::doc::{obj, to_json, Value};
 use crate::engine::Engine;
-use crate::policy::{LoadError, OverCap, Policy};
+use crate::error::LoadError;
+use crate::policy::Policy;
+use crate::retry::{self, Decision, Failure};
 use crate::retry_after::{parse_pushback, parse_retry_after, ServerDelay};
 use crate::rng::Rng;
 use crate::time::SECOND;
-use crate::types::OutcomeKind;
+use crate::types::{OutcomeKind, Reason};
 
 /// The record format version this core writes and reads.
 pub const VERSION: u8 = 1;
@@ -263,7 +265,7 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 
 /// The hash of a policy's definition recorded in its durable calls.
 pub fn policy_hash(p: &Policy) -> u64 {
-    fnv1a64(to_json(&crate::state::policy_to_json(p)).as_bytes())
+    fnv1a64(crate::policy::to_json(p).as_bytes())
 }
 
 fn err(path: &str, message: impl Into<String>) -> LoadError {
@@ -611,7 +613,9 @@ impl Engine {
                 if !rec.idempotent() {
                     return Ok(dead(rec, DurableReason::UnknownOutcome, changed));
                 }
-                schedule(rec, p, now, None, changed)
+                let failure =
+                    Failure { stop: false, retryable: true, idempotent: true, attempts: rec.attempts, server: None, now, deadline: None };
+                schedule(rec, p, failure, changed)
             }
             State::Scheduled => {
                 if rec.deadline_at != 0 && now >= rec.deadline_at {
@@ -689,21 +693,19 @@ impl Engine {
         rec.error_at = now;
         rec.error_attempt = rec.attempts;
         let overloaded = kind == OutcomeKind::HttpStatus && flags & FLAG_OVERLOADED != 0;
-        let retryable = !overloaded && p.retry_on.matches(&observed) && !p.never_retry.matches(&observed);
-        if server == ServerDelay::Stop {
-            return Ok(dead(rec, DurableReason::Pushback, changed));
-        }
-        if !retryable {
-            return Ok(dead(rec, DurableReason::NonRetryable, changed));
-        }
-        if !rec.idempotent() {
-            return Ok(dead(rec, DurableReason::NonIdempotent, changed));
-        }
-        let server = match server {
-            ServerDelay::After(d) => Some(d),
-            _ => None,
+        let failure = Failure {
+            stop: server == ServerDelay::Stop,
+            retryable: !overloaded && p.retry_on.matches(&observed) && !p.never_retry.matches(&observed),
+            idempotent: rec.idempotent(),
+            attempts: rec.attempts,
+            server: match server {
+                ServerDelay::After(d) => Some(d),
+                _ => None,
+            },
+            now,
+            deadline: None,
         };
-        schedule(rec, p, now, server, changed)
+        schedule(rec, p, failure, changed)
     }
 
     /// Cancel a call that has not finished. An attempt running elsewhere may still complete;
@@ -754,31 +756,34 @@ fn held_by(rec: &Record, owner: &str) -> Result<(), LoadError> {
     Ok(())
 }
 
-/// After a failure or a crash: the next retry, or the reason there is none.
-fn schedule(mut rec: Record, p: &Policy, now: u64, server: Option<u64>, changed: bool) -> Result<DurableStep, LoadError> {
-    if rec.attempts >= p.attempts {
-        return Ok(dead(rec, DurableReason::RetriesExhausted, changed));
-    }
-    let delay = match server {
-        Some(d) if d > p.retry_after.cap => match p.retry_after.over_cap {
-            OverCap::Fail => return Ok(dead(rec, DurableReason::RetryAfterTooLong, changed)),
-            OverCap::Clamp => p.retry_after.cap,
-        },
-        Some(d) => d,
-        None => {
-            let mut rng = Rng::from_state(rec.rng);
-            let d = p.backoff.delay(rec.attempts, rec.prev_delay, &mut rng);
-            rec.rng = rng.state();
-            d
+/// After a failure or a crash: the next retry, or the reason there is none (the retry
+/// ladder, `crate::retry::decide`, with the record's deadline and no budget).
+fn schedule(mut rec: Record, p: &Policy, mut failure: Failure, changed: bool) -> Result<DurableStep, LoadError> {
+    failure.deadline = (rec.deadline_at != 0).then_some(rec.deadline_at);
+    let (attempts, prev) = (rec.attempts, rec.prev_delay);
+    let mut rng = Rng::from_state(rec.rng);
+    let decision = retry::decide(p.attempts, &p.retry_after, failure, || p.backoff.delay(attempts, prev, &mut rng), || Ok(()));
+    rec.rng = rng.state();
+    let reason = match decision {
+        Decision::Retry(delay) => {
+            rec.prev_delay = delay;
+            rec.state = State::Scheduled;
+            rec.next_at = failure.now.saturating_add(delay);
+            return Ok(answer(rec, Action::Wait, delay, 0, changed));
         }
+        Decision::Stop { reason, .. } => reason,
+        // A durable call has no budget: the ladder never refuses one.
+        Decision::Refused(_) => Reason::Budget,
     };
-    if rec.deadline_at != 0 && now.saturating_add(delay) >= rec.deadline_at {
-        return Ok(dead(rec, DurableReason::Deadline, changed));
-    }
-    rec.prev_delay = delay;
-    rec.state = State::Scheduled;
-    rec.next_at = now.saturating_add(delay);
-    Ok(answer(rec, Action::Wait, delay, 0, changed))
+    let reason = match reason {
+        Reason::Pushback => DurableReason::Pushback,
+        Reason::NonRetryable => DurableReason::NonRetryable,
+        Reason::NonIdempotent => DurableReason::NonIdempotent,
+        Reason::RetryAfterTooLong => DurableReason::RetryAfterTooLong,
+        Reason::Deadline => DurableReason::Deadline,
+        _ => DurableReason::RetriesExhausted,
+    };
+    Ok(dead(rec, reason, changed))
 }
 
 fn dead(mut rec: Record, reason: DurableReason, changed: bool) -> DurableStep {

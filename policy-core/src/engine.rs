@@ -9,12 +9,17 @@ use std::sync::Arc;
 
 use crate::table::Table;
 
+use crate::adaptive::{Limit, Signal};
 use crate::breaker::{Breaker, Check};
 use crate::budget::{BudgetCfg, BudgetState};
 use crate::classify::Observed;
-use crate::limiter::Gcra;
-use crate::policy::{self, LoadError, OverCap, Policy};
-use crate::retry_after::{parse_pushback, parse_retry_after, ServerDelay};
+use crate::deadline;
+use crate::error::LoadError;
+use crate::fallback;
+use crate::policy::{self, Policy};
+use crate::rate::Gcra;
+use crate::retry::retry_after::{parse_pushback, parse_retry_after, ServerDelay};
+use crate::retry::{self, Decision, Failure};
 use crate::rng::Rng;
 use crate::types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Reason, Verdict, VerdictKind};
 
@@ -77,6 +82,7 @@ pub(crate) struct KeyState {
     pub(crate) breaker: Option<Breaker>,
     pub(crate) limiter: Option<Gcra>,
     pub(crate) budget: Option<BudgetState>,
+    pub(crate) adaptive: Option<Limit>,
     pub(crate) in_flight: u32,
 }
 
@@ -87,6 +93,7 @@ impl KeyState {
             breaker: p.breaker.as_ref().map(|b| b.fresh()),
             limiter: p.rate_limit.as_ref().map(|r| r.fresh()),
             budget: p.budget.as_ref().map(|b| b.fresh()),
+            adaptive: p.concurrency.as_ref().map(|c| c.fresh()),
             in_flight: 0,
         }
     }
@@ -95,8 +102,17 @@ impl KeyState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Ready,
-    InFlight { permit: bool, slot: bool },
-    Fallback { index: usize, reason: Reason },
+    /// `timeout`: the attempt's timeout as the verdict gave it (0 none): an outcome whose
+    /// `elapsed` reaches it arrived late and is a timeout.
+    InFlight {
+        permit: bool,
+        slot: bool,
+        timeout: u64,
+    },
+    Fallback {
+        index: usize,
+        reason: Reason,
+    },
 }
 
 /// A live call's key: the key table's `Arc` of the name (cloning it does not allocate), or
@@ -337,6 +353,18 @@ fn key_state<'a>(keys: &'a Keys, key: &str) -> Option<&'a KeyState> {
     keys.find(key).and_then(|i| keys.get(i)).map(|(_, s)| s)
 }
 
+/// What an attempt's outcome teaches an adaptive limit (see `crate::adaptive`): the
+/// dependency's answers are latency samples, a timeout is a drop, the rest is ignored.
+#[inline(never)]
+fn observe_limit(cfg: &crate::adaptive::AdaptiveCfg, lim: &mut Limit, kind: OutcomeKind, elapsed: u64, in_flight: u32, now: u64) {
+    let signal = match kind {
+        OutcomeKind::Success | OutcomeKind::HttpStatus | OutcomeKind::GrpcStatus => Signal::Sample { rtt: elapsed, in_flight },
+        OutcomeKind::Timeout => Signal::Drop,
+        OutcomeKind::ConnectionError | OutcomeKind::ErrorClass => return,
+    };
+    lim.observe(cfg, signal, now);
+}
+
 /// The tables' hasher seed for an engine seed (a different stream from the jitter PRNG's).
 fn hash_seed_of(seed: u64) -> u64 {
     Rng::new(seed ^ 0x7461_626c_6573_6565).next_u64()
@@ -449,7 +477,7 @@ impl Engine {
 
     /// The policy with every default, as JSON.
     pub fn policy_json(&self, index: u32) -> Option<String> {
-        self.policy(index).map(|p| crate::doc::to_json(&crate::state::policy_to_json(p)))
+        self.policy(index).map(policy::to_json)
     }
 
     /// Worst cases of a policy run by `layers` layers.
@@ -475,9 +503,14 @@ impl Engine {
         settle_elapsed: u64,
     ) -> Verdict {
         if settle_call != 0 {
-            // A held-back success; its answer is always `done` (or invalid, a host bug that
-            // the host learns of when the call's next operation fails).
-            let _ = self.report(settle_call, settle_at, settle_elapsed, OutcomeKind::Success, 0, "", 0, 0);
+            // A held-back success; its answer is `done` (or invalid, a host bug that the host
+            // learns of when the call's next operation fails). A late one (held back against
+            // the protocol) is a timeout whose answer nobody hears: end the call so that
+            // nothing it holds outlives it.
+            let v = self.report(settle_call, settle_at, settle_elapsed, OutcomeKind::Success, 0, "", 0, 0);
+            if !matches!(v.kind(), Some(VerdictKind::Done | VerdictKind::Invalid)) {
+                self.cancel(settle_call, settle_at);
+            }
         }
         if call == 0 || self.calls.find(&call).is_some() {
             return self.finish(Verdict::invalid(InvalidCode::DuplicateCall));
@@ -499,7 +532,7 @@ impl Engine {
         if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
             b.on_call(cfg, now);
         }
-        let deadline = p.deadline.map(|d| now.saturating_add(d));
+        let deadline = deadline::starting_at(p.deadline, now);
         let slot = self.calls.insert(
             call,
             Call {
@@ -537,7 +570,7 @@ impl Engine {
     /// Give back what an in-flight attempt holds (no outcome recorded).
     fn release_at(&mut self, i: u32, now: u64) {
         let Some((&call, c)) = self.calls.get_mut(i) else { return };
-        let Phase::InFlight { permit, slot } = c.phase else { return };
+        let Phase::InFlight { permit, slot, .. } = c.phase else { return };
         c.phase = Phase::Ready;
         let now = c.observe(now);
         let (Some(p), Some(keys)) = (self.policies.get(c.policy), self.keys.get_mut(c.policy)) else { return };
@@ -576,10 +609,8 @@ impl Engine {
         let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
-        if let Some(dl) = c.deadline {
-            if now >= dl {
-                return self.reject_at(slot, Reason::Deadline, 0, now);
-            }
+        if deadline::passed(c.deadline, now) {
+            return self.reject_at(slot, Reason::Deadline, 0, now);
         }
         if c.attempts >= p.attempts {
             // Cannot happen through `report`; kept so that no path exceeds the maximum.
@@ -600,10 +631,15 @@ impl Engine {
                 Check::Reject(hint) => return self.reject_at(slot, Reason::BreakerOpen, hint, now),
             }
         }
-        // Concurrency limit.
-        let bulkhead = p.bulkhead.is_some();
+        // Concurrency limit: fixed (bulkhead) or adaptive.
+        let bulkhead = p.bulkhead.is_some() || p.concurrency.is_some();
         if let Some(bh) = &p.bulkhead {
-            if ks.in_flight >= bh.max_concurrent {
+            if !bh.admits(ks.in_flight) {
+                return self.reject_at(slot, Reason::BulkheadFull, 0, now);
+            }
+        }
+        if let (Some(cfg), Some(lim)) = (&p.concurrency, &ks.adaptive) {
+            if ks.in_flight >= lim.current(cfg) {
                 return self.reject_at(slot, Reason::BulkheadFull, 0, now);
             }
         }
@@ -644,14 +680,8 @@ impl Engine {
             refile(keys, c.key_at);
         }
         c.attempts = c.attempts.saturating_add(1);
-        c.phase = Phase::InFlight { permit, slot: bulkhead };
-        let remaining = c.deadline.map(|dl| dl.saturating_sub(now));
-        let timeout = match (p.attempt_timeout, remaining) {
-            (Some(t), Some(r)) => t.min(r),
-            (Some(t), None) => t,
-            (None, Some(r)) => r,
-            (None, None) => 0,
-        };
+        let timeout = deadline::attempt_timeout(p.attempt_timeout, c.deadline, now);
+        c.phase = Phase::InFlight { permit, slot: bulkhead, timeout };
         let v = Verdict::attempt(c.attempts, timeout);
         self.finish(v)
     }
@@ -689,7 +719,7 @@ impl Engine {
     fn next_fallback(&mut self, slot: u32, from: usize, reason: Reason, now: u64) -> Option<Verdict> {
         let (&call, c) = self.calls.get_mut(slot)?;
         let p = self.policies.get(c.policy)?;
-        let (index, fb) = p.fallbacks.iter().enumerate().skip(from).find(|(_, f)| f.on.contains(&reason))?;
+        let (index, fb) = fallback::next(&p.fallbacks, from, reason)?;
         c.phase = Phase::Fallback { index, reason };
         let mut e = Event::new(now, EventKind::FallbackChosen, c.policy as u32, &c.key);
         e.call = call;
@@ -719,8 +749,16 @@ impl Engine {
         let Some((_, c)) = self.calls.get_mut(at) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
-        let Phase::InFlight { permit: _, slot } = c.phase else {
+        let Phase::InFlight { permit: _, slot, timeout } = c.phase else {
             return self.finish(Verdict::invalid(InvalidCode::WrongStep));
+        };
+        // A late outcome: the attempt outlived the timeout its verdict gave (a host that could
+        // not stop waiting, such as a blocking function). Whatever it produced, it is a timeout,
+        // decided here once so that every host's late attempt means the same thing.
+        let (kind, code, text) = if timeout > 0 && elapsed >= timeout && kind != OutcomeKind::Timeout {
+            (OutcomeKind::Timeout, 0, "")
+        } else {
+            (kind, code, text)
         };
         let pi = c.policy;
         let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
@@ -732,6 +770,9 @@ impl Engine {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         if slot {
+            if let (Some(cfg), Some(lim)) = (&p.concurrency, ks.adaptive.as_mut()) {
+                observe_limit(cfg, lim, kind, elapsed, ks.in_flight, now);
+            }
             ks.in_flight = ks.in_flight.saturating_sub(1);
         }
         let server = match kind {
@@ -778,14 +819,10 @@ impl Engine {
         self.retry_decision(at, server, stop, retryable, now)
     }
 
-    /// After a failed attempt that was recorded: retry, or end (fallback or fail).
+    /// After a failed attempt that was recorded: retry, or end (fallback or fail), as the
+    /// retry ladder (`crate::retry::decide`) says. Out of line: the success path stays small.
+    #[inline(never)]
     fn retry_decision(&mut self, at: u32, server: ServerDelay, stop: bool, retryable: bool, now: u64) -> Verdict {
-        if stop {
-            return self.end_at(at, Reason::Pushback, 0, now);
-        }
-        if !retryable {
-            return self.end_at(at, Reason::NonRetryable, 0, now);
-        }
         let Some((&call, c)) = self.calls.get_mut(at) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
@@ -794,48 +831,56 @@ impl Engine {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         let method = (c.flags >> 8) & 0xF;
-        let idempotent =
-            c.flags & FLAG_IDEMPOTENCY_KEY != 0 || (c.flags & FLAG_NON_IDEMPOTENT == 0 && policy::method_idempotent(p, method));
-        if !idempotent {
-            return self.end_at(at, Reason::NonIdempotent, 0, now);
-        }
-        if c.attempts >= p.attempts {
-            return self.end_at(at, Reason::RetriesExhausted, 0, now);
-        }
-        let delay = match server {
-            ServerDelay::After(d) if d > p.retry_after.cap => match p.retry_after.over_cap {
-                OverCap::Fail => return self.end_at(at, Reason::RetryAfterTooLong, d, now),
-                OverCap::Clamp => p.retry_after.cap,
+        let idempotent = c.flags & FLAG_IDEMPOTENCY_KEY != 0 || (c.flags & FLAG_NON_IDEMPOTENT == 0 && p.method_idempotent(method));
+        let failure = Failure {
+            stop,
+            retryable,
+            idempotent,
+            attempts: c.attempts,
+            server: match server {
+                ServerDelay::After(d) => Some(d),
+                _ => None,
             },
-            ServerDelay::After(d) => d,
-            _ => p.backoff.delay(c.attempts, c.prev_delay, &mut self.rng),
+            now,
+            deadline: c.deadline,
         };
-        if let Some(dl) = c.deadline {
-            if now.saturating_add(delay) >= dl {
-                return self.end_at(at, Reason::Deadline, 0, now);
-            }
-        }
+        let (attempts, prev, rng) = (c.attempts, c.prev_delay, &mut self.rng);
         // The key's state was touched by this report already: found again without a touch.
         let budget = keys.get_mut(c.key_at).and_then(|(_, ks)| ks.budget.as_mut());
-        if let (Some(cfg), Some(b)) = (&p.budget, budget) {
-            let (allowed, level) = b.try_retry(cfg, now);
-            if !allowed {
+        let decision = retry::decide(
+            p.attempts,
+            &p.retry_after,
+            failure,
+            || p.backoff.delay(attempts, prev, rng),
+            || match (&p.budget, budget) {
+                (Some(cfg), Some(b)) => match b.try_retry(cfg, now) {
+                    (true, _) => Ok(()),
+                    (false, level) => Err(level),
+                },
+                _ => Ok(()),
+            },
+        );
+        match decision {
+            Decision::Retry(delay) => {
+                c.prev_delay = delay;
+                let mut e = Event::new(now, EventKind::RetryScheduled, pi as u32, &c.key);
+                e.call = call;
+                e.attempt = c.attempts;
+                e.duration = delay;
+                push_event(&mut self.events, e);
+                self.finish(Verdict::new(VerdictKind::Retry, 0, delay))
+            }
+            Decision::Stop { reason, hint } => self.end_at(at, reason, hint, now),
+            Decision::Refused(level) => {
                 let mut e = Event::new(now, EventKind::BudgetRefused, pi as u32, &c.key);
                 e.call = call;
                 e.attempt = c.attempts;
                 e.reason = Reason::Budget;
                 e.value = level;
                 push_event(&mut self.events, e);
-                return self.end_at(at, Reason::Budget, 0, now);
+                self.end_at(at, Reason::Budget, 0, now)
             }
         }
-        c.prev_delay = delay;
-        let mut e = Event::new(now, EventKind::RetryScheduled, pi as u32, &c.key);
-        e.call = call;
-        e.attempt = c.attempts;
-        e.duration = delay;
-        push_event(&mut self.events, e);
-        self.finish(Verdict::new(VerdictKind::Retry, 0, delay))
     }
 
     /// Report whether the fallback the last verdict chose succeeded.
@@ -964,6 +1009,15 @@ impl Engine {
         let fresh = cfg.fresh();
         let g = key_state(self.keys.get(policy as usize)?, key).and_then(|s| s.limiter.as_ref()).unwrap_or(&fresh);
         Some(g.tokens(cfg, now))
+    }
+
+    /// The adaptive concurrency limit attempts of a policy and key are admitted under now,
+    /// if the policy has one.
+    pub fn concurrency_limit(&self, policy: u32, key: &str) -> Option<u32> {
+        let cfg = self.policy(policy)?.concurrency.as_ref()?;
+        let fresh = cfg.fresh();
+        let lim = key_state(self.keys.get(policy as usize)?, key).and_then(|s| s.adaptive.as_ref()).unwrap_or(&fresh);
+        Some(lim.current(cfg))
     }
 
     /// Keys with state for a policy.

@@ -15,17 +15,22 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod adaptive;
 pub mod analysis;
-pub mod backoff;
 pub mod breaker;
 pub mod budget;
+pub mod bulkhead;
 pub mod classify;
+pub mod deadline;
 pub mod doc;
 pub mod durable;
 mod engine;
-pub mod limiter;
+pub mod error;
+pub mod fallback;
 pub mod policy;
-pub mod retry_after;
+pub mod rate;
+mod read;
+pub mod retry;
 pub mod rng;
 mod share;
 mod state;
@@ -33,7 +38,12 @@ mod table;
 pub mod time;
 pub mod types;
 
+pub use retry::{backoff, retry_after};
+
 pub use analysis::Analysis;
-pub use engine::{CallInfo, Engine, PolicyInfo, MAX_LIVE_CALLS, MAX_PENDING_EVENTS};
-pub use policy::{LoadError, Policy};
+pub use engine::{
+    CallInfo, Engine, PolicyInfo, FLAG_IDEMPOTENCY_KEY, FLAG_NON_IDEMPOTENT, FLAG_OVERLOADED, MAX_LIVE_CALLS, MAX_PENDING_EVENTS,
+};
+pub use error::LoadError;
+pub use policy::Policy;
 pub use types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Reason, Verdict, VerdictKind};

@@ -22,8 +22,8 @@
 use crate::breaker::{Breaker, WindowState};
 use crate::budget::BudgetState;
 use crate::engine::{Engine, KeyState};
-use crate::limiter::Gcra;
-use crate::policy::LoadError;
+use crate::error::LoadError;
+use crate::rate::Gcra;
 use crate::types::BreakerState;
 
 const VERSION: u8 = 1;

@@ -1,4 +1,5 @@
-//! Engine state as versioned bytes, and policies as JSON.
+//! Engine state as versioned bytes. Each strategy writes and reads its own state
+//! (`Breaker::to_json`, `BreakerCfg::import`, ...); this module frames them.
 //!
 //! The state is UTF-8 JSON: `{"format": "levee-state", "version": 1, "rng": [4 words],
 //! "tick": n, "policies": [{"name", "keys": [{"key", "last_used", "breaker", "limiter",
@@ -12,17 +13,15 @@
 //! Keys are exported sorted by name, so the bytes never depend on the key table's layout. Everything is validated before anything changes: garbage or a foreign version
 //! is an error and leaves the engine as it was.
 
+use crate::breaker::Breaker;
+use crate::budget::BudgetState;
 use crate::doc::{self, obj, Value};
-
-use crate::backoff::Kind;
-use crate::breaker::{Breaker, Window, WindowState};
-use crate::budget::{BudgetCfg, BudgetState};
 use crate::engine::{Engine, KeyState, Keys, IDLE};
-use crate::limiter::Gcra;
-use crate::policy::{LoadError, OverCap, Policy};
+use crate::error::LoadError;
+use crate::policy::Policy;
+use crate::rate::Gcra;
+use crate::read::u64_at;
 use crate::rng::Rng;
-use crate::time::format_duration;
-use crate::types::BreakerState;
 
 const FORMAT: &str = "levee-state";
 const VERSION: u64 = 1;
@@ -121,286 +120,39 @@ impl Engine {
 }
 
 fn fingerprint(p: &Policy) -> Value {
-    let window = p.breaker.as_ref().map(|b| match b.window {
-        Window::Count(n) => obj([("kind", "count".into()), ("size", n.into())]),
-        Window::Time { size, bucket } => obj([("kind", "time".into()), ("size", size.into()), ("bucket", bucket.into())]),
-    });
-    obj([("window", window.unwrap_or(Value::Null))])
+    obj([("window", p.breaker.as_ref().map(|b| b.window.fingerprint()).unwrap_or(Value::Null))])
 }
 
-fn rows<T, const N: usize>(items: impl Iterator<Item = [T; N]>) -> Value
-where
-    T: Into<Value>,
-{
-    Value::List(items.map(|row| Value::List(row.into_iter().map(Into::into).collect())).collect())
-}
-
-fn key_to_json(_p: &Policy, key: &str, s: &KeyState) -> Value {
-    let breaker = s.breaker.as_ref().map(|b| {
-        let window = match &b.window {
-            WindowState::Count { ring, pos, failures, slow } => obj([(
-                "count",
-                obj([
-                    ("ring", Value::List(ring.iter().map(|x| u32::from(*x).into()).collect())),
-                    ("pos", (*pos).into()),
-                    ("failures", (*failures).into()),
-                    ("slow", (*slow).into()),
-                ]),
-            )]),
-            WindowState::Time { buckets } => {
-                obj([("time", rows(buckets.iter().map(|(i, c, f, s)| [*i, u64::from(*c), u64::from(*f), u64::from(*s)])))])
-            }
-        };
-        obj([
-            ("state", b.state.name().into()),
-            ("open_until", b.open_until.into()),
-            ("trips", b.trips.into()),
-            ("epoch", b.epoch.into()),
-            ("permits", rows(b.permits.iter().map(|(c, at)| [*c, *at]))),
-            ("issued", b.issued.into()),
-            ("trial", Value::List(vec![b.trial.0.into(), b.trial.1.into(), b.trial.2.into()])),
-            ("last_now", b.last_now.into()),
-            ("window", window),
-        ])
-    });
-    let limiter = s.limiter.as_ref().map(|g| obj([("tat", g.tat.into()), ("last_now", g.last_now.into())]));
-    let budget = s.budget.as_ref().map(|b| match b {
-        BudgetState::Token { tokens } => obj([("token", (*tokens).into())]),
-        BudgetState::Ratio { slots } => obj([("ratio", rows(slots.iter().map(|(s, v)| [Value::from(*s), Value::from(*v)])))]),
-    });
-    obj([
+fn key_to_json(p: &Policy, key: &str, s: &KeyState) -> Value {
+    let or_null = |v: Option<Value>| v.unwrap_or(Value::Null);
+    let mut out = obj([
         ("key", key.into()),
         ("last_used", s.last_used.into()),
-        ("breaker", breaker.unwrap_or(Value::Null)),
-        ("limiter", limiter.unwrap_or(Value::Null)),
-        ("budget", budget.unwrap_or(Value::Null)),
-    ])
-}
-
-fn u64_at(v: &Value, field: &str, path: &str) -> Result<u64, LoadError> {
-    v.get(field).and_then(Value::as_u64).ok_or_else(|| LoadError::new(&format!("{path}.{field}"), "must be an unsigned integer"))
-}
-
-fn u32_at(v: &Value, field: &str, path: &str) -> Result<u32, LoadError> {
-    u64_at(v, field, path).and_then(|n| u32::try_from(n).map_err(|_| LoadError::new(&format!("{path}.{field}"), "is out of range")))
-}
-
-fn pairs(v: Option<&Value>, path: &str, width: usize) -> Result<Vec<Vec<i64>>, LoadError> {
-    let items = v.and_then(Value::as_list).ok_or_else(|| LoadError::new(path, "must be a list"))?;
-    items
-        .iter()
-        .map(|item| {
-            let row = item
-                .as_list()
-                .filter(|r| r.len() == width)
-                .ok_or_else(|| LoadError::new(path, format!("entries must be lists of {width} integers")))?;
-            row.iter().map(|x| x.as_i64().ok_or_else(|| LoadError::new(path, "entries must be integers"))).collect()
-        })
-        .collect()
+        ("breaker", or_null(s.breaker.as_ref().map(Breaker::to_json))),
+        ("limiter", or_null(s.limiter.as_ref().map(Gcra::to_json))),
+        ("budget", or_null(s.budget.as_ref().map(BudgetState::to_json))),
+    ]);
+    // Added after version 1's first release: present only when the policy has it.
+    if let (Value::Map(entries), Some(cfg), Some(l)) = (&mut out, &p.concurrency, &s.adaptive) {
+        entries.push(("concurrency".to_string(), l.to_json(cfg)));
+    }
+    out
 }
 
 fn key_from_json(p: &Policy, v: &Value, path: &str, same_window: bool) -> Result<(String, KeyState), LoadError> {
     let key = v.get("key").and_then(Value::as_str).ok_or_else(|| LoadError::new(&format!("{path}.key"), "must be a string"))?.to_string();
     let mut s = KeyState::fresh(p, u64_at(v, "last_used", path)?);
     if let (Some(cfg), Some(b)) = (&p.breaker, v.get("breaker").filter(|b| !b.is_null())) {
-        let bp = format!("{path}.breaker");
-        let state = b
-            .get("state")
-            .and_then(Value::as_str)
-            .and_then(BreakerState::from_name)
-            .ok_or_else(|| LoadError::new(&format!("{bp}.state"), "is not a breaker state"))?;
-        let trial = pairs(Some(&Value::List(vec![b.get("trial").cloned().unwrap_or(Value::Null)])), &format!("{bp}.trial"), 3)?;
-        let trial = trial.first().cloned().unwrap_or_default();
-        let t = |i: usize| trial.get(i).copied().unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32;
-        let window_v = b.get("window").ok_or_else(|| LoadError::new(&format!("{bp}.window"), "is missing"))?;
-        let window = if let Some(c) = window_v.get("count") {
-            let wp = format!("{bp}.window.count");
-            let ring: Vec<u8> = c
-                .get("ring")
-                .and_then(Value::as_list)
-                .ok_or_else(|| LoadError::new(&wp, "ring must be a list"))?
-                .iter()
-                .map(|x| x.as_u64().filter(|b| *b < 4).map(|b| b as u8).ok_or_else(|| LoadError::new(&wp, "ring entries are 0 to 3")))
-                .collect::<Result<_, _>>()?;
-            let failures = ring.iter().filter(|b| *b & 1 != 0).count() as u32;
-            let slow = ring.iter().filter(|b| *b & 2 != 0).count() as u32;
-            let pos = u32_at(c, "pos", &wp)?;
-            let size = match cfg.window {
-                Window::Count(n) => n.max(1),
-                Window::Time { .. } => 1,
-            };
-            WindowState::Count { pos: pos % size, ring, failures, slow }
-        } else if let Some(t) = window_v.get("time") {
-            let rows = pairs(Some(t), &format!("{bp}.window.time"), 4)?;
-            let clamp = |x: i64| x.clamp(0, i64::from(u32::MAX)) as u32;
-            WindowState::Time {
-                buckets: rows
-                    .iter()
-                    .map(|r| {
-                        (
-                            r.first().copied().unwrap_or(0).max(0) as u64,
-                            clamp(r.get(1).copied().unwrap_or(0)),
-                            clamp(r.get(2).copied().unwrap_or(0)),
-                            clamp(r.get(3).copied().unwrap_or(0)),
-                        )
-                    })
-                    .collect(),
-            }
-        } else {
-            return Err(LoadError::new(&format!("{bp}.window"), "must be {\"count\": ...} or {\"time\": ...}"));
-        };
-        let permits = pairs(b.get("permits"), &format!("{bp}.permits"), 2)?
-            .iter()
-            .map(|r| (r.first().copied().unwrap_or(0) as u64, r.get(1).copied().unwrap_or(0) as u64))
-            .collect();
-        let imported = Breaker {
-            state,
-            open_until: u64_at(b, "open_until", &bp)?,
-            trips: u32_at(b, "trips", &bp)?,
-            window,
-            epoch: u64_at(b, "epoch", &bp)?,
-            permits,
-            issued: u32_at(b, "issued", &bp)?,
-            trial: (t(0), t(1), t(2)),
-            last_now: u64_at(b, "last_now", &bp)?,
-        };
-        s.breaker = Some(cfg.adopt(imported, same_window));
+        s.breaker = Some(cfg.import(b, &format!("{path}.breaker"), same_window)?);
     }
     if let (Some(cfg), Some(g)) = (&p.rate_limit, v.get("limiter").filter(|g| !g.is_null())) {
-        let gp = format!("{path}.limiter");
-        let last_now = u64_at(g, "last_now", &gp)?;
-        let ahead = cfg.interval().saturating_mul(u64::from(cfg.burst));
-        let tat = u64_at(g, "tat", &gp)?.min(last_now.saturating_add(ahead));
-        s.limiter = Some(Gcra { tat, last_now });
+        s.limiter = Some(cfg.import(g, &format!("{path}.limiter"))?);
     }
     if let (Some(cfg), Some(b)) = (&p.budget, v.get("budget").filter(|b| !b.is_null())) {
-        let bp = format!("{path}.budget");
-        let state = if let Some(t) = b.get("token") {
-            BudgetState::Token { tokens: t.as_i64().ok_or_else(|| LoadError::new(&bp, "token must be an integer"))? }
-        } else if let Some(r) = b.get("ratio") {
-            BudgetState::Ratio {
-                slots: pairs(Some(r), &bp, 2)?
-                    .iter()
-                    .map(|r| (r.first().copied().unwrap_or(0).max(0) as u64, r.get(1).copied().unwrap_or(0)))
-                    .collect(),
-            }
-        } else {
-            return Err(LoadError::new(&bp, "must be {\"token\": n} or {\"ratio\": [...]}"));
-        };
-        let old_kind = if matches!(state, BudgetState::Token { .. }) { "token" } else { "ratio" };
-        let same = matches!((cfg, old_kind), (BudgetCfg::Token { .. }, "token") | (BudgetCfg::Ratio { .. }, "ratio"));
-        s.budget = Some(if same { cfg.clamp(state) } else { cfg.fresh() });
+        s.budget = Some(cfg.import(b, &format!("{path}.budget"))?);
+    }
+    if let (Some(cfg), Some(c)) = (&p.concurrency, v.get("concurrency").filter(|c| !c.is_null())) {
+        s.adaptive = Some(cfg.import(c, &format!("{path}.concurrency"))?);
     }
     Ok((key, s))
-}
-
-/// A policy with every default filled in, as a JSON tree (durations in their text form).
-pub fn policy_to_json(p: &Policy) -> Value {
-    let d = |ns: Option<u64>| Value::from(ns.map(format_duration));
-    let texts = |r: &crate::classify::Rules| Value::from(r.texts());
-    let methods: Vec<&str> = crate::classify::HTTP_METHODS
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i > 0 && p.idempotent_methods & (1 << i) != 0)
-        .map(|(_, m)| *m)
-        .collect();
-    let backoff = obj([
-        ("kind", p.backoff.kind.name().into()),
-        ("base", format_duration(p.backoff.base).into()),
-        ("multiplier", if p.backoff.kind == Kind::Exponential { p.backoff.multiplier.into() } else { Value::Null }),
-        ("cap", format_duration(p.backoff.cap).into()),
-        ("jitter", p.backoff.jitter.name().into()),
-        (
-            "jitter-ratio",
-            if p.backoff.jitter == crate::backoff::Jitter::Proportional { p.backoff.jitter_ratio.into() } else { Value::Null },
-        ),
-    ]);
-    let retry_after = obj([
-        ("honor", p.retry_after.honor.into()),
-        ("cap", format_duration(p.retry_after.cap).into()),
-        (
-            "over-cap",
-            match p.retry_after.over_cap {
-                OverCap::Fail => "fail",
-                OverCap::Clamp => "clamp",
-            }
-            .into(),
-        ),
-    ]);
-    let budget = match &p.budget {
-        None => Value::Null,
-        Some(BudgetCfg::Token { max_milli, ratio_milli }) => obj([
-            ("kind", "token".into()),
-            ("max-tokens", (*max_milli as f64 / 1000.0).into()),
-            ("token-ratio", (*ratio_milli as f64 / 1000.0).into()),
-        ]),
-        Some(BudgetCfg::Ratio { percent, min_per_second, ttl }) => obj([
-            ("kind", "ratio".into()),
-            ("percent", (*percent).into()),
-            ("min-per-second", (*min_per_second).into()),
-            ("ttl", format_duration(*ttl).into()),
-        ]),
-    };
-    let breaker = match &p.breaker {
-        None => Value::Null,
-        Some(b) => obj([
-            (
-                "window",
-                match b.window {
-                    Window::Count(n) => obj([("kind", "count".into()), ("size", n.into())]),
-                    Window::Time { size, bucket } => {
-                        obj([("kind", "time".into()), ("size", format_duration(size).into()), ("bucket", format_duration(bucket).into())])
-                    }
-                },
-            ),
-            ("failure-rate", b.failure_rate.into()),
-            ("slow-call-rate", b.slow_call_rate.into()),
-            ("slow-call-duration", format_duration(b.slow_call_duration).into()),
-            ("minimum-calls", b.minimum_calls.into()),
-            ("open-duration", format_duration(b.open_duration).into()),
-            ("open-duration-max", format_duration(b.open_duration_max).into()),
-            ("open-duration-multiplier", b.open_duration_multiplier.into()),
-            ("half-open-permits", b.half_open_permits.into()),
-            ("half-open-permit-timeout", format_duration(b.half_open_permit_timeout).into()),
-            ("failure-on", texts(&b.failure_on)),
-        ]),
-    };
-    let rate_limit = match &p.rate_limit {
-        None => Value::Null,
-        Some(r) => obj([
-            ("rate", r.rate.into()),
-            ("per", format_duration(r.per).into()),
-            ("burst", r.burst.into()),
-            ("max-wait", format_duration(r.max_wait).into()),
-        ]),
-    };
-    let bulkhead = match &p.bulkhead {
-        None => Value::Null,
-        Some(b) => obj([("max-concurrent", b.max_concurrent.into())]),
-    };
-    let fallbacks = Value::List(
-        p.fallbacks
-            .iter()
-            .map(|f| obj([("name", f.name.as_str().into()), ("on", Value::from(f.on.iter().map(|r| r.name()).collect::<Vec<_>>()))]))
-            .collect(),
-    );
-    obj([
-        ("name", p.name.as_str().into()),
-        ("attempts", p.attempts_preset.written(p.attempts).into()),
-        ("attempts-preset", p.attempts_preset.name().into()),
-        ("attempt-timeout", d(p.attempt_timeout)),
-        ("deadline", d(p.deadline)),
-        ("backoff", backoff),
-        ("retry-on", texts(&p.retry_on)),
-        ("never-retry", texts(&p.never_retry)),
-        ("idempotent-methods", methods.into()),
-        ("retry-after", retry_after),
-        ("budget", budget),
-        ("breaker", breaker),
-        ("rate-limit", rate_limit),
-        ("bulkhead", bulkhead),
-        ("fallbacks", fallbacks),
-        ("keys", obj([("max", p.max_keys.into())])),
-        ("durable", obj([("lease", format_duration(p.durable.lease).into()), ("max-crashes", p.durable.max_crashes.into())])),
-    ])
 }

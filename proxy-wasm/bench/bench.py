@@ -1,8 +1,10 @@
 """Latency the levee filter adds in Envoy, from a load generator in another process.
 
-One Envoy (--concurrency 2) with three listeners in front of the same fast upstream (Go, a
+One Envoy (--concurrency 2) with four listeners in front of the same fast upstream (Go, a
 third process), all on 127.0.0.1:
   plain   the router alone, no retry policy
+  wasm    a proxy-wasm filter that does nothing (examples/passthrough.rs), same V8 runtime:
+          the price of Envoy's Wasm machinery, the baseline of the levee filter's own cost
   native  Envoy's own retry_policy (the document's, from `levee envoy-config`) and cluster
           circuit_breakers
   levee   the levee filter (breaker, token budget, retries) + the same retry_policy
@@ -10,7 +12,7 @@ The generator (proxy-wasm/bench/loadgen) sends a fixed rate, open loop, measured
 request's scheduled time; rounds alternate the listeners. Prints p50 and p99 per listener and
 what the filter adds to each.
 
-  python3 bench.py ENVOY LEVEE_CLI FILTER.wasm LOADGEN [--rate 500] [--seconds 10] [--rounds 3]
+  python3 bench.py ENVOY LEVEE_CLI FILTER.wasm PASSTHROUGH.wasm LOADGEN [--rate 500] [--seconds 10] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main() -> int:
     ap.add_argument("envoy")
     ap.add_argument("cli")
     ap.add_argument("wasm")
+    ap.add_argument("passthrough")
     ap.add_argument("loadgen")
     ap.add_argument("--rate", type=float, default=500)
     ap.add_argument("--seconds", type=int, default=10)
@@ -59,9 +62,10 @@ def main() -> int:
         assert up.stdout is not None
         up_port = int(up.stdout.readline().strip().rsplit(":", 1)[1])
         retry = et.route_retry_policy(a.cli, work, "edge", DOC)
-        ports = {n: et.free_port() for n in ("plain", "native", "levee")}
+        ports = {n: et.free_port() for n in ("plain", "wasm", "native", "levee")}
         listeners = (
             et.listener("plain", ports["plain"], "upstream", None, "", "", "")
+            + et.listener("wasm", ports["wasm"], "upstream", {}, a.passthrough, "passthrough", "")
             + et.listener("native", ports["native"], "guarded", None, "", "", retry)
             + et.listener("levee", ports["levee"], "upstream", DOC, a.wasm, "levee", retry)
         )
@@ -87,7 +91,10 @@ def main() -> int:
         for n, (p50, p99) in med.items():
             print(f"  {n:6s} p50 {p50:7.1f} us  p99 {p99:7.1f} us")
         lp50, lp99 = med["levee"]
-        for base in ("plain", "native"):
+        w50, w99 = med["wasm"]
+        p50, p99 = med["plain"]
+        print(f"  wasm  - plain : p50 {w50 - p50:+6.1f} us  p99 {w99 - p99:+6.1f} us  (Envoy's Wasm machinery)")
+        for base in ("plain", "wasm", "native"):
             b50, b99 = med[base]
             print(f"  levee - {base:6s}: p50 {lp50 - b50:+6.1f} us  p99 {lp99 - b99:+6.1f} us")
         return 0

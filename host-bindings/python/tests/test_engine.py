@@ -351,25 +351,31 @@ def test_events_go_to_logging(engine: levee.Engine, caplog: pytest.LogCaptureFix
     assert ev.kind is EventKind.RETRY_SCHEDULED and ev.attempt == 1
 
 
-def test_events_go_to_opentelemetry(engine: levee.Engine) -> None:
-    from opentelemetry import metrics
+def test_telemetry_goes_to_opentelemetry() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+    from levee.telemetry import OpenTelemetrySink
+
     reader = InMemoryMetricReader()
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    engine = levee.Engine(DOC, seed=7, telemetry=OpenTelemetrySink(MeterProvider(metric_readers=[reader])))
     engine.policy("fast").call(Flaky(ConnectionError()))
     data = reader.get_metrics_data()
     assert data is not None
-    points: list[Any] = [
-        p
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == "levee.events"
-        for p in m.data.data_points
+    points: dict[str, list[Any]] = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                points.setdefault(m.name, []).extend(m.data.data_points)
+    assert [p.value for p in points["levee.retries"]] == [1]
+    calls = points["levee.calls"]
+    assert [(dict(p.attributes or {}), p.value) for p in calls] == [
+        ({"levee.policy": "fast", "levee.result": "success", "levee.retried": True}, 1)
     ]
-    assert any(dict(p.attributes or {}).get("levee.event") == "retry-scheduled" and p.value >= 1 for p in points)
+    outcomes = sorted(str(dict(p.attributes or {})["levee.outcome"]) for p in points["levee.attempts"])
+    assert outcomes == ["connection-error", "success"]
+    (delay,) = points["levee.retry.delay"]
+    assert delay.count == 1 and delay.sum == pytest.approx(0.001)
 
 
 def test_seeded_jitter_is_deterministic() -> None:
@@ -802,3 +808,31 @@ def test_a_state_too_large_for_wasmtime_py_stops_snapshots_instead_of_faulting_e
         engine._snapshot_due = 0
     assert engine._snapshots_stopped
     assert engine.faults == 1  # the first export faulted; none after
+
+
+def test_opentelemetry_spans_per_call_and_attempt() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from levee.telemetry import OpenTelemetrySink
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = levee.Engine(DOC, seed=7, telemetry=OpenTelemetrySink(tracer_provider=provider))
+    assert engine.policy("fast").call(Flaky(ConnectionError())) == "ok"
+    spans = exporter.get_finished_spans()
+    attempts = [s for s in spans if s.name == "levee.attempt"]
+    (call,) = [s for s in spans if s.name == "levee.call"]
+    assert [dict(s.attributes or {}) for s in attempts] == [
+        {"levee.attempt": 1, "levee.outcome": "connection-error"},
+        {"levee.attempt": 2, "levee.outcome": "success"},
+    ]
+    assert all(s.parent is not None and s.parent.span_id == call.context.span_id for s in attempts)
+    assert dict(call.attributes or {}) == {"levee.policy": "fast", "levee.key": "", "levee.result": "success"}
+    with pytest.raises(levee.RetriesExhausted):
+        engine.policy("one").call(Flaky(ConnectionError()))
+    failed = [s for s in exporter.get_finished_spans() if s.name == "levee.call"][-1]
+    assert failed.status.status_code.name == "ERROR"
+    assert dict(failed.attributes or {})["levee.reason"] == "retries-exhausted"

@@ -171,7 +171,7 @@ def test_breaker_trip_and_recovery_through_half_open(engine: levee.Engine, serve
     events: list[Event] = []
     engine.add_listener(events.append)
     server.script("/f", Reply(500))
-    host = "127.0.0.1"
+    host = f"127.0.0.1:{server.port}"  # the HTTP key is host:port (docs/hosts.md)
     with httpx.Client(transport=LeveeTransport(engine, "breaker")) as client:
         for _ in range(4):
             assert client.get(server.url("/f")).status_code == 500

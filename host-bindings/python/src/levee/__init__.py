@@ -22,6 +22,7 @@ for attempt in engine.policy("checkout").attempts():
 
 from __future__ import annotations
 
+from . import telemetry
 from .engine import (
     AsyncAttempts,
     Attempt,
@@ -29,6 +30,7 @@ from .engine import (
     Engine,
     FallbackContext,
     Policy,
+    RetryInfo,
     TraceStep,
     attempt_timeout,
     call,
@@ -104,6 +106,7 @@ __all__ = [
     "RateLimited",
     "Reason",
     "RetriesExhausted",
+    "RetryInfo",
     "RetryAfterTooLong",
     "TraceStep",
     "UnknownPolicy",
@@ -117,4 +120,5 @@ __all__ = [
     "outcome_for_exception",
     "outcome_for_response",
     "outcome_for_result",
+    "telemetry",
 ]

@@ -32,6 +32,7 @@ from wasmtime import _ffi as ffi
 from wasmtime.component import Linker
 
 from ._cache import load_component
+from ._constants import GUARD_GUEST_MEMORY_BYTES, GUARD_GUEST_WORK_UNITS, GUARD_GUEST_WORK_UNITS_PER_BYTE
 from .types import (
     Analysis,
     BreakerState,
@@ -59,11 +60,12 @@ IFACE = "levee:policy/engine-api@0.1.0"
 # where bytes is the document's size, plus, when it walks the state, the state's: the size of
 # the last exported or imported state plus `KEY_BYTES` for every keyed `start` since (a new
 # key adds at most one entry). A runaway guest traps when it runs out.
-CALL_UNITS = 1_000_000_000
-UNITS_PER_BYTE = 20_000
+# The numbers are the guards of docs/hosts.md (section 7), generated into _constants.
+CALL_UNITS = GUARD_GUEST_WORK_UNITS
+UNITS_PER_BYTE = GUARD_GUEST_WORK_UNITS_PER_BYTE
 KEY_BYTES = 1024
 HOT_BATCH = 64
-MEMORY_LIMIT = 512 << 20
+MEMORY_LIMIT = GUARD_GUEST_MEMORY_BYTES
 
 
 def work_units(size_bytes: int) -> int:

@@ -1,12 +1,12 @@
-"""Events to `logging` (logger ``levee``), to user listeners, and to OpenTelemetry metrics when
-`opentelemetry-api` is installed (meter ``levee``; a no-op unless an SDK is configured)."""
+"""Events to `logging` (logger ``levee``), to user listeners, and to the engine's telemetry sink
+(`levee.telemetry`: the events and the metrics they drive)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
+from .telemetry import TelemetrySink, emit_event
 from .types import BreakerState, Event, EventKind
 
 logger = logging.getLogger("levee")
@@ -56,58 +56,18 @@ def describe(ev: Event) -> str:
     return f"engine fault, component re-instantiated: {ev.name}"
 
 
-class _Otel:
-    """Lazily bound OpenTelemetry instruments (None when opentelemetry is not installed)."""
-
-    def __init__(self) -> None:
-        self.ready = False
-        self.events: Any = None
-        self.delay: Any = None
-
-    def bind(self) -> None:
-        self.ready = True
-        try:
-            from opentelemetry import metrics
-        except ImportError:
-            return
-        meter = metrics.get_meter("levee")
-        self.events = meter.create_counter(
-            "levee.events", unit="{event}", description="Levee engine events by kind, policy and reason"
-        )
-        self.delay = meter.create_histogram(
-            "levee.retry.delay", unit="s", description="Delay before each scheduled retry"
-        )
-
-    def record(self, ev: Event) -> None:
-        if not self.ready:
-            self.bind()
-        if self.events is None:
-            return
-        attrs: dict[str, str] = {"levee.event": ev.kind.wit, "levee.policy": ev.policy, "levee.reason": ev.reason.wit}
-        if ev.kind is EventKind.BREAKER_TRANSITION:
-            attrs["levee.breaker.from"] = ev.state_from.wit
-            attrs["levee.breaker.to"] = ev.state_to.wit
-        elif ev.kind is EventKind.FALLBACK_CHOSEN:
-            attrs["levee.fallback"] = ev.name
-        self.events.add(1, attrs)
-        if ev.kind is EventKind.RETRY_SCHEDULED and self.delay is not None:
-            self.delay.record(ev.duration / 1e9, {"levee.policy": ev.policy})
-
-
-otel = _Otel()
-
-
-def dispatch(events: list[Event], listeners: list[Listener]) -> None:
+def dispatch(events: list[Event], listeners: list[Listener], sink: TelemetrySink | None = None) -> None:
     for ev in events:
         level = _LEVELS.get(ev.kind, logging.INFO)
         if ev.kind is EventKind.BREAKER_TRANSITION and ev.state_to in (BreakerState.OPEN, BreakerState.FORCED_OPEN):
             level = logging.WARNING
         if logger.isEnabledFor(level):
             logger.log(level, "%s", describe(ev), extra={"levee_event": ev})
-        try:
-            otel.record(ev)
-        except Exception:
-            logger.debug("levee: recording an OpenTelemetry metric failed", exc_info=True)
+        if sink is not None:
+            try:
+                emit_event(sink, ev)
+            except Exception:
+                logger.exception("levee: telemetry sink %r failed", sink)
         for listener in listeners:
             try:
                 listener(ev)

@@ -5,17 +5,18 @@ engine = levee.load("policies.yaml")
 client = httpx.Client(transport=levee.http.LeveeTransport(engine, "api"))
 ```
 
-Each request is one call: the key is the request's host (per-host breakers and limits), the
-HTTP method travels in the call's flags, a request carrying an `Idempotency-Key` header is
-marked as such. Every attempt is reported by its status and raw `Retry-After` header (or as
-a timeout or connection error); the core decides. The per-attempt timeout becomes the
-request's timeout.
+Each request is one call (docs/hosts.md, section 6): the key is the request's origin as
+`host:port` (the port always written, the scheme's default when the URL has none), the HTTP
+method travels in the call's flags exactly as httpx sends it, a request carrying a non-empty
+`Idempotency-Key` or `X-Idempotency-Key` header is marked as such. Every attempt is reported
+by its status and raw `Retry-After` header (or as a timeout or connection error); the core
+decides. The per-attempt timeout becomes the request's timeout.
 
 An attempt is the whole response (docs/http.md): its body is read inside the attempt, under
 the attempt's timeout, so a body that trickles past it is a timeout and a connection closed
 mid-body a connection error of that attempt; the response handed back is already read. A
-request body that cannot be replayed (a generator) is sent once: when the policy would
-retry, the call ends with that first response or error.
+request body that cannot be replayed (a generator) starts the call as non-idempotent, whatever
+its headers say: the core never asks for a second attempt.
 
 When the core gives up after a response (say the third 503, or a 400 it never retries),
 the transport returns that response: the client sees it as usual. When there is no response
@@ -26,46 +27,54 @@ to return (a breaker open, a connection error on the last attempt) it raises the
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from ._events import logger
-from .engine import (
-    _ATTEMPT_DEADLINE,
-    _SLEEP,
-    ATTEMPT,
-    Engine,
-    Policy,
-    _AttemptResult,
-    _Call,
-    _monotonic_ns,
-    _protocol,
-    _run_fallback_async,
-    _run_fallback_sync,
+from ._constants import (
+    DEFAULT_PORTS,
+    HTTP_ATTEMPT_HEADER,
+    IDEMPOTENCY_HEADERS,
+    START_IDEMPOTENCY_KEY,
+    START_NON_IDEMPOTENT,
 )
+from ._driver import _SLEEP, ATTEMPT, _AttemptResult, _Call, _protocol
+from ._events import logger
+from ._io import _AttemptScope, _run_fallback_async, _run_fallback_sync, attempt_timeout_cm, sleep_async, sleep_sync
+from .engine import Engine, Policy, method_flags
 from .errors import CallFailed
-from .outcomes import Outcome, outcome_for_exception, outcome_for_response
+from .outcomes import outcome_for_exception, outcome_for_response
 
-__all__ = ["AsyncLeveeTransport", "LeveeTransport", "request_flags"]
+__all__ = ["AsyncLeveeTransport", "LeveeTransport", "http_key", "request_flags"]
 
 
 def request_flags(request: httpx.Request) -> int:
-    """`start` flags for a request: its method (bits 8-11) and an idempotency key (bit 1)."""
-    from .engine import method_flags
-
+    """`start` flags for a request: its method (bits 8-11, as httpx sends it), and either an
+    idempotency key (a non-empty `Idempotency-Key` or `X-Idempotency-Key`) or, for a body that
+    cannot be sent twice, the non-idempotent flag without it."""
     flags = method_flags(request.method)
-    if "idempotency-key" in request.headers:
-        flags |= 2
+    if not _replayable(request):
+        return flags | START_NON_IDEMPOTENT
+    headers = request.headers
+    if any(headers.get(name) for name in IDEMPOTENCY_HEADERS):
+        flags |= START_IDEMPOTENCY_KEY
     return flags
+
+
+def http_key(url: httpx.URL) -> str:
+    """The key of an HTTP call: `host:port`, the host lower-cased, an IPv6 literal in brackets,
+    no userinfo, the port always written (the scheme's default when the URL has none)."""
+    host = url.host.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    port = url.port if url.port is not None else DEFAULT_PORTS.get(url.scheme, 0)
+    return f"{host}:{port}"
 
 
 # The cross-layer rule (docs/envoy.md): every attempt carries its number; the application
 # decides the request's retries, so a Levee filter in an Envoy on the way adds none.
-HEADER_ATTEMPT = "x-levee-attempt"
+HEADER_ATTEMPT = HTTP_ATTEMPT_HEADER
 
 
 def _mark_attempt(request: httpx.Request, number: int) -> None:
@@ -84,7 +93,7 @@ def _with_timeout(request: httpx.Request, timeout_ns: int) -> None:
 
 
 def _default_key(request: httpx.Request) -> str:
-    return request.url.host
+    return http_key(request.url)
 
 
 def _replayable(request: httpx.Request) -> bool:
@@ -92,7 +101,7 @@ def _replayable(request: httpx.Request) -> bool:
     return isinstance(request.stream, httpx.ByteStream)
 
 
-def _read_within(response: httpx.Response, timeout_ns: int, start: int) -> None:
+def _read_within(response: httpx.Response, timeout_ns: int, start: int, now: Callable[[], int]) -> None:
     """Read the body, cut at the attempt's timeout: the deadline is checked after every
     chunk (a read that waits longer is bounded by the read timeout, at most the attempt's)."""
     if not timeout_ns:
@@ -103,20 +112,12 @@ def _read_within(response: httpx.Response, timeout_ns: int, start: int) -> None:
     try:
         for chunk in response.iter_bytes():
             chunks.append(chunk)
-            if _monotonic_ns() > end:
+            if now() > end:
                 raise httpx.ReadTimeout("the response body did not arrive within the attempt's timeout")
     finally:
-        if _monotonic_ns() > end or not response.is_stream_consumed:
+        if now() > end or not response.is_stream_consumed:
             response.close()
     response._content = b"".join(chunks)  # as httpx's own read() keeps it
-
-
-def _give_up(last: _AttemptResult | None) -> httpx.Response:
-    """The body cannot be replayed: the first attempt's response (or error) stands."""
-    if last is not None and last.exc is not None:
-        raise last.exc
-    assert last is not None and isinstance(last.value, httpx.Response)
-    return last.value
 
 
 class _Base:
@@ -127,18 +128,19 @@ class _Base:
 
     def _begin(self, request: httpx.Request) -> tuple[_Call, int]:
         pol = self._policy
-        call, gen, v = self._engine._start(pol._slot, self._key(request), request_flags(request) | pol._flags)
-        return _Call(self._engine, pol._slot, call, gen, _monotonic_ns(), None, (request,), {}), v
+        key = self._key(request)
+        call, gen, v, now = self._engine._start(pol._slot, key, request_flags(request) | pol._flags)
+        st = pol._state(call, gen, now, key, (request,), {})
+        st.http = True
+        return st, v
 
-    @staticmethod
-    def _result(request: httpx.Request, response: httpx.Response | None, exc: BaseException | None,
+    def _result(self, request: httpx.Request, response: httpx.Response | None, exc: BaseException | None,
                 start: int, timeout: int) -> _AttemptResult:  # fmt: skip
-        end = _monotonic_ns()
+        end = self._engine._now()
         if exc is not None:
             return _AttemptResult(outcome_for_exception(exc), None, exc, start, end)
         assert response is not None
-        if timeout and end - start > timeout:
-            return _AttemptResult(Outcome.timeout(), response, None, start, end)
+        # a late response is reported as it is, with its elapsed: the core decides it is a timeout
         return _AttemptResult(outcome_for_response(response), response, None, start, end)
 
 
@@ -154,34 +156,30 @@ class LeveeTransport(_Base, httpx.BaseTransport):
         st, v = self._begin(request)
         proto = _protocol(st, v)
         last: httpx.Response | None = None
-        replayable = _replayable(request)
         try:
             action = next(proto)
             while True:
                 op = action[0]
-                if st.last is not None and not replayable and op in (ATTEMPT, _SLEEP):
-                    return _give_up(st.last)
                 if last is not None:
                     last.close()
                     last = None
                 if op == ATTEMPT:
                     _mark_attempt(request, action[1])
                     _with_timeout(request, action[2])
-                    start = _monotonic_ns()
-                    token = _ATTEMPT_DEADLINE.set(start + action[2]) if action[2] else None
+                    start = self._engine._now()
+                    scope = _AttemptScope(self._engine, start, action[2])
                     try:
                         response = self._transport.handle_request(request)
-                        _read_within(response, action[2], start)
+                        _read_within(response, action[2], start, self._engine._now)
                         res = self._result(request, response, None, start, action[2])
                     except Exception as e:
                         res = self._result(request, None, e, start, action[2])
                     finally:
-                        if token is not None:
-                            _ATTEMPT_DEADLINE.reset(token)
+                        scope.close()
                     last = res.value
                     action = proto.send(res)
                 elif op == _SLEEP:
-                    time.sleep(action[1] / 1e9)
+                    sleep_sync(self._engine, action[1])
                     action = proto.send(None)
                 else:
                     action = proto.send(_checked(action[1], *_run_fallback_sync(st, action[1], action[2])))
@@ -210,23 +208,20 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
         st, v = self._begin(request)
         proto = _protocol(st, v)
         last: httpx.Response | None = None
-        replayable = _replayable(request)
         try:
             action = next(proto)
             while True:
                 op = action[0]
-                if st.last is not None and not replayable and op in (ATTEMPT, _SLEEP):
-                    return _give_up(st.last)
                 if last is not None:
                     await last.aclose()
                     last = None
                 if op == ATTEMPT:
                     _mark_attempt(request, action[1])
                     _with_timeout(request, action[2])
-                    start = _monotonic_ns()
+                    start = self._engine._now()
                     try:
                         if action[2]:
-                            async with asyncio.timeout(action[2] / 1e9):
+                            async with attempt_timeout_cm(self._engine, action[2]):
                                 response = await self._transport.handle_async_request(request)
                                 await response.aread()
                         else:
@@ -238,7 +233,7 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
                     last = res.value
                     action = proto.send(res)
                 elif op == _SLEEP:
-                    await asyncio.sleep(action[1] / 1e9)
+                    await sleep_async(self._engine, action[1])
                     action = proto.send(None)
                 else:
                     action = proto.send(_checked(action[1], *await _run_fallback_async(st, action[1], action[2])))

@@ -7,11 +7,13 @@ retryable, how long to wait, and whether to give up. Nothing here decides anythi
 
 from __future__ import annotations
 
+import ssl
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._constants import HTTP_TLS_CERTIFICATE_CLASS, HTTP_UNNAMED_ERROR_CLASS
 from .types import OutcomeKind
 
 __all__ = [
@@ -114,15 +116,38 @@ def outcome_for_result(value: Any) -> Outcome | None:
 
 
 def error_name(exc: BaseException) -> str:
-    """The class name passed as `error-class` text: the exception type's `__name__`."""
-    return type(exc).__name__
+    """The class name passed as `error-class` text (docs/hosts.md, section 6): the exception
+    type's `__name__`, without its module; `Error` when that is empty."""
+    return type(exc).__name__ or HTTP_UNNAMED_ERROR_CLASS
+
+
+_TLS_CERTIFICATE = Outcome(OutcomeKind.ERROR_CLASS, 0, HTTP_TLS_CERTIFICATE_CLASS)
+
+
+def _certificate_failed(exc: BaseException) -> bool:
+    """Whether the server's TLS certificate failed verification (anywhere in the cause chain)."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 16:
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
 
 
 def outcome_for_exception(exc: BaseException) -> Outcome:
-    """Map an exception to an outcome: timeouts, connection errors, HTTP status errors of httpx
-    and requests, and otherwise an `error-class` outcome named by the exception's class."""
+    """Map an exception to an outcome (docs/hosts.md, section 6): a timeout other than
+    connecting is `timeout`; a connection that could not be made (refused, reset, DNS, a connect
+    timeout, a TLS handshake failure) is `connection-error`; a certificate that failed
+    verification is the error class `tls-certificate`; HTTP status errors of httpx and requests
+    are their status; anything else is an `error-class` named by the exception's class."""
+    if _certificate_failed(exc):
+        return _TLS_CERTIFICATE
     httpx = sys.modules.get("httpx")
     if httpx is not None:
+        if isinstance(exc, httpx.ConnectTimeout):
+            return _CONNECTION_ERROR
         if isinstance(exc, httpx.TimeoutException):
             return _TIMEOUT
         if isinstance(exc, httpx.HTTPStatusError):
@@ -131,6 +156,8 @@ def outcome_for_exception(exc: BaseException) -> Outcome:
             return _CONNECTION_ERROR
     requests = sys.modules.get("requests")
     if requests is not None:
+        if isinstance(exc, requests.ConnectTimeout):
+            return _CONNECTION_ERROR
         if isinstance(exc, requests.Timeout):
             return _TIMEOUT
         if isinstance(exc, requests.HTTPError) and exc.response is not None:
@@ -139,6 +166,6 @@ def outcome_for_exception(exc: BaseException) -> Outcome:
             return _CONNECTION_ERROR
     if isinstance(exc, TimeoutError):
         return _TIMEOUT
-    if isinstance(exc, ConnectionError):
+    if isinstance(exc, (ConnectionError, ssl.SSLError)):
         return _CONNECTION_ERROR
     return Outcome.error(error_name(exc))

@@ -118,7 +118,8 @@ class Event:
     """One engine event. `policy` is the policy's name (`policy_index` its index).
 
     Times (`at`) are on the host's monotonic clock in ns; `duration` is in ns.
-    For `ENGINE_FAULT`, `name` holds the error message.
+    For `ENGINE_FAULT`, `name` holds the error message and `fault` what sent the call down the
+    recovery path (`trap`, `contract` or `invalid`, docs/hosts.md).
     """
 
     at: int
@@ -134,6 +135,7 @@ class Event:
     state_to: BreakerState
     name: str
     value: int
+    fault: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,429 @@
+"""Runtime glue: the component instance behind an engine, the lock that serialises crossings,
+held-back successes, snapshots and trap recovery.
+
+Nothing here decides anything: `_driver` relays the core's verdicts, `_io` does the I/O they
+ask for, and `engine` is the public API.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ._abi import ComponentFault, Core, LoadErrors, Runtime, event_from_raw
+from ._clock import SYSTEM, Clock, SystemClock
+from ._constants import GUARD_SNAPSHOT_INTERVAL_MS
+from ._events import Listener, dispatch, logger
+from .errors import LeveeError, PolicyError, ProtocolError, UnknownPolicy
+from .outcomes import Outcome
+from .telemetry import SpanSink, TelemetrySink, emit_attempt, emit_call
+from .types import BreakerState, Event, EventKind, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict
+
+if TYPE_CHECKING:
+    from ._driver import FallbackContext, RetryHook, _Call
+
+T = TypeVar("T")
+
+
+EVENTS_BIT = 0x10
+
+# ---------------------------------------------------------------------------- the component
+
+_runtime_lock = threading.Lock()
+_runtimes: dict[str, Runtime] = {}
+
+
+def component_path() -> str:
+    """Where the component is read from: `$LEVEE_COMPONENT` if set, else the copy in the wheel."""
+    env = os.environ.get("LEVEE_COMPONENT")
+    if env:
+        return env
+    return str(resources.files("levee").joinpath("_wasm", "levee_policy.wasm"))
+
+
+def _runtime(path: str | None) -> Runtime:
+    path = path or component_path()
+    with _runtime_lock:
+        rt = _runtimes.get(path)
+        if rt is None:
+            try:
+                wasm = Path(path).read_bytes()
+            except OSError as e:
+                raise LeveeError(
+                    f"cannot read the Levee component at {path}: {e}. Reinstall the package (its build "
+                    "copies levee_policy.wasm into it) or set LEVEE_COMPONENT to the component's path."
+                ) from e
+            rt = _runtimes[path] = Runtime(wasm)
+        return rt
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStep:
+    """One crossing, for `Engine.trace` (debugging and the demo): the operation, the call, the
+    outcome reported (for `report`) and the verdict."""
+
+    op: str
+    call: int
+    policy: str
+    attempt: int
+    outcome: Outcome | None
+    verdict: Verdict
+
+    def __str__(self) -> str:
+        what = ""
+        if self.outcome is not None:
+            o = self.outcome
+            what = f" outcome={o.kind.wit}" + (
+                f":{o.code}" if o.kind in (OutcomeKind.HTTP_STATUS, OutcomeKind.GRPC_STATUS) else ""
+            )
+            if o.text:
+                what += f" text={o.text!r}"
+        return f"call={self.call} {self.op} attempt={self.attempt}{what} -> {self.verdict}"
+
+
+class _Fault(Exception):
+    """Internal: the engine faulted (trap) during this call's crossing; it has been recovered."""
+
+
+class _PolicySlot:
+    __slots__ = ("index", "info", "tmax")
+
+    def __init__(self, index: int, info: PolicyInfo) -> None:
+        self.index = index
+        self.set(info)
+
+    def set(self, info: PolicyInfo) -> None:
+        self.info = info
+        #: the largest first-attempt timeout the contract allows (0: any, including none)
+        t, d = info.attempt_timeout, info.deadline
+        self.tmax = min(t, d) if t and d else t or d
+
+
+class EngineRuntime:
+    """The runtime half of an `Engine` (see `engine.Engine` for the public API)."""
+
+    def __init__(
+        self,
+        document: str,
+        *,
+        seed: int | None = None,
+        component: str | os.PathLike[str] | None = None,
+        snapshot_interval: float = GUARD_SNAPSHOT_INTERVAL_MS / 1000,
+        clock: Clock | None = None,
+        telemetry: TelemetrySink | None = None,
+    ) -> None:
+        """Load `document` (YAML or JSON text). `seed` fixes the jitter PRNG (default: from
+        `os.urandom`). Raises `PolicyError` naming every invalid field.
+
+        `clock` is the clock of every `now`, sleep and asyncio attempt timeout (default the
+        system's; `levee.testing.VirtualClock` in tests). `telemetry` receives the events and
+        metrics of docs/telemetry.md (`levee.telemetry.OpenTelemetrySink`, or your own
+        `TelemetrySink`). `snapshot_interval` is the guard of docs/hosts.md section 7: at most
+        one snapshot per interval of the engine's clock on the call path, besides the ones
+        taken after every breaker transition."""
+        self._document = document
+        #: the clock of every `now`, sleep and asyncio attempt timeout (`levee.testing.VirtualClock`
+        #: in tests); the hot path is kept for the system clock only
+        self._clock: Clock = SYSTEM if clock is None else clock
+        self._now: Callable[[], int] = self._clock.monotonic_ns
+        self._seed = int.from_bytes(os.urandom(8), "little") if seed is None else seed & 0xFFFFFFFFFFFFFFFF
+        self._runtime = _runtime(os.fspath(component) if component is not None else None)
+        self._lock = threading.Lock()
+        #: what an instance is (levee.testing swaps in one that traps on demand)
+        self._core_class: type[Core] = Core
+        self._core = self._make_core()
+        self._generation = 0
+        self._next_call = 1
+        # Held-back successes (call, at, elapsed, generation): appended without the lock (a
+        # deque's append is atomic); the next `start` settles one, any extra are reported first.
+        self._pending: collections.deque[tuple[int, int, int, int]] = collections.deque()
+        self._snapshot: bytes | None = None
+        self._snapshots_stopped = False
+        self._snapshot_every = max(0, int(snapshot_interval * 1e9))
+        self._snapshot_due = 0 if self._snapshot_every else 1 << 63
+        self._fallbacks: dict[str, Callable[[FallbackContext], Any]] = {}
+        self._listeners: list[Listener] = []
+        #: events and metrics (docs/telemetry.md); None: logging and listeners only
+        self._sink: TelemetrySink | None = telemetry
+        spans = (
+            telemetry if isinstance(telemetry, SpanSink) and callable(getattr(telemetry, "start_call", None)) else None
+        )
+        #: the sink's spans (every call then takes the driver path: one span per attempt)
+        self._spans: SpanSink | None = spans
+        self._retry_hooks: dict[str, tuple[RetryHook, ...]] = {}
+        self._tracer: Callable[[TraceStep], None] | None = None
+        # whether calls take the one-crossing hot path (no tracer, the system clock)
+        self._hot = type(self._clock) is SystemClock and self._spans is None
+        self._slots: dict[str, _PolicySlot] = {}
+        self._names: list[str] = []
+        self._refresh_policies()
+        self._closed = False
+        #: how many times the component trapped and was re-instantiated
+        self.faults = 0
+
+    # -------------------------------------------------------------- internals
+
+    def _make_core(self) -> Core:
+        try:
+            return self._core_class(self._runtime, self._document, self._seed)
+        except LoadErrors as e:
+            raise PolicyError(e.errors + _path_hint(self._document)) from None
+        except ComponentFault as e:
+            raise LeveeError(f"the Levee component failed to load the document: {e}") from e
+
+    def _refresh_policies(self) -> None:
+        core = self._core
+        names: list[str] = []
+        for i in range(core.policy_count()):
+            info = core.policy_info(i)
+            if info is None:
+                raise ProtocolError(f"policy-info({i}) returned none for an existing policy")
+            names.append(info.name)
+            slot = self._slots.get(info.name)
+            if slot is None:
+                self._slots[info.name] = _PolicySlot(i, info)
+            else:
+                slot.index = i
+                slot.set(info)
+        for name, slot in self._slots.items():
+            if name not in names:
+                slot.index = -1
+        self._names = names
+
+    def _events_locked(self, v: int, out: list[Event]) -> None:
+        if v & EVENTS_BIT:
+            trip = False
+            for raw in self._core.drain_events():
+                ev = event_from_raw(raw, self._names)
+                trip = trip or ev.kind is EventKind.BREAKER_TRANSITION
+                out.append(ev)
+            if trip:
+                # A breaker changed state: snapshot now, so that a trap never brings back an
+                # older state (docs/architecture.md, "Recovery never forgets a trip").
+                self._snapshot_locked(out)
+
+    def _snapshot_locked(self, out: list[Event]) -> None:
+        """Take the snapshot a recovery restores (held-back successes are sent first)."""
+        if self._snapshots_stopped:
+            return
+        self._flush_locked(out)
+        try:
+            self._snapshot = self._core.export_state()
+        except ComponentFault as e:
+            if "too much data" in str(e):
+                # wasmtime-py cannot lift a state this large (docs/architecture.md, "Bounds on
+                # the guest"): every later export would fault the same way. Stop snapshots
+                # rather than fault every second; a trap restores the last one taken.
+                self._snapshots_stopped = True
+                logger.error(
+                    "levee: the engine state is too large for wasmtime-py to export (%s); snapshots "
+                    "stop, and a trap will restore the state of the last one",
+                    e,
+                )
+            raise
+        if self._snapshot_every:
+            self._snapshot_due = self._now() + self._snapshot_every
+
+    def _flush_locked(self, out: list[Event], keep: int = 0) -> None:
+        """Report held-back successes (they must precede any other operation), leaving `keep`."""
+        pending = self._pending
+        gen = self._generation
+        while len(pending) > keep:
+            call, at, elapsed, g = pending.popleft()
+            if g == gen:
+                v = self._core.report(call, at, elapsed, OutcomeKind.SUCCESS, 0, "", 0, 0)
+                self._events_locked(v, out)
+
+    def _recover_locked(self, err: BaseException, out: list[Event], fault: str = "trap", policy: str = "",
+                        key: str = "", call: int = 0) -> None:  # fmt: skip
+        """The one recovery path (docs/hosts.md, section 3), steps 1 and 2: for a trap or a verdict
+        that breaks the contract, re-instantiate, reload and restore the last snapshot (events of
+        the failed crossing are lost); for `invalid`, nothing to replace. Then report it."""
+        self.faults += 1
+        restored = ""
+        if fault != "invalid":
+            self._generation += 1
+            self._pending.clear()
+            old = self._core
+            try:
+                old.close()
+            except Exception:
+                pass
+            try:
+                core = self._core_class(self._runtime, self._document, self._seed)
+                if self._snapshot is not None:
+                    bad = core.import_state(self._snapshot)
+                    restored = "; state restored" if bad is None else f"; state not restored ({bad})"
+                self._core = core
+            except Exception as e2:
+                restored = f"; re-instantiation failed: {e2}"
+        logger.warning("levee: guest fault (%s) in call %d of policy %r: %s%s", fault, call, policy, err, restored)
+        out.append(
+            Event(
+                at=self._now(), kind=EventKind.ENGINE_FAULT, policy=policy, policy_index=-1, key=key, call=call,
+                attempt=0, reason=Reason.NONE, duration=0, state_from=BreakerState.CLOSED,
+                state_to=BreakerState.CLOSED, name=f"{err}{restored}", value=self.faults, fault=fault,
+            )
+        )  # fmt: skip
+
+    def _guest_fault(self, st: _Call, fault: str, message: str) -> None:
+        """A verdict the host cannot act on: `contract` (it breaks the contract: the instance is
+        replaced, as after a trap) or `invalid` (the core does not know the call)."""
+        events: list[Event] = []
+        with self._lock:
+            if fault == "invalid" or st.gen == self._generation:
+                self._recover_locked(ProtocolError(message), events, fault, st.slot.info.name, st.key, st.call)
+        if events:
+            dispatch(events, self._listeners, self._sink)
+
+    def _maybe_snapshot_locked(self, now: int, out: list[Event]) -> None:
+        if self._snapshot_every and now >= self._snapshot_due:
+            self._snapshot_locked(out)
+
+    def _count_success(self, slot: _PolicySlot, elapsed: int) -> None:
+        """The metrics of a first-time success on the hot path (its report is held back)."""
+        sink = self._sink
+        if sink is None:
+            return
+        try:
+            emit_attempt(sink, slot.info.name, "success", elapsed)
+            emit_call(sink, slot.info.name, "success", False, None)
+        except Exception:
+            logger.exception("levee: telemetry sink %r failed", sink)
+
+    def _emit(self, events: list[Event]) -> None:
+        if events:
+            dispatch(events, self._listeners, self._sink)
+
+    def _trace(self, op: str, st: _Call, outcome: Outcome | None, v: int) -> None:
+        tracer = self._tracer
+        if tracer is not None:
+            tracer(TraceStep(op, st.call, st.slot.info.name, st.attempts, outcome, Verdict.unpack(v)))
+
+    def _start(self, slot: _PolicySlot, key: str, flags: int) -> tuple[int, int, int, int]:
+        """`start` a call, settling the held-back success. Returns (call, generation, verdict,
+        now); the verdict is -1 when the guest trapped (recovered: the call ends degraded)."""
+        events: list[Event] = []
+        with self._lock:
+            call = self._next_call
+            self._next_call = call + 1
+            core = self._core
+            now = self._now()  # the call's start: its deadline counts from here
+            try:
+                if self._closed:
+                    raise LeveeError("the engine is closed")
+                if core.dead:
+                    self._recover_locked(ComponentFault("the previous recovery failed"), events)
+                    core = self._core
+                    if core.dead:
+                        raise ComponentFault("the component is unavailable")
+                if slot.index < 0:
+                    raise UnknownPolicy(next(n for n, s in self._slots.items() if s is slot))
+                pending = self._pending
+                sc = sa = se = 0
+                if pending:
+                    if len(pending) > 1:
+                        self._flush_locked(events, keep=1)
+                    sc, sa, se, sg = pending.popleft()
+                    if sg != self._generation:
+                        sc = sa = se = 0
+                v = core.start(call, slot.index, key, flags, now, sc, sa, se)
+                if v & EVENTS_BIT:
+                    self._events_locked(v, events)
+            except ComponentFault as e:
+                if not core.dead:
+                    raise
+                self._recover_locked(e, events, "trap", slot.info.name, key, call)
+                v = -1
+            gen = self._generation
+        if events:
+            dispatch(events, self._listeners, self._sink)
+        return call, gen, v, now
+
+    def _cross(self, st: _Call, fn: Callable[[Core], int]) -> int:
+        """A hot crossing for call `st`. Raises `_Fault` after a trap (recovered), or when the
+        call's instance was replaced since it started (the new one would answer `invalid`)."""
+        events: list[Event] = []
+        try:
+            with self._lock:
+                if st.gen != self._generation:
+                    self._recover_locked(
+                        ProtocolError("the call's instance was replaced"), events, "invalid", st.slot.info.name,
+                        st.key, st.call,
+                    )  # fmt: skip
+                    raise _Fault()
+                core = self._core
+                try:
+                    self._flush_locked(events)
+                    v = fn(core)
+                    self._events_locked(v, events)
+                except ComponentFault as e:
+                    if not core.dead:
+                        raise
+                    self._recover_locked(e, events, "trap", st.slot.info.name, st.key, st.call)
+                    raise _Fault() from e
+                return v
+        finally:
+            if events:
+                dispatch(events, self._listeners, self._sink)
+
+    def _maybe_snapshot(self) -> None:
+        now = self._now()
+        if now >= self._snapshot_due:
+            self._snapshot_tick(now)
+
+    def _snapshot_tick(self, at: int) -> None:
+        """Export the state for trap recovery (at most once per `snapshot_interval`)."""
+        events: list[Event] = []
+        with self._lock:
+            core = self._core
+            try:
+                if not core.dead:
+                    self._maybe_snapshot_locked(at, events)
+            except ComponentFault as e:
+                if not core.dead:
+                    raise
+                self._recover_locked(e, events)
+        if events:
+            dispatch(events, self._listeners, self._sink)
+
+    def _locked_op(self, fn: Callable[[Core], T], snapshot_if: Callable[[T], bool] | None = None) -> T:
+        """Any other operation: flush the held-back success first, recover on a trap. When
+        `snapshot_if(result)` holds, the state it left is snapshotted under the same lock."""
+        events: list[Event] = []
+        try:
+            with self._lock:
+                core = self._core
+                if self._closed:
+                    raise LeveeError("the engine is closed")
+                try:
+                    if core.dead:
+                        raise ComponentFault("the component is unavailable")
+                    self._flush_locked(events)
+                    result = fn(core)
+                    if snapshot_if is not None and snapshot_if(result):
+                        self._snapshot_locked(events)
+                    return result
+                except ComponentFault as e:
+                    self._recover_locked(e, events)
+                    raise LeveeError(f"the Levee engine faulted and was re-instantiated: {e}") from e
+        finally:
+            if events:
+                dispatch(events, self._listeners, self._sink)
+
+
+def _path_hint(document: str) -> list[LoadError]:
+    """When a refused document is one line with no `:` and no `{` (no policy document is),
+    it is most likely a file name given as text: say so, and whether such a file exists."""
+    text = document.strip()
+    if not text or "\n" in text or ":" in text or "{" in text or len(text) > 4096:
+        return []
+    if os.path.exists(text):
+        return [LoadError("", f"the document is the text {text!r}, the name of a file: load it with levee.load(path)")]
+    return [LoadError("", f"the document is the text {text!r}, which looks like a file name, and no such file exists")]

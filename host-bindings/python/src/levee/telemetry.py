@@ -1,0 +1,256 @@
+"""One telemetry schema for every host (docs/telemetry.md): events, counters, histograms and a
+gauge, delivered to a `TelemetrySink`.
+
+```python
+engine = levee.load("policies.yaml", telemetry=levee.telemetry.OpenTelemetrySink())
+```
+
+With no sink (the default) an engine still logs its events (logger ``levee``) and calls its
+listeners; the sink adds the metrics. Names and attributes are the generated constants
+(`wit/constants.json`); times are in seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from .types import BreakerState, Event, EventKind
+
+__all__ = ["AttributeValue", "OpenTelemetrySink", "SpanSink", "TelemetrySink", "event_attributes"]
+
+AttributeValue = str | int | float | bool
+
+# The names of docs/telemetry.md (TELEMETRY in wit/constants.json).
+METRIC_CALLS = "levee.calls"
+METRIC_ATTEMPTS = "levee.attempts"
+METRIC_ATTEMPT_DURATION = "levee.attempt.duration"
+METRIC_RETRIES = "levee.retries"
+METRIC_RETRY_DELAY = "levee.retry.delay"
+METRIC_REJECTIONS = "levee.rejections"
+METRIC_FALLBACKS = "levee.fallbacks"
+METRIC_BREAKER_TRANSITIONS = "levee.breaker.transitions"
+METRIC_BREAKER_STATE = "levee.breaker.state"
+METRIC_ENGINE_FAULTS = "levee.engine.faults"
+ATTR_POLICY = "levee.policy"
+ATTR_KEY = "levee.key"
+ATTR_CALL = "levee.call"
+ATTR_ATTEMPT = "levee.attempt"
+ATTR_REASON = "levee.reason"
+ATTR_DELAY = "levee.delay"
+ATTR_BREAKER_FROM = "levee.breaker.from"
+ATTR_BREAKER_TO = "levee.breaker.to"
+ATTR_FALLBACK = "levee.fallback"
+ATTR_BUDGET_LEVEL = "levee.budget.level"
+ATTR_FAULT = "levee.fault"
+ATTR_RESULT = "levee.result"
+ATTR_RETRIED = "levee.retried"
+ATTR_OUTCOME = "levee.outcome"
+ATTR_DEGRADED = "levee.degraded"
+ATTR_RESEND_COUNT = "http.request.resend_count"
+SPAN_CALL = "levee.call"
+SPAN_ATTEMPT = "levee.attempt"
+
+_BREAKER_NUMBER = {s: i for i, s in enumerate(BreakerState)}
+
+
+@runtime_checkable
+class TelemetrySink(Protocol):
+    """Where an engine's telemetry goes. Called outside the engine's lock, in the order the core
+    recorded the events; a sink that raises is logged and ignored."""
+
+    def event(self, name: str, attributes: Mapping[str, AttributeValue]) -> None: ...
+
+    def add(self, counter: str, value: int, attributes: Mapping[str, AttributeValue]) -> None: ...
+
+    def record(self, histogram: str, value: float, attributes: Mapping[str, AttributeValue]) -> None: ...
+
+    def gauge(self, gauge: str, value: float, attributes: Mapping[str, AttributeValue]) -> None: ...
+
+
+@runtime_checkable
+class SpanSink(Protocol):
+    """A sink that also makes spans (docs/telemetry.md, "Spans"): one per call and a child per
+    attempt. An engine whose sink has these methods runs every call on the driver path, so that
+    each attempt gets its span (the one-crossing hot path has none)."""
+
+    def start_call(self, policy: str, key: str) -> Any: ...
+
+    def end_call(self, span: Any, result: str, reason: str | None) -> None: ...
+
+    def start_attempt(self, call_span: Any, number: int, degraded: bool, http: bool) -> Any: ...
+
+    def end_attempt(self, span: Any, outcome: str | None) -> None: ...
+
+
+def event_attributes(ev: Event) -> dict[str, AttributeValue]:
+    """The attributes of an event, as docs/telemetry.md lists them (absent when they do not apply)."""
+    a: dict[str, AttributeValue] = {ATTR_POLICY: ev.policy, ATTR_KEY: ev.key}
+    if ev.call:
+        a[ATTR_CALL] = ev.call
+    k = ev.kind
+    if k is EventKind.RETRY_SCHEDULED or k is EventKind.RATE_LIMIT_WAIT:
+        a[ATTR_ATTEMPT] = ev.attempt
+        a[ATTR_DELAY] = ev.duration / 1e9
+    elif k is EventKind.GAVE_UP:
+        a[ATTR_ATTEMPT] = ev.attempt
+        a[ATTR_REASON] = ev.reason.wit
+    elif k is EventKind.REJECTED:
+        a[ATTR_ATTEMPT] = ev.attempt
+        a[ATTR_REASON] = ev.reason.wit
+        a[ATTR_DELAY] = ev.duration / 1e9
+    elif k is EventKind.BUDGET_REFUSED:
+        a[ATTR_ATTEMPT] = ev.attempt
+        a[ATTR_BUDGET_LEVEL] = ev.value
+    elif k is EventKind.BREAKER_TRANSITION:
+        a[ATTR_BREAKER_FROM] = ev.state_from.wit
+        a[ATTR_BREAKER_TO] = ev.state_to.wit
+    elif k is EventKind.FALLBACK_CHOSEN:
+        a[ATTR_FALLBACK] = ev.name
+        a[ATTR_REASON] = ev.reason.wit
+    elif k is EventKind.KEY_EVICTED:
+        a[ATTR_KEY] = ev.name or ev.key
+    elif k is EventKind.ENGINE_FAULT:
+        a[ATTR_FAULT] = ev.fault
+    return a
+
+
+def emit_event(sink: TelemetrySink, ev: Event) -> None:
+    """An event and the metrics it drives."""
+    attrs = event_attributes(ev)
+    sink.event(ev.kind.wit, attrs)
+    k = ev.kind
+    pol = {ATTR_POLICY: ev.policy}
+    if k is EventKind.RETRY_SCHEDULED:
+        sink.add(METRIC_RETRIES, 1, pol)
+        sink.record(METRIC_RETRY_DELAY, ev.duration / 1e9, pol)
+    elif k is EventKind.REJECTED:
+        sink.add(METRIC_REJECTIONS, 1, {ATTR_POLICY: ev.policy, ATTR_REASON: ev.reason.wit})
+    elif k is EventKind.FALLBACK_CHOSEN:
+        sink.add(METRIC_FALLBACKS, 1, {ATTR_POLICY: ev.policy, ATTR_FALLBACK: ev.name, ATTR_REASON: ev.reason.wit})
+    elif k is EventKind.BREAKER_TRANSITION:
+        sink.add(
+            METRIC_BREAKER_TRANSITIONS,
+            1,
+            {ATTR_POLICY: ev.policy, ATTR_BREAKER_FROM: ev.state_from.wit, ATTR_BREAKER_TO: ev.state_to.wit},
+        )
+        sink.gauge(METRIC_BREAKER_STATE, _BREAKER_NUMBER[ev.state_to], {ATTR_POLICY: ev.policy, ATTR_KEY: ev.key})
+    elif k is EventKind.ENGINE_FAULT:
+        sink.add(METRIC_ENGINE_FAULTS, 1, {ATTR_FAULT: ev.fault})
+
+
+def emit_attempt(sink: TelemetrySink, policy: str, outcome: str, elapsed_ns: int) -> None:
+    """An attempt reported to the core: `levee.attempts` and `levee.attempt.duration`."""
+    attrs = {ATTR_POLICY: policy, ATTR_OUTCOME: outcome}
+    sink.add(METRIC_ATTEMPTS, 1, attrs)
+    sink.record(METRIC_ATTEMPT_DURATION, elapsed_ns / 1e9, attrs)
+
+
+def emit_call(sink: TelemetrySink, policy: str, result: str, retried: bool, reason: str | None) -> None:
+    """A call ended: `levee.calls` (`levee.reason` on a failure the core decided)."""
+    attrs: dict[str, AttributeValue] = {ATTR_POLICY: policy, ATTR_RESULT: result, ATTR_RETRIED: retried}
+    if reason is not None:
+        attrs[ATTR_REASON] = reason
+    sink.add(METRIC_CALLS, 1, attrs)
+
+
+class OpenTelemetrySink:
+    """The OpenTelemetry adapter (`pip install levee-resilience[otel]`): metrics on the meter
+    ``levee`` (a no-op until an SDK is configured), the spans `levee.call` and `levee.attempt`
+    on the tracer ``levee``, and events as events of the current span (the attempt's or the
+    call's). `spans=False` leaves spans out (calls then keep the one-crossing hot path)."""
+
+    _UNITS: ClassVar[dict[str, str]] = {
+        METRIC_CALLS: "{call}",
+        METRIC_ATTEMPTS: "{attempt}",
+        METRIC_RETRIES: "{retry}",
+        METRIC_REJECTIONS: "{attempt}",
+        METRIC_FALLBACKS: "{fallback}",
+        METRIC_BREAKER_TRANSITIONS: "{transition}",
+        METRIC_ENGINE_FAULTS: "{fault}",
+        METRIC_ATTEMPT_DURATION: "s",
+        METRIC_RETRY_DELAY: "s",
+        METRIC_BREAKER_STATE: "1",
+    }
+
+    def __init__(self, meter_provider: Any = None, tracer_provider: Any = None, *, gauge_key: bool = True,
+                 spans: bool = True) -> None:  # fmt: skip
+        """`gauge_key=False` drops `levee.key` from the breaker-state gauge too (one series per
+        policy instead of one per downstream key)."""
+        from opentelemetry import context, metrics, trace
+
+        self._gauge_key = gauge_key
+        self._context = context
+        self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("levee")
+        if not spans:
+            # an instance attribute hides the methods: no longer a SpanSink
+            self.start_call = None  # type: ignore[method-assign,assignment]
+        self._meter = (meter_provider or metrics.get_meter_provider()).get_meter("levee")
+        self._trace = trace
+        self._instruments: dict[str, Any] = {}
+
+    def _instrument(self, name: str, kind: str) -> Any:
+        inst = self._instruments.get(name)
+        if inst is None:
+            unit = self._UNITS.get(name, "")
+            if kind == "counter":
+                inst = self._meter.create_counter(name, unit=unit)
+            elif kind == "histogram":
+                inst = self._meter.create_histogram(name, unit=unit)
+            else:
+                inst = self._meter.create_gauge(name, unit=unit)
+            self._instruments[name] = inst
+        return inst
+
+    def event(self, name: str, attributes: Mapping[str, AttributeValue]) -> None:
+        span = self._trace.get_current_span()
+        if span.is_recording():
+            span.add_event(name, dict(attributes))
+
+    def add(self, counter: str, value: int, attributes: Mapping[str, AttributeValue]) -> None:
+        self._instrument(counter, "counter").add(value, dict(attributes))
+
+    def record(self, histogram: str, value: float, attributes: Mapping[str, AttributeValue]) -> None:
+        self._instrument(histogram, "histogram").record(value, dict(attributes))
+
+    def gauge(self, gauge: str, value: float, attributes: Mapping[str, AttributeValue]) -> None:
+        attrs = dict(attributes)
+        if not self._gauge_key:
+            attrs.pop(ATTR_KEY, None)
+        self._instrument(gauge, "gauge").set(value, attrs)
+
+    # ------------------------------------------------------------ spans
+
+    def start_call(self, policy: str, key: str) -> Any:
+        return self._tracer.start_span(SPAN_CALL, attributes={ATTR_POLICY: policy, ATTR_KEY: key})
+
+    def end_call(self, span: Any, result: str, reason: str | None) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute(ATTR_RESULT, result)
+        if reason is not None:
+            span.set_attribute(ATTR_REASON, reason)
+        if result == "failure":
+            span.set_status(Status(StatusCode.ERROR, reason or "the call failed"))
+        span.end()
+
+    def start_attempt(self, call_span: Any, number: int, degraded: bool, http: bool) -> Any:
+        attrs: dict[str, AttributeValue] = {ATTR_ATTEMPT: number}
+        if degraded:
+            attrs[ATTR_DEGRADED] = True
+        if http and number > 1:
+            attrs[ATTR_RESEND_COUNT] = number - 1
+        parent = self._trace.set_span_in_context(call_span) if call_span is not None else None
+        span = self._tracer.start_span(SPAN_ATTEMPT, context=parent, attributes=attrs)
+        token = self._context.attach(self._trace.set_span_in_context(span))
+        return span, token
+
+    def end_attempt(self, span: Any, outcome: str | None) -> None:
+        s, token = span
+        try:
+            self._context.detach(token)
+        except Exception:
+            pass  # detached in another context: the span still ends
+        if outcome is not None:
+            s.set_attribute(ATTR_OUTCOME, outcome)
+        s.end()
