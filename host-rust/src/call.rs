@@ -9,13 +9,89 @@ use std::time::Duration;
 
 use levee_core::{InvalidCode, OutcomeKind, Reason};
 
-use crate::driver::{Action, Crossing, Driver};
+use crate::driver::{Action, Crossing, Driver, Recovery};
 use crate::error::LeveeError;
 use crate::handle::Levee;
 use crate::outcome::{IntoOutcome, Outcome};
 use crate::raw::Trap;
-use crate::runtime::{Held, Shared};
+use crate::runtime::{crossing, Held, Injected, Shared};
+use crate::telemetry;
 use crate::time::{EngineClock, Sleep};
+
+/// What the `on_retry` hooks learn before the sleep of a retry (docs/telemetry.md, "The
+/// retry hook").
+#[derive(Clone, Debug)]
+pub struct RetryInfo<'a> {
+    /// The policy.
+    pub policy: &'a str,
+    /// The call's key (`""` for none).
+    pub key: &'a str,
+    /// The attempt that failed (1 for the first).
+    pub attempt: u32,
+    /// The sleep about to start.
+    pub delay: Duration,
+    /// What the failed attempt gave: its error's outcome, or the response's (`Outcome::Http`).
+    pub outcome: &'a Outcome,
+    /// `none` for a retry.
+    pub reason: Reason,
+}
+
+/// A retry hook.
+pub type RetryFn = Arc<dyn Fn(&RetryInfo<'_>) + Send + Sync>;
+
+/// A crossing of the host scenarios' fault seam ([`Call::fault`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultOp {
+    /// `start`.
+    Start,
+    /// `acquire`.
+    Acquire,
+    /// `report` (never of a success, which may be held back).
+    Report,
+    /// `report-fallback`.
+    ReportFallback,
+}
+
+/// Faults for the fault seam: `(crossing, nth, verdict)`, `verdict` `None` for a trap
+/// ([`Call::fault`]). The tower layer reads one from a request's extensions.
+#[derive(Clone, Debug, Default)]
+pub struct FaultPlan(pub Vec<(FaultOp, u32, Option<u64>)>);
+
+/// Faults to inject into one call's crossings.
+#[derive(Default)]
+struct Faults {
+    plan: Vec<(FaultOp, u32, Injected)>,
+    seen: [u32; 4],
+}
+
+impl Faults {
+    /// Count a crossing of `op`; what to inject into it.
+    fn take(&mut self, op: FaultOp) -> Option<Injected> {
+        let i = op as usize;
+        let n = self.seen.get(i).copied().unwrap_or(0).saturating_add(1);
+        if let Some(slot) = self.seen.get_mut(i) {
+            *slot = n;
+        }
+        self.plan.iter().find(|(o, nth, _)| *o == op && *nth == n).map(|(_, _, f)| *f)
+    }
+}
+
+#[inline]
+fn take(faults: &mut Option<Box<Faults>>, op: FaultOp) -> Option<Injected> {
+    match faults {
+        None => None,
+        Some(f) => f.take(op),
+    }
+}
+
+/// Call the retry hooks; a hook that panics is reported and ignored.
+fn run_hooks(hooks: [Option<&RetryFn>; 2], info: &RetryInfo<'_>) {
+    for h in hooks.into_iter().flatten() {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h(info))).is_err() {
+            tracing::error!(target: "levee", policy = %info.policy, "an on_retry hook panicked; ignored");
+        }
+    }
+}
 
 /// A boxed future, as fallbacks return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -45,6 +121,9 @@ pub struct Attempt {
     pub timeout: Option<Duration>,
     /// The call id.
     pub call: u64,
+    /// The degraded attempt of the recovery path (docs/hosts.md, section 3): run without the
+    /// core's leave after the engine faulted.
+    pub degraded: bool,
 }
 
 /// A call being described: policy, key, flags and fallbacks; then [`Call::run`].
@@ -54,6 +133,8 @@ pub struct Call<'a, T, E> {
     key: String,
     flags: u32,
     fallbacks: Vec<(String, FallbackFn<T, E>)>,
+    on_retry: Option<RetryFn>,
+    faults: Option<Box<Faults>>,
 }
 
 /// What an attempt left behind.
@@ -63,33 +144,30 @@ enum Last<T, E> {
     Error(E),
 }
 
-impl<T, E> Last<T, E> {
-    fn take_error(&mut self) -> Option<E> {
-        match std::mem::replace(self, Last::None) {
-            Last::Error(e) => Some(e),
-            other => {
-                *self = other;
-                None
-            }
-        }
-    }
-
-    fn is_some(&self) -> bool {
-        !matches!(self, Last::None)
-    }
-}
-
-/// Cancels the call in the engine when the future running it is dropped mid-way.
+/// Cancels the call in the engine when the future running it is dropped mid-way, and counts
+/// it as `cancelled`.
 struct Guard<'a> {
     shared: &'a Shared,
+    policy: &'a str,
     call: u64,
     live: bool,
+    attempts: u32,
+}
+
+impl Guard<'_> {
+    /// The call ended: count it in `levee.calls`.
+    #[inline]
+    fn end(&mut self, result: &'static str, reason: Option<Reason>) {
+        self.live = false;
+        telemetry::call(&*self.shared.telemetry, self.policy, result, self.attempts > 1, reason.map(Reason::name));
+    }
 }
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
         if self.live {
             self.shared.cancel(self.call);
+            telemetry::call(&*self.shared.telemetry, self.policy, "cancelled", self.attempts > 1, None);
         }
     }
 }
@@ -138,7 +216,7 @@ fn nanos(d: u64) -> Duration {
 
 impl<'a, T, E> Call<'a, T, E> {
     pub(crate) fn new(levee: &'a Levee, policy: &'a str) -> Self {
-        Call { levee, policy, key: String::new(), flags: 0, fallbacks: Vec::new() }
+        Call { levee, policy, key: String::new(), flags: 0, fallbacks: Vec::new(), on_retry: None, faults: None }
     }
 }
 
@@ -187,6 +265,30 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         self
     }
 
+    /// Call `f` before the sleep of each retry of this call (after the handle's
+    /// [`crate::Builder::on_retry`]).
+    pub fn on_retry(mut self, f: impl Fn(&RetryInfo<'_>) + Send + Sync + 'static) -> Self {
+        self.on_retry = Some(Arc::new(f));
+        self
+    }
+
+    /// The fault seam of the host scenarios (conformance/hosts/README.md, "A fault"): make the
+    /// `nth` crossing of `op` of this call trap (`verdict: None`), or answer the packed
+    /// `verdict` instead of the core's. For tests of the recovery path only.
+    pub fn fault(mut self, op: FaultOp, nth: u32, verdict: Option<u64>) -> Self {
+        let inject = verdict.map_or(Injected::Trap, Injected::Verdict);
+        self.faults.get_or_insert_with(Default::default).plan.push((op, nth, inject));
+        self
+    }
+
+    /// [`Call::fault`] for every entry of `plan`.
+    pub fn faults(mut self, plan: &FaultPlan) -> Self {
+        for (op, nth, verdict) in &plan.0 {
+            self = self.fault(*op, *nth, *verdict);
+        }
+        self
+    }
+
     /// Run `f` under the policy; `Ok` is a success, an `Err` is described by [`IntoOutcome`].
     pub async fn run<F, Fut>(self, f: F) -> Result<T, LeveeError<E>>
     where
@@ -216,10 +318,12 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
     {
         let shared = &*self.levee.shared;
         let policy = self.policy;
+        let key = self.key.as_str();
+        let mut faults = self.faults;
         let started = shared.now();
 
         // Start (settling a held-back success first), in one guest call.
-        let s = match shared.start(policy, &self.key, self.flags, started) {
+        let s = match shared.start(policy, key, self.flags, started, take(&mut faults, FaultOp::Start)) {
             Ok(s) => s,
             Err(known) => {
                 let mut err = LeveeError::new(Reason::None, policy);
@@ -230,24 +334,31 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         };
         let call = s.call;
         let mut driver = Driver::new(s.limits, started);
-        let mut guard = Guard { shared, call, live: true };
+        let mut guard = Guard { shared, policy, call, live: true, attempts: 0 };
         let mut last: Last<T, E> = Last::None;
+        let mut last_outcome: Option<Outcome> = None;
+        let hooks = [shared.on_retry.as_ref(), self.on_retry.as_ref()];
+        let hooked = hooks.iter().any(Option::is_some);
         let mut fallbacks = self.fallbacks;
+        let mut fell_back = false;
         let mut fallback_err: Option<E> = None;
         // Fallbacks the chain named that nobody registered: they fail, and the error says so.
         let mut unregistered: Vec<String> = Vec::new();
-        // The trap that ended the protocol, if one did.
+        // The trap that sent the call down the recovery path, if one did.
         let mut trap: Option<Trap> = None;
 
+        // The hot path: a first attempt whose `start` had no events. Its success is held back
+        // for the next `start`; any other success is reported at once (so that the events it
+        // causes, a half-open breaker closing, belong to this call).
+        let hot = matches!(s.verdict, Ok(v) if !v.events_pending());
         let mut action = match s.verdict {
             Ok(v) => {
                 shared.step("start", started, call, policy, None, Some(v));
                 drop(s.pending);
-                driver.next(v, started, false)
+                driver.next(v, started, Crossing::Start)
             }
             Err(t) => {
                 drop(s.pending);
-                shared.trapped(&t, policy);
                 trap = Some(t);
                 driver.trapped(Crossing::Start, shared.now())
             }
@@ -255,21 +366,28 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         loop {
             match action {
                 Action::Attempt { number, begin, timeout } => {
-                    let attempt = Attempt { number, timeout: timeout.map(nanos), call };
+                    guard.attempts = number;
+                    let attempt = Attempt { number, timeout: timeout.map(nanos), call, degraded: false };
                     let result = AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).await;
                     let now = shared.now();
-                    let elapsed = now.saturating_sub(begin);
+                    // A timeout that fired reports the timeout itself as the elapsed time.
+                    let elapsed = match (&result, timeout) {
+                        (None, Some(t)) => t,
+                        _ => now.saturating_sub(begin),
+                    };
                     let outcome = match &result {
                         None => Outcome::Timeout,
                         Some(r) => classify(r),
                     };
-                    if outcome.is_plain_success() {
+                    if hot && number == 1 && outcome.is_plain_success() && timeout.is_none_or(|t| elapsed < t) {
                         // The answer to a success is always `done`: hold the report back; the
-                        // next `start` settles it (one guest call per successful call).
+                        // next `start` settles it (one guest call per successful call). A late
+                        // success is reported: the core makes it a timeout.
                         if let Some(Ok(v)) = result {
-                            guard.live = false;
                             shared.hold(Held { call, at: now, elapsed });
                             shared.step("hold-success", now, call, policy, Some(&outcome), None);
+                            telemetry::attempt(&*shared.telemetry, policy, outcome.kind_name(), elapsed);
+                            guard.end("success", None);
                             return Ok(v);
                         }
                     }
@@ -280,41 +398,59 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     };
                     let (k, code, text, flags) = outcome.parts();
                     let wall = if k == OutcomeKind::HttpStatus && !text.is_empty() { shared.clock.unix_seconds() } else { 0 };
-                    let (r, pending) = shared.cross(|raw| raw.try_report(call, now, elapsed, k, code, text, wall, flags));
+                    let inject = take(&mut faults, FaultOp::Report);
+                    let (r, pending) = shared
+                        .cross(|raw| crossing(raw, inject, "report", |raw| raw.try_report(call, now, elapsed, k, code, text, wall, flags)));
                     action = match r {
                         Ok(v) => {
                             shared.step("report", now, call, policy, Some(&outcome), Some(v));
+                            telemetry::attempt(&*shared.telemetry, policy, outcome.kind_name(), elapsed);
                             drop(pending);
-                            driver.next(v, now, last.is_some())
+                            driver.next(v, now, Crossing::Report)
                         }
                         Err(t) => {
                             drop(pending);
-                            shared.trapped(&t, policy);
                             trap = Some(t);
                             driver.trapped(Crossing::Report, now)
                         }
                     };
+                    last_outcome = Some(outcome);
                 }
-                Action::Sleep { until, retry } => {
+                Action::Sleep { until, delay, retry } => {
                     if retry {
+                        if hooked {
+                            let fallback_outcome = Outcome::Success;
+                            let info = RetryInfo {
+                                policy,
+                                key,
+                                attempt: driver.attempts(),
+                                delay: nanos(delay),
+                                outcome: last_outcome.as_ref().unwrap_or(&fallback_outcome),
+                                reason: Reason::None,
+                            };
+                            run_hooks(hooks, &info);
+                        }
                         if let Last::Value(_) = last {
                             // The value is dropped: a retry replaces it.
                             last = Last::None;
                         }
                     }
                     // Sleep holding nothing: the engine released the attempt's permits.
-                    shared.clock.sleep_until(until).await;
+                    if delay > 0 {
+                        shared.step_sleep(call, policy, delay);
+                        shared.clock.sleep_until(until).await;
+                    }
                     let now = shared.now();
-                    let (r, pending) = shared.cross(|raw| raw.try_acquire(call, now));
+                    let inject = take(&mut faults, FaultOp::Acquire);
+                    let (r, pending) = shared.cross(|raw| crossing(raw, inject, "acquire", |raw| raw.try_acquire(call, now)));
                     action = match r {
                         Ok(v) => {
                             shared.step("acquire", now, call, policy, None, Some(v));
                             drop(pending);
-                            driver.next(v, now, last.is_some())
+                            driver.next(v, now, Crossing::Acquire)
                         }
                         Err(t) => {
                             drop(pending);
-                            shared.trapped(&t, policy);
                             trap = Some(t);
                             driver.trapped(Crossing::Acquire, now)
                         }
@@ -343,6 +479,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         Some(fb) => match fb(ctx).await {
                             Ok(v) => {
                                 last = Last::Value(v);
+                                fell_back = true;
                                 true
                             }
                             Err(e) => {
@@ -352,27 +489,32 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         },
                     };
                     let now = shared.now();
-                    let (r, pending) = shared.cross(|raw| raw.try_report_fallback(call, now, ok));
+                    let inject = take(&mut faults, FaultOp::ReportFallback);
+                    let (r, pending) =
+                        shared.cross(|raw| crossing(raw, inject, "report-fallback", |raw| raw.try_report_fallback(call, now, ok)));
                     action = match r {
                         Ok(v) => {
                             shared.step("report-fallback", now, call, policy, None, Some(v));
                             drop(pending);
-                            driver.next(v, now, last.is_some())
+                            driver.next(v, now, Crossing::ReportFallback)
                         }
                         Err(t) => {
                             drop(pending);
-                            shared.trapped(&t, policy);
                             trap = Some(t);
                             driver.trapped(Crossing::ReportFallback, now)
                         }
                     };
                 }
                 Action::Done => {
-                    // Only after a fallback succeeded (a success returns above).
-                    guard.live = false;
+                    // After a fallback succeeded, or a value the policy accepted (a success
+                    // that was not held back, a response).
                     return match last {
-                        Last::Value(v) => Ok(v),
+                        Last::Value(v) => {
+                            guard.end(if fell_back { "fallback" } else { "success" }, None);
+                            Ok(v)
+                        }
                         _ => {
+                            guard.end("failure", None);
                             let mut err = LeveeError::new(Reason::None, policy);
                             err.invalid = Some(InvalidCode::WrongStep);
                             err.attempts = driver.attempts();
@@ -381,54 +523,83 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     };
                 }
                 Action::Fail { reason, hint } => {
-                    guard.live = false;
+                    guard.end("failure", Some(reason));
                     return finish_fail(reason, hint, policy, driver.attempts(), last, fallback_err).map_err(|mut e| {
                         e.unregistered = unregistered;
+                        e.outcome = last_outcome;
                         e
                     });
                 }
-                Action::Abort { reason } => {
+                Action::Recover { fault, then } => {
+                    if fault == telemetry::Fault::Contract {
+                        shared.reinstantiate(call);
+                    }
+                    // The engine no longer has the call (or never will again).
                     guard.live = false;
-                    shared.cancel(call);
-                    return finish_fail(reason, 0, policy, driver.attempts(), last, fallback_err);
-                }
-                Action::Degraded { number, timeout } => {
-                    guard.live = false;
-                    let attempt = Attempt { number, timeout: timeout.map(nanos), call };
-                    let begin = shared.now();
-                    let result = AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).await;
-                    let mut err = LeveeError::new(Reason::RetriesExhausted, policy);
-                    err.attempts = number;
+                    shared.fault(fault, policy, key, call);
+                    let mut err = LeveeError::new(Reason::None, policy);
+                    err.attempts = driver.attempts();
                     err.trap = trap;
-                    return match result {
-                        Some(Ok(v)) => Ok(v),
-                        Some(Err(e)) => {
-                            err.last = Some(e);
+                    err.fault = Some(fault);
+                    err.outcome = last_outcome;
+                    let result = match then {
+                        Recovery::Attempt => match last {
+                            Last::Value(v) => Ok(v),
+                            Last::Error(e) => {
+                                err.last = Some(e);
+                                Err(err)
+                            }
+                            Last::None => {
+                                // The attempt timed out: its own result is the timeout.
+                                err.reason = Reason::None;
+                                Err(err)
+                            }
+                        },
+                        Recovery::Fallback => match (fell_back, last) {
+                            (true, Last::Value(v)) => Ok(v),
+                            _ => {
+                                err.last = fallback_err;
+                                Err(err)
+                            }
+                        },
+                        Recovery::DeadlinePassed => {
+                            err.reason = Reason::Deadline;
                             Err(err)
                         }
-                        None => Err(err),
+                        Recovery::Degraded { number, timeout } => {
+                            guard.attempts = number;
+                            let attempt = Attempt { number, timeout: timeout.map(nanos), call, degraded: true };
+                            let begin = shared.now();
+                            err.attempts = number;
+                            match AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).await {
+                                Some(Ok(v)) => Ok(v),
+                                Some(Err(e)) => {
+                                    err.last = Some(e);
+                                    Err(err)
+                                }
+                                None => {
+                                    err.outcome = Some(Outcome::Timeout);
+                                    Err(err)
+                                }
+                            }
+                        }
                     };
-                }
-                Action::Lost => {
-                    guard.live = false;
-                    return finish_fail(Reason::RetriesExhausted, 0, policy, driver.attempts(), last, None).map_err(|mut e| {
-                        e.trap = trap;
-                        e
-                    });
-                }
-                Action::Invalid(code) => {
-                    guard.live = false;
-                    let mut err = LeveeError::new(Reason::None, policy);
-                    err.invalid = Some(code);
-                    err.attempts = driver.attempts();
-                    err.last = last.take_error();
-                    return Err(err);
+                    let reason = result.as_ref().err().map(|e| e.reason).filter(|r| *r != Reason::None);
+                    let ended = match (&result, then) {
+                        (Ok(_), Recovery::Fallback) => "fallback",
+                        (Ok(_), _) => "success",
+                        (Err(_), _) => "failure",
+                    };
+                    guard.end(ended, reason);
+                    return result;
                 }
             }
         }
     }
 }
 
+// `LeveeError` is the public error of every call; this only builds it.
+#[allow(clippy::result_large_err)]
 fn finish_fail<T, E>(
     reason: Reason,
     hint: u64,

@@ -68,11 +68,12 @@ async fn adapt<E>(
 
 pub use crate::outcome::HEADER_ATTEMPT;
 
+/// The key of a request: its origin as `host:port` (docs/hosts.md, "The key of an HTTP
+/// call"; `Url` lower-cases the host, keeps IPv6 brackets and drops nothing else we need).
 fn key_of(url: &::reqwest::Url) -> String {
-    match (url.host_str(), url.port_or_known_default()) {
-        (Some(h), Some(p)) => format!("{h}:{p}"),
-        (Some(h), None) => h.to_string(),
-        _ => String::new(),
+    match url.as_str().parse::<http::Uri>() {
+        Ok(uri) => crate::outcome::http_key(&uri),
+        Err(_) => String::new(),
     }
 }
 
@@ -149,9 +150,11 @@ impl Client {
             out.attempts = e.attempts;
             out.retry_after = e.retry_after;
             out.trap = e.trap;
+            out.fault = e.fault;
             out.invalid = e.invalid;
             out.known_policies = e.known_policies;
             out.last = e.last.and_then(|a| a.0);
+            out.outcome = e.outcome;
             out.fallback_error = e.fallback_error.and_then(|a| a.0);
             out
         })

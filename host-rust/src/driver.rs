@@ -6,9 +6,10 @@
 //! the policy's maximum, no timeout or sleep past the deadline) and names the way out when
 //! the engine trapped or lost the call.
 
-use levee_core::{InvalidCode, PolicyInfo, Reason, Verdict, VerdictKind};
+use levee_core::{PolicyInfo, Reason, Verdict, VerdictKind};
 
-use crate::raw::is_trapped;
+use crate::constants::VERDICT_RESERVED_MASK;
+use crate::telemetry::Fault;
 
 /// What a running call needs of its policy (copied at `start`: no allocation, no shared count).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,12 +17,31 @@ pub(crate) struct PolicyLimits {
     pub(crate) max_attempts: u32,
     pub(crate) attempt_timeout: u64,
     pub(crate) deadline: u64,
+    pub(crate) fallbacks: u32,
 }
 
 impl PolicyLimits {
     pub(crate) fn of(p: &PolicyInfo) -> Self {
-        PolicyLimits { max_attempts: p.max_attempts, attempt_timeout: p.attempt_timeout, deadline: p.deadline }
+        PolicyLimits {
+            max_attempts: p.max_attempts,
+            attempt_timeout: p.attempt_timeout,
+            deadline: p.deadline,
+            fallbacks: p.fallbacks.len() as u32,
+        }
     }
+}
+
+/// How a call on the recovery path ends (docs/hosts.md, section 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Recovery {
+    /// With the result of the attempt whose report failed.
+    Attempt,
+    /// With the result of the fallback whose report failed.
+    Fallback,
+    /// After one degraded attempt, number `number`, under `timeout` ns (`None`: none).
+    Degraded { number: u32, timeout: Option<u64> },
+    /// The deadline has passed: no attempt runs; the call fails with `deadline`.
+    DeadlinePassed,
 }
 
 /// What the host does next.
@@ -31,26 +51,20 @@ pub(crate) enum Action {
     Attempt { number: u32, begin: u64, timeout: Option<u64> },
     /// Sleep until `until` holding nothing, then `acquire`. After a `retry` the value the last
     /// attempt returned is dropped (the retry replaces it).
-    Sleep { until: u64, retry: bool },
+    Sleep { until: u64, delay: u64, retry: bool },
     /// Run the fallback at `index` of the policy's chain (why: `reason`); report whether it
     /// succeeded.
     Fallback { index: u32, reason: Reason },
-    /// The call is over with the value a fallback gave.
+    /// The call is over with the last value (an attempt's the policy accepted, or a fallback's).
     Done,
     /// The policy stopped the call: `reason`, and a retry-after hint (ns, 0 for none).
     Fail { reason: Reason, hint: u64 },
-    /// The guest broke its contract: cancel the call in the engine and fail with `reason`.
-    Abort { reason: Reason },
-    /// The engine could not decide (it trapped, or lost the call): run one attempt, number
-    /// `number`, under `timeout`, without retries, and end with its result.
-    Degraded { number: u32, timeout: Option<u64> },
-    /// The engine lost the call after an attempt ran: end with what the attempt gave.
-    Lost,
-    /// A protocol error between host and core.
-    Invalid(InvalidCode),
+    /// The one recovery path: report `fault` (re-instantiating first for a contract breach),
+    /// then end as `then` says, with no retry and no fallback.
+    Recover { fault: Fault, then: Recovery },
 }
 
-/// The crossing that trapped.
+/// The crossing that produced a verdict (or trapped).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Crossing {
     Start,
@@ -74,87 +88,89 @@ impl Driver {
         Driver { limits, deadline: (limits.deadline > 0).then(|| started.saturating_add(limits.deadline)), attempts: 0 }
     }
 
-    /// Attempts run so far (or begun: counted when the action is given).
+    /// Attempts started so far.
     #[inline]
     pub(crate) fn attempts(&self) -> u32 {
         self.attempts
     }
 
-    /// The action for the verdict `v` of a step taken at `now`; `has_last` says whether an
-    /// attempt left a value or an error to end with.
+    /// The action for the verdict `v` that `crossing` answered at `now`: what the verdict says,
+    /// or the recovery path when it breaks the contract (docs/hosts.md, section 2) or is
+    /// `invalid`.
     #[inline(always)]
-    pub(crate) fn next(&mut self, mut v: Verdict, now: u64, has_last: bool) -> Action {
-        if is_trapped(v) {
-            // Only the plain methods answer TRAPPED; the try_ ones the handle uses do not.
-            v = Verdict::invalid(InvalidCode::UnknownCall);
+    pub(crate) fn next(&mut self, v: Verdict, now: u64, crossing: Crossing) -> Action {
+        if v.0 & u64::from(VERDICT_RESERVED_MASK) != 0 {
+            return self.recover(Fault::Contract, crossing, now);
         }
-        match v.kind().unwrap_or(VerdictKind::Invalid) {
+        let Some(kind) = v.kind() else { return self.recover(Fault::Contract, crossing, now) };
+        match kind {
             VerdictKind::Attempt => {
-                if self.attempts >= self.limits.max_attempts {
-                    // The guest asked for more attempts than the policy allows: stop.
-                    return Action::Abort { reason: Reason::RetriesExhausted };
+                let number = self.attempts.saturating_add(1);
+                let t = v.payload();
+                let l = &self.limits;
+                let left = self.deadline.map(|d| d.saturating_sub(now));
+                let breach = u32::from(v.detail()) != number.min(255)
+                    || number > l.max_attempts
+                    || (l.attempt_timeout > 0 && t > l.attempt_timeout)
+                    || left.is_some_and(|left| t > left)
+                    || (t == 0 && (l.attempt_timeout > 0 || left.is_some()));
+                if breach {
+                    return self.recover(Fault::Contract, crossing, now);
                 }
-                self.attempts += 1;
-                Action::Attempt { number: self.attempts, begin: now, timeout: clamp_timeout(v.payload(), self.deadline, now) }
+                self.attempts = number;
+                Action::Attempt { number, begin: now, timeout: (t > 0).then_some(t) }
             }
-            kind @ (VerdictKind::Wait | VerdictKind::Retry) => match clamp_delay(v.payload(), self.deadline, now) {
-                // A delay that would end past the deadline: the guest was wrong; stop.
-                None => Action::Abort { reason: Reason::Deadline },
-                Some(delay) => Action::Sleep { until: now.saturating_add(delay), retry: kind == VerdictKind::Retry },
+            VerdictKind::Wait | VerdictKind::Retry => {
+                let until = now.saturating_add(v.payload());
+                if Reason::from_index(u32::from(v.detail())).is_none() || self.deadline.is_some_and(|d| until > d) {
+                    return self.recover(Fault::Contract, crossing, now);
+                }
+                Action::Sleep { until, delay: v.payload(), retry: kind == VerdictKind::Retry }
+            }
+            VerdictKind::Fallback => {
+                let index = v.payload();
+                match Reason::from_index(u32::from(v.detail())) {
+                    Some(reason) if index < u64::from(self.limits.fallbacks) => Action::Fallback { index: index as u32, reason },
+                    _ => self.recover(Fault::Contract, crossing, now),
+                }
+            }
+            VerdictKind::Done => match crossing {
+                // `start` and `acquire` only admit: they never end a call.
+                Crossing::Start | Crossing::Acquire => self.recover(Fault::Contract, crossing, now),
+                Crossing::Report | Crossing::ReportFallback => Action::Done,
             },
-            VerdictKind::Fallback => Action::Fallback { index: v.payload() as u32, reason: v.reason() },
-            VerdictKind::Done => Action::Done,
-            VerdictKind::Fail => Action::Fail { reason: v.reason(), hint: v.payload() },
-            VerdictKind::Invalid => {
-                let code = InvalidCode::from_index(u32::from(v.detail())).unwrap_or(InvalidCode::UnknownCall);
-                if code != InvalidCode::UnknownCall {
-                    return Action::Invalid(code);
-                }
-                // Another task's trap recovery dropped this call from the engine: it proceeds
-                // as a single attempt (or ends with what it has).
-                if self.attempts == 0 || !has_last {
-                    self.degraded(now)
-                } else {
-                    Action::Lost
-                }
-            }
+            VerdictKind::Fail => match Reason::from_index(u32::from(v.detail())) {
+                Some(reason) if reason != Reason::None => Action::Fail { reason, hint: v.payload() },
+                _ => self.recover(Fault::Contract, crossing, now),
+            },
+            VerdictKind::Invalid => self.recover(Fault::Invalid, crossing, now),
         }
     }
 
-    /// The action after `crossing` trapped at `now` (the engine has recovered and forgotten
-    /// the call).
+    /// The action after `crossing` trapped at `now` (the engine has re-instantiated itself).
     pub(crate) fn trapped(&mut self, crossing: Crossing, now: u64) -> Action {
-        match crossing {
-            Crossing::Start | Crossing::Acquire => self.degraded(now),
-            Crossing::Report | Crossing::ReportFallback => Action::Lost,
-        }
+        self.recover(Fault::Trap, crossing, now)
     }
 
-    /// One attempt under the policy's own timeout and deadline.
-    fn degraded(&mut self, now: u64) -> Action {
-        Action::Degraded {
-            number: self.attempts.saturating_add(1),
-            timeout: clamp_timeout(self.limits.attempt_timeout, self.deadline, now),
-        }
-    }
-}
-
-/// The attempt timeout to enforce: the core's, never past the deadline.
-#[inline]
-fn clamp_timeout(payload: u64, deadline: Option<u64>, now: u64) -> Option<u64> {
-    let remaining = deadline.map(|d| d.saturating_sub(now).max(1));
-    match (payload, remaining) {
-        (0, r) => r,
-        (t, Some(r)) => Some(t.min(r)),
-        (t, None) => Some(t),
-    }
-}
-
-/// The delay to sleep: the core's, `None` when it would end at or past the deadline.
-fn clamp_delay(payload: u64, deadline: Option<u64>, now: u64) -> Option<u64> {
-    match deadline {
-        Some(d) if now.saturating_add(payload) >= d => None,
-        _ => Some(payload),
+    /// The recovery path from `crossing` at `now`.
+    fn recover(&mut self, fault: Fault, crossing: Crossing, now: u64) -> Action {
+        let then = match crossing {
+            Crossing::Report => Recovery::Attempt,
+            Crossing::ReportFallback => Recovery::Fallback,
+            Crossing::Start | Crossing::Acquire => match self.deadline {
+                Some(d) if now >= d => Recovery::DeadlinePassed,
+                deadline => {
+                    let left = deadline.map(|d| d - now);
+                    let timeout = match (self.limits.attempt_timeout, left) {
+                        (0, left) => left,
+                        (t, Some(left)) => Some(t.min(left)),
+                        (t, None) => Some(t),
+                    };
+                    Recovery::Degraded { number: self.attempts.saturating_add(1), timeout }
+                }
+            },
+        };
+        Action::Recover { fault, then }
     }
 }
 
@@ -162,53 +178,69 @@ fn clamp_delay(payload: u64, deadline: Option<u64>, now: u64) -> Option<u64> {
 mod tests {
     use super::*;
 
-    const LIMITS: PolicyLimits = PolicyLimits { max_attempts: 2, attempt_timeout: 50, deadline: 100 };
+    const LIMITS: PolicyLimits = PolicyLimits { max_attempts: 2, attempt_timeout: 50, deadline: 100, fallbacks: 1 };
 
-    fn attempt(timeout: u64) -> Verdict {
-        Verdict::attempt(1, timeout)
+    fn v(kind: VerdictKind, detail: u8, payload: u64) -> Verdict {
+        Verdict::new(kind, detail, payload)
     }
 
-    fn retry(delay: u64) -> Verdict {
-        Verdict::new(VerdictKind::Retry, Reason::None as u8, delay)
-    }
-
-    #[test]
-    fn delays_and_timeouts_never_pass_the_deadline() {
-        assert_eq!(clamp_delay(10, Some(100), 50), Some(10));
-        assert_eq!(clamp_delay(50, Some(100), 50), None);
-        assert_eq!(clamp_delay(u64::MAX, None, 50), Some(u64::MAX));
-        assert_eq!(clamp_timeout(0, None, 5), None);
-        assert_eq!(clamp_timeout(0, Some(100), 40), Some(60));
-        assert_eq!(clamp_timeout(500, Some(100), 40), Some(60));
-        assert_eq!(clamp_timeout(30, Some(100), 40), Some(30));
-        assert_eq!(clamp_timeout(30, Some(100), 200), Some(1));
+    fn contract(then: Recovery) -> Action {
+        Action::Recover { fault: Fault::Contract, then }
     }
 
     #[test]
-    fn attempts_never_pass_the_policy_maximum() {
+    fn attempts_follow_the_verdict_within_the_contract() {
         let mut d = Driver::new(LIMITS, 1);
-        assert_eq!(d.next(attempt(50), 1, false), Action::Attempt { number: 1, begin: 1, timeout: Some(50) });
-        assert_eq!(d.next(attempt(50), 70, true), Action::Attempt { number: 2, begin: 70, timeout: Some(31) });
-        assert_eq!(d.next(attempt(50), 80, true), Action::Abort { reason: Reason::RetriesExhausted });
+        assert_eq!(d.next(Verdict::attempt(1, 50), 1, Crossing::Start), Action::Attempt { number: 1, begin: 1, timeout: Some(50) });
+        assert_eq!(d.next(Verdict::attempt(2, 31), 70, Crossing::Acquire), Action::Attempt { number: 2, begin: 70, timeout: Some(31) });
+        // A third attempt is past the maximum.
+        assert_eq!(d.next(Verdict::attempt(3, 10), 80, Crossing::Acquire), contract(Recovery::Degraded { number: 3, timeout: Some(21) }));
         assert_eq!(d.attempts(), 2);
     }
 
     #[test]
-    fn a_retry_sleeps_from_the_step_and_a_late_one_stops() {
+    fn verdicts_that_break_the_contract_take_the_recovery_path() {
+        let degraded = contract(Recovery::Degraded { number: 1, timeout: Some(50) });
+        let cases = [
+            (Verdict::attempt(2, 50), Crossing::Start),             // wrong number
+            (Verdict::attempt(1, 60), Crossing::Start),             // above the attempt timeout
+            (Verdict::attempt(1, 0), Crossing::Start),              // no timeout under one
+            (v(VerdictKind::Done, 0, 0), Crossing::Start),          // done to start
+            (v(VerdictKind::Fail, 0, 0), Crossing::Start),          // fail without a reason
+            (v(VerdictKind::Fail, 200, 0), Crossing::Start),        // an unknown reason
+            (v(VerdictKind::Fallback, 1, 1), Crossing::Start),      // index out of range
+            (v(VerdictKind::Retry, 0, 200), Crossing::Acquire),     // past the deadline
+            (Verdict(7), Crossing::Start),                          // an unknown kind
+            (Verdict(0x20 | 0x0100 | (50 << 16)), Crossing::Start), // reserved bits
+        ];
+        for (verdict, crossing) in cases {
+            assert_eq!(Driver::new(LIMITS, 1).next(verdict, 1, crossing), degraded, "{verdict:?}");
+        }
         let mut d = Driver::new(LIMITS, 1);
-        assert_eq!(d.next(retry(20), 30, true), Action::Sleep { until: 50, retry: true });
-        assert_eq!(d.next(retry(80), 30, true), Action::Abort { reason: Reason::Deadline });
+        assert_eq!(d.next(v(VerdictKind::Retry, 0, 20), 30, Crossing::Report), Action::Sleep { until: 50, delay: 20, retry: true });
+        assert_eq!(d.next(v(VerdictKind::Retry, 0, 72), 30, Crossing::Report), contract(Recovery::Attempt));
+        assert_eq!(d.next(v(VerdictKind::Done, 0, 0), 30, Crossing::ReportFallback), Action::Done);
     }
 
     #[test]
-    fn a_lost_call_runs_one_attempt_or_ends_with_what_it_has() {
+    fn the_recovery_path_ends_by_the_crossing_that_failed() {
         let mut d = Driver::new(LIMITS, 1);
-        let unknown = Verdict::invalid(InvalidCode::UnknownCall);
-        assert_eq!(d.next(unknown, 10, false), Action::Degraded { number: 1, timeout: Some(50) });
-        let _ = d.next(attempt(50), 10, false);
-        assert_eq!(d.next(unknown, 20, true), Action::Lost);
-        assert_eq!(d.trapped(Crossing::Acquire, 90), Action::Degraded { number: 2, timeout: Some(11) });
-        assert_eq!(d.trapped(Crossing::Report, 90), Action::Lost);
-        assert_eq!(d.next(Verdict::invalid(InvalidCode::WrongStep), 20, true), Action::Invalid(InvalidCode::WrongStep));
+        let invalid = Verdict::invalid(levee_core::InvalidCode::UnknownCall);
+        assert_eq!(
+            d.next(invalid, 10, Crossing::Start),
+            Action::Recover { fault: Fault::Invalid, then: Recovery::Degraded { number: 1, timeout: Some(50) } }
+        );
+        assert_eq!(
+            d.trapped(Crossing::Acquire, 90),
+            Action::Recover { fault: Fault::Trap, then: Recovery::Degraded { number: 1, timeout: Some(11) } }
+        );
+        assert_eq!(d.trapped(Crossing::Acquire, 101), Action::Recover { fault: Fault::Trap, then: Recovery::DeadlinePassed });
+        assert_eq!(d.trapped(Crossing::Report, 90), Action::Recover { fault: Fault::Trap, then: Recovery::Attempt });
+        assert_eq!(d.trapped(Crossing::ReportFallback, 90), Action::Recover { fault: Fault::Trap, then: Recovery::Fallback });
+        let mut none = Driver::new(PolicyLimits { max_attempts: 1, attempt_timeout: 0, deadline: 0, fallbacks: 0 }, 1);
+        assert_eq!(
+            none.trapped(Crossing::Start, 5),
+            Action::Recover { fault: Fault::Trap, then: Recovery::Degraded { number: 1, timeout: None } }
+        );
     }
 }

@@ -12,11 +12,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use levee_core::{BreakerState, Event, LoadError, PolicyInfo};
 
-use crate::call::{BoxFuture, Call, FallbackContext, FallbackFn};
+use crate::call::{BoxFuture, Call, FallbackContext, FallbackFn, RetryFn, RetryInfo};
 use crate::error::{LeveeError, LoadErrors};
 use crate::outcome::IntoOutcome;
 use crate::raw::{Backend, Limits, RawEngine};
 use crate::runtime::{Core, ListenFn, Policies, Shared, Step, TraceFn};
+use crate::telemetry::{Standard, Telemetry};
 use crate::time::{Clock, EngineClock};
 use crate::Attempt;
 
@@ -29,6 +30,8 @@ pub struct Builder {
     trace: Option<TraceFn>,
     listener: Option<ListenFn>,
     clock: Option<Arc<dyn Clock>>,
+    telemetry: Option<Arc<dyn Telemetry>>,
+    on_retry: Option<RetryFn>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -70,6 +73,20 @@ impl Builder {
         self
     }
 
+    /// Where telemetry goes (default [`crate::telemetry::Standard`]: `tracing` and the `metrics`
+    /// facade, in the schema of docs/telemetry.md).
+    pub fn telemetry(mut self, sink: impl Telemetry) -> Self {
+        self.telemetry = Some(Arc::new(sink));
+        self
+    }
+
+    /// Call `f` before the sleep of every retry of every call (tenacity's `before_sleep`); a
+    /// call's own [`Call::on_retry`] runs after it. A hook that panics is reported and ignored.
+    pub fn on_retry(mut self, f: impl Fn(&RetryInfo<'_>) + Send + Sync + 'static) -> Self {
+        self.on_retry = Some(Arc::new(f));
+        self
+    }
+
     /// Call `f` at every step of the protocol (for demos and debugging; it runs on the
     /// calling task, outside the engine lock).
     pub fn trace(mut self, f: impl Fn(&Step<'_>) + Send + Sync + 'static) -> Self {
@@ -95,7 +112,8 @@ impl Builder {
             Some(c) => EngineClock::Injected(c),
             None => EngineClock::tsc(),
         };
-        Ok(Levee { shared: Arc::new(Shared::new(Core::new(raw, policies), clock, self.trace, self.listener)) })
+        let telemetry = self.telemetry.unwrap_or_else(|| Arc::new(Standard::new()));
+        Ok(Levee { shared: Arc::new(Shared::new(Core::new(raw, policies), clock, self.trace, self.listener, telemetry, self.on_retry)) })
     }
 
     /// Load a policy file.

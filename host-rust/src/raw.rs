@@ -363,6 +363,30 @@ impl RawEngine {
     }
 }
 
+impl RawEngine {
+    /// Replace the instance with a fresh one holding the last snapshot, as after a trap in
+    /// `operation` (the recovery path of a verdict that broke the contract, docs/hosts.md
+    /// section 3, and the fault seam of the host scenarios). Returns the trap to report.
+    pub fn reinstantiate(&mut self, operation: &'static str, message: impl Into<String>) -> Trap {
+        let message = message.into();
+        #[cfg(feature = "wasm")]
+        if let Inner::Wasm(_) = self.inner {
+            return self.recover(operation, message);
+        }
+        self.traps = self.traps.saturating_add(1);
+        let mut restored = false;
+        if let Ok(mut native) = levee_core::Engine::load(&self.document, self.seed) {
+            if let Some(snap) = &self.snapshot {
+                restored = native.import_state(snap).is_ok();
+            }
+            self.inner = Inner::Native(Box::new(native));
+        }
+        let trap = Trap(Box::new(TrapInfo { operation, message, restored }));
+        self.last_trap = Some(trap.clone());
+        trap
+    }
+}
+
 /// Run an operation on whichever backend, recovering from a trap on the wasm one.
 macro_rules! op {
     ($self:ident, $name:literal, |$n:ident| $native:expr, |$w:ident| $wasm:expr) => {{

@@ -13,16 +13,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use levee_core::{Event, OutcomeKind, PolicyInfo, Verdict};
 
 use crate::driver::PolicyLimits;
-use crate::events;
 use crate::outcome::Outcome;
 use crate::raw::{RawEngine, Trap};
+use crate::telemetry::{self, Fault, Telemetry};
 use crate::time::EngineClock;
 
 /// One step of the protocol, for tracing hooks ([`crate::Builder::trace`]).
 #[derive(Clone, Debug)]
 pub struct Step<'a> {
     /// `start`, `acquire`, `report`, `hold-success` (a success held back, settled by the next
-    /// `start`), `report-fallback`.
+    /// `start`), `report-fallback`, `sleep`.
     pub op: &'static str,
     /// The host's monotonic time of the step, in ns since the handle was made.
     pub now: u64,
@@ -32,8 +32,10 @@ pub struct Step<'a> {
     pub policy: &'a str,
     /// The outcome reported (for `report` and `hold-success`).
     pub outcome: Option<&'a Outcome>,
-    /// The core's answer (`None` for `hold-success`, whose answer is `done`).
+    /// The core's answer (`None` for `hold-success`, whose answer is `done`, and `sleep`).
     pub verdict: Option<Verdict>,
+    /// For `sleep` (a retry delay or a rate-limit wait about to be slept): its length.
+    pub sleep: Option<std::time::Duration>,
 }
 
 pub(crate) type TraceFn = Arc<dyn Fn(&Step<'_>) + Send + Sync>;
@@ -226,10 +228,51 @@ pub(crate) struct Shared {
     pub(crate) fallbacks: Mutex<HashMap<String, Arc<dyn Any + Send + Sync>>>,
     trace: Option<TraceFn>,
     listener: Option<ListenFn>,
+    pub(crate) telemetry: Arc<dyn Telemetry>,
+    pub(crate) on_retry: Option<crate::call::RetryFn>,
+}
+
+/// What the fault seam of the host scenarios does to one crossing (see [`crate::Call::fault`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Injected {
+    /// The guest traps: the crossing does not happen and the engine re-instantiates.
+    Trap,
+    /// The crossing happens, its events are dropped, and the host sees this packed verdict.
+    Verdict(u64),
+}
+
+/// Run `real` on `raw`, or what `inject` says instead.
+#[inline]
+pub(crate) fn crossing(
+    raw: &mut RawEngine,
+    inject: Option<Injected>,
+    op: &'static str,
+    real: impl FnOnce(&mut RawEngine) -> Result<Verdict, Trap>,
+) -> Result<Verdict, Trap> {
+    match inject {
+        None => real(raw),
+        Some(Injected::Trap) => Err(raw.reinstantiate(op, "a trap injected by the fault seam")),
+        Some(Injected::Verdict(v)) => {
+            let r = real(raw);
+            if let Ok(real) = r {
+                if real.events_pending() {
+                    let _ = raw.try_drain_events();
+                }
+            }
+            r.map(|_| Verdict(v))
+        }
+    }
 }
 
 impl Shared {
-    pub(crate) fn new(core: Core, clock: EngineClock, trace: Option<TraceFn>, listener: Option<ListenFn>) -> Self {
+    pub(crate) fn new(
+        core: Core,
+        clock: EngineClock,
+        trace: Option<TraceFn>,
+        listener: Option<ListenFn>,
+        telemetry: Arc<dyn Telemetry>,
+        on_retry: Option<crate::call::RetryFn>,
+    ) -> Self {
         Shared {
             core: Mutex::new(core),
             held: HeldSlot::new(),
@@ -238,6 +281,8 @@ impl Shared {
             fallbacks: Mutex::new(HashMap::new()),
             trace,
             listener,
+            telemetry,
+            on_retry,
         }
     }
 
@@ -245,7 +290,15 @@ impl Shared {
     #[inline]
     pub(crate) fn step(&self, op: &'static str, now: u64, call: u64, policy: &str, outcome: Option<&Outcome>, verdict: Option<Verdict>) {
         if let Some(t) = &self.trace {
-            t(&Step { op, now, call, policy, outcome, verdict });
+            t(&Step { op, now, call, policy, outcome, verdict, sleep: None });
+        }
+    }
+
+    /// Tell the trace hook of a sleep about to start.
+    pub(crate) fn step_sleep(&self, call: u64, policy: &str, delay: u64) {
+        if let Some(t) = &self.trace {
+            let sleep = Some(std::time::Duration::from_nanos(delay));
+            t(&Step { op: "sleep", now: self.now(), call, policy, outcome: None, verdict: None, sleep });
         }
     }
 
@@ -276,7 +329,14 @@ impl Shared {
     /// `start` a call under the policy at `index`-by-name, settling a held-back success in the
     /// same guest call. `Err` with the document's names when there is no such policy.
     #[inline]
-    pub(crate) fn start(&self, policy: &str, key: &str, flags: u32, now: u64) -> Result<Started<'_>, Vec<String>> {
+    pub(crate) fn start(
+        &self,
+        policy: &str,
+        key: &str,
+        flags: u32,
+        now: u64,
+        inject: Option<Injected>,
+    ) -> Result<Started<'_>, Vec<String>> {
         let mut core = self.lock();
         let Some((index, limits)) = core.policies.named(policy).map(|(i, p)| (i, PolicyLimits::of(p))) else {
             return Err(core.policies.names());
@@ -285,7 +345,7 @@ impl Shared {
         core.next_call = call.wrapping_add(1).max(1);
         let held = core.held.take();
         let (sc, sa, se) = held.map(|h| (h.call, h.at, h.elapsed)).unwrap_or((0, 0, 0));
-        let verdict = core.raw.try_start(call, index, key, flags, now, sc, sa, se);
+        let verdict = crossing(&mut core.raw, inject, "start", |raw| raw.try_start(call, index, key, flags, now, sc, sa, se));
         if let Ok(v) = verdict {
             core.note(v);
         }
@@ -316,10 +376,20 @@ impl Shared {
         self.finish_locked(core);
     }
 
-    /// A crossing of a call of `policy` trapped (the engine has recovered): count and log it.
-    pub(crate) fn trapped(&self, trap: &Trap, policy: &str) {
-        self.traps.fetch_add(1, Ordering::Relaxed);
-        events::trap(trap, policy);
+    /// A call of `policy` went down the recovery path: count a trap, emit `engine-fault`.
+    pub(crate) fn fault(&self, fault: Fault, policy: &str, key: &str, call: u64) {
+        if fault != Fault::Invalid {
+            self.traps.fetch_add(1, Ordering::Relaxed);
+        }
+        telemetry::fault(&*self.telemetry, fault, policy, key, call);
+    }
+
+    /// Replace the instance after a verdict that broke the contract.
+    pub(crate) fn reinstantiate(&self, call: u64) {
+        let mut core = self.lock();
+        core.flush();
+        let _ = core.raw.reinstantiate("verdict", format!("a verdict for call {call} broke the contract"));
+        drop(core);
     }
 
     /// Unlock, then emit the events and traps collected.
@@ -344,12 +414,13 @@ impl Shared {
     /// Emit what a locked section collected (outside the lock).
     fn emit(&self, events: Vec<Event>, traps: Vec<Trap>, names: &[String]) {
         for t in &traps {
-            self.traps.fetch_add(1, Ordering::Relaxed);
-            events::trap(t, "");
+            // A crossing outside a call's protocol (a held-back success, a drain) trapped.
+            tracing::error!(target: "levee", operation = t.operation(), restored = t.restored(), error = %t.message(), "policy engine trapped; re-instantiated");
+            self.fault(Fault::Trap, "", "", 0);
         }
         for e in &events {
             let name = names.get(e.policy as usize).map(String::as_str).unwrap_or_default();
-            events::emit(e, name);
+            telemetry::emit(&*self.telemetry, e, name);
             if let Some(l) = &self.listener {
                 l(e, name);
             }

@@ -7,7 +7,8 @@
 //! - [`TokioClock`]: `now` is `tokio::time::Instant::now()` and the timers are tokio's, so a test
 //!   under paused time (`#[tokio::test(start_paused = true)]`, or `tokio::time::pause()`, with
 //!   tokio's `test-util` feature) drives the engine with `tokio::time::advance`; with nothing to
-//!   do, a paused runtime jumps to the next timer, so sleeps and timeouts take no real time.
+//!   do, a paused runtime jumps to the next timer, so sleeps and timeouts take no real time
+//!   ([`TokioClock::paused`] ends them on the exact nanosecond, not tokio's millisecond).
 //! - Any [`Clock`] of your own: `now` and `sleep_until` are both yours.
 //!
 //! ```no_run
@@ -54,15 +55,27 @@ pub(crate) fn system_unix_seconds() -> u64 {
 /// tokio's clock: `tokio::time::Instant` for `now` and tokio's timers, so that paused time
 /// (`tokio::time::pause`, `#[tokio::test(start_paused = true)]`) and `tokio::time::advance`
 /// drive the engine. `now` counts from when the clock was made.
+///
+/// tokio's timers have a resolution of one millisecond: a sleep ends on the first whole
+/// millisecond at or after its deadline, paused or not. [`TokioClock::paused`] ends sleeps on
+/// their exact nanosecond under paused time (what the host scenarios need).
 #[derive(Clone, Copy, Debug)]
 pub struct TokioClock {
     origin: tokio::time::Instant,
+    exact: bool,
 }
 
 impl TokioClock {
     /// A clock whose origin is now (tokio's `now`, paused or not).
     pub fn new() -> Self {
-        TokioClock { origin: tokio::time::Instant::now() }
+        TokioClock { origin: tokio::time::Instant::now(), exact: false }
+    }
+
+    /// For tests under paused time only: sleeps end on their exact nanosecond (the clock sleeps
+    /// to within a millisecond of the deadline, then `tokio::time::advance`s the rest). Its
+    /// sleeps panic when time is not paused.
+    pub fn paused() -> Self {
+        TokioClock { origin: tokio::time::Instant::now(), exact: true }
     }
 
     /// The tokio instant of a reading of [`Clock::now`].
@@ -83,7 +96,23 @@ impl Clock for TokioClock {
     }
 
     fn sleep_until(&self, at: u64) -> Sleep {
-        Box::pin(tokio::time::sleep_until(self.instant(at)))
+        let target = self.instant(at);
+        if !self.exact {
+            return Box::pin(tokio::time::sleep_until(target));
+        }
+        Box::pin(async move {
+            // tokio's timers end on a millisecond tick (up to two past the deadline here): sleep to
+            // two milliseconds before, then
+            // advance the paused clock by what is left.
+            let early = target.checked_sub(Duration::from_millis(2)).unwrap_or(target);
+            if tokio::time::Instant::now() < early {
+                tokio::time::sleep_until(early).await;
+            }
+            let now = tokio::time::Instant::now();
+            if now < target {
+                tokio::time::advance(target - now).await;
+            }
+        })
     }
 }
 
