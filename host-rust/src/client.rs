@@ -1,12 +1,15 @@
 //! `reqwest` integration: a client wrapper ([`Client`]) and a `reqwest-middleware`
 //! middleware ([`Middleware`]).
 //!
-//! Each request is one call under the policy, keyed by the URL's `host:port`, with its
+//! Each request is one call under the policy, keyed by the URL's origin as `host:port`
+//! (docs/hosts.md: the host lower-cased, the port always written), with its
 //! method in the `start` flags (the policy's `idempotent-methods` decide what may be
 //! retried) and, when it carries a non-empty `Idempotency-Key` or `X-Idempotency-Key`
 //! header, the "has an idempotency key" flag (the core then retries it whatever its method).
 //! Every attempt sends a copy (`Request::try_clone`); a request whose body cannot be copied
-//! (a stream) is marked not idempotent and never keyed, so the core never asks for a retry.
+//! (a stream) is started not idempotent and without the idempotency-key flag, whatever its
+//! headers say (docs/hosts.md, "Idempotency"): the core never asks for a second attempt, and
+//! a retryable failure ends it with `non-idempotent` (the response itself is returned).
 //!
 //! The policy's fallback chain runs fallbacks registered with [`Levee::register_fallback`]
 //! for `Result<reqwest::Response, reqwest::Error>` (the [`Middleware`] also runs those
@@ -108,10 +111,12 @@ impl Client {
         self.client.post(url)
     }
 
-    /// Build and execute a request.
+    /// Build and execute a request. A request that cannot be built never reaches the core
+    /// (docs/hosts.md, section 5): its error comes back as `last` of a [`LeveeError`] whose
+    /// `reason` is `none` and `attempts` 0 (no reason is made up for it).
     pub async fn send(&self, builder: ::reqwest::RequestBuilder) -> Result<::reqwest::Response, LeveeError<::reqwest::Error>> {
         let req = builder.build().map_err(|e| {
-            let mut err = LeveeError::new(levee_core::Reason::NonRetryable, &self.policy);
+            let mut err = LeveeError::new(levee_core::Reason::None, &self.policy);
             err.last = Some(e);
             err
         })?;

@@ -78,6 +78,14 @@ impl Default for Standard {
     }
 }
 
+/// Whether a `metrics` recorder is installed (locally or globally): the facade's stand-in is
+/// its zero-sized no-op recorder. Labels are built only then, so that a process without a
+/// recorder pays no allocation per call.
+#[inline]
+fn recording() -> bool {
+    metrics::with_recorder(|r| std::mem::size_of_val(r) != 0)
+}
+
 fn labels(attributes: &Attributes<'_>) -> Vec<metrics::Label> {
     attributes.iter().map(|(n, v)| metrics::Label::new(*n, v.to_string())).collect()
 }
@@ -92,14 +100,23 @@ impl Telemetry for Standard {
     }
 
     fn add(&self, counter: &'static str, value: u64, attributes: &Attributes<'_>) {
+        if !recording() {
+            return;
+        }
         metrics::counter!(counter, labels(attributes)).increment(value);
     }
 
     fn record(&self, histogram: &'static str, value: f64, attributes: &Attributes<'_>) {
+        if !recording() {
+            return;
+        }
         metrics::histogram!(histogram, labels(attributes)).record(value);
     }
 
     fn gauge(&self, gauge: &'static str, value: f64, attributes: &Attributes<'_>) {
+        if !recording() {
+            return;
+        }
         let attrs: Vec<metrics::Label> = if self.gauge_key {
             labels(attributes)
         } else {
