@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use levee_core::{InvalidCode, OutcomeKind, Reason};
+use tracing::Instrument;
 
 use crate::driver::{Action, Crossing, Driver, Recovery};
 use crate::error::LeveeError;
@@ -135,6 +136,8 @@ pub struct Call<'a, T, E> {
     fallbacks: Vec<(String, FallbackFn<T, E>)>,
     on_retry: Option<RetryFn>,
     faults: Option<Box<Faults>>,
+    /// An HTTP integration's call: its attempt spans carry `http.request.resend_count`.
+    http: bool,
 }
 
 /// What an attempt left behind.
@@ -147,6 +150,7 @@ enum Last<T, E> {
 /// Cancels the call in the engine when the future running it is dropped mid-way, and counts
 /// it as `cancelled`.
 struct Guard<'a> {
+    span: tracing::Span,
     shared: &'a Shared,
     policy: &'a str,
     call: u64,
@@ -159,6 +163,10 @@ impl Guard<'_> {
     #[inline]
     fn end(&mut self, result: &'static str, reason: Option<Reason>) {
         self.live = false;
+        self.span.record("levee.result", result);
+        if let Some(r) = reason {
+            self.span.record("levee.reason", r.name());
+        }
         telemetry::call(&*self.shared.telemetry, self.policy, result, self.attempts > 1, reason.map(Reason::name));
     }
 }
@@ -167,6 +175,7 @@ impl Drop for Guard<'_> {
     fn drop(&mut self) {
         if self.live {
             self.shared.cancel(self.call);
+            self.span.record("levee.result", "cancelled");
             telemetry::call(&*self.shared.telemetry, self.policy, "cancelled", self.attempts > 1, None);
         }
     }
@@ -210,13 +219,25 @@ impl<F: Future> Future for AttemptTimeout<'_, F> {
     }
 }
 
+/// The `levee.attempt` span of attempt `number` under the call's span.
+fn attempt_span(call: &tracing::Span, number: u32, degraded: bool, http: bool) -> tracing::Span {
+    let span = tracing::info_span!(target: "levee", parent: call, "levee.attempt", levee.attempt = number, levee.outcome = tracing::field::Empty, levee.degraded = tracing::field::Empty, http.request.resend_count = tracing::field::Empty);
+    if degraded {
+        span.record("levee.degraded", true);
+    }
+    if http && number > 1 {
+        span.record("http.request.resend_count", number - 1);
+    }
+    span
+}
+
 fn nanos(d: u64) -> Duration {
     Duration::from_nanos(d)
 }
 
 impl<'a, T, E> Call<'a, T, E> {
     pub(crate) fn new(levee: &'a Levee, policy: &'a str) -> Self {
-        Call { levee, policy, key: String::new(), flags: 0, fallbacks: Vec::new(), on_retry: None, faults: None }
+        Call { levee, policy, key: String::new(), flags: 0, fallbacks: Vec::new(), on_retry: None, faults: None, http: false }
     }
 }
 
@@ -281,6 +302,13 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         self
     }
 
+    /// Mark the call as an HTTP integration's (attempt spans get `http.request.resend_count`).
+    #[cfg(feature = "http")]
+    pub(crate) fn http(mut self) -> Self {
+        self.http = true;
+        self
+    }
+
     /// [`Call::fault`] for every entry of `plan`.
     pub fn faults(mut self, plan: &FaultPlan) -> Self {
         for (op, nth, verdict) in &plan.0 {
@@ -334,7 +362,9 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         };
         let call = s.call;
         let mut driver = Driver::new(s.limits, started);
-        let mut guard = Guard { shared, policy, call, live: true, attempts: 0 };
+        // The spans of docs/telemetry.md (`tracing`; an OpenTelemetry layer exports them).
+        let span = tracing::info_span!(target: "levee", "levee.call", levee.policy = policy, levee.key = key, levee.result = tracing::field::Empty, levee.reason = tracing::field::Empty);
+        let mut guard = Guard { span: span.clone(), shared, policy, call, live: true, attempts: 0 };
         let mut last: Last<T, E> = Last::None;
         let mut last_outcome: Option<Outcome> = None;
         let hooks = [shared.on_retry.as_ref(), self.on_retry.as_ref()];
@@ -368,7 +398,8 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                 Action::Attempt { number, begin, timeout } => {
                     guard.attempts = number;
                     let attempt = Attempt { number, timeout: timeout.map(nanos), call, degraded: false };
-                    let result = AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).await;
+                    let aspan = attempt_span(&span, number, false, self.http);
+                    let result = AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).instrument(aspan.clone()).await;
                     let now = shared.now();
                     // A timeout that fired reports the timeout itself as the elapsed time.
                     let elapsed = match (&result, timeout) {
@@ -379,6 +410,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         None => Outcome::Timeout,
                         Some(r) => classify(r),
                     };
+                    aspan.record("levee.outcome", outcome.kind_name());
                     if hot && number == 1 && outcome.is_plain_success() && timeout.is_none_or(|t| elapsed < t) {
                         // The answer to a success is always `done`: hold the report back; the
                         // next `start` settles it (one guest call per successful call). A late
@@ -571,7 +603,8 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                             let attempt = Attempt { number, timeout: timeout.map(nanos), call, degraded: true };
                             let begin = shared.now();
                             err.attempts = number;
-                            match AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).await {
+                            let aspan = attempt_span(&span, number, true, self.http);
+                            match AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).instrument(aspan).await {
                                 Some(Ok(v)) => Ok(v),
                                 Some(Err(e)) => {
                                     err.last = Some(e);

@@ -129,7 +129,7 @@ impl Client {
         let mut sender = Sender::new(req);
         let flags = sender.flags();
         let client = &self.client;
-        let call = self.levee.call(&self.policy).key(key).flags(flags);
+        let call = self.levee.call(&self.policy).key(key).flags(flags).http();
         let r = with_reqwest_fallbacks(&self.levee, &self.policy, call, |e| AttemptError(Some(e), false))
             .run_classified(
                 |r: &Result<::reqwest::Response, AttemptError>| match r {
@@ -279,7 +279,7 @@ impl reqwest_middleware::Middleware for Middleware {
         let mut sender = Sender::new(req);
         let flags = sender.flags();
         let ext = extensions.clone();
-        let call = self.levee.call(&self.policy).key(key).flags(flags);
+        let call = self.levee.call(&self.policy).key(key).flags(flags).http();
         let r = with_reqwest_fallbacks(&self.levee, &self.policy, call, reqwest_middleware::Error::Reqwest)
             .run_classified(
                 |r: &reqwest_middleware::Result<::reqwest::Response>| match r {

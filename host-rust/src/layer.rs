@@ -112,6 +112,7 @@ where
                 .call(&policy)
                 .key(key)
                 .flags(flags)
+                .http()
                 .faults(&faults)
                 .run_classified(
                     |r: &Result<http::Response<RB>, S::Error>| match r {

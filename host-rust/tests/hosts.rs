@@ -588,3 +588,73 @@ async fn an_injected_clock_runs_now_timeouts_and_sleeps() {
 
 #[allow(dead_code)]
 fn _infallible(_: Infallible) {}
+
+/// Records the `levee.*` spans made, with their fields.
+#[derive(Default)]
+struct Spans(Mutex<Vec<String>>, std::sync::atomic::AtomicU64);
+
+struct Fields<'a>(&'a mut String);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+}
+
+impl tracing::Subscriber for Spans {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut line = span.metadata().name().to_string();
+        span.record(&mut Fields(&mut line));
+        self.0.lock().unwrap().push(line);
+        tracing::span::Id::from_u64(self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1)
+    }
+    fn record(&self, id: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        let mut line = String::new();
+        values.record(&mut Fields(&mut line));
+        if let Some(l) = self.0.lock().unwrap().get_mut(id.into_u64() as usize - 1) {
+            l.push_str(&line);
+        }
+    }
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A call span with its result, and an attempt span per attempt with its outcome; HTTP attempts
+/// after the first carry `http.request.resend_count`.
+#[test]
+fn calls_and_attempts_are_spans() {
+    let spans = Arc::new(Spans::default());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+    let _guard = tracing::subscriber::set_default(spans.clone());
+    rt.block_on(async {
+        let levee = Levee::builder()
+            .clock(TokioClock::paused())
+            .load("policies:\n  p:\n    attempts: 2\n    backoff: { kind: constant, base: 1s, jitter: none }\n    retry-on: [\"error:Boom\", 503]\n")
+            .unwrap();
+        let r = levee.call::<u8, DepError>("p").run(|a| async move { if a.number == 1 { Err(DepError::Class("Boom".into())) } else { Ok(1) } }).await;
+        assert_eq!(r.unwrap(), 1);
+        let svc = tower::service_fn(|req: http::Request<String>| async move {
+            let n = req.headers().get("x-levee-attempt").and_then(|v| v.to_str().ok()).unwrap_or("1").to_string();
+            Ok::<_, DepError>(http::Response::builder().status(if n == "1" { 503 } else { 200 }).body(String::new()).unwrap())
+        });
+        let mut s = LeveeLayer::new(levee.clone(), "p").unwrap().layer(svc);
+        let req = http::Request::builder().uri("http://svc.test/").body(String::new()).unwrap();
+        let resp = s.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+    });
+    let got = spans.0.lock().unwrap().clone();
+    let want = [
+        "levee.call levee.policy=\"p\" levee.key=\"\" levee.result=\"success\"",
+        "levee.attempt levee.attempt=1 levee.outcome=\"error-class\"",
+        "levee.attempt levee.attempt=2 levee.outcome=\"success\"",
+        "levee.call levee.policy=\"p\" levee.key=\"svc.test:80\" levee.result=\"success\"",
+        "levee.attempt levee.attempt=1 levee.outcome=\"http-status\"",
+        "levee.attempt levee.attempt=2 http.request.resend_count=1 levee.outcome=\"http-status\"",
+    ];
+    assert_eq!(got, want);
+}
