@@ -1,12 +1,15 @@
 //! `reqwest` integration: a client wrapper ([`Client`]) and a `reqwest-middleware`
 //! middleware ([`Middleware`]).
 //!
-//! Each request is one call under the policy, keyed by the URL's `host:port`, with its
+//! Each request is one call under the policy, keyed by the URL's origin as `host:port`
+//! (docs/hosts.md: the host lower-cased, the port always written), with its
 //! method in the `start` flags (the policy's `idempotent-methods` decide what may be
 //! retried) and, when it carries a non-empty `Idempotency-Key` or `X-Idempotency-Key`
 //! header, the "has an idempotency key" flag (the core then retries it whatever its method).
 //! Every attempt sends a copy (`Request::try_clone`); a request whose body cannot be copied
-//! (a stream) is marked not idempotent and never keyed, so the core never asks for a retry.
+//! (a stream) is started not idempotent and without the idempotency-key flag, whatever its
+//! headers say (docs/hosts.md, "Idempotency"): the core never asks for a second attempt, and
+//! a retryable failure ends it with `non-idempotent` (the response itself is returned).
 //!
 //! The policy's fallback chain runs fallbacks registered with [`Levee::register_fallback`]
 //! for `Result<reqwest::Response, reqwest::Error>` (the [`Middleware`] also runs those
@@ -68,11 +71,12 @@ async fn adapt<E>(
 
 pub use crate::outcome::HEADER_ATTEMPT;
 
+/// The key of a request: its origin as `host:port` (docs/hosts.md, "The key of an HTTP
+/// call"; `Url` lower-cases the host, keeps IPv6 brackets and drops nothing else we need).
 fn key_of(url: &::reqwest::Url) -> String {
-    match (url.host_str(), url.port_or_known_default()) {
-        (Some(h), Some(p)) => format!("{h}:{p}"),
-        (Some(h), None) => h.to_string(),
-        _ => String::new(),
+    match url.as_str().parse::<http::Uri>() {
+        Ok(uri) => crate::outcome::http_key(&uri),
+        Err(_) => String::new(),
     }
 }
 
@@ -107,10 +111,12 @@ impl Client {
         self.client.post(url)
     }
 
-    /// Build and execute a request.
+    /// Build and execute a request. A request that cannot be built never reaches the core
+    /// (docs/hosts.md, section 5): its error comes back as `last` of a [`LeveeError`] whose
+    /// `reason` is `none` and `attempts` 0 (no reason is made up for it).
     pub async fn send(&self, builder: ::reqwest::RequestBuilder) -> Result<::reqwest::Response, LeveeError<::reqwest::Error>> {
         let req = builder.build().map_err(|e| {
-            let mut err = LeveeError::new(levee_core::Reason::NonRetryable, &self.policy);
+            let mut err = LeveeError::new(levee_core::Reason::None, &self.policy);
             err.last = Some(e);
             err
         })?;
@@ -123,7 +129,7 @@ impl Client {
         let mut sender = Sender::new(req);
         let flags = sender.flags();
         let client = &self.client;
-        let call = self.levee.call(&self.policy).key(key).flags(flags);
+        let call = self.levee.call(&self.policy).key(key).flags(flags).http();
         let r = with_reqwest_fallbacks(&self.levee, &self.policy, call, |e| AttemptError(Some(e), false))
             .run_classified(
                 |r: &Result<::reqwest::Response, AttemptError>| match r {
@@ -149,9 +155,11 @@ impl Client {
             out.attempts = e.attempts;
             out.retry_after = e.retry_after;
             out.trap = e.trap;
+            out.fault = e.fault;
             out.invalid = e.invalid;
             out.known_policies = e.known_policies;
             out.last = e.last.and_then(|a| a.0);
+            out.outcome = e.outcome;
             out.fallback_error = e.fallback_error.and_then(|a| a.0);
             out
         })
@@ -271,7 +279,7 @@ impl reqwest_middleware::Middleware for Middleware {
         let mut sender = Sender::new(req);
         let flags = sender.flags();
         let ext = extensions.clone();
-        let call = self.levee.call(&self.policy).key(key).flags(flags);
+        let call = self.levee.call(&self.policy).key(key).flags(flags).http();
         let r = with_reqwest_fallbacks(&self.levee, &self.policy, call, reqwest_middleware::Error::Reqwest)
             .run_classified(
                 |r: &reqwest_middleware::Result<::reqwest::Response>| match r {

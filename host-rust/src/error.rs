@@ -24,10 +24,16 @@ pub struct LeveeError<E> {
     pub retry_after: Option<Duration>,
     /// The last error an attempt returned.
     pub last: Option<E>,
+    /// What the last attempt reported (`Timeout` for one that timed out, whose `last` is
+    /// `None`), when one ran.
+    pub outcome: Option<crate::Outcome>,
     /// The error of the last fallback that failed, if one ran.
     pub fallback_error: Option<E>,
-    /// The engine fault that made the call proceed as a single attempt, if any.
+    /// The trap that sent the call down the recovery path, if one did.
     pub trap: Option<Trap>,
+    /// Why the call finished degraded (docs/hosts.md, section 3), if it did. With `reason`
+    /// `none`, `last` is the user's own error of the attempt or fallback that ended the call.
+    pub fault: Option<crate::telemetry::Fault>,
     /// A protocol error between host and core (a host bug, or an unknown policy name).
     pub invalid: Option<InvalidCode>,
     /// Fallbacks the policy's chain named that no function was registered for (they count as
@@ -55,8 +61,10 @@ impl<E> LeveeError<E> {
             attempts: 0,
             retry_after: None,
             last: None,
+            outcome: None,
             fallback_error: None,
             trap: None,
+            fault: None,
             invalid: None,
             unregistered: Vec::new(),
             known_policies: Vec::new(),
@@ -67,6 +75,11 @@ impl<E> LeveeError<E> {
     /// bulkhead, deadline).
     pub fn is_rejected(&self) -> bool {
         self.attempts == 0 && self.last.is_none()
+    }
+
+    /// The core's reason (`none` when the call finished degraded with the user's own error).
+    pub fn reason(&self) -> Reason {
+        self.reason
     }
 
     /// The last error of an attempt, if any.
@@ -82,8 +95,10 @@ impl<E> LeveeError<E> {
             attempts: self.attempts,
             retry_after: self.retry_after,
             last: self.last.map(&mut g),
+            outcome: self.outcome,
             fallback_error: self.fallback_error.map(&mut g),
             trap: self.trap,
+            fault: self.fault,
             invalid: self.invalid,
             unregistered: self.unregistered,
             known_policies: self.known_policies,
@@ -99,8 +114,10 @@ impl<E: fmt::Debug> fmt::Debug for LeveeError<E> {
             .field("attempts", &self.attempts)
             .field("retry_after", &self.retry_after)
             .field("last", &self.last)
+            .field("outcome", &self.outcome)
             .field("fallback_error", &self.fallback_error)
             .field("trap", &self.trap)
+            .field("fault", &self.fault)
             .field("invalid", &self.invalid)
             .field("unregistered", &self.unregistered)
             .field("known_policies", &self.known_policies)
@@ -116,7 +133,11 @@ impl<E: fmt::Display> fmt::Display for LeveeError<E> {
         if let Some(code) = self.invalid {
             return write!(f, "levee: policy `{}`: protocol error ({code})", self.policy);
         }
-        write!(f, "levee: policy `{}` gave up after {} attempt(s): {}", self.policy, self.attempts, self.reason)?;
+        if let (Some(fault), Reason::None) = (self.fault, self.reason) {
+            write!(f, "levee: policy `{}`: the engine faulted ({fault}); the call finished degraded", self.policy)?;
+        } else {
+            write!(f, "levee: policy `{}` gave up after {} attempt(s): {}", self.policy, self.attempts, self.reason)?;
+        }
         if let Some(d) = self.retry_after {
             write!(f, " (retry after {d:?})")?;
         }

@@ -1,20 +1,29 @@
 //! A `tower::Layer` that runs every `http` request of a service under a Levee policy.
 //!
-//! The request body must be `Clone` (each attempt sends a copy); the key of each call is the
-//! request's authority (`host:port`), so every downstream has its own breaker, limiter and
+//! The request body must be `Clone` (each attempt sends a copy; mark a request whose body a
+//! copy cannot replay with the [`OneShot`] extension); the key of each call is the request's
+//! origin (`host:port`, docs/hosts.md), so every downstream has its own breaker, limiter and
 //! budget. The method and a non-empty `Idempotency-Key` or `X-Idempotency-Key` header go in
 //! the `start` flags (a keyed request is retried whatever its method). Responses are described by status, `Retry-After` and `x-envoy-overloaded`; the
 //! service's errors by [`IntoOutcome`]. A response the policy does not retry further (say a
 //! last 503) is returned as it is; a call the policy refuses, or whose last attempt failed
 //! with an error, is a [`LeveeError`]. Every attempt carries `x-levee-attempt: N`
-//! ([`crate::outcome::HEADER_ATTEMPT`]; docs/envoy.md).
+//! ([`crate::outcome::HEADER_ATTEMPT`]; docs/envoy.md), and the [`crate::Attempt`] in its
+//! extensions.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::handle::BoxFuture;
+use crate::call::BoxFuture;
 use crate::outcome::{request_flags, IntoOutcome, Outcome};
 use crate::{Levee, LeveeError, UnknownPolicy};
+
+/// A request extension: this request's body cannot be replayed (its clones do not send the
+/// same bytes again, say a body fed from a channel). The request is then started not
+/// idempotent and without the idempotency-key flag (docs/hosts.md, "Idempotency"), so the
+/// core never asks for a second attempt.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OneShot;
 
 /// Wraps services in [`LeveeService`].
 #[derive(Clone, Debug)]
@@ -89,14 +98,22 @@ where
         let inner = self.inner.clone();
         let key = match &self.key {
             Some(k) => k.to_string(),
-            None => req.uri().authority().map(|a| a.as_str().to_string()).unwrap_or_default(),
+            None => crate::outcome::http_key(req.uri()),
         };
-        let flags = request_flags(req.method(), req.headers());
+        let flags = if req.extensions().get::<OneShot>().is_some() {
+            // A body that cannot be sent twice: not idempotent, whatever its headers say.
+            (request_flags(req.method(), req.headers()) & !crate::constants::START_IDEMPOTENCY_KEY) | crate::constants::START_NON_IDEMPOTENT
+        } else {
+            request_flags(req.method(), req.headers())
+        };
+        let faults = req.extensions().get::<crate::FaultPlan>().cloned().unwrap_or_default();
         Box::pin(async move {
             levee
                 .call(&policy)
                 .key(key)
                 .flags(flags)
+                .http()
+                .faults(&faults)
                 .run_classified(
                     |r: &Result<http::Response<RB>, S::Error>| match r {
                         Ok(resp) => resp.outcome(),
@@ -106,6 +123,8 @@ where
                         let mut svc = inner.clone();
                         let mut req = copy_request(&req);
                         req.headers_mut().insert(crate::outcome::HEADER_ATTEMPT, http::HeaderValue::from(attempt.number));
+                        // The attempt itself (number, timeout, degraded) for the services below.
+                        req.extensions_mut().insert(attempt);
                         async move {
                             std::future::poll_fn(|cx| svc.poll_ready(cx)).await?;
                             svc.call(req).await

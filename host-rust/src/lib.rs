@@ -11,19 +11,33 @@
 //!   named policy and returns a [`LeveeError`] when the policy gives up.
 //! - [`tower`] (feature `tower`): a `tower::Layer` for `http` services.
 //! - [`reqwest`] (feature `reqwest`): a client wrapper and a `reqwest-middleware` middleware.
-//! - Events go to `tracing` (target `levee`) and to the `metrics` facade (see `events`).
+//! - [`telemetry`]: the schema of docs/telemetry.md, to `tracing` and the `metrics` facade by
+//!   default, or to a [`Telemetry`] sink of your own ([`Builder::telemetry`]).
+//! - [`time`]: the clock of `now`, timeouts and sleeps; [`time::TokioClock`] follows tokio's
+//!   paused time (`#[tokio::test(start_paused = true)]`, `tokio::time::advance`), and
+//!   [`Builder::clock`] injects any [`time::Clock`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[allow(missing_docs)]
+pub mod constants;
 pub mod outcome;
 pub mod raw;
 
 #[cfg(feature = "tokio")]
+mod call;
+#[cfg(feature = "tokio")]
+mod driver;
+#[cfg(feature = "tokio")]
 mod error;
 #[cfg(feature = "tokio")]
-pub mod events;
-#[cfg(feature = "tokio")]
 mod handle;
+#[cfg(feature = "tokio")]
+mod runtime;
+#[cfg(feature = "tokio")]
+pub mod telemetry;
+#[cfg(feature = "tokio")]
+pub mod time;
 
 /// The policy core's own types (`levee-core`), re-exported.
 pub use levee_core as core;
@@ -31,9 +45,18 @@ pub use outcome::{IntoOutcome, Outcome};
 pub use raw::{Backend, Limits, RawEngine, Trap};
 
 #[cfg(feature = "tokio")]
+pub use call::{Attempt, BoxFuture, Call, FallbackContext, FallbackFn};
+#[cfg(feature = "tokio")]
+pub use call::{FaultOp, FaultPlan, RetryInfo};
+#[cfg(feature = "tokio")]
 pub use error::{LeveeError, LoadErrors, UnknownPolicy};
 #[cfg(feature = "tokio")]
-pub use handle::{Attempt, BoxFuture, Builder, Call, FallbackContext, FallbackFn, Levee, Step};
+pub use handle::{Builder, Levee};
+pub use outcome::ErrorClass;
+#[cfg(feature = "tokio")]
+pub use runtime::Step;
+#[cfg(feature = "tokio")]
+pub use telemetry::{Fault, Telemetry};
 
 #[cfg(feature = "reqwest")]
 pub mod client;

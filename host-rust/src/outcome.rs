@@ -37,13 +37,43 @@ pub enum Outcome {
     Error(Cow<'static, str>),
 }
 
-/// `report` flag: the response is marked overloaded.
-const FLAG_OVERLOADED: u32 = 1;
+use crate::constants as k;
 
 /// The cross-layer header (docs/envoy.md): every HTTP attempt a Levee host sends carries its
 /// number (1 on the first). The application decides the request's retries, so a Levee filter
 /// in an Envoy on the way adds none.
-pub const HEADER_ATTEMPT: &str = "x-levee-attempt";
+pub const HEADER_ATTEMPT: &str = k::HTTP_ATTEMPT_HEADER;
+
+/// The class an error is named by in `error-class` outcomes and `error:NAME` rules
+/// (docs/hosts.md, "The name of an error"). Without it, an error is named by the last path
+/// segment of its type's name ([`type_class`]).
+pub trait ErrorClass {
+    /// The error's class name (empty: `Error`).
+    fn class(&self) -> Cow<'static, str>;
+}
+
+/// The class of an error of type `E` by the naming rule: the last path segment of its
+/// type's name, generics stripped (`std::io::Error` is `Error`, `my::Boom<T>` is `Boom`).
+pub fn type_class<E: ?Sized>() -> &'static str {
+    let full = std::any::type_name::<E>();
+    let bare = full.split('<').next().unwrap_or(full);
+    let last = bare.rsplit("::").next().unwrap_or(bare).trim();
+    if last.is_empty() || last.starts_with("dyn ") || last.starts_with('&') || last.starts_with('(') {
+        k::HTTP_UNNAMED_ERROR_CLASS
+    } else {
+        last
+    }
+}
+
+/// An `error-class` outcome for an error named by [`ErrorClass`] (an empty name is `Error`).
+pub fn class_outcome<E: ErrorClass + ?Sized>(e: &E) -> Outcome {
+    let class = e.class();
+    if class.is_empty() {
+        Outcome::error(k::HTTP_UNNAMED_ERROR_CLASS)
+    } else {
+        Outcome::Error(class)
+    }
+}
 
 impl Outcome {
     /// An HTTP status without headers.
@@ -63,11 +93,17 @@ impl Outcome {
             Outcome::Timeout => (OutcomeKind::Timeout, 0, "", 0),
             Outcome::ConnectionError => (OutcomeKind::ConnectionError, 0, "", 0),
             Outcome::Http { status, retry_after, overloaded } => {
-                (OutcomeKind::HttpStatus, i32::from(*status), retry_after, if *overloaded { FLAG_OVERLOADED } else { 0 })
+                (OutcomeKind::HttpStatus, i32::from(*status), retry_after, if *overloaded { k::REPORT_OVERLOADED } else { 0 })
             }
             Outcome::Grpc { code, pushback } => (OutcomeKind::GrpcStatus, *code, pushback, 0),
             Outcome::Error(class) => (OutcomeKind::ErrorClass, 0, class, 0),
         }
+    }
+
+    /// The outcome kind's name (`success`, `timeout`, `connection-error`, `http-status`,
+    /// `grpc-status`, `error-class`).
+    pub fn kind_name(&self) -> &'static str {
+        k::OUTCOME_KINDS.get(self.parts().0 as usize).copied().unwrap_or("error-class")
     }
 
     /// Whether this is `Success` (the only outcome whose report may be held back).
@@ -96,7 +132,7 @@ impl IntoOutcome for std::io::Error {
 
 impl IntoOutcome for Box<dyn StdError + Send + Sync> {
     fn outcome(&self) -> Outcome {
-        chain_outcome(self.as_ref()).unwrap_or_else(|| Outcome::error("error"))
+        chain_outcome(self.as_ref()).unwrap_or_else(|| Outcome::error(k::HTTP_UNNAMED_ERROR_CLASS))
     }
 }
 
@@ -114,7 +150,8 @@ fn io_outcome(kind: std::io::ErrorKind) -> Outcome {
         | K::HostUnreachable
         | K::NetworkUnreachable
         | K::NetworkDown => Outcome::ConnectionError,
-        other => Outcome::Error(Cow::Owned(format!("io:{other:?}"))),
+        // By the naming rule: the type's name, `std::io::Error`.
+        _ => Outcome::error(k::HTTP_UNNAMED_ERROR_CLASS),
     }
 }
 
@@ -144,6 +181,7 @@ mod http_impls {
     use std::borrow::Cow;
 
     use super::{IntoOutcome, Outcome};
+    use crate::constants as k;
 
     /// The outcome of an HTTP response head: its status, raw `Retry-After` and
     /// `x-envoy-overloaded`.
@@ -161,38 +199,46 @@ mod http_impls {
         }
     }
 
-    /// The `start` flags for an HTTP method (bits 8-11, see the WIT).
+    /// The `start` flags for an HTTP method (bits 8-11, see the WIT), case-sensitive as RFC
+    /// 9110 is: the registered tokens of the generated `METHODS` table, any other (`get` in
+    /// lower case too) `other`.
     pub fn method_flags(method: &http::Method) -> u32 {
-        let code = match *method {
-            http::Method::GET => 1,
-            http::Method::HEAD => 2,
-            http::Method::POST => 3,
-            http::Method::PUT => 4,
-            http::Method::DELETE => 5,
-            http::Method::PATCH => 6,
-            http::Method::OPTIONS => 7,
-            http::Method::TRACE => 8,
-            http::Method::CONNECT => 9,
-            _ => 15,
-        };
-        code << 8
+        let m = method.as_str();
+        let code = k::METHODS.iter().find(|(name, _)| *name == m).map_or(k::METHOD_OTHER, |(_, c)| *c);
+        code << k::START_METHOD_SHIFT
     }
 
     /// The request headers that carry an idempotency key (as every Levee host reads them):
     /// a request with a non-empty one may be retried whatever its method.
-    pub const IDEMPOTENCY_KEY_HEADERS: [&str; 2] = ["idempotency-key", "x-idempotency-key"];
+    pub const IDEMPOTENCY_KEY_HEADERS: [&str; 2] = k::IDEMPOTENCY_HEADERS;
+
+    /// The key of an HTTP call (docs/hosts.md, "The key of an HTTP call"): `host:port`, the
+    /// host lower-cased, an IPv6 literal in brackets, no userinfo, the port always written
+    /// (the scheme's default when the URL has none); `""` for a URI without a host.
+    pub fn http_key(uri: &http::Uri) -> String {
+        let Some(host) = uri.host() else { return String::new() };
+        let host = host.to_ascii_lowercase();
+        let port = uri.port_u16().or_else(|| {
+            let scheme = uri.scheme_str().unwrap_or("http").to_ascii_lowercase();
+            k::DEFAULT_PORTS.iter().find(|(s, _)| *s == scheme).map(|(_, p)| *p)
+        });
+        let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host };
+        match port {
+            Some(p) => format!("{host}:{p}"),
+            None => host,
+        }
+    }
 
     /// The `start` flags of an HTTP request: its method, and bit 1 when it carries an
     /// idempotency key ([`IDEMPOTENCY_KEY_HEADERS`]).
     pub fn request_flags(method: &http::Method, headers: &http::HeaderMap) -> u32 {
         let keyed = IDEMPOTENCY_KEY_HEADERS.iter().any(|h| headers.get_all(*h).iter().any(|v| !v.as_bytes().is_empty()));
-        // Bit 1 of the `start` flags: "has an idempotency key" (see the WIT).
-        method_flags(method) | if keyed { 2 } else { 0 }
+        method_flags(method) | if keyed { k::START_IDEMPOTENCY_KEY } else { 0 }
     }
 }
 
 #[cfg(feature = "http")]
-pub use http_impls::{method_flags, request_flags, response_outcome, IDEMPOTENCY_KEY_HEADERS};
+pub use http_impls::{http_key, method_flags, request_flags, response_outcome, IDEMPOTENCY_KEY_HEADERS};
 
 #[cfg(feature = "reqwest")]
 mod reqwest_impls {
@@ -206,11 +252,12 @@ mod reqwest_impls {
 
     impl IntoOutcome for reqwest::Error {
         fn outcome(&self) -> Outcome {
-            if self.is_timeout() {
-                return Outcome::Timeout;
-            }
+            // A connect timeout is a connection error (docs/hosts.md, "Outcomes of errors").
             if self.is_connect() {
                 return Outcome::ConnectionError;
+            }
+            if self.is_timeout() {
+                return Outcome::Timeout;
             }
             if let Some(status) = self.status() {
                 return Outcome::http(status.as_u16());
@@ -223,18 +270,8 @@ mod reqwest_impls {
             if self.is_request() {
                 return Outcome::ConnectionError;
             }
-            let class = if self.is_body() {
-                "reqwest:body"
-            } else if self.is_decode() {
-                "reqwest:decode"
-            } else if self.is_builder() {
-                "reqwest:builder"
-            } else if self.is_redirect() {
-                "reqwest:redirect"
-            } else {
-                "reqwest:error"
-            };
-            Outcome::error(class)
+            // By the naming rule: the type's name, `reqwest::Error`.
+            Outcome::error(crate::outcome::type_class::<reqwest::Error>())
         }
     }
 }
@@ -248,9 +285,30 @@ mod tests {
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         assert_eq!(refused.outcome(), Outcome::ConnectionError);
         assert_eq!(std::io::Error::from(std::io::ErrorKind::TimedOut).outcome(), Outcome::Timeout);
-        assert_eq!(std::io::Error::from(std::io::ErrorKind::InvalidData).outcome(), Outcome::error("io:InvalidData"));
+        assert_eq!(std::io::Error::from(std::io::ErrorKind::InvalidData).outcome(), Outcome::error("Error"));
         let boxed: Box<dyn StdError + Send + Sync> = Box::new(refused);
         assert_eq!(boxed.outcome(), Outcome::ConnectionError);
+    }
+
+    #[test]
+    fn errors_are_named_by_their_type() {
+        struct Boom<T>(T);
+        assert_eq!(type_class::<Boom<u8>>(), "Boom");
+        assert_eq!(type_class::<std::io::Error>(), "Error");
+        assert_eq!(type_class::<dyn StdError>(), "Error");
+        let _ = Boom(0u8).0;
+    }
+
+    #[cfg(feature = "http")]
+    #[test]
+    fn http_keys_follow_the_rule() {
+        let key = |u: &str| http_key(&u.parse().unwrap_or_default());
+        assert_eq!(key("https://API.example.com/a"), "api.example.com:443");
+        assert_eq!(key("https://api.example.com:443/b"), "api.example.com:443");
+        assert_eq!(key("http://user:pw@h:8080/"), "h:8080");
+        assert_eq!(key("http://[::1]/"), "[::1]:80");
+        assert_eq!(method_flags(&http::Method::from_bytes(b"get").unwrap_or_default()), k::METHOD_OTHER << 8);
+        assert_eq!(method_flags(&http::Method::GET), k::METHOD_GET << 8);
     }
 
     #[test]

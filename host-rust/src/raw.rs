@@ -168,8 +168,31 @@ pub struct Limits {
 pub const STATE_BYTES_PER_KEYED_CALL: usize = 1024;
 
 impl Default for Limits {
+    /// The guards of docs/hosts.md (section 7), from the generated `GUARD_*` constants: 10^9
+    /// units (ns here) a crossing, 20,000 a byte walked, 512 MiB, a snapshot a second.
     fn default() -> Self {
-        Limits { call_ticks: 100, load_ticks: 100, bytes_per_tick: 500, memory_bytes: 512 << 20, checkpoint_interval: 1_000_000_000 }
+        use crate::constants as k;
+        let tick = EPOCH_TICK.as_nanos() as u64;
+        let work = u64::from(k::GUARD_GUEST_WORK_UNITS);
+        Limits {
+            call_ticks: work / tick,
+            load_ticks: work / tick,
+            bytes_per_tick: tick / u64::from(k::GUARD_GUEST_WORK_UNITS_PER_BYTE).max(1),
+            memory_bytes: k::GUARD_GUEST_MEMORY_BYTES as usize,
+            checkpoint_interval: u64::from(k::GUARD_SNAPSHOT_INTERVAL_MS) * 1_000_000,
+        }
+    }
+}
+
+#[cfg(test)]
+mod guard_tests {
+    use super::Limits;
+
+    #[test]
+    fn the_default_guards_are_the_contracts() {
+        let l = Limits::default();
+        assert_eq!((l.call_ticks, l.load_ticks, l.bytes_per_tick), (100, 100, 500));
+        assert_eq!((l.memory_bytes, l.checkpoint_interval), (512 << 20, 1_000_000_000));
     }
 }
 
@@ -356,6 +379,30 @@ impl RawEngine {
                     self.inner = Inner::Native(Box::new(native));
                 }
             }
+        }
+        let trap = Trap(Box::new(TrapInfo { operation, message, restored }));
+        self.last_trap = Some(trap.clone());
+        trap
+    }
+}
+
+impl RawEngine {
+    /// Replace the instance with a fresh one holding the last snapshot, as after a trap in
+    /// `operation` (the recovery path of a verdict that broke the contract, docs/hosts.md
+    /// section 3, and the fault seam of the host scenarios). Returns the trap to report.
+    pub fn reinstantiate(&mut self, operation: &'static str, message: impl Into<String>) -> Trap {
+        let message = message.into();
+        #[cfg(feature = "wasm")]
+        if let Inner::Wasm(_) = self.inner {
+            return self.recover(operation, message);
+        }
+        self.traps = self.traps.saturating_add(1);
+        let mut restored = false;
+        if let Ok(mut native) = levee_core::Engine::load(&self.document, self.seed) {
+            if let Some(snap) = &self.snapshot {
+                restored = native.import_state(snap).is_ok();
+            }
+            self.inner = Inner::Native(Box::new(native));
         }
         let trap = Trap(Box::new(TrapInfo { operation, message, restored }));
         self.last_trap = Some(trap.clone());

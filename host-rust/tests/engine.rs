@@ -120,7 +120,7 @@ async fn a_trap_mid_call_lets_the_call_end_after_one_attempt() {
     assert_eq!(err.attempts, 1);
     assert!(err.last.is_some());
     assert!(l.traps() >= 1);
-    assert!(rec.counter("levee_engine_traps_total{operation=report}") >= 1);
+    assert!(rec.counter("levee.engine.faults{levee.fault=trap}") >= 1);
 
     // A trap in `start` runs the call as a single attempt.
     l.with_raw(|r| r.set_limits(starved()));

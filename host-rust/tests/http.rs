@@ -155,12 +155,13 @@ async fn a_dead_port_trips_the_breaker_which_recovers_through_half_open() {
     assert_eq!(resp.status(), 200);
     assert_eq!(server.hits("/up"), 1);
     assert_eq!(l.breaker_state("dead", &key), Some(BreakerState::Closed));
-    let labels = |from: &str, to: &str| format!("levee_breaker_transitions_total{{from={from},key={key},policy=dead,to={to}}}");
+    let labels =
+        |from: &str, to: &str| format!("levee.breaker.transitions{{levee.breaker.from={from},levee.breaker.to={to},levee.policy=dead}}");
     assert_eq!(rec.counter(&labels("closed", "open")), 1);
     assert_eq!(rec.counter(&labels("open", "half-open")), 1);
     assert_eq!(rec.counter(&labels("half-open", "closed")), 1);
-    assert_eq!(rec.gauge(&format!("levee_breaker_state{{key={key},policy=dead}}")), Some(0.0));
-    assert!(rec.counter("levee_rejections_total{policy=dead,reason=breaker-open}") >= 1);
+    assert_eq!(rec.gauge(&format!("levee.breaker.state{{levee.key={key},levee.policy=dead}}")), Some(0.0));
+    assert!(rec.counter("levee.rejections{levee.policy=dead,levee.reason=breaker-open}") >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,14 +196,14 @@ async fn a_fallback_is_used_and_reported() {
         .expect("the fallback answers");
     assert_eq!(got, (200, "from cache".to_string()));
     assert_eq!(server.hits("/fb"), 2);
-    assert_eq!(rec.counter("levee_fallbacks_total{fallback=cached,policy=fb,reason=retries-exhausted}"), 1);
-    assert_eq!(rec.counter("levee_retries_total{policy=fb}"), 1);
+    assert_eq!(rec.counter("levee.fallbacks{levee.fallback=cached,levee.policy=fb,levee.reason=retries-exhausted}"), 1);
+    assert_eq!(rec.counter("levee.retries{levee.policy=fb}"), 1);
 
     // A fallback registered on the handle serves calls that bring none.
     l.register_fallback("cached", |_ctx| async { Ok::<_, reqwest::Error>((200u16, "registered".to_string())) });
     let got = l.call("fb").key("origin").run_classified(classify, fetch).await.expect("the registered fallback answers");
     assert_eq!(got.1, "registered");
-    assert_eq!(rec.counter("levee_fallbacks_total{fallback=cached,policy=fb,reason=retries-exhausted}"), 2);
+    assert_eq!(rec.counter("levee.fallbacks{levee.fallback=cached,levee.policy=fb,levee.reason=retries-exhausted}"), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

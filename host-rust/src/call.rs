@@ -1,0 +1,656 @@
+//! The call builder ([`Call`]: policy, key, flags, fallbacks) and the executor that does the
+//! I/O the driver ([`crate::driver`]) asks for: it runs the attempts under their timeouts,
+//! sleeps, runs the fallbacks and reports what happened, on the handle's clock.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use levee_core::{InvalidCode, OutcomeKind, Reason};
+use tracing::Instrument;
+
+use crate::driver::{Action, Crossing, Driver, Recovery};
+use crate::error::LeveeError;
+use crate::handle::Levee;
+use crate::outcome::{IntoOutcome, Outcome};
+use crate::raw::Trap;
+use crate::runtime::{crossing, Held, Injected, Shared};
+use crate::telemetry;
+use crate::time::{EngineClock, Sleep};
+
+/// What the `on_retry` hooks learn before the sleep of a retry (docs/telemetry.md, "The
+/// retry hook").
+#[derive(Clone, Debug)]
+pub struct RetryInfo<'a> {
+    /// The policy.
+    pub policy: &'a str,
+    /// The call's key (`""` for none).
+    pub key: &'a str,
+    /// The attempt that failed (1 for the first).
+    pub attempt: u32,
+    /// The sleep about to start.
+    pub delay: Duration,
+    /// What the failed attempt gave: its error's outcome, or the response's (`Outcome::Http`).
+    pub outcome: &'a Outcome,
+    /// `none` for a retry.
+    pub reason: Reason,
+}
+
+/// A retry hook.
+pub type RetryFn = Arc<dyn Fn(&RetryInfo<'_>) + Send + Sync>;
+
+/// A crossing of the host scenarios' fault seam ([`Call::fault`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultOp {
+    /// `start`.
+    Start,
+    /// `acquire`.
+    Acquire,
+    /// `report` (never of a success, which may be held back).
+    Report,
+    /// `report-fallback`.
+    ReportFallback,
+}
+
+/// Faults for the fault seam: `(crossing, nth, verdict)`, `verdict` `None` for a trap
+/// ([`Call::fault`]). The tower layer reads one from a request's extensions.
+#[derive(Clone, Debug, Default)]
+pub struct FaultPlan(pub Vec<(FaultOp, u32, Option<u64>)>);
+
+/// Faults to inject into one call's crossings.
+#[derive(Default)]
+struct Faults {
+    plan: Vec<(FaultOp, u32, Injected)>,
+    seen: [u32; 4],
+}
+
+impl Faults {
+    /// Count a crossing of `op`; what to inject into it.
+    fn take(&mut self, op: FaultOp) -> Option<Injected> {
+        let i = op as usize;
+        let n = self.seen.get(i).copied().unwrap_or(0).saturating_add(1);
+        if let Some(slot) = self.seen.get_mut(i) {
+            *slot = n;
+        }
+        self.plan.iter().find(|(o, nth, _)| *o == op && *nth == n).map(|(_, _, f)| *f)
+    }
+}
+
+#[inline]
+fn take(faults: &mut Option<Box<Faults>>, op: FaultOp) -> Option<Injected> {
+    match faults {
+        None => None,
+        Some(f) => f.take(op),
+    }
+}
+
+/// Call the retry hooks; a hook that panics is reported and ignored.
+fn run_hooks(hooks: [Option<&RetryFn>; 2], info: &RetryInfo<'_>) {
+    for h in hooks.into_iter().flatten() {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h(info))).is_err() {
+            tracing::error!(target: "levee", policy = %info.policy, "an on_retry hook panicked; ignored");
+        }
+    }
+}
+
+/// A boxed future, as fallbacks return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A fallback: called with what triggered it, returns the call's value or an error.
+pub type FallbackFn<T, E> = Arc<dyn Fn(FallbackContext) -> BoxFuture<'static, Result<T, E>> + Send + Sync>;
+
+/// What a fallback learns of the call it stands in for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FallbackContext {
+    /// The policy.
+    pub policy: String,
+    /// The fallback's name.
+    pub name: String,
+    /// Why the call fell back.
+    pub reason: Reason,
+    /// Attempts that ran.
+    pub attempts: u32,
+}
+
+/// One attempt, as the guarded closure sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    /// The attempt number, from 1.
+    pub number: u32,
+    /// The per-attempt timeout the host enforces (`None`: no timeout).
+    pub timeout: Option<Duration>,
+    /// The call id.
+    pub call: u64,
+    /// The degraded attempt of the recovery path (docs/hosts.md, section 3): run without the
+    /// core's leave after the engine faulted.
+    pub degraded: bool,
+}
+
+/// A call being described: policy, key, flags and fallbacks; then [`Call::run`].
+pub struct Call<'a, T, E> {
+    levee: &'a Levee,
+    policy: &'a str,
+    key: String,
+    flags: u32,
+    fallbacks: Vec<(String, FallbackFn<T, E>)>,
+    on_retry: Option<RetryFn>,
+    faults: Option<Box<Faults>>,
+    /// An HTTP integration's call: its attempt spans carry `http.request.resend_count`.
+    http: bool,
+}
+
+/// What an attempt left behind.
+enum Last<T, E> {
+    None,
+    Value(T),
+    Error(E),
+}
+
+/// Cancels the call in the engine when the future running it is dropped mid-way, and counts
+/// it as `cancelled`.
+struct Guard<'a> {
+    span: tracing::Span,
+    shared: &'a Shared,
+    policy: &'a str,
+    call: u64,
+    live: bool,
+    attempts: u32,
+}
+
+impl Guard<'_> {
+    /// The call ended: count it in `levee.calls`.
+    #[inline]
+    fn end(&mut self, result: &'static str, reason: Option<Reason>) {
+        self.live = false;
+        self.span.record("levee.result", result);
+        if let Some(r) = reason {
+            self.span.record("levee.reason", r.name());
+        }
+        telemetry::call(&*self.shared.telemetry, self.policy, result, self.attempts > 1, reason.map(Reason::name));
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        if self.live {
+            self.shared.cancel(self.call);
+            self.span.record("levee.result", "cancelled");
+            telemetry::call(&*self.shared.telemetry, self.policy, "cancelled", self.attempts > 1, None);
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An attempt under its timeout (`deadline`, a reading of `clock`; `None`: no timeout). The
+    /// attempt is polled first and the timer is made only when it does not finish at once, so
+    /// that an attempt that completes on its first poll (a cache hit, a ready future) costs no
+    /// timer registration; `None` when the timeout fired.
+    struct AttemptTimeout<'c, F> {
+        #[pin]
+        attempt: F,
+        clock: &'c EngineClock,
+        deadline: Option<u64>,
+        timer: Option<Sleep>,
+    }
+}
+
+impl<'c, F> AttemptTimeout<'c, F> {
+    /// `f` under `timeout` ns counted from `begin`, a reading of `clock` already taken.
+    #[inline]
+    fn new(attempt: F, clock: &'c EngineClock, begin: u64, timeout: Option<u64>) -> Self {
+        AttemptTimeout { attempt, clock, deadline: timeout.map(|t| begin.saturating_add(t)), timer: None }
+    }
+}
+
+impl<F: Future> Future for AttemptTimeout<'_, F> {
+    type Output = Option<F::Output>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        if let std::task::Poll::Ready(v) = this.attempt.poll(cx) {
+            return std::task::Poll::Ready(Some(v));
+        }
+        let Some(deadline) = *this.deadline else { return std::task::Poll::Pending };
+        let clock = *this.clock;
+        let timer = this.timer.get_or_insert_with(|| clock.sleep_until(deadline));
+        timer.as_mut().poll(cx).map(|()| None)
+    }
+}
+
+/// The `levee.attempt` span of attempt `number` under the call's span.
+fn attempt_span(call: &tracing::Span, number: u32, degraded: bool, http: bool) -> tracing::Span {
+    let span = tracing::info_span!(target: "levee", parent: call, "levee.attempt", levee.attempt = number, levee.outcome = tracing::field::Empty, levee.degraded = tracing::field::Empty, http.request.resend_count = tracing::field::Empty);
+    if degraded {
+        span.record("levee.degraded", true);
+    }
+    if http && number > 1 {
+        span.record("http.request.resend_count", number - 1);
+    }
+    span
+}
+
+fn nanos(d: u64) -> Duration {
+    Duration::from_nanos(d)
+}
+
+impl<'a, T, E> Call<'a, T, E> {
+    pub(crate) fn new(levee: &'a Levee, policy: &'a str) -> Self {
+        Call { levee, policy, key: String::new(), flags: 0, fallbacks: Vec::new(), on_retry: None, faults: None, http: false }
+    }
+}
+
+impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
+    /// The key (say, the downstream host) whose breaker, limiter and budget apply.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = key.into();
+        self
+    }
+
+    /// Raw `start` flags (see the WIT): bit 0 not idempotent, bit 1 has an idempotency key,
+    /// bits 8-11 the HTTP method.
+    pub fn flags(mut self, flags: u32) -> Self {
+        self.flags = flags;
+        self
+    }
+
+    /// Mark the operation as not idempotent: the core then never retries it (unless
+    /// [`Call::idempotency_key`] is set).
+    pub fn non_idempotent(mut self) -> Self {
+        self.flags |= 1;
+        self
+    }
+
+    /// The operation carries an idempotency key: retrying is safe.
+    pub fn idempotency_key(mut self) -> Self {
+        self.flags |= 2;
+        self
+    }
+
+    /// The HTTP method (its idempotence is the policy's `idempotent-methods`).
+    #[cfg(feature = "http")]
+    pub fn method(mut self, method: &http::Method) -> Self {
+        self.flags = (self.flags & !0xF00) | crate::outcome::method_flags(method);
+        self
+    }
+
+    /// A fallback for this call, by the name the policy's fallback chain uses.
+    pub fn fallback<F, Fut>(mut self, name: &str, f: F) -> Self
+    where
+        F: Fn(FallbackContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        let boxed: FallbackFn<T, E> = Arc::new(move |ctx| -> BoxFuture<'static, Result<T, E>> { Box::pin(f(ctx)) });
+        self.fallbacks.push((name.to_string(), boxed));
+        self
+    }
+
+    /// Call `f` before the sleep of each retry of this call (after the handle's
+    /// [`crate::Builder::on_retry`]).
+    pub fn on_retry(mut self, f: impl Fn(&RetryInfo<'_>) + Send + Sync + 'static) -> Self {
+        self.on_retry = Some(Arc::new(f));
+        self
+    }
+
+    /// The fault seam of the host scenarios (conformance/hosts/README.md, "A fault"): make the
+    /// `nth` crossing of `op` of this call trap (`verdict: None`), or answer the packed
+    /// `verdict` instead of the core's. For tests of the recovery path only.
+    pub fn fault(mut self, op: FaultOp, nth: u32, verdict: Option<u64>) -> Self {
+        let inject = verdict.map_or(Injected::Trap, Injected::Verdict);
+        self.faults.get_or_insert_with(Default::default).plan.push((op, nth, inject));
+        self
+    }
+
+    /// Mark the call as an HTTP integration's (attempt spans get `http.request.resend_count`).
+    #[cfg(feature = "http")]
+    pub(crate) fn http(mut self) -> Self {
+        self.http = true;
+        self
+    }
+
+    /// [`Call::fault`] for every entry of `plan`.
+    pub fn faults(mut self, plan: &FaultPlan) -> Self {
+        for (op, nth, verdict) in &plan.0 {
+            self = self.fault(*op, *nth, *verdict);
+        }
+        self
+    }
+
+    /// Run `f` under the policy; `Ok` is a success, an `Err` is described by [`IntoOutcome`].
+    pub async fn run<F, Fut>(self, f: F) -> Result<T, LeveeError<E>>
+    where
+        E: IntoOutcome,
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.run_classified(
+            |r: &Result<T, E>| match r {
+                Ok(_) => Outcome::Success,
+                Err(e) => e.outcome(),
+            },
+            f,
+        )
+        .await
+    }
+
+    /// Run `f` under the policy, describing each result with `classify`. A value that
+    /// `classify` calls a failure (say, a 503 response) is retried as the policy says; when
+    /// the policy stops, the last such value is returned as `Ok`, as an HTTP client returns
+    /// an error status, unless a fallback replaces it.
+    pub async fn run_classified<C, F, Fut>(self, classify: C, mut f: F) -> Result<T, LeveeError<E>>
+    where
+        C: Fn(&Result<T, E>) -> Outcome,
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let shared = &*self.levee.shared;
+        let policy = self.policy;
+        let key = self.key.as_str();
+        let mut faults = self.faults;
+        let started = shared.now();
+
+        // Start (settling a held-back success first), in one guest call.
+        let s = match shared.start(policy, key, self.flags, started, take(&mut faults, FaultOp::Start)) {
+            Ok(s) => s,
+            Err(known) => {
+                let mut err = LeveeError::new(Reason::None, policy);
+                err.invalid = Some(InvalidCode::UnknownPolicy);
+                err.known_policies = known;
+                return Err(err);
+            }
+        };
+        let call = s.call;
+        let mut driver = Driver::new(s.limits, started);
+        // The spans of docs/telemetry.md (`tracing`; an OpenTelemetry layer exports them).
+        let span = tracing::info_span!(target: "levee", "levee.call", levee.policy = policy, levee.key = key, levee.result = tracing::field::Empty, levee.reason = tracing::field::Empty);
+        let mut guard = Guard { span: span.clone(), shared, policy, call, live: true, attempts: 0 };
+        let mut last: Last<T, E> = Last::None;
+        let mut last_outcome: Option<Outcome> = None;
+        let hooks = [shared.on_retry.as_ref(), self.on_retry.as_ref()];
+        let hooked = hooks.iter().any(Option::is_some);
+        let mut fallbacks = self.fallbacks;
+        let mut fell_back = false;
+        let mut fallback_err: Option<E> = None;
+        // Fallbacks the chain named that nobody registered: they fail, and the error says so.
+        let mut unregistered: Vec<String> = Vec::new();
+        // The trap that sent the call down the recovery path, if one did.
+        let mut trap: Option<Trap> = None;
+
+        // The hot path: a first attempt whose `start` had no events. Its success is held back
+        // for the next `start`; any other success is reported at once (so that the events it
+        // causes, a half-open breaker closing, belong to this call).
+        let hot = matches!(s.verdict, Ok(v) if !v.events_pending());
+        let mut action = match s.verdict {
+            Ok(v) => {
+                shared.step("start", started, call, policy, None, Some(v));
+                drop(s.pending);
+                driver.next(v, started, Crossing::Start)
+            }
+            Err(t) => {
+                drop(s.pending);
+                trap = Some(t);
+                driver.trapped(Crossing::Start, shared.now())
+            }
+        };
+        loop {
+            match action {
+                Action::Attempt { number, begin, timeout } => {
+                    guard.attempts = number;
+                    let attempt = Attempt { number, timeout: timeout.map(nanos), call, degraded: false };
+                    let aspan = attempt_span(&span, number, false, self.http);
+                    let result = AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).instrument(aspan.clone()).await;
+                    let now = shared.now();
+                    // A timeout that fired reports the timeout itself as the elapsed time.
+                    let elapsed = match (&result, timeout) {
+                        (None, Some(t)) => t,
+                        _ => now.saturating_sub(begin),
+                    };
+                    let outcome = match &result {
+                        None => Outcome::Timeout,
+                        Some(r) => classify(r),
+                    };
+                    aspan.record("levee.outcome", outcome.kind_name());
+                    if hot && number == 1 && outcome.is_plain_success() && timeout.is_none_or(|t| elapsed < t) {
+                        // The answer to a success is always `done`: hold the report back; the
+                        // next `start` settles it (one guest call per successful call). A late
+                        // success is reported: the core makes it a timeout.
+                        if let Some(Ok(v)) = result {
+                            shared.hold(Held { call, at: now, elapsed });
+                            shared.step("hold-success", now, call, policy, Some(&outcome), None);
+                            telemetry::attempt(&*shared.telemetry, policy, outcome.kind_name(), elapsed);
+                            guard.end("success", None);
+                            return Ok(v);
+                        }
+                    }
+                    last = match result {
+                        None => Last::None,
+                        Some(Ok(v)) => Last::Value(v),
+                        Some(Err(e)) => Last::Error(e),
+                    };
+                    let (k, code, text, flags) = outcome.parts();
+                    let wall = if k == OutcomeKind::HttpStatus && !text.is_empty() { shared.clock.unix_seconds() } else { 0 };
+                    let inject = take(&mut faults, FaultOp::Report);
+                    let (r, pending) = shared
+                        .cross(|raw| crossing(raw, inject, "report", |raw| raw.try_report(call, now, elapsed, k, code, text, wall, flags)));
+                    action = match r {
+                        Ok(v) => {
+                            shared.step("report", now, call, policy, Some(&outcome), Some(v));
+                            telemetry::attempt(&*shared.telemetry, policy, outcome.kind_name(), elapsed);
+                            drop(pending);
+                            driver.next(v, now, Crossing::Report)
+                        }
+                        Err(t) => {
+                            drop(pending);
+                            trap = Some(t);
+                            driver.trapped(Crossing::Report, now)
+                        }
+                    };
+                    last_outcome = Some(outcome);
+                }
+                Action::Sleep { until, delay, retry } => {
+                    if retry {
+                        if hooked {
+                            let fallback_outcome = Outcome::Success;
+                            let info = RetryInfo {
+                                policy,
+                                key,
+                                attempt: driver.attempts(),
+                                delay: nanos(delay),
+                                outcome: last_outcome.as_ref().unwrap_or(&fallback_outcome),
+                                reason: Reason::None,
+                            };
+                            run_hooks(hooks, &info);
+                        }
+                        if let Last::Value(_) = last {
+                            // The value is dropped: a retry replaces it.
+                            last = Last::None;
+                        }
+                    }
+                    // Sleep holding nothing: the engine released the attempt's permits.
+                    if delay > 0 {
+                        shared.step_sleep(call, policy, delay);
+                        shared.clock.sleep_until(until).await;
+                    }
+                    let now = shared.now();
+                    let inject = take(&mut faults, FaultOp::Acquire);
+                    let (r, pending) = shared.cross(|raw| crossing(raw, inject, "acquire", |raw| raw.try_acquire(call, now)));
+                    action = match r {
+                        Ok(v) => {
+                            shared.step("acquire", now, call, policy, None, Some(v));
+                            drop(pending);
+                            driver.next(v, now, Crossing::Acquire)
+                        }
+                        Err(t) => {
+                            drop(pending);
+                            trap = Some(t);
+                            driver.trapped(Crossing::Acquire, now)
+                        }
+                    };
+                }
+                Action::Fallback { index, reason } => {
+                    // The policy as the engine has it now (a reload may have changed the chain).
+                    let name = {
+                        let core = shared.lock();
+                        core.policies.named(policy).and_then(|(_, p)| p.fallbacks.get(index as usize)).cloned().unwrap_or_default()
+                    };
+                    let ctx = FallbackContext { policy: policy.to_string(), name: name.clone(), reason, attempts: driver.attempts() };
+                    let fb = fallbacks
+                        .iter()
+                        .position(|(n, _)| *n == name)
+                        .map(|i| fallbacks.swap_remove(i).1)
+                        .or_else(|| self.levee.registered_fallback::<T, E>(&name));
+                    let ok = match fb {
+                        None => {
+                            tracing::warn!(target: "levee", policy = %policy, fallback = %name, "no fallback registered under this name");
+                            if !unregistered.contains(&name) {
+                                unregistered.push(name);
+                            }
+                            false
+                        }
+                        Some(fb) => match fb(ctx).await {
+                            Ok(v) => {
+                                last = Last::Value(v);
+                                fell_back = true;
+                                true
+                            }
+                            Err(e) => {
+                                fallback_err = Some(e);
+                                false
+                            }
+                        },
+                    };
+                    let now = shared.now();
+                    let inject = take(&mut faults, FaultOp::ReportFallback);
+                    let (r, pending) =
+                        shared.cross(|raw| crossing(raw, inject, "report-fallback", |raw| raw.try_report_fallback(call, now, ok)));
+                    action = match r {
+                        Ok(v) => {
+                            shared.step("report-fallback", now, call, policy, None, Some(v));
+                            drop(pending);
+                            driver.next(v, now, Crossing::ReportFallback)
+                        }
+                        Err(t) => {
+                            drop(pending);
+                            trap = Some(t);
+                            driver.trapped(Crossing::ReportFallback, now)
+                        }
+                    };
+                }
+                Action::Done => {
+                    // After a fallback succeeded, or a value the policy accepted (a success
+                    // that was not held back, a response).
+                    return match last {
+                        Last::Value(v) => {
+                            guard.end(if fell_back { "fallback" } else { "success" }, None);
+                            Ok(v)
+                        }
+                        _ => {
+                            guard.end("failure", None);
+                            let mut err = LeveeError::new(Reason::None, policy);
+                            err.invalid = Some(InvalidCode::WrongStep);
+                            err.attempts = driver.attempts();
+                            Err(err)
+                        }
+                    };
+                }
+                Action::Fail { reason, hint } => {
+                    guard.end("failure", Some(reason));
+                    return finish_fail(reason, hint, policy, driver.attempts(), last, fallback_err).map_err(|mut e| {
+                        e.unregistered = unregistered;
+                        e.outcome = last_outcome;
+                        e
+                    });
+                }
+                Action::Recover { fault, then } => {
+                    if fault == telemetry::Fault::Contract {
+                        shared.reinstantiate(call);
+                    }
+                    // The engine no longer has the call (or never will again).
+                    guard.live = false;
+                    shared.fault(fault, policy, key, call);
+                    let mut err = LeveeError::new(Reason::None, policy);
+                    err.attempts = driver.attempts();
+                    err.trap = trap;
+                    err.fault = Some(fault);
+                    err.outcome = last_outcome;
+                    let result = match then {
+                        Recovery::Attempt => match last {
+                            Last::Value(v) => Ok(v),
+                            Last::Error(e) => {
+                                err.last = Some(e);
+                                Err(err)
+                            }
+                            Last::None => {
+                                // The attempt timed out: its own result is the timeout.
+                                err.reason = Reason::None;
+                                Err(err)
+                            }
+                        },
+                        Recovery::Fallback => match (fell_back, last) {
+                            (true, Last::Value(v)) => Ok(v),
+                            _ => {
+                                err.last = fallback_err;
+                                Err(err)
+                            }
+                        },
+                        Recovery::DeadlinePassed => {
+                            err.reason = Reason::Deadline;
+                            Err(err)
+                        }
+                        Recovery::Degraded { number, timeout } => {
+                            guard.attempts = number;
+                            let attempt = Attempt { number, timeout: timeout.map(nanos), call, degraded: true };
+                            let begin = shared.now();
+                            err.attempts = number;
+                            let aspan = attempt_span(&span, number, true, self.http);
+                            match AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).instrument(aspan).await {
+                                Some(Ok(v)) => Ok(v),
+                                Some(Err(e)) => {
+                                    err.last = Some(e);
+                                    Err(err)
+                                }
+                                None => {
+                                    err.outcome = Some(Outcome::Timeout);
+                                    Err(err)
+                                }
+                            }
+                        }
+                    };
+                    let reason = result.as_ref().err().map(|e| e.reason).filter(|r| *r != Reason::None);
+                    let ended = match (&result, then) {
+                        (Ok(_), Recovery::Fallback) => "fallback",
+                        (Ok(_), _) => "success",
+                        (Err(_), _) => "failure",
+                    };
+                    guard.end(ended, reason);
+                    return result;
+                }
+            }
+        }
+    }
+}
+
+// `LeveeError` is the public error of every call; this only builds it.
+#[allow(clippy::result_large_err)]
+fn finish_fail<T, E>(
+    reason: Reason,
+    hint: u64,
+    policy: &str,
+    attempts: u32,
+    last: Last<T, E>,
+    fallback_err: Option<E>,
+) -> Result<T, LeveeError<E>> {
+    let mut err = LeveeError::new(reason, policy);
+    err.attempts = attempts;
+    err.retry_after = (hint > 0).then(|| nanos(hint));
+    err.fallback_error = fallback_err;
+    match last {
+        Last::Value(v) => Ok(v),
+        Last::Error(e) => {
+            err.last = Some(e);
+            Err(err)
+        }
+        Last::None => Err(err),
+    }
+}

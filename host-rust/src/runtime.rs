@@ -1,0 +1,446 @@
+//! The runtime glue: one engine ([`RawEngine`]: the wasmtime store and instance, or the
+//! native core) shared by every task behind one lock, the crossings into it, the success held
+//! back for the next `start`, the record of traps (the engine itself re-instantiates and
+//! restores its last snapshot, see [`crate::raw`]), and the emission of events outside the
+//! lock. Nothing here decides anything: [`crate::driver`] turns verdicts into actions.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use levee_core::{Event, OutcomeKind, PolicyInfo, Verdict};
+
+use crate::driver::PolicyLimits;
+use crate::outcome::Outcome;
+use crate::raw::{RawEngine, Trap};
+use crate::telemetry::{self, Fault, Telemetry};
+use crate::time::EngineClock;
+
+/// One step of the protocol, for tracing hooks ([`crate::Builder::trace`]).
+#[derive(Clone, Debug)]
+pub struct Step<'a> {
+    /// `start`, `acquire`, `report`, `hold-success` (a success held back, settled by the next
+    /// `start`), `report-fallback`, `sleep`.
+    pub op: &'static str,
+    /// The host's monotonic time of the step, in ns since the handle was made.
+    pub now: u64,
+    /// The call id.
+    pub call: u64,
+    /// The policy.
+    pub policy: &'a str,
+    /// The outcome reported (for `report` and `hold-success`).
+    pub outcome: Option<&'a Outcome>,
+    /// The core's answer (`None` for `hold-success`, whose answer is `done`, and `sleep`).
+    pub verdict: Option<Verdict>,
+    /// For `sleep` (a retry delay or a rate-limit wait about to be slept): its length.
+    pub sleep: Option<std::time::Duration>,
+}
+
+pub(crate) type TraceFn = Arc<dyn Fn(&Step<'_>) + Send + Sync>;
+pub(crate) type ListenFn = Arc<dyn Fn(&Event, &str) + Send + Sync>;
+
+/// A success whose report is held back.
+#[derive(Clone, Copy)]
+pub(crate) struct Held {
+    pub(crate) call: u64,
+    pub(crate) at: u64,
+    pub(crate) elapsed: u64,
+}
+
+/// Where a call that succeeded leaves its held-back report without taking the engine's lock
+/// (the lock is the one `start` takes; a second per call doubled the contention between
+/// tasks). Whoever takes the lock next moves it into [`Core::held`] ([`Shared::lock`]), so
+/// that it is settled before anything else the engine does.
+struct HeldSlot {
+    state: AtomicU8,
+    call: AtomicU64,
+    at: AtomicU64,
+    elapsed: AtomicU64,
+}
+
+impl HeldSlot {
+    const EMPTY: u8 = 0;
+    const WRITING: u8 = 1;
+    const FULL: u8 = 2;
+
+    fn new() -> Self {
+        HeldSlot { state: AtomicU8::new(Self::EMPTY), call: AtomicU64::new(0), at: AtomicU64::new(0), elapsed: AtomicU64::new(0) }
+    }
+
+    /// Leave `h` here; `false` when the slot is taken (the caller takes the lock instead).
+    #[inline]
+    fn put(&self, h: Held) -> bool {
+        if self.state.compare_exchange(Self::EMPTY, Self::WRITING, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return false;
+        }
+        self.call.store(h.call, Ordering::Relaxed);
+        self.at.store(h.at, Ordering::Relaxed);
+        self.elapsed.store(h.elapsed, Ordering::Relaxed);
+        self.state.store(Self::FULL, Ordering::Release);
+        true
+    }
+
+    /// Take what was left here. Only under the engine's lock, so there is one taker at a time;
+    /// a report still being written is left for the next taker.
+    #[inline]
+    fn take(&self) -> Option<Held> {
+        if self.state.load(Ordering::Acquire) != Self::FULL {
+            return None;
+        }
+        let h = Held {
+            call: self.call.load(Ordering::Relaxed),
+            at: self.at.load(Ordering::Relaxed),
+            elapsed: self.elapsed.load(Ordering::Relaxed),
+        };
+        self.state.store(Self::EMPTY, Ordering::Release);
+        Some(h)
+    }
+}
+
+/// FNV-1a: policy names come from the document, so a DoS-resistant hash buys nothing on
+/// the hot path.
+#[derive(Clone, Copy, Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub(crate) struct Policies {
+    pub(crate) info: Vec<Arc<PolicyInfo>>,
+    /// For documents of many policies; a few are found faster by comparing names in order.
+    by_name: Option<HashMap<String, u32, BuildHasherDefault<Fnv>>>,
+}
+
+/// Up to this many policies, a name is looked up by comparing it with each in turn.
+const SCAN_POLICIES: usize = 8;
+
+impl Policies {
+    pub(crate) fn read(raw: &mut RawEngine) -> Result<Policies, Trap> {
+        let count = raw.try_policy_count()?;
+        let mut info = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            if let Some(p) = raw.try_policy_info(i)? {
+                info.push(Arc::new(p));
+            }
+        }
+        let by_name = (info.len() > SCAN_POLICIES).then(|| info.iter().enumerate().map(|(i, p)| (p.name.clone(), i as u32)).collect());
+        Ok(Policies { info, by_name })
+    }
+
+    /// A policy by name: its index and what the host knows of it.
+    #[inline]
+    pub(crate) fn named(&self, name: &str) -> Option<(u32, &PolicyInfo)> {
+        let index = match &self.by_name {
+            None => self.info.iter().position(|p| p.name == name)? as u32,
+            Some(map) => *map.get(name)?,
+        };
+        self.info.get(index as usize).map(|p| (index, &**p))
+    }
+
+    pub(crate) fn index(&self, name: &str) -> Option<u32> {
+        self.named(name).map(|(i, _)| i)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.info.len()
+    }
+
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.info.iter().map(|p| p.name.clone()).collect()
+    }
+}
+
+/// The engine and what its lock protects.
+pub(crate) struct Core {
+    pub(crate) raw: RawEngine,
+    /// The next call id (taken under the lock that `start` holds anyway).
+    next_call: u64,
+    held: Option<Held>,
+    pub(crate) policies: Policies,
+    events: Vec<Event>,
+    pub(crate) traps: Vec<Trap>,
+}
+
+impl Core {
+    pub(crate) fn new(raw: RawEngine, policies: Policies) -> Self {
+        Core { raw, next_call: 1, held: None, policies, events: Vec::new(), traps: Vec::new() }
+    }
+
+    /// Collect the events a verdict says are pending.
+    #[inline]
+    pub(crate) fn note(&mut self, v: Verdict) {
+        if v.events_pending() {
+            match self.raw.try_drain_events() {
+                Ok(mut e) => self.events.append(&mut e),
+                Err(t) => self.traps.push(t),
+            }
+        }
+    }
+
+    /// Send a held-back success now (before any operation other than `start`).
+    pub(crate) fn flush(&mut self) {
+        if let Some(h) = self.held.take() {
+            match self.raw.try_report(h.call, h.at, h.elapsed, OutcomeKind::Success, 0, "", 0, 0) {
+                Ok(v) => self.note(v),
+                Err(t) => self.traps.push(t),
+            }
+        }
+    }
+
+    fn hold(&mut self, h: Held) {
+        self.flush();
+        self.held = Some(h);
+    }
+
+    fn take_events(&mut self) -> (Vec<Event>, Vec<Trap>) {
+        (std::mem::take(&mut self.events), std::mem::take(&mut self.traps))
+    }
+}
+
+/// What `start` gives the call: its id, its policy's limits, the verdict (or the trap) and the
+/// events to emit once the step is traced.
+pub(crate) struct Started<'a> {
+    pub(crate) call: u64,
+    pub(crate) limits: PolicyLimits,
+    pub(crate) verdict: Result<Verdict, Trap>,
+    pub(crate) pending: Option<Pending<'a>>,
+}
+
+/// Everything a handle shares between its clones.
+pub(crate) struct Shared {
+    core: Mutex<Core>,
+    held: HeldSlot,
+    pub(crate) clock: EngineClock,
+    pub(crate) traps: AtomicU64,
+    pub(crate) fallbacks: Mutex<HashMap<String, Arc<dyn Any + Send + Sync>>>,
+    trace: Option<TraceFn>,
+    listener: Option<ListenFn>,
+    pub(crate) telemetry: Arc<dyn Telemetry>,
+    pub(crate) on_retry: Option<crate::call::RetryFn>,
+}
+
+/// What the fault seam of the host scenarios does to one crossing (see [`crate::Call::fault`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Injected {
+    /// The guest traps: the crossing does not happen and the engine re-instantiates.
+    Trap,
+    /// The crossing happens, its events are dropped, and the host sees this packed verdict.
+    Verdict(u64),
+}
+
+/// Run `real` on `raw`, or what `inject` says instead.
+#[inline]
+pub(crate) fn crossing(
+    raw: &mut RawEngine,
+    inject: Option<Injected>,
+    op: &'static str,
+    real: impl FnOnce(&mut RawEngine) -> Result<Verdict, Trap>,
+) -> Result<Verdict, Trap> {
+    match inject {
+        None => real(raw),
+        Some(Injected::Trap) => Err(raw.reinstantiate(op, "a trap injected by the fault seam")),
+        Some(Injected::Verdict(v)) => {
+            let r = real(raw);
+            if let Ok(real) = r {
+                if real.events_pending() {
+                    let _ = raw.try_drain_events();
+                }
+            }
+            r.map(|_| Verdict(v))
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(
+        core: Core,
+        clock: EngineClock,
+        trace: Option<TraceFn>,
+        listener: Option<ListenFn>,
+        telemetry: Arc<dyn Telemetry>,
+        on_retry: Option<crate::call::RetryFn>,
+    ) -> Self {
+        Shared {
+            core: Mutex::new(core),
+            held: HeldSlot::new(),
+            clock,
+            traps: AtomicU64::new(0),
+            fallbacks: Mutex::new(HashMap::new()),
+            trace,
+            listener,
+            telemetry,
+            on_retry,
+        }
+    }
+
+    /// Tell the trace hook of a step.
+    #[inline]
+    pub(crate) fn step(&self, op: &'static str, now: u64, call: u64, policy: &str, outcome: Option<&Outcome>, verdict: Option<Verdict>) {
+        if let Some(t) = &self.trace {
+            t(&Step { op, now, call, policy, outcome, verdict, sleep: None });
+        }
+    }
+
+    /// Tell the trace hook of a sleep about to start.
+    pub(crate) fn step_sleep(&self, call: u64, policy: &str, delay: u64) {
+        if let Some(t) = &self.trace {
+            let sleep = Some(std::time::Duration::from_nanos(delay));
+            t(&Step { op: "sleep", now: self.now(), call, policy, outcome: None, verdict: None, sleep });
+        }
+    }
+
+    /// The engine, with any success left in the slot moved in to be settled first.
+    #[inline]
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
+        let mut core = self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(h) = self.held.take() {
+            core.hold(h);
+        }
+        core
+    }
+
+    /// Hold back the report of a success (its answer is always `done`) for the next `start`.
+    #[inline]
+    pub(crate) fn hold(&self, h: Held) {
+        if !self.held.put(h) {
+            // Another success is in the slot (or being written): settle through the lock.
+            self.lock().hold(h);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// `start` a call under the policy at `index`-by-name, settling a held-back success in the
+    /// same guest call. `Err` with the document's names when there is no such policy.
+    #[inline]
+    pub(crate) fn start(
+        &self,
+        policy: &str,
+        key: &str,
+        flags: u32,
+        now: u64,
+        inject: Option<Injected>,
+    ) -> Result<Started<'_>, Vec<String>> {
+        let mut core = self.lock();
+        let Some((index, limits)) = core.policies.named(policy).map(|(i, p)| (i, PolicyLimits::of(p))) else {
+            return Err(core.policies.names());
+        };
+        let call = core.next_call;
+        core.next_call = call.wrapping_add(1).max(1);
+        let held = core.held.take();
+        let (sc, sa, se) = held.map(|h| (h.call, h.at, h.elapsed)).unwrap_or((0, 0, 0));
+        let verdict = crossing(&mut core.raw, inject, "start", |raw| raw.try_start(call, index, key, flags, now, sc, sa, se));
+        if let Ok(v) = verdict {
+            core.note(v);
+        }
+        Ok(Started { call, limits, verdict, pending: self.unlock(core) })
+    }
+
+    /// One crossing under the lock (after settling a held-back success); the events it
+    /// collected are emitted when the returned [`Pending`] is dropped.
+    #[inline]
+    pub(crate) fn cross(&self, op: impl FnOnce(&mut RawEngine) -> Result<Verdict, Trap>) -> (Result<Verdict, Trap>, Option<Pending<'_>>) {
+        let mut core = self.lock();
+        core.flush();
+        let r = op(&mut core.raw);
+        if let Ok(v) = r {
+            core.note(v);
+        }
+        (r, self.unlock(core))
+    }
+
+    /// Abandon a call in the engine.
+    pub(crate) fn cancel(&self, call: u64) {
+        let now = self.now();
+        let mut core = self.lock();
+        core.flush();
+        if let Err(t) = core.raw.try_cancel(call, now) {
+            core.traps.push(t);
+        }
+        self.finish_locked(core);
+    }
+
+    /// A call of `policy` went down the recovery path: count a trap, emit `engine-fault`.
+    pub(crate) fn fault(&self, fault: Fault, policy: &str, key: &str, call: u64) {
+        if fault != Fault::Invalid {
+            self.traps.fetch_add(1, Ordering::Relaxed);
+        }
+        telemetry::fault(&*self.telemetry, fault, policy, key, call);
+    }
+
+    /// Replace the instance after a verdict that broke the contract.
+    pub(crate) fn reinstantiate(&self, call: u64) {
+        let mut core = self.lock();
+        core.flush();
+        let _ = core.raw.reinstantiate("verdict", format!("a verdict for call {call} broke the contract"));
+        drop(core);
+    }
+
+    /// Unlock, then emit the events and traps collected.
+    pub(crate) fn finish_locked(&self, core: MutexGuard<'_, Core>) {
+        drop(self.unlock(core));
+    }
+
+    /// Unlock; the events and traps collected are emitted when the result is dropped (so
+    /// that a trace hook sees a step before the events it caused).
+    #[inline]
+    pub(crate) fn unlock(&self, mut core: MutexGuard<'_, Core>) -> Option<Pending<'_>> {
+        if core.events.is_empty() && core.traps.is_empty() {
+            drop(core);
+            return None;
+        }
+        let (events, traps) = core.take_events();
+        let names = if events.is_empty() { Vec::new() } else { core.policies.names() };
+        drop(core);
+        Some(Pending { shared: self, events, traps, names })
+    }
+
+    /// Emit what a locked section collected (outside the lock).
+    fn emit(&self, events: Vec<Event>, traps: Vec<Trap>, names: &[String]) {
+        for t in &traps {
+            // A crossing outside a call's protocol (a held-back success, a drain) trapped.
+            tracing::error!(target: "levee", operation = t.operation(), restored = t.restored(), error = %t.message(), "policy engine trapped; re-instantiated");
+            self.fault(Fault::Trap, "", "", 0);
+        }
+        for e in &events {
+            let name = names.get(e.policy as usize).map(String::as_str).unwrap_or_default();
+            telemetry::emit(&*self.telemetry, e, name);
+            if let Some(l) = &self.listener {
+                l(e, name);
+            }
+        }
+    }
+}
+
+/// Events and traps to emit once the lock is released.
+pub(crate) struct Pending<'a> {
+    shared: &'a Shared,
+    events: Vec<Event>,
+    traps: Vec<Trap>,
+    names: Vec<String>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.events.is_empty() && self.traps.is_empty() {
+            return;
+        }
+        self.shared.emit(std::mem::take(&mut self.events), std::mem::take(&mut self.traps), &self.names);
+    }
+}
