@@ -126,7 +126,8 @@ type sched struct {
 	live    map[int]bool // call index -> blocked
 	changed chan struct{}
 	origin  time.Time
-	played  int // the call whose attempt ended last (a policy's predicate runs right after it)
+	waitCtx map[int]context.Context // the context a blocked call waits on (nil: deaf to it)
+	played  int                     // the call whose attempt ended last (a policy's predicate runs right after it)
 }
 
 type callKey struct{}
@@ -148,6 +149,9 @@ func (s *sched) setBlocked(i int, b bool) {
 	s.mu.Lock()
 	if _, ok := s.live[i]; ok {
 		s.live[i] = b
+		if !b {
+			delete(s.waitCtx, i)
+		}
 		s.notifyLocked()
 	}
 	s.mu.Unlock()
@@ -169,6 +173,9 @@ func (s *sched) wait(ctx context.Context, i int, d time.Duration, deaf bool) err
 	s.mu.Lock()
 	if _, ok := s.live[i]; ok {
 		s.live[i] = true
+		if !deaf {
+			s.waitCtx[i] = ctx
+		}
 		s.notifyLocked()
 	}
 	tm := s.clk.AfterFunc(d, func() { s.setBlocked(i, false); close(ch) })
@@ -383,7 +390,7 @@ func hasCallAPI(sc *hsScenario) bool {
 func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 	ctx := context.Background()
 	origin := time.Unix(sc.WallStart, 0)
-	s := &sched{clk: leveetest.NewVirtualClockAt(origin), live: map[int]bool{}, changed: make(chan struct{}), origin: origin}
+	s := &sched{clk: leveetest.NewVirtualClockAt(origin), live: map[int]bool{}, waitCtx: map[int]context.Context{}, changed: make(chan struct{}), origin: origin}
 	clk := &schedClock{s: s, sleeps: map[int][]int64{}}
 	rec := leveetest.NewRecorder()
 	rec.Label = func(ctx context.Context) any { return callIndex(ctx) }
@@ -494,8 +501,10 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 	for {
 		s.mu.Lock()
 		allBlocked := true
-		for _, b := range s.live {
-			if !b {
+		for i, b := range s.live {
+			// a wait whose context another call cancelled (a wake-up from the bulkhead
+			// queue) is about to run: its cancel came before that call blocked or ended
+			if !b || (s.waitCtx[i] != nil && s.waitCtx[i].Err() != nil) {
 				allBlocked = false
 			}
 		}
