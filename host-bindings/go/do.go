@@ -528,11 +528,15 @@ func (e *Engine) injected(cctx context.Context, call uint64, op crossing, f func
 // call, behind other goroutines' guest calls, cost more than the guest calls.
 // The next start, or any other operation, moves the list into the core under
 // the engine's lock (takePendingLocked), in the order the calls finished.
-func (e *Engine) holdSuccess(ref callRef, at, elapsed, gen uint64) {
+func (e *Engine) holdSuccess(cctx context.Context, ref callRef, at, elapsed, gen uint64) {
 	e.pmu.Lock()
 	e.pending = append(e.pending, pendingSuccess{heldSuccess{call: ref.call, at: at, elapsed: elapsed,
 		policy: ref.policy, key: ref.key}, gen})
 	e.pmu.Unlock()
+	if e.nParked.Load() > 0 {
+		// calls wait in a bulkhead queue: the slot this success frees must not wait for the next start
+		_ = e.FlushContext(cctx)
+	}
 }
 
 type pendingSuccess struct {
@@ -791,7 +795,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 				if tr != nil {
 					tr(Step{Op: "hold-success", Call: call, Now: t1, Outcome: o})
 				}
-				e.holdSuccess(c.ref(), t1, elapsed, gen)
+				e.holdSuccess(ctx, c.ref(), t1, elapsed, gen)
 				c.tel.reported(o.Kind, elapsed)
 				c.tel.end(cResults[0], act.n > 1, ReasonNone, nil)
 				return nil, false, nil

@@ -163,9 +163,10 @@ type Engine struct {
 	gen     uint64
 	closed  bool
 	hold    heldSuccess
-	// the calls parked in bulkhead queues (park.go), and how many: under mu
+	// the calls parked in bulkhead queues (park.go), under mu, and how many
+	// (written under mu, read without it by holdSuccess)
 	parked  map[parkKey][]*parker
-	nParked int
+	nParked atomic.Int64
 	// successes held back by finished calls, not yet moved to hold (see holdSuccess);
 	// under pmu alone, so a finishing call never waits behind a guest call
 	pmu     sync.Mutex

@@ -11,7 +11,9 @@ import (
 // key, whichever comes first, and then acquires again. The park is registered
 // under the engine's lock in the crossing that queued it, and every wake-up is
 // sent under that lock in the crossing that frees a slot, so no wake-up is
-// lost between the two. While nothing is parked, a crossing pays one int test.
+// lost between the two. A success Do holds back frees its slot only when it is
+// applied, so while calls are parked it is applied at once (holdSuccess). While
+// nothing is parked, a crossing and a held-back success pay one atomic load.
 
 // parkKey names a bulkhead queue: a policy (its index) and a key.
 type parkKey struct {
@@ -34,14 +36,14 @@ func (e *Engine) parkLocked(cctx context.Context, ref callRef) *parker {
 		e.parked = map[parkKey][]*parker{}
 	}
 	e.parked[p.at] = append(e.parked[p.at], p)
-	e.nParked++
+	e.nParked.Add(1)
 	return p
 }
 
 // wakeLocked wakes every call parked in the queue of (policy, key): an attempt
 // of it was reported or cancelled, or a held-back success of it applied.
 func (e *Engine) wakeLocked(policy uint32, key string) {
-	if e.nParked == 0 {
+	if e.nParked.Load() == 0 {
 		return
 	}
 	k := parkKey{policy, key}
@@ -50,7 +52,7 @@ func (e *Engine) wakeLocked(policy uint32, key string) {
 		return
 	}
 	delete(e.parked, k)
-	e.nParked -= len(ps)
+	e.nParked.Add(-int64(len(ps)))
 	for _, p := range ps {
 		p.cancel()
 	}
@@ -65,7 +67,7 @@ func (e *Engine) parkSleep(ctx context.Context, p *parker, d time.Duration) erro
 		for i, q := range ps {
 			if q == p {
 				ps = append(ps[:i], ps[i+1:]...)
-				e.nParked--
+				e.nParked.Add(-1)
 				if len(ps) == 0 {
 					delete(e.parked, p.at)
 				} else {
