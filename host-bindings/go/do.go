@@ -401,7 +401,10 @@ func (e *Engine) startCall(cctx context.Context, ref callRef, flags uint32, d *d
 		err = e.faultLocked(err)
 		e.tagFaultLocked(ref)
 	} else {
-		act = e.decideLocked(d, v, now, ref)
+		if h.call != 0 {
+			e.wakeLocked(h.policy, h.key) // the held-back success settled: its slot is free
+		}
+		act = e.decideLocked(cctx, d, v, now, ref)
 		if e.o.snapEvery > 0 && e.in != nil && now-e.snapAt >= uint64(e.o.snapEvery) {
 			e.snapshotLocked(now)
 		}
@@ -416,8 +419,11 @@ func (e *Engine) startCall(cctx context.Context, ref callRef, flags uint32, d *d
 // re-instantiates the engine before any other goroutine crosses; otherwise the
 // events the verdict says are pending are drained under the same lock, so no
 // other goroutine's trap can come between a breaker transition and its snapshot.
-func (e *Engine) decideLocked(d *driver, v Verdict, now uint64, ref callRef) action {
+func (e *Engine) decideLocked(cctx context.Context, d *driver, v Verdict, now uint64, ref callRef) action {
 	act := d.next(v, now)
+	if act.kind == actSleep && !act.retry && act.reason == ReasonBulkheadFull {
+		act.park = e.parkLocked(cctx, ref) // queued: parked in this crossing, so no wake-up is lost
+	}
 	if act.kind == actRecover {
 		switch act.fault {
 		case faultContract:
@@ -481,7 +487,10 @@ func (e *Engine) step(cctx context.Context, ref callRef, op crossing, d *driver,
 		e.tagFaultLocked(ref)
 		return act, 0, err
 	}
-	return e.decideLocked(d, v, now, ref), v, nil
+	if op == opReport {
+		e.wakeLocked(ref.policy, ref.key)
+	}
+	return e.decideLocked(cctx, d, v, now, ref), v, nil
 }
 
 // callRef names the call a crossing belongs to, for the engine-fault it may cause.
@@ -519,10 +528,15 @@ func (e *Engine) injected(cctx context.Context, call uint64, op crossing, f func
 // call, behind other goroutines' guest calls, cost more than the guest calls.
 // The next start, or any other operation, moves the list into the core under
 // the engine's lock (takePendingLocked), in the order the calls finished.
-func (e *Engine) holdSuccess(call, at, elapsed, gen uint64) {
+func (e *Engine) holdSuccess(cctx context.Context, ref callRef, at, elapsed, gen uint64) {
 	e.pmu.Lock()
-	e.pending = append(e.pending, pendingSuccess{heldSuccess{call: call, at: at, elapsed: elapsed}, gen})
+	e.pending = append(e.pending, pendingSuccess{heldSuccess{call: ref.call, at: at, elapsed: elapsed,
+		policy: ref.policy, key: ref.key}, gen})
 	e.pmu.Unlock()
+	if e.nParked.Load() > 0 {
+		// calls wait in a bulkhead queue: the slot this success frees must not wait for the next start
+		_ = e.FlushContext(cctx)
+	}
 }
 
 type pendingSuccess struct {
@@ -568,6 +582,7 @@ func (e *Engine) sendHeldLocked() error {
 	if v.Kind() != VerdictDone {
 		return e.faultLocked(trapf("a held-back success was answered %v", v))
 	}
+	e.wakeLocked(h.policy, h.key)
 	if v.EventsPending() {
 		// drained under the lock, so a breaker transition is snapshotted before any other
 		// goroutine's trap could restore an older state (docs/architecture.md)
@@ -684,7 +699,7 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 	c := callRun{p: p, a: a, co: co, st: st, call: call}
 	defer func() {
 		if !c.finished {
-			_ = p.e.Cancel(call, p.e.Now())
+			_ = p.e.cancelIn(context.Background(), call, c.st.index, c.co.key)
 			c.tel.end(cResults[3], c.d.attempts > 1, ReasonCancelled, errPanicked)
 		}
 	}()
@@ -726,7 +741,7 @@ func (c *callRun) fail(reason Reason, retryAfter time.Duration, ctxErr error) er
 // cancelCall abandons the call in the core, its events delivered with the call's context.
 func (c *callRun) cancelCall(ctx context.Context) {
 	e := c.p.e
-	_ = e.opCtx(ctx, func(gctx context.Context, in *instance) error { return in.cancel(gctx, e.rep, c.call, e.Now()) })
+	_ = e.cancelIn(ctx, c.call, c.st.index, c.co.key)
 }
 
 func (c *callRun) cancelled(cerr error) (any, bool, error) {
@@ -780,7 +795,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 				if tr != nil {
 					tr(Step{Op: "hold-success", Call: call, Now: t1, Outcome: o})
 				}
-				e.holdSuccess(call, t1, elapsed, gen)
+				e.holdSuccess(ctx, c.ref(), t1, elapsed, gen)
 				c.tel.reported(o.Kind, elapsed)
 				c.tel.end(cResults[0], act.n > 1, ReasonNone, nil)
 				return nil, false, nil
@@ -819,7 +834,11 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 					}
 				}
 			}
-			if cerr := e.sleep(ctx, act.d); cerr != nil {
+			if act.park != nil {
+				if cerr := e.parkSleep(ctx, act.park, act.d); cerr != nil {
+					return c.cancelled(cerr)
+				}
+			} else if cerr := e.sleep(ctx, act.d); cerr != nil {
 				return c.cancelled(cerr)
 			}
 			now = e.Now()

@@ -78,6 +78,7 @@ type action struct {
 	n      int           // actAttempt: the attempt number (1 on the first)
 	d      time.Duration // actAttempt: timeout; actSleep: delay; actFail: retry-after; recoverDegraded: timeout
 	retry  bool          // actSleep: a retry (false: a wait for a permit)
+	park   *parker       // actSleep: the call's park in a bulkhead queue (set by decideLocked)
 	reason Reason        // actFail, actFallback, actSleep: the core's reason
 	name   string        // actFallback: the fallback to run
 	// actRecover

@@ -163,6 +163,10 @@ type Engine struct {
 	gen     uint64
 	closed  bool
 	hold    heldSuccess
+	// the calls parked in bulkhead queues (park.go), under mu, and how many
+	// (written under mu, read without it by holdSuccess)
+	parked  map[parkKey][]*parker
+	nParked atomic.Int64
 	// successes held back by finished calls, not yet moved to hold (see holdSuccess);
 	// under pmu alone, so a finishing call never waits behind a guest call
 	pmu     sync.Mutex
@@ -194,7 +198,11 @@ type Engine struct {
 	fbs      map[string]Fallback
 }
 
-type heldSuccess struct{ call, at, elapsed uint64 }
+type heldSuccess struct {
+	call, at, elapsed uint64
+	policy            uint32 // the call's queue, woken when the success is applied
+	key               string
+}
 
 // watch bounds guest calls: one goroutine per engine (started by Load, stopped by
 // Close) wakes every tick and, when the guest call in progress started more than
@@ -773,6 +781,16 @@ func (e *Engine) ReportFallback(call, now uint64, ok bool) (v Verdict, err error
 // Cancel abandons a call.
 func (e *Engine) Cancel(call, now uint64) error {
 	return e.op(false, func(ctx context.Context, in *instance) error { return in.cancel(ctx, e.rep, call, now) })
+}
+
+// cancelIn is Cancel of a call of the queue (policy, key): it wakes the calls
+// parked there.
+func (e *Engine) cancelIn(cctx context.Context, call uint64, policy uint32, key string) error {
+	return e.opCtx(cctx, func(ctx context.Context, in *instance) error {
+		err := in.cancel(ctx, e.rep, call, e.Now())
+		e.wakeLocked(policy, key)
+		return err
+	})
 }
 
 // CallInfo is what the engine knows of a live call.

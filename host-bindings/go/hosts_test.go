@@ -41,6 +41,9 @@ type hsScenario struct {
 	Seed      uint64   `json:"seed"`
 	WallStart int64    `json:"wall_start"`
 	Calls     []hsCall `json:"calls"`
+	// RetryIfPolicy is each policy's own predicate: its answers, used in order
+	// by the calls of that policy without a predicate of their own.
+	RetryIfPolicy map[string][]any `json:"retry_if_policy"`
 }
 
 type hsCall struct {
@@ -53,6 +56,7 @@ type hsCall struct {
 	HTTP           *hsHTTP                    `json:"http"`
 	Fallbacks      map[string]map[string]any  `json:"fallbacks"`
 	CancelAt       *int64                     `json:"cancel_at"`
+	RetryIf        []any                      `json:"retry_if"`
 	Script         []map[string]any           `json:"script"`
 	Faults         []hsFault                  `json:"faults"`
 	Expect         map[string]json.RawMessage `json:"expect"`
@@ -122,6 +126,8 @@ type sched struct {
 	live    map[int]bool // call index -> blocked
 	changed chan struct{}
 	origin  time.Time
+	waitCtx map[int]context.Context // the context a blocked call waits on (nil: deaf to it)
+	played  int                     // the call whose attempt ended last (a policy's predicate runs right after it)
 }
 
 type callKey struct{}
@@ -143,6 +149,9 @@ func (s *sched) setBlocked(i int, b bool) {
 	s.mu.Lock()
 	if _, ok := s.live[i]; ok {
 		s.live[i] = b
+		if !b {
+			delete(s.waitCtx, i)
+		}
 		s.notifyLocked()
 	}
 	s.mu.Unlock()
@@ -164,6 +173,9 @@ func (s *sched) wait(ctx context.Context, i int, d time.Duration, deaf bool) err
 	s.mu.Lock()
 	if _, ok := s.live[i]; ok {
 		s.live[i] = true
+		if !deaf {
+			s.waitCtx[i] = ctx
+		}
 		s.notifyLocked()
 	}
 	tm := s.clk.AfterFunc(d, func() { s.setBlocked(i, false); close(ch) })
@@ -266,6 +278,9 @@ func (d *dependency) play(ctx context.Context, http bool) stepResult {
 	defer func() {
 		rec.End = d.s.since()
 		d.attempts = append(d.attempts, rec)
+		d.s.mu.Lock()
+		d.s.played = d.i
+		d.s.mu.Unlock()
 	}()
 	if d.n >= len(d.script) {
 		d.problems = append(d.problems, fmt.Sprintf("attempt %d asked for, the script has %d", d.n+1, len(d.script)))
@@ -344,7 +359,7 @@ func (d *dependency) RoundTrip(req *http.Request) (*http.Response, error) {
 // ---------------------------------------------------------------- one scenario
 
 var knownExpect = map[string]bool{"attempts": true, "requests": true, "sleeps": true, "fallbacks": true, "result": true,
-	"events": true, "metrics": true, "on_retry": true}
+	"events": true, "metrics": true, "on_retry": true, "retry_if": true}
 
 var knownSteps = map[string]bool{"return": true, "raise": true, "status": true, "refuse": true, "connect_timeout": true,
 	"tls_certificate": true, "hang": true, "late": true}
@@ -356,6 +371,7 @@ type callOut struct {
 	err       error
 	fallbacks []string
 	onRetry   []map[string]any
+	retryIf   []map[string]any // what each predicate call was given
 	dep       *dependency
 	plain     bool // run through Policy.Do: no value to compare
 }
@@ -374,11 +390,22 @@ func hasCallAPI(sc *hsScenario) bool {
 func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 	ctx := context.Background()
 	origin := time.Unix(sc.WallStart, 0)
-	s := &sched{clk: leveetest.NewVirtualClockAt(origin), live: map[int]bool{}, changed: make(chan struct{}), origin: origin}
+	s := &sched{clk: leveetest.NewVirtualClockAt(origin), live: map[int]bool{}, waitCtx: map[int]context.Context{}, changed: make(chan struct{}), origin: origin}
 	clk := &schedClock{s: s, sleeps: map[int][]int64{}}
 	rec := leveetest.NewRecorder()
 	rec.Label = func(ctx context.Context) any { return callIndex(ctx) }
-	e, err := levee.Load(ctx, sc.Document, levee.WithSeed(sc.Seed), levee.WithClock(clk), levee.WithTelemetry(rec))
+	outs := make([]*callOut, len(sc.Calls))
+	lopts := []levee.Option{levee.WithSeed(sc.Seed), levee.WithClock(clk), levee.WithTelemetry(rec)}
+	for pol, list := range sc.RetryIfPolicy {
+		// no two steps of different calls share an instant: the call whose
+		// attempt just ended is the one the policy's predicate is asked for
+		lopts = append(lopts, levee.WithPolicyRetryIf(pol, predicate("policy", list, func() *callOut {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return outs[s.played]
+		})))
+	}
+	e, err := levee.Load(ctx, sc.Document, lopts...)
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
@@ -403,7 +430,6 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 			}
 		}
 	}
-	outs := make([]*callOut, len(sc.Calls))
 	var idMu sync.Mutex
 	crossings := map[int]map[string]int{}
 	levee.SetFaultInjector(e, func(cctx context.Context, call uint64, op string) (bool, uint64, bool) {
@@ -475,8 +501,10 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 	for {
 		s.mu.Lock()
 		allBlocked := true
-		for _, b := range s.live {
-			if !b {
+		for i, b := range s.live {
+			// a wait whose context another call cancelled (a wake-up from the bulkhead
+			// queue) is about to run: its cancel came before that call blocked or ended
+			if !b || (s.waitCtx[i] != nil && s.waitCtx[i].Err() != nil) {
 				allBlocked = false
 			}
 		}
@@ -542,6 +570,19 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 		}
 		check("result", resultOf(c, out))
 		check("on_retry", orEmptyM(out.onRetry))
+		if out.plain {
+			// Policy.Do gives its predicates no value: take the expected one where a value was given
+			var want []map[string]any
+			_ = json.Unmarshal(c.Expect["retry_if"], &want)
+			for n, g := range out.retryIf {
+				if _, ok := g["value"]; ok && g["value"] == nil && n < len(want) {
+					if v, ok := want[n]["value"]; ok {
+						g["value"] = v
+					}
+				}
+			}
+		}
+		check("retry_if", orEmptyM(out.retryIf))
 		key := ""
 		if c.Key != nil {
 			key = *c.Key
@@ -723,6 +764,41 @@ func unwrapURL(err error) error {
 
 // ---------------------------------------------------------------- one call
 
+// predicate plays scripted answers (true, false, null or "raise"; null past
+// the end) and records, on the call rec names, what each call of it was given.
+func predicate(by string, answers []any, rec func() *callOut) func(any, error) levee.RetryAnswer {
+	var mu sync.Mutex
+	n := 0
+	return func(result any, err error) levee.RetryAnswer {
+		entry := map[string]any{"by": by}
+		if r, ok := result.(*http.Response); ok && r != nil {
+			entry["status"] = r.StatusCode // the Transport gives a response with the status's error
+		} else if err != nil {
+			entry["error"] = lastName(err)
+		} else {
+			entry["value"] = result
+		}
+		out := rec()
+		mu.Lock()
+		out.retryIf = append(out.retryIf, entry)
+		var a any
+		if n < len(answers) {
+			a = answers[n]
+		}
+		n++
+		mu.Unlock()
+		switch a {
+		case true:
+			return levee.Retry
+		case false:
+			return levee.NoRetry
+		case "raise":
+			panic(&scriptErr{"PredicateBroke"})
+		}
+		return levee.Unset
+	}
+}
+
 func runCall(t *testing.T, e *levee.Engine, c *hsCall, out *callOut, ctx context.Context, plain bool) {
 	p, err := e.Policy(c.Policy)
 	if err != nil {
@@ -771,6 +847,9 @@ func runCall(t *testing.T, e *levee.Engine, c *hsCall, out *callOut, ctx context
 			req.Header.Set(k, v)
 		}
 		tr := &levee.Transport{Base: out.dep, Policy: p, OnRetry: hook}
+		if c.RetryIf != nil {
+			tr.RetryIf = predicate("call", c.RetryIf, func() *callOut { return out })
+		}
 		registerHTTPFallbacks(e, c, out) // the Transport runs the engine's fallbacks
 		client := &http.Client{Transport: tr}
 		resp, err := client.Do(req)
@@ -790,6 +869,9 @@ func runCall(t *testing.T, e *levee.Engine, c *hsCall, out *callOut, ctx context
 		opts = append(opts, levee.WithIdempotencyKey())
 	}
 	opts = append(opts, levee.OnRetry(hook))
+	if c.RetryIf != nil {
+		opts = append(opts, levee.RetryIf(predicate("call", c.RetryIf, func() *callOut { return out })))
+	}
 	if plain {
 		out.plain = true
 		out.err = p.Do(ctx, func(ctx context.Context) error { return out.dep.play(ctx, false).err }, opts...)
