@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The durable-call crash tests: SQLite, then a private PostgreSQL cluster on 127.0.0.1 (installed
 # from Debian's packages when missing, run as the `postgres` user in a temporary directory,
-# stopped at the end), then 10,000 calls across 3 workers killed at random.
+# stopped at the end), then 10,000 calls across 3 workers killed at random. Workers are Python,
+# Go and JS processes: a call one of them wrote is resumed by another (docs/durable.md).
 #   DURABLE_SCALE=N overrides the 10,000 calls (0 skips the scale run).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,8 +27,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
+echo "== durable: the Go executor (gofmt, go vet, go test, the crash tests' worker)"
+godir="$root/host-bindings/go/durable"
+(cd "$godir" && go mod download)
+unformatted="$(cd "$godir" && gofmt -l .)"
+if [ -n "$unformatted" ]; then echo "run.sh: gofmt -l reports: $unformatted" >&2; exit 1; fi
+(cd "$godir" && go vet ./... && go test -count=1 ./... && go build -o "$work/go-worker" ./internal/testworker)
+workers=(--python "$py" --go "$work/go-worker")
+
 echo "== durable: SQLite"
-(cd "$work" && "$py" "$here/crash_test.py" --store "sqlite:$work/calls.db" --python "$py")
+(cd "$work" && "$py" "$here/crash_test.py" --store "sqlite:$work/calls.db" "${workers[@]}")
 
 echo "== durable: PostgreSQL"
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
@@ -41,7 +50,7 @@ su postgres -s /bin/bash -c "'$pgbin/initdb' -D '$pgdata' -A trust -U postgres -
 su postgres -s /bin/bash -c "'$pgbin/pg_ctl' -D '$pgdata' -w -l '$pgdata/log' -o '-c listen_addresses=127.0.0.1 -p $port -k $pgdata -c fsync=off -c max_connections=50' start" >/dev/null
 dsn="host=127.0.0.1 port=$port user=postgres dbname=postgres"
 scale="${DURABLE_SCALE:-10000}"
-(cd "$work" && "$py" "$here/crash_test.py" --store "postgres:$dsn" --python "$py" --scale "$scale")
+(cd "$work" && "$py" "$here/crash_test.py" --store "postgres:$dsn" "${workers[@]}" --scale "$scale")
 
 if [ "${DURABLE_BENCH:-0}" = 1 ]; then
   echo "== durable: benchmark (calls per second, 2,000 calls, 1 call in 10 fails once)"
