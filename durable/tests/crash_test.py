@@ -306,6 +306,7 @@ def main() -> None:
             case_backoff(h, "js", "go")
             case_attempt(h, "go", "js")
             case_outcome(h, "js", "py")
+            case_live(h, "js", "go")
         if args.scale:
             case_scale(h, args.scale, args.workers, args.budget)
     finally:

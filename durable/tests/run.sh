@@ -33,7 +33,14 @@ godir="$root/host-bindings/go/durable"
 unformatted="$(cd "$godir" && gofmt -l .)"
 if [ -n "$unformatted" ]; then echo "run.sh: gofmt -l reports: $unformatted" >&2; exit 1; fi
 (cd "$godir" && go vet ./... && go test -count=1 ./... && go build -o "$work/go-worker" ./internal/testworker)
-workers=(--python "$py" --go "$work/go-worker")
+
+echo "== durable: the JS executor (build, with its optional drivers better-sqlite3 and pg)"
+jsdir="$root/host-bindings/js"
+(cd "$jsdir" && { [ -d node_modules/typescript ] || npm ci --no-audit --no-fund --loglevel=error; } \
+  && { [ -d node_modules/better-sqlite3 ] && [ -d node_modules/pg ] \
+       || npm install --no-save --no-audit --no-fund --loglevel=error better-sqlite3@12.11.1 pg@8.23.1; } \
+  && node scripts/transpile.mjs >/dev/null && npx tsc -p tsconfig.json)
+workers=(--python "$py" --go "$work/go-worker" --node "$here/worker.mjs")
 
 echo "== durable: SQLite"
 (cd "$work" && "$py" "$here/crash_test.py" --store "sqlite:$work/calls.db" "${workers[@]}")

@@ -366,7 +366,15 @@ func (x *Executor) run(ctx context.Context, untilIdle bool) error {
 		var claimed []claimed
 		var err error
 		if free := x.concurrency - running; free > 0 {
+			// The records' last-seen becomes the claim's db_now, read while the statement runs:
+			// the monotonic clock counts from before it, so that the time the claim takes to
+			// return (or the writes that follow) never shortens a wait: a retry may start late,
+			// never early.
+			got := time.Now()
 			claimed, err = x.store.claim(runCtx, x.owner, uint64(x.hold), free)
+			for i := range claimed {
+				claimed[i].got = got
+			}
 			if err != nil && ctx.Err() == nil {
 				x.log.Error("levee durable: claiming due calls", "err", err)
 			}
@@ -545,7 +553,7 @@ func (p panicError) ErrorClass() string { return "panic" }
 // errLost: the call was lost (a renewal refused, or the lease ran out while the store could not
 // be reached); ctx's error: the executor stops. Either way nothing is to be recorded.
 func (x *Executor) attempt(ctx context.Context, c claimed, reg registered, step levee.DurableStep) (attemptResult, error) {
-	got := time.Now()
+	got := c.got // step.Record's last-seen is the claim's db_now
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if step.Timeout > 0 {
@@ -571,14 +579,15 @@ func (x *Executor) attempt(ctx context.Context, c claimed, reg registered, step 
 			case <-t.C:
 			}
 			mu.Lock()
-			rec, since := cur.record, time.Since(cur.got)
+			asked := time.Now() // r.Record's last-seen is this moment
+			rec, since := cur.record, asked.Sub(cur.got)
 			mu.Unlock()
 			r, err := x.engine.DurableRenew(rec, x.owner, c.dbNow, uint64(since))
 			if err == nil {
 				err = x.write(ctx, c, r, nil)
 				if err == nil {
 					mu.Lock()
-					cur.record, cur.got = r.Record, time.Now()
+					cur.record, cur.got = r.Record, asked
 					expires = cur.got.Add(lease)
 					mu.Unlock()
 					continue

@@ -3,6 +3,7 @@ package durable
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // Store is where durable calls live: an SQLite file (OpenSQLite) or a PostgreSQL database
@@ -37,6 +38,7 @@ type claimed struct {
 	record         []byte
 	dbNow          uint64
 	idempotencyKey *string
+	got            time.Time // when this process read it (monotonic)
 }
 
 // writeArgs are the columns of the shared `write` statement.
