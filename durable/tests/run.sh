@@ -10,10 +10,12 @@ root="$(cd "$here/../.." && pwd)"
 export LEVEE_WASM_DIR="${LEVEE_WASM_DIR:-$root/target/levee}"
 venv="$root/target/durable-venv"
 if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$root/host-bindings/python"
-"$venv/bin/pip" install --quiet --disable-pip-version-check "$root/host-bindings/python[postgres]"
-rm -rf "$root/host-bindings/python/build" "$root"/host-bindings/python/src/*.egg-info
 py="$venv/bin/python"
+# `python -m pip`, not bin/pip: a venv copied from another tree keeps bin/pip's shebang, which
+# would install into the other tree's venv.
+"$py" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$root/host-bindings/python"
+"$py" -m pip install --quiet --disable-pip-version-check "$root/host-bindings/python[postgres]"
+rm -rf "$root/host-bindings/python/build" "$root"/host-bindings/python/src/*.egg-info
 
 work="$(mktemp -d /tmp/levee-durable.XXXXXX)"
 chmod 755 "$work"
@@ -39,7 +41,8 @@ jsdir="$root/host-bindings/js"
 (cd "$jsdir" && { [ -d node_modules/typescript ] || npm ci --no-audit --no-fund --loglevel=error; } \
   && { [ -d node_modules/better-sqlite3 ] && [ -d node_modules/pg ] \
        || npm install --no-save --no-audit --no-fund --loglevel=error better-sqlite3@12.11.1 pg@8.23.1; } \
-  && node scripts/transpile.mjs >/dev/null && npx tsc -p tsconfig.json)
+  && node scripts/transpile.mjs >/dev/null && npx tsc -p tsconfig.json \
+  && node --test test/durable.test.mjs)
 workers=(--python "$py" --go "$work/go-worker" --node "$here/worker.mjs")
 
 echo "== durable: SQLite"
@@ -74,7 +77,7 @@ if [ "${DURABLE_PEER:-0}" = 1 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
   fi
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "celery[redis]==5.7.0"
+  "$py" -m pip install --quiet --disable-pip-version-check "celery[redis]==5.7.0"
   redis-server --port 56379 --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --pidfile "$work/redis.pid" >/dev/null
   for w in 1 3; do
     (cd "$here" && PEER_REDIS=redis://127.0.0.1:56379/0 "$py" peer_celery.py --calls 2000 --workers "$w")
