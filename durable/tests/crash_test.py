@@ -1,10 +1,13 @@
 """Durable calls across real process deaths (SIGKILL), on SQLite and on PostgreSQL.
 
     python crash_test.py --store sqlite:/tmp/x.db   (or postgres:CONNINFO) [--scale 10000]
+                         [--go GO_WORKER] [--node NODE_WORKER.mjs]
 
-Each case starts worker processes (worker.py), kills one with SIGKILL at a chosen moment, starts
-another and checks from the handlers' log and the store what happened. Bounded: every wait
-has a deadline; the script exits non-zero on the first broken expectation.
+Each case starts worker processes (worker.py, or the Go and JS workers that take the same
+arguments and write the same log), kills one with SIGKILL at a chosen moment, starts another,
+in the same language or another one, and checks from the handlers' log and the store what
+happened. Bounded: every wait has a deadline; the script exits non-zero on the first broken
+expectation.
 """
 
 from __future__ import annotations
@@ -25,19 +28,23 @@ S = 1_000_000_000
 
 
 class Harness:
-    def __init__(self, store: str, python: str) -> None:
+    def __init__(self, store: str, python: str, go: str | None, node: str | None) -> None:
         self.store = store
-        self.python = python
+        # the command of a worker, by language: every one takes worker.py's arguments
+        self.cmds = {"py": [python, str(HERE / "worker.py")]}
+        if go:
+            self.cmds["go"] = [go]
+        if node:
+            self.cmds["js"] = ["node", node]
         self.dir = Path(tempfile.mkdtemp(prefix="levee-durable-"))
         self.log = self.dir / "log"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.n = 0
 
-    def spawn(self, *args: str) -> subprocess.Popen[bytes]:
+    def spawn(self, *args: str, lang: str = "py") -> subprocess.Popen[bytes]:
         self.n += 1
-        cmd = [self.python, str(HERE / "worker.py"), self.store, "--owner", f"w{self.n}-{os.getpid()}",
-               "--log", str(self.log), *args]
-        with open(self.dir / f"w{self.n}.err", "wb") as err:  # the child keeps its own descriptor
+        cmd = [*self.cmds[lang], self.store, "--owner", f"w{self.n}-{lang}-{os.getpid()}", "--log", str(self.log), *args]
+        with open(self.dir / f"w{self.n}-{lang}.err", "wb") as err:  # the child keeps its own descriptor
             p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         self.procs.append(p)
         return p
@@ -118,8 +125,9 @@ class Harness:
         fail(f"call {call} is {self.row(call)} after {timeout}s, wanted {want}")
         raise AssertionError
 
-    def submitted(self, handler: str, key: str) -> int:
-        ln = self.wait_line(lambda l: l[0] == "submitted" and l[2] == handler and l[3] == key, 30, f"submit {handler}")
+    def submitted(self, p: subprocess.Popen[bytes], handler: str, key: str) -> int:
+        ln = self.wait_line(lambda l: l[0] == "submitted" and l[2] == handler and l[3] == key and l[4] == str(p.pid),
+                            30, f"submit {handler}")
         return int(ln[1])
 
 
@@ -134,14 +142,22 @@ def check(cond: bool, msg: str) -> None:
     print(f"  ok: {msg}")
 
 
-def case_backoff(h: Harness) -> None:
-    print("(a) killed during a backoff")
-    a = h.spawn("--submit", "flaky:key-a")
-    cid = h.submitted("flaky", "key-a")
+NAMES = {"py": "Python", "go": "Go", "js": "JS"}
+
+
+def across(first: str, second: str) -> str:
+    return f"{NAMES[first]} -> {NAMES[second]}"
+
+
+def case_backoff(h: Harness, first: str = "py", second: str = "py") -> None:
+    print(f"(a) killed during a backoff ({across(first, second)})")
+    key = f"key-a-{first}-{second}"
+    a = h.spawn("--submit", f"flaky:{key}", lang=first)
+    cid = h.submitted(a, "flaky", key)
     end1 = h.wait_line(lambda l: l[:3] == ["end", str(cid), "1"], 30, "attempt 1 ends")
     time.sleep(0.5)
     h.kill(a)
-    b = h.spawn()
+    b = h.spawn(lang=second)
     start2 = h.wait_line(lambda l: l[:3] == ["start", str(cid), "2"], 30, "attempt 2 starts")
     ready = h.wait_line(lambda l: l[0] == "ready" and l[2] == str(b.pid), 30, "the new worker is ready")
     waited = (int(start2[4]) - int(end1[4])) / S
@@ -149,24 +165,27 @@ def case_backoff(h: Harness) -> None:
     check(waited >= 3.0 and late <= 1.0,
           f"attempt 2 ran at its scheduled time: {waited:.3f}s after attempt 1 (backoff 3s), "
           f"{late:.3f}s after it was due and the new worker was up")
-    check(start2[3] == str(b.pid), "attempt 2 ran in the new process")
+    check(start2[3] == str(b.pid), f"attempt 2 ran in the new process ({NAMES[second]})")
     st = h.wait_status(cid, {"done"}, 10)
     check(st[:2] == ("done", 2), f"the call is done after 2 attempts: {st}")
     h.stop(b)
 
 
-def case_attempt(h: Harness) -> None:
-    print("(b) killed during an attempt")
-    a = h.spawn("--submit", "slow:key-b:60", "--submit", "slow-bare::60")
-    keyed, bare = h.submitted("slow", "key-b"), h.submitted("slow-bare", "-")
+def case_attempt(h: Harness, first: str = "py", second: str = "py") -> None:
+    print(f"(b) killed during an attempt ({across(first, second)})")
+    key = f"key-b-{first}-{second}"
+    a = h.spawn("--submit", f"slow:{key}:60", "--submit", "slow-bare::60", lang=first)
+    keyed, bare = h.submitted(a, "slow", key), h.submitted(a, "slow-bare", "-")
     h.wait_line(lambda l: l[:3] == ["start", str(keyed), "1"], 30, "keyed attempt 1 starts")
     h.wait_line(lambda l: l[:3] == ["start", str(bare), "1"], 30, "bare attempt 1 starts")
     t_kill = time.time_ns()
     h.kill(a)
-    b = h.spawn()
+    b = h.spawn(lang=second)
     start2 = h.wait_line(lambda l: l[:3] == ["start", str(keyed), "2"], 30, "keyed attempt 2 starts")
     after = (int(start2[4]) - t_kill) / S
-    check(after >= 3.0, f"the keyed call resumed at attempt 2, {after:.2f}s after the kill (lease 2s + backoff 3s)")
+    check(after >= 3.0 and start2[3] == str(b.pid),
+          f"the keyed call resumed at attempt 2 in the new process ({NAMES[second]}), {after:.2f}s after the kill "
+          f"(lease 2s + backoff 3s)")
     st = h.wait_status(keyed, {"done"}, 10)
     check(st[:2] == ("done", 2), f"the keyed call is done: {st}")
     st = h.wait_status(bare, {"dead"}, 10)
@@ -175,11 +194,14 @@ def case_attempt(h: Harness) -> None:
     check(not any(l[:3] == ["start", str(bare), "2"] for l in h.lines()), "the non-idempotent call never ran again")
     h.stop(b)
 
-    print("(b') a live attempt is never taken over")
-    a = h.spawn("--submit", "slow:key-c:6")
-    cid = h.submitted("slow", "key-c")
+
+def case_live(h: Harness, first: str = "py", second: str = "py") -> None:
+    print(f"(b') a live attempt is never taken over ({NAMES[first]} runs it, {NAMES[second]} polls)")
+    key = f"key-c-{first}-{second}"
+    a = h.spawn("--submit", f"slow:{key}:6", lang=first)
+    cid = h.submitted(a, "slow", key)
     h.wait_line(lambda l: l[:3] == ["start", str(cid), "1"], 30, "attempt 1 starts")
-    b = h.spawn()
+    b = h.spawn(lang=second)
     h.wait_line(lambda l: l[:3] == ["end", str(cid), "1"], 30, "attempt 1 ends (6s, lease 2s renewed)")
     st = h.wait_status(cid, {"done"}, 10)
     starts = [l for l in h.lines() if l[:2] == ["start", str(cid)]]
@@ -189,19 +211,21 @@ def case_attempt(h: Harness) -> None:
     h.stop(b)
 
 
-def case_outcome(h: Harness) -> None:
-    print("(c) killed between an outcome and its write")
-    a = h.spawn("--submit", "slow:key-d:0.1", "--die-after-outcome")
-    cid = h.submitted("slow", "key-d")
+def case_outcome(h: Harness, first: str = "py", second: str = "py") -> None:
+    print(f"(c) killed between an outcome and its write ({across(first, second)})")
+    key = f"key-d-{first}-{second}"
+    a = h.spawn("--submit", f"slow:{key}:0.1", "--die-after-outcome", lang=first)
+    cid = h.submitted(a, "slow", key)
     h.wait_line(lambda l: l[:3] == ["outcome", str(cid), "1"], 30, "attempt 1's outcome")
     a.wait(10)
     check(a.returncode == -signal.SIGKILL, "the worker died before writing the outcome")
     st = h.row(cid)
     check(st[0] == "running", f"the store still says running: {st}")
-    b = h.spawn()
-    h.wait_line(lambda l: l[:3] == ["start", str(cid), "2"], 30, "attempt 2 starts")
+    b = h.spawn(lang=second)
+    start2 = h.wait_line(lambda l: l[:3] == ["start", str(cid), "2"], 30, "attempt 2 starts")
     st = h.wait_status(cid, {"done"}, 10)
-    check(st[:2] == ("done", 2), f"the unknown outcome was retried as attempt 2 (idempotency key): {st}")
+    check(st[:2] == ("done", 2) and start2[3] == str(b.pid),
+          f"the unknown outcome was retried as attempt 2 (idempotency key) by the new process: {st}")
     h.stop(b)
 
 
@@ -211,7 +235,10 @@ def case_scale(h: Harness, n: int, workers: int, budget: float) -> None:
     sub.wait(600)
     check(sub.returncode == 0, f"{n} calls submitted")
     rng = random.Random(17)
-    live = [h.spawn("--concurrency", "32") for _ in range(workers)]
+    langs = sorted(h.cmds, key=list(NAMES).index)  # the workers take turns: Python, Go, JS, Python, ...
+    lang_of = [langs[i % len(langs)] for i in range(workers)]
+    print(f"  workers: {', '.join(NAMES[l] for l in lang_of)} (a killed worker is replaced in its language)")
+    live = [h.spawn("--concurrency", "32", lang=lang_of[i]) for i in range(workers)]
     t0 = time.monotonic()
     kills = 0
     next_kill = t0 + rng.uniform(2.0, 6.0)
@@ -224,7 +251,7 @@ def case_scale(h: Harness, n: int, workers: int, budget: float) -> None:
             i = rng.randrange(len(live))
             h.kill(live[i])
             kills += 1
-            live[i] = h.spawn("--concurrency", "32")
+            live[i] = h.spawn("--concurrency", "32", lang=lang_of[i])
             next_kill = time.monotonic() + rng.uniform(2.0, 6.0)
         time.sleep(0.1)
     elapsed = time.monotonic() - t0
@@ -251,19 +278,35 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--store", required=True)
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--go", help="the Go worker (host-bindings/go/durable/internal/testworker, built)")
+    ap.add_argument("--node", help="the JS worker (durable/tests/worker.mjs)")
     ap.add_argument("--scale", type=int, default=0)
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--budget", type=float, default=240.0)
-    ap.add_argument("--cases", default="abc")
+    ap.add_argument("--cases", default="abcx")
     args = ap.parse_args()
-    h = Harness(args.store, args.python)
+    h = Harness(args.store, args.python, args.go, args.node)
     try:
         if "a" in args.cases:
             case_backoff(h)
         if "b" in args.cases:
             case_attempt(h)
+            case_live(h)
         if "c" in args.cases:
             case_outcome(h)
+        # across languages: the record a worker in one language wrote, resumed in another
+        if args.go and "x" in args.cases:
+            case_backoff(h, "py", "go")
+            case_backoff(h, "go", "py")
+            case_attempt(h, "py", "go")
+            case_attempt(h, "go", "py")
+            case_live(h, "go", "py")
+            case_outcome(h, "go", "py")
+        if args.node and "x" in args.cases:
+            case_backoff(h, "js", "go")
+            case_attempt(h, "go", "js")
+            case_outcome(h, "js", "py")
+            case_live(h, "js", "go")
         if args.scale:
             case_scale(h, args.scale, args.workers, args.budget)
     finally:

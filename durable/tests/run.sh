@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The durable-call crash tests: SQLite, then a private PostgreSQL cluster on 127.0.0.1 (installed
 # from Debian's packages when missing, run as the `postgres` user in a temporary directory,
-# stopped at the end), then 10,000 calls across 3 workers killed at random.
+# stopped at the end), then 10,000 calls across 3 workers killed at random. Workers are Python,
+# Go and JS processes: a call one of them wrote is resumed by another (docs/durable.md).
 #   DURABLE_SCALE=N overrides the 10,000 calls (0 skips the scale run).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -9,10 +10,12 @@ root="$(cd "$here/../.." && pwd)"
 export LEVEE_WASM_DIR="${LEVEE_WASM_DIR:-$root/target/levee}"
 venv="$root/target/durable-venv"
 if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$root/host-bindings/python"
-"$venv/bin/pip" install --quiet --disable-pip-version-check "$root/host-bindings/python[postgres]"
-rm -rf "$root/host-bindings/python/build" "$root"/host-bindings/python/src/*.egg-info
 py="$venv/bin/python"
+# `python -m pip`, not bin/pip: a venv copied from another tree keeps bin/pip's shebang, which
+# would install into the other tree's venv.
+"$py" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$root/host-bindings/python"
+"$py" -m pip install --quiet --disable-pip-version-check "$root/host-bindings/python[postgres]"
+rm -rf "$root/host-bindings/python/build" "$root"/host-bindings/python/src/*.egg-info
 
 work="$(mktemp -d /tmp/levee-durable.XXXXXX)"
 chmod 755 "$work"
@@ -26,8 +29,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
+echo "== durable: the Go executor (gofmt, go vet, go test, the crash tests' worker)"
+godir="$root/host-bindings/go/durable"
+(cd "$godir" && go mod download)
+unformatted="$(cd "$godir" && gofmt -l .)"
+if [ -n "$unformatted" ]; then echo "run.sh: gofmt -l reports: $unformatted" >&2; exit 1; fi
+(cd "$godir" && go vet ./... && go test -count=1 ./... && go build -o "$work/go-worker" ./internal/testworker)
+
+echo "== durable: the JS executor (build, with its optional drivers better-sqlite3 and pg)"
+jsdir="$root/host-bindings/js"
+(cd "$jsdir" && { [ -d node_modules/typescript ] || npm ci --no-audit --no-fund --loglevel=error; } \
+  && { [ -d node_modules/better-sqlite3 ] && [ -d node_modules/pg ] \
+       || npm install --no-save --no-audit --no-fund --loglevel=error better-sqlite3@12.11.1 pg@8.23.1; } \
+  && node scripts/transpile.mjs >/dev/null && npx tsc -p tsconfig.json \
+  && node --test test/durable.test.mjs)
+workers=(--python "$py" --go "$work/go-worker" --node "$here/worker.mjs")
+
 echo "== durable: SQLite"
-(cd "$work" && "$py" "$here/crash_test.py" --store "sqlite:$work/calls.db" --python "$py")
+(cd "$work" && "$py" "$here/crash_test.py" --store "sqlite:$work/calls.db" "${workers[@]}")
 
 echo "== durable: PostgreSQL"
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
@@ -41,7 +60,7 @@ su postgres -s /bin/bash -c "'$pgbin/initdb' -D '$pgdata' -A trust -U postgres -
 su postgres -s /bin/bash -c "'$pgbin/pg_ctl' -D '$pgdata' -w -l '$pgdata/log' -o '-c listen_addresses=127.0.0.1 -p $port -k $pgdata -c fsync=off -c max_connections=50' start" >/dev/null
 dsn="host=127.0.0.1 port=$port user=postgres dbname=postgres"
 scale="${DURABLE_SCALE:-10000}"
-(cd "$work" && "$py" "$here/crash_test.py" --store "postgres:$dsn" --python "$py" --scale "$scale")
+(cd "$work" && "$py" "$here/crash_test.py" --store "postgres:$dsn" "${workers[@]}" --scale "$scale")
 
 if [ "${DURABLE_BENCH:-0}" = 1 ]; then
   echo "== durable: benchmark (calls per second, 2,000 calls, 1 call in 10 fails once)"
@@ -58,7 +77,7 @@ if [ "${DURABLE_PEER:-0}" = 1 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
   fi
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "celery[redis]==5.7.0"
+  "$py" -m pip install --quiet --disable-pip-version-check "celery[redis]==5.7.0"
   redis-server --port 56379 --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --pidfile "$work/redis.pid" >/dev/null
   for w in 1 3; do
     (cd "$here" && PEER_REDIS=redis://127.0.0.1:56379/0 "$py" peer_celery.py --calls 2000 --workers "$w")

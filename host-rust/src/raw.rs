@@ -424,6 +424,10 @@ macro_rules! op {
     }};
 }
 
+// The durable-* functions (issue 17), in a file of their own.
+#[path = "durable.rs"]
+mod durable;
+
 /// A verdict from the guest is checked before it is believed.
 #[cfg(feature = "wasm")]
 fn checked(raw: Result<u64, String>) -> Result<Verdict, String> {
@@ -821,6 +825,8 @@ mod wasm {
             $self.levee.levee_policy_engine_api().engine().$method(&mut $self.store, handle $(, $arg)*).map_err(msg)
         }};
     }
+
+    include!("durable_wasm.rs");
 
     impl Instance {
         /// A fresh instance holding a loaded engine.

@@ -504,11 +504,15 @@ class DurableExecutor:
             while not stop.is_set():
                 free = self.concurrency - len(self._running)
                 claimed: list[Claimed] = []
+                # The records' last-seen becomes the claim's db_now, read while the statement
+                # runs: the monotonic clock counts from before it, so that the time the claim
+                # takes to return never shortens a wait (a retry may start late, never early).
+                got = time.monotonic_ns()
                 if free > 0:
                     async with self._store_lock:
                         claimed = self.store.claim(self.owner, self.claim_hold, free)
                 for c in claimed:
-                    task = asyncio.create_task(self._drive(c))
+                    task = asyncio.create_task(self._drive(c, got))
                     self._running.add(task)
                     task.add_done_callback(self._done)
                 if claimed and len(self._running) < self.concurrency:
@@ -556,7 +560,7 @@ class DurableExecutor:
             f"`{last.get('class', '')}`: {last.get('message', '')}"
         )
 
-    async def _drive(self, c: Claimed) -> None:
+    async def _drive(self, c: Claimed, claimed_at: int) -> None:
         try:
             reg = self._handlers.get(c.handler)
             if reg is None:
@@ -571,7 +575,9 @@ class DurableExecutor:
             await self._write(c, step)  # before the attempt
             if step.action != DurableAction.RUN:
                 return  # a wait: the call is due again at next_at, for whichever process
-            record, got, result, outcome, message = await self._attempt(c, reg, step, time.monotonic_ns())
+            # the monotonic clock counts from the claim (whose db_now the record's last-seen is),
+            # not from after the write above, which would shorten the backoff by the write's time
+            record, got, result, outcome, message = await self._attempt(c, reg, step, claimed_at)
             if self.on_attempt_done is not None:
                 self.on_attempt_done(c.id, step.attempt, outcome)
             # After the claim only the monotonic clock counts: the core works at
@@ -594,7 +600,7 @@ class DurableExecutor:
         self, c: Claimed, reg: _Registered, step: DurableStep, got: int
     ) -> tuple[bytes, int, bytes | None, Outcome, str]:
         """Run the handler under the attempt's timeout, renewing the lease every third of it.
-        `got` is the monotonic time the core answered `step`. Returns the latest record
+        `got` is the monotonic time of the claim (the record's last-seen). Returns the latest record
         (renewals change it) and the monotonic time the core gave it, the result, the outcome
         and the error's message."""
         timeout = step.timeout / 1e9 if step.timeout else None
@@ -607,7 +613,8 @@ class DurableExecutor:
             lease = step.lease_until - c.db_now  # the policy's lease, as the core granted it
             while True:
                 await asyncio.sleep(max(0.05, lease / 3e9))
-                r = self.engine.durable_renew(current.record, self.owner, c.db_now, time.monotonic_ns() - got)
+                asked = time.monotonic_ns()  # the renewed record's last-seen is this moment
+                r = self.engine.durable_renew(current.record, self.owner, c.db_now, asked - got)
                 if isinstance(r, LoadError):
                     lost.set()
                     return
@@ -616,7 +623,7 @@ class DurableExecutor:
                 except _Lost:
                     lost.set()
                     return
-                got, current = time.monotonic_ns(), r
+                got, current = asked, r
 
         renewer = asyncio.create_task(renew())
         work = asyncio.ensure_future(_call(reg.fn, c.payload, ctx))

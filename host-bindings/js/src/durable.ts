@@ -1,0 +1,851 @@
+/**
+ * Durable calls: retries that survive a process restart (`levee-resilience/durable`, Node).
+ *
+ * ```ts
+ * const levee = await loadFile('policies.yaml');
+ * const executor = new DurableExecutor(levee, new SQLiteStore('calls.db')); // or await PostgresStore.connect('postgres://...')
+ * executor.register('send-invoice', async (payload, ctx) => { ... }, { policy: 'email', idempotent: false });
+ * await executor.submit('send-invoice', Buffer.from('{"order": 17}'), { idempotencyKey: 'invoice-17' });
+ * await executor.run({ signal }); // resumes what is due at start-up, then sleeps until the next call is due
+ * ```
+ *
+ * The executor is a driver, like the in-process call drivers: it asks the core (the engine's
+ * `durable*` functions) at every step and does what the answer says. The core decides when a call
+ * is due, what a record found after a crash means, whether to retry and how long to wait; the
+ * executor persists the record the core returns before each attempt and after each outcome,
+ * through the shared statements of durable/sqlite.sql and durable/postgres.sql. Records and rows
+ * are the same in every host: a call a Python or Go process wrote is resumed here, and back.
+ *
+ * Every write is fenced by the row's holder (`lease_owner`): a process that lost a call has its
+ * writes refused. A record the core refuses (corrupt, another version, a policy no longer loaded)
+ * is quarantined with the core's error, which names it. See docs/durable.md.
+ *
+ * The drivers are optional peer dependencies, loaded when a store is opened: `better-sqlite3`
+ * for SQLiteStore, `pg` for PostgresStore.
+ */
+
+import { existsSync, readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { hostname } from 'node:os';
+import { randomBytes } from 'node:crypto';
+
+import type { Outcome } from './errors.js';
+import { outcomeOfError } from './errors.js';
+import type { Levee } from './levee.js';
+import type { DurableAction, DurableStep, OutcomeKind } from '../wasm/interfaces/levee-policy-types.js';
+
+const require = createRequire(import.meta.url);
+
+/**
+ * The shared statements of a dialect (`sqlite` or `postgres`), by name, as every host runs them:
+ * from $LEVEE_DURABLE_SQL_DIR, else the package's `sql/`, else the repository's `durable/`.
+ */
+export function statements(dialect: 'sqlite' | 'postgres'): Record<string, string> {
+  const dir = process.env.LEVEE_DURABLE_SQL_DIR;
+  const packaged = new URL(`../sql/${dialect}.sql`, import.meta.url);
+  const url = dir
+    ? `${dir}/${dialect}.sql`
+    : existsSync(packaged)
+      ? packaged
+      : new URL(`../../../durable/${dialect}.sql`, import.meta.url);
+  const text = readFileSync(url, 'utf8');
+  const out: Record<string, string> = {};
+  for (const block of text.split(/^-- name: /m).slice(1)) {
+    const nl = block.indexOf('\n');
+    out[block.slice(0, nl).trim()] = block.slice(nl + 1).trim();
+  }
+  return out;
+}
+
+/** A call this process has just claimed. */
+interface Claimed {
+  id: number;
+  handler: string;
+  payload: Uint8Array;
+  record: Uint8Array;
+  dbNow: bigint;
+  idempotencyKey: string | null;
+  /** When this process read it (monotonic ns): the record's last-seen is the claim's dbNow. */
+  got: bigint;
+}
+
+/** A row of the shared `get`, `list` and `list_dead` statements. */
+type Row = [
+  number,
+  string,
+  string,
+  bigint,
+  number,
+  string | null,
+  Uint8Array,
+  Uint8Array | null,
+  string | null,
+  string | null,
+];
+
+interface Write {
+  status: string;
+  nextAt: bigint;
+  attempts: number;
+  leaseOwner: string | null;
+  record: Uint8Array;
+  result: Uint8Array | null;
+  error: string | null;
+}
+
+/** Where durable calls live: an SQLite file or a PostgreSQL database. */
+export interface Store {
+  readonly dialect: 'sqlite' | 'postgres';
+  /** The store's wall clock, ns since the Unix epoch. */
+  now(): Promise<bigint>;
+  insert(handler: string, payload: Uint8Array, key: string | null, nextAt: bigint, record: Uint8Array): Promise<number>;
+  claim(owner: string, hold: bigint, limit: number): Promise<Omit<Claimed, 'got'>[]>;
+  /** A fenced write: false when this process no longer holds the call. */
+  write(id: number, owner: string, w: Write): Promise<boolean>;
+  quarantine(id: number, error: string): Promise<void>;
+  replace(
+    id: number,
+    status: string,
+    nextAt: bigint,
+    attempts: number,
+    record: Uint8Array,
+    error: string | null,
+    old: Uint8Array,
+  ): Promise<boolean>;
+  get(id: number): Promise<Row | undefined>;
+  rows(deadOnly: boolean): Promise<Row[]>;
+  /** ns until the next call is due (negative: one is due now), undefined when none is pending. */
+  nextDueIn(): Promise<bigint | undefined>;
+  counts(): Promise<Record<string, number>>;
+  close(): Promise<void>;
+}
+
+const wallNs = (): bigint => BigInt(Date.now()) * 1_000_000n;
+const big = (v: unknown): bigint => (typeof v === 'bigint' ? v : BigInt(v as string | number));
+const bytes = (v: unknown): Uint8Array => (v instanceof Uint8Array ? v : new Uint8Array(0));
+const str = (v: unknown): string | null => (v === null || v === undefined ? null : String(v));
+
+function toRow(r: unknown[]): Row {
+  return [
+    Number(r[0]),
+    String(r[1]),
+    String(r[2]),
+    big(r[3]),
+    Number(r[4]),
+    str(r[5]),
+    bytes(r[6]),
+    r[7] === null || r[7] === undefined ? null : bytes(r[7]),
+    str(r[8]),
+    str(r[9]),
+  ];
+}
+
+function toClaimed(r: unknown[]): Omit<Claimed, 'got'> {
+  return {
+    id: Number(r[0]),
+    handler: String(r[1]),
+    payload: bytes(r[2]),
+    record: bytes(r[3]),
+    dbNow: big(r[4]),
+    idempotencyKey: str(r[5]),
+  };
+}
+
+// The part of better-sqlite3's API this module uses (an optional peer dependency).
+interface SqliteStatement {
+  safeIntegers(on: boolean): SqliteStatement;
+  raw(on: boolean): SqliteStatement;
+  readonly reader: boolean;
+  all(...params: unknown[]): unknown[][];
+  run(...params: unknown[]): { changes: number };
+}
+interface SqliteDatabase {
+  pragma(s: string): unknown;
+  exec(s: string): void;
+  prepare(s: string): SqliteStatement;
+  transaction<T>(f: () => T): { immediate(): T };
+  close(): void;
+}
+
+/**
+ * A statement's placeholders rewritten, and only them: every `?NNN` (SQLite's numbered form, which
+ * the shared claim uses to return its `now` parameter) becomes `?`, and `order` says which
+ * parameter each `?` takes, so the statement runs with its parameters as the comments list them.
+ */
+function anonymous(text: string): { text: string; order: number[] } {
+  const order: number[] = [];
+  let next = 0;
+  const out = text.replace(/\?(\d*)/g, (_, n: string) => {
+    const i = n === '' ? next++ : Number(n) - 1;
+    if (n !== '') next = Math.max(next, i + 1);
+    order.push(i);
+    return '?';
+  });
+  return { text: out, order };
+}
+
+/** A store in one SQLite file (WAL mode), for one machine; its clock is this host's. */
+export class SQLiteStore implements Store {
+  readonly dialect = 'sqlite' as const;
+  readonly #db: SqliteDatabase;
+  readonly #stmts = new Map<string, SqliteStatement>();
+
+  constructor(path: string) {
+    const Database = require('better-sqlite3') as new (path: string, opts: { timeout: number }) => SqliteDatabase;
+    this.#db = new Database(path, { timeout: 30_000 });
+    this.#db.pragma('journal_mode = WAL');
+    this.#db.pragma('synchronous = NORMAL');
+    const sql = statements('sqlite');
+    this.#db.exec(sql.schema ?? '');
+    for (const [name, text] of Object.entries(sql)) {
+      if (name === 'schema') continue;
+      const { text: plain, order } = anonymous(text);
+      const st = this.#db.prepare(plain).safeIntegers(true);
+      const prepared = st.reader ? st.raw(true) : st;
+      // better-sqlite3 binds `?NNN` only by name: the statement is bound through `order`
+      this.#stmts.set(name, {
+        reader: prepared.reader,
+        safeIntegers: () => prepared,
+        raw: () => prepared,
+        all: (...p: unknown[]) => prepared.all(...order.map((i) => p[i])),
+        run: (...p: unknown[]) => prepared.run(...order.map((i) => p[i])),
+      });
+    }
+  }
+
+  #st(name: string): SqliteStatement {
+    const st = this.#stmts.get(name);
+    if (!st) throw new Error(`durable/sqlite.sql has no statement \`${name}\``);
+    return st;
+  }
+
+  async now(): Promise<bigint> {
+    return wallNs();
+  }
+
+  async insert(
+    handler: string,
+    payload: Uint8Array,
+    key: string | null,
+    nextAt: bigint,
+    record: Uint8Array,
+  ): Promise<number> {
+    const rows = this.#db
+      .transaction(() => {
+        const r = this.#st('insert').all(handler, Buffer.from(payload), key, nextAt, Buffer.from(record), wallNs());
+        return r.length === 0 && key !== null ? this.#st('find_by_key').all(key) : r;
+      })
+      .immediate();
+    if (rows.length === 0) throw new Error('the store did not accept the call');
+    return Number(rows[0]?.[0]);
+  }
+
+  async claim(owner: string, hold: bigint, limit: number): Promise<Omit<Claimed, 'got'>[]> {
+    const now = wallNs();
+    const rows = this.#db.transaction(() => this.#st('claim').all(owner, now + hold, now, limit)).immediate();
+    return rows.map(toClaimed);
+  }
+
+  async write(id: number, owner: string, w: Write): Promise<boolean> {
+    const buf = (b: Uint8Array | null) => (b === null ? null : Buffer.from(b));
+    const r = this.#st('write').run(
+      w.status,
+      w.nextAt,
+      w.attempts,
+      w.leaseOwner,
+      buf(w.record),
+      buf(w.result),
+      w.error,
+      wallNs(),
+      id,
+      owner,
+    );
+    return r.changes === 1;
+  }
+
+  async quarantine(id: number, error: string): Promise<void> {
+    this.#st('quarantine').run(error, wallNs(), id);
+  }
+
+  async replace(
+    id: number,
+    status: string,
+    nextAt: bigint,
+    attempts: number,
+    record: Uint8Array,
+    error: string | null,
+    old: Uint8Array,
+  ): Promise<boolean> {
+    return (
+      this.#st('replace').run(status, nextAt, attempts, Buffer.from(record), error, wallNs(), id, Buffer.from(old))
+        .changes === 1
+    );
+  }
+
+  async get(id: number): Promise<Row | undefined> {
+    const r = this.#st('get').all(id)[0];
+    return r ? toRow(r) : undefined;
+  }
+
+  async rows(deadOnly: boolean): Promise<Row[]> {
+    return this.#st(deadOnly ? 'list_dead' : 'list')
+      .all()
+      .map(toRow);
+  }
+
+  async nextDueIn(): Promise<bigint | undefined> {
+    const v = this.#st('next_due').all()[0]?.[0];
+    return v === null || v === undefined ? undefined : big(v) - wallNs();
+  }
+
+  async counts(): Promise<Record<string, number>> {
+    return Object.fromEntries(
+      this.#st('counts')
+        .all()
+        .map((r) => [String(r[0]), Number(r[1])]),
+    );
+  }
+
+  async close(): Promise<void> {
+    this.#db.close();
+  }
+}
+
+// The part of pg's API this module uses (an optional peer dependency).
+interface PgResult {
+  rows: unknown[][];
+  rowCount: number | null;
+}
+interface PgClient {
+  query(q: { text: string; values?: unknown[]; rowMode: 'array' }): Promise<PgResult>;
+  query(text: string): Promise<unknown>;
+  release(): void;
+}
+interface PgPool {
+  query(q: { text: string; values?: unknown[]; rowMode: 'array' }): Promise<PgResult>;
+  connect(): Promise<PgClient>;
+  end(): Promise<void>;
+}
+
+/**
+ * A store in PostgreSQL, shared by processes on several machines. The database's clock is the one
+ * clock; claims skip the rows other workers hold (`FOR UPDATE SKIP LOCKED`).
+ */
+export class PostgresStore implements Store {
+  readonly dialect = 'postgres' as const;
+  readonly #pool: PgPool;
+  readonly #sql: Record<string, string>;
+
+  private constructor(pool: PgPool, sql: Record<string, string>) {
+    this.#pool = pool;
+    this.#sql = sql;
+  }
+
+  /** Connect (a `postgres://` URL or `{ host, port, ... }`) and create the table when missing. */
+  static async connect(config: string | Record<string, unknown>): Promise<PostgresStore> {
+    const pg = require('pg') as { Pool: new (c: Record<string, unknown>) => PgPool };
+    const pool = new pg.Pool(typeof config === 'string' ? { connectionString: config, max: 8 } : { max: 8, ...config });
+    const sql = statements('postgres');
+    const client = await pool.connect();
+    try {
+      await client.query('SELECT pg_advisory_lock(7467001)'); // one schema creation at a time
+      await client.query(sql.schema ?? '');
+      await client.query('SELECT pg_advisory_unlock(7467001)');
+    } finally {
+      client.release();
+    }
+    return new PostgresStore(pool, sql);
+  }
+
+  async #q(name: string, values: unknown[] = []): Promise<PgResult> {
+    const text = this.#sql[name];
+    if (text === undefined) throw new Error(`durable/postgres.sql has no statement \`${name}\``);
+    const vals = values.map((v) =>
+      typeof v === 'bigint' ? v.toString() : v instanceof Uint8Array ? Buffer.from(v) : v,
+    );
+    return this.#pool.query({ text, values: vals, rowMode: 'array' });
+  }
+
+  async now(): Promise<bigint> {
+    return big((await this.#q('clock')).rows[0]?.[0]);
+  }
+
+  async insert(
+    handler: string,
+    payload: Uint8Array,
+    key: string | null,
+    nextAt: bigint,
+    record: Uint8Array,
+  ): Promise<number> {
+    let rows = (await this.#q('insert', [handler, payload, key, nextAt, record])).rows;
+    if (rows.length === 0 && key !== null) rows = (await this.#q('find_by_key', [key])).rows;
+    if (rows.length === 0) throw new Error('the store did not accept the call');
+    return Number(rows[0]?.[0]);
+  }
+
+  async claim(owner: string, hold: bigint, limit: number): Promise<Omit<Claimed, 'got'>[]> {
+    return (await this.#q('claim', [owner, hold, limit])).rows.map(toClaimed);
+  }
+
+  async write(id: number, owner: string, w: Write): Promise<boolean> {
+    const r = await this.#q('write', [
+      w.status,
+      w.nextAt,
+      w.attempts,
+      w.leaseOwner,
+      w.record,
+      w.result,
+      w.error,
+      id,
+      owner,
+    ]);
+    return r.rowCount === 1;
+  }
+
+  async quarantine(id: number, error: string): Promise<void> {
+    await this.#q('quarantine', [error, id]);
+  }
+
+  async replace(
+    id: number,
+    status: string,
+    nextAt: bigint,
+    attempts: number,
+    record: Uint8Array,
+    error: string | null,
+    old: Uint8Array,
+  ): Promise<boolean> {
+    return (await this.#q('replace', [status, nextAt, attempts, record, error, id, old])).rowCount === 1;
+  }
+
+  async get(id: number): Promise<Row | undefined> {
+    const r = (await this.#q('get', [id])).rows[0];
+    return r ? toRow(r) : undefined;
+  }
+
+  async rows(deadOnly: boolean): Promise<Row[]> {
+    return (await this.#q(deadOnly ? 'list_dead' : 'list')).rows.map(toRow);
+  }
+
+  async nextDueIn(): Promise<bigint | undefined> {
+    const v = (await this.#q('next_due')).rows[0]?.[0];
+    return v === null || v === undefined ? undefined : big(v);
+  }
+
+  async counts(): Promise<Record<string, number>> {
+    return Object.fromEntries((await this.#q('counts')).rows.map((r) => [String(r[0]), Number(r[1])]));
+  }
+
+  async close(): Promise<void> {
+    await this.#pool.end();
+  }
+}
+
+/** What a handler knows of the attempt it runs. */
+export interface DurableContext {
+  callId: number;
+  /** The attempt, counting the first. */
+  attempt: number;
+  /** The call's idempotency key: make a second run of an attempt whose outcome was lost harmless with it. */
+  idempotencyKey: string | null;
+  /** The attempt's timeout in ms (the core's, bounded by the deadline), undefined for none. */
+  timeoutMs: number | undefined;
+  /** Aborted at the timeout, when the call is lost, and when the executor stops. */
+  signal: AbortSignal;
+}
+
+/** A handler returns the call's result (bytes, a string, or nothing) or throws. */
+export type DurableHandler = (
+  payload: Uint8Array,
+  ctx: DurableContext,
+) => Promise<Uint8Array | string | void> | Uint8Array | string | void;
+
+/** What the store holds for a call; `record` is the core's description, null when it cannot read it. */
+export interface CallStatus {
+  id: number;
+  handler: string;
+  status: string;
+  nextAt: bigint;
+  attempts: number;
+  leaseOwner: string | null;
+  idempotencyKey: string | null;
+  error: string | null;
+  result: Uint8Array | null;
+  record: Record<string, unknown> | null;
+}
+
+export interface DurableExecutorOptions {
+  /** Names this process in leases; unique per process (default: host, pid and a random suffix). */
+  owner?: string;
+  /** Calls run at once (default 16). */
+  concurrency?: number;
+  /** The longest sleep before looking at the store again, ms (default 1000). */
+  pollIntervalMs?: number;
+  /** How long a claim keeps calls out of other processes' due window until the core's answer is written, ms (default 5000). */
+  claimHoldMs?: number;
+  /** Called after an attempt's outcome is known and before it is persisted. */
+  onAttemptDone?: (callId: number, attempt: number, outcome: Outcome) => void;
+}
+
+interface Registered {
+  fn: DurableHandler;
+  policy: string;
+  idempotent: boolean;
+}
+
+const STATUS: Record<DurableAction, string> = {
+  run: 'running',
+  wait: 'scheduled',
+  done: 'done',
+  dead: 'dead',
+  cancelled: 'cancelled',
+};
+
+class Lost extends Error {}
+
+/** A LoadError of the core (a record it refuses), as jco throws it. */
+function loadErrorOf(err: unknown): string | undefined {
+  const p = (err as { payload?: { path?: unknown; message?: unknown } } | null)?.payload;
+  if (!p || typeof p.message !== 'string') return undefined;
+  return typeof p.path === 'string' && p.path !== '' ? `${p.path}: ${p.message}` : p.message;
+}
+
+function outcomeArgs(o: Outcome): [OutcomeKind, number, string, number] {
+  switch (o.kind) {
+    case 'http-status':
+      return [o.kind, o.status, o.retryAfter ?? '', o.overloaded === true ? 1 : 0];
+    case 'grpc-status':
+      return [o.kind, o.code, o.pushback ?? '', 0];
+    case 'error-class':
+      return [o.kind, 0, o.name, 0];
+    default:
+      return [o.kind, 0, '', 0];
+  }
+}
+
+const mono = (): bigint => process.hrtime.bigint();
+
+/** Runs durable calls from a store: at most one process at a time per call, under a lease. */
+export class DurableExecutor {
+  readonly owner: string;
+  readonly #levee: Levee;
+  readonly #store: Store;
+  readonly #concurrency: number;
+  readonly #poll: number;
+  readonly #hold: bigint;
+  readonly #onAttemptDone: DurableExecutorOptions['onAttemptDone'];
+  readonly #handlers = new Map<string, Registered>();
+  readonly #running = new Set<Promise<void>>();
+  #wake: (() => void) | undefined;
+
+  constructor(levee: Levee, store: Store, options: DurableExecutorOptions = {}) {
+    this.#levee = levee;
+    this.#store = store;
+    this.owner = options.owner ?? `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`;
+    this.#concurrency = Math.max(1, options.concurrency ?? 16);
+    this.#poll = options.pollIntervalMs ?? 1000;
+    this.#hold = BigInt(Math.round((options.claimHoldMs ?? 5000) * 1e6));
+    this.#onAttemptDone = options.onAttemptDone;
+  }
+
+  /** Register `fn` under `name`, run under `policy` (default: the name). `idempotent: false`: a call without a key is not retried after a failure or a crash. */
+  register(name: string, fn: DurableHandler, options: { policy?: string; idempotent?: boolean } = {}): void {
+    const policy = options.policy ?? name;
+    this.#levee.policy(policy); // throws UnknownPolicyError now, not at run time
+    this.#handlers.set(name, { fn, policy, idempotent: options.idempotent ?? true });
+  }
+
+  /** Persist a new call and return its id; a second submission with the same idempotency key returns the first call's id. */
+  async submit(
+    handler: string,
+    payload: Uint8Array | string,
+    options: { idempotencyKey?: string; key?: string } = {},
+  ): Promise<number> {
+    const reg = this.#handlers.get(handler);
+    if (!reg) throw new Error(`no durable handler named \`${handler}\` is registered`);
+    const engine = this.#levee.engine;
+    const index = engine.policyIndex(reg.policy);
+    if (index === undefined)
+      throw new Error(`handler \`${handler}\`: \`${reg.policy}\` is not a policy of the loaded document`);
+    const key = options.idempotencyKey ?? '';
+    let step: DurableStep;
+    try {
+      step = engine.durableBegin(index, options.key ?? '', key, reg.idempotent ? 0 : 1, await this.#store.now());
+    } catch (err) {
+      const le = loadErrorOf(err);
+      throw le === undefined ? err : new Error(le);
+    }
+    const body = typeof payload === 'string' ? Buffer.from(payload) : payload;
+    const id = await this.#store.insert(handler, body, key === '' ? null : key, step.nextAt, step.bytes);
+    this.#wake?.();
+    return id;
+  }
+
+  async status(id: number): Promise<CallStatus | undefined> {
+    const r = await this.#store.get(id);
+    return r ? this.#status(r) : undefined;
+  }
+
+  async calls(): Promise<CallStatus[]> {
+    return (await this.#store.rows(false)).map((r) => this.#status(r));
+  }
+
+  /** Calls given up, and quarantined records, with their last error. */
+  async dead(): Promise<CallStatus[]> {
+    return (await this.#store.rows(true)).map((r) => this.#status(r));
+  }
+
+  async counts(): Promise<Record<string, number>> {
+    return this.#store.counts();
+  }
+
+  #status(r: Row): CallStatus {
+    let record: Record<string, unknown> | null = null;
+    try {
+      record = JSON.parse(this.#levee.engine.durableInspect(r[6])) as Record<string, unknown>;
+    } catch {
+      record = null;
+    }
+    return {
+      id: r[0],
+      handler: r[1],
+      status: r[2],
+      nextAt: r[3],
+      attempts: r[4],
+      leaseOwner: r[5],
+      record,
+      result: r[7],
+      error: r[8],
+      idempotencyKey: r[9],
+    };
+  }
+
+  /** Cancel a call that has not finished (an attempt running now has its outcome refused). False when unknown or finished. */
+  async cancel(id: number): Promise<boolean> {
+    return this.#operator(id, (rec, now) => this.#levee.engine.durableCancel(rec, now));
+  }
+
+  /** Give a dead or cancelled call a fresh set of attempts, due now. */
+  async retry(id: number): Promise<boolean> {
+    const ok = await this.#operator(id, (rec, now) => this.#levee.engine.durableRevive(rec, now));
+    this.#wake?.();
+    return ok;
+  }
+
+  async #operator(id: number, op: (rec: Uint8Array, now: bigint) => DurableStep): Promise<boolean> {
+    for (let i = 0; i < 10; i++) {
+      const r = await this.#store.get(id);
+      if (!r) return false;
+      let step: DurableStep;
+      try {
+        step = op(r[6], await this.#store.now());
+      } catch (err) {
+        if (loadErrorOf(err) !== undefined) return false;
+        throw err;
+      }
+      const error = step.action === 'cancelled' ? 'cancelled by an operator' : null;
+      if (await this.#store.replace(id, STATUS[step.action], step.nextAt, step.attempt, step.bytes, error, r[6]))
+        return true;
+    }
+    return false;
+  }
+
+  /** Claim and run due calls until `signal` aborts (or, with `untilIdle`, until no call is pending). */
+  async run(options: { signal?: AbortSignal; untilIdle?: boolean } = {}): Promise<void> {
+    const { signal, untilIdle = false } = options;
+    const stop = new AbortController();
+    const onAbort = () => stop.abort();
+    signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      while (!signal?.aborted) {
+        const free = this.#concurrency - this.#running.size;
+        // The records' last-seen becomes the claim's dbNow, read while the statement runs: the
+        // monotonic clock counts from before it, so that a retry may start late, never early.
+        const got = mono();
+        const claimed = free > 0 ? await this.#store.claim(this.owner, this.#hold, free) : [];
+        for (const c of claimed) {
+          const p: Promise<void> = this.#drive({ ...c, got }, stop.signal).finally(() => {
+            this.#running.delete(p);
+            this.#wake?.();
+          });
+          this.#running.add(p);
+        }
+        if (claimed.length > 0 && this.#running.size < this.#concurrency) continue;
+        const dueIn = await this.#store.nextDueIn();
+        if (untilIdle && dueIn === undefined && this.#running.size === 0) return;
+        const ms = dueIn === undefined ? this.#poll : Math.min(this.#poll, Math.max(0, Number(dueIn) / 1e6));
+        await new Promise<void>((resolve) => {
+          const t = setTimeout(done, ms);
+          function done() {
+            clearTimeout(t);
+            signal?.removeEventListener('abort', done);
+            resolve();
+          }
+          this.#wake = done;
+          signal?.addEventListener('abort', done, { once: true });
+        });
+        this.#wake = undefined;
+      }
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+      stop.abort();
+      await Promise.allSettled([...this.#running]);
+    }
+  }
+
+  async #write(c: Claimed, step: DurableStep, result: Uint8Array | null = null): Promise<void> {
+    const w: Write = {
+      status: STATUS[step.action],
+      nextAt: step.nextAt,
+      attempts: step.attempt,
+      leaseOwner: step.action === 'run' ? this.owner : null,
+      record: step.bytes,
+      result: step.action === 'done' ? result : null,
+      error: step.action === 'dead' ? this.#deadReason(step) : null,
+    };
+    if (!(await this.#store.write(c.id, this.owner, w))) throw new Lost();
+  }
+
+  /** The error column of a call given up: the reason, then the last error the record holds (the same text in every host). */
+  #deadReason(step: DurableStep): string {
+    try {
+      const rec = JSON.parse(this.#levee.engine.durableInspect(step.bytes)) as {
+        'last-error'?: { attempt?: number; class?: string; message?: string } | null;
+      };
+      const last = rec['last-error'] ?? {};
+      return `${step.reason}: attempt ${last.attempt ?? 0} failed with \`${last.class ?? ''}\`: ${last.message ?? ''}`;
+    } catch {
+      return step.reason;
+    }
+  }
+
+  /** A refusal of the core (quarantine the record) or the engine's own fault (leave the call to be resumed). */
+  async #coreAnswer(c: Claimed, err: unknown): Promise<void> {
+    const le = loadErrorOf(err);
+    if (le === undefined) {
+      console.error(`levee durable: call ${c.id}: the engine failed; it is resumed when its claim lapses:`, err);
+      return;
+    }
+    await this.#store.quarantine(c.id, le);
+  }
+
+  async #drive(c: Claimed, stop: AbortSignal): Promise<void> {
+    try {
+      const reg = this.#handlers.get(c.handler);
+      if (!reg) {
+        await this.#store.quarantine(c.id, `handler: no durable handler named \`${c.handler}\` is registered`);
+        return;
+      }
+      let step: DurableStep;
+      try {
+        step = this.#levee.engine.durableStep(c.record, this.owner, c.dbNow, 0n);
+      } catch (err) {
+        await this.#coreAnswer(c, err);
+        return;
+      }
+      await this.#write(c, step); // before the attempt
+      if (step.action !== 'run') return; // a wait: the call is due again at next_at, for whichever process
+      const a = await this.#attempt(c, reg, step, stop);
+      if (a === undefined) return; // lost, or this executor stops: nothing to record
+      this.#onAttemptDone?.(c.id, step.attempt, a.outcome);
+      const [kind, code, text, flags] = outcomeArgs(a.outcome);
+      let after: DurableStep;
+      try {
+        after = this.#levee.engine.durableOutcome(
+          a.record,
+          this.owner,
+          c.dbNow,
+          mono() - a.got,
+          kind,
+          code,
+          text,
+          a.message,
+          flags,
+        );
+      } catch (err) {
+        await this.#coreAnswer(c, err);
+        return;
+      }
+      await this.#write(c, after, a.result);
+    } catch (err) {
+      if (err instanceof Lost || stop.aborted) return;
+      console.error(`levee durable: call ${c.id}: it is resumed when its claim lapses:`, err);
+    }
+  }
+
+  async #attempt(
+    c: Claimed,
+    reg: Registered,
+    step: DurableStep,
+    stop: AbortSignal,
+  ): Promise<
+    { record: Uint8Array; got: bigint; result: Uint8Array | null; outcome: Outcome; message: string } | undefined
+  > {
+    const timeoutMs = step.timeout > 0n ? Number(step.timeout) / 1e6 : undefined;
+    const ac = new AbortController();
+    const onStop = () => ac.abort(stop.reason);
+    stop.addEventListener('abort', onStop, { once: true });
+    let lost = false;
+    let timedOut = false;
+    let current = { record: step.bytes, got: c.got };
+    const leaseMs = Number(step.leaseUntil - (step.leaseUntil < c.dbNow ? step.leaseUntil : c.dbNow)) / 1e6; // as the core granted it
+    let expires = Date.now() + leaseMs;
+    let renewing = Promise.resolve();
+    const renew = setInterval(
+      () => {
+        renewing = (async () => {
+          const asked = mono(); // the renewed record's last-seen is this moment
+          try {
+            const r = this.#levee.engine.durableRenew(current.record, this.owner, c.dbNow, asked - current.got);
+            await this.#write(c, r);
+            current = { record: r.bytes, got: asked };
+            expires = Date.now() + leaseMs;
+          } catch (err) {
+            if (err instanceof Lost || loadErrorOf(err) !== undefined || Date.now() > expires) {
+              lost = true;
+              ac.abort(new Lost());
+            }
+          }
+        })();
+      },
+      Math.max(50, leaseMs / 3),
+    );
+    const timer =
+      timeoutMs === undefined
+        ? undefined
+        : setTimeout(() => ((timedOut = true), ac.abort(new Error('the attempt timed out'))), timeoutMs);
+    const ctx: DurableContext = {
+      callId: c.id,
+      attempt: step.attempt,
+      idempotencyKey: c.idempotencyKey,
+      timeoutMs,
+      signal: ac.signal,
+    };
+    const aborted = new Promise<never>((_, reject) =>
+      ac.signal.addEventListener('abort', () => reject(ac.signal.reason), { once: true }),
+    );
+    aborted.catch(() => undefined);
+    let result: Uint8Array | null = null;
+    let failure: unknown;
+    let failed = false;
+    try {
+      const out = await Promise.race([Promise.resolve().then(() => reg.fn(c.payload, ctx)), aborted]);
+      result = out === undefined ? null : typeof out === 'string' ? Buffer.from(out) : out;
+    } catch (err) {
+      failed = true;
+      failure = err;
+    } finally {
+      clearInterval(renew);
+      if (timer !== undefined) clearTimeout(timer);
+      stop.removeEventListener('abort', onStop);
+      await renewing;
+    }
+    if (lost || stop.aborted) return undefined;
+    if (timedOut) return { ...current, result: null, outcome: { kind: 'timeout' }, message: 'the attempt timed out' };
+    if (failed) {
+      const message = failure instanceof Error ? failure.message : String(failure);
+      return { ...current, result: null, outcome: outcomeOfError(failure), message: message.slice(0, 4096) };
+    }
+    return { ...current, result, outcome: { kind: 'success' }, message: '' };
+  }
+}
