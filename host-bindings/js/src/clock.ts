@@ -61,7 +61,8 @@ export function waitsDisabled(): boolean {
 /**
  * Turn off every Levee's waits between attempts (retry delays, rate-limit waits): they end at once,
  * and no time passes for them. Attempt timeouts, the deadline, the breaker and every other decision
- * stay as they are. For tests: `using _ = noWaits();` or `const on = noWaits(); ...; on.restore()`.
+ * stay as they are; a call parked in a bulkhead queue still waits for a slot. For tests:
+ * `using _ = noWaits();` or `const on = noWaits(); ...; on.restore()`.
  * Nested uses count: waits come back when the last one is restored.
  */
 export function noWaits(): Disposable & { restore(): void } {

@@ -56,6 +56,7 @@ export type Fault = 'trap' | 'contract' | 'invalid';
 
 const TWO_53 = 9007199254740992;
 const MAX_REASON = REASONS.length - 1;
+const BULKHEAD_FULL = REASONS.indexOf('bulkhead-full');
 
 /** The host side of one call, step by step. The fields below `op` describe the last action. */
 export class CallDriver {
@@ -72,6 +73,8 @@ export class CallDriver {
   sleepNs = 0;
   /** The sleep comes before a retry (not a rate-limit wait). */
   retry = false;
+  /** The sleep is a park in the bulkhead queue (a `wait` with reason bulkhead-full): a report or cancel of the key ends it early. */
+  park = false;
   fallbackName = '';
   reason: Reason = 'none';
   hintNs = 0;
@@ -141,6 +144,7 @@ export class CallDriver {
       if (detail > MAX_REASON) return this.#fault('contract', v, `unknown reason ${detail}`);
       this.sleepNs = payload;
       this.retry = kind === KIND_RETRY;
+      this.park = kind === KIND_WAIT && detail === BULKHEAD_FULL;
       this.op = 'acquire';
       return ACT_SLEEP;
     }

@@ -41,6 +41,9 @@ import { CallSpan, Spans } from './spans.js';
 import type { OpenTelemetryApiLike } from './spans.js';
 import type { ComponentExports, InstantiateCore, Platform, PolicyEntry, TraceStep } from './runtime.js';
 
+/** The reason a parked call's sleep is aborted with when a report or cancel wakes it. */
+const WOKEN: unique symbol = Symbol('levee.woken');
+
 export type { AttemptContext } from './attempt.js';
 export type { Clock } from './clock.js';
 export { sleep } from './clock.js';
@@ -458,7 +461,7 @@ export class Levee {
       const now = this.#now();
       if (this.#rt.generation !== gen)
         return this.#firstDone(p, fn, options, key, call, started, gen, value, undefined, false);
-      this.#rt.hold(call, now, now - started);
+      this.#rt.hold(p.index, key, call, now, now - started);
       const telemetry = this.#telemetry;
       if (telemetry !== undefined) {
         telemetry.attempt(p.name, 'success', Number(now - started));
@@ -500,6 +503,31 @@ export class Levee {
     if (threw) st.lastError = err;
     else st.value = st.lastResult = value;
     return this.#drive(d, st, this.#report(d, st, now, now - started, outcome), now);
+  }
+
+  /**
+   * Park the call in the bulkhead queue (docs/policy.md, "The queue"): sleep the verdict's payload
+   * on the Levee's clock, cut short when a report or cancel of the same policy and key wakes it.
+   * Registered before the first await, in the turn of the crossing that queued it, so no wake-up
+   * is lost. Rejects with the caller's reason if `signal` aborts. It waits even under `noWaits`:
+   * it waits for a slot, not a delay, and skipping it would only ask again at the same instant.
+   */
+  async #park<T>(d: CallDriver, st: CallState<T>, signal: AbortSignal | undefined): Promise<void> {
+    if (signal?.aborted) throw signal.reason;
+    const controller = new AbortController();
+    const unpark = this.#rt.park(d.policy.index, st.key, () => controller.abort(WOKEN));
+    try {
+      await this.#clock.sleep(
+        d.sleepNs / 1e6,
+        signal === undefined ? controller.signal : AbortSignal.any([signal, controller.signal]),
+      );
+    } catch (reason) {
+      if (reason !== WOKEN) throw reason;
+    } finally {
+      unpark();
+      // The clock may drop its timer (a woken park, or a sleep that ended by itself).
+      controller.abort(WOKEN);
+    }
   }
 
   /** Report an attempt (and count it); `undefined` after a trap. */
@@ -580,7 +608,7 @@ export class Levee {
               rt.generation === st.gen &&
               (callerFlags & REPORT_CALLER_RETRY) === 0
             ) {
-              rt.hold(st.call, now, elapsed);
+              rt.hold(p.index, st.key, st.call, now, elapsed);
               this.#telemetry?.attempt(p.name, 'success', Number(elapsed));
               this.#ended(d, st, 'success');
               return result;
@@ -599,7 +627,7 @@ export class Levee {
           }
           if (signal?.aborted && !ctx.timedOut) {
             // Cancelled by the caller: the attempt is not reported.
-            if (!degraded) rt.cancel(st.call, now, st.gen);
+            if (!degraded) rt.cancel(p.index, st.key, st.call, now, st.gen);
             this.#ended(d, st, 'cancelled');
             throw signal.reason;
           }
@@ -626,10 +654,11 @@ export class Levee {
       if (act === ACT_SLEEP) {
         if (d.retry) this.#onRetry(d, st);
         try {
-          await clockWait(clock, d.sleepNs / 1e6, signal);
+          if (d.park) await this.#park(d, st, signal);
+          else await clockWait(clock, d.sleepNs / 1e6, signal);
         } catch (reason) {
           now = this.#now();
-          rt.cancel(st.call, now, st.gen);
+          rt.cancel(p.index, st.key, st.call, now, st.gen);
           this.#ended(d, st, 'cancelled');
           throw reason;
         }

@@ -187,6 +187,15 @@ export class Runtime {
   #heldCall = 0n;
   #heldAt = 0n;
   #heldElapsed = 0n;
+  /** The policy index and key of the held-back success (to wake calls parked on them). */
+  #heldIndex = 0;
+  #heldKey = '';
+
+  // The bulkhead queue (docs/policy.md, "The queue"): calls parked on a `wait` with reason
+  // bulkhead-full, per policy index and key, each with the function that wakes it. `parked`
+  // counts them: while it is 0 a report or cancel pays one number check.
+  parked = 0;
+  readonly #parkers = new Map<string, Set<() => void>>();
   #flushTimer: ReturnType<typeof setTimeout> | undefined;
   readonly #flushTick = (): void => {
     this.#flushTimer = undefined;
@@ -405,6 +414,7 @@ export class Runtime {
       this.#recover(err, 'flush', '');
       return;
     }
+    if (this.parked !== 0) this.wake(this.#heldIndex, this.#heldKey);
     const trace = this.#trace;
     if (trace !== undefined) {
       trace({ op: 'report', call, policy: '', attempts: 0, outcome: { kind: 'success' }, verdict: decodeVerdict(v) });
@@ -413,9 +423,11 @@ export class Runtime {
   }
 
   /** Hold a success back: it rides on the next `start` (or a flush soon after). */
-  hold(call: bigint, now: bigint, elapsed: bigint): void {
+  hold(index: number, key: string, call: bigint, now: bigint, elapsed: bigint): void {
     if (this.holding) this.flush();
     this.holding = true;
+    this.#heldIndex = index;
+    this.#heldKey = key;
     this.#heldCall = call;
     this.#heldAt = now;
     this.#heldElapsed = elapsed;
@@ -434,8 +446,8 @@ export class Runtime {
    */
   start(p: PolicyEntry, call: bigint, key: string, flags: number, now: bigint): bigint | undefined {
     let v: bigint;
+    const held = this.holding;
     try {
-      const held = this.holding;
       this.holding = false;
       const coreStart = this.#coreStart;
       const keyPtr = coreStart === undefined ? -1 : this.#lowerKey(key);
@@ -463,6 +475,8 @@ export class Runtime {
       this.#recover(err, 'start', p.name, key, call);
       return undefined;
     }
+    // The held-back success rode on this start: it freed its slot.
+    if (held && this.parked !== 0) this.wake(this.#heldIndex, this.#heldKey);
     if (this.#trace !== undefined) this.#traceStep('start', call, p, 0, v, undefined, undefined);
     return v;
   }
@@ -526,6 +540,7 @@ export class Runtime {
       this.#recover(err, 'report', p.name, key, call);
       return undefined;
     }
+    if (this.parked !== 0) this.wake(p.index, key);
     if (this.#trace !== undefined) this.#traceStep('report', call, p, attempts, v, outcome, undefined);
     return v;
   }
@@ -566,14 +581,48 @@ export class Runtime {
   }
 
   /** Abandon a call in the engine (the caller was cancelled), unless the engine already forgot it. */
-  cancel(call: bigint, now: bigint, gen: number): void {
+  cancel(index: number, key: string, call: bigint, now: bigint, gen: number): void {
     if (this.#generation !== gen) return;
     try {
       this.flush();
       this.#engine.cancel(call, now);
     } catch (err) {
       this.#recover(err, 'cancel', '');
+      return;
     }
+    if (this.parked !== 0) this.wake(index, key);
+  }
+
+  // ---------------------------------------------------------------- the bulkhead queue
+
+  /**
+   * Park a call told to wait in the bulkhead queue of (policy `index`, `key`) until `wake` is
+   * called. Registered in the same synchronous turn as the crossing that queued it, so no report
+   * or cancel can come in between (no lost wake-up). Answers the function that ends the park.
+   */
+  park(index: number, key: string, wake: () => void): () => void {
+    const id = `${index}\u0000${key}`;
+    let set = this.#parkers.get(id);
+    if (set === undefined) this.#parkers.set(id, (set = new Set()));
+    set.add(wake);
+    this.parked++;
+    return () => {
+      const s = this.#parkers.get(id);
+      if (s !== undefined && s.delete(wake)) {
+        this.parked--;
+        if (s.size === 0) this.#parkers.delete(id);
+      }
+    };
+  }
+
+  /** An attempt of (policy `index`, `key`) was reported or cancelled: wake every call parked on it. */
+  wake(index: number, key: string): void {
+    const id = `${index}\u0000${key}`;
+    const set = this.#parkers.get(id);
+    if (set === undefined) return;
+    this.#parkers.delete(id);
+    this.parked -= set.size;
+    for (const wake of set) wake();
   }
 
   #traceStep(

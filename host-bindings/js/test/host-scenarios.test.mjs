@@ -19,17 +19,20 @@ const REAL_TIMEOUT_MS = 20_000; // a replay that has not ended by then is a dead
 const CONTRACT_HEADERS = ['x-levee-attempt', 'idempotency-key', 'x-idempotency-key'];
 
 // Scenarios this host cannot replay through its public API, with the reason (reported to the lead).
-const QUEUE_SKIP =
-  'not yet in the JS host: a call parked in the bulkhead queue (wait, bulkhead-full) sleeps the whole ' +
-  'wait instead of being woken when another call reports or cancels (issue 16, landed 12:45)';
 const SKIP = {
-  'bulkhead-queue-fifo-wake-on-report': QUEUE_SKIP,
-  'bulkhead-queue-full-rejects': QUEUE_SKIP,
-  'bulkhead-queue-waiter-cancelled': QUEUE_SKIP,
-  'bulkhead-queue-wake-on-cancel': QUEUE_SKIP,
   'http-key-userinfo-dropped':
     "WHATWG fetch refuses a URL with credentials (new Request('http://user:pw@...') throws a TypeError " +
     'before any call starts), so the fetch integration never sends one; the scenario says such a client skips it',
+};
+
+// A call parked in the bulkhead queue sleeps under AbortSignal.any([caller's signal, its wake-up]):
+// the runner notes which signals such a composite follows, to tell the call's sleeps.
+const FOLLOWS = new WeakMap();
+const signalAny = AbortSignal.any;
+AbortSignal.any = function any(signals) {
+  const composite = signalAny.call(AbortSignal, signals);
+  FOLLOWS.set(composite, [...signals]);
+  return composite;
 };
 
 class ScenarioError extends Error {}
@@ -73,13 +76,14 @@ class Replay {
     const vc = this.clock;
     this.signals = new Map(); // the caller signal of each call -> its index
     this.sleeps = scn.calls.map(() => []);
-    // The host's sleeps between attempts are made with the caller's signal; attempt timeouts and
-    // the dependency's own timers are not.
+    // The host's sleeps between attempts are made with the caller's signal (or, parked in the
+    // bulkhead queue, with a composite that follows it); attempt timeouts and the dependency's own
+    // timers are not.
     const clock = {
       now: () => vc.now(),
       wallMs: () => vc.wallMs(),
       sleep: (ms, signal) => {
-        const i = signal === undefined ? undefined : this.signals.get(signal);
+        const i = this.#caller(signal);
         if (i !== undefined) this.sleeps[i].push(Math.round(ms * 1e6));
         return vc.sleep(ms, signal);
       },
@@ -107,6 +111,18 @@ class Replay {
       this.levee.retryIf(policy, this.#predicate('policy', answers));
     }
     this.nextCall = 1;
+  }
+
+  /** The index of the call whose caller signal `signal` is or follows. */
+  #caller(signal) {
+    if (signal === undefined) return undefined;
+    const i = this.signals.get(signal);
+    if (i !== undefined) return i;
+    for (const s of FOLLOWS.get(signal) ?? []) {
+      const j = this.#caller(s);
+      if (j !== undefined) return j;
+    }
+    return undefined;
   }
 
   #fallback(name, spec) {
