@@ -190,6 +190,9 @@ enum Command {
     ///   proxy-outage        an app over a proxy (Envoy with the Levee filter) over a service
     ///                       failing from 10 s to 40 s, both retrying, then coordinated: the
     ///                       app marks its attempts and the proxy adds none (70 s)
+    ///   overload            a dependency of fixed capacity (8 servers, 10-30 ms each: 400/s)
+    ///                       under load stepping from RATE/4 to RATE (200 to 800/s), run with a
+    ///                       fixed bulkhead and with each adaptive concurrency limit (60 s)
     #[command(
         verbatim_doc_comment,
         after_help = "Examples:\n  levee simulate cli/examples/checkout.yaml --scenario three-layer-outage --svg out.svg\n  levee simulate policy.yaml --scenario outage --seed 7 --json > run.json\n  for s in healthy outage slow rate-limit; do levee simulate p.yaml --scenario $s; done"
@@ -207,9 +210,10 @@ enum Command {
         /// Seed of the arrivals, the dependency and the engine's jitter.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Requests per second arriving at the first layer.
-        #[arg(long, default_value_t = 100.0)]
-        rate: f64,
+        /// Requests per second arriving at the first layer (default 100; overload: 800, the
+        /// peak of its steps).
+        #[arg(long)]
+        rate: Option<f64>,
         /// How long requests arrive (virtual time, such as 90s); default per scenario.
         #[arg(long, value_parser = parse_duration)]
         duration: Option<u64>,
@@ -333,6 +337,7 @@ fn run() -> u8 {
             Err(e) => fail(style, &e),
         },
         Command::Simulate { file, scenario, policy, seed, rate, duration, svg, no_svg, json, quiet } => {
+            let rate = rate.unwrap_or(if scenario == sim::Scenario::Overload { sim::OVERLOAD_RATE } else { 100.0 });
             if !(rate.is_finite() && rate > 0.0 && rate <= 100_000.0) {
                 return fail(style, "--rate must be above 0 and at most 100000 requests per second");
             }

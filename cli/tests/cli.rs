@@ -405,3 +405,46 @@ fn proxy_outage_shows_9x_without_coordination_and_3x_with_it() {
     assert_eq!(runs[1]["window_amplification"], 3.0);
     assert_eq!(runs[1]["layers"][1]["retries"], 0, "the proxy adds no retry to a marked request");
 }
+
+#[test]
+fn overload_adaptive_limits_track_the_capacity_and_keep_latency_down() {
+    let policy = path("examples/overload.yaml");
+    let v = simulate(&policy, "overload", &["--duration", "40s"]);
+    let servers = v["dependency"]["servers"].as_f64().unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    let labels: Vec<&str> = runs.iter().map(|r| r["label"].as_str().unwrap()).collect();
+    assert_eq!(labels.len(), 5, "{labels:?}");
+    assert!(labels[0].contains("fixed bulkhead, max-concurrent 25"), "{labels:?}");
+    let fixed = &runs[0]["peak"];
+    assert_eq!(fixed["final_limit"], 25);
+    let fixed_p99 = fixed["p99"].as_u64().unwrap();
+    let peak = |label: &str| runs.iter().find(|r| r["label"] == label).map(|r| r["peak"].clone()).unwrap();
+    for alg in ["gradient2", "vegas", "envoy-gradient"] {
+        let p = peak(&format!("adaptive {alg}"));
+        let limit = p["final_limit"].as_f64().unwrap();
+        // The limit ends near the servers the dependency has, not at its initial 20 or its max.
+        assert!(limit >= servers / 2.0 && limit <= servers * 3.0, "{alg}: limit {limit}");
+        // The dependency stays busy: goodput near its capacity.
+        let goodput = p["goodput"].as_f64().unwrap();
+        assert!(goodput > 0.8 * v["dependency"]["capacity"].as_f64().unwrap(), "{alg}: goodput {goodput}");
+    }
+    // Fewer requests queue at the dependency: the fixed bulkhead's p99 is higher.
+    for alg in ["vegas", "envoy-gradient"] {
+        let p99 = peak(&format!("adaptive {alg}"))["p99"].as_u64().unwrap();
+        assert!(fixed_p99 > p99, "{alg}: p99 {p99} vs fixed {fixed_p99}");
+    }
+    // AIMD decreases only on a drop or a sample above latency-threshold (5 s): with no
+    // timeouts it climbs to its max-limit and the queue builds.
+    assert_eq!(peak("adaptive aimd")["final_limit"], 200);
+    assert!(peak("adaptive aimd")["p99"].as_u64().unwrap() > fixed_p99);
+    // Deterministic: the same seed gives the same report.
+    assert_eq!(v, simulate(&policy, "overload", &["--duration", "40s"]));
+    // A policy that names its algorithm is compared with the fixed bulkhead only.
+    let own = tmp("overload-own.yaml");
+    std::fs::write(&own, "policies:\n  p:\n    attempts: 1\n    concurrency: { kind: adaptive, algorithm: vegas }\n").unwrap();
+    let v = simulate(&own.display().to_string(), "overload", &["--duration", "20s", "--rate", "600"]);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["label"], "policy's adaptive limit, vegas");
+    assert_eq!(runs[0]["peak"]["final_limit"], 25);
+}

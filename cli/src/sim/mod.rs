@@ -44,6 +44,27 @@ pub enum Scenario {
     /// retry) and with it (the application marks its attempts `x-levee-attempt`, so the proxy
     /// adds no retry, as the filter does: docs/envoy.md); 70 s.
     ProxyOutage,
+    /// A dependency of fixed capacity (8 servers, 10-30 ms of work per request, FIFO queue:
+    /// 400 requests/s) under offered load stepping up from a quarter of RATE to RATE (default
+    /// 800/s: 0.5x to 2x the capacity); run with a fixed bulkhead and with each adaptive
+    /// concurrency limit (or the policy's own); 60 s.
+    Overload,
+}
+
+/// Servers of the overload scenario's dependency.
+pub const SERVERS: usize = 8;
+/// Steps of the overload scenario's offered load (each a quarter of the duration).
+pub const STEPS: u64 = 4;
+/// The overload scenario's peak offered load unless `--rate` says otherwise.
+pub const OVERLOAD_RATE: f64 = 800.0;
+/// The fixed bulkhead of the overload scenario when the policy has none (resilience4j's default).
+pub const DEFAULT_MAX_CONCURRENT: u64 = 25;
+/// The adaptive algorithms the overload scenario compares when the policy names none.
+pub const ALGORITHMS: [&str; 4] = ["gradient2", "vegas", "envoy-gradient", "aimd"];
+
+/// The overload scenario's dependency capacity, requests per second: servers over the mean work.
+pub fn overload_capacity() -> f64 {
+    SERVERS as f64 * S as f64 / (20 * MS) as f64
 }
 
 impl Scenario {
@@ -56,6 +77,7 @@ impl Scenario {
             Scenario::RateLimit => "rate-limit",
             Scenario::ThreeLayerOutage => "three-layer-outage",
             Scenario::ProxyOutage => "proxy-outage",
+            Scenario::Overload => "overload",
         }
     }
 
@@ -94,11 +116,32 @@ enum Out {
 
 #[derive(Clone, Debug)]
 enum Dep {
-    Healthy { error_rate: f64 },
-    Refusing { from: u64, to: u64 },
-    Failing { from: u64, to: u64 },
-    Slow { from: u64, to: u64, latency: u64 },
-    RateLimited { rate: f64, tokens: f64, last: u64 },
+    Healthy {
+        error_rate: f64,
+    },
+    Refusing {
+        from: u64,
+        to: u64,
+    },
+    Failing {
+        from: u64,
+        to: u64,
+    },
+    Slow {
+        from: u64,
+        to: u64,
+        latency: u64,
+    },
+    RateLimited {
+        rate: f64,
+        tokens: f64,
+        last: u64,
+    },
+    /// `free[i]`: when server `i` is next free. A request waits for the first free server
+    /// (FIFO), then takes its 10-30 ms of work; work of a caller that gave up is still done.
+    Queue {
+        free: Vec<u64>,
+    },
 }
 
 struct Dependency {
@@ -128,6 +171,15 @@ impl Dependency {
                 } else {
                     (self.rng.between(MS, 3 * MS), Out::Http(429, 1))
                 }
+            }
+            Dep::Queue { free } => {
+                let first = free.iter().copied().enumerate().min_by_key(|&(i, f)| (f, i));
+                let Some((i, at)) = first else { return (normal, Out::Success) };
+                let end = t.max(at) + normal;
+                if let Some(slot) = free.get_mut(i) {
+                    *slot = end;
+                }
+                (end - t, Out::Success)
             }
             _ => (normal, Out::Success),
         }
@@ -216,6 +268,32 @@ pub struct Run {
     pub layers: Vec<LayerStats>,
     /// Protocol errors (invalid verdicts): must be 0.
     pub invalid: u64,
+    /// The first layer's concurrency limit per bucket (its last sample), overload scenario only.
+    pub limit: Vec<Option<u32>>,
+    /// Requests that succeeded per bucket (by when they finished).
+    pub goodput: Vec<u64>,
+    /// Attempts rejected by the first layer per bucket.
+    pub rejected: Vec<u64>,
+    /// p50 and p99 latency of the requests that succeeded, per bucket (by when they finished).
+    pub bucket_latency: Vec<[u64; 2]>,
+    /// Requests that arrived in the last step of the offered load (the overload scenario's
+    /// peak): p50 and p99 latency of those that succeeded, successes and failures per second.
+    pub peak: Option<Peak>,
+}
+
+/// The overload scenario's figures for the requests that arrived in its last (peak) step.
+#[derive(Clone, Debug, Default)]
+pub struct Peak {
+    /// Offered load, requests per second.
+    pub offered: f64,
+    /// p50 and p99 latency of the requests that succeeded.
+    pub latency: [u64; 2],
+    /// Succeeded requests per second.
+    pub goodput: f64,
+    /// Failed (rejected, timed out) requests per second.
+    pub failed: f64,
+    /// The limit at the end of the run.
+    pub final_limit: Option<u32>,
 }
 
 struct World<'p> {
@@ -233,6 +311,13 @@ struct World<'p> {
     duration: u64,
     /// The first layer marks its attempts and the second (the proxy) adds no retry.
     coordinated: bool,
+    /// Arrivals step up from `rate / STEPS` to `rate` (the overload scenario).
+    stepped: bool,
+    /// A native engine the first layer's exported state is imported into to read its adaptive
+    /// limit (`levee_core::Engine::concurrency_limit`; the component exports no such call).
+    mirror: Option<crate::engine::core::Engine>,
+    /// The first layer's fixed bulkhead (sampled as its limit when there is no mirror).
+    fixed_limit: Option<u32>,
     progress: &'p mut Progress,
 }
 
@@ -268,6 +353,11 @@ impl World<'_> {
     fn drain(&mut self, layer: usize) {
         let Some(eng) = self.engines.get_mut(layer) else { return };
         let events = eng.drain_events();
+        if layer == 0 {
+            for e in events.iter().filter(|e| matches!(e.kind, EventKind::Rejected)) {
+                bucket_add(&mut self.run.rejected, e.at);
+            }
+        }
         let Some(st) = self.run.layers.get_mut(layer) else { return };
         for e in events {
             match e.kind {
@@ -396,8 +486,32 @@ impl World<'_> {
         self.verdict(id, v, now);
     }
 
+    /// The arrival rate at `now`.
+    fn rate_at(&self, now: u64) -> f64 {
+        if !self.stepped || self.duration == 0 {
+            return self.rate;
+        }
+        let step = (now.saturating_mul(STEPS) / self.duration).min(STEPS - 1) + 1;
+        self.rate * step as f64 / STEPS as f64
+    }
+
     fn sample(&mut self, now: u64) {
         let i = (now / BUCKET) as usize;
+        if self.stepped {
+            let limit = match (&mut self.mirror, self.engines.first_mut(), self.policy.first()) {
+                (Some(m), Some(eng), Some(p)) => {
+                    let bytes = eng.export_state();
+                    m.import_state(&bytes).ok().and_then(|()| m.concurrency_limit(*p, ""))
+                }
+                _ => self.fixed_limit,
+            };
+            if self.run.limit.len() <= i {
+                self.run.limit.resize(i + 1, None);
+            }
+            if let Some(slot) = self.run.limit.get_mut(i) {
+                *slot = limit;
+            }
+        }
         for layer in 0..self.engines.len() {
             let (Some(eng), Some(p)) = (self.engines.get_mut(layer), self.policy.get(layer)) else { continue };
             let s = eng.breaker_state(*p, "", now);
@@ -437,7 +551,7 @@ impl World<'_> {
                     let root = self.roots.len();
                     self.roots.push(Root { arrived: now, ..Root::default() });
                     bucket_add(&mut self.run.offered, now);
-                    let gap = self.arrivals.exp(S as f64 / self.rate).max(1.0) as u64;
+                    let gap = self.arrivals.exp(S as f64 / self.rate_at(now)).max(1.0) as u64;
                     self.push(now + gap, Ev::Arrive);
                     self.start_call(0, None, root, now);
                 }
@@ -509,7 +623,21 @@ pub fn run_once(document: &str, policy: &str, label: &str, o: &RunOptions, coord
         Scenario::Slow => Dep::Slow { from, to, latency: if timeout > 0 { 3 * timeout } else { 5 * S } },
         Scenario::RateLimit => Dep::RateLimited { rate: 60.0, tokens: 60.0, last: 0 },
         Scenario::ThreeLayerOutage | Scenario::ProxyOutage => Dep::Failing { from, to },
+        Scenario::Overload => Dep::Queue { free: vec![0; SERVERS] },
     };
+    let stepped = o.scenario == Scenario::Overload;
+    // The first layer's limit: a fixed bulkhead's `max-concurrent`, or an adaptive limit read
+    // from the engine's exported state by a native engine of the same document.
+    let (mut mirror, mut fixed_limit) = (None, None);
+    if stepped {
+        let first = policy_ix.first().copied().unwrap_or(0);
+        let own: Value =
+            engines.first_mut().and_then(|e| e.policy_json(first)).and_then(|j| serde_json::from_str(&j).ok()).unwrap_or_default();
+        fixed_limit = own.get("bulkhead").and_then(|b| b.get("max-concurrent")).and_then(Value::as_u64).map(|n| n as u32);
+        if own.get("concurrency").is_some_and(|c| !c.is_null()) {
+            mirror = crate::engine::core::Engine::load(document, o.seed).ok();
+        }
+    }
     let mut progress = Progress::new(&format!("simulating {} ({label})", o.scenario.name()), o.quiet);
     let mut w = World {
         engines,
@@ -525,6 +653,9 @@ pub fn run_once(document: &str, policy: &str, label: &str, o: &RunOptions, coord
         rate: o.rate.max(0.001),
         duration: o.duration,
         coordinated,
+        stepped,
+        mirror,
+        fixed_limit,
         progress: &mut progress,
     };
     w.go();
@@ -533,12 +664,29 @@ pub fn run_once(document: &str, policy: &str, label: &str, o: &RunOptions, coord
     drop(w);
     progress.finish();
     run.requests = roots.len() as u64;
+    let buckets = o.duration.div_ceil(BUCKET) as usize;
     let mut lat = Vec::new();
+    let mut ok_lat: Vec<Vec<u64>> = vec![Vec::new(); if stepped { buckets } else { 0 }];
+    let peak_from = o.duration - o.duration / STEPS;
+    let (mut peak_lat, mut peak_failed) = (Vec::new(), 0u64);
     for r in &roots {
         match r.finished {
             None => run.unfinished += 1,
             Some(f) => {
                 lat.push(f - r.arrived);
+                if stepped && r.ok && !r.fallback {
+                    bucket_add(&mut run.goodput, f);
+                    if let Some(v) = ok_lat.get_mut((f / BUCKET) as usize) {
+                        v.push(f - r.arrived);
+                    }
+                }
+                if stepped && r.arrived >= peak_from {
+                    if r.ok && !r.fallback {
+                        peak_lat.push(f - r.arrived);
+                    } else {
+                        peak_failed += 1;
+                    }
+                }
                 match (r.ok, r.fallback) {
                     (true, true) => run.via_fallback += 1,
                     (true, false) => run.succeeded += 1,
@@ -556,8 +704,28 @@ pub fn run_once(document: &str, policy: &str, label: &str, o: &RunOptions, coord
             run.window_amplification = Some(inside.iter().map(|r| r.dep_calls).sum::<u64>() as f64 / inside.len() as f64);
         }
     }
-    let buckets = o.duration.div_ceil(BUCKET) as usize;
     run.offered.resize(buckets, 0);
+    if stepped {
+        run.goodput.resize(buckets, 0);
+        run.rejected.resize(buckets, 0);
+        run.limit.resize(buckets, None);
+        run.bucket_latency = ok_lat
+            .iter_mut()
+            .map(|v| {
+                v.sort_unstable();
+                [percentile(v, 50.0), percentile(v, 99.0)]
+            })
+            .collect();
+        peak_lat.sort_unstable();
+        let secs = (o.duration - peak_from) as f64 / S as f64;
+        run.peak = Some(Peak {
+            offered: o.rate,
+            latency: [percentile(&peak_lat, 50.0), percentile(&peak_lat, 99.0)],
+            goodput: peak_lat.len() as f64 / secs,
+            failed: peak_failed as f64 / secs,
+            final_limit: run.limit.iter().rev().find_map(|l| *l),
+        });
+    }
     run.load.resize(buckets.max(run.load.len()), 0);
     run.load.truncate(buckets);
     run.peak_load = run.load.iter().copied().max().unwrap_or(0);
@@ -567,6 +735,14 @@ pub fn run_once(document: &str, policy: &str, label: &str, o: &RunOptions, coord
     Ok(run)
 }
 
+/// Remove the null fields of the engine's policy JSON (absent in a document).
+fn strip(v: &mut Value) {
+    if let Value::Object(m) = v {
+        m.retain(|_, x| !x.is_null());
+        m.values_mut().for_each(strip);
+    }
+}
+
 /// A variant of a policy: the engine's own JSON of it with its budget and breaker replaced
 /// and its fallbacks removed.
 /// The result is a document the engine validates again.
@@ -574,18 +750,34 @@ pub fn variant_document(eng: &mut Engine, index: u32, budget: Option<Value>, bre
     let info = eng.policy_info(index).ok_or("no such policy")?;
     let text = eng.policy_json(index).ok_or("no such policy")?;
     let mut v: Value = serde_json::from_str(&text).map_err(|e| format!("the engine's policy JSON does not parse: {e}"))?;
-    fn strip(v: &mut Value) {
-        if let Value::Object(m) = v {
-            m.retain(|_, x| !x.is_null());
-            m.values_mut().for_each(strip);
-        }
-    }
     let Value::Object(m) = &mut v else { return Err("the engine's policy JSON is not an object".into()) };
     m.remove("name");
     // Layers pass failures up: a fallback would hide them from the layer above.
     m.remove("fallbacks");
     m.insert("budget".into(), budget.unwrap_or(Value::Null));
     m.insert("breaker".into(), breaker.unwrap_or(Value::Null));
+    strip(&mut v);
+    let mut policies = serde_json::Map::new();
+    policies.insert(info.name, v);
+    Ok(json!({ "policies": policies }).to_string())
+}
+
+/// A variant of a policy with its concurrency limit replaced: a fixed `bulkhead` or an adaptive
+/// `concurrency` (the other removed); everything else as the engine has it.
+pub fn limit_document(eng: &mut Engine, index: u32, bulkhead: Option<Value>, adaptive: Option<Value>) -> Result<String, String> {
+    let info = eng.policy_info(index).ok_or("no such policy")?;
+    let text = eng.policy_json(index).ok_or("no such policy")?;
+    let mut v: Value = serde_json::from_str(&text).map_err(|e| format!("the engine's policy JSON does not parse: {e}"))?;
+    let Value::Object(m) = &mut v else { return Err("the engine's policy JSON is not an object".into()) };
+    m.remove("name");
+    m.remove("bulkhead");
+    m.remove("concurrency");
+    if let Some(b) = bulkhead {
+        m.insert("bulkhead".into(), b);
+    }
+    if let Some(c) = adaptive {
+        m.insert("concurrency".into(), c);
+    }
     strip(&mut v);
     let mut policies = serde_json::Map::new();
     policies.insert(info.name, v);
@@ -624,6 +816,32 @@ pub fn simulate(document: &str, policy: Option<&str>, o: &RunOptions) -> Result<
             run_once(document, &name, "app -> proxy -> service, both retry", o, false)?,
             run_once(document, &name, "coordinated: the app marks x-levee-attempt, the proxy adds no retry", o, true)?,
         ];
+        return Ok(Outcome { runs, analytic });
+    }
+    if o.scenario == Scenario::Overload {
+        let full: Value = eng.policy_json(index).and_then(|j| serde_json::from_str(&j).ok()).unwrap_or(Value::Null);
+        let own_bulkhead = full.get("bulkhead").filter(|b| !b.is_null()).cloned();
+        let own_adaptive = full.get("concurrency").filter(|c| !c.is_null()).cloned();
+        let bulkhead = own_bulkhead.clone().unwrap_or_else(|| json!({ "max-concurrent": DEFAULT_MAX_CONCURRENT }));
+        let n = bulkhead.get("max-concurrent").and_then(Value::as_u64).unwrap_or(DEFAULT_MAX_CONCURRENT);
+        let whose = if own_bulkhead.is_some() { "policy's " } else { "" };
+        let mut variants = vec![(format!("{whose}fixed bulkhead, max-concurrent {n}"), Some(bulkhead), None)];
+        match own_adaptive {
+            Some(c) => {
+                let alg = c.get("algorithm").and_then(Value::as_str).unwrap_or("gradient2").to_string();
+                variants.push((format!("policy's adaptive limit, {alg}"), None, Some(c)));
+            }
+            None => {
+                for alg in ALGORITHMS {
+                    variants.push((format!("adaptive {alg}"), None, Some(json!({ "kind": "adaptive", "algorithm": alg }))));
+                }
+            }
+        }
+        let mut runs = Vec::new();
+        for (label, bulkhead, adaptive) in variants {
+            let doc = limit_document(&mut eng, index, bulkhead, adaptive)?;
+            runs.push(run_once(&doc, &name, &label, o, false)?);
+        }
         return Ok(Outcome { runs, analytic });
     }
     if o.scenario != Scenario::ThreeLayerOutage {
@@ -690,6 +908,15 @@ pub fn report_text(o: &Outcome, opts: &RunOptions, style: crate::term::Style) ->
     if opts.scenario == Scenario::ThreeLayerOutage {
         let _ = writeln!(s, "each layer runs the policy without its fallbacks (a layer passes failures up as 503)");
     }
+    if opts.scenario == Scenario::Overload {
+        let _ = writeln!(
+            s,
+            "dependency: {SERVERS} servers, 10-30 ms of work per request, a FIFO queue in front: capacity {:.0} requests/s",
+            overload_capacity()
+        );
+        let steps: Vec<String> = (1..=STEPS).map(|k| format!("{:.0}", opts.rate * k as f64 / STEPS as f64)).collect();
+        let _ = writeln!(s, "offered load steps every {}: {} requests/s", human(opts.duration / STEPS), steps.join(", "));
+    }
     if opts.scenario == Scenario::ProxyOutage {
         let _ = writeln!(s, "layer 1 is the application, layer 2 the proxy (Envoy with the Levee filter); both run the policy");
     }
@@ -741,14 +968,124 @@ pub fn report_text(o: &Outcome, opts: &RunOptions, style: crate::term::Style) ->
                 let _ = writeln!(s, "  {:<17} |{}|", "  breaker (1 s)", breaker_strip(&st.breaker));
             }
         }
+        if opts.scenario == Scenario::Overload {
+            overload_strips(&mut s, r, &o.runs);
+        }
         if r.invalid > 0 {
             let _ = writeln!(s, "  {}", style.red(&format!("{} invalid verdicts (a simulator bug)", r.invalid)));
         }
+    }
+    if opts.scenario == Scenario::Overload {
+        overload_table(&mut s, o, opts, style);
     }
     if o.runs.iter().any(|r| r.layers.iter().any(|l| l.breaker.iter().any(Option::is_some))) {
         let _ = writeln!(s, "\nbreaker strips: one character per second; . closed, O open, h half-open");
     }
     s
+}
+
+/// One character per bucket, ` ` (0) to `█` (`max`).
+pub fn spark(values: &[f64], max: f64) -> String {
+    const LEVELS: [char; 9] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    values
+        .iter()
+        .map(|v| {
+            let k = if max > 0.0 { (v / max * 8.0).ceil().clamp(0.0, 8.0) as usize } else { 0 };
+            LEVELS.get(k).copied().unwrap_or(' ')
+        })
+        .collect()
+}
+
+fn limit_values(r: &Run) -> Vec<f64> {
+    r.limit.iter().map(|l| l.map(f64::from).unwrap_or(0.0)).collect()
+}
+
+fn p99_values(r: &Run) -> Vec<f64> {
+    r.bucket_latency.iter().map(|l| l[1] as f64).collect()
+}
+
+fn per_bucket(v: &[u64]) -> Vec<f64> {
+    v.iter().map(|x| *x as f64 * S as f64 / BUCKET as f64).collect()
+}
+
+fn max_of(runs: &[Run], f: impl Fn(&Run) -> Vec<f64>) -> f64 {
+    runs.iter().flat_map(f).fold(0.0, f64::max)
+}
+
+/// The overload scenario's terminal chart of one run: limit, p99, goodput and rejections per
+/// second, each scaled to the largest value of any run so the runs compare at a glance.
+fn overload_strips(s: &mut String, r: &Run, runs: &[Run]) {
+    use std::fmt::Write;
+    let offered = per_bucket(&r.offered);
+    let cap = overload_capacity();
+    let rows: [(&str, Vec<f64>, f64, String); 5] = [
+        (
+            "offered (1 s)",
+            offered.clone(),
+            max_of(runs, |r| per_bucket(&r.offered)),
+            format!("max {:.0}/s, capacity {cap:.0}/s", offered.iter().fold(0.0f64, |a, b| a.max(*b))),
+        ),
+        ("limit", limit_values(r), max_of(std::slice::from_ref(r), limit_values), {
+            let first = r.limit.iter().find_map(|l| *l).map(|l| l.to_string()).unwrap_or_else(|| "-".into());
+            let last = r.limit.iter().rev().find_map(|l| *l).map(|l| l.to_string()).unwrap_or_else(|| "-".into());
+            format!("{first} -> {last} ({SERVERS} servers)")
+        }),
+        (
+            "p99 latency",
+            p99_values(r),
+            max_of(runs, p99_values),
+            format!("max {}", human(r.bucket_latency.iter().map(|l| l[1]).max().unwrap_or(0))),
+        ),
+        (
+            "goodput",
+            per_bucket(&r.goodput),
+            max_of(runs, |r| per_bucket(&r.goodput)),
+            format!("max {}/s", r.goodput.iter().max().unwrap_or(&0)),
+        ),
+        (
+            "rejected",
+            per_bucket(&r.rejected),
+            max_of(runs, |r| per_bucket(&r.rejected)),
+            format!("max {}/s", r.rejected.iter().max().unwrap_or(&0)),
+        ),
+    ];
+    for (name, values, max, note) in rows {
+        let _ = writeln!(s, "  {name:<17} |{}| {note}", spark(&values, max));
+    }
+}
+
+/// The overload scenario's summary: every run at the peak of the offered load.
+fn overload_table(s: &mut String, o: &Outcome, opts: &RunOptions, style: crate::term::Style) {
+    use std::fmt::Write;
+    let from = opts.duration - opts.duration / STEPS;
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "{}",
+        style.bold(&format!(
+            "at the peak ({:.0} requests/s offered, {:.0}/s capacity; requests arriving from {} on)",
+            opts.rate,
+            overload_capacity(),
+            human(from)
+        ))
+    );
+    let w = o.runs.iter().map(|r| r.label.chars().count()).max().unwrap_or(7).max(7);
+    let _ = writeln!(s, "  {:<w$}  {:>9}  {:>9}  {:>9}  {:>10}  {:>9}", "variant", "limit end", "p50", "p99", "goodput/s", "failed/s");
+    for r in &o.runs {
+        let Some(p) = &r.peak else { continue };
+        let limit = p.final_limit.map(|l| l.to_string()).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            s,
+            "  {:<w$}  {:>9}  {:>9}  {:>9}  {:>10.1}  {:>9.1}",
+            r.label,
+            limit,
+            human(p.latency[0]),
+            human(p.latency[1]),
+            p.goodput,
+            p.failed
+        );
+    }
+    let _ = writeln!(s, "\nstrips: one character per second, each row scaled to its largest value over all runs (the limit: over its run)");
 }
 
 /// JSON report.
@@ -764,6 +1101,12 @@ pub fn report_json(o: &Outcome, opts: &RunOptions) -> Value {
                 "success_rate": if r.requests > 0 { r.succeeded as f64 / r.requests as f64 } else { 0.0 },
                 "latency": {"p50": r.latency[0], "p90": r.latency[1], "p99": r.latency[2], "max": r.latency[3]},
                 "offered": r.offered, "load": r.load, "invalid": r.invalid,
+                "limit": r.limit, "goodput": r.goodput, "rejected": r.rejected,
+                "bucket_latency": r.bucket_latency.iter().map(|l| json!({"p50": l[0], "p99": l[1]})).collect::<Vec<_>>(),
+                "peak": r.peak.as_ref().map(|p| json!({
+                    "offered": p.offered, "p50": p.latency[0], "p99": p.latency[1], "goodput": p.goodput,
+                    "failed": p.failed, "final_limit": p.final_limit,
+                })),
                 "layers": r.layers.iter().map(|l| json!({
                     "calls": l.calls, "attempts": l.attempts, "retries": l.retries, "budget_refusals": l.budget_refusals,
                     "rejections": l.rejections, "fallbacks": l.fallbacks,
@@ -775,6 +1118,7 @@ pub fn report_json(o: &Outcome, opts: &RunOptions) -> Value {
         .collect();
     json!({
         "scenario": opts.scenario.name(), "seed": opts.seed, "rate": opts.rate, "duration": opts.duration,
+        "dependency": (opts.scenario == Scenario::Overload).then(|| json!({"servers": SERVERS, "capacity": overload_capacity()})),
         "analytic": o.analytic.map(|(a, b, w)| json!({"worst_attempts": w, "amplification": a, "amplification_with_budget": b})),
         "runs": runs,
     })
@@ -782,8 +1126,12 @@ pub fn report_json(o: &Outcome, opts: &RunOptions) -> Value {
 
 const COLORS: [&str; 5] = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c"];
 
-/// The SVG chart: offered load and dependency calls per second, breaker state per layer.
+/// The SVG chart: offered load and dependency calls per second, breaker state per layer; for
+/// the overload scenario four panels: limit, p99 latency, goodput and rejections over time.
 pub fn chart(o: &Outcome, opts: &RunOptions) -> String {
+    if opts.scenario == Scenario::Overload {
+        return overload_chart(o, opts);
+    }
     let bucket_secs = BUCKET as f64 / S as f64;
     let mut series = Vec::new();
     if let Some(first) = o.runs.first() {
@@ -811,4 +1159,39 @@ pub fn chart(o: &Outcome, opts: &RunOptions) -> String {
         opts.scenario.window().map(|(a, b)| (a as f64 / S as f64, b as f64 / S as f64, "impaired")).into_iter().collect();
     let title = format!("levee simulate --scenario {} (seed {}, {} requests/s)", opts.scenario.name(), opts.seed, opts.rate);
     svg::render(&title, "calls per second", bucket_secs, &series, &bands, &marks)
+}
+
+fn overload_chart(o: &Outcome, opts: &RunOptions) -> String {
+    let bucket_secs = BUCKET as f64 / S as f64;
+    let buckets = opts.duration.div_ceil(BUCKET) as usize;
+    let color = |i: usize| COLORS.get(i % COLORS.len()).copied().unwrap_or("#000");
+    let runs = |f: &dyn Fn(&Run) -> Vec<f64>| -> Vec<svg::Series> {
+        o.runs.iter().enumerate().map(|(i, r)| svg::Series { name: r.label.clone(), color: color(i), values: f(r) }).collect()
+    };
+    let flat = |name: String, v: f64| svg::Series { name, color: "#111827", values: vec![v; buckets] };
+    let cap = overload_capacity();
+    // Where the offered load is above the capacity.
+    let over = (0..STEPS).find(|k| opts.rate * (*k + 1) as f64 / STEPS as f64 > cap);
+    let marks: Vec<(f64, f64, &str)> = over
+        .map(|k| ((opts.duration / STEPS * k) as f64 / S as f64, opts.duration as f64 / S as f64, "offered > capacity"))
+        .into_iter()
+        .collect();
+    let mut limit = runs(&limit_values);
+    limit.push(flat(format!("{SERVERS} servers"), SERVERS as f64));
+    let p99 = runs(&|r: &Run| r.bucket_latency.iter().map(|l| l[1] as f64 / MS as f64).collect());
+    let mut goodput = runs(&|r: &Run| per_bucket(&r.goodput));
+    if let Some(first) = o.runs.first() {
+        goodput.push(svg::Series { name: "offered".into(), color: "#6b7280", values: per_bucket(&first.offered) });
+    }
+    goodput.push(flat(format!("capacity {cap:.0}/s"), cap));
+    let rejected = runs(&|r: &Run| per_bucket(&r.rejected));
+    let head = format!("levee simulate --scenario overload (seed {}, up to {} requests/s)", opts.seed, opts.rate);
+    let panels = [
+        (format!("{head}: concurrency limit"), "limit", limit),
+        ("p99 latency of the requests that succeeded".to_string(), "ms", p99),
+        ("goodput: requests that succeeded per second".to_string(), "requests/s", goodput),
+        ("attempts rejected by the limit per second".to_string(), "rejected/s", rejected),
+    ];
+    let parts: Vec<String> = panels.iter().map(|(title, y, series)| svg::render(title, y, bucket_secs, series, &[], &marks)).collect();
+    svg::stack(&parts)
 }

@@ -138,6 +138,33 @@ pub fn render(title: &str, y_label: &str, bucket_secs: f64, series: &[Series], b
     o
 }
 
+/// Charts made by [`render`] one above the other in one SVG.
+pub fn stack(parts: &[String]) -> String {
+    let height = |p: &str| -> f64 {
+        p.split_once("height=\"").and_then(|(_, rest)| rest.split_once('"')).and_then(|(h, _)| h.parse().ok()).unwrap_or(0.0)
+    };
+    let width = parts
+        .iter()
+        .map(|p| p.split_once("width=\"").and_then(|(_, r)| r.split_once('"')).and_then(|(w, _)| w.parse::<f64>().ok()).unwrap_or(0.0))
+        .fold(0.0, f64::max);
+    let total: f64 = parts.iter().map(|p| height(p.as_str())).sum();
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{total}" viewBox="0 0 {width} {total}" font-family="sans-serif" font-size="12">"#
+    );
+    let mut y = 0.0;
+    for p in parts {
+        // A nested <svg> placed at `y`: the part as rendered, its own coordinates kept.
+        let inner = p.trim_end().strip_prefix("<svg ").map(|rest| format!("<svg x=\"0\" y=\"{y}\" {rest}")).unwrap_or_default();
+        o.push_str(&inner);
+        o.push('\n');
+        y += height(p.as_str());
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
 fn fmt_num(v: f64) -> String {
     if v == v.trunc() {
         format!("{}", v as i64)
@@ -175,5 +202,17 @@ mod tests {
         assert!(svg.contains("<title>open</title>"));
         assert_eq!(nice_ceiling(27.0), 50.0);
         assert_eq!(nice_ceiling(2700.0), 5000.0);
+    }
+
+    #[test]
+    fn stacks_charts_one_above_the_other() {
+        let s = vec![Series { name: "a".into(), color: "#000", values: vec![1.0, 2.0] }];
+        let one = render("one", "x", 1.0, &s, &[], &[]);
+        let h: f64 = one.split_once("height=\"").and_then(|(_, r)| r.split_once('"')).and_then(|(h, _)| h.parse().ok()).unwrap();
+        let both = stack(&[one.clone(), one]);
+        assert!(both.contains(&format!("height=\"{}\"", 2.0 * h)), "{both}");
+        assert!(both.contains(&format!("<svg x=\"0\" y=\"{h}\" ")));
+        assert_eq!(both.matches("<svg").count(), 3);
+        assert_eq!(both.matches("</svg>").count(), 3);
     }
 }
