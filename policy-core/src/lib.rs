@@ -27,6 +27,7 @@ pub mod durable;
 mod engine;
 pub mod error;
 pub mod fallback;
+pub mod hedge;
 pub mod policy;
 pub mod rate;
 mod read;
