@@ -28,6 +28,7 @@ mod engine;
 pub mod error;
 pub mod fallback;
 pub mod fleet;
+pub mod hedge;
 pub mod policy;
 pub mod rate;
 mod read;
