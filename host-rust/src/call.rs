@@ -37,6 +37,60 @@ pub struct RetryInfo<'a> {
     pub reason: Reason,
 }
 
+/// What a retry predicate is given (docs/hosts.md, section 9): the attempt's result or error,
+/// and the outcome the host reports for it.
+#[derive(Clone, Copy)]
+pub struct Attempted<'a> {
+    outcome: &'a Outcome,
+    value: Option<&'a dyn std::any::Any>,
+    error: Option<&'a dyn std::any::Any>,
+}
+
+impl<'a> Attempted<'a> {
+    /// What the host reports for the attempt (`Outcome::Timeout` when it timed out).
+    pub fn outcome(&self) -> &'a Outcome {
+        self.outcome
+    }
+
+    /// The value the attempt returned (an HTTP integration's: the response), as a `T`.
+    pub fn value<T: 'static>(&self) -> Option<&'a T> {
+        self.value.and_then(|v| v.downcast_ref())
+    }
+
+    /// The error the attempt returned, as an `E`.
+    pub fn error<E: 'static>(&self) -> Option<&'a E> {
+        self.error.and_then(|e| e.downcast_ref())
+    }
+
+    /// The attempt's timeout fired: it has neither value nor error.
+    pub fn timed_out(&self) -> bool {
+        self.value.is_none() && self.error.is_none()
+    }
+}
+
+impl std::fmt::Debug for Attempted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attempted").field("outcome", &self.outcome).field("value", &self.value.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// A retry predicate: `Some(true)` retry, `Some(false)` do not retry, `None` the policy decides.
+pub type RetryIf = Arc<dyn Fn(&Attempted<'_>) -> Option<bool> + Send + Sync>;
+
+/// Ask `pred` about an attempt; its answer as `report` flags. A predicate that panics is
+/// reported and counts as no answer.
+fn ask(pred: &RetryIf, attempted: &Attempted<'_>, policy: &str) -> u32 {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pred(attempted))) {
+        Ok(Some(true)) => crate::constants::REPORT_CALLER_RETRY,
+        Ok(Some(false)) => crate::constants::REPORT_CALLER_NO_RETRY,
+        Ok(None) => 0,
+        Err(_) => {
+            tracing::error!(target: "levee", policy = %policy, "a retry_if predicate panicked; counted as no answer");
+            0
+        }
+    }
+}
+
 /// A retry hook.
 pub type RetryFn = Arc<dyn Fn(&RetryInfo<'_>) + Send + Sync>;
 
@@ -135,6 +189,7 @@ pub struct Call<'a, T, E> {
     flags: u32,
     fallbacks: Vec<(String, FallbackFn<T, E>)>,
     on_retry: Option<RetryFn>,
+    retry_if: Option<RetryIf>,
     faults: Option<Box<Faults>>,
     /// An HTTP integration's call: its attempt spans carry `http.request.resend_count`.
     http: bool,
@@ -237,7 +292,17 @@ fn nanos(d: u64) -> Duration {
 
 impl<'a, T, E> Call<'a, T, E> {
     pub(crate) fn new(levee: &'a Levee, policy: &'a str) -> Self {
-        Call { levee, policy, key: String::new(), flags: 0, fallbacks: Vec::new(), on_retry: None, faults: None, http: false }
+        Call {
+            levee,
+            policy,
+            key: String::new(),
+            flags: 0,
+            fallbacks: Vec::new(),
+            on_retry: None,
+            retry_if: None,
+            faults: None,
+            http: false,
+        }
     }
 }
 
@@ -290,6 +355,26 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
     /// [`crate::Builder::on_retry`]).
     pub fn on_retry(mut self, f: impl Fn(&RetryInfo<'_>) + Send + Sync + 'static) -> Self {
         self.on_retry = Some(Arc::new(f));
+        self
+    }
+
+    /// This call's retry predicate (docs/hosts.md, section 9; it wins over the policy's
+    /// [`crate::Builder::retry_if`]): called once per reported attempt with its result or
+    /// error; `Some(true)` asks for a retry, `Some(false)` refuses one, `None` leaves it to the
+    /// policy's rules. The host only passes the answer on: the core places it in its retry
+    /// ladder (a non-idempotent call, the budget, the deadline still stop a retry). A predicate
+    /// that panics is reported and counts as `None`.
+    pub fn retry_if(mut self, f: impl Fn(&Attempted<'_>) -> Option<bool> + Send + Sync + 'static) -> Self {
+        self.retry_if = Some(Arc::new(f));
+        self
+    }
+
+    /// [`Call::retry_if`] with a shared predicate (`None`: the policy's).
+    #[cfg(feature = "tower")]
+    pub(crate) fn retry_if_shared(mut self, f: Option<RetryIf>) -> Self {
+        if f.is_some() {
+            self.retry_if = f;
+        }
         self
     }
 
@@ -369,6 +454,11 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         let mut last_outcome: Option<Outcome> = None;
         let hooks = [shared.on_retry.as_ref(), self.on_retry.as_ref()];
         let hooked = hooks.iter().any(Option::is_some);
+        let retry_if = match self.retry_if {
+            Some(p) => Some(p),
+            None if shared.retry_if.is_empty() => None,
+            None => shared.retry_if.get(policy).cloned(),
+        };
         let mut fallbacks = self.fallbacks;
         let mut fell_back = false;
         let mut fallback_err: Option<E> = None;
@@ -411,7 +501,24 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         Some(r) => classify(r),
                     };
                     aspan.record("levee.outcome", outcome.kind_name());
-                    if hot && number == 1 && outcome.is_plain_success() && timeout.is_none_or(|t| elapsed < t) {
+                    let asked = match &retry_if {
+                        None => 0,
+                        Some(p) => {
+                            let (value, error): (Option<&dyn std::any::Any>, Option<&dyn std::any::Any>) = match &result {
+                                None => (None, None),
+                                Some(Ok(v)) => (Some(v), None),
+                                Some(Err(e)) => (None, Some(e)),
+                            };
+                            ask(p, &Attempted { outcome: &outcome, value, error }, policy)
+                        }
+                    };
+                    // A success the caller wants retried is reported, never held back.
+                    if hot
+                        && asked & crate::constants::REPORT_CALLER_RETRY == 0
+                        && number == 1
+                        && outcome.is_plain_success()
+                        && timeout.is_none_or(|t| elapsed < t)
+                    {
                         // The answer to a success is always `done`: hold the report back; the
                         // next `start` settles it (one guest call per successful call). A late
                         // success is reported: the core makes it a timeout.
@@ -429,6 +536,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         Some(Err(e)) => Last::Error(e),
                     };
                     let (k, code, text, flags) = outcome.parts();
+                    let flags = flags | asked;
                     let wall = if k == OutcomeKind::HttpStatus && !text.is_empty() { shared.clock.unix_seconds() } else { 0 };
                     let inject = take(&mut faults, FaultOp::Report);
                     let (r, pending) = shared

@@ -32,6 +32,7 @@ pub struct Builder {
     clock: Option<Arc<dyn Clock>>,
     telemetry: Option<Arc<dyn Telemetry>>,
     on_retry: Option<RetryFn>,
+    retry_if: std::collections::HashMap<Box<str>, crate::call::RetryIf>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -94,6 +95,16 @@ impl Builder {
         self
     }
 
+    /// The retry predicate of `policy` (docs/hosts.md, section 9): called once per reported
+    /// attempt of its calls that have no [`crate::Call::retry_if`] of their own, with the
+    /// attempt's result or error; `Some(true)` asks for a retry, `Some(false)` refuses one,
+    /// `None` leaves it to the policy's rules. The core places the answer in its retry
+    /// ladder; a predicate that panics is reported and counts as `None`.
+    pub fn retry_if(mut self, policy: &str, f: impl Fn(&crate::call::Attempted<'_>) -> Option<bool> + Send + Sync + 'static) -> Self {
+        self.retry_if.insert(Box::from(policy), Arc::new(f));
+        self
+    }
+
     /// Call `f` with every engine event and its policy's name (besides `tracing` and `metrics`).
     pub fn on_event(mut self, f: impl Fn(&Event, &str) + Send + Sync + 'static) -> Self {
         self.listener = Some(Arc::new(f));
@@ -113,7 +124,17 @@ impl Builder {
             None => EngineClock::tsc(),
         };
         let telemetry = self.telemetry.unwrap_or_else(|| Arc::new(Standard::new()));
-        Ok(Levee { shared: Arc::new(Shared::new(Core::new(raw, policies), clock, self.trace, self.listener, telemetry, self.on_retry)) })
+        Ok(Levee {
+            shared: Arc::new(Shared::new(
+                Core::new(raw, policies),
+                clock,
+                self.trace,
+                self.listener,
+                telemetry,
+                self.on_retry,
+                self.retry_if,
+            )),
+        })
     }
 
     /// Load a policy file.

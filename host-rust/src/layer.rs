@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 
 use crate::call::BoxFuture;
 use crate::outcome::{request_flags, IntoOutcome, Outcome};
-use crate::{Levee, LeveeError, UnknownPolicy};
+use crate::{Levee, LeveeError, RetryIf, UnknownPolicy};
 
 /// A request extension: this request's body cannot be replayed (its clones do not send the
 /// same bytes again, say a body fed from a channel). The request is then started not
@@ -26,11 +26,22 @@ use crate::{Levee, LeveeError, UnknownPolicy};
 pub struct OneShot;
 
 /// Wraps services in [`LeveeService`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct LeveeLayer {
     levee: Levee,
     policy: Arc<str>,
     key: Option<Arc<str>>,
+    retry_if: Option<RetryIf>,
+}
+
+impl std::fmt::Debug for LeveeLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeveeLayer")
+            .field("policy", &self.policy)
+            .field("key", &self.key)
+            .field("retry_if", &self.retry_if.is_some())
+            .finish()
+    }
 }
 
 impl LeveeLayer {
@@ -38,12 +49,21 @@ impl LeveeLayer {
     /// an [`UnknownPolicy`] error (listing the names it has).
     pub fn new(levee: Levee, policy: &str) -> Result<Self, UnknownPolicy> {
         levee.policy(policy)?;
-        Ok(LeveeLayer { levee, policy: Arc::from(policy), key: None })
+        Ok(LeveeLayer { levee, policy: Arc::from(policy), key: None, retry_if: None })
     }
 
     /// Use one fixed key instead of each request's authority.
     pub fn with_key(mut self, key: &str) -> Self {
         self.key = Some(Arc::from(key));
+        self
+    }
+
+    /// The retry predicate of every request through this layer (docs/hosts.md, section 9; it
+    /// wins over the policy's): called once per attempt with the response
+    /// ([`crate::Attempted::value`] as an `http::Response<B>`) or the service's error;
+    /// `Some(true)` asks for a retry, `Some(false)` refuses one, `None` leaves it to the policy.
+    pub fn retry_if(mut self, f: impl Fn(&crate::Attempted<'_>) -> Option<bool> + Send + Sync + 'static) -> Self {
+        self.retry_if = Some(Arc::new(f));
         self
     }
 }
@@ -52,17 +72,34 @@ impl<S> tower_layer::Layer<S> for LeveeLayer {
     type Service = LeveeService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LeveeService { inner, levee: self.levee.clone(), policy: self.policy.clone(), key: self.key.clone() }
+        LeveeService {
+            inner,
+            levee: self.levee.clone(),
+            policy: self.policy.clone(),
+            key: self.key.clone(),
+            retry_if: self.retry_if.clone(),
+        }
     }
 }
 
 /// A service whose requests run under a Levee policy.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct LeveeService<S> {
     inner: S,
     levee: Levee,
     policy: Arc<str>,
     key: Option<Arc<str>>,
+    retry_if: Option<RetryIf>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for LeveeService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeveeService")
+            .field("inner", &self.inner)
+            .field("policy", &self.policy)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
 }
 
 fn copy_request<B: Clone>(r: &http::Request<B>) -> http::Request<B> {
@@ -96,6 +133,7 @@ where
         let levee = self.levee.clone();
         let policy = self.policy.clone();
         let inner = self.inner.clone();
+        let retry_if = self.retry_if.clone();
         let key = match &self.key {
             Some(k) => k.to_string(),
             None => crate::outcome::http_key(req.uri()),
@@ -114,6 +152,7 @@ where
                 .flags(flags)
                 .http()
                 .faults(&faults)
+                .retry_if_shared(retry_if)
                 .run_classified(
                     |r: &Result<http::Response<RB>, S::Error>| match r {
                         Ok(resp) => resp.outcome(),

@@ -45,7 +45,7 @@ pub use outcome::{IntoOutcome, Outcome};
 pub use raw::{Backend, Limits, RawEngine, Trap};
 
 #[cfg(feature = "tokio")]
-pub use call::{Attempt, BoxFuture, Call, FallbackContext, FallbackFn};
+pub use call::{Attempt, Attempted, BoxFuture, Call, FallbackContext, FallbackFn, RetryIf};
 #[cfg(feature = "tokio")]
 pub use call::{FaultOp, FaultPlan, RetryInfo};
 #[cfg(feature = "tokio")]

@@ -230,6 +230,8 @@ pub(crate) struct Shared {
     listener: Option<ListenFn>,
     pub(crate) telemetry: Arc<dyn Telemetry>,
     pub(crate) on_retry: Option<crate::call::RetryFn>,
+    /// The per-policy retry predicates (`Builder::retry_if`); empty costs one length check.
+    pub(crate) retry_if: HashMap<Box<str>, crate::call::RetryIf>,
 }
 
 /// What the fault seam of the host scenarios does to one crossing (see [`crate::Call::fault`]).
@@ -272,6 +274,7 @@ impl Shared {
         listener: Option<ListenFn>,
         telemetry: Arc<dyn Telemetry>,
         on_retry: Option<crate::call::RetryFn>,
+        retry_if: HashMap<Box<str>, crate::call::RetryIf>,
     ) -> Self {
         Shared {
             core: Mutex::new(core),
@@ -283,6 +286,7 @@ impl Shared {
             listener,
             telemetry,
             on_retry,
+            retry_if,
         }
     }
 

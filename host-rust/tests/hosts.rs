@@ -13,13 +13,21 @@ use std::time::Duration;
 use levee::layer::{LeveeLayer, OneShot};
 use levee::telemetry::{Attributes, Telemetry, Value};
 use levee::time::{Clock, Sleep, TokioClock};
-use levee::{ErrorClass, FaultOp, IntoOutcome, Levee, LeveeError, Outcome};
+use levee::{Attempted, ErrorClass, FaultOp, IntoOutcome, Levee, LeveeError, Outcome};
 use serde_json::{json, Map, Value as Json};
 use tower::{Layer, Service, ServiceExt};
 
 /// Scenarios this host does not pass yet, each with the reason (the test fails when one of
 /// them starts passing, so the list stays true).
-const KNOWN: &[(&str, &str)] = &[];
+const KNOWN: &[(&str, &str)] = &[
+    ("bulkhead-queue-fifo-wake-on-report", QUEUE),
+    ("bulkhead-queue-full-rejects", QUEUE),
+    ("bulkhead-queue-waiter-cancelled", QUEUE),
+    ("bulkhead-queue-wake-on-cancel", QUEUE),
+];
+
+/// Why the bulkhead-queue scenarios fail here.
+const QUEUE: &str = "the host does not wake a call parked in the bulkhead queue when a report or cancel frees a permit yet (docs/policy.md, \"The queue\"): it sleeps the whole payload";
 
 /// What one call observed.
 #[derive(Default)]
@@ -31,6 +39,7 @@ struct Record {
     events: Vec<Json>,
     metrics: BTreeMap<String, Json>,
     on_retry: Vec<Json>,
+    retry_if: Vec<Json>,
     problems: Vec<String>,
 }
 
@@ -277,6 +286,28 @@ fn faults_of(call: &Json) -> Vec<(FaultOp, u32, Option<u64>)> {
     out
 }
 
+/// A scripted retry predicate (conformance/hosts/README.md, `retry_if`): its answers in order,
+/// `null` past the end; `"raise"` panics with `PredicateBroke` (the host counts it as `null`).
+/// Each call is recorded with what it was given.
+fn scripted_predicate(answers: &Json, by: &'static str) -> impl Fn(&Attempted<'_>) -> Option<bool> + Send + Sync + 'static {
+    let answers: Mutex<std::collections::VecDeque<Json>> = Mutex::new(answers.as_array().cloned().unwrap_or_default().into());
+    move |a: &Attempted<'_>| {
+        let seen = if let Some(v) = a.value::<Json>() {
+            json!({"by": by, "value": v})
+        } else if let Some(r) = a.value::<HttpResponse>() {
+            json!({"by": by, "status": r.status().as_u16()})
+        } else {
+            json!({"by": by, "error": cause_name(Some(a.outcome()))})
+        };
+        with_rec(|r| r.retry_if.push(seen));
+        match answers.lock().unwrap().pop_front().unwrap_or(Json::Null) {
+            Json::Bool(b) => Some(b),
+            Json::String(s) if s == "raise" => std::panic::panic_any("PredicateBroke"),
+            _ => None,
+        }
+    }
+}
+
 async fn run_call(levee: Levee, call: Json, rec: Rec, t0: tokio::time::Instant) -> Json {
     let script =
         Arc::new(Script { steps: call["script"].as_array().cloned().unwrap_or_default(), next: Mutex::new(0), rec: rec.clone(), t0 });
@@ -290,6 +321,9 @@ async fn run_call(levee: Levee, call: Json, rec: Rec, t0: tokio::time::Instant) 
     }
     for (op, nth, verdict) in faults_of(&call) {
         c = c.fault(op, nth, verdict);
+    }
+    if let Some(answers) = call.get("retry_if") {
+        c = c.retry_if(scripted_predicate(answers, "call"));
     }
     for (name, spec) in call.get("fallbacks").and_then(Json::as_object).into_iter().flatten() {
         let (n, spec) = (name.clone(), spec.clone());
@@ -342,10 +376,13 @@ async fn run_http(levee: Levee, call: Json, rec: Rec, t0: tokio::time::Instant) 
             }
         });
     }
-    let layer = match LeveeLayer::new(levee.clone(), policy) {
+    let mut layer = match LeveeLayer::new(levee.clone(), policy) {
         Ok(l) => l,
         Err(e) => return json!({"error": e.to_string()}),
     };
+    if let Some(answers) = call.get("retry_if") {
+        layer = layer.retry_if(scripted_predicate(answers, "call"));
+    }
     let svc = tower::service_fn(move |req: http::Request<String>| {
         let script = script.clone();
         async move {
@@ -402,7 +439,11 @@ fn same(a: &Json, b: &Json) -> bool {
 async fn replay(scenario: &Json) -> Vec<String> {
     let t0 = tokio::time::Instant::now();
     let clock = ScenarioClock { tokio: TokioClock::paused(), wall_start: scenario["wall_start"].as_u64().unwrap_or(0) };
-    let levee = Levee::builder()
+    let mut builder = Levee::builder();
+    for (policy, answers) in scenario.get("retry_if_policy").and_then(Json::as_object).into_iter().flatten() {
+        builder = builder.retry_if(policy, scripted_predicate(answers, "policy"));
+    }
+    let levee = builder
         .seed(scenario["seed"].as_u64().unwrap_or(0))
         .clock(clock)
         .telemetry(Recorder)
@@ -479,6 +520,7 @@ async fn replay(scenario: &Json) -> Vec<String> {
             "events": rec.events,
             "metrics": rec.metrics,
             "on_retry": rec.on_retry,
+            "retry_if": rec.retry_if,
         });
         for (field, want) in expect.as_object().into_iter().flatten() {
             let got = &observed[field.as_str()];
@@ -506,7 +548,10 @@ async fn every_host_scenario_through_the_public_api() {
         match (problems.is_empty(), known) {
             (true, false) => passed += 1,
             (true, true) => fixed.push(name),
-            (false, true) => {}
+            (false, true) => {
+                let reason = KNOWN.iter().find(|(n, _)| *n == name).map_or("", |(_, r)| *r);
+                println!("skipped {name}: {reason}");
+            }
             (false, false) => failed.push(format!("{name}:\n    {}", problems.join("\n    "))),
         }
     }
