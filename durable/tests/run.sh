@@ -38,9 +38,19 @@ if [ -n "$unformatted" ]; then echo "run.sh: gofmt -l reports: $unformatted" >&2
 
 echo "== durable: the JS executor (build, with its optional drivers better-sqlite3 and pg)"
 jsdir="$root/host-bindings/js"
+# The drivers are optional peer dependencies of the package, which `npm install --no-save`
+# leaves out ("up to date"), and `npm ci` (the JS host's own CI) removes anything not in the
+# lock file. So they live in their own prefix under target/ (built once: better-sqlite3
+# compiles) and are linked into node_modules for the run; Node resolves their own
+# dependencies from the real path.
+drivers="$root/target/js-durable-drivers"
+if [ ! -d "$drivers/node_modules/better-sqlite3" ] || [ ! -d "$drivers/node_modules/pg" ]; then
+  mkdir -p "$drivers"
+  npm install --prefix "$drivers" --no-audit --no-fund --loglevel=error better-sqlite3@12.11.1 pg@8.23.1
+fi
 (cd "$jsdir" && { [ -d node_modules/typescript ] || npm ci --no-audit --no-fund --loglevel=error; } \
-  && { [ -d node_modules/better-sqlite3 ] && [ -d node_modules/pg ] \
-       || npm install --no-save --no-audit --no-fund --loglevel=error better-sqlite3@12.11.1 pg@8.23.1; } \
+  && ln -sfn "$drivers/node_modules/better-sqlite3" node_modules/better-sqlite3 \
+  && ln -sfn "$drivers/node_modules/pg" node_modules/pg \
   && node scripts/transpile.mjs >/dev/null && npx tsc -p tsconfig.json \
   && node --test test/durable.test.mjs)
 workers=(--python "$py" --go "$work/go-worker" --node "$here/worker.mjs")
