@@ -1404,6 +1404,237 @@ vec("bulkhead-queue-errors", "The queue's fields are checked.", ["bulkhead", "bu
 
 
 
+# --------------------------------------------------------------------------------------
+# Hedging (docs/policy.md, "Hedging"): gRPC A6 by default, Polly, failsafe-go and Envoy presets.
+# --------------------------------------------------------------------------------------
+
+def hstep(call, now, expect=None):
+    return {"op": "hedge_step", "call": call, "now": now, **_x(expect)}
+
+
+def hreport(call, attempt, now, kind="success", code=0, text="", elapsed=0, wall=0, flags=0, expect=None):
+    return {"op": "report_attempt", "call": call, "attempt": attempt, "now": now, "elapsed": elapsed, "kind": kind,
+            "code": code, "text": text, "wall_secs": wall, "flags": flags, **_x(expect)}
+
+
+def cmds(*c):
+    return {"commands": list(c)}
+
+
+def hs(attempt, timeout=0):
+    return {"start": {"attempt": attempt, "timeout": timeout}}
+
+
+def hc(attempt):
+    return {"cancel": attempt}
+
+
+def hw(delay):
+    return {"wait": delay}
+
+
+def hend(attempt, verdict):
+    return {"end": {"attempt": attempt, "verdict": verdict}}
+
+
+def hedged(timeout=0):
+    return {"kind": "hedge", "detail": 1, "payload": timeout}
+
+
+UNAVAILABLE = 14  # gRPC UNAVAILABLE
+A6 = "hedge: { attempts: 4, delay: 500ms, non-fatal: [\"grpc:unavailable\"] }\n"
+
+vec("hedge-a6-example", "gRPC A6's example: 4 attempts, delay 500 ms, UNAVAILABLE non-fatal: #1 at 0, #2 at 500, #1 fails UNAVAILABLE at 700 so #3 starts at once, #2 succeeds at 900 and #3 is cancelled; #4 never starts. The cancelled attempt is reported when it has closed, and the call then leaves the table.",
+    ["hedge"], policy(A6), [
+        start(1, 0, expect=hedged()),
+        hstep(1, 0, expect=cmds(hw(500 * MS))),
+        hstep(1, 499 * MS, expect=cmds(hw(1 * MS))),
+        hstep(1, 500 * MS, expect=cmds(hs(2), hw(500 * MS))),
+        hreport(1, 1, 700 * MS, kind="grpc-status", code=UNAVAILABLE, elapsed=700 * MS, expect=cmds(hs(3), hw(500 * MS))),
+        info(1),
+        hreport(1, 2, 900 * MS, kind="grpc-status", code=0, elapsed=400 * MS, expect=cmds(hc(3), hend(2, DONE))),
+        info(1),
+        hstep(1, 2000 * MS, expect=cmds()),
+        hreport(1, 3, 910 * MS, kind="grpc-status", code=1, elapsed=210 * MS, expect=cmds()),
+        info(1),
+        drain(),
+    ])
+
+vec("hedge-delay-zero-sends-all", "`delay: 0` starts every attempt at once; the first success cancels the others.",
+    ["hedge"], policy("attempt-timeout: 1s\nhedge: { attempts: 3, delay: 0 }\n"), [
+        start(1, 0, expect=hedged(1 * S)),
+        hstep(1, 0, expect=cmds(hs(2, 1 * S), hs(3, 1 * S))),
+        hreport(1, 3, 20 * MS, elapsed=20 * MS, expect=cmds(hc(1), hc(2), hend(3, DONE))),
+        hreport(1, 1, 25 * MS, kind="timeout", elapsed=25 * MS, expect=cmds()),
+        hreport(1, 2, 25 * MS, kind="connection-error", elapsed=25 * MS, expect=cmds()),
+        info(1),
+    ])
+
+vec("hedge-fatal-cancels-the-rest", "A fatal outcome (not non-fatal) ends the call at once with that attempt's failure (non-retryable) and cancels the attempts in flight.",
+    ["hedge"], policy("hedge: { attempts: 3, delay: 100ms }\n"), [
+        start(1, 0, expect=hedged()),
+        hstep(1, 100 * MS, expect=cmds(hs(2), hw(100 * MS))),
+        hreport(1, 2, 150 * MS, kind="http-status", code=500, elapsed=50 * MS, expect=cmds(hc(1), hend(2, fail("non-retryable")))),
+        hreport(1, 1, 160 * MS, kind="http-status", code=200, elapsed=160 * MS, expect=cmds()),
+        info(1),
+        drain(),
+    ])
+
+vec("hedge-all-fail-no-retry", "When every attempt fails non-fatally the call fails with the last failure (retries-exhausted): hedged calls are never retried.",
+    ["hedge"], policy("hedge: { attempts: 2, delay: 100ms }\n"), [
+        start(1, 0, expect=hedged()),
+        hreport(1, 1, 30 * MS, kind="http-status", code=503, elapsed=30 * MS, expect=cmds(hs(2))),
+        hreport(1, 2, 60 * MS, kind="http-status", code=503, elapsed=30 * MS, expect=cmds(hend(2, fail("retries-exhausted")))),
+        info(1),
+    ])
+
+vec("hedge-throttled", "A6 throttling: a hedge is sent only while the token budget holds more than half its tokens, and each non-fatal failure costs a token. Five failures of call 1 take 10 tokens to 5; call 2 then sends no hedge (budget-refused) and fails with its original's failure, reason budget.",
+    ["hedge", "budget"], policy("hedge: { attempts: 5, delay: 0 }\nbudget: { kind: token, max-tokens: 10, token-ratio: 0.1 }\n"), [
+        start(1, 0, expect=hedged()),
+        hstep(1, 0, expect=cmds(hs(2), hs(3), hs(4), hs(5))),
+        hreport(1, 1, 10 * MS, kind="http-status", code=503, elapsed=10 * MS, expect=cmds()),
+        hreport(1, 2, 10 * MS, kind="http-status", code=503, elapsed=10 * MS, expect=cmds()),
+        hreport(1, 3, 10 * MS, kind="http-status", code=503, elapsed=10 * MS, expect=cmds()),
+        hreport(1, 4, 10 * MS, kind="http-status", code=503, elapsed=10 * MS, expect=cmds()),
+        hreport(1, 5, 10 * MS, kind="http-status", code=503, elapsed=10 * MS, expect=cmds(hend(5, fail("retries-exhausted")))),
+        start(2, 20 * MS, expect=hedged()),
+        hstep(2, 20 * MS, expect=cmds()),
+        hreport(2, 1, 30 * MS, kind="http-status", code=503, elapsed=10 * MS, expect=cmds(hend(1, fail("budget")))),
+        drain(),
+    ])
+
+vec("hedge-pushback", "gRPC pushback: a valid pushback of n ms after a non-fatal failure starts the next hedge n ms later instead of at once; a negative one sends no more hedges, and when the rest fail the call fails for pushback.",
+    ["hedge", "retry-after"], policy("hedge: { attempts: 3, delay: 500ms, non-fatal: [\"grpc:unavailable\"] }\n"), [
+        start(1, 0, expect=hedged()),
+        hreport(1, 1, 100 * MS, kind="grpc-status", code=UNAVAILABLE, text="300", elapsed=100 * MS, expect=cmds(hw(300 * MS))),
+        hstep(1, 400 * MS, expect=cmds(hs(2), hw(500 * MS))),
+        hreport(1, 2, 450 * MS, kind="grpc-status", code=UNAVAILABLE, text="-1", elapsed=50 * MS, expect=cmds(hend(2, fail("pushback")))),
+        info(1),
+    ])
+
+vec("hedge-preset-polly", "Polly: when every attempt fails, the primary's failure is returned; up to 10 hedges.",
+    ["hedge"], policy("hedge: { attempts: 3, delay: 50ms, preset: polly }\n"), [
+        start(1, 0, expect=hedged()),
+        hreport(1, 1, 10 * MS, kind="timeout", elapsed=10 * MS, expect=cmds(hs(2), hw(50 * MS))),
+        hreport(1, 2, 20 * MS, kind="connection-error", elapsed=10 * MS, expect=cmds(hs(3))),
+        hreport(1, 3, 30 * MS, kind="connection-error", elapsed=10 * MS, expect=cmds(hend(1, fail("retries-exhausted")))),
+    ])
+
+vec("hedge-preset-failsafe", "failsafe-go: hedges go by time only: a non-fatal failure does not send the next hedge early.",
+    ["hedge"], policy("hedge: { attempts: 3, delay: 500ms, preset: failsafe }\n"), [
+        start(1, 0, expect=hedged()),
+        hreport(1, 1, 100 * MS, kind="http-status", code=503, elapsed=100 * MS, expect=cmds(hw(400 * MS))),
+        hstep(1, 500 * MS, expect=cmds(hs(2), hw(500 * MS))),
+        hreport(1, 2, 600 * MS, kind="http-status", code=200, elapsed=100 * MS, expect=cmds(hend(2, DONE))),
+    ])
+
+vec("hedge-preset-envoy", "Envoy's hedge_on_per_try_timeout: the next hedge starts when the latest attempt has run for attempt-timeout, which does not end it (attempts get no timeout of their own; the deadline still bounds them).",
+    ["hedge", "deadline"], policy("attempt-timeout: 200ms\ndeadline: 1s\nhedge: { attempts: 2, preset: envoy }\n"), [
+        start(1, 0, expect=hedged(1 * S)),
+        hstep(1, 0, expect=cmds(hw(200 * MS))),
+        hstep(1, 200 * MS, expect=cmds(hs(2, 800 * MS))),
+        hreport(1, 1, 250 * MS, kind="http-status", code=200, elapsed=250 * MS, expect=cmds(hc(2), hend(1, DONE))),
+        hreport(1, 2, 260 * MS, kind="timeout", elapsed=60 * MS, expect=cmds()),
+    ])
+
+vec("hedge-late-outcome-is-a-timeout", "An attempt's outcome whose elapsed reaches its timeout is a timeout (non-fatal by default): the next hedge starts at once.",
+    ["hedge", "late"], policy("attempt-timeout: 100ms\nhedge: { attempts: 2, delay: 1s }\n"), [
+        start(1, 0, expect=hedged(100 * MS)),
+        hreport(1, 1, 150 * MS, kind="http-status", code=400, elapsed=150 * MS, expect=cmds(hs(2, 100 * MS))),
+        hreport(1, 2, 200 * MS, elapsed=50 * MS, expect=cmds(hend(2, DONE))),
+    ])
+
+vec("hedge-bulkhead-slot-held-until-closed", "Each hedged attempt takes a bulkhead slot; a cancelled attempt keeps its slot until it is reported closed, never at cancel time.",
+    ["hedge", "bulkhead"], policy("bulkhead: { max-concurrent: 2 }\nhedge: { attempts: 2, delay: 0 }\n"), [
+        start(1, 0, expect=hedged()),
+        hstep(1, 0, expect=cmds(hs(2))),
+        start(2, 1 * MS, expect=fail("bulkhead-full")),
+        hreport(1, 1, 10 * MS, elapsed=10 * MS, expect=cmds(hc(2), hend(1, DONE))),
+        info(1),
+        start(3, 11 * MS, expect=hedged()),
+        hstep(3, 11 * MS, expect=cmds()),
+        hreport(1, 2, 12 * MS, kind="timeout", elapsed=12 * MS, expect=cmds()),
+        info(1),
+        hreport(3, 1, 13 * MS, kind="http-status", code=503, elapsed=2 * MS, expect=cmds(hend(1, fail("bulkhead-full")))),
+        start(4, 14 * MS, expect=hedged()),
+        hstep(4, 14 * MS, expect=cmds(hs(2))),
+    ])
+
+vec("hedge-non-idempotent", "A hedge is a second request: an operation that is not idempotent and has no idempotency key is never hedged; with an idempotency key it is.",
+    ["hedge", "idempotency"], policy("hedge: { attempts: 2, delay: 0 }\n"), [
+        start(1, 0, flags=1, expect=hedged()),
+        hstep(1, 0, expect=cmds()),
+        hreport(1, 1, 10 * MS, kind="http-status", code=503, elapsed=10 * MS, expect=cmds(hend(1, fail("non-idempotent")))),
+        start(2, 20 * MS, flags=1 | 2, expect=hedged()),
+        hstep(2, 20 * MS, expect=cmds(hs(2))),
+        start(3, 30 * MS, flags=(3 << 8), expect=hedged()),
+        hstep(3, 30 * MS, expect=cmds()),
+    ])
+
+vec("hedge-fallback", "A hedged call that fails takes the policy's fallback chain like any call: the end command carries the fallback verdict, and report-fallback goes on as after report.",
+    ["hedge", "fallback"], policy("hedge: { attempts: 2, delay: 10ms }\nfallbacks: [cache]\n"), [
+        start(1, 0, expect=hedged()),
+        hstep(1, 10 * MS, expect=cmds(hs(2))),
+        hreport(1, 2, 15 * MS, kind="error-class", text="ValueError", elapsed=5 * MS, expect=cmds(hc(1), hend(2, fb(0, "non-retryable")))),
+        fallback(1, 16 * MS, True, expect=DONE),
+        info(1),
+        hreport(1, 1, 17 * MS, kind="timeout", elapsed=17 * MS, expect=cmds()),
+        info(1),
+    ])
+
+vec("hedge-breaker-counts-attempts", "Every hedged attempt that ends counts in the breaker: two failing attempts of one call open it, and the next call is rejected (breaker-open).",
+    ["hedge", "breaker"], policy("breaker: { window: { kind: count, size: 4 }, minimum-calls: 2, failure-rate: 50 }\nhedge: { attempts: 3, delay: 0 }\n"), [
+        start(1, 0, expect=hedged()),
+        hstep(1, 0, expect=cmds(hs(2), hs(3))),
+        hreport(1, 1, 10 * MS, kind="http-status", code=503, elapsed=10 * MS, expect=cmds()),
+        hreport(1, 2, 11 * MS, kind="http-status", code=503, elapsed=11 * MS, expect=cmds()),
+        breaker(12 * MS),
+        hreport(1, 3, 13 * MS, elapsed=13 * MS, expect=cmds(hend(3, DONE))),
+        start(2, 14 * MS, expect=fail("breaker-open")),
+        drain(),
+    ])
+
+vec("hedge-protocol-errors", "hedge-step on an unknown call, and on a call that is not hedged, answers end with an invalid verdict (unknown call, wrong step); report-attempt of an attempt never started or already reported too. A hedged call answers report and acquire with wrong step.",
+    ["hedge", "invalid"], "policies:\n  h: { hedge: { attempts: 2, delay: 1s } }\n  p: {}\n", [
+        hstep(9, 0, expect=cmds(hend(0, invalid(1)))),
+        start(1, 0, policy="p", expect=attempt(1)),
+        hstep(1, 0, expect=cmds(hend(0, invalid(4)))),
+        start(2, 0, policy="h", expect=hedged()),
+        hreport(2, 2, 1 * MS, expect=cmds(hend(0, invalid(4)))),
+        report(2, 1 * MS, expect=invalid(4)),
+        acquire(2, 1 * MS, expect=invalid(4)),
+        hreport(2, 1, 2 * MS, elapsed=2 * MS, expect=cmds(hend(1, DONE))),
+        hreport(2, 1, 3 * MS, elapsed=3 * MS, expect=cmds(hend(0, invalid(1)))),
+    ])
+
+vec("hedge-cancel-releases-every-attempt", "Cancelling a hedged call frees every attempt's slot at once.",
+    ["hedge", "bulkhead", "cancel"], policy("bulkhead: { max-concurrent: 3 }\nhedge: { attempts: 3, delay: 0 }\n"), [
+        start(1, 0, expect=hedged()),
+        hstep(1, 0, expect=cmds(hs(2), hs(3))),
+        start(2, 1 * MS, expect=fail("bulkhead-full")),
+        cancel(1, 2 * MS),
+        info(1),
+        start(3, 3 * MS, expect=hedged()),
+        hstep(3, 3 * MS, expect=cmds(hs(2), hs(3))),
+    ])
+
+vec("hedge-policy-info", "A hedged policy makes one call-level attempt (max-attempts 1); its JSON shows the hedge section with every default.",
+    ["hedge"], policy("hedge: {}\n"), [
+        pinfo(),
+    ])
+
+vec("hedge-errors", "Hedging names its errors: attempts beside hedge, hedge.attempts above 5 (11 under polly), an unknown preset, envoy without attempt-timeout or with a delay, a delay without a unit, an unknown field.",
+    ["hedge", "errors"], "policies:\n"
+    "  a: { attempts: 3, hedge: {} }\n"
+    "  b: { hedge: { attempts: 6 } }\n"
+    "  c: { hedge: { attempts: 12, preset: polly } }\n"
+    "  d: { hedge: { preset: gprc } }\n"
+    "  e: { hedge: { preset: envoy } }\n"
+    "  f: { attempt-timeout: 1s, hedge: { preset: envoy, delay: 1s } }\n"
+    "  g: { hedge: { delay: 5 } }\n"
+    "  h: { hedge: { attemps: 2 } }\n", [])
+
+
 def main():
     out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")
     os.makedirs(out_dir, exist_ok=True)

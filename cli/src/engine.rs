@@ -84,6 +84,10 @@ pub fn describe(v: Verdict, fallbacks: &[String]) -> String {
             0 => format!("fail: {}", v.reason()),
             hint => format!("fail: {} (retry-after hint {})", v.reason(), human(hint)),
         },
+        Some(VerdictKind::Hedge) => match v.payload() {
+            0 => "hedged: attempt 1 (no timeout), then hedge-step".to_string(),
+            t => format!("hedged: attempt 1 (timeout {}), then hedge-step", human(t)),
+        },
         Some(VerdictKind::Invalid) => {
             let code = core::InvalidCode::from_index(u32::from(v.detail())).map(|c| c.name()).unwrap_or("?");
             format!("invalid: {code} (a protocol error of the caller)")
@@ -125,6 +129,7 @@ pub fn describe_event(e: &core::Event) -> String {
         K::KeyEvicted => format!("state of key `{}` evicted (key bound reached)", e.name),
         K::CallEvicted => format!("unfinished call {} evicted", e.call),
         K::PermitExpired => format!("half-open permit of call {} expired unreported", e.call),
+        K::HedgeStarted => format!("hedge: attempt {} started", e.attempt),
     }
 }
 

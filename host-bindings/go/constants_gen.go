@@ -36,6 +36,7 @@ const (
 	cKindFallback               = 4
 	cKindFail                   = 5
 	cKindInvalid                = 6
+	cKindHedge                  = 7
 	cInvalidUnknownCall         = 1
 	cInvalidDuplicateCall       = 2
 	cInvalidUnknownPolicy       = 3
@@ -59,6 +60,7 @@ const (
 	cMetricRetryDelay           = "levee.retry.delay"
 	cMetricRejections           = "levee.rejections"
 	cMetricFallbacks            = "levee.fallbacks"
+	cMetricHedges               = "levee.hedges"
 	cMetricBreakerTransitions   = "levee.breaker.transitions"
 	cMetricBreakerState         = "levee.breaker.state"
 	cMetricEngineFaults         = "levee.engine.faults"
@@ -86,10 +88,10 @@ var (
 	cReasons            = [...]string{"none", "deadline", "retries-exhausted", "non-retryable", "budget", "breaker-open", "rate-limited", "bulkhead-full", "non-idempotent", "retry-after-too-long", "pushback", "cancelled", "fallbacks-failed"}
 	cOutcomeKinds       = [...]string{"success", "timeout", "connection-error", "http-status", "grpc-status", "error-class"}
 	cBreakerStates      = [...]string{"closed", "open", "half-open", "forced-open", "forced-closed", "disabled"}
-	cEventKinds         = [...]string{"retry-scheduled", "gave-up", "rejected", "budget-refused", "breaker-transition", "fallback-chosen", "rate-limit-wait", "key-evicted", "call-evicted", "permit-expired"}
+	cEventKinds         = [...]string{"retry-scheduled", "gave-up", "rejected", "budget-refused", "breaker-transition", "fallback-chosen", "rate-limit-wait", "key-evicted", "call-evicted", "permit-expired", "hedge-started"}
 	cDurableActions     = [...]string{"run", "wait", "done", "dead", "cancelled"}
 	cDurableReasons     = [...]string{"none", "deadline", "retries-exhausted", "non-retryable", "non-idempotent", "retry-after-too-long", "pushback", "cancelled", "unknown-outcome", "crash-limit"}
-	cVerdictKinds       = [...]string{"attempt", "wait", "done", "retry", "fallback", "fail", "invalid"}
+	cVerdictKinds       = [...]string{"attempt", "wait", "done", "retry", "fallback", "fail", "invalid", "hedge"}
 	cIdempotencyHeaders = [...]string{"idempotency-key", "x-idempotency-key"}
 	cFaults             = [...]string{"trap", "contract", "invalid"}
 	cResults            = [...]string{"success", "fallback", "failure", "cancelled"}

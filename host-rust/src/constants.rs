@@ -66,6 +66,8 @@ pub const KIND_FALLBACK: u32 = 4;
 pub const KIND_FAIL: u32 = 5;
 /// `KIND_INVALID` of the contract.
 pub const KIND_INVALID: u32 = 6;
+/// `KIND_HEDGE` of the contract.
+pub const KIND_HEDGE: u32 = 7;
 /// `INVALID_UNKNOWN_CALL` of the contract.
 pub const INVALID_UNKNOWN_CALL: u32 = 1;
 /// `INVALID_DUPLICATE_CALL` of the contract.
@@ -112,6 +114,8 @@ pub const METRIC_RETRY_DELAY: &str = "levee.retry.delay";
 pub const METRIC_REJECTIONS: &str = "levee.rejections";
 /// `METRIC_FALLBACKS` of the contract.
 pub const METRIC_FALLBACKS: &str = "levee.fallbacks";
+/// `METRIC_HEDGES` of the contract.
+pub const METRIC_HEDGES: &str = "levee.hedges";
 /// `METRIC_BREAKER_TRANSITIONS` of the contract.
 pub const METRIC_BREAKER_TRANSITIONS: &str = "levee.breaker.transitions";
 /// `METRIC_BREAKER_STATE` of the contract.
@@ -176,7 +180,7 @@ pub const OUTCOME_KINDS: [&str; 6] = ["success", "timeout", "connection-error", 
 /// `BREAKER_STATES` of the contract, in contract order.
 pub const BREAKER_STATES: [&str; 6] = ["closed", "open", "half-open", "forced-open", "forced-closed", "disabled"];
 /// `EVENT_KINDS` of the contract, in contract order.
-pub const EVENT_KINDS: [&str; 10] = [
+pub const EVENT_KINDS: [&str; 11] = [
     "retry-scheduled",
     "gave-up",
     "rejected",
@@ -187,6 +191,7 @@ pub const EVENT_KINDS: [&str; 10] = [
     "key-evicted",
     "call-evicted",
     "permit-expired",
+    "hedge-started",
 ];
 /// `DURABLE_ACTIONS` of the contract, in contract order.
 pub const DURABLE_ACTIONS: [&str; 5] = ["run", "wait", "done", "dead", "cancelled"];
@@ -204,7 +209,7 @@ pub const DURABLE_REASONS: [&str; 10] = [
     "crash-limit",
 ];
 /// `VERDICT_KINDS` of the contract, in contract order.
-pub const VERDICT_KINDS: [&str; 7] = ["attempt", "wait", "done", "retry", "fallback", "fail", "invalid"];
+pub const VERDICT_KINDS: [&str; 8] = ["attempt", "wait", "done", "retry", "fallback", "fail", "invalid", "hedge"];
 /// `IDEMPOTENCY_HEADERS` of the contract, in contract order.
 pub const IDEMPOTENCY_HEADERS: [&str; 2] = ["idempotency-key", "x-idempotency-key"];
 /// `FAULTS` of the contract, in contract order.

@@ -120,6 +120,9 @@ impl Driver {
                 self.attempts = number;
                 Action::Attempt { number, begin: now, timeout: (t > 0).then_some(t) }
             }
+            // Hedged calls are not driven by this host yet: a `hedge` verdict takes the
+            // recovery path (a single attempt), as any verdict it cannot carry out.
+            VerdictKind::Hedge => self.recover(Fault::Contract, crossing, now),
             VerdictKind::Wait | VerdictKind::Retry => {
                 let until = now.saturating_add(v.payload());
                 if Reason::from_index(u32::from(v.detail())).is_none() || self.deadline.is_some_and(|d| until > d) {

@@ -45,7 +45,8 @@
 use std::fmt;
 
 pub use levee_core::{
-    Analysis, BreakerState, CallInfo, Event, EventKind, InvalidCode, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict, VerdictKind,
+    Analysis, BreakerState, CallInfo, Event, EventKind, HedgeCommand, InvalidCode, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict,
+    VerdictKind,
 };
 
 /// Which implementation of the policy core runs the decisions.
@@ -487,6 +488,47 @@ impl RawEngine {
         op!(self, "report-fallback", |n| n.report_fallback(call, now, ok), |w| checked(w.report_fallback(call, now, ok)))
     }
 
+    /// `hedge-step`, fallible: the commands of a hedged call, and whether events are pending.
+    /// Commands from the guest are checked for shape only (a start or cancel names an attempt
+    /// from 1 to the most any preset allows; an end carries a well-formed verdict); whether
+    /// they fit the call is the driver's to check.
+    pub fn try_hedge_step(&mut self, call: u64, now: u64) -> Result<(Vec<HedgeCommand>, bool), Trap> {
+        op!(
+            self,
+            "hedge-step",
+            |n| {
+                let c = n.hedge_step(call, now);
+                (c, n.has_events())
+            },
+            |w| w.hedge_step(call, now)
+        )
+    }
+
+    /// `report-attempt`, fallible (see [`RawEngine::try_hedge_step`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_report_attempt(
+        &mut self,
+        call: u64,
+        attempt: u32,
+        now: u64,
+        elapsed: u64,
+        kind: OutcomeKind,
+        code: i32,
+        text: &str,
+        wall_secs: u64,
+        flags: u32,
+    ) -> Result<(Vec<HedgeCommand>, bool), Trap> {
+        op!(
+            self,
+            "report-attempt",
+            |n| {
+                let c = n.report_attempt(call, attempt, now, elapsed, kind, code, text, wall_secs, flags);
+                (c, n.has_events())
+            },
+            |w| w.report_attempt(call, attempt, now, elapsed, kind, code, text, wall_secs, flags)
+        )
+    }
+
     /// `cancel`, fallible.
     pub fn try_cancel(&mut self, call: u64, now: u64) -> Result<(), Trap> {
         op!(self, "cancel", |n| n.cancel(call, now), |w| w.cancel(call, now))
@@ -705,7 +747,9 @@ mod wasm {
 
     use std::sync::OnceLock;
 
-    use levee_core::{Analysis, BreakerState, CallInfo, Event, EventKind, LoadError, OutcomeKind, PolicyInfo, Reason};
+    use levee_core::{
+        Analysis, BreakerState, CallInfo, Event, EventKind, HedgeCommand, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict,
+    };
     use wasmtime::component::{Component, Linker, ResourceAny};
     use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
 
@@ -719,6 +763,31 @@ mod wasm {
     });
 
     use exports::levee::policy::types as wit;
+
+    /// A hedged call's answer from the guest, checked for shape (see `try_hedge_step`).
+    fn hedge_answer(a: wit::HedgeAnswer) -> Result<(Vec<HedgeCommand>, bool), String> {
+        let max = levee_core::hedge::MAX_ATTEMPTS_POLLY;
+        let attempt = |n: u32| if (1..=max).contains(&n) { Ok(n) } else { Err(format!("a hedge command names attempt {n}")) };
+        let commands = a
+            .commands
+            .into_iter()
+            .map(|c| {
+                Ok(match c {
+                    wit::HedgeCommand::Start(s) => HedgeCommand::Start { attempt: attempt(s.attempt)?, timeout: s.timeout },
+                    wit::HedgeCommand::Cancel(n) => HedgeCommand::Cancel { attempt: attempt(n)? },
+                    wit::HedgeCommand::Wait(delay) => HedgeCommand::Wait { delay },
+                    wit::HedgeCommand::End(e) => {
+                        let verdict = super::checked(Ok(e.verdict))?;
+                        if e.attempt > max {
+                            return Err(format!("a hedge command names attempt {}", e.attempt));
+                        }
+                        HedgeCommand::End { attempt: e.attempt, verdict: Verdict(verdict.0) }
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok((commands, a.events_pending))
+    }
 
     /// The component bytes built by `levee-build` for this crate.
     pub(crate) static COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/levee_policy.wasm"));
@@ -898,6 +967,26 @@ mod wasm {
 
         pub(crate) fn cancel(&mut self, call: u64, now: u64) -> Result<(), String> {
             call!(self, call_ticks, call_cancel(call, now))
+        }
+
+        pub(crate) fn hedge_step(&mut self, call: u64, now: u64) -> Result<(Vec<HedgeCommand>, bool), String> {
+            hedge_answer(call!(self, call_ticks, call_hedge_step(call, now))?)
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn report_attempt(
+            &mut self,
+            call: u64,
+            attempt: u32,
+            now: u64,
+            elapsed: u64,
+            kind: OutcomeKind,
+            code: i32,
+            text: &str,
+            wall: u64,
+            flags: u32,
+        ) -> Result<(Vec<HedgeCommand>, bool), String> {
+            hedge_answer(call!(self, call_ticks, call_report_attempt(call, attempt, now, elapsed, kind_in(kind), code, text, wall, flags))?)
         }
 
         pub(crate) fn drain_events(&mut self) -> Result<Vec<Event>, String> {

@@ -165,6 +165,7 @@ pub(crate) fn emit(sink: &dyn Telemetry, e: &Event, policy: &str) {
         }
         EventKind::FallbackChosen => vec![(k::ATTR_FALLBACK, Value::Str(&e.name)), (k::ATTR_REASON, Value::Str(reason))],
         EventKind::RateLimitWait => vec![attempt, (k::ATTR_DELAY, Value::Float(delay))],
+        EventKind::HedgeStarted => vec![attempt],
         EventKind::KeyEvicted | EventKind::CallEvicted | EventKind::PermitExpired => Vec::new(),
     };
     let key = if e.kind == EventKind::KeyEvicted { e.name.as_str() } else { e.key.as_str() };
@@ -178,6 +179,7 @@ pub(crate) fn emit(sink: &dyn Telemetry, e: &Event, policy: &str) {
             sink.add(k::METRIC_RETRIES, 1, &[p]);
             sink.record(k::METRIC_RETRY_DELAY, delay, &[p]);
         }
+        EventKind::HedgeStarted => sink.add(k::METRIC_HEDGES, 1, &[p]),
         EventKind::Rejected => sink.add(k::METRIC_REJECTIONS, 1, &[p, (k::ATTR_REASON, Value::Str(reason))]),
         EventKind::FallbackChosen => {
             sink.add(k::METRIC_FALLBACKS, 1, &[(k::ATTR_FALLBACK, Value::Str(&e.name)), p, (k::ATTR_REASON, Value::Str(reason))])

@@ -4,7 +4,7 @@
 //! must match the vectors and each other exactly.
 
 use levee::core::durable::{Action, DurableStep};
-use levee::core::{Analysis, BreakerState, CallInfo, Event, OutcomeKind, PolicyInfo};
+use levee::core::{Analysis, BreakerState, CallInfo, Event, HedgeCommand, OutcomeKind, PolicyInfo};
 use levee::{Backend, Limits, RawEngine};
 use levee_conformance::{replay, vector_files, DurableCall, DurableOut, Errors, FleetCall, FleetOut, Target};
 use serde_json::Value;
@@ -114,6 +114,23 @@ macro_rules! target {
             }
             fn cancel(&mut self, call: u64, now: u64) {
                 self.0.try_cancel(call, now).unwrap_or_else(|t| panic!("{t}"))
+            }
+            fn hedge_step(&mut self, call: u64, now: u64) -> (Vec<HedgeCommand>, bool) {
+                self.0.try_hedge_step(call, now).unwrap_or_else(|t| panic!("{t}"))
+            }
+            fn report_attempt(
+                &mut self,
+                call: u64,
+                attempt: u32,
+                now: u64,
+                elapsed: u64,
+                kind: OutcomeKind,
+                code: i32,
+                text: &str,
+                wall: u64,
+                flags: u32,
+            ) -> (Vec<HedgeCommand>, bool) {
+                self.0.try_report_attempt(call, attempt, now, elapsed, kind, code, text, wall, flags).unwrap_or_else(|t| panic!("{t}"))
             }
             fn drain_events(&mut self) -> Vec<Event> {
                 self.0.try_drain_events().unwrap_or_else(|t| panic!("{t}"))

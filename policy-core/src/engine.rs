@@ -17,6 +17,7 @@ use crate::classify::{self, Observed};
 use crate::deadline;
 use crate::error::LoadError;
 use crate::fallback;
+use crate::hedge::{self, Hedge, HedgeCommand, Preset};
 use crate::policy::{self, Policy};
 use crate::rate::Gcra;
 use crate::retry::retry_after::{parse_pushback, parse_retry_after, ServerDelay};
@@ -117,6 +118,49 @@ enum Phase {
         index: usize,
         reason: Reason,
     },
+    /// A hedged call's attempts are running: they are in the call's [`Hedged`].
+    Hedged,
+    /// The call has ended, and attempts it cancelled have not all been reported closed yet:
+    /// they still hold their slots until they are.
+    Closing,
+}
+
+/// Slots of [`Hedged::held`]: one per attempt number (1 ..= the most a preset allows).
+const HELD: usize = hedge::MAX_ATTEMPTS_POLLY as usize + 1;
+
+/// What a hedged attempt holds until the host reports it closed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Held {
+    open: bool,
+    permit: bool,
+    slot: bool,
+    /// The attempt's timeout as its command gave it (0 none): a later outcome is a timeout.
+    timeout: u64,
+}
+
+/// A hedged call: the strategy's state machine and what each attempt holds (by number).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Hedged {
+    machine: Hedge,
+    held: [Held; HELD],
+}
+
+impl Hedged {
+    /// Whether an attempt still holds something (has not been reported closed).
+    fn any_open(&self) -> bool {
+        self.held.iter().any(|h| h.open)
+    }
+
+    /// Close every attempt: the slots they held, and whether one held a breaker permit.
+    fn close_all(&mut self) -> (u32, bool) {
+        let (mut slots, mut permit) = (0u32, false);
+        for h in self.held.iter_mut().filter(|h| h.open) {
+            slots += u32::from(h.slot);
+            permit |= h.permit;
+            *h = Held::default();
+        }
+        (slots, permit)
+    }
 }
 
 /// A live call's key: the key table's `Arc` of the name (cloning it does not allocate), or
@@ -165,6 +209,8 @@ struct Call {
     last_reason: Reason,
     prev_delay: u64,
     reserved_at: Option<u64>,
+    /// A hedged call's attempts (boxed: most calls are not hedged).
+    hedge: Option<Box<Hedged>>,
 }
 
 impl Call {
@@ -371,6 +417,173 @@ fn observe_limit(cfg: &crate::adaptive::AdaptiveCfg, lim: &mut Limit, kind: Outc
     lim.observe(cfg, signal, now);
 }
 
+/// An attempt's outcome as `report-attempt` gives it.
+struct AttemptOutcome<'a> {
+    attempt: u32,
+    elapsed: u64,
+    kind: OutcomeKind,
+    code: i32,
+    text: &'a str,
+    wall_secs: u64,
+    flags: u32,
+}
+
+/// Whether one more hedge of a call may start at `now`, and what it then holds: checked in
+/// this order, as a retry's attempt is (a refusal leaves what earlier checks took): the
+/// deadline; idempotency (a hedge is a second request: never for an operation that is not
+/// idempotent and has no idempotency key); the breaker, which must be closed (a half-open
+/// breaker's trials are single attempts); the concurrency limit, with no call waiting in the
+/// bulkhead's queue (a hedge never overtakes it); the retry budget, as for a retry (A6: only
+/// while the throttle holds more than half its tokens); the rate limit, with no waiting.
+#[allow(clippy::too_many_arguments)]
+fn admit_hedge(
+    p: &Policy,
+    cfg: &hedge::HedgeCfg,
+    ks: &mut KeyState,
+    deadline: Option<u64>,
+    flags: u32,
+    now: u64,
+    events: &mut VecDeque<Event>,
+    policy: usize,
+    key: &str,
+    (call, attempt): (u64, u32),
+) -> Result<Held, Reason> {
+    if deadline::passed(deadline, now) {
+        return Err(Reason::Deadline);
+    }
+    let method = (flags >> 8) & 0xF;
+    if flags & FLAG_IDEMPOTENCY_KEY == 0 && (flags & FLAG_NON_IDEMPOTENT != 0 || !p.method_idempotent(method)) {
+        return Err(Reason::NonIdempotent);
+    }
+    if let (Some(bc), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
+        let (mut t, mut expired) = (Vec::new(), Vec::new());
+        let check = b.check(bc, now, &mut t, &mut expired);
+        transition_events(events, &t, &expired, now, policy, key);
+        if check != (Check::Allow { permit: false }) {
+            return Err(Reason::BreakerOpen);
+        }
+    }
+    if let Some(bh) = &p.bulkhead {
+        if !bh.admits(ks.in_flight) || ks.queue.as_ref().is_some_and(|q| !q.is_empty()) {
+            return Err(Reason::BulkheadFull);
+        }
+    }
+    if let (Some(ac), Some(lim)) = (&p.concurrency, ks.adaptive.as_deref()) {
+        if ks.in_flight >= lim.current(ac) {
+            return Err(Reason::BulkheadFull);
+        }
+    }
+    if let (Some(bc), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+        match bc {
+            BudgetCfg::AwsAdaptive(_) => {
+                if b.try_acquire(bc, now).is_err() {
+                    return Err(Reason::RateLimited);
+                }
+            }
+            _ => {
+                if let (false, level) = b.try_retry(bc, now) {
+                    let mut e = Event::new(now, EventKind::BudgetRefused, policy as u32, key);
+                    e.call = call;
+                    e.attempt = attempt;
+                    e.reason = Reason::Budget;
+                    e.value = level;
+                    push_event(events, e);
+                    return Err(Reason::Budget);
+                }
+            }
+        }
+    }
+    if let (Some(rc), Some(g)) = (&p.rate_limit, ks.limiter.as_mut()) {
+        if g.try_take(rc, now).is_err() {
+            return Err(Reason::RateLimited);
+        }
+    }
+    let slot = p.bulkhead.is_some() || p.concurrency.is_some();
+    if slot {
+        ks.in_flight = ks.in_flight.saturating_add(1);
+    }
+    let per_try = if cfg.preset == Preset::Envoy { None } else { p.attempt_timeout };
+    Ok(Held { open: true, permit: false, slot, timeout: deadline::attempt_timeout(per_try, deadline, now) })
+}
+
+/// A hedged attempt closed: free what it held and, when it was still live (not cancelled by
+/// the core), record its outcome as any attempt's (budget, breaker, adaptive limit) and
+/// classify it for the strategy. A cancelled attempt is neither a failure nor a sample.
+#[allow(clippy::too_many_arguments)]
+fn close_attempt(
+    p: &Policy,
+    cfg: &hedge::HedgeCfg,
+    ks: &mut KeyState,
+    call: u64,
+    h: Held,
+    live: bool,
+    o: &AttemptOutcome<'_>,
+    now: u64,
+    events: &mut VecDeque<Event>,
+    policy: usize,
+    key: &str,
+) -> Option<hedge::Outcome> {
+    // A late outcome is a timeout (as for `report`).
+    let (kind, code, text) = if h.timeout > 0 && o.elapsed >= h.timeout && o.kind != OutcomeKind::Timeout {
+        (OutcomeKind::Timeout, 0, "")
+    } else {
+        (o.kind, o.code, o.text)
+    };
+    if h.slot {
+        if let (true, Some(ac), Some(lim)) = (live, &p.concurrency, ks.adaptive.as_deref_mut()) {
+            observe_limit(ac, lim, kind, o.elapsed, ks.in_flight, now);
+        }
+        ks.in_flight = ks.in_flight.saturating_sub(1);
+    }
+    if !live {
+        if h.permit {
+            if let Some(b) = ks.breaker.as_mut() {
+                b.give_back(call);
+            }
+        }
+        return None;
+    }
+    let server = match kind {
+        OutcomeKind::HttpStatus if p.retry_after.honor => parse_retry_after(text, o.wall_secs),
+        OutcomeKind::GrpcStatus if p.retry_after.honor => parse_pushback(text),
+        _ => ServerDelay::None,
+    };
+    let observed = Observed {
+        kind,
+        code,
+        class: if kind == OutcomeKind::ErrorClass { text } else { "" },
+        has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
+    };
+    let success = classify::succeeded(&observed, o.flags);
+    if let (Some(bc), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+        b.on_outcome(bc, &observed, now);
+    }
+    if let (Some(bc), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
+        let failure = !observed.is_success() && bc.failure_on.matches(&observed);
+        let mut t = Vec::new();
+        b.record(bc, call, now, failure, o.elapsed >= bc.slow_call_duration, &mut t);
+        transition_events(events, &t, &[], now, policy, key);
+    }
+    if success {
+        if let (Some(bc), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+            b.on_success(bc);
+        }
+        return Some(hedge::Outcome::Ok);
+    }
+    if !classify::retryable(&cfg.non_fatal, &p.never_retry, &observed, o.flags) {
+        return Some(hedge::Outcome::Fatal);
+    }
+    if let (Some(bc), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+        b.on_failure(bc);
+    }
+    let pushback = match (kind, server) {
+        (OutcomeKind::GrpcStatus, ServerDelay::After(d)) => Some(Some(d)),
+        (OutcomeKind::GrpcStatus, ServerDelay::Stop) => Some(None),
+        _ => None,
+    };
+    Some(hedge::Outcome::NonFatal { pushback })
+}
+
 /// The tables' hasher seed for an engine seed (a different stream from the jitter PRNG's).
 fn hash_seed_of(seed: u64) -> u64 {
     Rng::new(seed ^ 0x7461_626c_6573_6565).next_u64()
@@ -562,6 +775,7 @@ impl Engine {
                 last_reason: Reason::None,
                 prev_delay: 0,
                 reserved_at: None,
+                hedge: None,
             },
             0,
         );
@@ -600,16 +814,25 @@ impl Engine {
     /// Give back what an in-flight attempt holds (no outcome recorded).
     fn release_at(&mut self, i: u32, now: u64) {
         let Some((&call, c)) = self.calls.get_mut(i) else { return };
-        let Phase::InFlight { permit, slot, .. } = c.phase else { return };
-        c.phase = Phase::Ready;
+        let (slots, permit) = match c.phase {
+            Phase::InFlight { permit, slot, .. } => {
+                c.phase = Phase::Ready;
+                (u32::from(slot), permit)
+            }
+            _ => match c.hedge.as_deref_mut() {
+                Some(h) => h.close_all(),
+                None => return,
+            },
+        };
+        if slots == 0 && !permit {
+            return;
+        }
         let now = c.observe(now);
         let (Some(p), Some(keys)) = (self.policies.get(c.policy), self.keys.get_mut(c.policy)) else { return };
         let Some(ks) = call_key_state(keys, p, c.policy, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
             return;
         };
-        if slot {
-            ks.in_flight = ks.in_flight.saturating_sub(1);
-        }
+        ks.in_flight = ks.in_flight.saturating_sub(slots);
         if permit {
             if let Some(b) = ks.breaker.as_mut() {
                 b.give_back(call);
@@ -752,6 +975,18 @@ impl Engine {
             refile(keys, c.key_at);
         }
         c.attempts = c.attempts.saturating_add(1);
+        if let Some(h) = &p.hedge {
+            // Under envoy the per-try timeout starts the next hedge and cancels nothing.
+            let per_try = if h.preset == Preset::Envoy { None } else { p.attempt_timeout };
+            let timeout = deadline::attempt_timeout(per_try, c.deadline, now);
+            let mut held = [Held::default(); HELD];
+            if let Some(first) = held.get_mut(1) {
+                *first = Held { open: true, permit, slot: bulkhead, timeout };
+            }
+            c.hedge = Some(Box::new(Hedged { machine: Hedge::new(h, now), held }));
+            c.phase = Phase::Hedged;
+            return self.finish(Verdict::new(VerdictKind::Hedge, 1, timeout));
+        }
         let timeout = deadline::attempt_timeout(p.attempt_timeout, c.deadline, now);
         c.phase = Phase::InFlight { permit, slot: bulkhead, timeout };
         let v = Verdict::attempt(c.attempts, timeout);
@@ -784,9 +1019,21 @@ impl Engine {
         e.duration = hint;
         push_event(&mut self.events, e);
         self.next_fallback(slot, 0, reason, now).unwrap_or_else(|| {
-            self.calls.remove(slot);
+            self.retire(slot);
             self.finish(Verdict::new(VerdictKind::Fail, reason as u8, hint))
         })
+    }
+
+    /// A call has ended: it leaves the table, unless attempts it cancelled (a hedged call's)
+    /// still hold their slots; it then waits in `Closing` for their reports.
+    fn retire(&mut self, at: u32) {
+        if let Some((_, c)) = self.calls.get_mut(at) {
+            if c.hedge.as_deref().is_some_and(Hedged::any_open) {
+                c.phase = Phase::Closing;
+                return;
+            }
+        }
+        self.calls.remove(at);
     }
 
     fn next_fallback(&mut self, slot: u32, from: usize, reason: Reason, now: u64) -> Option<Verdict> {
@@ -972,14 +1219,135 @@ impl Engine {
         };
         let now = c.observe(now);
         if ok {
-            self.calls.remove(at);
+            self.retire(at);
             return self.finish(Verdict::new(VerdictKind::Done, 0, 0));
         }
         if let Some(v) = self.next_fallback(at, index.saturating_add(1), reason, now) {
             return v;
         }
-        self.calls.remove(at);
+        self.retire(at);
         self.finish(Verdict::new(VerdictKind::Fail, Reason::FallbacksFailed as u8, 0))
+    }
+
+    /// Advance a hedged call to `now` (after a `hedge` verdict, or a `wait` command): the
+    /// commands to carry out, in order. A call that is not hedged, or has ended, answers
+    /// `end` with an `invalid` verdict, or nothing while its cancelled attempts close.
+    pub fn hedge_step(&mut self, call: u64, now: u64) -> Vec<HedgeCommand> {
+        self.drive_hedge(call, now, None)
+    }
+
+    /// Report that attempt `attempt` of a hedged call closed, with its outcome (as `report`;
+    /// a cancelled attempt's outcome is not looked at, only what it held is freed). The
+    /// commands to carry out, in order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn report_attempt(
+        &mut self,
+        call: u64,
+        attempt: u32,
+        now: u64,
+        elapsed: u64,
+        kind: OutcomeKind,
+        code: i32,
+        text: &str,
+        wall_secs: u64,
+        flags: u32,
+    ) -> Vec<HedgeCommand> {
+        self.drive_hedge(call, now, Some(AttemptOutcome { attempt, elapsed, kind, code, text, wall_secs, flags }))
+    }
+
+    fn hedge_invalid(&self, code: InvalidCode) -> Vec<HedgeCommand> {
+        vec![HedgeCommand::End { attempt: 0, verdict: self.finish(Verdict::invalid(code)) }]
+    }
+
+    fn drive_hedge(&mut self, call: u64, now: u64, outcome: Option<AttemptOutcome<'_>>) -> Vec<HedgeCommand> {
+        let Some(at) = self.calls.find(&call) else {
+            return self.hedge_invalid(InvalidCode::UnknownCall);
+        };
+        let Some((_, c)) = self.calls.get_mut(at) else {
+            return self.hedge_invalid(InvalidCode::UnknownCall);
+        };
+        let now = c.observe(now);
+        let pi = c.policy;
+        let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
+            return self.hedge_invalid(InvalidCode::UnknownPolicy);
+        };
+        let (Some(cfg), Some(hedged)) = (&p.hedge, c.hedge.as_deref_mut()) else {
+            return self.hedge_invalid(InvalidCode::WrongStep);
+        };
+        // The attempt reported must be open (started and not yet reported).
+        let closing = match &outcome {
+            None => None,
+            Some(o) => match hedged.held.get_mut(o.attempt as usize).filter(|h| h.open) {
+                Some(h) => Some(std::mem::take(h)),
+                None => return self.hedge_invalid(InvalidCode::WrongStep),
+            },
+        };
+        let Hedged { machine, held } = hedged;
+        if closing.is_none() && machine.is_over() {
+            return Vec::new();
+        }
+        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+            return self.hedge_invalid(InvalidCode::UnknownPolicy);
+        };
+        // The attempt that closed, first: what it frees is free for the next hedge.
+        let reported = match (closing, &outcome) {
+            (Some(h), Some(o)) => {
+                let live = machine.is_in_flight(o.attempt);
+                Some((o.attempt, close_attempt(p, cfg, ks, call, h, live, o, now, &mut self.events, pi, &c.key)))
+            }
+            _ => None,
+        };
+        let mut out = Vec::new();
+        let (deadline, flags) = (c.deadline, c.flags);
+        let mut admit = |attempt: u32| -> Result<u64, Reason> {
+            let h = admit_hedge(p, cfg, ks, deadline, flags, now, &mut self.events, pi, &c.key, (call, attempt))?;
+            if let Some(slot) = held.get_mut(attempt as usize) {
+                *slot = h;
+            }
+            let mut e = Event::new(now, EventKind::HedgeStarted, pi as u32, &c.key);
+            e.call = call;
+            e.attempt = attempt;
+            push_event(&mut self.events, e);
+            Ok(h.timeout)
+        };
+        match reported {
+            Some((attempt, Some(result))) => machine.report(attempt, now, result, &mut admit, &mut out),
+            Some((_, None)) => {}
+            None => machine.step(now, &mut admit, &mut out),
+        }
+        let over = machine.is_over();
+        c.attempts = c.attempts.max(machine.started());
+        refile(keys, c.key_at);
+        let mut commands = Vec::with_capacity(out.len());
+        for command in out {
+            commands.push(match command {
+                hedge::Command::Start { attempt, timeout } => HedgeCommand::Start { attempt, timeout },
+                hedge::Command::Cancel { attempt } => HedgeCommand::Cancel { attempt },
+                hedge::Command::Wait { until } => HedgeCommand::Wait { delay: until.saturating_sub(now) },
+                hedge::Command::Done { attempt } => {
+                    self.retire(at);
+                    HedgeCommand::End { attempt, verdict: self.finish(Verdict::new(VerdictKind::Done, 0, 0)) }
+                }
+                hedge::Command::Fail { attempt, reason } => {
+                    if let Some((_, c)) = self.calls.get_mut(at) {
+                        c.phase = Phase::Ready;
+                    }
+                    HedgeCommand::End { attempt, verdict: self.end_at(at, reason, 0, now) }
+                }
+            });
+        }
+        // The last cancelled attempt of an ended call closed: the call leaves the table.
+        if over {
+            if let Some((_, c)) = self.calls.get(at) {
+                if c.phase == Phase::Closing && !c.hedge.as_deref().is_some_and(Hedged::any_open) {
+                    self.calls.remove(at);
+                }
+            }
+        }
+        if let Some(HedgeCommand::End { verdict, .. }) = commands.last_mut() {
+            *verdict = self.finish(*verdict);
+        }
+        commands
     }
 
     /// Abandon a call: release what it holds.
@@ -1000,7 +1368,7 @@ impl Engine {
             attempts: c.attempts,
             deadline: c.deadline.unwrap_or(0),
             last_reason: c.last_reason,
-            in_flight: matches!(c.phase, Phase::InFlight { .. }),
+            in_flight: matches!(c.phase, Phase::InFlight { .. }) || c.hedge.as_deref().is_some_and(Hedged::any_open),
         })
     }
 

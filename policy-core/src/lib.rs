@@ -48,5 +48,6 @@ pub use engine::{
     MAX_LIVE_CALLS, MAX_PENDING_EVENTS,
 };
 pub use error::LoadError;
+pub use hedge::HedgeCommand;
 pub use policy::Policy;
 pub use types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Reason, Verdict, VerdictKind};

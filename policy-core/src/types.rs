@@ -124,6 +124,8 @@ wit_enum! {
         CallEvicted = "call-evicted",
         /// A half-open permit expired unreported.
         PermitExpired = "permit-expired",
+        /// A hedged call started another attempt (`attempt`, 2 for the first hedge).
+        HedgeStarted = "hedge-started",
     }
 }
 
@@ -213,6 +215,9 @@ pub enum VerdictKind {
     Fail = 5,
     /// The host made a protocol error (detail: [`InvalidCode`]).
     Invalid = 6,
+    /// Run the first attempt of a hedged call (detail: 1; payload: its timeout, 0 = none),
+    /// then drive the call with `hedge-step` and `report-attempt`.
+    Hedge = 7,
 }
 
 impl VerdictKind {
@@ -226,6 +231,7 @@ impl VerdictKind {
             VerdictKind::Fallback => "fallback",
             VerdictKind::Fail => "fail",
             VerdictKind::Invalid => "invalid",
+            VerdictKind::Hedge => "hedge",
         }
     }
 
@@ -238,6 +244,7 @@ impl VerdictKind {
             4 => VerdictKind::Fallback,
             5 => VerdictKind::Fail,
             6 => VerdictKind::Invalid,
+            7 => VerdictKind::Hedge,
             _ => return None,
         })
     }

@@ -1,6 +1,6 @@
 //! The component in wasmtime, as a [`Target`](crate::Target).
 
-use levee_core::{Analysis, BreakerState, CallInfo, Event, EventKind, OutcomeKind, PolicyInfo, Reason};
+use levee_core::{Analysis, BreakerState, CallInfo, Event, EventKind, HedgeCommand, OutcomeKind, PolicyInfo, Reason, Verdict};
 use wasmtime::component::{Component, Linker, ResourceAny};
 use wasmtime::{Config, Engine, Store};
 
@@ -93,6 +93,20 @@ fn kind_in(k: OutcomeKind) -> wit::OutcomeKind {
     }
 }
 
+fn hedge_out(a: wit::HedgeAnswer) -> (Vec<HedgeCommand>, bool) {
+    let commands = a
+        .commands
+        .into_iter()
+        .map(|c| match c {
+            wit::HedgeCommand::Start(s) => HedgeCommand::Start { attempt: s.attempt, timeout: s.timeout },
+            wit::HedgeCommand::Cancel(attempt) => HedgeCommand::Cancel { attempt },
+            wit::HedgeCommand::Wait(delay) => HedgeCommand::Wait { delay },
+            wit::HedgeCommand::End(e) => HedgeCommand::End { attempt: e.attempt, verdict: Verdict(e.verdict) },
+        })
+        .collect();
+    (commands, a.events_pending)
+}
+
 fn must<T>(r: wasmtime::Result<T>) -> T {
     match r {
         Ok(v) => v,
@@ -138,6 +152,25 @@ impl<const UNKEYED: bool> Target for WasmWith<UNKEYED> {
     fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> u64 {
         let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_report_fallback(&mut self.store, e, call, now, ok))
+    }
+    fn hedge_step(&mut self, call: u64, now: u64) -> (Vec<HedgeCommand>, bool) {
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
+        hedge_out(must(api.call_hedge_step(&mut self.store, e, call, now)))
+    }
+    fn report_attempt(
+        &mut self,
+        call: u64,
+        attempt: u32,
+        now: u64,
+        elapsed: u64,
+        kind: OutcomeKind,
+        code: i32,
+        text: &str,
+        wall: u64,
+        flags: u32,
+    ) -> (Vec<HedgeCommand>, bool) {
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
+        hedge_out(must(api.call_report_attempt(&mut self.store, e, call, attempt, now, elapsed, kind_in(kind), code, text, wall, flags)))
     }
     fn cancel(&mut self, call: u64, now: u64) {
         let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());

@@ -9,7 +9,7 @@ pub mod component;
 
 use std::path::{Path, PathBuf};
 
-use levee_core::{Analysis, BreakerState, CallInfo, Event, OutcomeKind, PolicyInfo, Verdict, VerdictKind};
+use levee_core::{Analysis, BreakerState, CallInfo, Event, HedgeCommand, OutcomeKind, PolicyInfo, Verdict, VerdictKind};
 use serde_json::{json, Map, Value};
 
 /// An error from `load` or `reload`: (path, message).
@@ -29,6 +29,21 @@ pub trait Target: Sized {
     fn report(&mut self, call: u64, now: u64, elapsed: u64, kind: OutcomeKind, code: i32, text: &str, wall: u64, flags: u32) -> u64;
     /// `report-fallback`.
     fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> u64;
+    /// `hedge-step`: the commands and whether events are pending.
+    fn hedge_step(&mut self, call: u64, now: u64) -> (Vec<HedgeCommand>, bool);
+    /// `report-attempt`: the commands and whether events are pending.
+    fn report_attempt(
+        &mut self,
+        call: u64,
+        attempt: u32,
+        now: u64,
+        elapsed: u64,
+        kind: OutcomeKind,
+        code: i32,
+        text: &str,
+        wall: u64,
+        flags: u32,
+    ) -> (Vec<HedgeCommand>, bool);
     /// `cancel`.
     fn cancel(&mut self, call: u64, now: u64);
     /// `drain-events`.
@@ -235,6 +250,25 @@ impl Target for Native {
     fn report_fallback(&mut self, call: u64, now: u64, ok: bool) -> u64 {
         self.0.report_fallback(call, now, ok).0
     }
+    fn hedge_step(&mut self, call: u64, now: u64) -> (Vec<HedgeCommand>, bool) {
+        let c = self.0.hedge_step(call, now);
+        (c, self.0.has_events())
+    }
+    fn report_attempt(
+        &mut self,
+        call: u64,
+        attempt: u32,
+        now: u64,
+        elapsed: u64,
+        kind: OutcomeKind,
+        code: i32,
+        text: &str,
+        wall: u64,
+        flags: u32,
+    ) -> (Vec<HedgeCommand>, bool) {
+        let c = self.0.report_attempt(call, attempt, now, elapsed, kind, code, text, wall, flags);
+        (c, self.0.has_events())
+    }
     fn cancel(&mut self, call: u64, now: u64) {
         self.0.cancel(call, now)
     }
@@ -287,6 +321,22 @@ pub fn verdict_json(raw: u64) -> Value {
     m.insert("payload".into(), json!(v.payload()));
     m.insert("events_pending".into(), json!(v.events_pending()));
     Value::Object(m)
+}
+
+/// The JSON form of a hedged call's answer: `{"commands": [...], "events_pending": b}`, each
+/// command `{"start": {"attempt", "timeout"}}`, `{"cancel": n}`, `{"wait": ns}` or
+/// `{"end": {"attempt", "verdict": <verdict JSON>}}`.
+pub fn hedge_json(commands: &[HedgeCommand], events_pending: bool) -> Value {
+    let commands: Vec<Value> = commands
+        .iter()
+        .map(|c| match *c {
+            HedgeCommand::Start { attempt, timeout } => json!({"start": {"attempt": attempt, "timeout": timeout}}),
+            HedgeCommand::Cancel { attempt } => json!({"cancel": attempt}),
+            HedgeCommand::Wait { delay } => json!({"wait": delay}),
+            HedgeCommand::End { attempt, verdict } => json!({"end": {"attempt": attempt, "verdict": verdict_json(verdict.0)}}),
+        })
+        .collect();
+    json!({"commands": commands, "events_pending": events_pending})
 }
 
 /// The JSON form of an event.
@@ -522,6 +572,26 @@ fn run_step<T: Target>(
             arg_u64(step, "now"),
             step.get("ok").and_then(Value::as_bool).unwrap_or(false),
         )),
+        "hedge_step" => {
+            let (c, e) = t.hedge_step(arg_u64(step, "call"), arg_u64(step, "now"));
+            hedge_json(&c, e)
+        }
+        "report_attempt" => {
+            let kind =
+                OutcomeKind::from_name(arg_str(step, "kind")).ok_or_else(|| format!("unknown outcome kind {:?}", step.get("kind")))?;
+            let (c, e) = t.report_attempt(
+                arg_u64(step, "call"),
+                arg_u64(step, "attempt") as u32,
+                arg_u64(step, "now"),
+                arg_u64(step, "elapsed"),
+                kind,
+                step.get("code").and_then(Value::as_i64).unwrap_or(0) as i32,
+                arg_str(step, "text"),
+                arg_u64(step, "wall_secs"),
+                arg_u64(step, "flags") as u32,
+            );
+            hedge_json(&c, e)
+        }
         "cancel" => {
             t.cancel(arg_u64(step, "call"), arg_u64(step, "now"));
             return Ok(None);

@@ -157,6 +157,20 @@ impl Conv {
             wit::BreakerState::Disabled => S::Disabled,
         }
     }
+    fn hedge(commands: Vec<core::HedgeCommand>, events_pending: bool) -> wit::HedgeAnswer {
+        use core::HedgeCommand as C;
+        let commands = commands
+            .into_iter()
+            .map(|c| match c {
+                C::Start { attempt, timeout } => wit::HedgeCommand::Start(wit::HedgeStart { attempt, timeout }),
+                C::Cancel { attempt } => wit::HedgeCommand::Cancel(attempt),
+                C::Wait { delay } => wit::HedgeCommand::Wait(delay),
+                C::End { attempt, verdict } => wit::HedgeCommand::End(wit::HedgeEnd { attempt, verdict: verdict.0 }),
+            })
+            .collect();
+        wit::HedgeAnswer { commands, events_pending }
+    }
+
     fn kind(k: core::EventKind) -> wit::EventKind {
         use core::EventKind as K;
         match k {
@@ -170,6 +184,7 @@ impl Conv {
             K::KeyEvicted => wit::EventKind::KeyEvicted,
             K::CallEvicted => wit::EventKind::CallEvicted,
             K::PermitExpired => wit::EventKind::PermitExpired,
+            K::HedgeStarted => wit::EventKind::HedgeStarted,
         }
     }
 }
@@ -289,6 +304,30 @@ impl GuestEngine for EngineResource {
 
     fn report_fallback(&self, call: u64, now: u64, ok: bool) -> u64 {
         self.get_mut().report_fallback(call, now, ok).0
+    }
+
+    fn hedge_step(&self, call: u64, now: u64) -> wit::HedgeAnswer {
+        let mut engine = self.get_mut();
+        let commands = engine.hedge_step(call, now);
+        Conv::hedge(commands, engine.has_events())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn report_attempt(
+        &self,
+        call: u64,
+        attempt: u32,
+        now: u64,
+        elapsed: u64,
+        kind: wit::OutcomeKind,
+        code: i32,
+        text: String,
+        wall_secs: u64,
+        flags: u32,
+    ) -> wit::HedgeAnswer {
+        let mut engine = self.get_mut();
+        let commands = engine.report_attempt(call, attempt, now, elapsed, kind.into(), code, &text, wall_secs, flags);
+        Conv::hedge(commands, engine.has_events())
     }
 
     fn cancel(&self, call: u64, now: u64) {

@@ -3,10 +3,11 @@
 //! Envoy's behaviour as named presets where they differ (`docs/policy.md`, "Hedging").
 //!
 //! The strategy is a pure state machine ([`Hedge`]): the engine feeds it the time (`step`)
-//! and each hedged attempt's classified outcome (`report`), with whether the budget lets one
-//! more hedge go (A6: only while the throttle holds more than half its tokens), and it answers
-//! with [`Command`]s for the host: start an attempt, cancel one, wait until a time, the call is
-//! done with an attempt's result, or it failed.
+//! and each hedged attempt's classified outcome (`report`), with an admission function that
+//! says whether one more hedge may go (the deadline, idempotency, the breaker, the limits and
+//! the budget: A6 sends a hedge only while the throttle holds more than half its tokens) and
+//! under which timeout, and it answers with [`Command`]s for the host: start an attempt,
+//! cancel one, wait until a time, the call is done with an attempt's result, or it failed.
 //!
 //! gRPC A6 (preset `grpc`, the default):
 //! * `attempts` counts the original and is at most [`MAX_ATTEMPTS`]; attempt `n + 1` starts
@@ -170,6 +171,38 @@ pub enum Command {
     },
 }
 
+/// What the engine tells the host to do next in a hedged call (`hedge-step`,
+/// `report-attempt`; docs/policy.md, "Hedging").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HedgeCommand {
+    /// Start attempt `attempt` now, concurrently with those in flight, under `timeout` ns
+    /// (0: none).
+    Start {
+        /// The attempt's number (2, 3, ...; the original is 1).
+        attempt: u32,
+        /// Its timeout in nanoseconds, 0 for none.
+        timeout: u64,
+    },
+    /// Cancel attempt `attempt`; report it with `report-attempt` once it has closed.
+    Cancel {
+        /// The attempt's number.
+        attempt: u32,
+    },
+    /// Nothing to do for `delay` ns, unless an attempt ends first; then `hedge-step`.
+    Wait {
+        /// Nanoseconds.
+        delay: u64,
+    },
+    /// The call is over: attempt `attempt`'s result (or failure) is the call's, and `verdict`
+    /// says how it ends, as `report` would: done, fail, fallback or invalid (attempt 0).
+    End {
+        /// The attempt whose result or failure the call returns (0: none).
+        attempt: u32,
+        /// The packed verdict.
+        verdict: crate::types::Verdict,
+    },
+}
+
 /// A hedged attempt's outcome, as the engine classified it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -191,7 +224,6 @@ pub struct Hedge {
     attempts: u32,
     delay: u64,
     preset: Preset,
-    timeout: u64,
     started: u32,
     in_flight: u16,
     next_at: u64,
@@ -202,17 +234,13 @@ pub struct Hedge {
 }
 
 impl Hedge {
-    /// A hedged call whose first attempt started at `now` (the engine's `start` answered it),
-    /// `timeout` being each attempt's timeout (0: none).
-    pub fn new(cfg: &HedgeCfg, now: u64, timeout: u64) -> Hedge {
+    /// A hedged call whose first attempt started at `now` (the engine's `start` answered it).
+    pub fn new(cfg: &HedgeCfg, now: u64) -> Hedge {
         let attempts = cfg.attempts.clamp(1, MAX_ATTEMPTS_POLLY);
-        // Under envoy the per-try timeout triggers the next hedge and cancels nothing.
-        let timeout = if cfg.preset == Preset::Envoy { 0 } else { timeout };
         Hedge {
             attempts,
             delay: cfg.delay,
             preset: cfg.preset,
-            timeout,
             started: 1,
             in_flight: 1 << 1,
             next_at: now.saturating_add(cfg.delay),
@@ -233,21 +261,35 @@ impl Hedge {
         (1..=self.started).filter(|a| self.in_flight & (1 << a) != 0)
     }
 
-    /// Advance to `now`. `allow` is asked before each hedge (not the original) is sent, and
-    /// answers whether the budget lets it go.
-    pub fn step(&mut self, now: u64, allow: &mut dyn FnMut() -> bool, out: &mut Vec<Command>) {
+    /// Whether attempt `attempt` is in flight (started, not ended and not cancelled).
+    pub fn is_in_flight(&self, attempt: u32) -> bool {
+        attempt <= MAX_ATTEMPTS_POLLY && self.in_flight & (1 << attempt) != 0
+    }
+
+    /// Attempts started, counting the original.
+    pub fn started(&self) -> u32 {
+        self.started
+    }
+
+    /// Advance to `now`. `admit` is asked before each hedge (not the original) is sent with
+    /// the hedge's number: `Ok(timeout)` sends it under that timeout (0: none), `Err(reason)`
+    /// never sends it, and no hedge follows (the call goes on with the attempts in flight and,
+    /// if they all fail, fails for `reason`).
+    pub fn step(&mut self, now: u64, admit: &mut dyn FnMut(u32) -> Result<u64, Reason>, out: &mut Vec<Command>) {
         if self.over {
             return;
         }
         while self.stopped.is_none() && self.started < self.attempts && now >= self.next_at {
-            if !allow() {
-                self.stopped = Some(Reason::Budget);
-                break;
+            let attempt = self.started + 1;
+            match admit(attempt) {
+                Ok(timeout) => {
+                    self.started = attempt;
+                    self.in_flight |= 1 << attempt;
+                    out.push(Command::Start { attempt, timeout });
+                    self.next_at = now.saturating_add(self.delay);
+                }
+                Err(reason) => self.stopped = Some(reason),
             }
-            self.started += 1;
-            self.in_flight |= 1 << self.started;
-            out.push(Command::Start { attempt: self.started, timeout: self.timeout });
-            self.next_at = now.saturating_add(self.delay);
         }
         if self.stopped.is_none() && self.started < self.attempts {
             out.push(Command::Wait { until: self.next_at });
@@ -265,8 +307,15 @@ impl Hedge {
 
     /// Attempt `attempt` ended at `now` with `outcome`. A report of an attempt not in flight
     /// (late, cancelled, unknown) changes nothing.
-    pub fn report(&mut self, attempt: u32, now: u64, outcome: Outcome, allow: &mut dyn FnMut() -> bool, out: &mut Vec<Command>) {
-        if self.over || attempt == 0 || attempt > self.started || self.in_flight & (1 << attempt) == 0 {
+    pub fn report(
+        &mut self,
+        attempt: u32,
+        now: u64,
+        outcome: Outcome,
+        admit: &mut dyn FnMut(u32) -> Result<u64, Reason>,
+        out: &mut Vec<Command>,
+    ) {
+        if self.over || attempt == 0 || attempt > self.started || !self.is_in_flight(attempt) {
             return;
         }
         self.in_flight &= !(1 << attempt);
@@ -287,7 +336,7 @@ impl Hedge {
                         }
                     }
                 }
-                self.step(now, allow, out);
+                self.step(now, admit, out);
             }
         }
     }
@@ -321,8 +370,8 @@ mod tests {
         HedgeCfg { attempts, delay, non_fatal: Rules::parse_all(&["grpc:unavailable"]).unwrap_or_default(), preset }
     }
 
-    fn yes() -> impl FnMut() -> bool {
-        || true
+    fn yes() -> impl FnMut(u32) -> Result<u64, Reason> {
+        |_| Ok(0)
     }
 
     fn step(h: &mut Hedge, now: u64) -> Vec<Command> {
@@ -343,7 +392,7 @@ mod tests {
     #[test]
     fn the_a6_example() {
         // 4 attempts, delay 500 ms, UNAVAILABLE non-fatal.
-        let mut h = Hedge::new(&cfg(4, 500 * MS, Preset::Grpc), 0, 0);
+        let mut h = Hedge::new(&cfg(4, 500 * MS, Preset::Grpc), 0);
         assert_eq!(step(&mut h, 0), [Wait { until: 500 * MS }]);
         assert_eq!(step(&mut h, 499 * MS), [Wait { until: 500 * MS }]);
         assert_eq!(step(&mut h, 500 * MS), [Start { attempt: 2, timeout: 0 }, Wait { until: 1000 * MS }]);
@@ -358,14 +407,16 @@ mod tests {
 
     #[test]
     fn delay_zero_sends_all_at_once() {
-        let mut h = Hedge::new(&cfg(3, 0, Preset::Grpc), 7, 100);
-        assert_eq!(step(&mut h, 7), [Start { attempt: 2, timeout: 100 }, Start { attempt: 3, timeout: 100 }]);
+        let mut h = Hedge::new(&cfg(3, 0, Preset::Grpc), 7);
+        let mut out = Vec::new();
+        h.step(7, &mut |a| Ok(u64::from(a) * 100), &mut out);
+        assert_eq!(out, [Start { attempt: 2, timeout: 200 }, Start { attempt: 3, timeout: 300 }]);
         assert_eq!(h.in_flight().collect::<Vec<_>>(), [1, 2, 3]);
     }
 
     #[test]
     fn a_fatal_outcome_cancels_the_rest() {
-        let mut h = Hedge::new(&cfg(3, 0, Preset::Grpc), 0, 0);
+        let mut h = Hedge::new(&cfg(3, 0, Preset::Grpc), 0);
         step(&mut h, 0);
         assert_eq!(
             report(&mut h, 2, 5, Outcome::Fatal),
@@ -375,37 +426,37 @@ mod tests {
 
     #[test]
     fn when_all_fail_there_are_no_retries() {
-        let mut h = Hedge::new(&cfg(2, 10, Preset::Grpc), 0, 0);
+        let mut h = Hedge::new(&cfg(2, 10, Preset::Grpc), 0);
         assert_eq!(report(&mut h, 1, 3, UNAVAILABLE), [Start { attempt: 2, timeout: 0 }]);
         assert_eq!(report(&mut h, 2, 8, UNAVAILABLE), [Fail { attempt: 2, reason: Reason::RetriesExhausted }]);
         assert!(h.is_over());
         // Polly returns the primary's failure.
-        let mut h = Hedge::new(&cfg(2, 10, Preset::Polly), 0, 0);
+        let mut h = Hedge::new(&cfg(2, 10, Preset::Polly), 0);
         report(&mut h, 1, 3, UNAVAILABLE);
         assert_eq!(report(&mut h, 2, 8, UNAVAILABLE), [Fail { attempt: 1, reason: Reason::RetriesExhausted }]);
     }
 
     #[test]
     fn a_throttled_hedge_is_never_sent() {
-        let mut h = Hedge::new(&cfg(3, 10, Preset::Grpc), 0, 0);
+        let mut h = Hedge::new(&cfg(3, 10, Preset::Grpc), 0);
         let mut out = Vec::new();
-        h.step(10, &mut || false, &mut out);
+        h.step(10, &mut |_| Err(Reason::Budget), &mut out);
         assert_eq!(out, []);
         out.clear();
-        h.step(50, &mut || true, &mut out);
+        h.step(50, &mut |_| Ok(0), &mut out);
         assert_eq!(out, [], "throttled once, no more hedges");
         assert_eq!(report(&mut h, 1, 60, UNAVAILABLE), [Fail { attempt: 1, reason: Reason::Budget }]);
     }
 
     #[test]
     fn pushback_delays_the_next_hedge() {
-        let mut h = Hedge::new(&cfg(3, 500 * MS, Preset::Grpc), 0, 0);
+        let mut h = Hedge::new(&cfg(3, 500 * MS, Preset::Grpc), 0);
         let pushed = Outcome::NonFatal { pushback: Some(Some(300 * MS)) };
         assert_eq!(report(&mut h, 1, 100 * MS, pushed), [Wait { until: 400 * MS }]);
         assert_eq!(step(&mut h, 400 * MS), [Start { attempt: 2, timeout: 0 }, Wait { until: 900 * MS }]);
         // A negative pushback stops hedging; the attempt in flight goes on.
         let stop = Outcome::NonFatal { pushback: Some(None) };
-        let mut h = Hedge::new(&cfg(3, 500 * MS, Preset::Grpc), 0, 0);
+        let mut h = Hedge::new(&cfg(3, 500 * MS, Preset::Grpc), 0);
         step(&mut h, 500 * MS);
         assert_eq!(report(&mut h, 1, 600 * MS, stop), []);
         assert_eq!(step(&mut h, 2000 * MS), []);
@@ -414,7 +465,7 @@ mod tests {
 
     #[test]
     fn failsafe_hedges_by_time_only() {
-        let mut h = Hedge::new(&cfg(3, 500 * MS, Preset::Failsafe), 0, 0);
+        let mut h = Hedge::new(&cfg(3, 500 * MS, Preset::Failsafe), 0);
         assert_eq!(report(&mut h, 1, 100 * MS, UNAVAILABLE), [Wait { until: 500 * MS }]);
         assert_eq!(step(&mut h, 500 * MS), [Start { attempt: 2, timeout: 0 }, Wait { until: 1000 * MS }]);
     }
@@ -423,14 +474,14 @@ mod tests {
     fn envoy_hedges_on_the_per_try_timeout_without_cancelling() {
         let mut c = cfg(2, 0, Preset::Envoy);
         c.delay = 200 * MS;
-        let mut h = Hedge::new(&c, 0, 200 * MS);
+        let mut h = Hedge::new(&c, 0);
         assert_eq!(step(&mut h, 200 * MS), [Start { attempt: 2, timeout: 0 }]);
         assert_eq!(report(&mut h, 1, 250 * MS, Outcome::Ok), [Cancel { attempt: 2 }, Done { attempt: 1 }]);
     }
 
     #[test]
     fn late_and_unknown_reports_change_nothing() {
-        let mut h = Hedge::new(&cfg(2, 10, Preset::Grpc), 0, 0);
+        let mut h = Hedge::new(&cfg(2, 10, Preset::Grpc), 0);
         for a in [0, 2, 3, 99] {
             assert_eq!(report(&mut h, a, 1, Outcome::Ok), []);
         }

@@ -35,5 +35,8 @@ pub fn policy_to_json(p: &Policy) -> Value {
     if let (Value::Map(entries), Some(c)) = (&mut out, &p.concurrency) {
         entries.push(("concurrency".to_string(), c.to_json()));
     }
+    if let (Value::Map(entries), Some(h)) = (&mut out, &p.hedge) {
+        entries.push(("hedge".to_string(), h.to_json()));
+    }
     out
 }

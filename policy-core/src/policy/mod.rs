@@ -34,6 +34,7 @@ use crate::classify::{self, Rules};
 use crate::deadline;
 use crate::doc::{self, Fields, Value};
 use crate::fallback;
+use crate::hedge::{self, HedgeCfg};
 use crate::rate::{self, RateCfg};
 use crate::read::{opt_duration, uint};
 use crate::retry::{
@@ -89,6 +90,9 @@ pub struct Policy {
     pub durable: DurableCfg,
     /// State shared across processes (default none: local only). See [`crate::fleet`].
     pub fleet: Option<crate::fleet::FleetCfg>,
+    /// Hedged attempts (default none). A hedged call is never retried: `attempts` must be
+    /// left out (it is 1). See [`crate::hedge`].
+    pub hedge: Option<HedgeCfg>,
 }
 
 /// Durable calls (records that survive a restart; see `crate::durable`).
@@ -157,6 +161,7 @@ const POLICY_FIELDS: &[&str] = &[
     "attempts-preset",
     "durable",
     "fleet",
+    "hedge",
 ];
 
 /// Parse a whole document into its policies (in document order).
@@ -210,6 +215,8 @@ pub fn parse_document(text: &str) -> Result<Vec<Policy>, Vec<LoadError>> {
 fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError>) -> Option<Policy> {
     let before = errors.len();
     let mut f = Fields::new(path, body, errors)?;
+    let hedged = body.get("hedge").is_some();
+    let retries_written = ["attempts", "attempts-preset"].into_iter().find(|k| body.get(k).is_some());
     let (attempts_preset, attempts) = retry::parse_attempts(&mut f, errors);
     let (attempt_timeout, deadline) = deadline::parse(&mut f, errors);
     let backoff = backoff::parse(&mut f, errors);
@@ -238,6 +245,15 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
     let max_keys = parse_keys(&mut f, errors);
     let durable = DurableCfg::parse(&mut f, errors);
     let fleet = f.take("fleet").and_then(|v| crate::fleet::parse(&f.path_of("fleet"), v, &breaker, &budget, errors));
+    let hedge = f.take("hedge").and_then(|v| hedge::parse(&f.path_of("hedge"), v, attempt_timeout, errors));
+    if let (true, Some(field)) = (hedged, retries_written) {
+        errors.push(LoadError::new(
+            &f.path_of(field),
+            "a hedged call is never retried: `hedge.attempts` counts its attempts, so leave `attempts` out",
+        ));
+    }
+    // A hedged call makes one call-level attempt; its hedges are counted by `hedge`.
+    let attempts = if hedged { 1 } else { attempts };
     f.finish(POLICY_FIELDS, errors);
     if errors.len() > before {
         return None;
@@ -262,6 +278,7 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
         attempts_preset,
         durable,
         fleet,
+        hedge,
     })
 }
 
