@@ -101,7 +101,7 @@ func main() {
 		return
 	}
 	if mode == "throughput" {
-		out["throughput"] = throughput(*addr, *script, at, time.Duration(*seconds*1e9))
+		out["throughput"] = throughput(*addr, *script, strings.Split(*keyList, ","), at, time.Duration(*seconds*1e9))
 		emit(out)
 		_ = f.Close()
 		return
@@ -261,13 +261,30 @@ func benchCalls(ctx context.Context, e *levee.Engine, f *fleet.Fleet) map[string
 }
 
 // throughput runs one GCRA script as fast as one connection allows: decisions and admissions.
-func throughput(addr, script string, at time.Time, d time.Duration) map[string]any {
+// Against a cluster (several addresses) the decisions go round the keys given, each under
+// its own hash tag, so that they spread over the shards as the fleet's keys do.
+func throughput(addr, script string, keys []string, at time.Time, d time.Duration) map[string]any {
 	src, err := os.ReadFile(script)
 	if err != nil {
 		fail(err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	var rdb redis.UniversalClient
+	if strings.Contains(addr, ",") {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addr, ",")})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: addr})
+	}
 	defer rdb.Close()
+	names := []string{"bench:ours"}
+	if !strings.HasSuffix(script, "gcra.lua") {
+		names[0] = "bench:redis_rate"
+	}
+	if len(keys) > 1 {
+		names = names[:0]
+		for _, k := range keys {
+			names = append(names, "bench:{"+k+"}")
+		}
+	}
 	s := redis.NewScript(string(src))
 	ctx := context.Background()
 	ours := strings.HasSuffix(script, "gcra.lua")
@@ -278,10 +295,11 @@ func throughput(addr, script string, at time.Time, d time.Duration) map[string]a
 	decisions, admitted := 0, 0
 	for start := time.Now(); time.Since(start) < d; decisions++ {
 		var r []any
+		key := []string{names[decisions%len(names)]}
 		if ours {
-			r, err = s.Run(ctx, rdb, []string{"bench:ours"}, 1000000, 50, 1, 0, 0).Slice()
+			r, err = s.Run(ctx, rdb, key, 1000000, 50, 1, 0, 0).Slice()
 		} else {
-			r, err = s.Run(ctx, rdb, []string{"bench:redis_rate"}, 50, 1000, 1, 1).Slice()
+			r, err = s.Run(ctx, rdb, key, 50, 1000, 1, 1).Slice()
 		}
 		if err != nil {
 			fail(err)
