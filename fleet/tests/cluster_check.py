@@ -150,11 +150,16 @@ def main() -> None:
     slot = key_slot(f"{{rate/{moved}}}".encode())
 
     def reshard(start: float) -> None:
+        landed.clear()  # this round's
         at(start, 2.0)
         migrate(slot, PORTS[0], PORTS[2], hold=0.3)
         print(f"  (slot {slot} of key {moved} migrated from :{PORTS[0]} to :{PORTS[2]} under load)", flush=True)
-        at(start, seconds - 1.0)  # a bucket's key lives while it is not full: look mid-run
-        landed.update({p: held(p, "r") for p in PORTS})
+        # A bucket's key lives while it is not full: look mid-run, three times (a process
+        # starved of CPU for longer than the burst lets a bucket fill and its key expire).
+        for t in (seconds - 2.0, seconds - 1.5, seconds - 1.0):
+            at(start, t)
+            for p in PORTS:
+                landed.setdefault(p, set()).update(held(p, "r"))
 
     for round_ in (1, 2):
         res = scenario(
@@ -190,8 +195,10 @@ def main() -> None:
     states: dict[int, set[str]] = {}
 
     def look_states(start: float) -> None:
-        at(start, 2.5)
-        states.update({p: held(p, "s") for p in PORTS})
+        for t in (2.0, 2.5):
+            at(start, t)
+            for p in PORTS:
+                states.setdefault(p, set()).update(held(p, "s"))
 
     res = scenario(
         f"a quorum of bad nodes on {len(qkeys)} keys, one per master (py-1 and go-1 fail from 1 s; the others from 3 s)",
