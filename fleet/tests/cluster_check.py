@@ -94,9 +94,22 @@ def migrate(slot: int, src: int, dst: int, hold: float) -> None:
         cmd(p, "CLUSTER", "SETSLOT", slot, "NODE", did)
 
 
-def spawn(lang: str, mode: str, name: str, start: float, policy: str, keys: list[str], *extra: str) -> subprocess.Popen[str]:
-    common = ["--addr", ",".join(ADDRS), "--node", name, "--start", f"{start:.3f}", "--policy", policy,
-              "--keys", ",".join(keys), *extra]  # fmt: skip
+def spawn(
+    lang: str, mode: str, name: str, start: float, policy: str, keys: list[str], *extra: str
+) -> subprocess.Popen[str]:
+    common = [
+        "--addr",
+        ",".join(ADDRS),
+        "--node",
+        name,
+        "--start",
+        f"{start:.3f}",
+        "--policy",
+        policy,
+        "--keys",
+        ",".join(keys),
+        *extra,
+    ]
     if lang == "py":
         cmd = [PY, str(HERE / "cluster_worker.py"), mode, *common]
     else:
@@ -163,9 +176,13 @@ def main() -> None:
 
     for round_ in (1, 2):
         res = scenario(
-            f"GCRA at {rate}/s per key, burst {burst}, {len(keys)} keys over 3 masters, 4 processes for {seconds:.0f} s",
-            seconds, "rate", "rate", list(keys), during=reshard,
-        )  # fmt: skip
+            f"GCRA at {rate}/s per key, burst {burst}, {len(keys)} keys over 3 masters, 4 processes, {seconds:.0f} s",
+            seconds,
+            "rate",
+            "rate",
+            list(keys),
+            during=reshard,
+        )
         migrate(slot, PORTS[2], PORTS[0], hold=0.0)  # back home: the next round starts as this one did
         per_key = {k: sum(r["per_key"][k]["ok"] for r in res) for k in keys}
         local = [r["fleet_events"] for r in res if r["fleet_events"]]
@@ -181,7 +198,8 @@ def main() -> None:
     total = sum(per_key.values())
     check(
         all(0.99 * rate * seconds <= n <= bound for n in per_key.values()),
-        f"every key within 1% of {int(rate * seconds)}, never above rate x time + burst ({bound}): {sorted(per_key.values())}",
+        f"every key within 1% of {int(rate * seconds)}, never above rate x time + burst ({bound}): "
+        f"{sorted(per_key.values())}",
     )
     per = ", ".join(f"{r['node']} {r['ok']}" for r in res)
     check(total <= len(keys) * bound, f"{total} admitted in all ({per}), never above {len(keys) * bound}")
@@ -201,14 +219,20 @@ def main() -> None:
                 states.setdefault(p, set()).update(held(p, "s"))
 
     res = scenario(
-        f"a quorum of bad nodes on {len(qkeys)} keys, one per master (py-1 and go-1 fail from 1 s; the others from 3 s)",
-        6.0, "breaker", "dep", list(qkeys),
+        f"a quorum of bad nodes on {len(qkeys)} keys, one per master (py-1, go-1 fail from 1 s; the others from 3 s)",
+        6.0,
+        "breaker",
+        "dep",
+        list(qkeys),
         {"py-1": ["--bad", "1:99"], "go-1": ["--bad", "1:99"], "py-2": ["--bad", "3:99"], "go-2": ["--bad", "3:99"]},
         during=look_states,
-    )  # fmt: skip
+    )
     for p in PORTS:
         want = {k for k, owner in qkeys.items() if owner == p}
-        check(states.get(p) == want, f"master :{p} holds the shared state of {sorted(want)}: {sorted(states.get(p, set()))}")
+        check(
+            states.get(p) == want,
+            f"master :{p} holds the shared state of {sorted(want)}: {sorted(states.get(p, set()))}",
+        )
     by = {r["node"]: r for r in res}
     for n in ("py-2", "go-2"):
         r = by[n]
@@ -221,7 +245,8 @@ def main() -> None:
     trials = sum(r["phases"].get(s, {}).get("invoked", 0) for r in res for s in ("4", "5"))
     check(
         trials <= 8 * len(qkeys),
-        f"the fleet sent {trials} trials in seconds 4-5 over {len(qkeys)} keys (bound {8 * len(qkeys)}; uncoordinated {16 * len(qkeys)})",
+        f"the fleet sent {trials} trials in seconds 4-5 over {len(qkeys)} keys "
+        f"(bound {8 * len(qkeys)}; uncoordinated {16 * len(qkeys)})",
     )
 
     skeys = spread("steady", "s-", 2)
@@ -243,8 +268,12 @@ def main() -> None:
 
     res = scenario(
         f"a master killed (SIGKILL) mid-test and restarted, {len(skeys)} keys over 3 masters",
-        8.0, "steady", "steady", list(skeys), during=kill_and_restart,
-    )  # fmt: skip
+        8.0,
+        "steady",
+        "steady",
+        list(skeys),
+        during=kill_and_restart,
+    )
     errors = sum(r["errors"] + r["failed"] + r["open"] + r["limited"] for r in res)
     samples = [s for r in res for s in r.get("error_samples") or []][:3]
     check(errors == 0, f"zero errors on the data path ({sum(r['ok'] for r in res)} calls ok) {samples or ''}")
@@ -261,7 +290,9 @@ def main() -> None:
     want = {k for k, owner in skeys.items() if owner == victim}
     check(back == want, f"the restarted master holds its keys' state again: {sorted(back)} (of {sorted(want)})")
     check(all(r["publications"] > 0 for r in res), "publication went on")
-    check(cached == [True, True], f"the restarted master, whose script cache was empty, has both scripts again: {cached}")
+    check(
+        cached == [True, True], f"the restarted master, whose script cache was empty, has both scripts again: {cached}"
+    )
 
     if os.environ.get("FLEET_BENCH") == "1":
         bench()
@@ -292,11 +323,27 @@ def bench() -> None:
             start = time.time() + 1.0
             procs = [
                 subprocess.Popen(
-                    [GO, "--policies", str(HERE / "cluster.yaml"), "--addr", ",".join(ADDRS), "--node", f"t{i}",
-                     "--start", f"{start:.3f}", "--seconds", "5", "--keys", ",".join(keys),
-                     "--script", str(HERE.parent / "lua" / "gcra.lua"), "throughput"],
-                    stdout=subprocess.PIPE, text=True,
-                )  # fmt: skip
+                    [
+                        GO,
+                        "--policies",
+                        str(HERE / "cluster.yaml"),
+                        "--addr",
+                        ",".join(ADDRS),
+                        "--node",
+                        f"t{i}",
+                        "--start",
+                        f"{start:.3f}",
+                        "--seconds",
+                        "5",
+                        "--keys",
+                        ",".join(keys),
+                        "--script",
+                        str(HERE.parent / "lua" / "gcra.lua"),
+                        "throughput",
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
                 for i in range(4)
             ]
             res = [json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1])["throughput"] for p in procs]

@@ -10,12 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import levee
+from levee.fleet import Fleet, FleetEvent
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
-
-import levee
-from levee.fleet import Fleet, FleetEvent
 
 HERE = Path(__file__).resolve().parent
 
