@@ -276,7 +276,9 @@ def main() -> None:
     )
     errors = sum(r["errors"] + r["failed"] + r["open"] + r["limited"] for r in res)
     samples = [s for r in res for s in r.get("error_samples") or []][:3]
+    slowest = ", ".join(f"{r['node']} {r['max_call_ms']} ms" for r in res)
     check(errors == 0, f"zero errors on the data path ({sum(r['ok'] for r in res)} calls ok) {samples or ''}")
+    print(f"  (the slowest call of each process: {slowest})", flush=True)
     for r in res:
         ev = r["fleet_events"] or []
         # Back once the restarted master has rejoined, not at its first PONG: a master refuses

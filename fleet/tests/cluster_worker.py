@@ -57,6 +57,7 @@ def main() -> None:
     per_key = {k: {"ok": 0, "limited": 0, "open": 0} for k in keys}
     phases: dict[str, dict[str, int]] = {}
     out: dict[str, Any] = {"node": a.node, "lang": "python", "mode": a.mode}
+    slowest = 0.0
     _sleep_until(a.start)
     end = a.start + a.seconds
     while (now := time.time()) < end:
@@ -73,6 +74,7 @@ def main() -> None:
                     raise ConnectionError("the dependency is down")
                 return 1
 
+            begun = time.perf_counter()
             try:
                 fleet.call(a.policy, dependency, key=key)
                 counts["ok"] += 1
@@ -92,6 +94,7 @@ def main() -> None:
             except Exception as e:  # anything else is an error on the data path
                 counts["errors"] += 1
                 out.setdefault("error_samples", []).append(repr(e))
+            slowest = max(slowest, time.perf_counter() - begun)
         if a.mode != "rate":
             time.sleep(0.005)
         elif not admitted:  # one round admitted nothing: every key's bucket is empty
@@ -105,6 +108,7 @@ def main() -> None:
         fleet_events=events,
         conflicts=fleet.conflicts,
         publications=fleet.publications,
+        max_call_ms=round(slowest * 1000, 1),
     )
     print(json.dumps(out), flush=True)
     fleet.close()

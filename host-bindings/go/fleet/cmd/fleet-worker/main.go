@@ -143,6 +143,7 @@ func main() {
 	time.Sleep(time.Until(at))
 	end := at.Add(time.Duration(*seconds * 1e9))
 	sweepOk := false
+	var slowest time.Duration
 	for i, now := 0, time.Now(); now.Before(end); i, now = i+1, time.Now() {
 		key := keys[i%len(keys)]
 		if len(keys) > 1 && i%len(keys) == 0 {
@@ -160,6 +161,7 @@ func main() {
 			phases[k] = ph
 		}
 		failing := from <= t && t < to
+		begun := time.Now()
 		err := f.Do(ctx, policy, key, func(context.Context) error {
 			counts["invoked"]++
 			ph.Invoked++
@@ -195,6 +197,7 @@ func main() {
 				samples = append(samples, err.Error())
 			}
 		}
+		slowest = max(slowest, time.Since(begun))
 		if (mode == "breaker" || mode == "steady") && (i+1)%len(keys) == 0 {
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -206,6 +209,7 @@ func main() {
 		out[k] = v
 	}
 	out["phases"], out["quorum_events"], out["fleet_events"] = phases, quorum.Load(), events
+	out["max_call_ms"] = float64(slowest.Microseconds()/100) / 10
 	if len(keys) > 1 {
 		qmu.Lock()
 		out["per_key"], out["quorum_keys"] = perKey, maps.Clone(quorumKeys)
