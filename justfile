@@ -85,6 +85,7 @@ test-durable: component
 # quorum, Redis killed and restarted, concurrent records (FLEET_BENCH=1 adds the benchmarks).
 test-fleet: component
     bash fleet/tests/run.sh
+    bash fleet/tests/cluster.sh
 
 # Every conformance vector against conformance/schema.json; every host's generated constants current.
 test-vectors-schema:

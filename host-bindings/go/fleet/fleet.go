@@ -18,6 +18,15 @@
 // retry-every; when it answers, Event{Kind: "restored"}, and the state
 // converges with the next publication. Nothing on the data path fails because
 // of Redis.
+//
+// A Redis Cluster is the client you already have: NewWithClient(e,
+// redis.NewClusterClient(...), o). Every key the fleet writes carries the hash
+// tag {policy/key} and every script touches one key, so go-redis routes each
+// script to the key's shard and follows MOVED and ASK itself; the scripts are
+// loaded on every shard, and a shard that lost its script cache (a restarted
+// or promoted node) answers NOSCRIPT once and gets the script with EVAL. A
+// cluster is one store: when any shard fails to answer, the whole fleet goes
+// local-only, and it is restored when every master serves again.
 package fleet
 
 import (
@@ -28,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -98,7 +108,8 @@ type Options struct {
 // Fleet is the fleet option of one engine. It is safe for use by many goroutines.
 type Fleet struct {
 	e       *levee.Engine
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
+	owned   bool // the client was made by New, so Close closes it
 	node    string
 	plans   map[string]*Plan
 	timeout time.Duration
@@ -119,6 +130,37 @@ type Fleet struct {
 // New makes the fleet option for an engine against the Redis server at addr
 // (host:port). The client's timeouts are the policies' fleet timeout.
 func New(e *levee.Engine, addr string, o Options) (*Fleet, error) {
+	f, err := plan(e, o)
+	if err != nil {
+		return nil, err
+	}
+	f.rdb = redis.NewClient(&redis.Options{Addr: addr, DialTimeout: f.timeout, ReadTimeout: f.timeout,
+		WriteTimeout: f.timeout, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 8, MinIdleConns: 1})
+	f.owned = true
+	return f.start(o), nil
+}
+
+// NewWithClient makes the fleet option for an engine with a go-redis client
+// you already have: a *redis.Client, a *redis.ClusterClient (Redis Cluster),
+// or any other redis.UniversalClient. Every operation still runs under its
+// policy's fleet timeout as a context deadline, which go-redis honours when the
+// client has ContextTimeoutEnabled; give it short dial and read timeouts too,
+// since a call slower than the timeout sends the fleet local-only only once it
+// returns. The client stays yours: Close does not close it.
+func NewWithClient(e *levee.Engine, rdb redis.UniversalClient, o Options) (*Fleet, error) {
+	if rdb == nil {
+		return nil, errors.New("levee fleet: NewWithClient needs a client")
+	}
+	f, err := plan(e, o)
+	if err != nil {
+		return nil, err
+	}
+	f.rdb = rdb
+	return f.start(o), nil
+}
+
+// plan reads the engine's fleet plans.
+func plan(e *levee.Engine, o Options) (*Fleet, error) {
 	f := &Fleet{e: e, node: o.Node, onEvent: o.Listener, plans: map[string]*Plan{},
 		keys: map[[2]string]*list.Element{}, order: list.New(), leases: map[string]*lease{},
 		stop: make(chan struct{}), done: make(chan struct{})}
@@ -155,12 +197,16 @@ func New(e *levee.Engine, addr string, o Options) (*Fleet, error) {
 		}
 		f.plans[name] = &p
 	}
-	f.rdb = redis.NewClient(&redis.Options{Addr: addr, DialTimeout: f.timeout, ReadTimeout: f.timeout,
-		WriteTimeout: f.timeout, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 8, MinIdleConns: 1})
+	return f, nil
+}
+
+// start loads the scripts and starts publication.
+func (f *Fleet) start(o Options) *Fleet {
 	f.up.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	// Connect and load the scripts once, outside the per-operation timeout.
+	// Connect and load the scripts once (on every shard of a cluster), outside the
+	// per-operation timeout.
 	if err := gcraScript.Load(ctx, f.rdb).Err(); err != nil {
 		f.degrade(err)
 	} else if err := stateScript.Load(ctx, f.rdb).Err(); err != nil {
@@ -171,7 +217,28 @@ func New(e *levee.Engine, addr string, o Options) (*Fleet, error) {
 	} else {
 		go f.loop()
 	}
-	return f, nil
+	return f
+}
+
+// ping asks the store whether it serves: PING one server; of a cluster, every
+// master, each of which must report cluster_state:ok (a restarted master
+// answers PING but refuses keys until it has rejoined), so that the fleet is
+// restored only when every shard serves.
+func (f *Fleet) ping(ctx context.Context) error {
+	c, ok := f.rdb.(*redis.ClusterClient)
+	if !ok {
+		return f.rdb.Ping(ctx).Err()
+	}
+	return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		info, err := m.ClusterInfo(ctx).Result()
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(info, "cluster_state:ok") {
+			return fmt.Errorf("cluster node %s: not cluster_state:ok", m.Options().Addr)
+		}
+		return nil
+	})
 }
 
 // Up is false while the fleet runs local-only (the store was slow or down).
@@ -180,7 +247,8 @@ func (f *Fleet) Up() bool { return f.up.Load() }
 // Node is this process's name in the shared state.
 func (f *Fleet) Node() string { return f.node }
 
-// Close stops publication and closes the Redis client.
+// Close stops publication and closes the Redis client made by New (a client
+// given to NewWithClient stays open).
 func (f *Fleet) Close() error {
 	select {
 	case <-f.stop:
@@ -188,6 +256,9 @@ func (f *Fleet) Close() error {
 		close(f.stop)
 	}
 	<-f.done
+	if !f.owned {
+		return nil
+	}
 	return f.rdb.Close()
 }
 
@@ -472,7 +543,7 @@ func (f *Fleet) loop() {
 		}
 		if !f.up.Load() {
 			c, cancel := f.opCtx(f.timeout)
-			err := f.rdb.Ping(c).Err()
+			err := f.ping(c)
 			cancel()
 			if err == nil {
 				f.up.Store(true)

@@ -10,6 +10,12 @@ with Fleet(engine, "redis://127.0.0.1:6379/0", node="web-1") as fleet:
     fleet.call("checkout", charge, "o-1", key="payments")
 ```
 
+A Redis Cluster is the client you already have: `Fleet(engine, client=RedisCluster(...))`.
+Every key the fleet writes carries the hash tag `{policy/key}` and every script touches one
+key, so redis-py routes each script to the key's shard and follows MOVED and ASK itself; the
+scripts are loaded on every primary, and a shard that lost its script cache (a restarted or
+promoted node) answers NOSCRIPT once and is loaded again by redis-py's `Script`.
+
 The core decides and this module carries bytes: it reads the key's shared state and the
 store's clock, asks the engine to merge its evidence in, writes the result back with a
 compare-and-set in Lua (no lock; a conflict merges again into what the store holds), and
@@ -41,6 +47,7 @@ from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from .engine import Engine, Policy
@@ -121,9 +128,15 @@ class _Lease:
 class Fleet:
     """The fleet option for an engine: see the module documentation.
 
-    `url` names the Redis server (ignored when `client` is given: then its own timeouts
-    apply, and a call slower than the policy's `timeout` still sends the fleet local-only).
-    `node` names this process in the shared state (default `<host>-<pid>`).
+    `url` names the Redis server. `client` is a client you already have instead, a
+    `redis.Redis` or a `redis.cluster.RedisCluster`: its own timeouts and retries then apply
+    (give it socket timeouts near the policies' fleet `timeout` and no retries: a call slower
+    than the policy's `timeout` still sends the fleet local-only, but only once it returns),
+    and it stays yours: `close()` does not close it. `node` names this process in the shared
+    state (default `<host>-<pid>`).
+
+    A cluster is one store: when any shard fails to answer, the whole fleet goes local-only
+    (`FleetEvent("degraded")`), and it is restored when every primary serves again.
     """
 
     def __init__(
@@ -132,7 +145,7 @@ class Fleet:
         url: str = "redis://127.0.0.1:6379/0",
         *,
         node: str | None = None,
-        client: redis.Redis | None = None,
+        client: redis.Redis | RedisCluster | None = None,
         listener: Callable[[FleetEvent], None] | None = None,
         background: bool = True,
     ) -> None:
@@ -148,7 +161,8 @@ class Fleet:
         # to its own policy's timeout (`_timed`).
         timeout = max((p.timeout for p in self.plans.values()), default=5_000_000) / 1e9
         self._timeout_ns = int(timeout * 1e9)
-        self.redis: redis.Redis = client or redis.Redis.from_url(
+        self._owned = client is None
+        self.redis: redis.Redis | RedisCluster = client or redis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
         )
         self._gcra = self.redis.register_script(_script("gcra.lua"))
@@ -163,8 +177,8 @@ class Fleet:
         self.conflicts = 0  # compare-and-set conflicts merged again (for tests and metrics)
         self.publications = 0
         self._thread: threading.Thread | None = None
-        try:  # connect and load the scripts once, outside the per-operation timeout
-            self.redis.ping()
+        try:  # connect and load the scripts once (on every primary of a cluster), untimed
+            self._ping()
             self.redis.script_load(self._gcra.script)
             self.redis.script_load(self._state.script)
         except redis.RedisError as e:
@@ -229,7 +243,8 @@ class Fleet:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.redis.close()
+        if self._owned:
+            self.redis.close()
 
     def __enter__(self) -> Fleet:
         return self
@@ -275,6 +290,20 @@ class Fleet:
                 if len(self._handles) > _MAX_KEYS:
                     self._handles.popitem(last=False)
             return h
+
+    def _ping(self) -> None:
+        """Ask the store whether it serves: PING one server; of a cluster, every primary, each
+        of which must report `cluster_state:ok` (a restarted master answers PING but refuses
+        keys until it has rejoined), so that the fleet is restored only when every shard serves."""
+        if not isinstance(self.redis, RedisCluster):
+            self.redis.ping()
+            return
+        answer: Any = self.redis.cluster_info(target_nodes=RedisCluster.PRIMARIES)
+        infos: dict[str, Any] = answer if isinstance(answer, dict) and "cluster_state" not in answer else {"": answer}
+        for name, info in infos.items():  # one primary gives its own answer, not one per node
+            state = info.get("cluster_state") if isinstance(info, dict) else None
+            if state != "ok":
+                raise redis.ConnectionError(f"cluster node {name}: cluster_state {state}")
 
     def _timed(self, fn: Callable[[], Any], limit_ns: int = 0) -> Any:
         start = _monotonic_ns()
@@ -377,7 +406,7 @@ class Fleet:
             else:
                 self._stop.wait(retry)
                 try:
-                    self._timed(self.redis.ping)
+                    self._timed(self._ping)
                 except redis.RedisError:
                     continue
                 self._up = True

@@ -1,6 +1,8 @@
 // Command fleet-worker is one Go process of the fleet test (fleet/tests/run.sh):
 // it runs a scenario against the shared Redis from a common wall-clock start and
-// prints one JSON line of counts.
+// prints one JSON line of counts. Given several comma-separated addresses it
+// talks to a Redis Cluster through go-redis's ClusterClient
+// (fleet/tests/cluster.sh), and -keys spreads its calls over several keys.
 package main
 
 import (
@@ -10,9 +12,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,6 +45,8 @@ func main() {
 	failures := flag.Int("failures", 0, "failures to record (records mode)")
 	policies := flag.String("policies", "", "policy document")
 	script := flag.String("script", "", "throughput: a GCRA script file (fleet/lua/gcra.lua or fleet/tests/redis_rate.lua)")
+	keyList := flag.String("keys", "k", "comma-separated keys the calls go round")
+	policyName := flag.String("policy", "", "the policy (default: the mode's)")
 	flag.Parse()
 	mode := flag.Arg(0)
 	redis.SetLogger(quiet{}) // the scenario counts what matters; go-redis's dial logs are noise here
@@ -49,9 +55,14 @@ func main() {
 		fail(err)
 	}
 	var quorum atomic.Int64
+	var qmu sync.Mutex
+	quorumKeys := map[string]int{}
 	e, err := levee.Load(context.Background(), string(doc), levee.WithListener(func(ev levee.Event) {
 		if ev.Name == "fleet-quorum" {
 			quorum.Add(1)
+			qmu.Lock()
+			quorumKeys[ev.Key]++
+			qmu.Unlock()
 		}
 	}))
 	if err != nil {
@@ -59,12 +70,24 @@ func main() {
 	}
 	var events []string
 	evCh := make(chan string, 64)
-	f, err := fleet.New(e, *addr, fleet.Options{Node: *node, Listener: func(ev fleet.Event) {
+	opts := fleet.Options{Node: *node, Listener: func(ev fleet.Event) {
 		select {
 		case evCh <- ev.Kind:
 		default:
 		}
-	}})
+	}}
+	var f *fleet.Fleet
+	if strings.Contains(*addr, ",") {
+		// The cluster test's client: short timeouts as the policies' fleet timeout, the
+		// per-operation context deadline honoured, and go-redis following MOVED/ASK.
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(*addr, ","),
+			DialTimeout: 250 * time.Millisecond, ReadTimeout: 250 * time.Millisecond,
+			WriteTimeout: 250 * time.Millisecond, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 8})
+		defer rdb.Close()
+		f, err = fleet.NewWithClient(e, rdb, opts)
+	} else {
+		f, err = fleet.New(e, *addr, opts)
+	}
 	if err != nil {
 		fail(err)
 	}
@@ -78,7 +101,7 @@ func main() {
 		return
 	}
 	if mode == "throughput" {
-		out["throughput"] = throughput(*addr, *script, at, time.Duration(*seconds*1e9))
+		out["throughput"] = throughput(*addr, *script, strings.Split(*keyList, ","), at, time.Duration(*seconds*1e9))
 		emit(out)
 		_ = f.Close()
 		return
@@ -106,12 +129,30 @@ func main() {
 	if policy == "" {
 		policy = "dep"
 	}
+	if *policyName != "" {
+		policy = *policyName
+	}
+	keys := strings.Split(*keyList, ",")
+	perKey := map[string]map[string]int{}
+	for _, k := range keys {
+		perKey[k] = map[string]int{"ok": 0, "limited": 0, "open": 0}
+	}
 	counts := map[string]int{"ok": 0, "limited": 0, "open": 0, "failed": 0, "errors": 0, "invoked": 0}
 	phases := map[string]*phase{}
 	var samples []string
 	time.Sleep(time.Until(at))
 	end := at.Add(time.Duration(*seconds * 1e9))
-	for now := time.Now(); now.Before(end); now = time.Now() {
+	sweepOk := false
+	var slowest time.Duration
+	for i, now := 0, time.Now(); now.Before(end); i, now = i+1, time.Now() {
+		key := keys[i%len(keys)]
+		if len(keys) > 1 && i%len(keys) == 0 {
+			// One round over the keys admitted nothing: every key's bucket is empty.
+			if i > 0 && !sweepOk && (mode == "rate" || mode == "rate-strict") {
+				time.Sleep(time.Millisecond)
+			}
+			sweepOk = false
+		}
 		t := now.Sub(at).Seconds()
 		k := strconv.Itoa(int(t))
 		ph := phases[k]
@@ -120,7 +161,8 @@ func main() {
 			phases[k] = ph
 		}
 		failing := from <= t && t < to
-		err := f.Do(ctx, policy, "k", func(context.Context) error {
+		begun := time.Now()
+		err := f.Do(ctx, policy, key, func(context.Context) error {
 			counts["invoked"]++
 			ph.Invoked++
 			if failing {
@@ -133,13 +175,19 @@ func main() {
 		case err == nil:
 			counts["ok"]++
 			ph.Ok++
+			perKey[key]["ok"]++
+			sweepOk = true
 		case errors.Is(err, levee.ErrRateLimited):
 			counts["limited"]++
+			perKey[key]["limited"]++
 			errors.As(err, &le)
-			time.Sleep(min(max(le.RetryAfter, time.Millisecond), 5*time.Millisecond))
+			if len(keys) == 1 {
+				time.Sleep(min(max(le.RetryAfter, time.Millisecond), 5*time.Millisecond))
+			}
 		case errors.Is(err, levee.ErrBreakerOpen):
 			counts["open"]++
 			ph.Open++
+			perKey[key]["open"]++
 		case errors.As(err, &le):
 			counts["failed"]++
 			ph.Failed++
@@ -149,7 +197,8 @@ func main() {
 				samples = append(samples, err.Error())
 			}
 		}
-		if mode == "breaker" || mode == "steady" {
+		slowest = max(slowest, time.Since(begun))
+		if (mode == "breaker" || mode == "steady") && (i+1)%len(keys) == 0 {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
@@ -160,6 +209,12 @@ func main() {
 		out[k] = v
 	}
 	out["phases"], out["quorum_events"], out["fleet_events"] = phases, quorum.Load(), events
+	out["max_call_ms"] = float64(slowest.Microseconds()/100) / 10
+	if len(keys) > 1 {
+		qmu.Lock()
+		out["per_key"], out["quorum_keys"] = perKey, maps.Clone(quorumKeys)
+		qmu.Unlock()
+	}
 	out["conflicts"], out["publications"], out["error_samples"] = f.Conflicts.Load(), f.Publication.Load(), samples
 	emit(out)
 	_ = f.Close()
@@ -210,13 +265,30 @@ func benchCalls(ctx context.Context, e *levee.Engine, f *fleet.Fleet) map[string
 }
 
 // throughput runs one GCRA script as fast as one connection allows: decisions and admissions.
-func throughput(addr, script string, at time.Time, d time.Duration) map[string]any {
+// Against a cluster (several addresses) the decisions go round the keys given, each under
+// its own hash tag, so that they spread over the shards as the fleet's keys do.
+func throughput(addr, script string, keys []string, at time.Time, d time.Duration) map[string]any {
 	src, err := os.ReadFile(script)
 	if err != nil {
 		fail(err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	var rdb redis.UniversalClient
+	if strings.Contains(addr, ",") {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addr, ",")})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: addr})
+	}
 	defer rdb.Close()
+	names := []string{"bench:ours"}
+	if !strings.HasSuffix(script, "gcra.lua") {
+		names[0] = "bench:redis_rate"
+	}
+	if len(keys) > 1 {
+		names = names[:0]
+		for _, k := range keys {
+			names = append(names, "bench:{"+k+"}")
+		}
+	}
 	s := redis.NewScript(string(src))
 	ctx := context.Background()
 	ours := strings.HasSuffix(script, "gcra.lua")
@@ -227,10 +299,11 @@ func throughput(addr, script string, at time.Time, d time.Duration) map[string]a
 	decisions, admitted := 0, 0
 	for start := time.Now(); time.Since(start) < d; decisions++ {
 		var r []any
+		key := []string{names[decisions%len(names)]}
 		if ours {
-			r, err = s.Run(ctx, rdb, []string{"bench:ours"}, 1000000, 50, 1, 0, 0).Slice()
+			r, err = s.Run(ctx, rdb, key, 1000000, 50, 1, 0, 0).Slice()
 		} else {
-			r, err = s.Run(ctx, rdb, []string{"bench:redis_rate"}, 50, 1000, 1, 1).Slice()
+			r, err = s.Run(ctx, rdb, key, 50, 1000, 1, 1).Slice()
 		}
 		if err != nil {
 			fail(err)
