@@ -1,10 +1,11 @@
 //! Any sequence of protocol operations, well-formed or not: verdicts, never a panic, and the
-//! invariants hold (bulkhead slots within bounds, budget tokens within bounds).
+//! invariants hold (bulkhead slots within bounds, budget tokens within bounds), for plain and
+//! hedged calls (policy `h`: `hedge-step` and `report-attempt` of any attempt number).
 #![no_main]
 use levee_core::{Engine, OutcomeKind};
 use libfuzzer_sys::fuzz_target;
 
-const DOC: &str = "policies:\n  p:\n    attempts: 4\n    deadline: 2s\n    budget: { kind: token, max-tokens: 3 }\n    breaker: { window: { kind: count, size: 4 }, minimum-calls: 2, open-duration: 100ms, half-open-permits: 2 }\n    bulkhead: { max-concurrent: 2 }\n    rate-limit: { rate: 50, burst: 3, max-wait: 30ms }\n    fallbacks: [{ name: a, on: [any] }, b]\n    keys: { max: 2 }\n";
+const DOC: &str = "policies:\n  p:\n    attempts: 4\n    deadline: 2s\n    budget: { kind: token, max-tokens: 3 }\n    breaker: { window: { kind: count, size: 4 }, minimum-calls: 2, open-duration: 100ms, half-open-permits: 2 }\n    bulkhead: { max-concurrent: 2 }\n    rate-limit: { rate: 50, burst: 3, max-wait: 30ms }\n    fallbacks: [{ name: a, on: [any] }, b]\n    keys: { max: 2 }\n  h:\n    attempt-timeout: 50ms\n    deadline: 1s\n    hedge: { attempts: 4, delay: 20ms }\n    budget: { kind: token, max-tokens: 3 }\n    breaker: { window: { kind: count, size: 4 }, minimum-calls: 2, open-duration: 100ms }\n    bulkhead: { max-concurrent: 3 }\n    fallbacks: [a]\n    keys: { max: 2 }\n";
 
 fuzz_target!(|data: &[u8]| {
     let Ok(mut e) = Engine::load(DOC, 7) else { return };
@@ -14,9 +15,9 @@ fuzz_target!(|data: &[u8]| {
         now = now.wrapping_add(u64::from(t) * 1_000_000);
         let call = u64::from(call % 8);
         let key = ["", "a", "b"][usize::from(arg % 3)];
-        match op % 6 {
+        match op % 8 {
             0 => {
-                let _ = e.start(call, u32::from(arg % 2), key, u32::from(arg), now, 0, 0, 0);
+                let _ = e.start(call, u32::from(arg % 3), key, u32::from(arg), now, 0, 0, 0);
             }
             1 => {
                 let _ = e.acquire(call, now);
@@ -29,6 +30,13 @@ fuzz_target!(|data: &[u8]| {
                 let _ = e.report_fallback(call, now, arg % 2 == 0);
             }
             4 => e.cancel(call, now),
+            5 => {
+                let _ = e.hedge_step(call, now);
+            }
+            6 => {
+                let kind = OutcomeKind::from_index(u32::from(arg % 6)).unwrap_or(OutcomeKind::Success);
+                let _ = e.report_attempt(call, u32::from(arg % 7), now, u64::from(t) * 1_000_000, kind, i32::from(arg) * 4, "2", 0, 0);
+            }
             _ => {
                 let _ = e.drain_events();
             }
@@ -36,6 +44,8 @@ fuzz_target!(|data: &[u8]| {
         for k in ["", "a", "b"] {
             assert!(e.in_flight(0, k) <= 2);
             assert!((0..=3000).contains(&e.budget_tokens(0, k).unwrap_or(0)));
+            assert!(e.in_flight(1, k) <= 3);
+            assert!((0..=3000).contains(&e.budget_tokens(1, k).unwrap_or(0)));
         }
     }
 });
