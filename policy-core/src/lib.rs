@@ -29,6 +29,7 @@ pub mod error;
 pub mod fallback;
 pub mod fleet;
 pub mod hedge;
+mod leb128;
 pub mod policy;
 pub mod rate;
 mod read;

@@ -25,6 +25,7 @@ use crate::breaker::{Breaker, WindowState};
 use crate::budget::BudgetState;
 use crate::engine::{Engine, KeyState};
 use crate::error::LoadError;
+use crate::leb128::{put, put_i, Reader};
 use crate::rate::Gcra;
 use crate::types::BreakerState;
 
@@ -32,56 +33,11 @@ const VERSION: u8 = 1;
 /// Most entries of any list in imported bytes (time buckets, budget slots).
 const MAX_ENTRIES: u64 = 4096;
 
-fn put(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn put_i(out: &mut Vec<u8>, v: i64) {
-    put(out, ((v << 1) ^ (v >> 63)) as u64);
-}
-
-struct Reader<'a> {
-    bytes: &'a [u8],
-}
+/// What the key-state bytes are called in errors.
+const FORMAT: &str = "Levee key state";
 
 fn bad(what: &str) -> LoadError {
-    LoadError::new("", format!("not Levee key state: {what}"))
-}
-
-impl Reader<'_> {
-    fn u64(&mut self) -> Result<u64, LoadError> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = self.bytes.split_first().ok_or_else(|| bad("truncated"))?;
-            self.bytes = rest;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(bad("integer too long"))
-    }
-
-    fn u32(&mut self) -> Result<u32, LoadError> {
-        u32::try_from(self.u64()?).map_err(|_| bad("integer out of range"))
-    }
-
-    fn i64(&mut self) -> Result<i64, LoadError> {
-        let z = self.u64()?;
-        Ok(((z >> 1) as i64) ^ -((z & 1) as i64))
-    }
-
-    fn len(&mut self, max: u64) -> Result<usize, LoadError> {
-        let n = self.u64()?;
-        if n > max {
-            return Err(bad("list too long"));
-        }
-        Ok(n as usize)
-    }
+    LoadError::new("", format!("not {FORMAT}: {what}"))
 }
 
 impl Engine {
@@ -184,7 +140,7 @@ impl Engine {
         let tick = self.tick;
         let mut s = KeyState::fresh(p, tick);
         if !bytes.is_empty() {
-            let mut r = Reader { bytes };
+            let mut r = Reader::new(bytes, FORMAT);
             let version = r.u64()?;
             if version != u64::from(VERSION) {
                 return Err(bad("unknown version"));
@@ -196,7 +152,7 @@ impl Engine {
                 let (open_until, trips, epoch, issued) = (r.u64()?, r.u32()?, r.u64()?, r.u32()?);
                 let trial = (r.u32()?, r.u32()?, r.u32()?);
                 let last_now = r.u64()?;
-                let n = r.len(MAX_ENTRIES)?;
+                let n = r.len(MAX_ENTRIES, "list too long")?;
                 let mut permits = Vec::with_capacity(n);
                 for _ in 0..n {
                     permits.push((r.u64()?, r.u64()?));
@@ -204,9 +160,8 @@ impl Engine {
                 let window = match r.u64()? {
                     0 => {
                         let pos = r.u32()?;
-                        let n = r.len(MAX_ENTRIES * 16)?;
-                        let ring = r.bytes.get(..n).ok_or_else(|| bad("truncated"))?.to_vec();
-                        r.bytes = r.bytes.get(n..).unwrap_or_default();
+                        let n = r.len(MAX_ENTRIES * 16, "list too long")?;
+                        let ring = r.take(n)?.to_vec();
                         if ring.iter().any(|b| *b > 3) {
                             return Err(bad("window entries are 0 to 3"));
                         }
@@ -219,7 +174,7 @@ impl Engine {
                         WindowState::Count { pos: pos % size, ring, failures, slow }
                     }
                     1 => {
-                        let n = r.len(MAX_ENTRIES)?;
+                        let n = r.len(MAX_ENTRIES, "list too long")?;
                         let mut buckets = Vec::with_capacity(n);
                         for _ in 0..n {
                             buckets.push((r.u64()?, r.u32()?, r.u32()?, r.u32()?));
@@ -244,7 +199,7 @@ impl Engine {
                 let state = match r.u64()? {
                     0 => BudgetState::Token { tokens: r.i64()? },
                     1 => {
-                        let n = r.len(MAX_ENTRIES)?;
+                        let n = r.len(MAX_ENTRIES, "list too long")?;
                         let mut slots = Vec::with_capacity(n);
                         for _ in 0..n {
                             slots.push((r.u64()?, r.i64()?));

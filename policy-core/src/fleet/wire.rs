@@ -19,6 +19,7 @@
 
 use crate::doc::{obj, Value};
 use crate::error::LoadError;
+use crate::leb128::{put, put_i, put_s, Reader};
 use crate::types::BreakerState;
 
 /// Format version.
@@ -68,61 +69,17 @@ pub struct Shared {
     pub records: Vec<Record>,
 }
 
-fn put(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn put_i(out: &mut Vec<u8>, v: i64) {
-    put(out, ((v << 1) ^ (v >> 63)) as u64);
-}
-
-fn put_s(out: &mut Vec<u8>, s: &str) {
-    put(out, s.len() as u64);
-    out.extend_from_slice(s.as_bytes());
-}
+/// What the fleet's shared bytes are called in errors.
+const FORMAT: &str = "Levee fleet state";
 
 fn bad(what: &str) -> LoadError {
-    LoadError::new("", format!("not Levee fleet state: {what}"))
+    LoadError::new("", format!("not {FORMAT}: {what}"))
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-}
-
-impl Reader<'_> {
-    fn u64(&mut self) -> Result<u64, LoadError> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = self.bytes.split_first().ok_or_else(|| bad("truncated"))?;
-            self.bytes = rest;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(bad("integer too long"))
-    }
-    fn u32(&mut self) -> Result<u32, LoadError> {
-        u32::try_from(self.u64()?).map_err(|_| bad("integer out of range"))
-    }
-    fn i64(&mut self) -> Result<i64, LoadError> {
-        let z = self.u64()?;
-        Ok(((z >> 1) as i64) ^ -((z & 1) as i64))
-    }
-    fn string(&mut self) -> Result<String, LoadError> {
-        let n = self.u64()?;
-        if n > MAX_NODE as u64 {
-            return Err(bad("node name too long"));
-        }
-        let n = n as usize;
-        let b = self.bytes.get(..n).ok_or_else(|| bad("truncated"))?;
-        self.bytes = self.bytes.get(n..).unwrap_or_default();
-        String::from_utf8(b.to_vec()).map_err(|_| bad("node name is not UTF-8"))
-    }
+/// A node's name, at most [`MAX_NODE`] bytes of UTF-8.
+fn string(r: &mut Reader<'_>) -> Result<String, LoadError> {
+    let n = r.len(MAX_NODE as u64, "node name too long")?;
+    String::from_utf8(r.take(n)?.to_vec()).map_err(|_| bad("node name is not UTF-8"))
 }
 
 impl Shared {
@@ -160,12 +117,12 @@ impl Shared {
             return Ok(Shared::default());
         }
         let rest = bytes.strip_prefix(b"LF").ok_or_else(|| bad("bad magic"))?;
-        let mut r = Reader { bytes: rest };
+        let mut r = Reader::new(rest, FORMAT);
         if r.u64()? != u64::from(VERSION) {
             return Err(bad("unknown version"));
         }
         let cleared = r.u64()?;
-        let probe = r.string()?;
+        let probe = string(&mut r)?;
         let probe_until = r.u64()?;
         let tokens = match r.u64()? {
             0 => None,
@@ -178,7 +135,7 @@ impl Shared {
         }
         let mut records = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            let node = r.string()?;
+            let node = string(&mut r)?;
             let state = BreakerState::from_index(r.u32()?).ok_or_else(|| bad("breaker state"))?;
             let flags = u8::try_from(r.u64()?).ok().filter(|f| *f <= FLEET_OPENED).ok_or_else(|| bad("record flags"))?;
             let (since, expires) = (r.u64()?, r.u64()?);
