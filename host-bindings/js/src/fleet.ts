@@ -147,6 +147,8 @@ interface Plan extends FleetPlan {
   /** The keys published in the background, least recently used first. */
   readonly keys: Map<string, true>;
   lastKey: string | undefined;
+  /** This process's fleet rate-limit leases, by key. */
+  readonly leases: Map<string, Lease>;
 }
 
 interface Lease {
@@ -214,7 +216,6 @@ export class Fleet {
   readonly #client: Client;
   readonly #owned: boolean;
   readonly #plans = new Map<string, Plan>();
-  readonly #leases = new Map<string, Lease>();
   readonly #listeners = new Map<FleetEventKind | 'event', Set<FleetListener>>();
   readonly #stop = new AbortController();
   readonly #clientTimeoutMs: number;
@@ -343,7 +344,7 @@ export class Fleet {
     const cost = options?.cost ?? 1;
     // The common case: a token of this process's lease, no round trip.
     if (cost === 1 && plan.lease > 1) {
-      const b = this.#leases.get(plan.keyPrefix + key);
+      const b = plan.leases.get(key);
       if (b !== undefined && b.tokens > 0 && performance.now() < b.expires) {
         b.tokens--;
         return this.levee.run(plan.entry, fn, options);
@@ -406,7 +407,7 @@ export class Fleet {
   }
 
   #degrade(err: unknown): void {
-    this.#leases.clear();
+    for (const plan of this.#plans.values()) plan.leases.clear();
     if (!this.#up) return;
     this.#up = false;
     this.#emit({ kind: 'degraded', detail: `${describe(err)}; local decisions only`, policy: '', key: '' });
@@ -458,43 +459,48 @@ export class Fleet {
   /**
    * The fleet rate limit: resolves when admitted (after a wait, when the core's semantics give
    * one), rejects with `rate-limited` when refused. The store being down admits: the policy's own
-   * rate limit still holds.
+   * rate limit still holds. With leases, one request per key is in flight: its tokens go into the
+   * lease before anyone goes on, and every call, the one that asked included, takes its token
+   * from there (none is admitted without one).
    */
   async #take(plan: Plan, key: string, cost: number, signal: AbortSignal | undefined): Promise<void> {
     if (signal?.aborted) throw signal.reason;
     const rk = plan.keyPrefix + key + '}:r';
-    const lk = plan.keyPrefix + key;
-    const lease = cost === 1 ? plan.lease : 1;
+    const leased = cost === 1 && plan.lease > 1;
     for (let round = 0; ; round++) {
       if (!this.#up) return;
       const now = performance.now();
-      const b = this.#leases.get(lk);
+      const b = plan.leases.get(key);
       if (b !== undefined) {
         if (cost === 1 && b.tokens > 0 && now < b.expires) {
           b.tokens--;
           return;
         }
         if (now < b.blockedUntil) throw limited(plan, (b.blockedUntil - now) * 1e6);
-        if (b.pending !== undefined && round < 4) {
-          await b.pending;
+        if (leased && b.pending !== undefined && round < 4) {
+          await (signal === undefined ? b.pending : withSignal(b.pending, signal));
           continue;
         }
       }
-      const want = lease > 1 ? lease : cost;
-      const args = [plan.rateInterval, plan.rateBurst, want, plan.rateMaxWait, lease > 1 ? 1 : 0];
+      const want = leased ? plan.lease : cost;
+      const args = [plan.rateInterval, plan.rateBurst, want, plan.rateMaxWait, leased ? 1 : 0];
       const ask = this.#op(plan, () => this.#client.leveeFleetGcra(rk, ...args));
-      let entry = b;
-      if (lease > 1) {
-        if (entry === undefined)
-          this.#leases.set(lk, (entry = { tokens: 0, expires: 0, blockedUntil: 0, pending: undefined }));
-        const pending = ask.then(
-          () => undefined,
-          () => undefined,
-        );
-        entry.pending = pending;
-        void pending.then(() => {
-          if (entry!.pending === pending) entry!.pending = undefined;
-        });
+      if (leased) {
+        const e = b ?? this.#lease(plan, key);
+        const pending: Promise<void> = ask
+          .then(
+            ([kind, granted]) => {
+              if (kind === 0 && granted !== undefined && granted > 0 && this.#up) {
+                e.tokens = (now < e.expires ? e.tokens : 0) + granted;
+                e.expires = now + (plan.rateInterval * plan.rateBurst) / 1e6;
+              }
+            },
+            () => {},
+          )
+          .finally(() => {
+            if (e.pending === pending) e.pending = undefined;
+          });
+        e.pending = pending;
       }
       let reply: number[];
       try {
@@ -504,15 +510,10 @@ export class Fleet {
         this.#degrade(err);
         return;
       }
-      const [kind, granted, ns] = reply;
+      const [kind, , ns] = reply;
       if (kind === 0) {
-        if (lease > 1 && granted !== undefined && granted > 1 && this.#up) {
-          const e = this.#leases.get(lk) ?? { tokens: 0, expires: 0, blockedUntil: 0, pending: undefined };
-          e.tokens = (now < e.expires ? e.tokens : 0) + granted - 1;
-          e.expires = now + (plan.rateInterval * plan.rateBurst) / 1e6;
-          this.#leases.set(lk, e);
-        }
-        return;
+        if (!leased) return;
+        continue; // the tokens are in the lease: take one as everyone does
       }
       if (kind === 1) {
         const ms = Math.max(0, Math.min(ns ?? 0, plan.rateMaxWait)) / 1e6;
@@ -520,13 +521,20 @@ export class Fleet {
         return;
       }
       const hint = Math.max(ns ?? 0, 0);
-      if (this.#up) {
-        const e = this.#leases.get(lk) ?? { tokens: 0, expires: 0, blockedUntil: 0, pending: undefined };
-        e.blockedUntil = now + hint / 1e6;
-        this.#leases.set(lk, e);
-      }
+      if (this.#up) (b ?? this.#lease(plan, key)).blockedUntil = now + hint / 1e6;
       throw limited(plan, hint);
     }
+  }
+
+  /** A new lease entry for a key (the least recently made is dropped past MAX_KEYS). */
+  #lease(plan: Plan, key: string): Lease {
+    const e: Lease = { tokens: 0, expires: 0, blockedUntil: 0, pending: undefined };
+    plan.leases.set(key, e);
+    if (plan.leases.size > MAX_KEYS) {
+      const oldest = plan.leases.keys().next();
+      if (oldest.done !== true) plan.leases.delete(oldest.value);
+    }
+    return e;
   }
 
   /** One publication; false when the store did not answer. Never rejects. */
@@ -643,6 +651,7 @@ function fleetPlans(levee: Levee): Map<string, Plan> {
       sharesState: p.breaker || p.budget,
       keys: new Map(),
       lastKey: undefined,
+      leases: new Map(),
     });
   }
   return plans;
