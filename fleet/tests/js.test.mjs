@@ -115,8 +115,17 @@ test('strict rate limit: the burst is admitted, then rate-limited with the retry
   assert.equal(err.reason, 'rate-limited');
   assert.equal(err.policy, 'strict');
   assert.ok(err.retryAfterMs > 0 && err.retryAfterMs <= 100, `hint ${err.retryAfterMs} ms`);
-  // Another key has its own bucket.
-  assert.equal(await f.fleet.run('strict', () => 'b', { key: 'b' }), 'b');
+  // Another key has its own bucket; a cost takes that many tokens at once.
+  assert.equal(await f.fleet.run('strict', () => 'b', { key: 'b', cost: 3 }), 'b');
+  assert.equal((await f.fleet.run('strict', () => 'b', { key: 'b' }).catch((e) => e)).reason, 'rate-limited');
+  await assert.rejects(
+    f.fleet.run('strict', () => 1, { cost: 0 }),
+    RangeError,
+  );
+  await assert.rejects(
+    f.fleet.run('strict', () => 1, { cost: 1.5 }),
+    RangeError,
+  );
   assert.ok(f.fleet.up);
   await done(f);
 });

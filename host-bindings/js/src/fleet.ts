@@ -165,9 +165,13 @@ class FleetTimeout extends Error {
   override readonly name = 'FleetTimeout';
 }
 
-function script(name: string): string {
-  // dist/fleet.js and src/fleet.ts both sit beside the package's `lua/`.
-  return readFileSync(new URL(`../lua/${name}`, import.meta.url), 'utf8');
+const scripts = new Map<string, string>();
+
+/** A script of the package's `lua/` (beside both dist/fleet.js and src/fleet.ts), read once. */
+function script(name: 'gcra.lua' | 'state.lua'): string {
+  let text = scripts.get(name);
+  if (text === undefined) scripts.set(name, (text = readFileSync(new URL(`../lua/${name}`, import.meta.url), 'utf8')));
+  return text;
 }
 
 function u8(data: Uint8Array): Buffer {
@@ -215,7 +219,7 @@ export class Fleet {
 
   readonly #client: Client;
   readonly #owned: boolean;
-  readonly #plans = new Map<string, Plan>();
+  readonly #plans: Map<string, Plan>;
   readonly #listeners = new Map<FleetEventKind | 'event', Set<FleetListener>>();
   readonly #stop = new AbortController();
   readonly #clientTimeoutMs: number;
@@ -230,8 +234,11 @@ export class Fleet {
    */
   static async connect(levee: Levee, url = 'redis://127.0.0.1:6379/0', options: FleetOptions = {}): Promise<Fleet> {
     const plans = fleetPlans(levee);
-    const timeoutMs = Math.max(1, ...[...plans.values()].map((p) => p.timeoutMs));
-    const retryMs = Math.min(...[...plans.values()].map((p) => p.retryEvery / 1e6), 1000);
+    const all = [...plans.values()];
+    // The client waits as long as the slowest policy allows; each operation is then held to its
+    // own policy's timeout (`#op`).
+    const timeoutMs = all.length === 0 ? 5 : Math.max(...all.map((p) => p.timeoutMs));
+    const retryMs = Math.min(...all.map((p) => p.retryEvery / 1e6), 1000);
     let client = options.client;
     if (client === undefined) {
       let Ctor: typeof Redis;
@@ -280,8 +287,8 @@ export class Fleet {
     this.#clientTimeoutMs = timeoutMs;
     if (options.listener !== undefined) this.on('event', options.listener);
     // Errors come back on the operations that failed; the client's own error events are noise here
-    // (and unhandled, ioredis would print each).
-    client.on('error', () => {});
+    // (and unhandled, ioredis would print each). A client passed in keeps the listeners it has.
+    if (owned) client.on('error', () => {});
     client.defineCommand(GCRA, { numberOfKeys: 1, lua: script('gcra.lua') });
     client.defineCommand(STATE, { numberOfKeys: 1, lua: script('state.lua') });
     this.#client = client as Client;
@@ -342,6 +349,9 @@ export class Fleet {
     if (plan.sharesState) this.#touch(plan, key);
     if (plan.rateInterval === 0 || !this.#up) return this.levee.run(plan.entry, fn, options);
     const cost = options?.cost ?? 1;
+    if (!Number.isSafeInteger(cost) || cost < 1) {
+      return Promise.reject(new RangeError(`levee fleet: cost must be a positive integer, not ${String(cost)}`));
+    }
     // The common case: a token of this process's lease, no round trip.
     if (cost === 1 && plan.lease > 1) {
       const b = plan.leases.get(key);
@@ -447,7 +457,11 @@ export class Fleet {
     fn: (ctx: AttemptContext) => T | PromiseLike<T>,
     options: FleetRunOptions<T> | undefined,
   ): Promise<T> {
-    if (plan.rateInterval > 0 && this.#up) await this.#take(plan, key, options?.cost ?? 1, options?.signal);
+    const cost = options?.cost ?? 1;
+    if (!Number.isSafeInteger(cost) || cost < 1) {
+      throw new RangeError(`levee fleet: cost must be a positive integer, not ${String(cost)}`);
+    }
+    if (plan.rateInterval > 0 && this.#up) await this.#take(plan, key, cost, options?.signal);
     if (!plan.sharesState) return this.levee.run(plan.entry, fn, options);
     try {
       return await this.levee.run(plan.entry, fn, options);
