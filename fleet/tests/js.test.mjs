@@ -210,6 +210,7 @@ test('bytes the core refuses: a bad-state event, and calls go on', async () => {
   assert.match(bad[0].detail, /\S/);
   assert.equal(await f.fleet.run('dep', () => 2, { key: 'k' }), 2);
   assert.ok(f.fleet.up, 'a refused state is not the store being down');
+  await assert.rejects(f.fleet.inspect('dep', 'k'), /levee fleet: the store's bytes: .*magic/);
   await done(f);
 });
 

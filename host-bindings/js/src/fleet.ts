@@ -374,14 +374,23 @@ export class Fleet {
     return this.#syncSafe(plan, key);
   }
 
-  /** A key's shared state as the core reads it (`undefined` when there is none). Rejects on a Redis error. */
+  /**
+   * A key's shared state as the core reads it (`undefined` when there is none). Rejects on a Redis
+   * error, and with an Error naming what is wrong when the core refuses the bytes.
+   */
   async inspect(policy: string, key = ''): Promise<FleetState | undefined> {
     const plan = this.#plans.get(policy);
     if (plan === undefined) throw new TypeError(`levee fleet: policy "${policy}" has no fleet section`);
     const raw = await this.#client.leveeFleetStateBuffer(plan.keyPrefix + key + '}:s', '', '', 0);
     const data = bytesOf(raw);
     if (data.length === 0) return undefined;
-    const text = this.levee.fleetCrossing('fleet-inspect', false, (e) => e.fleetInspect(data));
+    let text: string;
+    try {
+      text = this.levee.fleetCrossing('fleet-inspect', false, (e) => e.fleetInspect(data));
+    } catch (err) {
+      const refused = loadError(err);
+      throw refused === undefined ? err : new Error(`levee fleet: the store's bytes: ${refused}`, { cause: err });
+    }
     return JSON.parse(text) as FleetState;
   }
 
