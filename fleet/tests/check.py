@@ -183,7 +183,7 @@ def main() -> None:
     recs = {r["node"]: r for r in state["records"]}
     want = {"py-1": 7, "go-1": 11, "js-1": 13}
     got = {n: recs.get(n, {}).get("failures") for n in want}
-    check(got == want, f"every record counted: {got}")
+    check(got == want, f"every record counted: {got} (fleet events: {[r.get('fleet_events') for r in res]})")
     check(conflicts > 0, f"{conflicts} compare-and-set conflicts were merged again, none lost")
 
     finish()
