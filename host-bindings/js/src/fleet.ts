@@ -30,6 +30,7 @@
  */
 
 import { readFileSync } from 'node:fs';
+import { once } from 'node:events';
 import { hostname } from 'node:os';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
@@ -295,12 +296,21 @@ export class Fleet {
   }
 
   async #start(connect: boolean, background: boolean): Promise<void> {
-    // Connect and load the scripts once, outside the per-operation timeout.
+    // Connect and load the scripts once (on every master of a cluster), outside the per-operation
+    // timeout. (ioredis also sends a script with EVAL on a connection that has not run it, and
+    // again after NOSCRIPT: a restarted or promoted node gets it back by itself.)
     try {
       const ready = (async () => {
-        if (connect) await (this.redis as Redis).connect();
-        await this.redis.script('LOAD', script('gcra.lua'));
-        await this.redis.script('LOAD', script('state.lua'));
+        const c = this.redis;
+        if (connect) await (c as Redis).connect();
+        if (c.isCluster && c.status !== 'ready') await once(c, 'ready');
+        const servers = c.isCluster ? (c as Cluster).nodes('master') : [c as Redis];
+        await Promise.all(
+          servers.map(async (server) => {
+            await server.script('LOAD', script('gcra.lua'));
+            await server.script('LOAD', script('state.lua'));
+          }),
+        );
       })();
       ready.catch(() => {});
       await withTimeout(ready, CONNECT_MS);
@@ -610,6 +620,38 @@ export class Fleet {
     }
   }
 
+  /**
+   * Whether the store serves: PING one server; of a cluster, every master, each of which must
+   * report `cluster_state:ok` (a restarted master answers PING but refuses keys until it has
+   * rejoined), so that the fleet is restored only when every shard serves, as in every host. The
+   * client must also reach as many masters as the cluster has (`cluster_size`): ioredis drops a
+   * node it lost from its list, and the others say `ok` until the cluster marks it failed.
+   */
+  async #ping(): Promise<void> {
+    const c = this.redis;
+    if (!c.isCluster) {
+      await c.ping();
+      return;
+    }
+    const masters = (c as Cluster).nodes('master');
+    const sizes = await Promise.all(
+      masters.map(async (m) => {
+        const info = String(await m.cluster('INFO'));
+        if (!info.includes('cluster_state:ok')) {
+          throw new Error(`cluster node ${m.options.host ?? ''}:${m.options.port ?? ''}: not cluster_state:ok`);
+        }
+        return Number(/cluster_size:(\d+)/.exec(info)?.[1] ?? 0);
+      }),
+    );
+    const size = Math.max(1, ...sizes);
+    if (masters.length < size) {
+      // Ask the cluster for its nodes again (ioredis does by itself only on a redirection or every
+      // `slotsRefreshInterval`): a master that came back is then in the list of the next ping.
+      (c as Cluster).refreshSlotsCache();
+      throw new Error(`the client reaches ${masters.length} of the cluster's ${size} masters`);
+    }
+  }
+
   async #publishLoop(): Promise<void> {
     const plans = [...this.#plans.values()];
     const every = Math.min(...plans.map((p) => p.publishEvery)) / 1e6;
@@ -627,7 +669,7 @@ export class Fleet {
       } else {
         if (!(await pause(retry, signal))) return;
         try {
-          await withTimeout(this.redis.ping(), this.#clientTimeoutMs);
+          await withTimeout(this.#ping(), this.#clientTimeoutMs);
         } catch {
           continue;
         }
