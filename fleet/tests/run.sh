@@ -68,6 +68,8 @@ echo "== the Lua GCRA reproduces the core's (fleet/tests/gcra-cases.json)"
 
 echo "== the JS fleet option on its own (fleet/tests/js.test.mjs)"
 FLEET_REDIS="127.0.0.1:$PORT" node --test "$HERE/js.test.mjs"
+echo "== the JS fleet option on a Redis Cluster of 3 masters (fleet/tests/js_cluster.test.mjs)"
+node --test "$HERE/js_cluster.test.mjs"
 
 echo "== the multi-process scenarios"
 FLEET_PY="$VENV/bin/python" FLEET_GO_WORKER="$WORK/fleet-worker" FLEET_REDIS="127.0.0.1:$PORT" \
