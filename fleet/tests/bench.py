@@ -1,5 +1,5 @@
 """The fleet's benchmarks (docs/performance.md, "Fleet-wide state"): what the shared store adds
-to a call in Python and Go (the engine alone; async publication; async with a leased fleet rate
+to a call in Python, Go and JavaScript (the engine alone; async publication; async with a leased fleet rate
 limit; strict rate limit; strict rate limit and publication), then 4 processes running the same
 1,000/s limit through Levee's GCRA script and through redis_rate's (fleet/tests/redis_rate.lua,
 written from its formula), as fast as one connection each allows.
@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 ADDR = sys.argv[1]
 GO = os.environ["FLEET_GO_WORKER"]
+NODE = os.environ.get("FLEET_NODE", "node")
 NAMES = ["local", "async", "lease", "strict-rate", "strict"]
 
 
@@ -75,9 +76,18 @@ def main() -> None:
     gor = go("--policies", str(HERE / "bench.yaml"), "--addr", ADDR, "--node", "bench-go", "--start", "0", "bench")[0][
         "ns_per_call"
     ]
-    print("| policy | Python per call | Go per call |\n|---|---|---|")
+    js = json.loads(
+        subprocess.run(
+            [NODE, str(HERE / "worker.mjs"), "bench", "--policies", str(HERE / "bench.yaml"), "--addr", ADDR]
+            + ["--node", "bench-js"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()[-1]
+    )["ns_per_call"]
+    print("| policy | Python per call | Go per call | JS per call |\n|---|---|---|---|")
     for n in NAMES:
-        print(f"| `{n}` | {py[n] / 1000:.1f} us | {gor[n] / 1000:.2f} us |")
+        print(f"| `{n}` | {py[n] / 1000:.1f} us | {gor[n] / 1000:.2f} us | {js[n] / 1000:.2f} us |")
     rows: dict[str, tuple[float, int]] = {}
     scripts = (
         ("Levee gcra.lua", ROOT / "fleet" / "lua" / "gcra.lua"),

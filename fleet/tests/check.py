@@ -1,4 +1,4 @@
-"""The fleet's multi-process test: Python and Go processes share one Redis on 127.0.0.1
+"""The fleet's multi-process test: Python, Go and JavaScript processes share one Redis on 127.0.0.1
 (started by run.sh) and must agree on one fleet-wide state. Each scenario starts its workers
 together at one wall-clock instant and checks what they report. Bounded: every worker stops by
 itself after its scenario's seconds; the whole run takes about a minute."""
@@ -17,6 +17,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 PY = os.environ.get("FLEET_PY", sys.executable)
 GO = os.environ["FLEET_GO_WORKER"]
+NODE = os.environ.get("FLEET_NODE", "node")
 ADDR = os.environ["FLEET_REDIS"]
 REDIS_CMD = json.loads(os.environ["FLEET_REDIS_CMD"])
 failures: list[str] = []
@@ -32,6 +33,8 @@ def spawn(lang: str, mode: str, node: str, start: float, *extra: str) -> subproc
     common = ["--addr", ADDR, "--node", node, "--start", f"{start:.3f}", *extra]
     if lang == "py":
         cmd = [PY, str(HERE / "worker.py"), mode, *common]
+    elif lang == "js":
+        cmd = [NODE, str(HERE / "worker.mjs"), mode, *common]
     else:
         cmd = [GO, "--policies", str(HERE / "policies.yaml"), *common, mode]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -76,11 +79,11 @@ def scenario(
 
 
 def main() -> None:
-    four = [("py", "py-1"), ("py", "py-2"), ("go", "go-1"), ("go", "go-2")]
+    nodes = [("py", "py-1"), ("py", "py-2"), ("go", "go-1"), ("go", "go-2"), ("js", "js-1")]
 
     for mode in ("rate", "rate-strict"):
         for round_ in (1, 2):
-            res = scenario(f"GCRA at 1,000/s, burst 50, 4 processes for 10 s ({mode})", four, 10.0, mode)
+            res = scenario(f"GCRA at 1,000/s, burst 50, {len(nodes)} processes for 10 s ({mode})", nodes, 10.0, mode)
             local = [r["fleet_events"] for r in res if r["fleet_events"]]
             admitted = sum(r["ok"] for r in res)
             if (not local and admitted >= 9_900) or round_ == 2:
@@ -102,10 +105,10 @@ def main() -> None:
 
     if os.environ.get("FLEET_ONLY_RATE"):
         return finish()
-    res = scenario("one bad node (py-1 fails from 1 s to 4 s)", four, 5.0, "breaker", {"py-1": ["--bad", "1:4"]})
+    res = scenario("one bad node (py-1 fails from 1 s to 4 s)", nodes, 5.0, "breaker", {"py-1": ["--bad", "1:4"]})
     by = {r["node"]: r for r in res}
     check(by["py-1"]["open"] > 0, f"the bad node's own breaker opened ({by['py-1']['open']} calls rejected)")
-    for n in ("py-2", "go-1", "go-2"):
+    for n in ("py-2", "go-1", "go-2", "js-1"):
         check(
             by[n]["open"] == 0 and by[n]["failed"] == 0 and by[n]["quorum_events"] == 0,
             f"{n} kept serving: {by[n]['ok']} ok, {by[n]['open']} rejected, no quorum",
@@ -113,13 +116,19 @@ def main() -> None:
 
     res = scenario(
         "a quorum of bad nodes (py-1 and go-1 fail from 1 s; the others from 3 s)",
-        four,
+        nodes,
         6.0,
         "breaker",
-        {"py-1": ["--bad", "1:99"], "go-1": ["--bad", "1:99"], "py-2": ["--bad", "3:99"], "go-2": ["--bad", "3:99"]},
+        {
+            "py-1": ["--bad", "1:99"],
+            "go-1": ["--bad", "1:99"],
+            "py-2": ["--bad", "3:99"],
+            "go-2": ["--bad", "3:99"],
+            "js-1": ["--bad", "3:99"],
+        },
     )
     by = {r["node"]: r for r in res}
-    for n in ("py-2", "go-2"):
+    for n in ("py-2", "go-2", "js-1"):
         r = by[n]
         early = sum(r["phases"].get(s, {}).get("open", 0) for s in ("1", "2"))
         check(
@@ -129,7 +138,9 @@ def main() -> None:
     # With the dependency down everywhere (from 3 s), the fleet probes one process at a time:
     # one holder of a 1 s lease sends its 2 half-open trials, not 2 per process.
     trials = sum(r["phases"].get(s, {}).get("invoked", 0) for r in res for s in ("4", "5"))
-    check(trials <= 8, f"the fleet sent {trials} trials in seconds 4-5 (4 processes uncoordinated: 16)")
+    check(
+        trials <= 8, f"the fleet sent {trials} trials in seconds 4-5 ({len(nodes)} processes uncoordinated: {4 * len(nodes)})"
+    )
 
     def kill_and_restart(start: float) -> None:
         time.sleep(max(0.0, start + 1.5 - time.time()))
@@ -140,7 +151,7 @@ def main() -> None:
         subprocess.run(REDIS_CMD, check=True)
         print("  (redis restarted)", flush=True)
 
-    res = scenario("Redis killed mid-test and restarted", four, 6.0, "steady", during=kill_and_restart)
+    res = scenario("Redis killed mid-test and restarted", nodes, 6.0, "steady", during=kill_and_restart)
     errors = sum(r["errors"] + r["failed"] + r["open"] for r in res)
     check(errors == 0, f"zero errors on the data path ({sum(r['ok'] for r in res)} calls ok)")
     for r in res:
@@ -153,7 +164,7 @@ def main() -> None:
         print("  (redis blocked for 1 s: DEBUG SLEEP 1)", flush=True)
         redis_cli("DEBUG", "SLEEP", "1")
 
-    res = scenario("Redis slow: blocked for 1 s mid-test", four, 5.0, "steady", during=stall)
+    res = scenario("Redis slow: blocked for 1 s mid-test", nodes, 5.0, "steady", during=stall)
     errors = sum(r["errors"] + r["failed"] + r["open"] for r in res)
     check(errors == 0, f"zero errors on the data path ({sum(r['ok'] for r in res)} calls ok)")
     for r in res:
@@ -161,19 +172,18 @@ def main() -> None:
         check(ev[:1] == ["degraded"] and "restored" in ev, f"{r['node']} went local-only past its timeout and came back: {ev}")
 
     res = scenario(
-        "two concurrent failure records",
-        [("py", "py-1"), ("go", "go-1")],
+        "concurrent failure records (Python, Go, JavaScript)",
+        [("py", "py-1"), ("go", "go-1"), ("js", "js-1")],
         0.0,
         "records",
-        {"py-1": ["--failures", "7"], "go-1": ["--failures", "11"]},
+        {"py-1": ["--failures", "7"], "go-1": ["--failures", "11"], "js-1": ["--failures", "13"]},
     )
     conflicts = sum(r["conflicts"] for r in res)
     state = json.loads(subprocess.run([PY, "-c", INSPECT, ADDR], capture_output=True, text=True, check=True).stdout)
     recs = {r["node"]: r for r in state["records"]}
-    check(
-        recs.get("py-1", {}).get("failures") == 7 and recs.get("go-1", {}).get("failures") == 11,
-        f"both records counted: py-1 {recs.get('py-1', {}).get('failures')}, go-1 {recs.get('go-1', {}).get('failures')}",
-    )
+    want = {"py-1": 7, "go-1": 11, "js-1": 13}
+    got = {n: recs.get(n, {}).get("failures") for n in want}
+    check(got == want, f"every record counted: {got} (fleet events: {[r.get('fleet_events') for r in res]})")
     check(conflicts > 0, f"{conflicts} compare-and-set conflicts were merged again, none lost")
 
     finish()

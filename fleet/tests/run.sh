@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The fleet's multi-process test (docs/fleet.md): a private Redis on 127.0.0.1 (Debian's
-# redis-server, installed when missing) on a free port, Python and Go processes sharing it:
-# the Lua GCRA against the core's cases, 1,000/s across 4 processes for 10 s (async leases and
+# redis-server, installed when missing) on a free port, Python, Go and JavaScript processes sharing it:
+# the Lua GCRA against the core's cases, 1,000/s across 5 processes for 10 s (async leases and
 # strict), one bad node, a quorum of bad nodes, Redis killed and restarted, Redis blocked
-# for a second, two concurrent failure records. Redis is stopped at the end. About two minutes.
+# for a second, concurrent failure records from three languages. Redis is stopped at the end. About two minutes.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -18,6 +18,7 @@ echo "== the Lua scripts: one source (fleet/lua), copied into the hosts"
 for f in gcra.lua state.lua; do
   cmp "$ROOT/fleet/lua/$f" "$ROOT/host-bindings/python/src/levee/_fleet/$f"
   cmp "$ROOT/fleet/lua/$f" "$ROOT/host-bindings/go/fleet/lua/$f"
+  cmp "$ROOT/fleet/lua/$f" "$ROOT/host-bindings/js/lua/$f"
 done
 
 echo "== install: redis-server, a venv with the Python host and redis-py, the Go worker"
@@ -35,6 +36,20 @@ echo "== mypy --strict levee.fleet"
 (cd "$ROOT/host-bindings/python" && MYPYPATH=src "$VENV/bin/python" -m mypy --strict --follow-imports=silent src/levee/fleet.py)
 WORK="$(mktemp -d)"
 (cd "$ROOT/host-bindings/go/fleet" && gofmt -l . | (! grep .) && go vet ./... && go build -o "$WORK/fleet-worker" ./cmd/fleet-worker)
+echo "== the JS host with ioredis (a devDependency; an optional peer for users), tsc --strict"
+(cd "$ROOT/host-bindings/js" \
+  && { [ -d node_modules/ioredis ] && [ ! package-lock.json -nt node_modules/.package-lock.json ] \
+       || quiet npm ci --no-audit --no-fund --loglevel=error; } \
+  && node scripts/transpile.mjs >/dev/null && npx tsc -p tsconfig.json \
+  && npx prettier --config .prettierrc.json --check src/fleet.ts "$ROOT/fleet/tests/"*.mjs >/dev/null \
+  && npm pack --dry-run --json --ignore-scripts 2>/dev/null >"$WORK/pack.json")
+"$VENV/bin/python" - "$WORK/pack.json" <<'PY'
+import json, sys
+files = {f["path"] for f in json.load(open(sys.argv[1]))[0]["files"]}
+missing = {"lua/gcra.lua", "lua/state.lua", "dist/fleet.js", "dist/fleet.d.ts"} - files
+assert not missing, f"npm pack leaves out {sorted(missing)}"
+print("   npm pack ships lua/gcra.lua, lua/state.lua and dist/fleet.js")
+PY
 
 PORT="$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 REDIS_CMD=(redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --enable-debug-command local
@@ -50,6 +65,11 @@ echo "== redis $(redis-server --version | awk '{print $3}') on 127.0.0.1:$PORT"
 
 echo "== the Lua GCRA reproduces the core's (fleet/tests/gcra-cases.json)"
 "$VENV/bin/python" "$HERE/gcra_cases.py" "127.0.0.1:$PORT"
+
+echo "== the JS fleet option on its own (fleet/tests/js.test.mjs)"
+FLEET_REDIS="127.0.0.1:$PORT" node --test "$HERE/js.test.mjs"
+echo "== the JS fleet option on a Redis Cluster of 3 masters (fleet/tests/js_cluster.test.mjs)"
+node --test "$HERE/js_cluster.test.mjs"
 
 echo "== the multi-process scenarios"
 FLEET_PY="$VENV/bin/python" FLEET_GO_WORKER="$WORK/fleet-worker" FLEET_REDIS="127.0.0.1:$PORT" \

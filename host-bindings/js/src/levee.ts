@@ -326,6 +326,18 @@ export class Levee {
     return this.#rt.engine;
   }
 
+  /**
+   * @internal The crossings of `levee-resilience/fleet` (fleet-plan, -merge, -apply, -inspect), with
+   * this Levee's `now`: the held-back success is sent first, a trap recovers and is rethrown (as for
+   * every crossing outside the call protocol), and with `drain` the events the crossing queued (a
+   * breaker the fleet's quorum opened) are emitted at once.
+   */
+  fleetCrossing<R>(phase: string, drain: boolean, fn: (engine: Engine, now: bigint) => R): R {
+    const out = this.#rt.use(phase, (e) => fn(e, this.#now()));
+    if (drain) this.#rt.drain();
+    return out;
+  }
+
   /** The instantiated component this host drives (its `Engine` class loads fresh engines). */
   get component(): ComponentExports {
     return this.#rt.component;

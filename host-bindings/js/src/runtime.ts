@@ -148,9 +148,13 @@ function loadErrors(err: unknown): LoadError[] | undefined {
   return undefined;
 }
 
-/** A `result` error of the WIT is an answer, not a fault: jco throws it as ComponentError. */
-function isComponentError(err: unknown): boolean {
-  return (err as { name?: unknown } | null)?.name === 'ComponentError';
+/**
+ * A `result` error of the WIT is an answer, not a fault: jco throws it as a ComponentError, whose
+ * `name` is Error's own (only its class is named so), with the error value as `payload`.
+ */
+export function isComponentError(err: unknown): err is Error & { payload: unknown } {
+  if (!(err instanceof Error) || !('payload' in err)) return false;
+  return err.name === 'ComponentError' || err.constructor.name === 'ComponentError';
 }
 
 /**

@@ -10,8 +10,6 @@ const VECTORS = new URL('../../../conformance/vectors/', import.meta.url);
 
 /** Vectors this host skips, by name, with the reason. None today. */
 const SKIP = {};
-/** Vectors with `fleet_*` steps (issue 18): the JS host has no fleet option yet (Python and Go have it). */
-const FLEET_SKIP = 'the JS host does not bind fleet-* yet (issue 18)';
 
 const UNKNOWN_POLICY = 4294967295;
 
@@ -109,6 +107,8 @@ function replay(component, vector) {
   const policy = (name) => engine.policyIndex(typeof name === 'string' ? name : '') ?? UNKNOWN_POLICY;
   // The record of the last durable step that succeeded (steps without `record_hex` use it).
   let record = new Uint8Array(0);
+  // The shared bytes of the last fleet_merge that succeeded (steps without `shared_hex` use them).
+  let shared = new Uint8Array(0);
   vector.steps.forEach((s, i) => {
     let actual = null;
     switch (s.op) {
@@ -283,6 +283,36 @@ function replay(component, vector) {
         };
         break;
       }
+      case 'fleet_plan':
+        actual = engine.fleetPlan(policy(s.policy)) ?? null;
+        break;
+      case 'fleet_merge':
+      case 'fleet_apply':
+      case 'fleet_inspect': {
+        // The shared bytes flow as the Rust runner's do (levee-resilience/fleet carries them).
+        const bytes = typeof s.shared_hex === 'string' ? hex(s.shared_hex) : shared;
+        const args = [policy(s.policy), s.key ?? '', s.node ?? '', u64(s.now), u64(s.wall_ms), bytes];
+        let out;
+        try {
+          out =
+            s.op === 'fleet_inspect'
+              ? engine.fleetInspect(bytes)
+              : s.op === 'fleet_apply'
+                ? engine.fleetApply(...args)
+                : engine.fleetMerge(...args);
+        } catch (err) {
+          if (err?.name !== 'ComponentError' && !('payload' in (err ?? {}))) throw err;
+          actual = { err: err.payload };
+          break;
+        }
+        if (s.op === 'fleet_inspect') actual = { ok: out };
+        else if (s.op === 'fleet_apply') actual = { ok: null };
+        else {
+          shared = out;
+          actual = { ok: { hex: Buffer.from(out).toString('hex'), state: JSON.parse(engine.fleetInspect(out)) } };
+        }
+        break;
+      }
       default:
         assert.fail(`step ${i}: unknown op ${s.op}`);
     }
@@ -306,7 +336,7 @@ test('the conformance vectors are there', () => {
 const component = instantiateComponent();
 for (const file of files) {
   const vector = JSON.parse(readFileSync(new URL(file, VECTORS), 'utf8'));
-  const skip = SKIP[vector.name] ?? (vector.steps.some((s) => s.op.startsWith('fleet_')) ? FLEET_SKIP : undefined);
+  const skip = SKIP[vector.name];
   test(`vector ${vector.name}`, skip ? { skip } : {}, () => {
     assert.equal(`${vector.name}.json`, file, 'a vector is named after its file');
     replay(component, vector);
