@@ -111,6 +111,14 @@ JSON
   node -e 'const [M] = process.versions.node.split(".").map(Number); if (M < 20) { console.error(`Node ${process.version} < 20`); process.exit(1); }'
   norust node out/quickstart.js "$base/install-js" >out.txt
   check js "$dir/app/out.txt" install-js
+  # The durable executor reads the shared SQL from the package itself (no checkout behind it).
+  norust node --input-type=module -e '
+    import { statements } from "levee-resilience/durable";
+    for (const d of ["sqlite", "postgres"]) {
+      const n = Object.keys(statements(d)).length;
+      if (n < 5) { console.error(`durable: ${d}.sql has ${n} statements`); process.exit(1); }
+    }' || return 1
+  cmp node_modules/levee-resilience/sql/sqlite.sql "$root/durable/sqlite.sql"
   # The installed package in workerd: the host's own workerd test, pointed at node_modules.
   LEVEE_JS_PACKAGE_DIR="$dir/app/node_modules/levee-resilience" LEVEE_WORKERD="$dir/app/node_modules/.bin/workerd" \
     norust node --test "$root/host-bindings/js/test/workerd.test.mjs" >workerd.txt 2>&1 || { cat workerd.txt >&2; return 1; }
