@@ -1623,6 +1623,14 @@ vec("hedge-policy-info", "A hedged policy makes one call-level attempt (max-atte
         pinfo(),
     ])
 
+vec("hedge-analyze", "`levee check`'s worst cases of a hedged policy: every hedge can start (3 attempts, 27x on 3 layers), the last starts (attempts - 1) x delay after the first and runs to its timeout (1.2 s); under envoy only the deadline bounds it; a token budget bounds hedges as it bounds retries.",
+    ["hedge", "analyze"], "policies:\n"
+    "  p: { attempt-timeout: 1s, deadline: 5s, hedge: { attempts: 3, delay: 100ms } }\n"
+    "  e: { attempt-timeout: 1s, deadline: 5s, hedge: { attempts: 4, preset: envoy }, budget: { kind: token } }\n", [
+        analyze(3, policy="p"),
+        analyze(3, policy="e"),
+    ])
+
 vec("hedge-errors", "Hedging names its errors: attempts beside hedge, hedge.attempts above 5 (11 under polly), an unknown preset, envoy without attempt-timeout or with a delay, a delay without a unit, an unknown field.",
     ["hedge", "errors"], "policies:\n"
     "  a: { attempts: 3, hedge: {} }\n"

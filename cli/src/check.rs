@@ -182,8 +182,22 @@ fn report_policies(eng: &mut Engine, name: &str, args: &CheckArgs, style: Style)
         outln!("  {} {}", style.bold("policy"), style.bold(&info.name));
         let timeout = if info.attempt_timeout == 0 { "none".to_string() } else { human(info.attempt_timeout) };
         let deadline = if info.deadline == 0 { "none".to_string() } else { human(info.deadline) };
-        outln!("    attempts             {} (at most), per-attempt timeout {timeout}, deadline {deadline}", info.max_attempts);
-        let cut = if a.worst_attempts < info.max_attempts { " (even the shortest delays reach the deadline)" } else { "" };
+        // A hedged policy makes one call-level attempt and races `hedge.attempts` of them.
+        let hedge = eng
+            .policy_json(i as u32)
+            .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+            .and_then(|j| j.get("hedge").cloned());
+        match &hedge {
+            Some(h) => outln!(
+                "    hedged               {} attempts at most (preset {}, delay {}), per-attempt timeout {timeout}, deadline {deadline}; never retried",
+                h.get("attempts").and_then(serde_json::Value::as_u64).unwrap_or(0),
+                h.get("preset").and_then(serde_json::Value::as_str).unwrap_or("?"),
+                h.get("delay").and_then(serde_json::Value::as_str).unwrap_or("?"),
+            ),
+            None => outln!("    attempts             {} (at most), per-attempt timeout {timeout}, deadline {deadline}", info.max_attempts),
+        }
+        let cut =
+            if hedge.is_none() && a.worst_attempts < info.max_attempts { " (even the shortest delays reach the deadline)" } else { "" };
         outln!("    worst-case attempts  {}{cut}", a.worst_attempts);
         match a.worst_latency {
             Some(l) => outln!(

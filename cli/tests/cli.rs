@@ -44,6 +44,21 @@ fn check_valid_files_exit_0_with_worst_cases() {
 }
 
 #[test]
+fn check_shows_a_hedged_policy_and_simulate_refuses_it() {
+    let o = levee(&["check", &path("examples/hedged.yaml")]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(out.contains("hedged               3 attempts at most (preset grpc, delay 50ms)"), "{out}");
+    // The third hedge starts 100 ms after the first and runs to its 500 ms timeout.
+    assert!(out.contains("worst-case latency   600ms"), "{out}");
+    assert!(out.contains("27x on 3 layers without a budget (3^3)"), "{out}");
+    let o = levee(&["simulate", &path("examples/hedged.yaml"), "--scenario", "healthy"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("does not model hedged attempts"), "{err}");
+}
+
+#[test]
 fn check_invalid_prints_every_error_with_its_path_and_exits_1() {
     let o = levee(&["check", &path("examples/invalid.yaml")]);
     assert_eq!(o.status.code(), Some(1));

@@ -48,6 +48,9 @@ pub const EXACT_STEPS: u32 = 1024;
 /// only successes refill them); ratio budget, `1 + percent / 100` (the `min-per-second`
 /// reserve adds a fixed rate on top, not a factor).
 pub fn analyze(p: &Policy, layers: u32) -> Analysis {
+    if let Some(h) = &p.hedge {
+        return analyze_hedged(p, h, layers);
+    }
     let retries = p.attempts.saturating_sub(1);
     let shortest = Delays::new(p, Bound::Shortest);
     let longest = Delays::new(p, Bound::Longest);
@@ -70,6 +73,35 @@ pub fn analyze(p: &Policy, layers: u32) -> Analysis {
     let amplification = per_layer.powi(exponent);
     let with_budget = match &p.budget {
         // The AWS client rate slows retries down but never refuses one.
+        None | Some(BudgetCfg::AwsAdaptive(_)) => amplification,
+        Some(BudgetCfg::Token { .. }) => 1.0,
+        Some(BudgetCfg::Ratio { percent, .. }) => (1.0 + percent / 100.0).min(per_layer).powi(exponent),
+    };
+    Analysis { worst_attempts: attempts, worst_latency, amplification, amplification_with_budget: with_budget }
+}
+
+/// A hedged policy: every one of `hedge.attempts` can start (a failure sends the next at
+/// once, and `delay: 0` sends them together), whatever the deadline, so that is the worst
+/// case and the amplification's base. The last attempt starts at most `(attempts - 1) *
+/// delay` after the first and runs to its timeout, bounded by the deadline; under `envoy`
+/// attempts have no timeout of their own, so only the deadline bounds the call. Budgets bound
+/// hedges as they bound retries.
+fn analyze_hedged(p: &Policy, h: &crate::hedge::HedgeCfg, layers: u32) -> Analysis {
+    let attempts = h.attempts;
+    let per_try = if h.preset == crate::hedge::Preset::Envoy { None } else { p.attempt_timeout };
+    let worst_latency = match (per_try, p.deadline) {
+        (None, None) => None,
+        (None, Some(d)) => Some(d),
+        (Some(t), deadline) => {
+            let last_start = h.delay.saturating_mul(u64::from(attempts.saturating_sub(1)));
+            let total = last_start.saturating_add(t);
+            Some(deadline.map_or(total, |d| total.min(d)))
+        }
+    };
+    let exponent = layers.min(i32::MAX as u32) as i32;
+    let per_layer = f64::from(attempts);
+    let amplification = per_layer.powi(exponent);
+    let with_budget = match &p.budget {
         None | Some(BudgetCfg::AwsAdaptive(_)) => amplification,
         Some(BudgetCfg::Token { .. }) => 1.0,
         Some(BudgetCfg::Ratio { percent, .. }) => (1.0 + percent / 100.0).min(per_layer).powi(exponent),

@@ -809,6 +809,14 @@ pub fn simulate(document: &str, policy: Option<&str>, o: &RunOptions) -> Result<
     })?;
     let index = resolve(&mut eng, policy)?;
     let name = eng.policy_info(index).ok_or("the document has no policy")?.name;
+    // The simulator runs one attempt of a call at a time; a hedged call's concurrent attempts
+    // are not modelled, so it says so rather than simulate something else.
+    let hedged = eng.policy_json(index).and_then(|j| serde_json::from_str::<Value>(&j).ok()).is_some_and(|j| j.get("hedge").is_some());
+    if hedged {
+        return Err(format!(
+            "policy `{name}` hedges: `levee simulate` does not model hedged attempts (run it on the policy without `hedge`)"
+        ));
+    }
     let layers = o.scenario.layers() as u32;
     let analytic = eng.analyze(index, layers).map(|a| (a.amplification, a.amplification_with_budget, a.worst_attempts));
     if o.scenario == Scenario::ProxyOutage {
