@@ -468,6 +468,10 @@ class Core:
                 raise _fault(err, "post-return")
         return r
 
+    def _slow_fuel(self, work: int) -> int:
+        """The fuel of a slow crossing (a seam for `levee.testing`'s fault injection)."""
+        return work_units(work)
+
     def _slow(self, name: str, args: _Args | None = None, has_result: bool = True, work: int = 0) -> Any:
         """A crossing with any arguments and result; the result is lifted then freed. `work` is
         the bytes of document or state it walks (its bound is `work_units(work)`)."""
@@ -483,7 +487,7 @@ class Core:
             full.resource(0, self._res)
             args = full
         f = self._addr[name]
-        self.store.set_fuel(work_units(work))
+        self.store.set_fuel(self._slow_fuel(work))
         result = _V()
         err = _CALL(
             f, self._ctx, addressof(args.arr), args.n, addressof(result) if has_result else None, 1 if has_result else 0
