@@ -375,10 +375,12 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
             h.abandoned = True
             while keep in h.open:
                 n, res = done.get()
-                h.open.discard(n)
                 if n == keep:
+                    h.open.discard(n)
                     h.results[keep] = res
                     h._end_span(keep, res)
+                else:
+                    h.report(n, res)  # abandoned: ends its span and closes what it returned
             h.fault_attempt = keep if keep in h.results else 0
     except BaseException:
         h.abandoned = True
