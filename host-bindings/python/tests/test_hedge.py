@@ -421,3 +421,37 @@ def test_trap_in_hedge_step_keeps_the_running_attempt() -> None:
     assert [a.get("levee.fault") for name, a in sink.events() if name == "engine-fault"] == ["trap"]
     # the engine works after its re-instantiation
     assert asyncio.run(main()) == "primary"
+
+
+def test_the_tracer_shows_the_commands() -> None:
+    clock = VirtualClock(0.0)
+    engine = levee.loads(A6, seed=1, clock=clock)
+    steps: list[str] = []
+    engine.trace = lambda s: steps.append(f"{s.op} {s.attempt} {list(s.commands)}")
+    delays = {1: 0.7, 2: 0.4, 3: 5.0}
+    n = 0
+
+    @engine.policy("p")
+    async def dependency() -> int:
+        nonlocal n
+        n += 1
+        k = n
+        await clock.sleep_async(delays[k])
+        if k == 1:
+            raise Unavailable()
+        return k
+
+    async def main() -> int:
+        value = await dependency()
+        await asyncio.sleep(0)
+        return value
+
+    assert asyncio.run(main()) == 2
+    assert steps == [
+        "start 0 []",
+        "hedge-step 0 ['wait 500000000']",
+        "hedge-step 0 ['start 2 timeout=0', 'wait 500000000']",
+        "report-attempt 1 ['start 3 timeout=0', 'wait 500000000']",
+        "report-attempt 2 ['cancel 3', 'end 2']",
+        "report-attempt 3 ['-']",
+    ]

@@ -421,6 +421,8 @@ class _Hedge:
             raw = st.engine._cross_hedge(st, lambda c: c.hedge_step(call, now))
         except _Fault:
             raise _HedgeStop() from None
+        if st.engine._tracer is not None:
+            st.engine._trace_hedge("hedge-step", st, 0, None, raw)
         return self.plan(raw, now, "hedge-step", 0)
 
     def report(self, n: int, res: _AttemptResult) -> HedgePlan:
@@ -464,6 +466,8 @@ class _Hedge:
                 emit_attempt(eng._sink, st.slot.info.name, o.kind.wit, elapsed)
             except Exception:
                 logger.exception("levee: telemetry sink %r failed", eng._sink)
+        if eng._tracer is not None:
+            eng._trace_hedge("report-attempt", st, n, o, raw)
         if self.over:
             return HedgePlan()  # a cancelled attempt of an ended call: nothing more to do
         return self.plan(raw, now, "report-attempt", n if live else 0)
