@@ -357,6 +357,7 @@ policies:
         ({"end": {"attempt": 1, "verdict": 7}},),  # a hedge verdict is no end
         ({"end": {"attempt": 1, "verdict": 0x15}},),  # fail without a reason
         ({"bogus": 1},),
+        ({"start": {"attempt": 2, "timeout": 1}}, {"cancel": 9}),  # nothing of a bad answer runs
     ],
 )
 def test_a_command_that_breaks_the_contract_is_a_fault(commands: tuple[dict[str, Any], ...]) -> None:
@@ -379,6 +380,7 @@ def test_a_command_that_breaks_the_contract_is_a_fault(commands: tuple[dict[str,
         return value
 
     assert asyncio.run(main()) == "v1"  # attempt 1 goes on alone; its own result stands
+    assert n == 1
     faulted = [a.get("levee.fault") for name, a in sink.events() if name == "engine-fault"]
     assert faulted == ["contract"]
 

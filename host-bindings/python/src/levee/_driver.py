@@ -503,18 +503,19 @@ class _Hedge:
         fault: reported, and `_HedgeStop` raised (`reported`: the attempt whose own result
         then stands)."""
         st = self.st
-        plan = HedgePlan()
         seen: set[int] = set()
-        for cmd in raw:
+        for cmd in raw:  # the whole answer is checked before any of it is carried out
             breach = self._breach(cmd, now, seen)
             if breach is not None:
                 st.engine._guest_fault(st, "contract", f"{breach} (answered to {op})")
                 raise _HedgeStop(reported)
-            case, val = cmd
+            if cmd[0] == "end":
+                break
+        plan = HedgePlan()
+        for case, val in raw:
             if case == "start":
                 # started for the core from now on (it holds a slot), whenever the executor runs it
                 n = int(val["attempt"])
-                seen.add(n)
                 self.started[n] = now
                 self.open.add(n)
                 st.attempts = len(self.started)
@@ -550,13 +551,14 @@ class _Hedge:
             n, timeout = val["attempt"], val["timeout"]
             if n in self.started or n in seen or n < 2 or n > MAX_HEDGED_ATTEMPTS:
                 return f"start of attempt {n}, already started or not in 2..{MAX_HEDGED_ATTEMPTS}"
+            seen.add(n)
             if st.deadline_at and timeout > st.deadline_at - now:
                 return f"attempt {n}'s timeout {timeout} ns ends past the deadline"
             if st.deadline_at and timeout == 0:
                 return f"attempt {n} without a timeout under a deadline"
             return None
         if case == "cancel":
-            if not isinstance(val, int) or val not in self.started:
+            if not isinstance(val, int) or (val not in self.started and val not in seen):
                 return f"cancel of attempt {val!r}, never started"
             return None
         if case == "wait":

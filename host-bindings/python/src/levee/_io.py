@@ -241,7 +241,8 @@ async def run_hedge_async(h: _Hedge, run: Callable[[int, int], Awaitable[_Attemp
     """Carry out a hedged call's commands with asyncio tasks (docs/policy.md, "Hedging"): each
     attempt is a task (`run(number, timeout_ns)`) cancelled by `task.cancel()`; a `wait` sleeps
     on the engine's clock until it elapses or an attempt closes, whichever is first; a closed
-    attempt is reported (the lowest number first when several have closed), else `hedge-step`.
+    attempt is reported (the one that ended first when several have closed, the lowest number
+    on a tie), else `hedge-step`.
     Returns at `end` or after a guest fault; attempts the core cancelled are reported as they
     close, without the caller waiting for them. The caller's cancel cancels every attempt."""
     st = h.st
@@ -253,8 +254,19 @@ async def run_hedge_async(h: _Hedge, run: Callable[[int, int], Awaitable[_Attemp
         h.begin(n, timeout)
         tasks[n] = asyncio.ensure_future(run(n, timeout))
 
+    results: dict[int, _AttemptResult] = {}
+
     def closed() -> int:
-        return next((k for k in sorted(h.open) if tasks[k].done()), 0)
+        """The attempt to report next: of those that have closed, the one that ended first (the
+        lowest number on a tie)."""
+        best = 0
+        for k in sorted(h.open):
+            if tasks[k].done():
+                if k not in results:
+                    results[k] = _task_result(h, k, tasks[k])
+                if not best or results[k].end < results[best].end:
+                    best = k
+        return best
 
     try:
         try:
@@ -281,7 +293,7 @@ async def run_hedge_async(h: _Hedge, run: Callable[[int, int], Awaitable[_Attemp
                         sleeper.cancel()
                         sleeper = None
                     n = closed()
-                plan = h.report(n, _task_result(h, n, tasks[n])) if n else h.step()
+                plan = h.report(n, results.pop(n)) if n else h.step()
         except _HedgeStop as stop:
             # the one recovery path: the attempt whose report faulted keeps its own result;
             # else the oldest attempt in flight goes on alone (the degraded attempt, already
