@@ -207,6 +207,35 @@ def test_sync_hedge_runs_in_threads_and_reports_the_loser_when_it_returns() -> N
     assert _live_calls(engine) == 0
 
 
+def test_sync_attempt_sees_its_cancel() -> None:
+    engine = levee.loads(SYNC, seed=1)
+    stopped = threading.Event()
+    n = 0
+
+    @engine.policy("p")
+    def dependency() -> str:
+        nonlocal n
+        n += 1
+        if n == 1:
+            assert not levee.attempt_cancelled()
+            for _ in range(500):  # the primary checks between steps, and stops when cancelled
+                if levee.attempt_cancelled():
+                    stopped.set()
+                    return "stopped"
+                time.sleep(0.01)
+            return "slow"
+        return "fast"
+
+    assert dependency() == "fast"
+    assert stopped.wait(2)
+    for _ in range(200):
+        if _live_calls(engine) == 0:
+            break
+        time.sleep(0.01)
+    assert _live_calls(engine) == 0
+    assert not levee.attempt_cancelled()  # outside an attempt
+
+
 def test_sync_bulkhead_slot_held_until_the_cancelled_thread_returns() -> None:
     engine = levee.loads(SYNC, seed=1)
     release = threading.Event()

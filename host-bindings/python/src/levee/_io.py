@@ -51,6 +51,22 @@ _ATTEMPT_CLOCK: contextvars.ContextVar[Callable[[], int]] = contextvars.ContextV
 )
 
 
+# Set in a synchronous hedged attempt's thread: the core cancelled it (it cannot be aborted).
+_ATTEMPT_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "levee_attempt_cancel", default=None
+)
+
+
+def attempt_cancelled() -> bool:
+    """Whether the attempt in progress was cancelled while it runs: a synchronous hedged attempt
+    the core cancelled (another attempt won, or the caller gave up). A thread cannot be aborted,
+    so such an attempt goes on until its function returns, and holds what it holds (a bulkhead
+    slot) until then; a function that checks this between steps ends sooner. Always False in
+    asyncio code (a cancelled task is cancelled) and outside an attempt."""
+    ev = _ATTEMPT_CANCEL.get()
+    return ev is not None and ev.is_set()
+
+
 def attempt_timeout() -> float | None:
     """Seconds left for the attempt in progress, or `None` when it has no timeout (or no attempt
     is in progress). Synchronous code passes this to its I/O (the httpx transport does)."""
@@ -338,6 +354,8 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
     done: queue.SimpleQueue[tuple[int, _AttemptResult]] = queue.SimpleQueue()
     system = type(eng._clock) is SystemClock
 
+    cancels: dict[int, threading.Event] = {}
+
     def worker(n: int, timeout: int, ctx: contextvars.Context) -> None:
         try:
             res = ctx.run(run, n, timeout)
@@ -351,9 +369,16 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
 
     def launch(n: int, timeout: int) -> None:
         h.begin(n, timeout)
-        th = threading.Thread(target=worker, args=(n, timeout, contextvars.copy_context()),
-                              name=f"levee-hedge-{st.call}-{n}", daemon=True)  # fmt: skip
+        ctx = contextvars.copy_context()
+        ev = cancels[n] = threading.Event()
+        ctx.run(_ATTEMPT_CANCEL.set, ev)
+        th = threading.Thread(target=worker, args=(n, timeout, ctx), name=f"levee-hedge-{st.call}-{n}",
+                              daemon=True)  # fmt: skip
         th.start()
+
+    def cancel_all() -> None:
+        for ev in cancels.values():
+            ev.set()
 
     def take(wait: int | None) -> tuple[int, _AttemptResult] | None:
         try:
@@ -376,6 +401,10 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
             while True:
                 for n, timeout in plan.starts:
                     launch(n, timeout)
+                for n in plan.cancels:
+                    ev = cancels.get(n)
+                    if ev is not None:
+                        ev.set()
                 if h.over:
                     break
                 if plan.wait is None and not h.open:
@@ -385,6 +414,9 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
         except _HedgeStop as stop:
             keep = stop.attempt or min((k for k in h.open if k not in h.cancelled), default=0)
             h.abandoned = True
+            for k, ev in cancels.items():
+                if k != keep:
+                    ev.set()
             while keep in h.open:
                 n, res = done.get()
                 if n == keep:
@@ -396,6 +428,7 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
             h.fault_attempt = keep if keep in h.results else 0
     except BaseException:
         h.abandoned = True
+        cancel_all()
         raise
     finally:
         with h.lock:
