@@ -486,3 +486,21 @@ def test_the_tracer_shows_the_commands() -> None:
         "report-attempt 2 ['cancel 3', 'end 2']",
         "report-attempt 3 ['-']",
     ]
+
+
+def test_attempts_loop_reports_a_hedge_cancelled_before_it_ran() -> None:
+    doc = 'policies:\n  p:\n    hedge: { attempts: 3, delay: 0, non-fatal: ["error:Unavailable"] }\n'
+    engine = levee.loads(doc, seed=1, clock=VirtualClock(0.0))
+    steps: list[str] = []
+    engine.trace = lambda s: steps.append(f"{s.op} {list(s.commands)}")
+    numbers = []
+    loop = engine.policy("p").attempts()
+    for attempt in loop:
+        with attempt:
+            numbers.append(attempt.number)
+            if attempt.number == 1:
+                raise Unavailable()
+            attempt.result = attempt.number
+    assert loop.result == 2
+    assert numbers == [1, 2]  # #3 was started by the core, then cancelled before it ran
+    assert _live_calls(engine) == 0, steps
