@@ -1191,12 +1191,23 @@ vec("fleet-bad-bytes-are-refused", "Shared bytes that are not the core's (garbag
      f_merge(0, 1, ""), f_merge(0, 1, "a", policy="q"), f_apply(0, 1, "a", shared="4c46"),
      {"op": "fleet_inspect", "shared_hex": "4c4601000000000100"}, {"op": "fleet_inspect", "shared_hex": "4c46010000000000"}])
 
-vec("fleet-errors-are-named", "Every invalid fleet field is named: quorum 0, a ttl shorter than two publications, a timeout above 1 s, a lease above the burst, a shared ratio budget, a bad prefix, a section that shares nothing, an unknown field.",
+vec("fleet-ratio-budget-shared", "A ratio budget is shared: deposits and withdrawals merge into a ledger of slots of the store's clock (ttl / 10 each). Ten calls on x published as node a pay a retry on y, whose own single deposit would not (5 per retry at 20 %); the retry's withdrawal is published as node c.",
+    ["fleet", "budget"], "policies:\n  p:\n    attempts: 2\n    budget: { kind: ratio, percent: 20, min-per-second: 0, ttl: 10s }\n    fleet: { publish-every: 100ms }\n",
+    sum(([start(1 + i, i * MS, key="x", expect=attempt(1)), report(1 + i, i * MS + 1, expect=DONE)] for i in range(10)), [])
+    + [f_merge(20 * MS, 1000, "a", key="x"),
+       f_merge(30 * MS, 1000, "c", key="y"),
+       f_apply(30 * MS, 1000, "c", key="y"),
+       start(11, 40 * MS, key="y", expect=attempt(1)),
+       report(11, 41 * MS, "timeout", expect=retry()),
+       f_merge(50 * MS, 1050, "c", key="y"),
+       {"op": "fleet_plan", "policy": "p"}])
+
+vec("fleet-errors-are-named", "Every invalid fleet field is named: quorum 0, a ttl shorter than two publications, a timeout above 1 s, a lease above the burst, a shared aws-adaptive budget, a bad prefix, a section that shares nothing, an unknown field.",
     ["fleet", "errors"],
     "policies:\n"
     "  a: { breaker: {}, fleet: { quorum: 0, ttl: 100ms, publish-every: 1s, timeout: 2s } }\n"
     "  b: { fleet: { rate-limit: { rate: 10, burst: 5 }, lease: 6, prefix: \"a b\" } }\n"
-    "  c: { budget: { kind: ratio }, fleet: { budget: shared } }\n"
+    "  c: { budget: { kind: aws-adaptive }, fleet: { budget: shared } }\n"
     "  d: { fleet: { publish: sometimes } }\n"
     "  e: { breaker: {}, fleet: { quorom: 2 } }\n", [])
 

@@ -173,7 +173,7 @@ impl BudgetCfg {
         (100_000.0 / percent).round() as i64
     }
 
-    fn slot_len(ttl: u64) -> u64 {
+    pub(crate) fn slot_len(ttl: u64) -> u64 {
         (ttl / RATIO_SLOTS).max(1)
     }
 
@@ -297,12 +297,12 @@ impl BudgetState {
 
 /// The slot `now` falls in, never one before the latest slot with deposits: a `now` earlier
 /// than one already seen counts as no time passed (it must not expire newer deposits).
-fn current_slot(slots: &[(u64, i64)], now: u64, ttl: u64) -> u64 {
+pub(crate) fn current_slot(slots: &[(u64, i64)], now: u64, ttl: u64) -> u64 {
     let latest = slots.iter().map(|(s, _)| *s).max().unwrap_or(0);
     (now / BudgetCfg::slot_len(ttl)).max(latest)
 }
 
-fn expire(slots: &mut Vec<(u64, i64)>, current: u64) {
+pub(crate) fn expire(slots: &mut Vec<(u64, i64)>, current: u64) {
     slots.retain(|(s, _)| s.saturating_add(RATIO_SLOTS) > current && *s <= current);
 }
 

@@ -130,14 +130,15 @@ pub fn parse(
         opt_duration(&mut f, "probe-lease", errors, true).unwrap_or(breaker.as_ref().map(|b| b.open_duration).unwrap_or(60 * SECOND));
     let rate_limit = f.take("rate-limit").and_then(|v| parse_rate(&f.path_of("rate-limit"), v, errors));
     let lease = uint(&mut f, "lease", 1, 1, 1_000_000, errors);
+    let shareable = matches!(budget, Some(BudgetCfg::Token { .. } | BudgetCfg::Ratio { .. }));
     let budget = match f.take("budget") {
-        None => matches!(budget, Some(BudgetCfg::Token { .. })),
+        None => shareable,
         Some(v) => {
             let shared = crate::read::choose(&f.path_of("budget"), v, &[("shared", true), ("local", false)], errors).unwrap_or(false);
-            if shared && !matches!(budget, Some(BudgetCfg::Token { .. })) {
+            if shared && !shareable {
                 errors.push(LoadError::new(
                     &f.path_of("budget"),
-                    "`shared` needs the policy's budget to be of kind `token` (a ratio budget's deposits expire by the local clock)",
+                    "`shared` needs the policy's budget to be of kind `token` or `ratio` (an `aws-adaptive` client rate is measured by each process)",
                 ));
             }
             shared

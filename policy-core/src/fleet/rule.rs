@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::wire::{Record, Shared, FLEET_OPENED, MAX_NODE, MAX_RECORDS};
 use crate::breaker::{Window, WindowState};
-use crate::budget::{BudgetCfg, BudgetState};
+use crate::budget::{self, BudgetCfg, BudgetState, RATIO_SLOTS};
 use crate::engine::push_event;
 use crate::error::LoadError;
 use crate::types::{BreakerState as S, Event, EventKind};
@@ -22,18 +22,20 @@ pub struct Marks {
     keys: BTreeMap<(u32, String), Mark>,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Mark {
     /// The local budget level right after the last apply, less what changed locally between
     /// that publication's merge and its apply: the base of the next change to publish.
     applied: Option<i64>,
+    /// The same for a ratio budget, slot by slot (local slot numbers).
+    ratio_applied: Option<Vec<(u64, i64)>>,
     /// The breaker's `trips` when the quorum opened it (that episode is the fleet's, not ours).
     fleet_trips: Option<u32>,
 }
 
 impl Marks {
     fn get(&self, policy: u32, key: &str) -> Mark {
-        self.keys.get(&(policy, key.to_string())).copied().unwrap_or_default()
+        self.keys.get(&(policy, key.to_string())).cloned().unwrap_or_default()
     }
     fn set(&mut self, policy: u32, key: &str, m: Mark) {
         if self.keys.len() >= MAX_MARKS && !self.keys.contains_key(&(policy, key.to_string())) {
@@ -57,6 +59,33 @@ fn prune(sh: &mut Shared, wall: u64) {
         sh.probe.clear();
         sh.probe_until = 0;
     }
+}
+
+/// A ratio budget's current local slot and the store's, at `now` and `wall` ms.
+fn ratio_clocks(local: &[(u64, i64)], now: u64, wall: u64, ttl: u64) -> (u64, u64) {
+    let l_now = budget::current_slot(local, now, ttl);
+    (l_now, wall.saturating_mul(MS) / BudgetCfg::slot_len(ttl))
+}
+
+/// Whether store slot `w` still counts when the store's clock is in slot `now`.
+fn live(w: u64, now: u64) -> bool {
+    w.saturating_add(RATIO_SLOTS) > now && w <= now
+}
+
+fn balance_at(slots: &[(u64, i64)], slot: u64) -> i64 {
+    slots.iter().find(|(s, _)| *s == slot).map(|(_, b)| *b).unwrap_or(0)
+}
+
+fn add(slots: &mut Vec<(u64, i64)>, slot: u64, change: i64) {
+    match slots.iter_mut().find(|(s, _)| *s == slot) {
+        Some((_, b)) => *b = b.saturating_add(change),
+        None => slots.push((slot, change)),
+    }
+}
+
+fn sorted(mut slots: Vec<(u64, i64)>) -> Vec<(u64, i64)> {
+    slots.sort_unstable_by_key(|(s, _)| *s);
+    slots
 }
 
 fn check_node(node: &str) -> Result<(), LoadError> {
@@ -96,6 +125,7 @@ impl Engine {
             failures: 0,
             trips: 0,
             seen: 0,
+            ratio_seen: Vec::new(),
         };
         if let Some(bcfg) = &p.breaker {
             let fresh;
@@ -146,6 +176,27 @@ impl Engine {
                 Some(t) => t.saturating_add(change).clamp(0, *max_milli),
             });
             rec.seen = local;
+        }
+        if let (true, Some(BudgetCfg::Ratio { ttl, .. })) = (cfg.budget, &p.budget) {
+            let local = match ks.and_then(|s| s.budget.as_ref()) {
+                Some(BudgetState::Ratio { slots }) => sorted(slots.clone()),
+                _ => Vec::new(),
+            };
+            let (l_now, w_now) = ratio_clocks(&local, now, wall, *ttl);
+            let mut ledger = sh.ratio.take().unwrap_or_default();
+            ledger.retain(|(w, _)| live(*w, w_now));
+            let applied = mark.ratio_applied.as_deref().unwrap_or_default();
+            for (l, b) in &local {
+                let change = b.saturating_sub(balance_at(applied, *l));
+                // Local slot `l` is store slot `l + w_now - l_now`.
+                match (l.saturating_add(w_now)).checked_sub(l_now) {
+                    Some(w) if change != 0 && live(w, w_now) => add(&mut ledger, w, change),
+                    _ => {}
+                }
+            }
+            sh.tokens = None;
+            sh.ratio = Some(sorted(ledger));
+            rec.ratio_seen = local;
         }
         match prev {
             Some(i) => {
@@ -222,6 +273,30 @@ impl Engine {
                 let target = local.saturating_add(fleet.saturating_sub(me.seen)).clamp(0, *max_milli);
                 *tokens = target;
                 mark.applied = Some(me.seen.saturating_add(target - local));
+            }
+            if let (Some(BudgetCfg::Ratio { ttl, .. }), Some(BudgetState::Ratio { slots }), Some(ledger), Some(me)) =
+                (&budget, ks.budget.as_mut(), sh.ratio.as_ref(), me.as_ref())
+            {
+                let (l_now, w_now) = ratio_clocks(slots, now, wall, *ttl);
+                // The fleet's ledger in local slot numbers: the base of the next change.
+                let fleet: Vec<(u64, i64)> = ledger
+                    .iter()
+                    .filter(|(w, _)| live(*w, w_now))
+                    .filter_map(|(w, b)| (w.saturating_add(l_now)).checked_sub(w_now).map(|l| (l, *b)))
+                    .collect();
+                // What changed here since the merge that published `me` is not in it yet.
+                let mut target = fleet.clone();
+                for (l, b) in slots.iter() {
+                    let change = b.saturating_sub(balance_at(&me.ratio_seen, *l));
+                    if change != 0 {
+                        add(&mut target, *l, change);
+                    }
+                }
+                // A slot the clocks' phases put one ahead of ours is kept, not dropped.
+                let current = l_now.max(target.iter().map(|(s, _)| *s).max().unwrap_or(0));
+                budget::expire(&mut target, current);
+                *slots = sorted(target);
+                mark.ratio_applied = Some(fleet);
             }
             opened
         });
@@ -358,6 +433,54 @@ mod tests {
         sync(&mut a, "a", 30, 3, &mut shared);
         assert_eq!(a.budget_tokens(0, "k"), Some(8000));
         assert_eq!(b.budget_tokens(0, "k"), Some(8000));
+    }
+
+    const RATIO: &str = r#"{"policies": {"p": {"attempts": 3,
+        "budget": {"kind": "ratio", "percent": 20, "min-per-second": 0, "ttl": "10s"},
+        "fleet": {"publish-every": "100ms"}}}}"#;
+
+    fn call(e: &mut Engine, call: u64, now: u64, ok: bool) -> Option<VerdictKind> {
+        let v = e.start(call, 0, "k", 0, now, 0, 0, 0);
+        assert_eq!(v.kind(), Some(VerdictKind::Attempt));
+        let kind = if ok { OutcomeKind::Success } else { OutcomeKind::Timeout };
+        let v = e.report(call, now + 1, 1, kind, 0, "", 0, 0);
+        if v.kind() == Some(VerdictKind::Retry) {
+            e.cancel(call, now + 2);
+        }
+        v.kind()
+    }
+
+    #[test]
+    fn a_ratio_budget_is_shared_deposits_and_withdrawals_merged() {
+        // a takes 10 calls (10 deposits); b, whose monotonic clock is elsewhere, none.
+        let mut a = Engine::load(RATIO, 1).expect("doc");
+        let mut b = Engine::load(RATIO, 2).expect("doc");
+        let mut alone = Engine::load(RATIO, 3).expect("doc");
+        let b0 = 7_000 * MS;
+        for i in 0..10 {
+            assert_eq!(call(&mut a, 1 + i, i * MS, true), Some(VerdictKind::Done));
+        }
+        let mut shared = Vec::new();
+        sync(&mut a, "a", 20 * MS, 1_000, &mut shared);
+        sync(&mut b, "b", b0, 1_000, &mut shared);
+        let s = Engine::fleet_inspect(&shared).expect("json");
+        assert!(s.contains("\"ratio\":[[1,10000]]"), "{s}");
+        // Alone, one call's deposit (1) does not pay a retry (5 at 20 %); with the fleet's it does.
+        assert_eq!(call(&mut alone, 1, b0, false), Some(VerdictKind::Fail));
+        assert_eq!(call(&mut b, 1, b0 + MS, false), Some(VerdictKind::Retry));
+        assert_eq!(call(&mut b, 2, b0 + 2 * MS, false), Some(VerdictKind::Retry));
+        // 10 + 2 deposits - 2 withdrawals of 5: 2 left, no third retry.
+        assert_eq!(call(&mut b, 3, b0 + 3 * MS, false), Some(VerdictKind::Fail));
+        // b's withdrawals reach a with the next sync: a's 10 deposits no longer pay two retries.
+        sync(&mut b, "b", b0 + 10 * MS, 1_050, &mut shared);
+        sync(&mut a, "a", 60 * MS, 1_050, &mut shared);
+        let s = Engine::fleet_inspect(&shared).expect("json");
+        assert!(s.contains("\"ratio\":[[1,3000]]"), "{s}");
+        assert_eq!(call(&mut a, 20, 70 * MS, false), Some(VerdictKind::Fail), "4 deposits do not pay 5");
+        // The deposits expire with the store's clock: 10 s later the ledger is empty.
+        sync(&mut a, "a", 10_100 * MS, 11_100, &mut shared);
+        let s = Engine::fleet_inspect(&shared).expect("json");
+        assert!(s.contains("\"ratio\":[]"), "{s}");
     }
 
     #[test]
