@@ -1634,6 +1634,19 @@ vec("hedge-policy-info", "A hedged policy makes one call-level attempt (max-atte
         pinfo(),
     ])
 
+vec("hedge-wait-never-passes-the-deadline", "A hedge due at or after the deadline is never waited for: with the default delay of 2 s and a 1 s deadline hedge-step answers nothing (the attempt's own timeout is the deadline), a non-fatal failure still sends the next hedge at once; under failsafe, the next hedge's time past the deadline leaves the attempt in flight alone, and when it fails the call fails for the deadline.",
+    ["hedge", "deadline"], "policies:\n  p: { deadline: 1s, hedge: { attempts: 2 } }\n  f: { deadline: 1s, hedge: { attempts: 3, delay: 800ms, preset: failsafe } }\n", [
+        start(1, 0, expect=hedged(1 * S)),
+        hstep(1, 0, expect=cmds()),
+        hreport(1, 1, 500 * MS, kind="http-status", code=503, elapsed=500 * MS, expect=cmds(hs(2, 500 * MS))),
+        hreport(1, 2, 600 * MS, elapsed=100 * MS, expect=cmds(hend(2, DONE))),
+        start(2, 0, policy="f", expect=hedged(1 * S)),
+        hstep(2, 0, expect=cmds(hw(800 * MS))),
+        hstep(2, 800 * MS, expect=cmds(hs(2, 200 * MS))),
+        hreport(2, 1, 900 * MS, kind="http-status", code=503, elapsed=900 * MS, expect=cmds()),
+        hreport(2, 2, 1000 * MS, kind="timeout", elapsed=200 * MS, expect=cmds(hend(2, fail("deadline")))),
+    ])
+
 vec("hedge-analyze", "`levee check`'s worst cases of a hedged policy: every hedge can start (3 attempts, 27x on 3 layers), the last starts (attempts - 1) x delay after the first and runs to its timeout (1.2 s); under envoy only the deadline bounds it; a token budget bounds hedges as it bounds retries.",
     ["hedge", "analyze"], "policies:\n"
     "  p: { attempt-timeout: 1s, deadline: 5s, hedge: { attempts: 3, delay: 100ms } }\n"

@@ -1315,6 +1315,19 @@ impl Engine {
             Some((_, None)) => {}
             None => machine.step(now, &mut admit, &mut out),
         }
+        // A hedge due at or after the deadline can never start on time: no wait for it (a
+        // host's wait never passes the deadline). The call goes on with the attempts in flight
+        // (a non-fatal failure still sends the next hedge at once), or, when none is left,
+        // fails for the deadline.
+        if let (Some(d), Some(hedge::Command::Wait { until })) = (deadline, out.last()) {
+            if *until >= d {
+                out.pop();
+                if machine.in_flight().next().is_none() {
+                    machine.stop(Reason::Deadline);
+                    machine.step(now, &mut admit, &mut out);
+                }
+            }
+        }
         let over = machine.is_over();
         c.attempts = c.attempts.max(machine.started());
         refile(keys, c.key_at);

@@ -341,6 +341,14 @@ impl Hedge {
         }
     }
 
+    /// Send no more hedges, for `reason` (the call's reason if every attempt in flight fails):
+    /// the engine's word when the next hedge could not start before the deadline.
+    pub fn stop(&mut self, reason: Reason) {
+        if self.stopped.is_none() {
+            self.stopped = Some(reason);
+        }
+    }
+
     /// The call was cancelled by its caller: cancel every attempt in flight.
     pub fn cancel(&mut self, out: &mut Vec<Command>) {
         if self.over {
