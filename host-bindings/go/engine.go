@@ -778,6 +778,28 @@ func (e *Engine) ReportFallback(call, now uint64, ok bool) (v Verdict, err error
 	return v, err
 }
 
+// HedgeStep advances a hedged call to now: after its hedge verdict (once attempt 1
+// runs), and when a wait command's time has come (docs/policy.md, "Hedging").
+func (e *Engine) HedgeStep(call, now uint64) (a HedgeAnswer, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		a, err = in.hedgeStep(ctx, e.rep, call, now)
+		return err
+	})
+	return a, err
+}
+
+// ReportAttempt reports that attempt attempt of a hedged call closed, with its outcome
+// (as Report; an attempt the core cancelled may be reported with any outcome).
+func (e *Engine) ReportAttempt(call uint64, attempt uint32, now, elapsed uint64, kind OutcomeKind, code int32, text string,
+	wallSecs uint64, flags uint32) (a HedgeAnswer, err error) {
+	text = strings.ToValidUTF8(text, "\uFFFD") // a raw header: the core says what it means
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		a, err = in.reportAttempt(ctx, e.rep, call, attempt, now, elapsed, kind, code, text, wallSecs, flags)
+		return err
+	})
+	return a, err
+}
+
 // Cancel abandons a call.
 func (e *Engine) Cancel(call, now uint64) error {
 	return e.op(false, func(ctx context.Context, in *instance) error { return in.cancel(ctx, e.rep, call, now) })
