@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -172,7 +173,10 @@ type hedgeRun struct {
 	att   [maxHedgeAttempts + 1]hedgeAttempt
 	got   [maxHedgeAttempts + 1]*hedgeEnded // the outcomes reported, by attempt
 	ended chan hedgeEnded                   // buffered for every attempt: a goroutine never blocks on it
-	mu    sync.Mutex
+	// notify is signalled (never blocking) when an attempt closes; cut ends the wait's sleep
+	notify chan struct{}
+	mu     sync.Mutex
+	cut    context.CancelFunc
 	// over: the call is over. An attempt closing after it reports itself when report is
 	// set (the call ended), and only closes when not (the caller gave up, the recovery path).
 	over, report bool
@@ -217,10 +221,17 @@ func (r *hedgeRun) closed(res hedgeEnded) {
 	e := r.c.p.e
 	r.mu.Lock()
 	if !r.over {
+		r.ended <- res
+		if r.cut != nil {
+			r.cut() // the wait is cut short
+		}
 		if s := e.hedgeSeam; s != nil {
 			s.exit(r.ctx, res.n) // the call's goroutine is runnable from here
 		}
-		r.ended <- res
+		select {
+		case r.notify <- struct{}{}:
+		default:
+		}
 		r.mu.Unlock()
 		return
 	}
@@ -265,7 +276,7 @@ func (r *hedgeRun) reportLate(res hedgeEnded) {
 	el := r.elapsed(&res)
 	text, wall := reportText(e, res.o)
 	e.reportClosed(c.ctx, c.ref(), uint32(res.n), e.Now(), el, res.o, text, wall)
-	c.tel.reported(res.o.Kind, el)
+	// not counted in levee.attempts: the core cancelled it (or the call ended while it ran)
 	if tr := e.o.trace; tr != nil {
 		tr(Step{Op: "report-attempt", Call: c.call, Now: res.t1, Outcome: res.o, Attempt: res.n})
 	}
@@ -320,7 +331,7 @@ func (r *hedgeRun) dropResults(keep int) {
 func (c *callRun) hedge(ctx context.Context, act action, now uint64) (next action, final bool, val any, used bool, err error) {
 	e, call := c.p.e, c.call
 	d := &c.d
-	r := &hedgeRun{c: c, ctx: ctx, ended: make(chan hedgeEnded, maxHedgeAttempts)}
+	r := &hedgeRun{c: c, ctx: ctx, ended: make(chan hedgeEnded, maxHedgeAttempts), notify: make(chan struct{}, 1)}
 	r.h.newHedge(1)
 	r.start(1, act.d, now)
 	tr := e.o.trace
@@ -331,9 +342,12 @@ func (c *callRun) hedge(ctx context.Context, act action, now uint64) (next actio
 		tr(Step{Op: "hedge-step", Call: call, Now: now, Commands: ans.Commands})
 	}
 	var reported *hedgeEnded // the outcome the crossing in hand reported (nil for hedge-step)
-	seam := e.hedgeSeam
+	var pending []hedgeEnded // attempts closed and not yet reported, lowest number first
 	for {
 		if ferr != nil || plan.breach != nil || (plan.end && plan.act.kind == actRecover) {
+			for _, res := range pending {
+				r.closeLate(res, false)
+			}
 			return c.hedgeRecover(r, reported, now)
 		}
 		for _, cmd := range plan.cmds {
@@ -352,67 +366,25 @@ func (c *callRun) hedge(ctx context.Context, act action, now uint64) (next actio
 			c.lastErr = g.err
 			c.a.adopt(g.res)
 			r.dropResults(plan.attempt)
+			for _, res := range pending {
+				r.closeLate(res, true)
+			}
 			r.finish(true)
 			return plan.act, false, nil, false, nil
 		}
-		// wait for an attempt to close, the wait's time, or the caller's cancel
-		var timer Timer
-		var fired chan struct{}
-		if plan.wait {
-			fired = make(chan struct{})
-			timer = e.Clock().AfterFunc(plan.d, func() {
-				if seam != nil {
-					seam.wake(ctx)
-				}
-				close(fired)
-			})
-		}
-		if seam != nil {
-			seam.park(ctx)
-		}
-		select {
-		case res := <-r.ended:
-			if timer != nil {
-				timer.Stop()
-			}
-			if res.panicked {
+		if len(pending) == 0 {
+			// wait for an attempt to close, the wait's time, or the caller's cancel
+			if cerr := r.await(plan); cerr != nil {
+				r.dropResults(0)
 				r.finish(false)
-				c.cancelCall(c.ctx)
-				panic(res.pv) // run's deferred cancel ends the call's telemetry
+				val, used, err = c.cancelled(cerr)
+				return next, true, val, used, err
 			}
-			now = max(e.Now(), now)
-			el := r.elapsed(&res)
-			n := res.n
-			live := r.h.cancelled&(1<<n) == 0
-			var flags uint32
-			if live {
-				if c.co.retryIf != nil || e.o.retryIf != nil {
-					flags = c.askPredicateFor(res.res, res.err)
-				}
-				if res.o.Overloaded {
-					flags |= cReportOverloaded
-				}
-				r.got[n] = &res
-				reported = &res
-			} else {
-				c.a.drop(res.res)
-				reported = nil
-			}
-			text, wall := reportText(e, res.o)
-			at := now
-			r.h.closed(n)
-			plan, ans, ferr = e.hedgeCross(ctx, c.ref(), opReportAttempt, d, &r.h, at, func(ctx context.Context, in *instance) (HedgeAnswer, error) {
-				return in.reportAttempt(ctx, e.rep, call, uint32(n), at, el, res.o.Kind, res.o.Code, text, wall, flags)
-			})
-			if ferr == nil {
-				c.tel.reported(res.o.Kind, el)
-			}
-			if tr != nil && ferr == nil {
-				tr(Step{Op: "report-attempt", Call: call, Now: at, Outcome: res.o, Attempt: n, Commands: ans.Commands})
-			}
-		case <-fired:
-			now = max(e.Now(), now)
-			at := now
+			pending = r.take(pending)
+		}
+		now = max(e.Now(), now)
+		at := now
+		if len(pending) == 0 { // the wait's time has come
 			reported = nil
 			plan, ans, ferr = e.hedgeCross(ctx, c.ref(), opHedgeStep, d, &r.h, at, func(ctx context.Context, in *instance) (HedgeAnswer, error) {
 				return in.hedgeStep(ctx, e.rep, call, at)
@@ -420,16 +392,104 @@ func (c *callRun) hedge(ctx context.Context, act action, now uint64) (next actio
 			if tr != nil && ferr == nil {
 				tr(Step{Op: "hedge-step", Call: call, Now: at, Commands: ans.Commands})
 			}
-		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
+			continue
+		}
+		res := pending[0]
+		pending = pending[1:]
+		if res.panicked {
+			for _, p := range pending {
+				r.closeLate(p, false)
 			}
 			r.dropResults(0)
 			r.finish(false)
-			val, used, err = c.cancelled(ctx.Err())
-			return next, true, val, used, err
+			c.cancelCall(c.ctx)
+			panic(res.pv) // run's deferred cancel ends the call's telemetry
+		}
+		n := res.n
+		el := r.elapsed(&res)
+		live := r.h.cancelled&(1<<n) == 0
+		var flags uint32
+		if live {
+			if c.co.retryIf != nil || e.o.retryIf != nil {
+				flags = c.askPredicateFor(res.res, res.err)
+			}
+			if res.o.Overloaded {
+				flags |= cReportOverloaded
+			}
+			r.got[n] = &res
+			reported = &res
+		} else {
+			c.a.drop(res.res)
+			reported = nil
+		}
+		text, wall := reportText(e, res.o)
+		r.h.closed(n)
+		plan, ans, ferr = e.hedgeCross(ctx, c.ref(), opReportAttempt, d, &r.h, at, func(ctx context.Context, in *instance) (HedgeAnswer, error) {
+			return in.reportAttempt(ctx, e.rep, call, uint32(n), at, el, res.o.Kind, res.o.Code, text, wall, flags)
+		})
+		if ferr == nil && live {
+			c.tel.reported(res.o.Kind, el) // an attempt the core cancelled is not counted
+		}
+		if tr != nil && ferr == nil {
+			tr(Step{Op: "report-attempt", Call: call, Now: at, Outcome: res.o, Attempt: n, Commands: ans.Commands})
 		}
 	}
+}
+
+// await blocks until an attempt has closed, the plan's wait has passed on the engine's
+// clock (the wait is a sleep of the call, cut short by an attempt's close), or the caller
+// gives up (its error). With no wait, only an attempt's close or the caller end it; an
+// answer that left nothing to wait for broke the contract (plan).
+func (r *hedgeRun) await(plan hedgePlan) error {
+	e := r.c.p.e
+	seam := e.hedgeSeam
+	if plan.wait {
+		wctx, cancel := context.WithCancel(r.ctx)
+		r.mu.Lock()
+		if len(r.ended) > 0 {
+			cancel() // an attempt closed already: the sleep is cut short at once
+		} else {
+			r.cut = cancel
+		}
+		r.mu.Unlock()
+		_ = e.sleep(wctx, plan.d)
+		r.mu.Lock()
+		r.cut = nil
+		r.mu.Unlock()
+		cancel()
+		return r.ctx.Err()
+	}
+	for {
+		r.mu.Lock()
+		if len(r.ended) > 0 {
+			r.mu.Unlock()
+			return nil
+		}
+		if seam != nil {
+			seam.park(r.ctx) // under mu: an attempt's exit after this wakes it
+		}
+		r.mu.Unlock()
+		select {
+		case <-r.notify: // perhaps for an attempt already taken: look again
+		case <-r.ctx.Done():
+			return r.ctx.Err()
+		}
+	}
+}
+
+// take appends the attempts closed so far to pending, lowest number first. Under the host
+// scenarios it first lets every attempt that closes at this instant close (settle).
+func (r *hedgeRun) take(pending []hedgeEnded) []hedgeEnded {
+	if s := r.c.p.e.hedgeSeam; s != nil {
+		s.settle(r.ctx)
+	}
+	r.mu.Lock()
+	for len(r.ended) > 0 {
+		pending = append(pending, <-r.ended)
+	}
+	r.mu.Unlock()
+	slices.SortFunc(pending, func(a, b hedgeEnded) int { return a.n - b.n })
+	return pending
 }
 
 // hedgeRecover is the one recovery path (docs/hosts.md, section 3) of a hedged call, after
@@ -478,16 +538,22 @@ func (c *callRun) hedgeRecover(r *hedgeRun, reported *hedgeEnded, now uint64) (a
 	}
 	// wait for attempt keep alone; any other closes unreported
 	for {
-		select {
-		case res := <-r.ended:
-			if res.n != keep {
-				ha.drop(res.res)
-				if res.panicked {
-					r.finish(false)
-					panic(res.pv)
-				}
-				continue
+		if cerr := r.await(hedgePlan{}); cerr != nil {
+			r.finish(false)
+			c.lastErr = nil
+			c.tel.end(cResults[3], d.attempts > 1, ReasonCancelled, cerr)
+			return action{}, true, nil, false, c.fail(ReasonCancelled, 0, cerr)
+		}
+		var kept *hedgeEnded
+		for _, res := range r.take(nil) {
+			if res.n == keep {
+				kept = &res
+			} else {
+				r.closeLate(res, false)
 			}
+		}
+		if kept != nil {
+			res := *kept
 			r.finish(false)
 			if res.panicked {
 				panic(res.pv)
@@ -500,11 +566,6 @@ func (c *callRun) hedgeRecover(r *hedgeRun, reported *hedgeEnded, now uint64) (a
 			ha.adopt(res.res)
 			c.tel.end(c.ownResult(err), d.attempts > 1, ReasonNone, err)
 			return action{}, true, nil, false, err
-		case <-c.ctx.Done():
-			r.finish(false)
-			c.lastErr = nil
-			c.tel.end(cResults[3], d.attempts > 1, ReasonCancelled, c.ctx.Err())
-			return action{}, true, nil, false, c.fail(ReasonCancelled, 0, c.ctx.Err())
 		}
 	}
 }
@@ -513,8 +574,8 @@ func (c *callRun) hedgeRecover(r *hedgeRun, reported *hedgeEnded, now uint64) (a
 // hedged call's goroutines start, block and wake, so that a virtual clock is advanced only
 // when all of them wait on it. nil in use.
 type hedgeSeam struct {
-	spawn func(ctx context.Context, n int) // attempt n's goroutine is about to start
-	exit  func(ctx context.Context, n int) // attempt n is done with the call (the call's goroutine may run)
-	park  func(ctx context.Context)        // the call's goroutine waits for an attempt or a wait's time
-	wake  func(ctx context.Context)        // a wait's time has come (the call's goroutine may run)
+	spawn  func(ctx context.Context, n int) // attempt n's goroutine is about to start
+	exit   func(ctx context.Context, n int) // attempt n is done with the call (the call's goroutine may run)
+	park   func(ctx context.Context)        // the call's goroutine waits for an attempt to close
+	settle func(ctx context.Context)        // let every attempt that closes at this instant close
 }
