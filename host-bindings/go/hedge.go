@@ -66,11 +66,16 @@ func (e *Engine) crossHedgeLocked(cctx context.Context, ref callRef, op crossing
 	f func(ctx context.Context, in *instance) (HedgeAnswer, error)) (a HedgeAnswer, err error) {
 	ctx := e.enter()
 	in := e.in
-	if e.inject != nil {
-		if trap, _, _ := e.inject(cctx, ref.call, op.String()); trap {
-			err = trapf("injected trap on %v of call %d", op, ref.call)
-		} else if a, err = f(ctx, in); err == nil && e.injectHedge != nil {
-			a = e.injectHedge(cctx, ref.call, op.String(), a)
+	if e.inject != nil || e.injectHedge != nil {
+		if e.inject != nil {
+			if trap, _, _ := e.inject(cctx, ref.call, op.String()); trap {
+				err = trapf("injected trap on %v of call %d", op, ref.call)
+			}
+		}
+		if err == nil {
+			if a, err = f(ctx, in); err == nil && e.injectHedge != nil {
+				a = e.injectHedge(cctx, ref.call, op.String(), a)
+			}
 		}
 	} else {
 		a, err = f(ctx, in)
