@@ -273,7 +273,7 @@ func TestHedgedHTTPStreamBodyIsSentOnce(t *testing.T) {
 	p, _ := e.Policy("p")
 	client := &http.Client{Transport: &levee.Transport{Policy: p}}
 	req, _ := http.NewRequest(http.MethodPost, srv.URL, io.NopCloser(strings.NewReader("stream"))) // no GetBody
-	req.Header.Set("Idempotency-Key", "k") // whatever the headers say
+	req.Header.Set("Idempotency-Key", "k")                                                         // whatever the headers say
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
