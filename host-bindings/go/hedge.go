@@ -170,9 +170,16 @@ type hedgeEnded struct {
 	pv       any // the panic's value
 }
 
-// hedgeRun is a hedged call in progress.
+// hedgeRun is a hedged call in progress. It holds what its attempts' goroutines need of
+// the call, never the callRun itself: a pointer to it in a goroutine would move every
+// call's callRun to the heap, hedged or not.
 type hedgeRun struct {
-	c     *callRun
+	e     *Engine
+	a     attempter
+	tel   *callTel
+	ref   callRef
+	name  string          // the policy's
+	cctx  context.Context // the call's, for the events of late reports
 	ctx   context.Context // the call's
 	h     hedgeDriver
 	att   [maxHedgeAttempts + 1]hedgeAttempt
@@ -192,16 +199,16 @@ type hedgeAttemptKey struct{}
 
 // start runs attempt n in its own goroutine from now, under timeout.
 func (r *hedgeRun) start(n int, timeout time.Duration, now uint64) {
-	c, e := r.c, r.c.p.e
+	e := r.e
 	actx, cancel := context.WithCancel(context.WithValue(r.ctx, hedgeAttemptKey{}, n))
 	r.att[n] = hedgeAttempt{cancel: cancel, t0: now, timeout: timeout}
 	if s := e.hedgeSeam; s != nil {
 		s.spawn(r.ctx, n)
 	}
-	if hs, ok := c.a.(interface{ hedgeStarted(n int) }); ok {
+	if hs, ok := r.a.(interface{ hedgeStarted(n int) }); ok {
 		hs.hedgeStarted(n)
 	}
-	ha := c.a
+	ha, tel := r.a, r.tel
 	go func() {
 		res := hedgeEnded{n: n}
 		func() {
@@ -211,7 +218,7 @@ func (r *hedgeRun) start(n int, timeout time.Duration, now uint64) {
 					res.o, res.err = Outcome{Kind: OutcomeErrorClass, Text: cHttpUnnamedErrorClass}, fmt.Errorf("levee: attempt %d panicked: %v", n, p)
 				}
 			}()
-			sctx, span := c.tel.attemptSpan(actx, n, false)
+			sctx, span := tel.attemptSpan(actx, n, false)
 			res.o, res.err, res.res = ha.hedged(e, sctx, timeout, n)
 			endAttemptSpan(span, res.o, res.err)
 		}()
@@ -223,7 +230,7 @@ func (r *hedgeRun) start(n int, timeout time.Duration, now uint64) {
 // closed hands attempt res.n's outcome to the call's goroutine or, once the call is over,
 // reports it itself (or only drops its result when the call was abandoned).
 func (r *hedgeRun) closed(res hedgeEnded) {
-	e := r.c.p.e
+	e := r.e
 	r.mu.Lock()
 	if !r.over {
 		r.ended <- res
@@ -253,15 +260,15 @@ func (r *hedgeRun) closed(res hedgeEnded) {
 // attempt held), and not when the call was abandoned. A panic has nobody left to reach: it
 // is logged.
 func (r *hedgeRun) closeLate(res hedgeEnded, report bool) {
-	e := r.c.p.e
-	r.c.a.drop(res.res)
+	e := r.e
+	r.a.drop(res.res)
 	if report {
 		r.reportLate(res)
 	}
 	if res.panicked {
 		if lg := e.o.logger; lg != nil {
 			lg.Error("levee: an attempt of a hedged call panicked after the call was decided",
-				slog.String("policy", r.c.p.name), slog.Int("attempt", res.n), slog.String("panic", fmt.Sprint(res.pv)))
+				slog.String("policy", r.name), slog.Int("attempt", res.n), slog.String("panic", fmt.Sprint(res.pv)))
 		}
 	}
 }
@@ -277,13 +284,13 @@ func (r *hedgeRun) elapsed(res *hedgeEnded) uint64 {
 }
 
 func (r *hedgeRun) reportLate(res hedgeEnded) {
-	c, e := r.c, r.c.p.e
+	e := r.e
 	el := r.elapsed(&res)
 	text, wall := reportText(e, res.o)
-	e.reportClosed(c.ctx, c.ref(), uint32(res.n), e.Now(), el, res.o, text, wall)
+	e.reportClosed(r.cctx, r.ref, uint32(res.n), e.Now(), el, res.o, text, wall)
 	// not counted in levee.attempts: the core cancelled it (or the call ended while it ran)
 	if tr := e.o.trace; tr != nil {
-		tr(Step{Op: "report-attempt", Call: c.call, Now: res.t1, Outcome: res.o, Attempt: res.n})
+		tr(Step{Op: "report-attempt", Call: r.ref.call, Now: res.t1, Outcome: res.o, Attempt: res.n})
 	}
 }
 
@@ -320,7 +327,7 @@ func (r *hedgeRun) finish(report bool) {
 
 // dropResults frees the results handed over that the call does not return.
 func (r *hedgeRun) dropResults(keep int) {
-	ha := r.c.a
+	ha := r.a
 	for n, g := range r.got {
 		if g != nil && n != keep {
 			ha.drop(g.res)
@@ -336,7 +343,8 @@ func (r *hedgeRun) dropResults(keep int) {
 func (c *callRun) hedge(ctx context.Context, act action, now uint64) (next action, final bool, val any, used bool, err error) {
 	e, call := c.p.e, c.call
 	d := &c.d
-	r := &hedgeRun{c: c, ctx: ctx, ended: make(chan hedgeEnded, maxHedgeAttempts), notify: make(chan struct{}, 1)}
+	r := &hedgeRun{e: e, a: c.a, tel: c.tel, ref: c.ref(), name: c.p.name, cctx: c.ctx, ctx: ctx,
+		ended: make(chan hedgeEnded, maxHedgeAttempts), notify: make(chan struct{}, 1)}
 	r.h.newHedge(1)
 	r.start(1, act.d, now)
 	tr := e.o.trace
@@ -446,7 +454,7 @@ func (c *callRun) hedge(ctx context.Context, act action, now uint64) (next actio
 // gives up (its error). With no wait, only an attempt's close or the caller end it; an
 // answer that left nothing to wait for broke the contract (plan).
 func (r *hedgeRun) await(plan hedgePlan) error {
-	e := r.c.p.e
+	e := r.e
 	seam := e.hedgeSeam
 	if plan.wait {
 		wctx, cancel := context.WithCancel(r.ctx)
@@ -485,7 +493,7 @@ func (r *hedgeRun) await(plan hedgePlan) error {
 // take appends the attempts closed so far to pending, lowest number first. Under the host
 // scenarios it first lets every attempt that closes at this instant close (settle).
 func (r *hedgeRun) take(pending []hedgeEnded) []hedgeEnded {
-	if s := r.c.p.e.hedgeSeam; s != nil {
+	if s := r.e.hedgeSeam; s != nil {
 		s.settle(r.ctx)
 	}
 	r.mu.Lock()
