@@ -302,8 +302,7 @@ func (h *hedgeDriver) live() uint16 { return h.open &^ h.cancelled }
 // started or past maxHedgeAttempts, or with a timeout past the deadline; cancels or ends
 // with an attempt never started; ends with an attempt whose outcome the host has not
 // reported (it has no result to return) or with a verdict that cannot end a call; waits
-// past the deadline with no attempt in flight that would end the wait before it (each
-// attempt's timeout ends by the deadline); or follows an end. An answer that neither
+// until past the deadline; or follows an end. An answer that neither
 // ends the call nor leaves anything to wait for (no attempt live, no wait) breaks it too.
 func (d *driver) plan(h *hedgeDriver, a HedgeAnswer, now uint64) (p hedgePlan) {
 	n := *h // checked on a copy: a breach changes nothing
@@ -374,8 +373,8 @@ func (d *driver) plan(h *hedgeDriver, a HedgeAnswer, now uint64) (p hedgePlan) {
 		}
 	}
 	if p.wait && !p.end {
-		if left, ok := d.left(now); ok && uint64(p.d) > left && n.live() == 0 {
-			return breach("a wait of %v past the deadline (%v left) with no attempt in flight", p.d, time.Duration(left))
+		if left, ok := d.left(now); ok && uint64(p.d) > left {
+			return breach("a wait of %v past the deadline (%v left)", p.d, time.Duration(left))
 		}
 	}
 	if !p.end && !p.wait && n.live() == 0 && n.open == 0 && !n.over {

@@ -143,8 +143,8 @@ func TestHedgePlanContract(t *testing.T) {
 	}{
 		{"a wait", false, []HedgeCommand{wait(500 * ms)}, 0, ""},
 		{"a hedge and a wait", false, []HedgeCommand{start(2, 500*ms), wait(400 * ms)}, 500 * ms, ""},
-		{"a wait past the deadline, attempt 1 in flight", false, []HedgeCommand{wait(2000 * ms)}, 0, ""},
-		{"a wait past the deadline, nothing in flight", true, []HedgeCommand{wait(2000 * ms)}, 100 * ms, "past the deadline"},
+		{"a wait to the deadline", false, []HedgeCommand{wait(1000 * ms)}, 0, ""},
+		{"a wait past the deadline", false, []HedgeCommand{wait(2000 * ms)}, 0, "past the deadline"},
 		{"nothing left to wait for", true, nil, 100 * ms, "no attempt in flight"},
 		{"start of attempt 1", false, []HedgeCommand{start(1, 100*ms)}, 0, "start of attempt 1"},
 		{"start out of order", false, []HedgeCommand{start(3, 100*ms)}, 0, "after attempt 1"},

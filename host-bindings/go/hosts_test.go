@@ -75,6 +75,40 @@ type hsFault struct {
 	Nth     int    `json:"nth"`
 	Trap    bool   `json:"trap"`
 	Verdict string `json:"verdict"`
+	// Commands replaces the whole answer of a hedged call's crossing (hedge-step, report-attempt)
+	Commands []map[string]any `json:"commands"`
+}
+
+// hedgeAnswer is a fault's commands (the vectors' JSON form; an end's verdict in hex) as an
+// answer, its events bit cleared.
+func hedgeAnswer(t *testing.T, cmds []map[string]any) levee.HedgeAnswer {
+	var a levee.HedgeAnswer
+	for _, c := range cmds {
+		for k, v := range c {
+			var hc levee.HedgeCommand
+			switch k {
+			case "start":
+				m := v.(map[string]any)
+				hc = levee.HedgeCommand{Kind: levee.HedgeStart, Attempt: uint32(num(m["attempt"])), Timeout: uint64(num(m["timeout"]))}
+			case "cancel":
+				hc = levee.HedgeCommand{Kind: levee.HedgeCancel, Attempt: uint32(num(v))}
+			case "wait":
+				hc = levee.HedgeCommand{Kind: levee.HedgeWait, Delay: uint64(num(v))}
+			case "end":
+				m := v.(map[string]any)
+				vs, _ := m["verdict"].(string)
+				verdict, err := strconv.ParseUint(strings.TrimPrefix(vs, "0x"), 16, 64)
+				if err != nil {
+					t.Errorf("fault end verdict %q: %v", vs, err)
+				}
+				hc = levee.HedgeCommand{Kind: levee.HedgeEnd, Attempt: uint32(num(m["attempt"])), Verdict: levee.Verdict(verdict)}
+			default:
+				t.Fatalf("fault command %q is not one this runner knows", k)
+			}
+			a.Commands = append(a.Commands, hc)
+		}
+	}
+	return a
 }
 
 func hostsDir(t *testing.T) string {
@@ -581,6 +615,7 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 	}
 	var idMu sync.Mutex
 	crossings := map[int]map[string]int{}
+	replace := map[int]*levee.HedgeAnswer{} // the answer of the crossing in progress, replaced
 	levee.SetFaultInjector(e, func(cctx context.Context, call uint64, op string) (bool, uint64, bool) {
 		i := callIndex(cctx)
 		if i < 0 {
@@ -600,6 +635,11 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 				if f.Trap {
 					return true, 0, false
 				}
+				if f.Commands != nil {
+					a := hedgeAnswer(t, f.Commands)
+					replace[i] = &a
+					return false, 0, false
+				}
 				v, err := strconv.ParseUint(strings.TrimPrefix(f.Verdict, "0x"), 16, 64)
 				if err != nil {
 					t.Errorf("fault verdict %q: %v", f.Verdict, err)
@@ -608,6 +648,16 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 			}
 		}
 		return false, 0, false
+	})
+	levee.SetHedgeInjector(e, func(cctx context.Context, _ uint64, _ string, a levee.HedgeAnswer) levee.HedgeAnswer {
+		i := callIndex(cctx)
+		idMu.Lock()
+		defer idMu.Unlock()
+		if r := replace[i]; r != nil {
+			delete(replace, i)
+			return *r
+		}
+		return a
 	})
 
 	var wg sync.WaitGroup
