@@ -386,6 +386,9 @@ func (c *callRun) hedge(ctx context.Context, act action, now uint64) (next actio
 			return plan.act, false, nil, false, nil
 		}
 		if len(pending) == 0 {
+			pending = r.take(pending) // an attempt that closed already ends any wait at once
+		}
+		if len(pending) == 0 {
 			// wait for an attempt to close, the wait's time, or the caller's cancel
 			if cerr := r.await(plan); cerr != nil {
 				r.dropResults(0)

@@ -225,7 +225,7 @@ func TestHedgedHTTPOnLoopback(t *testing.T) {
 	}))
 	defer srv.Close()
 	ctx := context.Background()
-	e, err := levee.Load(ctx, "policies:\n  p:\n    hedge: { attempts: 3, delay: 30ms }\n", levee.WithSeed(1))
+	e, err := levee.Load(ctx, "policies:\n  p:\n    hedge: { attempts: 2, delay: 30ms }\n", levee.WithSeed(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,6 +335,14 @@ func TestHedgeAllFailIsATypedError(t *testing.T) {
 	waitPending(t, clk, 2)
 	clk.Advance(30 * ms) // #1's 503 sends #2 at once
 	waitPending(t, clk, 1)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // #2 sleeps, not the wait
+		if ci, ok, _ := e.CallInfo(1); ok && ci.Attempts == 2 && clk.Pending() == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("attempt 2 did not start")
+		}
+	}
 	clk.Advance(20 * ms)
 	r := <-done
 	var le *levee.Error
