@@ -194,7 +194,7 @@ type hedgeRun struct {
 	over, report bool
 }
 
-// hedgeWakeKey marks the context of a hedged attempt (for HedgeAttemptOf).
+// hedgeAttemptKey marks the context of a hedged attempt with its number.
 type hedgeAttemptKey struct{}
 
 // start runs attempt n in its own goroutine from now, under timeout.
@@ -287,10 +287,11 @@ func (r *hedgeRun) reportLate(res hedgeEnded) {
 	e := r.e
 	el := r.elapsed(&res)
 	text, wall := reportText(e, res.o)
-	e.reportClosed(r.cctx, r.ref, uint32(res.n), e.Now(), el, res.o, text, wall)
+	now := max(e.Now(), res.t1)
+	e.reportClosed(r.cctx, r.ref, uint32(res.n), now, el, res.o, text, wall)
 	// not counted in levee.attempts: the core cancelled it (or the call ended while it ran)
 	if tr := e.o.trace; tr != nil {
-		tr(Step{Op: "report-attempt", Call: r.ref.call, Now: res.t1, Outcome: res.o, Attempt: res.n})
+		tr(Step{Op: "report-attempt", Call: r.ref.call, Now: now, Outcome: res.o, Attempt: res.n})
 	}
 }
 
