@@ -37,7 +37,11 @@ var (
 	tDurableStep   = recordOf("durable-step", "action", tDurableAction, "attempt", tU32, "wait", tU64,
 		"timeout", tU64, "next-at", tU64, "lease-until", tU64, "reason", tDurableReason,
 		"policy-changed", tBool, "bytes", listOf(tU8))
-	tOwnEngine = ownOf("engine")
+	tHedgeStart   = recordOf("hedge-start", "attempt", tU32, "timeout", tU64)
+	tHedgeEnd     = recordOf("hedge-end", "attempt", tU32, "verdict", tU64)
+	tHedgeCommand = variantOf("hedge-command", hedgeCommandNames[:], []*witType{tHedgeStart, tU32, tU64, tHedgeEnd})
+	tHedgeAnswer  = recordOf("hedge-answer", "commands", listOf(tHedgeCommand), "events-pending", tBool)
+	tOwnEngine    = ownOf("engine")
 	// borrow<engine> lowered into the instance that implements the resource is its rep (an i32).
 	tBorrowEngine = &witType{kind: kOwn, name: "borrow<engine>", size: 4, align: 4, flat: []flatType{fI32}}
 )
@@ -62,6 +66,8 @@ const (
 	fnAcquire
 	fnReport
 	fnReportFallback
+	fnHedgeStep
+	fnReportAttempt
 	fnCancel
 	fnCallInfo
 	fnDrainEvents
@@ -106,10 +112,13 @@ var sigs = [nFuncs]*funcSig{
 	fnAcquire:        method("acquire", ts(tU64, tU64), ts(tU64)),
 	fnReport:         method("report", ts(tU64, tU64, tU64, tOutcomeKind, tS32, tString, tU64, tU32), ts(tU64)),
 	fnReportFallback: method("report-fallback", ts(tU64, tU64, tBool), ts(tU64)),
-	fnCancel:         method("cancel", ts(tU64, tU64), nil),
-	fnCallInfo:       method("call-info", ts(tU64), ts(optionOf(tCallInfo))),
-	fnDrainEvents:    method("drain-events", nil, ts(listOf(tEvent))),
-	fnBreakerState:   method("breaker-state", ts(tU32, tString, tU64), ts(optionOf(tBreakerState))),
+	fnHedgeStep:      method("hedge-step", ts(tU64, tU64), ts(tHedgeAnswer)),
+	fnReportAttempt: method("report-attempt", ts(tU64, tU32, tU64, tU64, tOutcomeKind, tS32, tString, tU64, tU32),
+		ts(tHedgeAnswer)),
+	fnCancel:       method("cancel", ts(tU64, tU64), nil),
+	fnCallInfo:     method("call-info", ts(tU64), ts(optionOf(tCallInfo))),
+	fnDrainEvents:  method("drain-events", nil, ts(listOf(tEvent))),
+	fnBreakerState: method("breaker-state", ts(tU32, tString, tU64), ts(optionOf(tBreakerState))),
 	fnSetBreakerState: method("set-breaker-state", ts(tU32, tString, tBreakerState, tU64),
 		ts(resultOf(nil, tString))),
 	fnExportState:  method("export-state", nil, ts(listOf(tU8))),
@@ -621,6 +630,76 @@ func (in *instance) reportFallback(ctx context.Context, rep uint32, call, now ui
 		return 0, err
 	}
 	return Verdict(st[0]), nil
+}
+
+// maxHedgeCommands bounds the commands of one hedge-answer: the core answers at most a
+// start or a cancel per attempt (11 at most), a wait and an end. A longer list is a
+// guest fault, refused before anything is allocated for it.
+const maxHedgeCommands = 2*11 + 2
+
+// hedgeStep is `hedge-step`; the answer is lifted and checked by liftHedgeAnswer.
+func (in *instance) hedgeStep(ctx context.Context, rep uint32, call, now uint64) (HedgeAnswer, error) {
+	st := &in.stack
+	st[0], st[1], st[2] = uint64(rep), call, now
+	if err := in.fns[fnHedgeStep].CallWithStack(ctx, st[:]); err != nil {
+		return HedgeAnswer{}, err
+	}
+	return in.liftHedgeAnswer(ctx, fnHedgeStep)
+}
+
+// reportAttempt is `report-attempt`.
+func (in *instance) reportAttempt(ctx context.Context, rep uint32, call uint64, attempt uint32, now, elapsed uint64,
+	kind OutcomeKind, code int32, text string, wallSecs uint64, flags uint32) (HedgeAnswer, error) {
+	p, n, err := in.lowerBytes(ctx, text, nil)
+	if err != nil {
+		return HedgeAnswer{}, err
+	}
+	st := &in.stack
+	st[0], st[1], st[2], st[3], st[4], st[5] = uint64(rep), call, uint64(attempt), now, elapsed, uint64(kind)
+	st[6], st[7], st[8], st[9], st[10] = api.EncodeI32(code), uint64(p), uint64(n), wallSecs, uint64(flags)
+	if err := in.fns[fnReportAttempt].CallWithStack(ctx, st[:]); err != nil {
+		return HedgeAnswer{}, err
+	}
+	return in.liftHedgeAnswer(ctx, fnReportAttempt)
+}
+
+// liftHedgeAnswer lifts the hedge-answer a retptr function left, as drainEvents lifts its
+// list: the record, the list's bounds and alignment and each variant's discriminant are
+// checked by the Canonical ABI loads; the list's length is bounded before it is read.
+func (in *instance) liftHedgeAnswer(ctx context.Context, fn int) (HedgeAnswer, error) {
+	ptr := api.DecodeU32(in.stack[0])
+	m := in.view()
+	if err := m.check(ptr, tHedgeAnswer.size, tHedgeAnswer.align); err != nil {
+		return HedgeAnswer{}, err
+	}
+	if n := m.u32(ptr + uint32(tHedgeAnswer.offsets[0]) + 4); n > maxHedgeCommands {
+		return HedgeAnswer{}, trapf("hedge-answer with %d commands (at most %d)", n, maxHedgeCommands)
+	}
+	v, err := in.liftRet(ctx, fn)
+	if err != nil {
+		return HedgeAnswer{}, err
+	}
+	f := v.([]any)
+	l := f[0].([]any)
+	a := HedgeAnswer{Commands: make([]HedgeCommand, len(l)), EventsPending: f[1].(bool)}
+	for i, c := range l {
+		cv := c.(variantVal)
+		hc := HedgeCommand{Kind: HedgeCommandKind(cv.disc)}
+		switch hc.Kind {
+		case HedgeStart:
+			r := cv.payload.([]any)
+			hc.Attempt, hc.Timeout = r[0].(uint32), r[1].(uint64)
+		case HedgeCancel:
+			hc.Attempt = cv.payload.(uint32)
+		case HedgeWait:
+			hc.Delay = cv.payload.(uint64)
+		case HedgeEnd:
+			r := cv.payload.([]any)
+			hc.Attempt, hc.Verdict = r[0].(uint32), Verdict(r[1].(uint64))
+		}
+		a.Commands[i] = hc
+	}
+	return a, nil
 }
 
 func (in *instance) cancel(ctx context.Context, rep uint32, call, now uint64) error {

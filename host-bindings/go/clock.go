@@ -175,9 +175,22 @@ func ClockDeadline(ctx context.Context) (time.Time, bool) {
 	return ctx.Deadline()
 }
 func (c *clockCtx) Done() <-chan struct{} { return c.done }
+
+// Err is the context's error. A parent done is seen at once (its Done reaches this
+// context through context.AfterFunc, on another goroutine): as for the standard library's
+// contexts, Err is not nil from the moment the parent's is.
 func (c *clockCtx) Err() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
+	err := c.err
+	c.mu.Unlock()
+	if err == nil {
+		if perr := c.Context.Err(); perr != nil {
+			c.finish(perr)
+			c.mu.Lock()
+			err = c.err
+			c.mu.Unlock()
+		}
+	}
+	return err
 }
 func (c *clockCtx) String() string { return "levee.clockTimeout(" + c.deadline.String() + ")" }

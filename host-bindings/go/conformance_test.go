@@ -191,6 +191,19 @@ func runVector(t *testing.T, path string) {
 			var v Verdict
 			v, err = e.ReportFallback(s.u64("call"), s.u64("now"), s.boolean("ok"))
 			got = verdictJSON(v)
+		case "hedge_step":
+			var a HedgeAnswer
+			a, err = e.HedgeStep(s.u64("call"), s.u64("now"))
+			got = hedgeJSON(a)
+		case "report_attempt":
+			k, ok := ParseOutcomeKind(s.str("kind"))
+			if !ok {
+				t.Fatalf("step %d: outcome kind %q", n, s.str("kind"))
+			}
+			var a HedgeAnswer
+			a, err = e.ReportAttempt(s.u64("call"), uint32(s.u64("attempt")), s.u64("now"), s.u64("elapsed"), k, s.i32("code"),
+				s.str("text"), s.u64("wall_secs"), uint32(s.u64("flags")))
+			got = hedgeJSON(a)
 		case "cancel":
 			err = e.Cancel(s.u64("call"), s.u64("now"))
 		case "drain_events":
@@ -433,6 +446,24 @@ func verdictJSON(v Verdict) map[string]any {
 		m["reason"] = v.Reason().String()
 	}
 	return m
+}
+
+// hedgeJSON is the runners' JSON form of a hedge-answer (conformance/runner, hedge_json).
+func hedgeJSON(a HedgeAnswer) map[string]any {
+	cmds := make([]any, len(a.Commands))
+	for i, c := range a.Commands {
+		switch c.Kind {
+		case HedgeStart:
+			cmds[i] = map[string]any{"start": map[string]any{"attempt": c.Attempt, "timeout": c.Timeout}}
+		case HedgeCancel:
+			cmds[i] = map[string]any{"cancel": c.Attempt}
+		case HedgeWait:
+			cmds[i] = map[string]any{"wait": c.Delay}
+		case HedgeEnd:
+			cmds[i] = map[string]any{"end": map[string]any{"attempt": c.Attempt, "verdict": verdictJSON(c.Verdict)}}
+		}
+	}
+	return map[string]any{"commands": cmds, "events_pending": a.EventsPending}
 }
 
 func TestConformance(t *testing.T) {

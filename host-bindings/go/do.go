@@ -203,6 +203,7 @@ func DoValue[T any](ctx context.Context, p *Policy, fn func(ctx context.Context)
 // attempter runs one attempt under a timeout (0 = none) on e's clock and says what happened.
 type attempter interface {
 	attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error)
+	hedgedAttempter // the attempts of a hedged call (hedge.go)
 }
 
 // retryPreparer is an attempter that must prepare a retry (an error: it cannot be sent again).
@@ -894,6 +895,16 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 			return nil, false, err
 		case actRecover:
 			return c.recover(ctx, act)
+		case actHedge:
+			var final bool
+			var val any
+			var used bool
+			var err error
+			if act, final, val, used, err = c.hedge(ctx, act, now); final {
+				return val, used, err
+			}
+			now = e.Now()
+			v = 0
 		}
 	}
 }

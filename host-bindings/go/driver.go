@@ -31,6 +31,9 @@ const (
 	actFail
 	// actRecover: the one recovery path (docs/hosts.md, section 3); see recovery.
 	actRecover
+	// actHedge: run attempt 1 of a hedged call under timeout d, then carry out the
+	// commands of hedge-step and report-attempt (hedgeDriver).
+	actHedge
 )
 
 // crossing is the operation a verdict answers.
@@ -41,9 +44,11 @@ const (
 	opAcquire
 	opReport
 	opReportFallback
+	opHedgeStep
+	opReportAttempt
 )
 
-var crossingNames = [...]string{"start", "acquire", "report", "report-fallback"}
+var crossingNames = [...]string{"start", "acquire", "report", "report-fallback", "hedge-step", "report-attempt"}
 
 func (c crossing) String() string { return crossingNames[c] }
 
@@ -179,6 +184,18 @@ func (d *driver) next(v Verdict, now uint64) action {
 			return d.breach(faultContract, now, "fail with reason %d", r)
 		}
 		return action{kind: actFail, reason: v.Reason(), d: time.Duration(v.Payload())}
+	case VerdictHedge:
+		// attempt 1 of a hedged call (docs/policy.md, "Hedging"): a hedged policy's one
+		// call-level attempt, so the first; its timeout as a hedged attempt's (hedgeTimeout)
+		if d.attempts != 0 || v.Detail() != 1 {
+			return d.breach(faultContract, now, "hedge verdict for attempt %d after %d attempts", v.Detail(), d.attempts)
+		}
+		if err := d.hedgeTimeout(1, v.Payload(), now); err != nil {
+			return d.recover(faultContract, err, now)
+		}
+		d.attempts = 1
+		d.op = opHedgeStep
+		return action{kind: actHedge, n: 1, d: time.Duration(v.Payload())}
 	case VerdictInvalid:
 		// the core does not know the call (evicted at MAX_LIVE_CALLS, or an instance replaced)
 		return d.breach(faultInvalid, now, "invalid (code %d) for call of policy %q", v.Detail(), info.Name)
@@ -220,4 +237,153 @@ func (d *driver) recover(f fault, breach error, now uint64) action {
 		a.ending, a.n, a.d = recoverDegraded, d.attempts+1, time.Duration(timeout)
 	}
 	return a
+}
+
+// maxHedgeAttempts is the most attempts a hedged call can have, counting the original
+// (the Polly preset's 1 + 10 hedges; docs/policy.md, "Hedging").
+const maxHedgeAttempts = 11
+
+// hedgeTimeout checks the timeout of a hedged attempt: the core caps it at the deadline
+// (and gives none past it), but not always at the policy's attempt-timeout (the envoy
+// preset races attempts past it), so only the deadline bounds it here.
+func (d *driver) hedgeTimeout(n int, timeout, now uint64) error {
+	left, ok := d.left(now)
+	switch {
+	case !ok:
+		return nil
+	case timeout == 0:
+		return fmt.Errorf("hedged attempt %d without a timeout under a deadline", n)
+	case timeout > left:
+		return fmt.Errorf("hedged attempt %d with a timeout of %v past the deadline (%v left)", n, time.Duration(timeout), time.Duration(left))
+	}
+	return nil
+}
+
+// hedgeDriver is what the driver knows of a hedged call's attempts, sans I/O: the
+// commands of each hedge-answer are checked against it before the host carries out any
+// of them (docs/hosts.md, section 2, for hedging). Bit n of each set is attempt n.
+type hedgeDriver struct {
+	started   uint16 // attempts started (attempt 1 by the hedge verdict)
+	open      uint16 // started and not yet reported (report-attempt)
+	cancelled uint16 // the core cancelled them
+	last      int    // the highest attempt started
+	over      bool   // an end was carried out
+}
+
+// hedgePlan is a checked hedge-answer: what to start and cancel, in order, the wait, and
+// the end of the call, if it ends.
+type hedgePlan struct {
+	cmds []HedgeCommand // starts and cancels, in order
+	wait bool
+	d    time.Duration // wait: the delay
+	end  bool
+	// end: the attempt whose result or failure the call returns, and the driver's action
+	// for the end's verdict (actDone, actFail, actFallback, or actRecover for invalid)
+	attempt int
+	act     action
+	// breach: the answer broke the contract (faultContract: nothing of it is carried out)
+	breach error
+}
+
+func (h *hedgeDriver) newHedge(attempt int) {
+	h.started |= 1 << attempt
+	h.open |= 1 << attempt
+	h.last = attempt
+}
+
+// closed records that attempt n was reported to the core.
+func (h *hedgeDriver) closed(n int) { h.open &^= 1 << n }
+
+// live is the set of attempts in flight that the core did not cancel.
+func (h *hedgeDriver) live() uint16 { return h.open &^ h.cancelled }
+
+// plan checks answer a of a crossing asked at now and, when it keeps the contract,
+// applies it to h. A command breaks it when it starts an attempt out of order, already
+// started or past maxHedgeAttempts, or with a timeout past the deadline; cancels or ends
+// with an attempt never started; ends with an attempt whose outcome the host has not
+// reported (it has no result to return) or with a verdict that cannot end a call; waits
+// until past the deadline; or follows an end. An answer that neither
+// ends the call nor leaves anything to wait for (no attempt live, no wait) breaks it too.
+func (d *driver) plan(h *hedgeDriver, a HedgeAnswer, now uint64) (p hedgePlan) {
+	n := *h // checked on a copy: a breach changes nothing
+	breach := func(format string, args ...any) hedgePlan {
+		return hedgePlan{breach: fmt.Errorf(format, args...)}
+	}
+	for i, c := range a.Commands {
+		if p.end {
+			return breach("%v after the end of the call", c)
+		}
+		at := int(c.Attempt)
+		switch c.Kind {
+		case HedgeStart:
+			switch {
+			case at < 2 || at > maxHedgeAttempts:
+				return breach("start of attempt %d (a hedge is attempt 2 to %d)", at, maxHedgeAttempts)
+			case n.started&(1<<at) != 0:
+				return breach("start of attempt %d, already started", at)
+			case at != n.last+1:
+				return breach("start of attempt %d after attempt %d", at, n.last)
+			}
+			if err := d.hedgeTimeout(at, c.Timeout, now); err != nil {
+				return hedgePlan{breach: err}
+			}
+			n.newHedge(at)
+			p.cmds = append(p.cmds, c)
+		case HedgeCancel:
+			if at < 1 || at > maxHedgeAttempts || n.started&(1<<at) == 0 {
+				return breach("cancel of attempt %d, never started", at)
+			}
+			n.cancelled |= 1 << at
+			p.cmds = append(p.cmds, c)
+		case HedgeWait:
+			p.wait, p.d = true, time.Duration(c.Delay)
+			if i != len(a.Commands)-1 {
+				// a wait is the last command, or an end follows; nothing else may
+				if nx := a.Commands[i+1]; nx.Kind != HedgeEnd {
+					return breach("%v after a wait", nx)
+				}
+			}
+		case HedgeEnd:
+			p.end, p.attempt = true, at
+			v := c.Verdict
+			switch k := v.Kind(); {
+			case v&cVerdictReservedMask != 0:
+				return breach("end with reserved bits set in %v", v)
+			case k == VerdictInvalid:
+				p.act = d.breach(faultInvalid, now, "end with invalid (code %d) for call of policy %q", v.Detail(), d.info.Name)
+			case k != VerdictDone && k != VerdictFail && k != VerdictFallback:
+				return breach("end with a %v verdict", k)
+			case at < 1 || at > maxHedgeAttempts || n.started&(1<<at) == 0:
+				return breach("end with attempt %d, never started", at)
+			case n.open&(1<<at) != 0:
+				return breach("end with attempt %d, still in flight", at)
+			case n.cancelled&(1<<at) != 0:
+				return breach("end with attempt %d, which it cancelled", at)
+			default:
+				saved := d.op
+				d.op = opReport // the end's verdict is handled as report's answer
+				p.act = d.next(v, now)
+				if p.act.kind == actRecover {
+					d.op = saved
+					return hedgePlan{breach: p.act.breach}
+				}
+			}
+		default:
+			return breach("hedge command of kind %d", c.Kind)
+		}
+	}
+	if p.wait && !p.end {
+		if left, ok := d.left(now); ok && uint64(p.d) > left {
+			return breach("a wait of %v past the deadline (%v left)", p.d, time.Duration(left))
+		}
+	}
+	if !p.end && !p.wait && n.live() == 0 && n.open == 0 && !n.over {
+		return breach("no attempt in flight, no wait and no end")
+	}
+	if p.end {
+		n.over = true
+	}
+	*h = n
+	d.attempts = max(d.attempts, h.last)
+	return p
 }

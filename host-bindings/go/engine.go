@@ -119,11 +119,15 @@ func WithListener(l Listener) Option {
 
 // Step is one exchange of the step protocol, as WithTrace sees it.
 type Step struct {
-	Op      string // start, acquire, report, report-fallback, hold-success, cancel
+	Op      string // start, acquire, report, report-fallback, hold-success, cancel, hedge-step, report-attempt
 	Call    uint64
 	Now     uint64
-	Outcome Outcome // for report
-	Verdict Verdict // the core's answer (0 for hold-success and cancel)
+	Outcome Outcome // for report and report-attempt
+	Verdict Verdict // the core's answer (0 for hold-success, cancel, hedge-step and report-attempt)
+	// Attempt is the attempt a report-attempt reports.
+	Attempt int
+	// Commands is the answer of hedge-step and report-attempt.
+	Commands []HedgeCommand
 }
 
 // WithTrace calls f after every step of Do and the Transport (for demos and debugging).
@@ -192,6 +196,10 @@ type Engine struct {
 
 	// inject is the test seam of conformance/hosts (export_test.go): nil in use
 	inject func(ctx context.Context, call uint64, op string) (trap bool, verdict uint64, replace bool)
+	// injectHedge may replace the answer of a hedged call's crossing (export_test.go); nil in use
+	injectHedge func(ctx context.Context, call uint64, op string, a HedgeAnswer) HedgeAnswer
+	// hedgeSeam follows the goroutines of hedged calls for the host scenarios (hedge.go); nil in use
+	hedgeSeam *hedgeSeam
 
 	nextCall atomic.Uint64
 	fbMu     sync.RWMutex
@@ -776,6 +784,28 @@ func (e *Engine) ReportFallback(call, now uint64, ok bool) (v Verdict, err error
 		return err
 	})
 	return v, err
+}
+
+// HedgeStep advances a hedged call to now: after its hedge verdict (once attempt 1
+// runs), and when a wait command's time has come (docs/policy.md, "Hedging").
+func (e *Engine) HedgeStep(call, now uint64) (a HedgeAnswer, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		a, err = in.hedgeStep(ctx, e.rep, call, now)
+		return err
+	})
+	return a, err
+}
+
+// ReportAttempt reports that attempt attempt of a hedged call closed, with its outcome
+// (as Report; an attempt the core cancelled may be reported with any outcome).
+func (e *Engine) ReportAttempt(call uint64, attempt uint32, now, elapsed uint64, kind OutcomeKind, code int32, text string,
+	wallSecs uint64, flags uint32) (a HedgeAnswer, err error) {
+	text = strings.ToValidUTF8(text, "\uFFFD") // a raw header: the core says what it means
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		a, err = in.reportAttempt(ctx, e.rep, call, attempt, now, elapsed, kind, code, text, wallSecs, flags)
+		return err
+	})
+	return a, err
 }
 
 // Cancel abandons a call.

@@ -56,6 +56,7 @@ type hsCall struct {
 	HTTP           *hsHTTP                    `json:"http"`
 	Fallbacks      map[string]map[string]any  `json:"fallbacks"`
 	CancelAt       *int64                     `json:"cancel_at"`
+	Hedge          bool                       `json:"hedge"`
 	RetryIf        []any                      `json:"retry_if"`
 	Script         []map[string]any           `json:"script"`
 	Faults         []hsFault                  `json:"faults"`
@@ -74,6 +75,40 @@ type hsFault struct {
 	Nth     int    `json:"nth"`
 	Trap    bool   `json:"trap"`
 	Verdict string `json:"verdict"`
+	// Commands replaces the whole answer of a hedged call's crossing (hedge-step, report-attempt)
+	Commands []map[string]any `json:"commands"`
+}
+
+// hedgeAnswer is a fault's commands (the vectors' JSON form; an end's verdict in hex) as an
+// answer, its events bit cleared.
+func hedgeAnswer(t *testing.T, cmds []map[string]any) levee.HedgeAnswer {
+	var a levee.HedgeAnswer
+	for _, c := range cmds {
+		for k, v := range c {
+			var hc levee.HedgeCommand
+			switch k {
+			case "start":
+				m := v.(map[string]any)
+				hc = levee.HedgeCommand{Kind: levee.HedgeStart, Attempt: uint32(num(m["attempt"])), Timeout: uint64(num(m["timeout"]))}
+			case "cancel":
+				hc = levee.HedgeCommand{Kind: levee.HedgeCancel, Attempt: uint32(num(v))}
+			case "wait":
+				hc = levee.HedgeCommand{Kind: levee.HedgeWait, Delay: uint64(num(v))}
+			case "end":
+				m := v.(map[string]any)
+				vs, _ := m["verdict"].(string)
+				verdict, err := strconv.ParseUint(strings.TrimPrefix(vs, "0x"), 16, 64)
+				if err != nil {
+					t.Errorf("fault end verdict %q: %v", vs, err)
+				}
+				hc = levee.HedgeCommand{Kind: levee.HedgeEnd, Attempt: uint32(num(m["attempt"])), Verdict: levee.Verdict(verdict)}
+			default:
+				t.Fatalf("fault command %q is not one this runner knows", k)
+			}
+			a.Commands = append(a.Commands, hc)
+		}
+	}
+	return a
 }
 
 func hostsDir(t *testing.T) string {
@@ -116,19 +151,25 @@ func TestHostScenarios(t *testing.T) {
 
 // ---------------------------------------------------------------- scheduling
 
-// sched knows which calls are blocked on the virtual clock: the runner advances
-// the clock only when every live call is. Every wake-up marks its call runnable
-// synchronously, in the timer (or cancel) that causes it, so the runner never
-// sees a call as blocked that is about to run.
+// sched knows which goroutines of the calls (actors) are blocked on the virtual
+// clock: the runner advances the clock only when every live one is. A call is
+// one actor, its goroutine, plus one per attempt of a hedged call in flight
+// (levee.SetHedgeSeam tells their starts and ends). Every wake-up marks its
+// actor runnable synchronously, in the timer (or cancel, or attempt's close)
+// that causes it, so the runner never sees an actor as blocked that is about to run.
 type sched struct {
 	clk     *leveetest.VirtualClock
 	mu      sync.Mutex
-	live    map[int]bool // call index -> blocked
+	live    map[actor]bool // actor -> blocked
 	changed chan struct{}
 	origin  time.Time
-	waitCtx map[int]context.Context // the context a blocked call waits on (nil: deaf to it)
-	played  int                     // the call whose attempt ended last (a policy's predicate runs right after it)
+	waitCtx map[actor]context.Context // the context a blocked actor waits on (nil: deaf to it)
+	parked  map[int]bool              // the call's goroutine waits for an attempt of its hedged call
+	played  int                       // the call whose attempt ended last (a policy's predicate runs right after it)
 }
+
+// actor is a goroutine of call `call`: its own (attempt 0), or attempt n's of a hedged call.
+type actor struct{ call, attempt int }
 
 type callKey struct{}
 
@@ -140,12 +181,15 @@ func callIndex(ctx context.Context) int {
 	return i
 }
 
+// actorOf is the goroutine that runs under ctx.
+func actorOf(ctx context.Context) actor { return actor{callIndex(ctx), levee.HedgeAttemptOf(ctx)} }
+
 func (s *sched) notifyLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
 
-func (s *sched) setBlocked(i int, b bool) {
+func (s *sched) setBlocked(i actor, b bool) {
 	s.mu.Lock()
 	if _, ok := s.live[i]; ok {
 		s.live[i] = b
@@ -159,9 +203,9 @@ func (s *sched) setBlocked(i int, b bool) {
 
 func (s *sched) since() int64 { return int64(s.clk.Now().Sub(s.origin)) }
 
-// wait blocks call i until d has passed on the virtual clock or, unless deaf,
-// until ctx is done (a cancel marks the call runnable itself).
-func (s *sched) wait(ctx context.Context, i int, d time.Duration, deaf bool) error {
+// wait blocks actor i until d has passed on the virtual clock or, unless deaf,
+// until ctx is done (a cancel marks the actor runnable itself).
+func (s *sched) wait(ctx context.Context, i actor, d time.Duration, deaf bool) error {
 	if d <= 0 {
 		if deaf {
 			return nil
@@ -194,9 +238,9 @@ func (s *sched) wait(ctx context.Context, i int, d time.Duration, deaf bool) err
 	}
 }
 
-// hangUntilDone blocks call i until ctx is done: its deadline (a timer at the
+// hangUntilDone blocks actor i until ctx is done: its deadline (a timer at the
 // same instant, made after the context's, fires after it) or a cancel.
-func (s *sched) hangUntilDone(ctx context.Context, i int) error {
+func (s *sched) hangUntilDone(ctx context.Context, i actor) error {
 	if dl, ok := levee.ClockDeadline(ctx); ok {
 		return s.wait(ctx, i, dl.Sub(s.clk.Now()), false)
 	}
@@ -204,12 +248,75 @@ func (s *sched) hangUntilDone(ctx context.Context, i int) error {
 	if ctx.Err() == nil {
 		if _, ok := s.live[i]; ok {
 			s.live[i] = true
+			s.waitCtx[i] = ctx
 			s.notifyLocked()
 		}
 	}
 	s.mu.Unlock()
-	<-ctx.Done() // only a cancel ends it; the cancel marks the call runnable
+	<-ctx.Done() // only a cancel ends it
+	s.setBlocked(i, false)
 	return ctx.Err()
+}
+
+// The seam of hedged calls (levee.SetHedgeSeam).
+
+func (s *sched) spawn(ctx context.Context, n int) {
+	s.mu.Lock()
+	s.live[actor{callIndex(ctx), n}] = false
+	s.notifyLocked()
+	s.mu.Unlock()
+}
+
+func (s *sched) exit(ctx context.Context, n int) {
+	i := callIndex(ctx)
+	s.mu.Lock()
+	delete(s.live, actor{i, n})
+	delete(s.waitCtx, actor{i, n})
+	if s.parked[i] {
+		s.parked[i] = false
+		if _, ok := s.live[actor{i, 0}]; ok {
+			s.live[actor{i, 0}] = false
+			delete(s.waitCtx, actor{i, 0})
+		}
+	}
+	s.notifyLocked()
+	s.mu.Unlock()
+}
+
+func (s *sched) park(ctx context.Context) {
+	i := callIndex(ctx)
+	s.mu.Lock()
+	if _, ok := s.live[actor{i, 0}]; ok {
+		s.parked[i] = true
+		s.live[actor{i, 0}] = true
+		s.waitCtx[actor{i, 0}] = ctx // the caller's cancel ends the park
+		s.notifyLocked()
+	}
+	s.mu.Unlock()
+}
+
+// settle returns once every attempt of the call is blocked on the clock or gone:
+// all that close at this instant have closed.
+func (s *sched) settle(ctx context.Context) {
+	i := callIndex(ctx)
+	for {
+		s.mu.Lock()
+		done := true
+		for a, b := range s.live {
+			if a.call == i && a.attempt > 0 && (!b || (s.waitCtx[a] != nil && s.waitCtx[a].Err() != nil)) {
+				done = false
+			}
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-ch:
+		case <-time.After(50 * time.Millisecond): // a cancelled wait's goroutine wakes without a notice
+		}
+	}
 }
 
 // schedClock is the clock of the engine: its sleeps are recorded and block their call.
@@ -222,11 +329,11 @@ type schedClock struct {
 func (c *schedClock) Now() time.Time                                  { return c.s.clk.Now() }
 func (c *schedClock) AfterFunc(d time.Duration, f func()) levee.Timer { return c.s.clk.AfterFunc(d, f) }
 func (c *schedClock) Sleep(ctx context.Context, d time.Duration) error {
-	i := callIndex(ctx)
+	a := actorOf(ctx)
 	c.mu.Lock()
-	c.sleeps[i] = append(c.sleeps[i], int64(d))
+	c.sleeps[a.call] = append(c.sleeps[a.call], int64(d))
 	c.mu.Unlock()
-	return c.s.wait(ctx, i, d, false)
+	return c.s.wait(ctx, a, d, false)
 }
 
 // ---------------------------------------------------------------- the dependency
@@ -243,20 +350,54 @@ func (timeoutError) Timeout() bool   { return true }
 func (timeoutError) Temporary() bool { return true }
 
 type attemptRec struct {
-	At       int64 `json:"at"`
-	End      int64 `json:"end"`
-	Degraded bool  `json:"degraded,omitempty"`
+	At        int64  `json:"at"`
+	End       int64  `json:"end"`
+	Degraded  bool   `json:"degraded,omitempty"`
+	Cancelled bool   `json:"cancelled,omitempty"` // hedged calls: ended by a cancel
+	Closed    *int64 `json:"closed,omitempty"`    // hedged calls: when an unwinding attempt closed
 }
 
-// dependency plays one call's script.
+// dependency plays one call's script: attempt after attempt, or, for a hedged call,
+// attempt n plays step n (its attempts run at once).
 type dependency struct {
 	s        *sched
 	i        int
+	hedge    bool
 	script   []map[string]any
+	mu       sync.Mutex
 	n        int
 	attempts []attemptRec
 	requests []map[string]string
 	problems []string
+	// hedged calls: by attempt number
+	byAttempt map[int]attemptRec
+	reqByN    map[int]map[string]string
+}
+
+func (d *dependency) trace() []attemptRec {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.hedge {
+		return append([]attemptRec{}, d.attempts...)
+	}
+	out := []attemptRec{}
+	for n := 1; n <= len(d.byAttempt); n++ {
+		out = append(out, d.byAttempt[n])
+	}
+	return out
+}
+
+func (d *dependency) requestTrace() []map[string]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.hedge {
+		return orEmptyH(d.requests)
+	}
+	out := []map[string]string{}
+	for n := 1; n <= len(d.reqByN); n++ {
+		out = append(out, d.reqByN[n])
+	}
+	return out
 }
 
 type stepResult struct {
@@ -271,39 +412,73 @@ func num(v any) int64 {
 	return int64(f)
 }
 
-// play runs the next step of the script under ctx.
+// play runs the next step of the script under ctx (attempt n's, for a hedged call).
 func (d *dependency) play(ctx context.Context, http bool) stepResult {
 	at := d.s.since()
+	me := actorOf(ctx)
 	rec := attemptRec{At: at, Degraded: levee.Degraded(ctx)}
+	n := me.attempt
+	d.mu.Lock()
+	if !d.hedge || n == 0 {
+		n = d.n + 1
+	}
+	d.n++
+	d.mu.Unlock()
+	var closed *int64
 	defer func() {
 		rec.End = d.s.since()
-		d.attempts = append(d.attempts, rec)
+		if closed != nil {
+			rec.End, rec.Closed = *closed, ptr(d.s.since())
+		}
+		d.mu.Lock()
+		if d.hedge {
+			d.byAttempt[n] = rec
+		} else {
+			d.attempts = append(d.attempts, rec)
+		}
+		d.mu.Unlock()
 		d.s.mu.Lock()
 		d.s.played = d.i
 		d.s.mu.Unlock()
 	}()
-	if d.n >= len(d.script) {
-		d.problems = append(d.problems, fmt.Sprintf("attempt %d asked for, the script has %d", d.n+1, len(d.script)))
+	if n > len(d.script) {
+		d.mu.Lock()
+		d.problems = append(d.problems, fmt.Sprintf("attempt %d asked for, the script has %d", n, len(d.script)))
+		d.mu.Unlock()
 		return stepResult{err: &scriptErr{"ScriptExhausted"}}
 	}
-	st := d.script[d.n]
-	d.n++
+	st := d.script[n-1]
+	// cut is the end of a wait by ctx: a cancel (not the attempt's timeout) of a hedged
+	// call's attempt is marked, and an unwinding step takes its time to close
+	cut := func(err error) error {
+		if d.hedge && errors.Is(err, context.Canceled) {
+			rec.Cancelled = true
+			if u, ok := st["unwind"]; ok {
+				end := d.s.since()
+				closed = &end
+				_ = d.s.wait(ctx, me, time.Duration(num(u)), true)
+			}
+		}
+		return err
+	}
 	if _, ok := st["hang"]; ok {
-		return stepResult{err: d.s.hangUntilDone(ctx, d.i)}
+		return stepResult{err: cut(d.s.hangUntilDone(ctx, me))}
 	}
 	if late, ok := st["late"]; ok {
-		_ = d.s.wait(ctx, d.i, time.Duration(num(late)), true)
+		_ = d.s.wait(ctx, me, time.Duration(num(late)), true)
 		return d.result(st, http)
 	}
 	if after, ok := st["after"]; ok {
-		if err := d.s.wait(ctx, d.i, time.Duration(num(after)), false); err != nil {
-			return stepResult{err: err}
+		if err := d.s.wait(ctx, me, time.Duration(num(after)), false); err != nil {
+			return stepResult{err: cut(err)}
 		}
 	} else if err := ctx.Err(); err != nil {
-		return stepResult{err: err}
+		return stepResult{err: cut(err)}
 	}
 	return d.result(st, http)
 }
+
+func ptr(v int64) *int64 { return &v }
 
 func (d *dependency) result(st map[string]any, isHTTP bool) stepResult {
 	switch {
@@ -343,7 +518,13 @@ func (d *dependency) RoundTrip(req *http.Request) (*http.Response, error) {
 			got[name] = vs[0]
 		}
 	}
-	d.requests = append(d.requests, got)
+	d.mu.Lock()
+	if n := levee.HedgeAttemptOf(req.Context()); d.hedge && n > 0 {
+		d.reqByN[n] = got
+	} else {
+		d.requests = append(d.requests, got)
+	}
+	d.mu.Unlock()
 	r := d.play(req.Context(), true)
 	if r.err != nil {
 		return nil, r.err
@@ -390,7 +571,8 @@ func hasCallAPI(sc *hsScenario) bool {
 func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 	ctx := context.Background()
 	origin := time.Unix(sc.WallStart, 0)
-	s := &sched{clk: leveetest.NewVirtualClockAt(origin), live: map[int]bool{}, waitCtx: map[int]context.Context{}, changed: make(chan struct{}), origin: origin}
+	s := &sched{clk: leveetest.NewVirtualClockAt(origin), live: map[actor]bool{}, waitCtx: map[actor]context.Context{},
+		parked: map[int]bool{}, changed: make(chan struct{}), origin: origin}
 	clk := &schedClock{s: s, sleeps: map[int][]int64{}}
 	rec := leveetest.NewRecorder()
 	rec.Label = func(ctx context.Context) any { return callIndex(ctx) }
@@ -410,6 +592,7 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 		t.Fatalf("load: %v", err)
 	}
 	defer e.Close(ctx)
+	levee.SetHedgeSeam(e, s.spawn, s.exit, s.park, s.settle)
 
 	// a field or step this runner does not know would go unchecked: refuse it
 	for i, c := range sc.Calls {
@@ -421,7 +604,7 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 		for n, st := range c.Script {
 			kind := ""
 			for k := range st {
-				if k != "after" && k != "headers" && !(k == "return" && st["late"] != nil) {
+				if k != "after" && k != "headers" && k != "unwind" && !(k == "return" && st["late"] != nil) {
 					if kind != "" || !knownSteps[k] {
 						t.Fatalf("call %d: script step %d %v is not one this runner plays", i, n, st)
 					}
@@ -432,6 +615,7 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 	}
 	var idMu sync.Mutex
 	crossings := map[int]map[string]int{}
+	replace := map[int]*levee.HedgeAnswer{} // the answer of the crossing in progress, replaced
 	levee.SetFaultInjector(e, func(cctx context.Context, call uint64, op string) (bool, uint64, bool) {
 		i := callIndex(cctx)
 		if i < 0 {
@@ -451,6 +635,11 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 				if f.Trap {
 					return true, 0, false
 				}
+				if f.Commands != nil {
+					a := hedgeAnswer(t, f.Commands)
+					replace[i] = &a
+					return false, 0, false
+				}
 				v, err := strconv.ParseUint(strings.TrimPrefix(f.Verdict, "0x"), 16, 64)
 				if err != nil {
 					t.Errorf("fault verdict %q: %v", f.Verdict, err)
@@ -460,17 +649,28 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 		}
 		return false, 0, false
 	})
+	levee.SetHedgeInjector(e, func(cctx context.Context, _ uint64, _ string, a levee.HedgeAnswer) levee.HedgeAnswer {
+		i := callIndex(cctx)
+		idMu.Lock()
+		defer idMu.Unlock()
+		if r := replace[i]; r != nil {
+			delete(replace, i)
+			return *r
+		}
+		return a
+	})
 
 	var wg sync.WaitGroup
 	for i := range sc.Calls {
 		c := &sc.Calls[i]
-		out := &callOut{dep: &dependency{s: s, i: i, script: c.Script}}
+		out := &callOut{dep: &dependency{s: s, i: i, hedge: c.Hedge, script: c.Script, byAttempt: map[int]attemptRec{},
+			reqByN: map[int]map[string]string{}}}
 		outs[i] = out
 		cctx, cancel := context.WithCancel(context.WithValue(ctx, callKey{}, i))
 		defer cancel()
 		s.clk.AfterFunc(time.Duration(c.At), func() {
 			s.mu.Lock()
-			s.live[i] = false
+			s.live[actor{i, 0}] = false
 			s.notifyLocked()
 			s.mu.Unlock()
 			wg.Add(1)
@@ -478,7 +678,8 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 				defer wg.Done()
 				defer func() {
 					s.mu.Lock()
-					delete(s.live, i)
+					delete(s.live, actor{i, 0})
+					delete(s.waitCtx, actor{i, 0})
 					s.notifyLocked()
 					s.mu.Unlock()
 				}()
@@ -490,8 +691,8 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 		})
 		if c.CancelAt != nil {
 			s.clk.AfterFunc(time.Duration(*c.CancelAt), func() {
-				cancel()               // first: a wait that blocks after this sees ctx done
-				s.setBlocked(i, false) // then: a wait blocked before it is runnable now
+				cancel()                         // first: a wait that blocks after this sees ctx done
+				s.setBlocked(actor{i, 0}, false) // then: a wait blocked before it is runnable now
 			})
 		}
 	}
@@ -554,9 +755,9 @@ func runScenario(t *testing.T, sc *hsScenario, plain bool) {
 				t.Errorf("call %d (%s %s): %s\n  got  %s\n  want %s", i, c.API, c.Policy, field, gj, wj)
 			}
 		}
-		check("attempts", append([]attemptRec{}, out.dep.attempts...))
+		check("attempts", out.dep.trace())
 		if c.API == "http" {
-			check("requests", orEmptyH(out.dep.requests))
+			check("requests", out.dep.requestTrace())
 		}
 		check("sleeps", orEmpty(clk.sleeps[i]))
 		check("fallbacks", orEmptyS(out.fallbacks))

@@ -143,6 +143,10 @@ func (e *Engine) telEvent(ctx context.Context, t Telemetry, ev *Event) {
 		t.Event(ctx, name, attrs)
 		t.Add(ctx, cMetricFallbacks, 1, []slog.Attr{slog.String(cAttrFallback, ev.Name), slog.String(cAttrPolicy, policy),
 			slog.String(cAttrReason, ev.Reason.String())})
+	case EventHedgeStarted:
+		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)))
+		t.Event(ctx, name, attrs)
+		t.Add(ctx, cMetricHedges, 1, pol)
 	case EventRateLimitWait:
 		attrs = append(attrs, slog.Int64(cAttrAttempt, int64(ev.Attempt)), slog.Float64(cAttrDelay, secs(ev.Duration)))
 		t.Event(ctx, name, attrs)
@@ -287,6 +291,27 @@ func (c *callRun) askPredicate(err error) (flags uint32) {
 	if rr, ok := c.a.(interface{ lastResult() any }); ok {
 		result = rr.lastResult()
 	}
+	return c.askPredicateWith(f, result, err)
+}
+
+// askPredicateFor is askPredicate for an attempt of a hedged call, whose result (res, as
+// hedgedAttempter.hedged returned it) is its own.
+func (c *callRun) askPredicateFor(res any, err error) uint32 {
+	f := c.co.retryIf
+	if f == nil {
+		if f = c.p.e.o.retryIf[c.p.name]; f == nil {
+			return 0
+		}
+	}
+	switch r := res.(type) {
+	case nil:
+	case interface{ value() any }:
+		res = r.value()
+	}
+	return c.askPredicateWith(f, res, err)
+}
+
+func (c *callRun) askPredicateWith(f func(any, error) RetryAnswer, result any, err error) (flags uint32) {
 	defer func() {
 		if r := recover(); r != nil {
 			flags = 0

@@ -195,53 +195,95 @@ func (h *httpAttempt) checkFallback(v any) error {
 
 func (h *httpAttempt) attempt(e *Engine, ctx context.Context, timeout time.Duration) (Outcome, error) {
 	h.discard()
+	h.n++
+	o, err, resp := h.roundTrip(e, ctx, timeout, h.body, h.n)
+	h.lastErr = err
+	if resp != nil {
+		h.resp = resp
+	}
+	return o, err
+}
+
+// roundTrip sends attempt n of the request with body under timeout (0: none) and reads
+// its response's body, under the attempt's context. It changes nothing of h: the
+// attempts of a hedged call run it at once.
+func (h *httpAttempt) roundTrip(e *Engine, ctx context.Context, timeout time.Duration, body io.ReadCloser, n int) (Outcome, error, *http.Response) {
 	actx, cancel := ctx, context.CancelFunc(nil)
 	if timeout > 0 {
 		actx, cancel = e.withTimeout(ctx, timeout)
+		defer cancel()
 	}
 	r := h.req.WithContext(actx)
-	r.Body = h.body
-	h.n++
+	r.Body = body
 	// A RoundTripper must not change the caller's request: the attempt gets its own headers.
 	r.Header = h.req.Header.Clone()
 	if r.Header == nil {
 		r.Header = http.Header{}
 	}
-	r.Header.Set(HeaderAttempt, strconv.Itoa(h.n))
+	r.Header.Set(HeaderAttempt, strconv.Itoa(n))
 	resp, err := h.base.RoundTrip(r)
 	if err != nil {
-		o := Classify(actx, err)
-		if cancel != nil {
-			cancel()
-		}
-		h.lastErr = err
-		return o, err
+		return Classify(actx, err), err, nil
 	}
 	// The body is part of the attempt: read it under the attempt's context.
-	body, rerr := io.ReadAll(resp.Body)
+	b, rerr := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
 	if rerr != nil {
 		o := Classify(actx, rerr)
 		if o.Kind == OutcomeErrorClass {
 			o = Outcome{Kind: OutcomeConnectionError} // the body broke off
 		}
-		if cancel != nil {
-			cancel()
-		}
-		h.lastErr = rerr
-		return o, rerr
+		return o, rerr, nil
 	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	if cancel != nil {
-		cancel()
-		cancel = nil
-	}
-	h.resp, h.cancel = resp, cancel
+	resp.Body = io.NopCloser(bytes.NewReader(b))
 	o := Outcome{Kind: OutcomeHTTPStatus, Code: int32(resp.StatusCode), Text: resp.Header.Get(cHttpRetryAfterHeader),
 		Overloaded: resp.Header.Get(cHttpOverloadedHeader) != ""}
-	h.lastErr = &outcomeError{o: o}
-	return o, h.lastErr
+	return o, &outcomeError{o: o}, resp
 }
+
+// hedged runs attempt n of a hedged request: its own request, cancelled by its context,
+// with its own body (the first attempt sends the request's; a hedge one from GetBody: the
+// start flags made sure the core sends no hedge of a body without it).
+func (h *httpAttempt) hedged(e *Engine, ctx context.Context, timeout time.Duration, n int) (Outcome, error, any) {
+	body := h.body
+	if n > 1 && h.req.Body != nil && h.req.Body != http.NoBody {
+		if h.req.GetBody == nil {
+			err := errBodyNotReplayable
+			return Classify(ctx, err), err, nil
+		}
+		b, err := h.req.GetBody()
+		if err != nil {
+			err = fmt.Errorf("levee: the request body cannot be sent again: %w", err)
+			return Classify(ctx, err), err, nil
+		}
+		body = b
+	}
+	o, err, resp := h.roundTrip(e, ctx, timeout, body, n)
+	if resp == nil {
+		return o, err, nil
+	}
+	return o, err, resp
+}
+
+// hedgeStarted counts attempt n of a hedged request (on the call's goroutine).
+func (h *httpAttempt) hedgeStarted(n int) { h.n = max(h.n, n) }
+
+// adopt makes a hedged attempt's response the call's.
+func (h *httpAttempt) adopt(res any) {
+	if r, ok := res.(*http.Response); ok && r != nil {
+		h.discard()
+		h.resp = r
+	}
+}
+
+// drop closes a hedged attempt's response the call does not return.
+func (h *httpAttempt) drop(res any) {
+	if r, ok := res.(*http.Response); ok && r != nil {
+		_ = r.Body.Close()
+	}
+}
+
+var errBodyNotReplayable = transportError("levee: the request body cannot be sent again (no GetBody)")
 
 // prepareRetry frees the last response and rewinds the body (GetBody: the
 // start flags made sure a body without it is never retried).

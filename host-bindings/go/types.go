@@ -79,6 +79,8 @@ const (
 	EventKeyEvicted
 	EventCallEvicted
 	EventPermitExpired
+	// EventHedgeStarted: a hedged call started another attempt (Attempt is its number, 2 for the first hedge).
+	EventHedgeStarted
 	// EventEngineFault is not a WIT case: the Go host reports with it that the
 	// guest trapped (or broke the Canonical ABI) and was re-instantiated.
 	EventEngineFault EventKind = 255
@@ -202,6 +204,8 @@ const (
 	VerdictFallback
 	VerdictFail
 	VerdictInvalid
+	// VerdictHedge: run attempt 1 of a hedged call (detail 1, payload its timeout), then HedgeStep.
+	VerdictHedge
 )
 
 var verdictKindNames = cVerdictKinds[:]
@@ -234,6 +238,55 @@ func (v Verdict) Reason() Reason { return Reason(v.Detail()) }
 
 func (v Verdict) String() string {
 	return fmt.Sprintf("%s(detail=%d payload=%d events=%v)", v.Kind(), v.Detail(), v.Payload(), v.EventsPending())
+}
+
+// HedgeCommandKind is the case of a WIT `hedge-command`.
+type HedgeCommandKind uint8
+
+// The cases of the WIT variant `hedge-command`, in WIT order.
+const (
+	// HedgeStart: run attempt Attempt concurrently, under Timeout (0: none).
+	HedgeStart HedgeCommandKind = iota
+	// HedgeCancel: abort attempt Attempt; ReportAttempt it once it has closed.
+	HedgeCancel
+	// HedgeWait: nothing to do for Delay ns, unless an attempt ends first; then HedgeStep.
+	HedgeWait
+	// HedgeEnd: the call is over with Verdict (done, fail, fallback or invalid), about attempt Attempt.
+	HedgeEnd
+)
+
+var hedgeCommandNames = [...]string{"start", "cancel", "wait", "end"}
+
+func (k HedgeCommandKind) String() string { return enumName(hedgeCommandNames[:], int(k)) }
+
+// HedgeCommand is one command of a hedged call (docs/policy.md, "Hedging"): the fields
+// that do not apply to its kind are zero.
+type HedgeCommand struct {
+	Kind    HedgeCommandKind
+	Attempt uint32  // start, cancel, end
+	Timeout uint64  // start: ns, 0 = none
+	Delay   uint64  // wait: ns
+	Verdict Verdict // end: the packed verdict, as report answers it
+}
+
+func (c HedgeCommand) String() string {
+	switch c.Kind {
+	case HedgeStart:
+		return fmt.Sprintf("start(attempt=%d timeout=%d)", c.Attempt, c.Timeout)
+	case HedgeCancel:
+		return fmt.Sprintf("cancel(%d)", c.Attempt)
+	case HedgeWait:
+		return fmt.Sprintf("wait(%d)", c.Delay)
+	default:
+		return fmt.Sprintf("end(attempt=%d %v)", c.Attempt, c.Verdict)
+	}
+}
+
+// HedgeAnswer is what HedgeStep and ReportAttempt answer: the commands, in order, and
+// whether events wait to be drained.
+type HedgeAnswer struct {
+	Commands      []HedgeCommand
+	EventsPending bool
 }
 
 // Invalid codes (detail of an invalid verdict).

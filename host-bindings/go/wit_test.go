@@ -78,9 +78,10 @@ type witFunc struct {
 }
 
 type witDefs struct {
-	enums   map[string][]string
-	records map[string]*witType
-	funcs   []witFunc
+	enums    map[string][]string
+	records  map[string]*witType
+	variants map[string]*witType
+	funcs    []witFunc
 }
 
 func (p *witParser) typ(t *testing.T, d *witDefs) *witType {
@@ -136,6 +137,9 @@ func (p *witParser) typ(t *testing.T, d *witDefs) *witType {
 	}
 	if r, ok := d.records[name]; ok {
 		return r
+	}
+	if v, ok := d.variants[name]; ok {
+		return v
 	}
 	t.Fatalf("WIT: unknown type %q", name)
 	return nil
@@ -198,6 +202,26 @@ func (p *witParser) block(t *testing.T, d *witDefs) {
 			}
 			p.next()
 			d.records[name] = recordOf(name, kv...)
+		case "variant":
+			name := p.next()
+			p.expect(t, "{")
+			var cases []string
+			var payloads []*witType
+			for p.peek() != "}" {
+				cases = append(cases, p.next())
+				var pt *witType
+				if p.peek() == "(" {
+					p.next()
+					pt = p.typ(t, d)
+					p.expect(t, ")")
+				}
+				payloads = append(payloads, pt)
+				if p.peek() == "," {
+					p.next()
+				}
+			}
+			p.next()
+			d.variants[name] = variantOf(name, cases, payloads)
 		case "use":
 			for p.next() != ";" {
 			}
@@ -221,7 +245,7 @@ func (p *witParser) block(t *testing.T, d *witDefs) {
 }
 
 func parseWIT(t *testing.T, src string) *witDefs {
-	d := &witDefs{enums: map[string][]string{}, records: map[string]*witType{}}
+	d := &witDefs{enums: map[string][]string{}, records: map[string]*witType{}, variants: map[string]*witType{}}
 	p := &witParser{toks: tokenizeWIT(src)}
 	for p.peek() != "" {
 		switch p.next() {
@@ -260,11 +284,26 @@ func TestBindingsMatchTheWIT(t *testing.T) {
 		}
 	}
 	for name, ours := range map[string]*witType{"event": tEvent, "load-error": tLoadError, "policy-info": tPolicyInfo,
-		"call-info": tCallInfo, "analysis": tAnalysis, "durable-step": tDurableStep} {
+		"call-info": tCallInfo, "analysis": tAnalysis, "durable-step": tDurableStep, "hedge-start": tHedgeStart,
+		"hedge-end": tHedgeEnd, "hedge-answer": tHedgeAnswer} {
 		w := d.records[name]
 		if w == nil || !reflect.DeepEqual(w.names, ours.names) || !reflect.DeepEqual(w.offsets, ours.offsets) ||
 			w.size != ours.size || w.align != ours.align || !reflect.DeepEqual(w.flat, ours.flat) {
 			t.Errorf("record %s differs from the WIT", name)
+		}
+	}
+	for name, ours := range map[string]*witType{"hedge-command": tHedgeCommand} {
+		w := d.variants[name]
+		if w == nil || !reflect.DeepEqual(w.names, ours.names) || w.payload != ours.payload || w.discSz != ours.discSz ||
+			w.size != ours.size || w.align != ours.align || !reflect.DeepEqual(w.flat, ours.flat) {
+			t.Errorf("variant %s differs from the WIT", name)
+			continue
+		}
+		for i := range w.fields {
+			if (w.fields[i] == nil) != (ours.fields[i] == nil) ||
+				(w.fields[i] != nil && (w.fields[i].size != ours.fields[i].size || !reflect.DeepEqual(w.fields[i].flat, ours.fields[i].flat))) {
+				t.Errorf("variant %s: case %s differs from the WIT", name, w.names[i])
+			}
 		}
 	}
 	if len(d.funcs) != nFuncs {

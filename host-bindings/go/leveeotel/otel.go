@@ -61,6 +61,7 @@ var instruments = []struct{ name, unit, desc, kind string }{
 	{"levee.retry.delay", "s", "Delays of the retries scheduled", "histogram"},
 	{"levee.rejections", "{attempt}", "Attempts the core refused, by reason", "counter"},
 	{"levee.fallbacks", "{fallback}", "Fallbacks chosen", "counter"},
+	{"levee.hedges", "{attempt}", "Hedges started (attempts of hedged calls after the first)", "counter"},
 	{"levee.breaker.transitions", "{transition}", "Circuit breaker transitions", "counter"},
 	{"levee.breaker.state", "1", "Circuit breaker state (0 closed, 1 open, 2 half-open, 3 forced-open, 4 forced-closed, 5 disabled)", "gauge"},
 	{"levee.engine.faults", "{fault}", "Guest faults the host recovered from", "counter"},

@@ -3,7 +3,9 @@ package leveeotel_test
 import (
 	"context"
 	"net/http"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	levee "github.com/levee-dev/levee/host-bindings/go"
 	"github.com/levee-dev/levee/host-bindings/go/leveeotel"
@@ -157,5 +159,81 @@ func TestHTTPAttemptSpans(t *testing.T) {
 	}
 	if len(resend) != 3 || resend[0] != 0 || resend[1] != 1 || resend[2] != 2 {
 		t.Fatalf("resend counts %v", resend)
+	}
+}
+
+// A hedged call: levee.hedges counts the hedge, each attempt has its span under the
+// call's (the cancelled one's too, ended when it returns), and the attempt the core
+// cancelled is not counted in levee.attempts.
+func TestHedgedCall(t *testing.T) {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	e, err := levee.Load(ctx, "policies:\n  api:\n    hedge: { attempts: 2, delay: 0 }\n",
+		levee.WithTelemetry(leveeotel.New(leveeotel.WithMeterProvider(mp), leveeotel.WithTracerProvider(tp))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close(ctx)
+	p, _ := e.Policy("api")
+	var n atomic.Int32
+	if err := levee.Do(ctx, p, func(ctx context.Context) error {
+		if n.Add(1) == 1 {
+			<-ctx.Done() // the first hangs until the core cancels it
+			return ctx.Err()
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var call sdktrace.ReadOnlySpan
+	attempts := 0
+	for deadline := time.Now().Add(5 * time.Second); attempts < 2 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		call, attempts = nil, 0
+		for _, s := range spans.Ended() {
+			switch s.Name() {
+			case "levee.call":
+				call = s
+			case "levee.attempt":
+				attempts++
+			}
+		}
+	}
+	if call == nil || attempts != 2 {
+		t.Fatalf("spans: call %v, %d attempts", call != nil, attempts)
+	}
+	for _, s := range spans.Ended() {
+		if s.Name() == "levee.attempt" && s.Parent().SpanID() != call.SpanContext().SpanID() {
+			t.Fatal("an attempt span is not a child of the call span")
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Sum[int64]); ok {
+				for _, dp := range d.DataPoints {
+					got[m.Name+" "+attrs(dp.Attributes)] += dp.Value
+				}
+			}
+		}
+	}
+	want := map[string]int64{
+		"levee.hedges levee.policy=api":                                        1,
+		"levee.attempts levee.outcome=success,levee.policy=api":                1,
+		"levee.calls levee.policy=api,levee.result=success,levee.retried=true": 1,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %d, want %d (all: %v)", k, got[k], v, got)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("metrics %v, want %v", got, want)
 	}
 }
