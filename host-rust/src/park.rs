@@ -139,6 +139,12 @@ impl<'a> Parker<'a> {
         self.queue.epoch.load(Ordering::Acquire) != self.epoch
     }
 
+    /// [`Parker::was_woken`], for the runtime's tests.
+    #[cfg(test)]
+    pub(crate) fn was_woken_for_tests(&self) -> bool {
+        self.was_woken()
+    }
+
     /// Completes once a report or cancel of the queue's policy and key has woken this call.
     pub(crate) async fn woken(&self) {
         loop {

@@ -620,3 +620,64 @@ impl Drop for Pending<'_> {
         self.shared.emit(std::mem::take(&mut self.events), std::mem::take(&mut self.traps), &self.names);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use levee_core::VerdictKind;
+
+    fn held(call: u64) -> Held {
+        Held { call, at: 10, elapsed: 5 }
+    }
+
+    #[test]
+    fn the_held_slot_takes_no_success_while_calls_are_parked() {
+        let slot = HeldSlot::new();
+        assert_eq!(slot.put(held(1)), Put::Held);
+        assert_eq!(slot.put(held(2)), Put::Busy, "one at a time");
+        assert_eq!(slot.take().map(|h| h.call), Some(1));
+        assert!(slot.take().is_none());
+        // The first park finds nothing; while parked, a success is not held back.
+        assert!(slot.park().is_none());
+        assert!(slot.park().is_none());
+        assert_eq!((slot.parked(), slot.put(held(3))), (2, Put::Parked));
+        slot.unpark();
+        assert_eq!(slot.put(held(3)), Put::Parked);
+        slot.unpark();
+        assert_eq!((slot.parked(), slot.put(held(4))), (0, Put::Held));
+        // A success left in the slot when a call parks is handed to the parking crossing.
+        assert_eq!(slot.park().map(|h| h.call), Some(4));
+        assert!(slot.take().is_none());
+        assert_eq!((slot.parked(), slot.put(held(5))), (1, Put::Parked));
+    }
+
+    /// The first park of a crossing finds a success left in the slot after the crossing took
+    /// the lock (another thread's, between the two): the crossing settles it, learns its lane
+    /// from the engine, and wakes that lane, so the slot it frees is not lost to the waiter.
+    #[test]
+    fn a_success_left_as_the_first_call_parks_is_settled_and_wakes_its_lane() {
+        let doc = "policies:\n  q:\n    attempts: 1\n    bulkhead: { max-concurrent: 1, queue: 2, queue-timeout: 1s }\n";
+        let levee = crate::Levee::builder().seed(1).load(doc).unwrap();
+        let shared = &*levee.shared;
+        let lane = Lane { policy: 0, key: "k" };
+        let mut core = shared.core.lock().unwrap();
+        let a = core.raw.try_start(101, 0, "k", 0, 1_000, 0, 0, 0).unwrap();
+        assert_eq!(a.kind(), Some(VerdictKind::Attempt));
+        let b = core.raw.try_start(102, 0, "k", 0, 2_000, 0, 0, 0).unwrap();
+        assert!(driver::parks(b), "{b:?}");
+        // A's success arrives in the slot while B's crossing holds the lock.
+        assert_eq!(shared.held.put(Held { call: 101, at: 3_000, elapsed: 2_000 }), Put::Held);
+        let mut woken = None;
+        let parker = shared.park_locked(&mut core, lane, &mut woken);
+        assert!(woken.is_some(), "the lane of the settled success is woken");
+        assert!(parker.was_woken_for_tests());
+        assert!(core.held.is_none() && shared.held.take().is_none());
+        // The core has A's slot back: B, first in the queue, takes it.
+        let v = core.raw.try_acquire(102, 4_000).unwrap();
+        assert_eq!(v.kind(), Some(VerdictKind::Attempt), "{v:?}");
+        drop(core);
+        drop(parker);
+        assert_eq!(shared.held.parked(), 0);
+    }
+}

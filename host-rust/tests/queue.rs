@@ -190,12 +190,9 @@ async fn dropped_waiters_free_their_places() {
     }
     let mut served = 0;
     for t in tasks {
-        match tokio::time::timeout(Duration::from_secs(3600), t).await.expect("a call never ended").unwrap() {
-            Some(r) => {
-                r.unwrap();
-                served += 1;
-            }
-            None => {}
+        if let Some(r) = tokio::time::timeout(Duration::from_secs(3600), t).await.expect("a call never ended").unwrap() {
+            r.unwrap();
+            served += 1;
         }
     }
     // The first two run at once; of those that queue, every third is dropped.
