@@ -33,6 +33,8 @@ mod error;
 #[cfg(feature = "tokio")]
 mod handle;
 #[cfg(feature = "tokio")]
+mod park;
+#[cfg(feature = "tokio")]
 mod runtime;
 #[cfg(feature = "tokio")]
 pub mod telemetry;
