@@ -1571,8 +1571,8 @@ vec("hedge-bulkhead-slot-held-until-closed", "Each hedged attempt takes a bulkhe
         hstep(4, 14 * MS, expect=cmds(hs(2))),
     ])
 
-vec("hedge-non-idempotent", "A hedge is a second request: an operation that is not idempotent and has no idempotency key is never hedged; with an idempotency key it is.",
-    ["hedge", "idempotency"], policy("hedge: { attempts: 2, delay: 0 }\n"), [
+vec("hedge-non-idempotent", "A hedge is a second request: an operation that is not idempotent and has no idempotency key is never hedged (and nothing waits for a hedge: call 4, with a delay); with an idempotency key it is.",
+    ["hedge", "idempotency"], "policies:\n  p: { hedge: { attempts: 2, delay: 0 } }\n  d: { hedge: { attempts: 2, delay: 100ms } }\n", [
         start(1, 0, flags=1, expect=hedged()),
         hstep(1, 0, expect=cmds()),
         hreport(1, 1, 10 * MS, kind="http-status", code=503, elapsed=10 * MS, expect=cmds(hend(1, fail("non-idempotent")))),
@@ -1580,6 +1580,9 @@ vec("hedge-non-idempotent", "A hedge is a second request: an operation that is n
         hstep(2, 20 * MS, expect=cmds(hs(2))),
         start(3, 30 * MS, flags=(3 << 8), expect=hedged()),
         hstep(3, 30 * MS, expect=cmds()),
+        start(4, 40 * MS, policy="d", flags=1, expect=hedged()),
+        hstep(4, 40 * MS, expect=cmds()),
+        hreport(4, 1, 50 * MS, kind="http-status", code=503, elapsed=10 * MS, expect=cmds(hend(1, fail("non-idempotent")))),
     ])
 
 vec("hedge-fallback", "A hedged call that fails takes the policy's fallback chain like any call: the end command carries the fallback verdict, and report-fallback goes on as after report.",

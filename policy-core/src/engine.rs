@@ -428,6 +428,13 @@ struct AttemptOutcome<'a> {
     flags: u32,
 }
 
+/// Whether a call's request may be sent twice: it carries an idempotency key, or it is
+/// idempotent (not flagged otherwise, and its HTTP method is one the policy calls idempotent).
+fn may_resend(p: &Policy, flags: u32) -> bool {
+    let method = (flags >> 8) & 0xF;
+    flags & FLAG_IDEMPOTENCY_KEY != 0 || (flags & FLAG_NON_IDEMPOTENT == 0 && p.method_idempotent(method))
+}
+
 /// Whether one more hedge of a call may start at `now`, and what it then holds: checked in
 /// this order, as a retry's attempt is (a refusal leaves what earlier checks took): the
 /// deadline; idempotency (a hedge is a second request: never for an operation that is not
@@ -451,8 +458,7 @@ fn admit_hedge(
     if deadline::passed(deadline, now) {
         return Err(Reason::Deadline);
     }
-    let method = (flags >> 8) & 0xF;
-    if flags & FLAG_IDEMPOTENCY_KEY == 0 && (flags & FLAG_NON_IDEMPOTENT != 0 || !p.method_idempotent(method)) {
+    if !may_resend(p, flags) {
         return Err(Reason::NonIdempotent);
     }
     if let (Some(bc), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
@@ -983,7 +989,12 @@ impl Engine {
             if let Some(first) = held.get_mut(1) {
                 *first = Held { open: true, permit, slot: bulkhead, timeout };
             }
-            c.hedge = Some(Box::new(Hedged { machine: Hedge::new(h, now), held }));
+            let mut machine = Hedge::new(h, now);
+            if !may_resend(p, c.flags) {
+                // Never hedged: no wait for a hedge that would be refused.
+                machine.stop(Reason::NonIdempotent);
+            }
+            c.hedge = Some(Box::new(Hedged { machine, held }));
             c.phase = Phase::Hedged;
             return self.finish(Verdict::new(VerdictKind::Hedge, 1, timeout));
         }
