@@ -14,8 +14,8 @@
 #   release/dist.sh [component python npm crates go]   (default: all, into a clean dist/)
 #
 # LEVEE_DIST_VERIFY=0 skips `cargo package`'s verification build of levee-resilience (a debug
-# build of wasmtime and the rest, minutes on 2 cores): `./dev test` sets it, because its install
-# test builds the same .crate from its packaged sources alone, in release, in a fresh project.
+# build of wasmtime and the rest, about 5 minutes on 2 cores) for a quick local dist; `./dev
+# test` verifies both crates.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
