@@ -6,7 +6,7 @@
 import { instantiate } from '../wasm/levee_policy.js';
 export type ComponentExports = ReturnType<typeof instantiate>;
 import type { Engine } from '../wasm/interfaces/levee-policy-engine-api.js';
-import type { Event, LoadError, OutcomeKind } from '../wasm/interfaces/levee-policy-types.js';
+import type { Event, HedgeAnswer, LoadError, OutcomeKind } from '../wasm/interfaces/levee-policy-types.js';
 import {
   GUARD_GUEST_MEMORY_BYTES,
   METHODS,
@@ -543,6 +543,62 @@ export class Runtime {
     if (this.parked !== 0) this.wake(p.index, key);
     if (this.#trace !== undefined) this.#traceStep('report', call, p, attempts, v, outcome, undefined);
     return v;
+  }
+
+  /** `hedge-step`: advance a hedged call to `now`; `undefined` after a trap. */
+  hedgeStep(p: PolicyEntry, key: string, call: bigint, now: bigint): HedgeAnswer | undefined {
+    try {
+      if (this.holding) this.flush();
+      return this.#engine.hedgeStep(call, now);
+    } catch (err) {
+      this.#recover(err, 'hedge-step', p.name, key, call);
+      return undefined;
+    }
+  }
+
+  /**
+   * `report-attempt`: attempt `attempt` of a hedged call closed with `outcome` (what a cancelled
+   * attempt gives is not looked at, only what it held is freed); `undefined` after a trap.
+   */
+  reportAttempt(
+    p: PolicyEntry,
+    key: string,
+    call: bigint,
+    attempt: number,
+    now: bigint,
+    elapsed: bigint,
+    outcome: Outcome,
+    callerFlags: number,
+  ): HedgeAnswer | undefined {
+    let a: HedgeAnswer;
+    try {
+      if (this.holding) this.flush();
+      let code = 0;
+      let text = '';
+      let flags = callerFlags;
+      switch (outcome.kind) {
+        case 'http-status':
+          code = outcome.status;
+          text = outcome.retryAfter ?? '';
+          if (outcome.overloaded === true) flags |= REPORT_OVERLOADED;
+          break;
+        case 'grpc-status':
+          code = outcome.code;
+          text = outcome.pushback ?? '';
+          break;
+        case 'error-class':
+          text = outcome.name;
+          break;
+      }
+      const wallSecs = BigInt(Math.floor(this.#options.wallMs() / 1000));
+      a = this.#engine.reportAttempt(call, attempt, now, elapsed, outcome.kind, code, text, wallSecs, flags);
+    } catch (err) {
+      this.#recover(err, 'report-attempt', p.name, key, call);
+      return undefined;
+    }
+    // The attempt freed what it held (a bulkhead slot): a call parked on the key may go.
+    if (this.parked !== 0) this.wake(p.index, key);
+    return a;
   }
 
   /** `acquire` before the next attempt; `undefined` after a fault. */

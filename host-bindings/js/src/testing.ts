@@ -211,12 +211,13 @@ export class VirtualClock implements Clock {
 
 // ------------------------------------------------------------------ guest faults, injected
 
-/** A crossing of the call protocol. */
-export type FaultOp = 'start' | 'acquire' | 'report' | 'report-fallback';
+/** A crossing of the call protocol (`hedge-step` and `report-attempt`: a hedged call's). */
+export type FaultOp = 'start' | 'acquire' | 'report' | 'report-fallback' | 'hedge-step' | 'report-attempt';
 
 /**
  * A guest fault on the `nth` crossing named `op` of one call (1 for the first): a trap (the
- * default), or the guest's answer replaced by the packed `verdict` (one that breaks the contract).
+ * default), or the guest's answer replaced by the packed `verdict` (one that breaks the contract;
+ * not for `hedge-step` and `report-attempt`, which answer commands, not a verdict).
  */
 export interface Fault {
   op: FaultOp;
@@ -224,7 +225,8 @@ export interface Fault {
   verdict?: bigint | number | string;
 }
 
-const FAULT_OPS: readonly FaultOp[] = ['start', 'acquire', 'report', 'report-fallback'];
+const FAULT_OPS: readonly FaultOp[] = ['start', 'acquire', 'report', 'report-fallback', 'hedge-step', 'report-attempt'];
+const VERDICT_OPS: readonly FaultOp[] = ['start', 'acquire', 'report', 'report-fallback'];
 const METHOD_PREFIX = '[method]engine.';
 
 interface Plan {
@@ -266,9 +268,15 @@ export class FaultInjector {
 
   /** Arm `faults` for call `call`. */
   inject(call: bigint | number, ...faults: Fault[]): this {
-    const plan: Plan = { faults: [], counts: { start: 0, acquire: 0, report: 0, 'report-fallback': 0 } };
+    const plan: Plan = {
+      faults: [],
+      counts: { start: 0, acquire: 0, report: 0, 'report-fallback': 0, 'hedge-step': 0, 'report-attempt': 0 },
+    };
     for (const f of faults) {
       if (!FAULT_OPS.includes(f.op)) throw new RangeError(`levee: unknown crossing '${String(f.op)}'`);
+      if (f.verdict !== undefined && !VERDICT_OPS.includes(f.op)) {
+        throw new RangeError(`levee: '${f.op}' answers commands, not a verdict: only a trap can be injected`);
+      }
       plan.faults.push({ op: f.op, nth: f.nth ?? 1, verdict: f.verdict === undefined ? undefined : BigInt(f.verdict) });
     }
     this.#plans.set(BigInt(call), plan);
