@@ -1774,6 +1774,202 @@ scenario(
 )
 
 
+# ---------------------------------------------------------------------------- hedging
+# docs/policy.md, "Hedging": the core's commands (start, cancel, wait, end) carried out through
+# the public API. Calls marked `hedge` record, per attempt, whether it was cancelled (and, for an
+# `unwind` step, when it closed). The host's waits for the core's `wait` commands are sleeps of
+# the call: each is recorded with the delay the command asked for, even when an attempt's end
+# cuts it short. Hedged calls are never replayed through the sync API (their attempts overlap).
+
+
+def hedged(*script: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return call(*script, hedge=True, **extra)
+
+
+def hedged_http(method: str, url: str, *script: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return http(method, url, *script, hedge=True, **extra)
+
+
+def unwinding(step: dict[str, Any], ns: int) -> dict[str, Any]:
+    """The step, taking `ns` to close once cancelled (it unwinds its connection)."""
+    return {**step, "unwind": ns}
+
+
+def cancelled(t: Trace, *numbers: int) -> None:
+    got = tuple(k + 1 for k, a in enumerate(t["attempts"]) if a.get("cancelled"))
+    check(got == numbers, f"attempts {numbers} are cancelled, not {got}")
+
+
+def hedges(t: Trace, *numbers: int) -> None:
+    got = tuple(e["levee.attempt"] for e in t["events"] if e["name"] == "hedge-started")
+    check(got == numbers, f"hedges {numbers} start (hedge-started), not {got}")
+    if numbers:
+        metric(t, "levee.hedges{levee.policy=p}", len(numbers))
+    else:
+        check(not any(k.startswith("levee.hedges") for k in t["metrics"]), f"no levee.hedges in {t['metrics']}")
+
+
+def cancelled_result(traces: list[Trace]) -> None:
+    t = traces[0]
+    check(t["result"] == {"cancelled": True}, f"the call is cancelled, not {t['result']}")
+
+
+A6 = doc(p={"hedge": {"attempts": 4, "delay": "500ms", "non-fatal": ["error:Unavailable"]}})
+
+scenario(
+    "hedge-a6-example",
+    "The gRPC A6 example through the public API: #1 at 0, #2 at 500 ms, #1 fails (non-fatal) at 700 ms so #3 starts at once, #2 succeeds at 900 ms and #3 is cancelled; #4 never starts.",
+    ["hedging", "hedge:grpc", "cancellation", "telemetry", "issue-16: hedging"],
+    A6,
+    [hedged(boom("Unavailable", after=700 * MS), ok("second", after=400 * MS), HANG, ok("never"))],
+    all_of(lambda t: value(t[0], "second"), lambda t: starts(t[0], 0, 500 * MS, 700 * MS),
+           lambda t: ends(t[0], 700 * MS, 900 * MS, 900 * MS), lambda t: cancelled(t[0], 3),
+           lambda t: hedges(t[0], 2, 3), lambda t: sleeps(t[0], 500 * MS, 500 * MS, 500 * MS),
+           lambda t: metric(t[0], "levee.attempts{levee.outcome=error-class,levee.policy=p}", 1),
+           lambda t: metric(t[0], "levee.attempts{levee.outcome=success,levee.policy=p}", 1),
+           lambda t: check(not any("timeout" in k for k in t[0]["metrics"]), "the cancelled #3 is not counted"),
+           lambda t: calls_metric(t[0], "p", "success", True)),  # fmt: skip
+)
+
+scenario(
+    "hedge-a6-example-http",
+    "The A6 example through the HTTP integration: each hedge is its own request (x-levee-attempt 1, 2, 3); #1's 503 at 700 ms sends #3 at once; #2's 200 at 900 ms is the response and the request of #3 is cancelled.",
+    ["hedging", "hedge:grpc", "http", "cancellation", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 4, "delay": "500ms", "non-fatal": ["http:503"]}}),
+    [hedged_http("GET", U, status(503, after=700 * MS), status(200, after=400 * MS), HANG, status(200))],
+    all_of(lambda t: http_status(t[0], 200), lambda t: starts(t[0], 0, 500 * MS, 700 * MS),
+           lambda t: ends(t[0], 700 * MS, 900 * MS, 900 * MS), lambda t: cancelled(t[0], 3),
+           lambda t: check([r.get("x-levee-attempt") for r in t[0]["requests"]] == ["1", "2", "3"],
+                           f"each hedge is its own request: {t[0]['requests']}"),
+           lambda t: hedges(t[0], 2, 3)),  # fmt: skip
+)
+
+scenario(
+    "hedge-all-fail-last-failure",
+    "gRPC A6: every attempt fails (non-fatal): the call fails with retries-exhausted and the LAST failure, and is never retried.",
+    ["hedging", "hedge:grpc", "error-naming", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 3, "delay": "100ms", "non-fatal": ["error:*"]}}),
+    [hedged(boom("First", after=30 * MS), boom("Second", after=10 * MS), boom("Third", after=20 * MS))],
+    all_of(lambda t: error(t[0], "retries-exhausted", 3, "error:Third"), lambda t: starts(t[0], 0, 30 * MS, 40 * MS),
+           lambda t: ends(t[0], 30 * MS, 40 * MS, 60 * MS), lambda t: cancelled(t[0]), lambda t: hedges(t[0], 2, 3),
+           lambda t: calls_metric(t[0], "p", "failure", True, "retries-exhausted")),  # fmt: skip
+)
+
+scenario(
+    "hedge-fatal-cancels-the-rest",
+    "A fatal failure (not in non-fatal) ends the call at once with non-retryable and cancels the attempt in flight.",
+    ["hedging", "hedge:grpc", "cancellation", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 3, "delay": "100ms", "non-fatal": ["error:Unavailable"]}}),
+    [hedged(HANG, boom("Fatal", after=50 * MS), ok("never"))],
+    all_of(lambda t: error(t[0], "non-retryable", 2, "error:Fatal"), lambda t: starts(t[0], 0, 100 * MS),
+           lambda t: ends(t[0], 150 * MS, 150 * MS), lambda t: cancelled(t[0], 1), lambda t: hedges(t[0], 2)),  # fmt: skip
+)
+
+scenario(
+    "hedge-throttled",
+    "A6 throttling (token budget 4, ratio 1.6): each non-fatal failure costs a token; at 2 of 4 (not above half) the budget refuses the next hedge, so call 1 fails with budget after its two attempts, and call 2's hedge is never sent.",
+    ["hedging", "hedge:grpc", "budget", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 3, "delay": "100ms", "non-fatal": ["error:Unavailable"]},
+           "budget": {"kind": "token", "max-tokens": 4, "token-ratio": 1.6}}),  # fmt: skip
+    [hedged(boom("Unavailable", after=10 * MS), boom("Unavailable", after=10 * MS), ok("never")),
+     hedged(ok("alone", after=300 * MS), ok("never"), at=S)],  # fmt: skip
+    all_of(lambda t: error(t[0], "budget", 2, "error:Unavailable"), lambda t: starts(t[0], 0, 10 * MS),
+           lambda t: hedges(t[0], 2), lambda t: has_event(t[0], "budget-refused"),
+           lambda t: value(t[1], "alone"), lambda t: n_attempts(t[1], 1), lambda t: hedges(t[1]),
+           lambda t: has_event(t[1], "budget-refused")),  # fmt: skip
+)
+
+scenario(
+    "hedge-preset-polly",
+    "Polly v8: when every attempt fails the PRIMARY's failure is returned (A6 would return the last).",
+    ["hedging", "hedge:polly", "error-naming", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 3, "delay": "50ms", "non-fatal": ["error:*"], "preset": "polly"}}),
+    [hedged(boom("First", after=30 * MS), boom("Second", after=10 * MS), boom("Third", after=20 * MS))],
+    all_of(lambda t: error(t[0], "retries-exhausted", 3, "error:First"), lambda t: starts(t[0], 0, 30 * MS, 40 * MS),
+           lambda t: hedges(t[0], 2, 3)),  # fmt: skip
+)
+
+scenario(
+    "hedge-preset-failsafe",
+    "failsafe-go: hedges go by time only; #1's non-fatal failure at 100 ms does not send #2 early: #2 starts at the 500 ms delay and wins.",
+    ["hedging", "hedge:failsafe", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 3, "delay": "500ms", "non-fatal": ["error:Unavailable"], "preset": "failsafe"}}),
+    [hedged(boom("Unavailable", after=100 * MS), ok("timed", after=50 * MS), ok("never"))],
+    all_of(lambda t: value(t[0], "timed"), lambda t: starts(t[0], 0, 500 * MS), lambda t: ends(t[0], 100 * MS, 550 * MS),
+           lambda t: hedges(t[0], 2)),  # fmt: skip
+)
+
+scenario(
+    "hedge-preset-envoy",
+    "Envoy hedge_on_per_try_timeout: #2 starts when #1 has run for the 200 ms attempt-timeout, which does not end #1; #1's 200 at 250 ms wins and #2 is cancelled.",
+    ["hedging", "hedge:envoy", "http", "attempt-timeout", "issue-16: hedging"],
+    doc(p={"attempt-timeout": "200ms", "deadline": "1s", "hedge": {"attempts": 2, "preset": "envoy"}}),
+    [hedged_http("GET", U, status(200, after=250 * MS), HANG)],
+    all_of(lambda t: http_status(t[0], 200), lambda t: starts(t[0], 0, 200 * MS), lambda t: ends(t[0], 250 * MS, 250 * MS),
+           lambda t: cancelled(t[0], 2), lambda t: hedges(t[0], 2), lambda t: within(t[0], 0, S)),  # fmt: skip
+)
+
+scenario(
+    "hedge-bulkhead-slot-held-until-closed",
+    "A cancelled attempt holds its bulkhead slot until it has closed, not from the cancel: call A's #1 is cancelled at 150 ms but unwinds until 350 ms, so with call C's attempt the bulkhead (2) is full for call D at 250 ms and C's hedge at 300 ms; call E at 400 ms gets the freed slot.",
+    ["hedging", "bulkhead", "cancellation", "issue-16: hedging"],
+    doc(p={"bulkhead": {"max-concurrent": 2}, "hedge": {"attempts": 2, "delay": "100ms"}}),
+    [hedged(unwinding(ok("slow", after=S), 200 * MS), ok("fast", after=50 * MS)),
+     hedged(ok("c", after=500 * MS), ok("never"), at=200 * MS),
+     hedged(ok("never"), at=250 * MS),
+     hedged(ok("e", after=10 * MS), at=400 * MS)],  # fmt: skip
+    all_of(lambda t: value(t[0], "fast"), lambda t: cancelled(t[0], 1),
+           lambda t: check(t[0]["attempts"][0].get("closed") == 350 * MS, f"#1 closes at 350 ms: {t[0]['attempts']}"),
+           lambda t: value(t[1], "c"), lambda t: n_attempts(t[1], 1), lambda t: hedges(t[1]),
+           lambda t: error(t[2], "bulkhead-full", 0, None), lambda t: n_attempts(t[2], 0),
+           lambda t: value(t[3], "e"), lambda t: starts(t[3], 400 * MS)),  # fmt: skip
+)
+
+scenario(
+    "hedge-caller-cancels",
+    "The caller cancels a hedged call with two attempts in flight: both are aborted at the cancel, none is reported, the call counts as cancelled.",
+    ["hedging", "cancellation", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 3, "delay": "100ms"}}),
+    [hedged(HANG, HANG, ok("never"), cancel_at=150 * MS)],
+    all_of(cancelled_result, lambda t: starts(t[0], 0, 100 * MS), lambda t: ends(t[0], 150 * MS, 150 * MS),
+           lambda t: cancelled(t[0], 1, 2), lambda t: hedges(t[0], 2),
+           lambda t: check(not any(k.startswith("levee.attempts") for k in t[0]["metrics"]), "no attempt is counted"),
+           lambda t: calls_metric(t[0], "p", "cancelled", True)),  # fmt: skip
+)
+
+scenario(
+    "hedge-stream-body-not-hedged",
+    "A request whose body is a stream cannot be sent twice: the transport starts it non-idempotent and the core sends no hedge; a replayable body is hedged.",
+    ["hedging", "http", "idempotency", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 2, "delay": "100ms"}}),
+    [hedged_http("POST", U, status(200, after=300 * MS), status(200), body="stream"),
+     hedged_http("POST", U, status(200, after=300 * MS), status(201, after=50 * MS), body="bytes",
+                 headers={"Idempotency-Key": "k-1"}, at=S)],  # fmt: skip
+    all_of(lambda t: http_status(t[0], 200), lambda t: n_attempts(t[0], 1), lambda t: hedges(t[0]),
+           lambda t: http_status(t[1], 201), lambda t: n_attempts(t[1], 2), lambda t: cancelled(t[1], 1)),  # fmt: skip
+)
+
+scenario(
+    "hedge-non-idempotent-call-not-hedged",
+    "A call started non-idempotent through the public API (and without an idempotency key) is never hedged: one attempt, however slow.",
+    ["hedging", "idempotency", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 3, "delay": "100ms"}}),
+    [hedged(ok("once", after=500 * MS), ok("never"), idempotent=False)],
+    all_of(lambda t: value(t[0], "once"), lambda t: n_attempts(t[0], 1), lambda t: hedges(t[0])),
+)
+
+scenario(
+    "hedge-fallback-after-all-fail",
+    "Every hedged attempt fails: the policy's fallback runs (once, for retries-exhausted) and its value is the call's.",
+    ["hedging", "fallback", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 2, "delay": "50ms", "non-fatal": ["error:Boom"]}, "fallbacks": ["cache"]}),
+    [hedged(boom(after=100 * MS), boom(after=20 * MS), fallbacks={"cache": {"return": "cached"}})],
+    all_of(lambda t: value(t[0], "cached"), lambda t: check(t[0]["fallbacks"] == ["cache"], "the fallback runs once"),
+           lambda t: starts(t[0], 0, 50 * MS), lambda t: has_event(t[0], "fallback-chosen", levee_reason="retries-exhausted"),
+           lambda t: calls_metric(t[0], "p", "fallback", True)),  # fmt: skip
+)
+
+
 # ---------------------------------------------------------------------------- output
 
 

@@ -125,6 +125,9 @@ class Replay:
             {"attempts": [], "sleeps": [], "fallbacks": [], "on_retry": []} for _ in range(n)
         ]
         self.requests: list[list[dict[str, str]]] = [[] for _ in range(n)]
+        #: dependency attempts still running (a cancelled one may unwind after its call ended)
+        self.live = 0
+        self.quiet = asyncio.Event()
         registered: dict[str, dict[str, Any]] = {}
         for c in scn["calls"]:
             for name, spec in (c.get("fallbacks") or {}).items():
@@ -206,6 +209,26 @@ class Replay:
             return
         if step.get("after"):
             await self.clock.dep_sleep(int(step["after"]))
+
+    async def _cancelled(self, i: int, step: dict[str, Any], rec: dict[str, Any]) -> None:
+        """The attempt was cancelled. In a hedged call the trace says so when it was not its own
+        timeout (a hedge cancel or the caller's); an `unwind` step then takes that long to close
+        (the host reports it only then), and `closed` says when."""
+        rec["end"] = self.clock.monotonic_ns()
+        if not self.scn["calls"][i].get("hedge"):
+            return
+        left = levee.attempt_timeout()
+        if left is None or left > 0:
+            rec["cancelled"] = True
+        if step.get("unwind"):
+            await self.clock.dep_sleep(int(step["unwind"]))
+            rec["closed"] = self.clock.monotonic_ns()
+
+    def _closed(self, rec: dict[str, Any]) -> None:
+        rec.setdefault("end", self.clock.monotonic_ns())
+        self.live -= 1
+        if not self.live:
+            self.quiet.set()
 
     def _play_sync(self, i: int, step: dict[str, Any]) -> None:
         ns = int(step["late"]) if "late" in step else int(step.get("after", 0))
@@ -302,11 +325,15 @@ class Replay:
         @self._handle(i)
         async def dependency() -> Any:
             step, rec = self._begin_attempt(i)
+            self.live += 1
             try:
                 await self._play(i, step)
                 return self._answer(step)
+            except asyncio.CancelledError:
+                await self._cancelled(i, step, rec)
+                raise
             finally:
-                rec["end"] = self.clock.monotonic_ns()
+                self._closed(rec)
 
         return {"value": await dependency()}
 
@@ -314,12 +341,16 @@ class Replay:
         async def handler(request: httpx.Request) -> httpx.Response:
             step, rec = self._begin_attempt(i)
             self._seen(i, request)
+            self.live += 1
             try:
                 await request.aread()
                 await self._play(i, step)
                 return self._http_answer(step, request)
+            except asyncio.CancelledError:
+                await self._cancelled(i, step, rec)
+                raise
             finally:
-                rec["end"] = self.clock.monotonic_ns()
+                self._closed(rec)
 
         async def stream() -> AsyncIterator[bytes]:
             yield b"part-1"
@@ -453,6 +484,12 @@ class Replay:
                 raise ScenarioError("deadlock: a call is blocked with no timer pending")
             for t in done:
                 t.result()  # a ScenarioError
+            # attempts a hedged call cancelled close (and are reported) after the call ended
+            while self.live:
+                self.quiet.clear()
+                await asyncio.wait_for(self.quiet.wait(), REAL_TIMEOUT)
+            for _ in range(3):
+                await asyncio.sleep(0)  # their reports run in the tasks' done callbacks
         finally:
             for t in cancels:
                 t.cancel()
@@ -471,8 +508,8 @@ def sync_replayable(scn: dict[str, Any]) -> bool:
     calls = scn["calls"]
     ends: list[tuple[int, int]] = []
     for c in calls:
-        if "cancel_at" in c or "expect" not in c:
-            return False
+        if "cancel_at" in c or "expect" not in c or c.get("hedge"):
+            return False  # a hedged call's attempts overlap: the sync API runs them in threads
         attempts = c["expect"].get("attempts", [])
         for step, a in zip(c["script"], attempts, strict=False):
             if step.get("hang") or "late" in step:

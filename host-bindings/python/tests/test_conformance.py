@@ -58,6 +58,19 @@ def verdict_json(raw: int) -> dict[str, Any]:
     return out
 
 
+def hedge_json(commands: list[Any], events_pending: bool) -> dict[str, Any]:
+    """The Rust runner's `hedge_json`: `{"commands": [...], "events_pending": b}`."""
+    out: list[Any] = []
+    for case, val in commands:
+        if case == "start":
+            out.append({"start": {"attempt": val["attempt"], "timeout": val["timeout"]}})
+        elif case == "end":
+            out.append({"end": {"attempt": val["attempt"], "verdict": verdict_json(val["verdict"])}})
+        else:
+            out.append({case: val})
+    return {"commands": out, "events_pending": events_pending}
+
+
 def event_json(raw: dict[str, Any]) -> dict[str, Any]:
     return {k.replace("-", "_"): v for k, v in raw.items()}
 
@@ -112,6 +125,23 @@ class Runner:
             )
         if op == "report_fallback":
             return True, verdict_json(c.report_fallback(u("call"), u("now"), step.get("ok") is True))
+        if op == "hedge_step":
+            return True, hedge_json(*c.hedge_step(u("call"), u("now")))
+        if op == "report_attempt":
+            code = step.get("code", 0)
+            return True, hedge_json(
+                *c.report_attempt(
+                    u("call"),
+                    u("attempt"),
+                    u("now"),
+                    u("elapsed"),
+                    OutcomeKind(s("kind")),
+                    code if isinstance(code, int) else 0,
+                    s("text"),
+                    u("wall_secs"),
+                    u("flags"),
+                )
+            )
         if op == "cancel":
             c.cancel(u("call"), u("now"))
             return False, None

@@ -336,6 +336,8 @@ class Core:
             "[method]engine.acquire",
             "[method]engine.report",
             "[method]engine.report-fallback",
+            "[method]engine.hedge-step",
+            "[method]engine.report-attempt",
             "[method]engine.cancel",
             "[method]engine.call-info",
             "[method]engine.drain-events",
@@ -613,6 +615,39 @@ class Core:
         w[13] = 1 if ok else 0
         return self._hot(self._f_fallback, self._fb_addr, 4)
 
+    # ------------------------------------------------------------------ hedged calls
+
+    def hedge_step(self, call: int, now: int) -> tuple[list[Any], bool]:
+        """`engine.hedge-step`: the commands (lifted, unchecked) and whether events are pending."""
+        return _hedge_answer(self._slow("hedge-step", _Args(2).u64(0, call).u64(1, now)))
+
+    def report_attempt(
+        self,
+        call: int,
+        attempt: int,
+        now: int,
+        elapsed: int,
+        kind: OutcomeKind,
+        code: int,
+        text: str,
+        wall_secs: int,
+        flags: int,
+    ) -> tuple[list[Any], bool]:
+        """`engine.report-attempt`: as `hedge_step`."""
+        args = (
+            _Args(9)
+            .u64(0, call)
+            .u32(1, attempt & 0xFFFFFFFF)
+            .u64(2, now)
+            .u64(3, elapsed)
+            .enum(4, kind.wit)
+            .s32(5, code)
+            .string(6, text)
+            .u64(7, wall_secs)
+            .u32(8, flags & 0xFFFFFFFF)
+        )
+        return _hedge_answer(self._slow("report-attempt", args))
+
     # ------------------------------------------------------------------ everything else
 
     def reload(self, document: str) -> list[LoadError] | None:
@@ -790,6 +825,15 @@ class Core:
     def fleet_inspect(self, shared: bytes) -> str | LoadError:
         tag, val = self._slow("fleet-inspect", _Args(1).bytes_list(0, shared))
         return str(val) if tag == "ok" else LoadError(str(val["path"]), str(val["message"]))
+
+
+def _hedge_answer(r: Any) -> tuple[list[Any], bool]:
+    """A lifted `hedge-answer`: its commands as the guest gave them (`(case, payload)` pairs;
+    the driver checks them) and its events bit. A malformed record becomes a `malformed`
+    command, which the driver's check refuses (a contract fault)."""
+    if not isinstance(r, dict) or not isinstance(r.get("commands"), list):
+        return [("malformed", r)], False
+    return r["commands"], r.get("events-pending") is True
 
 
 def _durable(r: tuple[str, Any]) -> DurableStep | LoadError:

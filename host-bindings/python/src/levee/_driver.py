@@ -7,6 +7,7 @@ asyncio calls, the attempt iterators and the httpx transports (`_io`, `engine`, 
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,8 +24,10 @@ if TYPE_CHECKING:
     from ._abi import Core
     from ._runtime import EngineRuntime, _PolicySlot
 
-ATTEMPT, WAIT, DONE, RETRY, FALLBACK, FAIL, INVALID = range(7)
-_SLEEP = 7  # protocol action: sleep
+ATTEMPT, WAIT, DONE, RETRY, FALLBACK, FAIL, INVALID, HEDGE = range(8)
+_SLEEP = 8  # protocol action: sleep
+#: the highest attempt number a hedged call may start (Polly's preset: 1 + 10 hedges)
+MAX_HEDGED_ATTEMPTS = 11
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +313,293 @@ class _Call:
                 logger.exception("levee: on_retry hook %r failed", hook)
 
 
+# ---------------------------------------------------------------------------- hedged calls
+
+
+class _HedgeStop(Exception):
+    """Internal: a hedged call left the core (a guest fault, recovered and reported). `attempt`
+    is the attempt whose own result stands (the one whose report faulted), or 0."""
+
+    def __init__(self, attempt: int = 0) -> None:
+        super().__init__(attempt)
+        self.attempt = attempt
+
+
+class HedgePlan:
+    """What one answer of the core asks the executor to do, in order: start these attempts
+    (number, timeout ns), cancel these, then wait (ns; None: until an attempt ends)."""
+
+    __slots__ = ("cancels", "starts", "wait")
+
+    def __init__(self) -> None:
+        self.starts: list[tuple[int, int]] = []
+        self.cancels: list[int] = []
+        self.wait: int | None = None
+
+
+class _Hedge:
+    """The host side of a hedged call (docs/policy.md, "Hedging", host contract), sans I/O: the
+    crossings (`hedge-step`, `report-attempt`), the checks of the guest's commands, and which
+    attempts are open, cancelled and reported. An executor (asyncio tasks, threads, the serial
+    iterator) runs the attempts and the waits the plans ask for; nothing here decides anything
+    the core decides: no timer of its own, no choice of a winner."""
+
+    __slots__ = (
+        "abandoned",
+        "cancelled",
+        "end_attempt",
+        "end_verdict",
+        "fault_attempt",
+        "first_timeout",
+        "lock",
+        "on_discard",
+        "open",
+        "over",
+        "results",
+        "spans",
+        "st",
+        "started",
+        "starts",
+    )  # fmt: skip
+
+    def __init__(self, st: _Call, first_timeout: int) -> None:
+        self.st = st
+        self.first_timeout = first_timeout
+        #: attempt -> its start (ns on the engine's clock)
+        self.started: dict[int, int] = {}
+        #: started and not yet reported
+        self.open: set[int] = set()
+        self.cancelled: set[int] = set()
+        #: the outcomes of attempts reported while the core still looked at them
+        self.results: dict[int, _AttemptResult] = {}
+        self.spans: dict[int, Any] = {}
+        self.starts: list[int] = []
+        #: the `end` command: its attempt and packed verdict (-1 until then)
+        self.end_attempt = 0
+        self.end_verdict = -1
+        #: the call is over for the driver: `end` came, a fault, or the caller cancelled
+        self.over = False
+        #: the core no longer knows the call (a fault, or the caller cancelled): nothing more is
+        #: reported to it
+        self.abandoned = False
+        #: after a fault: the attempt whose own result stands (0: none, run a degraded one)
+        self.fault_attempt = 0
+        #: called with the value of an attempt whose result the call does not return (an HTTP
+        #: integration closes the response)
+        self.on_discard: Callable[[Any], None] | None = None
+        #: serialises reports from attempts closing after `end` (threads) with the driver
+        self.lock = threading.Lock()
+
+    # -------------------------------------------------------------- attempts
+
+    def begin(self, n: int, timeout: int) -> None:
+        """The executor starts attempt `n` now."""
+        self.started[n] = self.st.engine._now()
+        self.starts.append(n)
+        self.open.add(n)
+        self.st.attempts = len(self.started)
+        if self.st.engine._spans is not None:
+            self.spans[n] = self.st.attempt_span(n, False)
+
+    def cancelled_result(self, n: int, exc: BaseException | None) -> _AttemptResult:
+        """The outcome of attempt `n` that closed by its cancellation (never looked at by the
+        core: any outcome will do; this one says what happened)."""
+        start = self.started.get(n, 0)
+        return _AttemptResult(Outcome.error(type(exc).__name__ if exc is not None else "CancelledError"),
+                              None, exc, start, self.st.engine._now())  # fmt: skip
+
+    def _end_span(self, n: int, res: _AttemptResult | None) -> None:
+        token = self.spans.pop(n, None)
+        if token is not None:
+            self.st.end_attempt_span(token, res)
+
+    # -------------------------------------------------------------- crossings
+
+    def step(self) -> HedgePlan:
+        """`hedge-step` now. Raises `_HedgeStop` after a guest fault (recovered and reported)."""
+        st = self.st
+        call = st.call
+        now = st.t = st.engine._now()
+        try:
+            raw = st.engine._cross_hedge(st, lambda c: c.hedge_step(call, now))
+        except _Fault:
+            raise _HedgeStop() from None
+        return self.plan(raw, now, "hedge-step", 0)
+
+    def report(self, n: int, res: _AttemptResult) -> HedgePlan:
+        """Attempt `n` closed with `res`: `report-attempt` it (its outcome is looked at only when
+        the core did not cancel it). Raises `_HedgeStop` after a guest fault."""
+        st = self.st
+        eng = st.engine
+        self.open.discard(n)
+        live = n not in self.cancelled and not self.over
+        self._end_span(n, res if live else None)
+        if self.abandoned:
+            self._discard(res)
+            return HedgePlan()
+        o = res.outcome
+        flags = 0
+        wall = 0
+        if live:
+            self.results[n] = res
+            wall = int(eng._clock.time()) if o.kind is OutcomeKind.HTTP_STATUS and o.text else 0
+            flags = 1 if o.overloaded else 0
+            pred = st.retry_if
+            if pred is not None:
+                flags |= predicate_flags(pred, res.exc if res.exc is not None else res.value, st.slot.info.name)
+        else:
+            self._discard(res)
+        call = st.call
+        now = res.end
+        elapsed = res.end - res.start
+        if live:
+            st.t = now
+        try:
+            raw = eng._cross_hedge(st, lambda c: c.report_attempt(call, n, now, elapsed, o.kind, o.code, o.text,
+                                                                  wall, flags))  # fmt: skip
+        except _Fault:
+            raise _HedgeStop(n if live else 0) from None
+        finally:
+            if eng._parked:  # the attempt's bulkhead slot is free now
+                eng._wake(st.slot.index, st.key)
+        if live and eng._sink is not None:
+            try:
+                emit_attempt(eng._sink, st.slot.info.name, o.kind.wit, elapsed)
+            except Exception:
+                logger.exception("levee: telemetry sink %r failed", eng._sink)
+        if self.over:
+            return HedgePlan()  # a cancelled attempt of an ended call: nothing more to do
+        return self.plan(raw, now, "report-attempt", n if live else 0)
+
+    def closed_late(self, n: int, res: _AttemptResult) -> None:
+        """An attempt the core cancelled closed after the call ended: report it (frees what it
+        held). Called from whichever task or thread saw it close."""
+        with self.lock:
+            try:
+                self.report(n, res)
+            except _HedgeStop:
+                pass  # recovered and reported; the call is over anyway
+
+    def _discard(self, res: _AttemptResult) -> None:
+        if self.on_discard is not None and res.value is not None:
+            try:
+                self.on_discard(res.value)
+            except Exception:
+                logger.exception("levee: closing the result of a cancelled attempt failed")
+
+    def discard_losers(self) -> None:
+        """Close what every attempt but the one the call returns produced (HTTP responses)."""
+        keep = self.end_attempt if self.end_verdict >= 0 else self.fault_attempt
+        for k, r in self.results.items():
+            if k != keep:
+                self._discard(r)
+
+    # -------------------------------------------------------------- checks
+
+    def plan(self, raw: list[Any], now: int, op: str, reported: int) -> HedgePlan:
+        """Check the guest's commands (docs/hosts.md, section 2, for hedged calls) and turn them
+        into a plan. A command that breaks the contract, or `end` with `invalid`, is a guest
+        fault: reported, and `_HedgeStop` raised (`reported`: the attempt whose own result
+        then stands)."""
+        st = self.st
+        plan = HedgePlan()
+        seen: set[int] = set()
+        for cmd in raw:
+            breach = self._breach(cmd, now, seen)
+            if breach is not None:
+                st.engine._guest_fault(st, "contract", f"{breach} (answered to {op})")
+                raise _HedgeStop(reported)
+            case, val = cmd
+            if case == "start":
+                n = int(val["attempt"])
+                seen.add(n)
+                plan.starts.append((n, int(val["timeout"])))
+            elif case == "cancel":
+                self.cancelled.add(val)
+                plan.cancels.append(val)
+            elif case == "wait":
+                plan.wait = val
+            else:
+                v = int(val["verdict"])
+                if v & 0xF == INVALID:
+                    st.engine._guest_fault(st, "invalid", f"{Verdict.unpack(v)} answered to {op}")
+                    raise _HedgeStop(reported)
+                self.end_attempt = int(val["attempt"])
+                self.end_verdict = v
+                self.over = True
+                break
+        return plan
+
+    def _breach(self, cmd: Any, now: int, seen: set[int]) -> str | None:
+        st = self.st
+        if not isinstance(cmd, tuple) or len(cmd) != 2:
+            return f"a malformed command {cmd!r}"
+        case, val = cmd
+        if case == "start":
+            if (
+                not isinstance(val, dict)
+                or not isinstance(val.get("attempt"), int)
+                or not isinstance(val.get("timeout"), int)
+            ):
+                return f"a malformed start {val!r}"
+            n, timeout = val["attempt"], val["timeout"]
+            if n in self.started or n in seen or n < 2 or n > MAX_HEDGED_ATTEMPTS:
+                return f"start of attempt {n}, already started or not in 2..{MAX_HEDGED_ATTEMPTS}"
+            if st.deadline_at and timeout > st.deadline_at - now:
+                return f"attempt {n}'s timeout {timeout} ns ends past the deadline"
+            if st.deadline_at and timeout == 0:
+                return f"attempt {n} without a timeout under a deadline"
+            return None
+        if case == "cancel":
+            if not isinstance(val, int) or val not in self.started:
+                return f"cancel of attempt {val!r}, never started"
+            return None
+        if case == "wait":
+            if not isinstance(val, int) or val < 0:
+                return f"a malformed wait {val!r}"
+            if st.deadline_at and now + val > st.deadline_at:
+                return f"a wait of {val} ns ends past the deadline"
+            return None
+        if case == "end":
+            if (
+                not isinstance(val, dict)
+                or not isinstance(val.get("attempt"), int)
+                or not isinstance(val.get("verdict"), int)
+            ):
+                return f"a malformed end {val!r}"
+            n, v = val["attempt"], val["verdict"]
+            kind = v & 0xF
+            if kind == INVALID:
+                return None
+            if kind not in (DONE, FAIL, FALLBACK):
+                return f"end with a {Verdict.unpack(v)} verdict"
+            if n not in self.results:
+                return f"end with attempt {n}, which has not been reported"
+            saved = st.t
+            st.t = now
+            try:
+                return contract_breach(st, v, "report")
+            finally:
+                st.t = saved
+        return f"an unknown command {case!r}"
+
+    # -------------------------------------------------------------- the end
+
+    def finish(self) -> int:
+        """The packed verdict the call ends with (as `report` answers it), or -1 after a
+        fault; fills in the call's attempts and last result for the verdict handling."""
+        st = self.st
+        st.attempts = len(self.started)
+        if self.end_verdict >= 0:
+            st.last = self.results.get(self.end_attempt)
+            return self.end_verdict
+        st.last = self.results.get(self.fault_attempt)
+        return -1
+
+
 # A protocol action: (ATTEMPT, number, timeout_ns) | (_SLEEP, ns, 0) | (FALLBACK, name, reason)
+# | (HEDGE, _Hedge, 0): run the hedged attempts until the core ends the call (the executor sends
+# None back; the `_Hedge` holds how it ended)
 Action = tuple[int, Any, Any]
 
 _MAX_REASON = max(Reason)
@@ -321,7 +610,7 @@ def contract_breach(st: _Call, v: int, op: str) -> str | None:
     `st.t` is the `now` that crossing was given. Returns what is wrong, or None."""
     info = st.slot.info
     kind = v & 0xF
-    if kind > INVALID or v & 0xE0:
+    if kind > HEDGE or v & 0xE0:
         return f"unknown verdict kind {kind} or reserved bits set ({v:#x})"
     detail = (v >> 8) & 0xFF
     payload = v >> 16
@@ -349,6 +638,14 @@ def contract_breach(st: _Call, v: int, op: str) -> str | None:
             return f"fail with reason {detail}"
     elif kind == DONE and op in ("start", "acquire"):
         return f"done answered to {op}"
+    elif kind == HEDGE:
+        # a hedged policy makes one call-level attempt: the hedge verdict admits attempt 1
+        if op not in ("start", "acquire") or st.attempts or detail != 1:
+            return f"hedge verdict for attempt {detail} answered to {op} after {st.attempts} attempts"
+        if st.deadline_at and payload > st.deadline_at - st.t:
+            return f"attempt timeout {payload} ns past the deadline ({st.deadline_at - st.t} ns left)"
+        if payload == 0 and st.deadline_at:
+            return "no attempt timeout under a policy with a deadline"
     return None
 
 
@@ -418,6 +715,19 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                     v = st.report(res)
                 except _Fault:
                     return (yield from _degraded(st, op))
+            elif kind == HEDGE:
+                # a hedged call (docs/policy.md, "Hedging"): the executor runs attempt 1 and
+                # whatever the core's commands start, until `end`, whose verdict is handled
+                # below exactly like a `report` answer
+                h = _Hedge(st, v >> 16)
+                yield (HEDGE, h, 0)
+                v = h.finish()
+                op = "report"
+                if v < 0:  # a guest fault in the hedged section (recovered and reported)
+                    if st.last is not None:
+                        st.finished = True
+                        return st.degraded_value()
+                    return (yield from _degraded(st, "acquire"))
             elif kind == RETRY or kind == WAIT:
                 delay = v >> 16
                 if kind == RETRY and st.on_retry:

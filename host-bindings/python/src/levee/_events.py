@@ -20,6 +20,7 @@ _LEVELS = {
     EventKind.KEY_EVICTED: logging.DEBUG,
     EventKind.CALL_EVICTED: logging.DEBUG,
     EventKind.PERMIT_EXPIRED: logging.DEBUG,
+    EventKind.HEDGE_STARTED: logging.DEBUG,
     EventKind.GAVE_UP: logging.INFO,
     EventKind.REJECTED: logging.INFO,
     EventKind.BUDGET_REFUSED: logging.INFO,

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
+import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -15,10 +17,22 @@ from typing import TYPE_CHECKING, Any
 
 from . import _clock
 from ._clock import SystemClock
-from ._driver import _SLEEP, ATTEMPT, _AttemptResult, _Call, _fallback_context, _protocol, _unregistered
+from ._driver import (
+    _SLEEP,
+    ATTEMPT,
+    HEDGE,
+    HedgePlan,
+    _AttemptResult,
+    _Call,
+    _fallback_context,
+    _Hedge,
+    _HedgeStop,
+    _protocol,
+    _unregistered,
+)
 from ._events import logger
 from ._runtime import _Parker
-from .outcomes import Outcome
+from .outcomes import Outcome, outcome_for_exception
 from .types import Reason
 
 if TYPE_CHECKING:
@@ -190,6 +204,198 @@ async def _attempt_async(st: _Call, fn: Callable[..., Awaitable[Any]], args: tup
     return st.outcome_of(value, exc, start, now(), timeout)
 
 
+# ---------------------------------------------------------------------------- hedged calls
+
+#: asyncio attempts the core cancelled that are still closing after their call ended (a
+#: reference, so that the event loop does not lose them before they are reported)
+_CLOSING: set[asyncio.Future[Any]] = set()
+
+
+def _hedge_stuck(h: _Hedge) -> None:
+    """The core left a hedged call with nothing in flight and nothing to wait for."""
+    h.st.engine._guest_fault(h.st, "contract", "a hedged call with no attempt in flight, no wait and no end")
+    raise _HedgeStop()
+
+
+def _task_result(h: _Hedge, n: int, t: asyncio.Future[_AttemptResult]) -> _AttemptResult:
+    if t.cancelled():
+        return h.cancelled_result(n, asyncio.CancelledError())
+    exc = t.exception()
+    if exc is None:
+        return t.result()
+    if isinstance(exc, Exception):  # the attempt runner reports errors; this is a guard
+        return _AttemptResult(outcome_for_exception(exc), None, exc, h.started.get(n, 0), h.st.engine._now())
+    raise exc
+
+
+def _close_later(h: _Hedge, n: int, t: asyncio.Future[_AttemptResult]) -> None:
+    _CLOSING.discard(t)
+    try:
+        res = _task_result(h, n, t)
+    except BaseException as e:
+        res = h.cancelled_result(n, e)
+    h.closed_late(n, res)
+
+
+async def run_hedge_async(h: _Hedge, run: Callable[[int, int], Awaitable[_AttemptResult]]) -> None:
+    """Carry out a hedged call's commands with asyncio tasks (docs/policy.md, "Hedging"): each
+    attempt is a task (`run(number, timeout_ns)`) cancelled by `task.cancel()`; a `wait` sleeps
+    on the engine's clock until it elapses or an attempt closes, whichever is first; a closed
+    attempt is reported (the lowest number first when several have closed), else `hedge-step`.
+    Returns at `end` or after a guest fault; attempts the core cancelled are reported as they
+    close, without the caller waiting for them. The caller's cancel cancels every attempt."""
+    st = h.st
+    eng = st.engine
+    tasks: dict[int, asyncio.Future[_AttemptResult]] = {}
+    sleeper: asyncio.Future[None] | None = None
+
+    def launch(n: int, timeout: int) -> None:
+        h.begin(n, timeout)
+        tasks[n] = asyncio.ensure_future(run(n, timeout))
+
+    def closed() -> int:
+        return next((k for k in sorted(h.open) if tasks[k].done()), 0)
+
+    try:
+        try:
+            launch(1, h.first_timeout)
+            plan: HedgePlan = h.step()
+            while True:
+                for n, timeout in plan.starts:
+                    launch(n, timeout)
+                for n in plan.cancels:
+                    if n in h.open:
+                        tasks[n].cancel()
+                if h.over:
+                    break
+                n = closed()
+                if not n:
+                    waiting: list[asyncio.Future[Any]] = [tasks[k] for k in sorted(h.open)]
+                    if plan.wait is None and not waiting:
+                        _hedge_stuck(h)
+                    if plan.wait is not None:
+                        sleeper = asyncio.ensure_future(eng._clock.sleep_async(plan.wait / 1e9))
+                        waiting.append(sleeper)
+                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    if sleeper is not None:
+                        sleeper.cancel()
+                        sleeper = None
+                    n = closed()
+                plan = h.report(n, _task_result(h, n, tasks[n])) if n else h.step()
+        except _HedgeStop as stop:
+            # the one recovery path: the attempt whose report faulted keeps its own result;
+            # else the oldest attempt in flight goes on alone (the degraded attempt, already
+            # running); else the protocol runs one degraded attempt
+            h.over = h.abandoned = True
+            keep = stop.attempt or min((k for k in h.open if k not in h.cancelled), default=0)
+            for k in sorted(h.open):
+                if k != keep:
+                    tasks[k].cancel()
+            if keep in h.open:
+                await asyncio.wait((tasks[keep],))
+                res = _task_result(h, keep, tasks[keep])
+                h.open.discard(keep)
+                h.results[keep] = res
+                h._end_span(keep, res)
+            h.fault_attempt = keep if keep in h.results else 0
+    except BaseException:
+        # the caller cancelled the call (or the loop is going away): every attempt is aborted;
+        # the protocol's close cancels the call in the core, which frees them all
+        h.over = h.abandoned = True
+        for t in tasks.values():
+            t.cancel()
+        raise
+    finally:
+        if sleeper is not None:
+            sleeper.cancel()
+        for k in sorted(h.open):
+            t = tasks[k]
+            _CLOSING.add(t)
+            t.add_done_callback(functools.partial(_close_later, h, k))
+
+
+def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None:
+    """`run_hedge_async` for synchronous code: each attempt runs in a thread of its own (the
+    calling thread carries out the commands). A thread cannot be aborted: `cancel` stops
+    waiting for the attempt, which goes on until its function returns; it is reported then,
+    and holds its bulkhead slot until then (which is what the core asks). A `wait` waits on the
+    attempts' completions with a timeout on the system clock (on another clock, it sleeps on
+    that clock and then looks)."""
+    st = h.st
+    eng = st.engine
+    done: queue.SimpleQueue[tuple[int, _AttemptResult]] = queue.SimpleQueue()
+    system = type(eng._clock) is SystemClock
+
+    def worker(n: int, timeout: int, ctx: contextvars.Context) -> None:
+        try:
+            res = ctx.run(run, n, timeout)
+        except BaseException as e:  # run reports Exceptions; this one closed the attempt
+            res = h.cancelled_result(n, e)
+        with h.lock:
+            if not h.over:
+                done.put((n, res))
+                return
+        h.closed_late(n, res)
+
+    def launch(n: int, timeout: int) -> None:
+        h.begin(n, timeout)
+        th = threading.Thread(target=worker, args=(n, timeout, contextvars.copy_context()),
+                              name=f"levee-hedge-{st.call}-{n}", daemon=True)  # fmt: skip
+        th.start()
+
+    def take(wait: int | None) -> tuple[int, _AttemptResult] | None:
+        try:
+            if wait is None:
+                return done.get()
+            if system:
+                return done.get(timeout=wait / 1e9)
+            try:
+                return done.get_nowait()
+            except queue.Empty:
+                eng._clock.sleep(wait / 1e9)
+                return done.get_nowait()
+        except queue.Empty:
+            return None
+
+    try:
+        try:
+            launch(1, h.first_timeout)
+            plan = h.step()
+            while True:
+                for n, timeout in plan.starts:
+                    launch(n, timeout)
+                if h.over:
+                    break
+                if plan.wait is None and not h.open:
+                    _hedge_stuck(h)
+                got = take(plan.wait)
+                plan = h.report(*got) if got is not None else h.step()
+        except _HedgeStop as stop:
+            keep = stop.attempt or min((k for k in h.open if k not in h.cancelled), default=0)
+            h.abandoned = True
+            while keep in h.open:
+                n, res = done.get()
+                h.open.discard(n)
+                if n == keep:
+                    h.results[keep] = res
+                    h._end_span(keep, res)
+            h.fault_attempt = keep if keep in h.results else 0
+    except BaseException:
+        h.abandoned = True
+        raise
+    finally:
+        with h.lock:
+            h.over = True
+            late: list[tuple[int, _AttemptResult]] = []
+            while True:
+                try:
+                    late.append(done.get_nowait())
+                except queue.Empty:
+                    break
+        for n, res in late:
+            h.closed_late(n, res)
+
+
 def _drive_sync(st: _Call, v: int, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 first: _AttemptResult | None = None) -> Any:  # fmt: skip
     """Run the protocol from the verdict `v` of `start`, doing its I/O synchronously; `first` is
@@ -203,6 +409,9 @@ def _drive_sync(st: _Call, v: int, fn: Callable[..., Any], args: tuple[Any, ...]
             op = action[0]
             if op == ATTEMPT:
                 action = gen.send(_attempt_sync(st, fn, args, kwargs, action[2]))
+            elif op == HEDGE:
+                run_hedge_sync(action[1], lambda n, t: _attempt_sync(st, fn, args, kwargs, t))
+                action = gen.send(None)
             elif op == _SLEEP:
                 sleep_sync(st.engine, action[1], action[2])
                 action = gen.send(None)
@@ -227,6 +436,9 @@ async def _drive_async(st: _Call, v: int, fn: Callable[..., Awaitable[Any]], arg
             op = action[0]
             if op == ATTEMPT:
                 action = gen.send(await _attempt_async(st, fn, args, kwargs, action[2]))
+            elif op == HEDGE:
+                await run_hedge_async(action[1], lambda n, t: _attempt_async(st, fn, args, kwargs, t))
+                action = gen.send(None)
             elif op == _SLEEP:
                 await sleep_async(st.engine, action[1], action[2])
                 action = gen.send(None)

@@ -419,6 +419,34 @@ class EngineRuntime:
             if events:
                 dispatch(events, self._listeners, self._sink)
 
+    def _cross_hedge(self, st: _Call, fn: Callable[[Core], tuple[list[Any], bool]]) -> list[Any]:
+        """`_cross` for `hedge-step` and `report-attempt`, whose answer is a list of commands
+        (returned unchecked: the driver checks them) with its own events bit."""
+        events: list[Event] = []
+        try:
+            with self._lock:
+                if st.gen != self._generation:
+                    self._recover_locked(
+                        ProtocolError("the call's instance was replaced"), events, "invalid", st.slot.info.name,
+                        st.key, st.call,
+                    )  # fmt: skip
+                    raise _Fault()
+                core = self._core
+                try:
+                    self._flush_locked(events)
+                    commands, pending = fn(core)
+                    if pending:
+                        self._events_locked(EVENTS_BIT, events)
+                except ComponentFault as e:
+                    if not core.dead:
+                        raise
+                    self._recover_locked(e, events, "trap", st.slot.info.name, st.key, st.call)
+                    raise _Fault() from e
+                return commands
+        finally:
+            if events:
+                dispatch(events, self._listeners, self._sink)
+
     # -------------------------------------------------------------- the bulkhead queue
 
     def _park_locked(self, index: int, key: str, call: int) -> None:

@@ -39,9 +39,18 @@ from ._constants import (
     START_IDEMPOTENCY_KEY,
     START_NON_IDEMPOTENT,
 )
-from ._driver import _SLEEP, ATTEMPT, RetryPredicate, _AttemptResult, _Call, _protocol
+from ._driver import _SLEEP, ATTEMPT, HEDGE, RetryPredicate, _AttemptResult, _Call, _Hedge, _protocol
 from ._events import logger
-from ._io import _AttemptScope, _run_fallback_async, _run_fallback_sync, attempt_timeout_cm, sleep_async, sleep_sync
+from ._io import (
+    _AttemptScope,
+    _run_fallback_async,
+    _run_fallback_sync,
+    attempt_timeout_cm,
+    run_hedge_async,
+    run_hedge_sync,
+    sleep_async,
+    sleep_sync,
+)
 from .engine import Engine, Policy, method_flags
 from .errors import CallFailed
 from .outcomes import outcome_for_exception, outcome_for_response
@@ -170,20 +179,16 @@ class LeveeTransport(_Base, httpx.BaseTransport):
                     last.close()
                     last = None
                 if op == ATTEMPT:
-                    _mark_attempt(request, action[1])
-                    _with_timeout(request, action[2])
-                    start = self._engine._now()
-                    scope = _AttemptScope(self._engine, start, action[2])
-                    try:
-                        response = self._transport.handle_request(request)
-                        _read_within(response, action[2], start, self._engine._now)
-                        res = self._result(request, response, None, start, action[2])
-                    except Exception as e:
-                        res = self._result(request, None, e, start, action[2])
-                    finally:
-                        scope.close()
+                    res = self._attempt(request, action[1], action[2])
                     last = res.value
                     action = proto.send(res)
+                elif op == HEDGE:
+                    # each hedged attempt is its own request (docs/policy.md, "Hedging")
+                    h: _Hedge = action[1]
+                    h.on_discard = _close_response
+                    run_hedge_sync(h, lambda n, t: self._attempt(_copy(request), n, t))
+                    h.discard_losers()
+                    action = proto.send(None)
                 elif op == _SLEEP:
                     sleep_sync(self._engine, action[1], action[2])
                     action = proto.send(None)
@@ -197,6 +202,20 @@ class LeveeTransport(_Base, httpx.BaseTransport):
             raise
         finally:
             proto.close()
+
+    def _attempt(self, request: httpx.Request, number: int, timeout: int) -> _AttemptResult:
+        _mark_attempt(request, number)
+        _with_timeout(request, timeout)
+        start = self._engine._now()
+        scope = _AttemptScope(self._engine, start, timeout)
+        try:
+            response = self._transport.handle_request(request)
+            _read_within(response, timeout, start, self._engine._now)
+            return self._result(request, response, None, start, timeout)
+        except Exception as e:
+            return self._result(request, None, e, start, timeout)
+        finally:
+            scope.close()
 
     def close(self) -> None:
         self._transport.close()
@@ -223,22 +242,16 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
                     await last.aclose()
                     last = None
                 if op == ATTEMPT:
-                    _mark_attempt(request, action[1])
-                    _with_timeout(request, action[2])
-                    start = self._engine._now()
-                    try:
-                        if action[2]:
-                            async with attempt_timeout_cm(self._engine, action[2]):
-                                response = await self._transport.handle_async_request(request)
-                                await response.aread()
-                        else:
-                            response = await self._transport.handle_async_request(request)
-                            await response.aread()
-                        res = self._result(request, response, None, start, action[2])
-                    except Exception as e:
-                        res = self._result(request, None, e, start, action[2])
+                    res = await self._attempt(request, action[1], action[2])
                     last = res.value
                     action = proto.send(res)
+                elif op == HEDGE:
+                    # each hedged attempt is its own request, cancelled by cancelling its task
+                    h: _Hedge = action[1]
+                    h.on_discard = _close_response
+                    await run_hedge_async(h, lambda n, t: self._attempt(_copy(request), n, t))
+                    h.discard_losers()
+                    action = proto.send(None)
                 elif op == _SLEEP:
                     await sleep_async(self._engine, action[1], action[2])
                     action = proto.send(None)
@@ -253,8 +266,41 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
         finally:
             proto.close()
 
+    async def _attempt(self, request: httpx.Request, number: int, timeout: int) -> _AttemptResult:
+        _mark_attempt(request, number)
+        _with_timeout(request, timeout)
+        start = self._engine._now()
+        try:
+            if timeout:
+                scope = _AttemptScope(self._engine, start, timeout)
+                try:
+                    async with attempt_timeout_cm(self._engine, timeout):
+                        response = await self._transport.handle_async_request(request)
+                        await response.aread()
+                finally:
+                    scope.close()
+            else:
+                response = await self._transport.handle_async_request(request)
+                await response.aread()
+            return self._result(request, response, None, start, timeout)
+        except Exception as e:
+            return self._result(request, None, e, start, timeout)
+
     async def aclose(self) -> None:
         await self._transport.aclose()
+
+
+def _copy(request: httpx.Request) -> httpx.Request:
+    """A hedged attempt's own request: the same method, URL, headers and (replayable) body, so
+    that concurrent attempts never share one request's headers or stream."""
+    return httpx.Request(request.method, request.url, headers=request.headers.copy(), stream=request.stream,
+                         extensions=dict(request.extensions))  # fmt: skip
+
+
+def _close_response(value: Any) -> None:
+    """Close the response of an attempt whose result the call does not return."""
+    if isinstance(value, httpx.Response):
+        value.close()
 
 
 def _checked(name: str, ok: bool, value: Any) -> tuple[bool, Any]:

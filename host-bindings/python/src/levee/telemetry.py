@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from . import _constants
 from .types import BreakerState, Event, EventKind
 
 __all__ = ["AttributeValue", "OpenTelemetrySink", "SpanSink", "TelemetrySink", "event_attributes"]
@@ -32,6 +33,7 @@ METRIC_FALLBACKS = "levee.fallbacks"
 METRIC_BREAKER_TRANSITIONS = "levee.breaker.transitions"
 METRIC_BREAKER_STATE = "levee.breaker.state"
 METRIC_ENGINE_FAULTS = "levee.engine.faults"
+METRIC_HEDGES = _constants.METRIC_HEDGES
 ATTR_POLICY = "levee.policy"
 ATTR_KEY = "levee.key"
 ATTR_CALL = "levee.call"
@@ -108,6 +110,8 @@ def event_attributes(ev: Event) -> dict[str, AttributeValue]:
     elif k is EventKind.FALLBACK_CHOSEN:
         a[ATTR_FALLBACK] = ev.name
         a[ATTR_REASON] = ev.reason.wit
+    elif k is EventKind.HEDGE_STARTED:
+        a[ATTR_ATTEMPT] = ev.attempt
     elif k is EventKind.KEY_EVICTED:
         a[ATTR_KEY] = ev.name or ev.key
     elif k is EventKind.ENGINE_FAULT:
@@ -135,6 +139,8 @@ def emit_event(sink: TelemetrySink, ev: Event) -> None:
             {ATTR_POLICY: ev.policy, ATTR_BREAKER_FROM: ev.state_from.wit, ATTR_BREAKER_TO: ev.state_to.wit},
         )
         sink.gauge(METRIC_BREAKER_STATE, _BREAKER_NUMBER[ev.state_to], {ATTR_POLICY: ev.policy, ATTR_KEY: ev.key})
+    elif k is EventKind.HEDGE_STARTED:
+        sink.add(METRIC_HEDGES, 1, pol)
     elif k is EventKind.ENGINE_FAULT:
         sink.add(METRIC_ENGINE_FAULTS, 1, {ATTR_FAULT: ev.fault})
 
@@ -168,6 +174,7 @@ class OpenTelemetrySink:
         METRIC_FALLBACKS: "{fallback}",
         METRIC_BREAKER_TRANSITIONS: "{transition}",
         METRIC_ENGINE_FAULTS: "{fault}",
+        METRIC_HEDGES: "{attempt}",
         METRIC_ATTEMPT_DURATION: "s",
         METRIC_RETRY_DELAY: "s",
         METRIC_BREAKER_STATE: "1",

@@ -110,6 +110,7 @@ class EventKind(_WitEnum):
     KEY_EVICTED = "key-evicted"
     CALL_EVICTED = "call-evicted"
     PERMIT_EXPIRED = "permit-expired"
+    HEDGE_STARTED = "hedge-started"
     ENGINE_FAULT = "engine-fault"
 
 
@@ -192,6 +193,7 @@ class VerdictKind(enum.IntEnum):
     FALLBACK = 4
     FAIL = 5
     INVALID = 6
+    HEDGE = 7
 
     @property
     def wit(self) -> str:
@@ -209,7 +211,7 @@ class Verdict(NamedTuple):
     @classmethod
     def unpack(cls, packed: int) -> Verdict:
         k = packed & 0xF
-        kind: VerdictKind | int = VerdictKind(k) if k <= 6 else k
+        kind: VerdictKind | int = VerdictKind(k) if k <= 7 else k
         return cls(kind, bool(packed & 0x10), (packed >> 8) & 0xFF, packed >> 16)
 
     def __str__(self) -> str:
@@ -218,6 +220,8 @@ class Verdict(NamedTuple):
             return f"{kind}(reason={Reason.from_code(self.detail).wit}, ns={self.payload})"
         if self.kind == VerdictKind.ATTEMPT:
             return f"attempt(n={self.detail}, timeout_ns={self.payload})"
+        if self.kind == VerdictKind.HEDGE:
+            return f"hedge(n={self.detail}, timeout_ns={self.payload})"
         if self.kind == VerdictKind.FALLBACK:
             return f"fallback(index={self.payload}, reason={Reason.from_code(self.detail).wit})"
         if self.kind == VerdictKind.INVALID:
