@@ -823,13 +823,14 @@ export class Levee {
       return [outcome, elapsed, ask ? this.#ask(d, st, f.threw, f.error, f.value, f.n) : 0];
     };
 
-    // Report a closed attempt (`ask`: a live attempt, whose outcome the core looks at).
-    const report = (f: Flight<T>, at: bigint, ask: boolean): HedgeAnswer | undefined => {
-      const [outcome, elapsed, flags] = outcomeOf(f, ask);
+    // Report a closed attempt (`live`: one the core did not cancel, whose outcome it looks at,
+    // and which counts in `levee.attempts`; a cancelled one only frees what it held).
+    const report = (f: Flight<T>, at: bigint, live: boolean): HedgeAnswer | undefined => {
+      const [outcome, elapsed, flags] = outcomeOf(f, live);
       const a = rt.reportAttempt(p, st.key, st.call, f.n, at, elapsed, outcome, flags);
       if (a !== undefined) {
         hd.closed(f.n);
-        this.#telemetry?.attempt(p.name, outcome.kind, Number(elapsed));
+        if (live) this.#telemetry?.attempt(p.name, outcome.kind, Number(elapsed));
       }
       return a;
     };
@@ -1018,13 +1019,16 @@ export class Levee {
           for (const f of closed.splice(0)) reportLate(f);
           return { verdict: end.verdict, now };
         }
-        if (closed.length === 0 && !signal?.aborted) {
+        if (closed.length === 0 && waitNs !== 0 && !signal?.aborted) {
+          // Sleep the wait's delay on the Levee's clock (under the caller's signal: it is the
+          // call's sleep), cut short when an attempt closes; no delay: until an attempt closes.
           const timer = waitNs < 0 ? undefined : new AbortController();
           await new Promise<void>((resolve) => {
             wake = resolve;
-            // A timer that fires as an attempt closes must not wake the next wait.
             if (timer !== undefined) {
-              this.#clock.sleep(waitNs / 1e6, timer.signal).then(
+              const s = signal === undefined ? timer.signal : AbortSignal.any([signal, timer.signal]);
+              // A timer that fires as an attempt closes must not wake the next wait.
+              this.#clock.sleep(waitNs / 1e6, s).then(
                 () => wake === resolve && notify(),
                 () => undefined,
               );
@@ -1032,10 +1036,13 @@ export class Levee {
           });
           wake = undefined;
           timer?.abort();
+          // Attempts that close at the same instant all close before one is reported, and the
+          // lowest number goes first (conformance/hosts: the order must not depend on the scheduler).
+          await nextTurn();
         }
         if (signal?.aborted) return cancelled();
         now = this.#now();
-        reported = closed.shift();
+        reported = lowest(closed);
         if (reported !== undefined) {
           d.op = 'report-attempt';
           a = report(reported, now, !hd.cancelled.has(reported.n));
@@ -1100,6 +1107,20 @@ export class Levee {
       }
     }
   }
+}
+
+/** A turn of the event loop, after every pending microtask has run. */
+const nextTurn: () => Promise<void> =
+  typeof setImmediate === 'function'
+    ? () => new Promise<void>((resolve) => setImmediate(resolve))
+    : () => new Promise<void>((resolve) => setTimeout(resolve, 0));
+
+/** Take the lowest-numbered attempt out of `closed`. */
+function lowest<T>(closed: Flight<T>[]): Flight<T> | undefined {
+  if (closed.length === 0) return undefined;
+  let at = 0;
+  for (let i = 1; i < closed.length; i++) if (closed[i]!.n < closed[at]!.n) at = i;
+  return closed.splice(at, 1)[0];
 }
 
 /** One attempt of a hedged call: its context (its own signal and timeout), span and result. */
