@@ -851,14 +851,18 @@ export class Levee {
       f.value = value;
       f.error = error;
       if (f.span !== undefined) {
-        const kind = hd.cancelled.has(f.n) || phase === 2 ? 'cancelled' : f.ctx.timedOut ? 'timeout' : undefined;
-        CallSpan.endAttempt(
-          f.span,
-          kind ??
-            (threw
+        let kind: string = hd.cancelled.has(f.n) || phase === 2 ? 'cancelled' : f.ctx.timedOut ? 'timeout' : '';
+        if (kind === '') {
+          try {
+            kind = threw
               ? (options?.errorOutcome?.(error) ?? outcomeOfError(error)).kind
-              : (options?.outcomeOf?.(value as T)?.kind ?? 'success')),
-        );
+              : (options?.outcomeOf?.(value as T)?.kind ?? 'success');
+          } catch {
+            // The describer's error surfaces where the attempt is reported.
+            kind = 'error-class';
+          }
+        }
+        CallSpan.endAttempt(f.span, kind);
       }
       if (phase === 1) reportLate(f);
       else {

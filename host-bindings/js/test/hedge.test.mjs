@@ -504,3 +504,71 @@ describe('the hedge driver alone', () => {
     assert.match(r, /moved nothing/);
   });
 });
+
+describe('spans of a hedged call', () => {
+  test('one levee.attempt span per hedged attempt, the cancelled one marked, each attempt in its span', async () => {
+    const spans = [];
+    let active;
+    const api = {
+      trace: {
+        getTracer: () => ({
+          startSpan(name, options = {}, context) {
+            const span = {
+              name,
+              parent: context?.span,
+              attributes: { ...(options.attributes ?? {}) },
+              ended: false,
+              setAttribute(k, v) {
+                this.attributes[k] = v;
+              },
+              setStatus() {},
+              end() {
+                this.ended = true;
+              },
+            };
+            spans.push(span);
+            return span;
+          },
+        }),
+        setSpan: (context, span) => ({ parent: context, span }),
+      },
+      context: {
+        active: () => active,
+        with(context, fn) {
+          const before = active;
+          active = context;
+          try {
+            return fn();
+          } finally {
+            active = before;
+          }
+        },
+      },
+    };
+    const { clock, levee } = setup(A6, { spans: api });
+    const seen = [];
+    const { fn } = dependency(clock, {
+      1: { after: 700, error: () => new GrpcStatusError(14) },
+      2: { after: 400, value: 'two' },
+      3: { hang: true },
+    });
+    const value = await levee.run('p', (ctx) => {
+      seen.push(active?.span?.attributes['levee.attempt']);
+      return fn(ctx);
+    });
+    assert.equal(value, 'two');
+    await clock.settle();
+    const [call, ...attempts] = spans;
+    assert.equal(call.name, 'levee.call');
+    assert.equal(call.attributes['levee.result'], 'success');
+    assert.deepEqual(
+      attempts.map((s) => [s.name, s.parent, s.attributes['levee.attempt'], s.attributes['levee.outcome'], s.ended]),
+      [
+        ['levee.attempt', call, 1, 'grpc-status', true],
+        ['levee.attempt', call, 2, 'success', true],
+        ['levee.attempt', call, 3, 'cancelled', true],
+      ],
+    );
+    assert.deepEqual(seen, [1, 2, 3], 'each attempt runs in its own span');
+  });
+});
