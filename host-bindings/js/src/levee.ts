@@ -956,7 +956,11 @@ export class Levee {
       return { verdict: undefined, now: this.#now() };
     };
 
-    const onAbort = (): void => notify();
+    // The caller's abort reaches every attempt at once (each has its own controller, linked here).
+    const onAbort = (): void => {
+      if (phase !== 1) abortAll(signal!.reason);
+      notify();
+    };
     signal?.addEventListener('abort', onAbort, { once: true });
     try {
       launch(1, d.timeoutNs, now);
@@ -1041,8 +1045,10 @@ export class Levee {
           wake = undefined;
           timer?.abort();
           // Attempts that close at the same instant all close before one is reported, and the
-          // lowest number goes first (conformance/hosts: the order must not depend on the scheduler).
-          await nextTurn();
+          // lowest number goes first (conformance/hosts: the order must not depend on the
+          // scheduler): a wait of 0 on the Levee's clock, which a virtual clock ends once the
+          // program is idle, before its time moves (the real clock ends it at once).
+          if (closed.length > 0 && flights.some((f) => f !== undefined && !f.closed)) await this.#clock.sleep(0);
         }
         if (signal?.aborted) return cancelled();
         now = this.#now();
@@ -1112,12 +1118,6 @@ export class Levee {
     }
   }
 }
-
-/** A turn of the event loop, after every pending microtask has run. */
-const nextTurn: () => Promise<void> =
-  typeof setImmediate === 'function'
-    ? () => new Promise<void>((resolve) => setImmediate(resolve))
-    : () => new Promise<void>((resolve) => setTimeout(resolve, 0));
 
 /** Take the lowest-numbered attempt out of `closed`. */
 function lowest<T>(closed: Flight<T>[]): Flight<T> | undefined {

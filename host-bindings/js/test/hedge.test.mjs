@@ -275,6 +275,56 @@ policies:
     );
   });
 
+  test('a hedge that answers at once ends the call at once, while the original still runs', async () => {
+    const { clock, levee } = setup(`policies:\n  p:\n    deadline: 300ms\n    hedge: { attempts: 3, delay: 100ms }\n`);
+    const starts = [];
+    const value = await levee.run('p', (ctx) => {
+      starts.push([ctx.attempt, ms(clock), ctx.timeoutMs]);
+      return ctx.attempt === 2 ? 'two' : new Promise(() => undefined);
+    });
+    assert.equal(value, 'two');
+    assert.equal(ms(clock), 100);
+    assert.deepEqual(starts, [
+      [1, 0, 300],
+      [2, 100, 200],
+    ]);
+  });
+
+  test('under a deadline no attempt runs past it', async () => {
+    const { clock, levee } = setup(`policies:\n  p:\n    deadline: 300ms\n    hedge: { attempts: 3, delay: 100ms }\n`);
+    const { fn, log } = dependency(clock, { default: { hang: true } });
+    const err = await levee.run('p', fn).catch((e) => e);
+    assert.ok(err instanceof LeveeError);
+    assert.equal(err.attempts, 3);
+    assert.equal(err.lastError.name, 'TimeoutError');
+    assert.deepEqual(
+      log.map((r) => [r.start, r.end]),
+      [
+        [0, 300],
+        [100, 300],
+        [200, 300],
+      ],
+    );
+  });
+
+  test("the caller's predicate sees every live attempt; its answer goes to the core", async () => {
+    const { clock, levee } = setup(`policies:\n  p:\n    hedge: { attempts: 2, delay: 100ms }\n`);
+    const seen = [];
+    const { fn } = dependency(clock, { 1: { after: 50, value: 'bad' }, 2: { after: 50, value: 'good' } });
+    const value = await levee.run('p', fn, {
+      retryIf: (r) => {
+        seen.push([r.attempt, r.value, ms(clock)]);
+        return r.value === 'bad' ? true : undefined;
+      },
+    });
+    assert.equal(value, 'good');
+    // 'bad' counts as a (non-fatal) failure: the hedge goes at once, at 50 ms, not at 100 ms.
+    assert.deepEqual(seen, [
+      [1, 'bad', 50],
+      [2, 'good', 100],
+    ]);
+  });
+
   test('an operation that is not idempotent is never hedged', async () => {
     const { clock, sink, levee } = setup(`policies:\n  p:\n    hedge: { attempts: 2, delay: 10ms }\n`);
     const { fn, log } = dependency(clock, { 1: { after: 50, value: 'once' } });
