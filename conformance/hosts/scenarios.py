@@ -1970,6 +1970,51 @@ scenario(
 )
 
 
+# Guest faults in a hedged call (docs/hosts.md, section 3, for hedging): a command that breaks
+# the contract, or a trap, is the one recovery path. The attempt whose report faulted keeps its
+# own result; else the oldest attempt in flight (already running, with the core's leave) goes on
+# alone and its own result stands; every other attempt is cancelled and nothing more is reported
+# to the core. Only when no attempt is in flight does the host run one degraded attempt.
+
+
+def answer(op: str, nth: int, *commands: dict[str, Any]) -> dict[str, Any]:
+    """The guest's answer to the `nth` `op` (hedge-step, report-attempt) replaced by `commands`."""
+    return {"op": op, "nth": nth, "commands": list(commands)}
+
+
+scenario(
+    "hedge-contract-start-twice",
+    "At the hedge delay, hedge-step answers a start of attempt 1, which is already running: a contract fault; no hedge starts, attempt 1 goes on alone (no degraded attempt) and its value is the call's.",
+    ["hedging", "recovery", "contract", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 3, "delay": "100ms"}}),
+    [hedged(ok("first", after=300 * MS), ok("never"),
+            faults=[answer("hedge-step", 2, {"start": {"attempt": 1, "timeout": 0}})])],  # fmt: skip
+    all_of(lambda t: value(t[0], "first"), lambda t: n_attempts(t[0], 1), lambda t: degraded(t[0], 0),
+           lambda t: fault(t[0], "contract"), lambda t: ends(t[0], 300 * MS), lambda t: hedges(t[0]),
+           lambda t: calls_metric(t[0], "p", "success", False)),  # fmt: skip
+)
+
+scenario(
+    "hedge-contract-wait-past-deadline",
+    "At the hedge delay, hedge-step answers a wait that ends past the 1 s deadline: a contract fault; no hedge starts and attempt 1 goes on alone under its own timeout.",
+    ["hedging", "recovery", "contract", "deadline", "issue-16: hedging"],
+    doc(p={"deadline": "1s", "hedge": {"attempts": 2, "delay": "100ms"}}),
+    [hedged(ok("first", after=200 * MS), ok("never"), faults=[answer("hedge-step", 2, {"wait": 5 * S})])],
+    all_of(lambda t: value(t[0], "first"), lambda t: n_attempts(t[0], 1), lambda t: fault(t[0], "contract"),
+           lambda t: degraded(t[0], 0), lambda t: hedges(t[0]), lambda t: sleeps(t[0], 100 * MS)),  # fmt: skip
+)
+
+scenario(
+    "hedge-trap-report-attempt",
+    "The guest traps on the report of attempt 2's failure: that attempt's own error is raised as the user's own, and attempt 1, in flight, is cancelled.",
+    ["hedging", "recovery", "trap", "cancellation", "issue-16: hedging"],
+    doc(p={"hedge": {"attempts": 3, "delay": "100ms", "non-fatal": ["error:Unavailable"]}}),
+    [hedged(HANG, boom("Unavailable", after=50 * MS), ok("never"), faults=[trap("report-attempt", 1)])],
+    all_of(lambda t: raised(t[0], "Unavailable"), lambda t: n_attempts(t[0], 2), lambda t: cancelled(t[0], 1),
+           lambda t: ends(t[0], 150 * MS, 150 * MS), lambda t: fault(t[0], "trap"), lambda t: degraded(t[0], 0)),  # fmt: skip
+)
+
+
 # ---------------------------------------------------------------------------- output
 
 

@@ -102,11 +102,19 @@ def _parse_verdict(v: str | int) -> int:
     return int(v, 0) if isinstance(v, str) else int(v)
 
 
+def _command(c: dict[str, Any]) -> dict[str, Any]:
+    """A scripted hedge command, with an `end`'s verdict as an int."""
+    if "end" in c:
+        return {"end": {"attempt": int(c["end"]["attempt"]), "verdict": _parse_verdict(c["end"]["verdict"])}}
+    return c
+
+
 def _faults(call: dict[str, Any]) -> tuple[Fault, ...]:
     out = []
     for f in call.get("faults", []):
         verdict = _parse_verdict(f["verdict"]) if "verdict" in f else None
-        out.append(Fault(f["op"], int(f.get("nth", 1)), verdict))
+        commands = tuple(_command(c) for c in f["commands"]) if "commands" in f else None
+        out.append(Fault(f["op"], int(f.get("nth", 1)), verdict, commands))
     return tuple(out)
 
 

@@ -409,6 +409,19 @@ class Core:
         for i, k in enumerate((_K_RESOURCE, _K_U64, _K_U64, _K_BOOL)):
             self._fb_arr[i].kind = k
         self._fw[1] = self._res
+        # hedge-step(self, call, now)
+        self._hs_arr, self._hsw, self._hs_addr = _hot_args(3)
+        for i, k in enumerate((_K_RESOURCE, _K_U64, _K_U64)):
+            self._hs_arr[i].kind = k
+        self._hsw[1] = self._res
+        # report-attempt(self, call, attempt, now, elapsed, kind, code, text, wall-secs, flags)
+        self._ra_arr, self._raw, self._ra_addr = _hot_args(10)
+        ra_kinds = (_K_RESOURCE, _K_U64, _K_U32, _K_U64, _K_U64, _K_ENUM, _K_S32, _K_STRING, _K_U64, _K_U32)
+        for i, k in enumerate(ra_kinds):
+            self._ra_arr[i].kind = k
+        self._raw[1] = self._res
+        self._answer = _V()
+        self._answer_addr = addressof(self._answer)
         self._f_start = self._addr["start"]
         self._f_unkeyed = self._addr["start-unkeyed"]
         self._f_acquire = self._addr["acquire"]
@@ -468,6 +481,10 @@ class Core:
                 raise _fault(err, "post-return")
         return r
 
+    def _slow_fuel(self, work: int) -> int:
+        """The fuel of a slow crossing (a seam for `levee.testing`'s fault injection)."""
+        return work_units(work)
+
     def _slow(self, name: str, args: _Args | None = None, has_result: bool = True, work: int = 0) -> Any:
         """A crossing with any arguments and result; the result is lifted then freed. `work` is
         the bytes of document or state it walks (its bound is `work_units(work)`)."""
@@ -483,7 +500,7 @@ class Core:
             full.resource(0, self._res)
             args = full
         f = self._addr[name]
-        self.store.set_fuel(work_units(work))
+        self.store.set_fuel(self._slow_fuel(work))
         result = _V()
         err = _CALL(
             f, self._ctx, addressof(args.arr), args.n, addressof(result) if has_result else None, 1 if has_result else 0
@@ -617,9 +634,36 @@ class Core:
 
     # ------------------------------------------------------------------ hedged calls
 
+    def _hot_answer(self, f: int, args: int, n: int) -> tuple[list[Any], bool]:
+        """A crossing of a hedged call (`hedge-step`, `report-attempt`): bounded work like the
+        hot crossings (its fuel comes from the same pool), a `hedge-answer` result lifted
+        and freed."""
+        if self.dead:
+            raise ComponentFault("the component instance is poisoned")
+        self._hot_left -= 1
+        if self._hot_left <= 0:
+            self._refuel_hot()
+        err = _CALL(f, self._ctx, args, n, self._answer_addr, 1)
+        if err:
+            self.dead = True
+            raise _fault(err, "component call")
+        try:
+            out = _lift(self._answer)
+        finally:
+            _VAL_DELETE(self._answer_addr)
+        if self.needs_post_return:
+            err = _POST(f, self._ctx)
+            if err:
+                self.dead = True
+                raise _fault(err, "post-return")
+        return _hedge_answer(out)
+
     def hedge_step(self, call: int, now: int) -> tuple[list[Any], bool]:
         """`engine.hedge-step`: the commands (lifted, unchecked) and whether events are pending."""
-        return _hedge_answer(self._slow("hedge-step", _Args(2).u64(0, call).u64(1, now)))
+        w = self._hsw
+        w[5] = call
+        w[9] = now
+        return self._hot_answer(self._addr["hedge-step"], self._hs_addr, 3)
 
     def report_attempt(
         self,
@@ -634,19 +678,22 @@ class Core:
         flags: int,
     ) -> tuple[list[Any], bool]:
         """`engine.report-attempt`: as `hedge_step`."""
-        args = (
-            _Args(9)
-            .u64(0, call)
-            .u32(1, attempt & 0xFFFFFFFF)
-            .u64(2, now)
-            .u64(3, elapsed)
-            .enum(4, kind.wit)
-            .s32(5, code)
-            .string(6, text)
-            .u64(7, wall_secs)
-            .u32(8, flags & 0xFFFFFFFF)
-        )
-        return _hedge_answer(self._slow("report-attempt", args))
+        w = self._raw
+        w[5] = call
+        w[9] = attempt & 0xFFFFFFFF
+        w[13] = now
+        w[17] = elapsed
+        name = _OUTCOME_NAMES[kind]
+        w[21] = len(kind.wit)
+        w[22] = addressof(name)
+        w[25] = code & 0xFFFFFFFF
+        b = text.encode("utf-8")
+        buf = ctypes.create_string_buffer(b, max(len(b), 1))
+        w[29] = len(b)
+        w[30] = addressof(buf)
+        w[33] = wall_secs
+        w[37] = flags & 0xFFFFFFFF
+        return self._hot_answer(self._addr["report-attempt"], self._ra_addr, 10)
 
     # ------------------------------------------------------------------ everything else
 

@@ -359,7 +359,6 @@ class _Hedge:
         "spans",
         "st",
         "started",
-        "starts",
     )  # fmt: skip
 
     def __init__(self, st: _Call, first_timeout: int) -> None:
@@ -373,7 +372,6 @@ class _Hedge:
         #: the outcomes of attempts reported while the core still looked at them
         self.results: dict[int, _AttemptResult] = {}
         self.spans: dict[int, Any] = {}
-        self.starts: list[int] = []
         #: the `end` command: its attempt and packed verdict (-1 until then)
         self.end_attempt = 0
         self.end_verdict = -1
@@ -393,9 +391,8 @@ class _Hedge:
     # -------------------------------------------------------------- attempts
 
     def begin(self, n: int, timeout: int) -> None:
-        """The executor starts attempt `n` now."""
+        """The executor starts attempt `n` now (the core started it: `hedge` or `start`)."""
         self.started[n] = self.st.engine._now()
-        self.starts.append(n)
         self.open.add(n)
         self.st.attempts = len(self.started)
         if self.st.engine._spans is not None:
@@ -424,6 +421,8 @@ class _Hedge:
             raw = st.engine._cross_hedge(st, lambda c: c.hedge_step(call, now))
         except _Fault:
             raise _HedgeStop() from None
+        if st.engine._tracer is not None:
+            st.engine._trace_hedge("hedge-step", st, 0, None, raw)
         return self.plan(raw, now, "hedge-step", 0)
 
     def report(self, n: int, res: _AttemptResult) -> HedgePlan:
@@ -467,6 +466,8 @@ class _Hedge:
                 emit_attempt(eng._sink, st.slot.info.name, o.kind.wit, elapsed)
             except Exception:
                 logger.exception("levee: telemetry sink %r failed", eng._sink)
+        if eng._tracer is not None:
+            eng._trace_hedge("report-attempt", st, n, o, raw)
         if self.over:
             return HedgePlan()  # a cancelled attempt of an ended call: nothing more to do
         return self.plan(raw, now, "report-attempt", n if live else 0)
@@ -502,17 +503,22 @@ class _Hedge:
         fault: reported, and `_HedgeStop` raised (`reported`: the attempt whose own result
         then stands)."""
         st = self.st
-        plan = HedgePlan()
         seen: set[int] = set()
-        for cmd in raw:
+        for cmd in raw:  # the whole answer is checked before any of it is carried out
             breach = self._breach(cmd, now, seen)
             if breach is not None:
                 st.engine._guest_fault(st, "contract", f"{breach} (answered to {op})")
                 raise _HedgeStop(reported)
-            case, val = cmd
+            if cmd[0] == "end":
+                break
+        plan = HedgePlan()
+        for case, val in raw:
             if case == "start":
+                # started for the core from now on (it holds a slot), whenever the executor runs it
                 n = int(val["attempt"])
-                seen.add(n)
+                self.started[n] = now
+                self.open.add(n)
+                st.attempts = len(self.started)
                 plan.starts.append((n, int(val["timeout"])))
             elif case == "cancel":
                 self.cancelled.add(val)
@@ -545,13 +551,14 @@ class _Hedge:
             n, timeout = val["attempt"], val["timeout"]
             if n in self.started or n in seen or n < 2 or n > MAX_HEDGED_ATTEMPTS:
                 return f"start of attempt {n}, already started or not in 2..{MAX_HEDGED_ATTEMPTS}"
+            seen.add(n)
             if st.deadline_at and timeout > st.deadline_at - now:
                 return f"attempt {n}'s timeout {timeout} ns ends past the deadline"
             if st.deadline_at and timeout == 0:
                 return f"attempt {n} without a timeout under a deadline"
             return None
         if case == "cancel":
-            if not isinstance(val, int) or val not in self.started:
+            if not isinstance(val, int) or (val not in self.started and val not in seen):
                 return f"cancel of attempt {val!r}, never started"
             return None
         if case == "wait":
@@ -595,6 +602,53 @@ class _Hedge:
             return self.end_verdict
         st.last = self.results.get(self.fault_attempt)
         return -1
+
+
+def hedge_serial(h: _Hedge) -> Generator[Action, Any, None]:
+    """A hedged call for an executor that runs one attempt at a time (the `attempts()` loops,
+    whose attempts are the caller's own blocks): yields `(ATTEMPT, n, timeout)` (send its
+    result) and `(_SLEEP, ns, 0)` for a `wait` with nothing in flight. Nothing runs
+    concurrently, so a hedge the core starts runs when the attempt before it has ended; a
+    started attempt the core cancels before it ran is reported closed at once."""
+    todo: list[tuple[int, int]] = [(1, h.first_timeout)]
+    eng = h.st.engine
+
+    def carry_out(plan: HedgePlan) -> int | None:
+        """Queue the plan's starts; a cancel of a queued attempt reports it closed (whose
+        answer is carried out in turn). Returns the wait of the last answer."""
+        plans = [plan]
+        wait = plan.wait
+        while plans:
+            p = plans.pop(0)
+            wait = p.wait
+            todo.extend(p.starts)
+            for k in p.cancels:
+                if any(m == k for m, _ in todo):
+                    todo[:] = [(m, t) for m, t in todo if m != k]
+                    plans.append(h.report(k, h.cancelled_result(k, None)))
+        return wait
+
+    try:
+        while todo and not h.over:
+            n, timeout = todo.pop(0)
+            h.begin(n, timeout)
+            res = yield (ATTEMPT, n, timeout)
+            wait = carry_out(h.report(n, res))
+            while not h.over and not todo:
+                if wait is None:
+                    eng._guest_fault(h.st, "contract", "a hedged call with no attempt in flight, no wait and no end")
+                    raise _HedgeStop()
+                yield (_SLEEP, wait, 0)
+                wait = carry_out(h.step())
+    except _HedgeStop as stop:
+        h.over = h.abandoned = True
+        h.fault_attempt = stop.attempt if stop.attempt in h.results else 0
+        return
+    except GeneratorExit:
+        h.over = h.abandoned = True
+        raise
+    for n, _ in todo:  # started by the core, never run: closed now
+        h.closed_late(n, h.cancelled_result(n, None))
 
 
 # A protocol action: (ATTEMPT, number, timeout_ns) | (_SLEEP, ns, 0) | (FALLBACK, name, reason)

@@ -51,6 +51,22 @@ _ATTEMPT_CLOCK: contextvars.ContextVar[Callable[[], int]] = contextvars.ContextV
 )
 
 
+# Set in a synchronous hedged attempt's thread: the core cancelled it (it cannot be aborted).
+_ATTEMPT_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "levee_attempt_cancel", default=None
+)
+
+
+def attempt_cancelled() -> bool:
+    """Whether the attempt in progress was cancelled while it runs: a synchronous hedged attempt
+    the core cancelled (another attempt won, or the caller gave up). A thread cannot be aborted,
+    so such an attempt goes on until its function returns, and holds what it holds (a bulkhead
+    slot) until then; a function that checks this between steps ends sooner. Always False in
+    asyncio code (a cancelled task is cancelled) and outside an attempt."""
+    ev = _ATTEMPT_CANCEL.get()
+    return ev is not None and ev.is_set()
+
+
 def attempt_timeout() -> float | None:
     """Seconds left for the attempt in progress, or `None` when it has no timeout (or no attempt
     is in progress). Synchronous code passes this to its I/O (the httpx transport does)."""
@@ -241,7 +257,8 @@ async def run_hedge_async(h: _Hedge, run: Callable[[int, int], Awaitable[_Attemp
     """Carry out a hedged call's commands with asyncio tasks (docs/policy.md, "Hedging"): each
     attempt is a task (`run(number, timeout_ns)`) cancelled by `task.cancel()`; a `wait` sleeps
     on the engine's clock until it elapses or an attempt closes, whichever is first; a closed
-    attempt is reported (the lowest number first when several have closed), else `hedge-step`.
+    attempt is reported (the one that ended first when several have closed, the lowest number
+    on a tie), else `hedge-step`.
     Returns at `end` or after a guest fault; attempts the core cancelled are reported as they
     close, without the caller waiting for them. The caller's cancel cancels every attempt."""
     st = h.st
@@ -253,8 +270,19 @@ async def run_hedge_async(h: _Hedge, run: Callable[[int, int], Awaitable[_Attemp
         h.begin(n, timeout)
         tasks[n] = asyncio.ensure_future(run(n, timeout))
 
+    results: dict[int, _AttemptResult] = {}
+
     def closed() -> int:
-        return next((k for k in sorted(h.open) if tasks[k].done()), 0)
+        """The attempt to report next: of those that have closed, the one that ended first (the
+        lowest number on a tie)."""
+        best = 0
+        for k in sorted(h.open):
+            if tasks[k].done():
+                if k not in results:
+                    results[k] = _task_result(h, k, tasks[k])
+                if not best or results[k].end < results[best].end:
+                    best = k
+        return best
 
     try:
         try:
@@ -281,7 +309,7 @@ async def run_hedge_async(h: _Hedge, run: Callable[[int, int], Awaitable[_Attemp
                         sleeper.cancel()
                         sleeper = None
                     n = closed()
-                plan = h.report(n, _task_result(h, n, tasks[n])) if n else h.step()
+                plan = h.report(n, results.pop(n)) if n else h.step()
         except _HedgeStop as stop:
             # the one recovery path: the attempt whose report faulted keeps its own result;
             # else the oldest attempt in flight goes on alone (the degraded attempt, already
@@ -326,6 +354,8 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
     done: queue.SimpleQueue[tuple[int, _AttemptResult]] = queue.SimpleQueue()
     system = type(eng._clock) is SystemClock
 
+    cancels: dict[int, threading.Event] = {}
+
     def worker(n: int, timeout: int, ctx: contextvars.Context) -> None:
         try:
             res = ctx.run(run, n, timeout)
@@ -339,9 +369,16 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
 
     def launch(n: int, timeout: int) -> None:
         h.begin(n, timeout)
-        th = threading.Thread(target=worker, args=(n, timeout, contextvars.copy_context()),
-                              name=f"levee-hedge-{st.call}-{n}", daemon=True)  # fmt: skip
+        ctx = contextvars.copy_context()
+        ev = cancels[n] = threading.Event()
+        ctx.run(_ATTEMPT_CANCEL.set, ev)
+        th = threading.Thread(target=worker, args=(n, timeout, ctx), name=f"levee-hedge-{st.call}-{n}",
+                              daemon=True)  # fmt: skip
         th.start()
+
+    def cancel_all() -> None:
+        for ev in cancels.values():
+            ev.set()
 
     def take(wait: int | None) -> tuple[int, _AttemptResult] | None:
         try:
@@ -364,6 +401,10 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
             while True:
                 for n, timeout in plan.starts:
                     launch(n, timeout)
+                for n in plan.cancels:
+                    ev = cancels.get(n)
+                    if ev is not None:
+                        ev.set()
                 if h.over:
                     break
                 if plan.wait is None and not h.open:
@@ -373,15 +414,21 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
         except _HedgeStop as stop:
             keep = stop.attempt or min((k for k in h.open if k not in h.cancelled), default=0)
             h.abandoned = True
+            for k, ev in cancels.items():
+                if k != keep:
+                    ev.set()
             while keep in h.open:
                 n, res = done.get()
-                h.open.discard(n)
                 if n == keep:
+                    h.open.discard(n)
                     h.results[keep] = res
                     h._end_span(keep, res)
+                else:
+                    h.report(n, res)  # abandoned: ends its span and closes what it returned
             h.fault_attempt = keep if keep in h.results else 0
     except BaseException:
         h.abandoned = True
+        cancel_all()
         raise
     finally:
         with h.lock:

@@ -110,6 +110,10 @@ class TraceStep:
     attempt: int
     outcome: Outcome | None
     verdict: Verdict
+    #: a hedged call's crossings (`hedge-step`, `report-attempt`): the commands answered, as
+    #: text (`start 2 timeout=0`, `cancel 3`, `wait 500000000`, `end 2`); `verdict` is then the
+    #: `end`'s verdict, or a `hedge` verdict for attempt `attempt` while the call goes on
+    commands: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         what = ""
@@ -120,6 +124,8 @@ class TraceStep:
             )
             if o.text:
                 what += f" text={o.text!r}"
+        if self.commands:
+            return f"call={self.call} {self.op} attempt={self.attempt}{what} -> [{', '.join(self.commands)}]"
         return f"call={self.call} {self.op} attempt={self.attempt}{what} -> {self.verdict}"
 
 
@@ -347,6 +353,24 @@ class EngineRuntime:
         tracer = self._tracer
         if tracer is not None:
             tracer(TraceStep(op, st.call, st.slot.info.name, st.attempts, outcome, Verdict.unpack(v)))
+
+    def _trace_hedge(self, op: str, st: _Call, attempt: int, outcome: Outcome | None, commands: list[Any]) -> None:
+        tracer = self._tracer
+        if tracer is None:
+            return
+        text: list[str] = []
+        verdict = Verdict.unpack(7 | (min(attempt, 255) << 8))
+        for c in commands:
+            case, val = c if isinstance(c, tuple) and len(c) == 2 else ("?", c)
+            if case == "start" and isinstance(val, dict):
+                text.append(f"start {val.get('attempt')} timeout={val.get('timeout')}")
+            elif case == "end" and isinstance(val, dict):
+                text.append(f"end {val.get('attempt')}")
+                if isinstance(val.get("verdict"), int):
+                    verdict = Verdict.unpack(val["verdict"])
+            else:
+                text.append(f"{case} {val}")
+        tracer(TraceStep(op, st.call, st.slot.info.name, attempt, outcome, verdict, tuple(text) or ("-",)))
 
     def _start(self, slot: _PolicySlot, key: str, flags: int) -> tuple[int, int, int, int]:
         """`start` a call, settling the held-back success. Returns (call, generation, verdict,

@@ -23,6 +23,7 @@ from ._constants import METHOD_OTHER, METHODS, START_METHOD_SHIFT
 from ._driver import (
     _SLEEP,
     ATTEMPT,
+    HEDGE,
     FallbackContext,
     RetryHook,
     RetryInfo,
@@ -30,6 +31,7 @@ from ._driver import (
     _AttemptResult,
     _Call,
     _protocol,
+    hedge_serial,
 )
 from ._events import Listener
 from ._io import (
@@ -39,6 +41,7 @@ from ._io import (
     _drive_sync,
     _run_fallback_async,
     _run_fallback_sync,
+    attempt_cancelled,
     attempt_timeout,
     attempt_timeout_cm,
     sleep_async,
@@ -63,6 +66,7 @@ __all__ = [
     "_Call",
     "_drive_sync",
     "_runtime",
+    "attempt_cancelled",
     "attempt_timeout",
     "call",
     "component_path",
@@ -631,6 +635,24 @@ class Attempts:
                     attempt = Attempt(st, action[1], action[2])
                     yield attempt
                     action = proto.send(attempt._outcome())
+                elif op == HEDGE:
+                    # a loop runs one block at a time: hedges run one after another
+                    serial = hedge_serial(action[1])
+                    try:
+                        step = next(serial)
+                        while True:
+                            if step[0] == ATTEMPT:
+                                attempt = Attempt(st, step[1], step[2])
+                                yield attempt
+                                step = serial.send(attempt._outcome())
+                            else:
+                                eng._clock.sleep(step[1] / 1e9)
+                                step = serial.send(None)
+                    except StopIteration:
+                        pass
+                    finally:
+                        serial.close()
+                    action = proto.send(None)
                 elif op == _SLEEP:
                     sleep_sync(eng, action[1], action[2])
                     action = proto.send(None)
@@ -667,6 +689,23 @@ class AsyncAttempts:
                     attempt = Attempt(st, action[1], action[2])
                     yield attempt
                     action = proto.send(attempt._outcome())
+                elif op == HEDGE:
+                    serial = hedge_serial(action[1])
+                    try:
+                        step = next(serial)
+                        while True:
+                            if step[0] == ATTEMPT:
+                                attempt = Attempt(st, step[1], step[2])
+                                yield attempt
+                                step = serial.send(attempt._outcome())
+                            else:
+                                await eng._clock.sleep_async(step[1] / 1e9)
+                                step = serial.send(None)
+                    except StopIteration:
+                        pass
+                    finally:
+                        serial.close()
+                    action = proto.send(None)
                 elif op == _SLEEP:
                     await sleep_async(eng, action[1], action[2])
                     action = proto.send(None)

@@ -329,12 +329,16 @@ def inject_fault(engine: EngineRuntime, op: str, count: int = 1) -> None:
 
 @dataclass(frozen=True)
 class Fault:
-    """A guest fault on the `nth` crossing named `op` of a call: a trap (`verdict` None), or
-    the guest's answer replaced by the packed `verdict` (one that breaks the contract)."""
+    """A guest fault on the `nth` crossing named `op` of a call: a trap (`verdict` and
+    `commands` None), or the guest's answer replaced by the packed `verdict` (one that breaks
+    the contract), or, for `hedge-step` and `report-attempt`, by `commands`: a hedged call's
+    commands in the vectors' JSON form (`{"start": {"attempt", "timeout"}}`, `{"cancel": n}`,
+    `{"wait": ns}`, `{"end": {"attempt", "verdict"}}`)."""
 
     op: str
     nth: int = 1
     verdict: int | None = None
+    commands: tuple[dict[str, Any], ...] | None = None
 
 
 class _Plan:
@@ -365,6 +369,10 @@ def faults(engine: EngineRuntime, *plan: Fault) -> Iterator[None]:
     call that does not succeed first time)."""
     for f in plan:
         _check_op(f.op)
+        if f.commands is not None and f.op not in _HEDGE_CROSSINGS:
+            raise ValueError(f"commands replace the answer of hedge-step or report-attempt, not of {f.op}")
+        if f.verdict is not None and f.op in _HEDGE_CROSSINGS:
+            raise ValueError(f"{f.op} answers commands, not a verdict")
     _faulty(engine)
     token = _PLAN.set(_Plan(tuple(plan)))
     try:
@@ -373,7 +381,8 @@ def faults(engine: EngineRuntime, *plan: Fault) -> Iterator[None]:
         _PLAN.reset(token)
 
 
-_CROSSINGS = ("start", "acquire", "report", "report-fallback")
+_CROSSINGS = ("start", "acquire", "report", "report-fallback", "hedge-step", "report-attempt")
+_HEDGE_CROSSINGS = ("hedge-step", "report-attempt")
 
 
 def _check_op(op: str) -> None:
@@ -395,6 +404,45 @@ class _FaultyCore(Core):
     """A `Core` whose crossings fault on demand (see `inject_fault` and `faults`)."""
 
     faults: dict[str, int]
+
+    #: a slow crossing armed to trap (its fuel is set inside `_slow`)
+    _trap_slow = False
+
+    def _slow_fuel(self, work: int) -> int:
+        if self._trap_slow:
+            self._trap_slow = False
+            return 0
+        return super()._slow_fuel(work)
+
+    def _arm_hedge(self, op: str) -> tuple[dict[str, Any], ...] | None:
+        """`_arm` for the crossings of a hedged call: arm a trap, or return the commands."""
+        trap = False
+        if self.faults[op] > 0:
+            self.faults[op] -= 1
+            trap = True
+        plan = _PLAN.get()
+        if plan is not None:
+            f = plan.next(op)
+            if f is not None:
+                if f.commands is not None:
+                    return f.commands
+                trap = True
+        if trap:
+            self._trap_slow = True
+        return None
+
+    def hedge_step(self, call: int, now: int) -> tuple[list[Any], bool]:
+        replace = self._arm_hedge("hedge-step")
+        answer = super().hedge_step(call, now)
+        return answer if replace is None else (_lifted(replace), False)
+
+    def report_attempt(self, call: int, attempt: int, now: int, elapsed: int, kind: OutcomeKind, code: int,
+                       text: str, wall_secs: int, flags: int) -> tuple[list[Any], bool]:  # fmt: skip
+        replace = self._arm_hedge("report-attempt")
+        answer = super().report_attempt(call, attempt, now, elapsed, kind, code, text, wall_secs, flags)
+        # the answer replaced whole, events bit included (as a replaced verdict's): the events
+        # of the real crossing are lost with the instance, as a trap's are
+        return answer if replace is None else (_lifted(replace), False)
 
     def _arm(self, op: str) -> int | None:
         """Before crossing `op`: arm a trap, or return the verdict to answer instead."""
@@ -435,3 +483,12 @@ class _FaultyCore(Core):
         replace = self._arm("report-fallback")
         v = super().report_fallback(call, now, ok)
         return v if replace is None else replace
+
+
+def _lifted(commands: tuple[dict[str, Any], ...]) -> list[Any]:
+    """Commands in the vectors' JSON form, as the binding lifts them from the component."""
+    out: list[Any] = []
+    for c in commands:
+        ((case, val),) = c.items()
+        out.append((case, dict(val) if isinstance(val, dict) else val))
+    return out
