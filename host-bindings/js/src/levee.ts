@@ -916,24 +916,30 @@ export class Levee {
       st.lastError = f.threw ? f.error : undefined;
     };
 
-    // The one recovery path: `failed`, a live attempt whose report failed, ends the call with its
-    // own result; otherwise the first attempt still in flight goes on alone (the others are
-    // aborted and nothing more is reported), else the last one that closed.
+    // The one recovery path (conformance/hosts/README.md, "A fault"): `failed`, a live attempt
+    // whose report failed, ends the call with its own result; otherwise the oldest attempt in
+    // flight, which runs with the core's leave, goes on alone and its own result ends the call.
+    // Every other attempt is aborted, and nothing more is reported to the core. With no attempt
+    // in flight, the step loop runs one degraded attempt.
     const recover = async (failed: Flight<T> | undefined): Promise<{ verdict: undefined; now: bigint }> => {
       phase = 2;
       // An `invalid` answer leaves the instance: what the call may still hold there is freed.
       rt.cancel(p.index, st.key, st.call, this.#now(), st.gen);
       let keep = failed !== undefined && !hd.cancelled.has(failed.n) ? failed : undefined;
       keep ??= flights.find((f) => f !== undefined && !f.closed && !hd.cancelled.has(f.n));
-      keep ??= flights.find((f) => f !== undefined && !f.closed);
-      if (keep === undefined)
-        for (const f of flights) if (f !== undefined && (keep === undefined || f.at >= keep.at)) keep = f;
-      const kept = keep!;
       for (const f of flights) {
-        if (f !== undefined && f !== kept && !f.closed) {
+        if (f !== undefined && f !== keep && !f.closed) {
           f.ctx.cancel(new DOMException(`levee: attempt ${f.n} aborted: the call goes on degraded`, 'AbortError'));
         }
       }
+      d.attempts = hd.started;
+      if (keep === undefined) {
+        // No attempt in flight with the core's leave: the step loop runs one degraded attempt.
+        discardBut(undefined);
+        d.op = 'acquire';
+        return { verdict: undefined, now: this.#now() };
+      }
+      const kept = keep;
       if (!kept.closed) {
         await new Promise<void>((resolve) => {
           const check = (): void => {

@@ -15,6 +15,7 @@
 import type { Clock } from './clock.js';
 import type { InstantiateCore } from './runtime.js';
 import type { TelemetrySink } from './events.js';
+import type { HedgeCommand } from '../wasm/interfaces/levee-policy-types.js';
 
 export { noWaits } from './clock.js';
 export type { Clock } from './clock.js';
@@ -216,13 +217,15 @@ export type FaultOp = 'start' | 'acquire' | 'report' | 'report-fallback' | 'hedg
 
 /**
  * A guest fault on the `nth` crossing named `op` of one call (1 for the first): a trap (the
- * default), or the guest's answer replaced by the packed `verdict` (one that breaks the contract;
- * not for `hedge-step` and `report-attempt`, which answer commands, not a verdict).
+ * default), the guest's answer replaced by the packed `verdict` (one that breaks the contract), or,
+ * for `hedge-step` and `report-attempt`, by `commands` (with no events pending: the real
+ * crossing's events are lost, as a trap's are).
  */
 export interface Fault {
   op: FaultOp;
   nth?: number;
   verdict?: bigint | number | string;
+  commands?: readonly HedgeCommand[];
 }
 
 const FAULT_OPS: readonly FaultOp[] = ['start', 'acquire', 'report', 'report-fallback', 'hedge-step', 'report-attempt'];
@@ -230,7 +233,7 @@ const VERDICT_OPS: readonly FaultOp[] = ['start', 'acquire', 'report', 'report-f
 const METHOD_PREFIX = '[method]engine.';
 
 interface Plan {
-  faults: { op: FaultOp; nth: number; verdict: bigint | undefined }[];
+  faults: { op: FaultOp; nth: number; verdict: bigint | undefined; commands: readonly HedgeCommand[] | undefined }[];
   counts: Record<FaultOp, number>;
 }
 
@@ -258,6 +261,7 @@ export class FaultInjector {
         const n = ++plan.counts[op];
         const fault = plan.faults.find((f) => f.op === op && f.nth === n);
         if (fault === undefined) return real(...args);
+        if (fault.commands !== undefined) return answerWith(instance, real(...args) as number, fault.commands);
         if (fault.verdict === undefined) throw new WebAssembly.RuntimeError(`unreachable (injected at ${op} #${n})`);
         real(...args);
         return BigInt.asIntN(64, fault.verdict);
@@ -275,13 +279,65 @@ export class FaultInjector {
     for (const f of faults) {
       if (!FAULT_OPS.includes(f.op)) throw new RangeError(`levee: unknown crossing '${String(f.op)}'`);
       if (f.verdict !== undefined && !VERDICT_OPS.includes(f.op)) {
-        throw new RangeError(`levee: '${f.op}' answers commands, not a verdict: only a trap can be injected`);
+        throw new RangeError(`levee: '${f.op}' answers commands, not a verdict`);
       }
-      plan.faults.push({ op: f.op, nth: f.nth ?? 1, verdict: f.verdict === undefined ? undefined : BigInt(f.verdict) });
+      if (f.commands !== undefined && VERDICT_OPS.includes(f.op)) {
+        throw new RangeError(`levee: '${f.op}' answers a verdict, not commands`);
+      }
+      plan.faults.push({
+        op: f.op,
+        nth: f.nth ?? 1,
+        verdict: f.verdict === undefined ? undefined : BigInt(f.verdict),
+        commands: f.commands,
+      });
     }
     this.#plans.set(BigInt(call), plan);
     return this;
   }
+}
+
+/**
+ * Replace the `hedge-answer` a hedged crossing returned (at `ret`, its canonical-ABI return area:
+ * the list's pointer and length, then the events flag) with `commands`, written in memory the
+ * guest allocates (`cabi_realloc`), which its post-return frees. The real list is not freed: a
+ * test seam's leak of a few bytes.
+ */
+function answerWith(instance: WebAssembly.Instance, ret: number, commands: readonly HedgeCommand[]): number {
+  const { memory, cabi_realloc: realloc } = instance.exports as {
+    memory?: WebAssembly.Memory;
+    cabi_realloc?: (ptr: number, old: number, align: number, size: number) => number;
+  };
+  if (memory === undefined || realloc === undefined) throw new Error('levee: no memory or cabi_realloc to answer in');
+  const SIZE = 24; // a hedge-command: discriminant, then its payload at offset 8 (align 8)
+  const ptr = realloc(0, 0, 8, Math.max(commands.length, 1) * SIZE) >>> 0;
+  const view = new DataView(memory.buffer);
+  commands.forEach((c, i) => {
+    const at = ptr + i * SIZE;
+    switch (c.tag) {
+      case 'start':
+        view.setUint8(at, 0);
+        view.setUint32(at + 8, c.val.attempt, true);
+        view.setBigUint64(at + 16, c.val.timeout, true);
+        break;
+      case 'cancel':
+        view.setUint8(at, 1);
+        view.setUint32(at + 8, c.val, true);
+        break;
+      case 'wait':
+        view.setUint8(at, 2);
+        view.setBigUint64(at + 8, c.val, true);
+        break;
+      case 'end':
+        view.setUint8(at, 3);
+        view.setUint32(at + 8, c.val.attempt, true);
+        view.setBigUint64(at + 16, c.val.verdict, true);
+        break;
+    }
+  });
+  view.setUint32(ret, ptr, true);
+  view.setUint32(ret + 4, commands.length, true);
+  view.setUint8(ret + 8, 0);
+  return ret;
 }
 
 // ------------------------------------------------------------------ telemetry, recorded

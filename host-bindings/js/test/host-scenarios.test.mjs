@@ -37,6 +37,20 @@ AbortSignal.any = function any(signals) {
 
 class ScenarioError extends Error {}
 
+/** A scenario's fault as the FaultInjector takes it (commands in jco's form, from the vectors' JSON form). */
+function faultOf(f) {
+  const fault = { op: f.op, nth: f.nth, verdict: f.verdict };
+  if (f.commands !== undefined) {
+    fault.commands = f.commands.map((c) => {
+      if ('start' in c) return { tag: 'start', val: { attempt: c.start.attempt, timeout: BigInt(c.start.timeout) } };
+      if ('cancel' in c) return { tag: 'cancel', val: c.cancel };
+      if ('wait' in c) return { tag: 'wait', val: BigInt(c.wait) };
+      return { tag: 'end', val: { attempt: c.end.attempt, verdict: BigInt(c.end.verdict) } };
+    });
+  }
+  return fault;
+}
+
 /** The reason the runner aborts a call with at its `cancel_at`. */
 class CallerCancelled extends Error {
   name = 'CallerCancelled';
@@ -260,7 +274,7 @@ class Replay {
         .then(() => controller.abort(new CallerCancelled('the caller cancelled')));
     }
     const id = this.nextCall++;
-    if (c.faults?.length) this.faults.inject(id, ...c.faults.map((f) => ({ ...f, verdict: f.verdict })));
+    if (c.faults?.length) this.faults.inject(id, ...c.faults.map(faultOf));
     this.ids[i] = id;
     try {
       if ((c.api ?? 'call') === 'http') {
