@@ -827,7 +827,7 @@ export class Levee {
     // and which counts in `levee.attempts`; a cancelled one only frees what it held).
     const report = (f: Flight<T>, at: bigint, live: boolean): HedgeAnswer | undefined => {
       const [outcome, elapsed, flags] = outcomeOf(f, live);
-      const a = rt.reportAttempt(p, st.key, st.call, f.n, at, elapsed, outcome, flags);
+      const a = rt.reportAttempt(p, st.key, st.call, f.n, at, elapsed, outcome, flags, hd.started);
       if (a !== undefined) {
         hd.closed(f.n);
         if (live) this.#telemetry?.attempt(p.name, outcome.kind, Number(elapsed));
@@ -972,7 +972,7 @@ export class Levee {
       launch(1, d.timeoutNs, now);
       d.op = 'hedge-step';
       let reported: Flight<T> | undefined;
-      let a = rt.hedgeStep(p, st.key, st.call, now);
+      let a = rt.hedgeStep(p, st.key, st.call, now, hd.started);
       for (;;) {
         if (a === undefined) return await recover(reported);
         if (a.eventsPending) rt.drain();
@@ -1064,7 +1064,7 @@ export class Levee {
           a = report(reported, now, !hd.cancelled.has(reported.n));
         } else {
           d.op = 'hedge-step';
-          a = rt.hedgeStep(p, st.key, st.call, now);
+          a = rt.hedgeStep(p, st.key, st.call, now, hd.started);
         }
       }
     } catch (err) {

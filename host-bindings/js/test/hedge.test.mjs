@@ -100,6 +100,30 @@ describe('hedged calls through run', () => {
     assert.equal(m['levee.attempts{levee.outcome=success,levee.policy=p}'], 1);
   });
 
+  test('trace sees every hedged crossing and the commands it answered', async () => {
+    const steps = [];
+    const { clock, levee } = setup(A6, { trace: (s) => steps.push(s) });
+    const { fn } = dependency(clock, {
+      1: { after: 700, error: () => new GrpcStatusError(14) },
+      2: { after: 400, value: 'two' },
+      3: { hang: true },
+    });
+    await levee.run('p', fn);
+    await clock.settle();
+    const tags = (s) => (s.commands ?? []).map((c) => c.tag).join(',');
+    assert.deepEqual(
+      steps.map((s) => [s.op, s.attempt, tags(s), s.verdict.kind]),
+      [
+        ['start', undefined, '', 'hedge'],
+        ['hedge-step', undefined, 'wait', 'hedge'],
+        ['hedge-step', undefined, 'start,wait', 'hedge'],
+        ['report-attempt', 1, 'start,wait', 'hedge'],
+        ['report-attempt', 2, 'cancel,end', 'done'],
+        ['report-attempt', 3, '', 'hedge'],
+      ],
+    );
+  });
+
   test('a success of the original before the delay sends no hedge', async () => {
     const { clock, sink, levee } = setup(A6);
     const { fn, log } = dependency(clock, { 1: { after: 100, value: 'one' } });
