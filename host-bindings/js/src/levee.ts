@@ -837,7 +837,14 @@ export class Levee {
 
     // After the end: an attempt the core cancelled is reported when it closes, and its value freed.
     const reportLate = (f: Flight<T>): void => {
-      if (!f.threw && f.value !== undefined) options?.discard?.(f.value);
+      if (!f.threw && f.value !== undefined && options?.discard !== undefined) {
+        try {
+          options.discard(f.value);
+        } catch (err) {
+          // The call is over: nobody to hand the error to.
+          reportHookError(err);
+        }
+      }
       if (rt.generation !== st.gen) return;
       const a = report(f, this.#now(), false);
       if (a?.eventsPending) rt.drain();
