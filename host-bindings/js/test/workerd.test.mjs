@@ -54,7 +54,10 @@ export default {
       levee.on('event', (e) => events.push(e.kind + ':' + e.attempt));
     }
     const upstream = url.searchParams.get('upstream');
-    const res = await leveeFetch(levee, url.searchParams.get('policy') ?? 'http')(upstream);
+    // A caller's signal, as a worker passes its request's: hedged waits follow it.
+    const res = await leveeFetch(levee, url.searchParams.get('policy') ?? 'http')(upstream, {
+      signal: new AbortController().signal,
+    });
     return Response.json({ status: res.status, body: await res.text(), events });
   },
 };
