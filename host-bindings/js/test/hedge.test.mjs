@@ -503,6 +503,33 @@ describe('the recovery path of a hedged call', () => {
     }
   });
 
+  test('a fault with no attempt in flight that the core let run: one degraded attempt', async () => {
+    const { clock, sink, levee } = setup(A6);
+    const engine = levee.engine;
+    // The core cancels attempt 1 at once, then answers its report with a start out of turn.
+    engine.hedgeStep = () => ({
+      commands: [
+        { tag: 'cancel', val: 1 },
+        { tag: 'wait', val: 1000n * BigInt(MS) },
+      ],
+      eventsPending: false,
+    });
+    engine.reportAttempt = () => ({
+      commands: [{ tag: 'start', val: { attempt: 9, timeout: 0n } }],
+      eventsPending: false,
+    });
+    const { fn, log } = dependency(clock, { 1: { hang: true }, 2: { after: 20, value: 'degraded' } });
+    assert.equal(await levee.run('p', fn), 'degraded');
+    assert.deepEqual(log, [
+      { attempt: 1, start: 0, aborted: 0, end: 0 },
+      { attempt: 2, start: 0, end: 20 },
+    ]);
+    assert.deepEqual(
+      events(sink, 'engine-fault').map((e) => e.attributes['levee.fault']),
+      ['contract'],
+    );
+  });
+
   test('an end with an invalid verdict is the invalid fault; the instance stays', async () => {
     const { clock, sink, levee } = setup(A6);
     const engine = levee.engine;
