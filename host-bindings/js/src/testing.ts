@@ -19,6 +19,7 @@ import type { HedgeCommand } from '../wasm/interfaces/levee-policy-types.js';
 
 export { noWaits } from './clock.js';
 export type { Clock } from './clock.js';
+export type { HedgeCommand } from './types.js';
 
 export interface VirtualClockOptions {
   /** The clock's time at creation, in nanoseconds. Default 0. */
