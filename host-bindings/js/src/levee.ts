@@ -8,7 +8,7 @@ import type { Engine } from '../wasm/interfaces/levee-policy-engine-api.js';
 import type { Analysis, BreakerState, CallInfo } from '../wasm/interfaces/levee-policy-types.js';
 import { Attempt, FIRST_ATTEMPT, isThenable } from './attempt.js';
 import type { AttemptContext } from './attempt.js';
-import { clockWait, realClock } from './clock.js';
+import { clockTimer, clockWait, realClock, sleep } from './clock.js';
 import type { Clock } from './clock.js';
 import {
   ACT_ATTEMPT,
@@ -44,6 +44,9 @@ import { CallSpan, Spans } from './spans.js';
 import type { OpenTelemetryApiLike, SpanHandle } from './spans.js';
 import type { HedgeAnswer } from '../wasm/interfaces/levee-policy-types.js';
 import type { ComponentExports, InstantiateCore, Platform, PolicyEntry, TraceStep } from './runtime.js';
+
+/** The reason a hedged call's wait is aborted with when an attempt ends it (no DOMException to build). */
+const HEDGE_WAIT_OVER: unique symbol = Symbol('levee.hedge-wait-over');
 
 /** The reason a parked call's sleep is aborted with when a report or cancel wakes it. */
 const WOKEN: unique symbol = Symbol('levee.woken');
@@ -1043,20 +1046,26 @@ export class Levee {
         if (closed.length === 0 && waitNs !== 0 && !signal?.aborted) {
           // Sleep the wait's delay on the Levee's clock (under the caller's signal: it is the
           // call's sleep), cut short when an attempt closes; no delay: until an attempt closes.
-          const timer = waitNs < 0 ? undefined : new AbortController();
+          let cancelTimer: (() => void) | undefined;
           await new Promise<void>((resolve) => {
             wake = resolve;
-            if (timer !== undefined) {
-              const s = signal === undefined ? timer.signal : AbortSignal.any([signal, timer.signal]);
-              // A timer that fires as an attempt closes must not wake the next wait.
-              this.#clock.sleep(waitNs / 1e6, s).then(
-                () => wake === resolve && notify(),
-                () => undefined,
-              );
+            if (waitNs < 0) return;
+            // A timer that fires as an attempt closes must not wake the next wait.
+            const fire = (): void => {
+              if (wake === resolve) notify();
+            };
+            if (signal === undefined || this.#clock.sleep === sleep) {
+              // The event loop's timer on the real clock (the caller's abort wakes the loop itself).
+              cancelTimer = clockTimer(this.#clock, waitNs / 1e6, fire);
+            } else {
+              // Another clock sleeps under the caller's signal: the wait is the call's sleep.
+              const timer = new AbortController();
+              this.#clock.sleep(waitNs / 1e6, AbortSignal.any([signal, timer.signal])).then(fire, () => undefined);
+              cancelTimer = () => timer.abort(HEDGE_WAIT_OVER);
             }
           });
           wake = undefined;
-          timer?.abort();
+          cancelTimer?.();
           // Attempts that close at the same instant all close before one is reported, and the
           // lowest number goes first (conformance/hosts: the order must not depend on the
           // scheduler): a wait of 0 on the Levee's clock, which a virtual clock ends once the
