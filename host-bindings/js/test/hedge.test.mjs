@@ -400,6 +400,36 @@ describe('hedged HTTP calls', () => {
     assert.deepEqual(starts, [0, 30]);
   });
 
+  test("the caller's abort aborts every hedged request and rejects with its reason", async () => {
+    const { clock, sink, levee } = setup(DOC);
+    const aborted = [];
+    const fetch = (request) =>
+      new Promise((_, reject) =>
+        request.signal.addEventListener(
+          'abort',
+          () => {
+            aborted.push([request.headers.get('x-levee-attempt'), ms(clock)]);
+            reject(request.signal.reason);
+          },
+          { once: true },
+        ),
+      );
+    const controller = new AbortController();
+    const reason = new Error('user navigated away');
+    void clock.sleep(150).then(() => controller.abort(reason));
+    const err = await leveeFetch(levee, 'http', { fetch })('http://api.test/x', { signal: controller.signal }).catch(
+      (e) => e,
+    );
+    assert.equal(err, reason);
+    assert.deepEqual(aborted, [
+      ['1', 150],
+      ['2', 150],
+    ]);
+    await clock.settle();
+    assert.equal(levee.callInfo(1n), undefined);
+    assert.equal(metrics(sink)['levee.calls{levee.policy=http,levee.result=cancelled,levee.retried=true}'], 1);
+  });
+
   test('a request whose body is a stream is never hedged', async () => {
     const { clock, sink, levee } = setup(DOC);
     let requests = 0;
