@@ -29,24 +29,39 @@ export class Attempt implements AttemptContext {
   #onOuterAbort: (() => void) | undefined;
   #aborted = false;
   #abortReason: unknown = undefined;
+  readonly #own: boolean;
   timedOut = false;
 
-  constructor(attempt: number, timeoutMs: number, outer: AbortSignal | undefined, clock: Clock) {
+  /**
+   * `own`: the attempt has a signal of its own even without a timeout (a hedged attempt, which
+   * the core may cancel while the others go on: see `cancel`).
+   */
+  constructor(attempt: number, timeoutMs: number, outer: AbortSignal | undefined, clock: Clock, own = false) {
     this.attempt = attempt;
     this.timeoutMs = timeoutMs;
     this.#outer = outer;
     this.#clock = clock;
+    this.#own = own;
   }
 
   get signal(): AbortSignal {
     if (this.#controller !== undefined) return this.#controller.signal;
     // Without a timeout the caller's signal is the attempt's. Otherwise the controller is made on
     // first use, so an attempt that never looks at its signal costs no AbortController.
-    if (this.timeoutMs === 0) return this.#outer ?? NO_SIGNAL;
+    if (this.timeoutMs === 0 && !this.#own) return this.#outer ?? NO_SIGNAL;
     const controller = new AbortController();
     this.#controller = controller;
     if (this.#aborted) controller.abort(this.#abortReason);
     return controller.signal;
+  }
+
+  /**
+   * Abort this attempt's signal with `reason` (the core cancelled a hedged attempt, or the caller
+   * cancelled the call). The race goes on: it settles when the attempt does (or its timeout fires),
+   * which is when the attempt has closed.
+   */
+  cancel(reason: unknown): void {
+    this.#abort(reason);
   }
 
   #abort(reason: unknown): void {

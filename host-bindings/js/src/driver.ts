@@ -9,6 +9,7 @@ import {
   KIND_ATTEMPT,
   KIND_DONE,
   KIND_FALLBACK,
+  KIND_HEDGE,
   KIND_INVALID,
   KIND_RETRY,
   KIND_WAIT,
@@ -37,6 +38,11 @@ export const ACT_END_ATTEMPT = 6;
 export const ACT_END_FALLBACK = 7;
 /** Recovery: run one degraded attempt (`attempts`, under `timeoutNs`); its own result ends the call. */
 export const ACT_DEGRADED = 8;
+/**
+ * A hedged call (docs/policy.md, "Hedging"): run attempt 1 under `timeoutNs`, then carry out the
+ * commands of `hedge-step` and `report-attempt` (hedge.ts checks them) until one ends the call.
+ */
+export const ACT_HEDGE = 9;
 
 export type Action =
   | typeof ACT_ATTEMPT
@@ -47,10 +53,11 @@ export type Action =
   | typeof ACT_FAULT
   | typeof ACT_END_ATTEMPT
   | typeof ACT_END_FALLBACK
-  | typeof ACT_DEGRADED;
+  | typeof ACT_DEGRADED
+  | typeof ACT_HEDGE;
 
 /** The crossing a verdict answers. */
-export type Crossing = 'start' | 'acquire' | 'report' | 'report-fallback';
+export type Crossing = 'start' | 'acquire' | 'report' | 'report-fallback' | 'hedge-step' | 'report-attempt';
 
 export type Fault = 'trap' | 'contract' | 'invalid';
 
@@ -109,7 +116,7 @@ export class CallDriver {
     const op = this.op;
 
     if (kind === KIND_INVALID) return this.#fault('invalid', v, 'the engine answered invalid');
-    if (kind > KIND_INVALID || (low & VERDICT_RESERVED_MASK) !== 0) {
+    if (kind > KIND_HEDGE || (low & VERDICT_RESERVED_MASK) !== 0) {
       return this.#fault('contract', v, `unknown verdict kind ${kind} or reserved bits set`);
     }
     if (kind === KIND_ATTEMPT) {
@@ -163,6 +170,7 @@ export class CallDriver {
       this.op = 'report-fallback';
       return ACT_FALLBACK;
     }
+    if (kind === KIND_HEDGE) return this.#hedge(v, now, detail, payload);
     // KIND_FAIL
     if (detail === 0 || detail > MAX_REASON) return this.#fault('contract', v, `fail with reason ${detail}`);
     this.reason = REASONS[detail]!;
@@ -178,7 +186,7 @@ export class CallDriver {
    */
   recover(now: bigint): Action {
     const op = this.op;
-    if (op === 'report') return ACT_END_ATTEMPT;
+    if (op === 'report' || op === 'hedge-step' || op === 'report-attempt') return ACT_END_ATTEMPT;
     if (op === 'report-fallback') return ACT_END_FALLBACK;
     let timeoutNs = this.policy.attemptTimeoutNs;
     if (this.deadline !== 0n) {
@@ -193,6 +201,27 @@ export class CallDriver {
     this.attempts++;
     this.timeoutNs = timeoutNs;
     return ACT_DEGRADED;
+  }
+
+  /**
+   * A `hedge` verdict: only `start` and `acquire` answer one, for attempt 1 of a call with none
+   * yet; its timeout is bounded by the deadline (not by `attempt-timeout`: under the `envoy` preset
+   * that timeout starts the next hedge and does not end the attempt).
+   */
+  #hedge(v: bigint, now: bigint, detail: number, payload: number): Action {
+    const op = this.op;
+    if ((op !== 'start' && op !== 'acquire') || this.attempts !== 0 || detail !== 1) {
+      return this.#fault('contract', v, `hedge of attempt ${detail} answered to ${op} after ${this.attempts} attempts`);
+    }
+    if (this.deadline !== 0n) {
+      const left = Number(this.deadline - now);
+      if (payload > left) return this.#fault('contract', v, `attempt timeout ${payload} ns past the deadline`);
+      if (payload === 0) return this.#fault('contract', v, 'no attempt timeout under a deadline');
+    }
+    this.attempts = 1;
+    this.timeoutNs = payload;
+    this.op = 'hedge-step';
+    return ACT_HEDGE;
   }
 
   #fault(fault: Fault, v: bigint, words: string): Action {

@@ -26,6 +26,7 @@ import {
   METRIC_CALLS,
   METRIC_ENGINE_FAULTS,
   METRIC_FALLBACKS,
+  METRIC_HEDGES,
   METRIC_REJECTIONS,
   METRIC_RETRIES,
   METRIC_RETRY_DELAY,
@@ -73,6 +74,7 @@ export interface LeveeEventMap {
   'key-evicted': LeveeEvent;
   'call-evicted': LeveeEvent;
   'permit-expired': LeveeEvent;
+  'hedge-started': LeveeEvent;
   'engine-fault': EngineFaultEvent;
 }
 
@@ -222,6 +224,9 @@ export function eventAttributes(e: LeveeEvent): Attributes {
     case 'key-evicted':
       a[ATTR_KEY] = e.name !== '' ? e.name : e.key;
       break;
+    case 'hedge-started':
+      a[ATTR_ATTEMPT] = e.attempt;
+      break;
   }
   return a;
 }
@@ -258,6 +263,9 @@ export class Telemetry {
             [ATTR_BREAKER_TO]: e.stateTo,
           });
           sink.gauge(METRIC_BREAKER_STATE, BREAKER_NUMBER[e.stateTo], { [ATTR_POLICY]: policy, [ATTR_KEY]: e.key });
+          break;
+        case 'hedge-started':
+          sink.add(METRIC_HEDGES, 1, { [ATTR_POLICY]: policy });
           break;
       }
     } catch (err) {
@@ -337,6 +345,7 @@ const UNITS: Readonly<Record<string, string>> = {
   [METRIC_RETRIES]: '{retry}',
   [METRIC_REJECTIONS]: '{attempt}',
   [METRIC_FALLBACKS]: '{fallback}',
+  [METRIC_HEDGES]: '{attempt}',
   [METRIC_BREAKER_TRANSITIONS]: '{transition}',
   [METRIC_ENGINE_FAULTS]: '{fault}',
   [METRIC_ATTEMPT_DURATION]: 's',

@@ -79,6 +79,8 @@ export type {
   Engine,
   Event,
   EventKind,
+  HedgeAnswer,
+  HedgeCommand,
   LoadError,
   OutcomeKind,
   PolicyInfo,

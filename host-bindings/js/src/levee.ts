@@ -8,7 +8,7 @@ import type { Engine } from '../wasm/interfaces/levee-policy-engine-api.js';
 import type { Analysis, BreakerState, CallInfo } from '../wasm/interfaces/levee-policy-types.js';
 import { Attempt, FIRST_ATTEMPT, isThenable } from './attempt.js';
 import type { AttemptContext } from './attempt.js';
-import { clockWait, realClock } from './clock.js';
+import { clockTimer, clockWait, realClock, sleep } from './clock.js';
 import type { Clock } from './clock.js';
 import {
   ACT_ATTEMPT,
@@ -18,6 +18,7 @@ import {
   ACT_END_FALLBACK,
   ACT_FALLBACK,
   ACT_FAULT,
+  ACT_HEDGE,
   ACT_SLEEP,
   CallDriver,
 } from './driver.js';
@@ -36,10 +37,16 @@ import type {
   SpanLike,
   TelemetrySink,
 } from './events.js';
+import { HedgeDriver } from './hedge.js';
+import type { HedgeStep } from './hedge.js';
 import { DEFAULT_MAX_MEMORY_BYTES, Runtime, startFlags } from './runtime.js';
 import { CallSpan, Spans } from './spans.js';
-import type { OpenTelemetryApiLike } from './spans.js';
+import type { OpenTelemetryApiLike, SpanHandle } from './spans.js';
+import type { HedgeAnswer } from '../wasm/interfaces/levee-policy-types.js';
 import type { ComponentExports, InstantiateCore, Platform, PolicyEntry, TraceStep } from './runtime.js';
+
+/** The reason a hedged call's wait is aborted with when an attempt ends it (no DOMException to build). */
+const HEDGE_WAIT_OVER: unique symbol = Symbol('levee.hedge-wait-over');
 
 /** The reason a parked call's sleep is aborted with when a report or cancel wakes it. */
 const WOKEN: unique symbol = Symbol('levee.woken');
@@ -663,6 +670,15 @@ export class Levee {
         continue;
       }
 
+      if (act === ACT_HEDGE) {
+        // The hedged attempts run until a command ends the call; its verdict (`undefined`: the
+        // recovery path, with the attempt whose own result ends the call in `st`) goes on here.
+        const end = await this.#hedged(d, st, now);
+        v = end.verdict;
+        now = end.now;
+        continue;
+      }
+
       if (act === ACT_SLEEP) {
         if (d.retry) this.#onRetry(d, st);
         try {
@@ -768,13 +784,344 @@ export class Levee {
     }
   }
 
+  /**
+   * A hedged call (docs/policy.md, "Hedging", "Host contract"), from its `hedge` verdict at `now`:
+   * attempt 1 runs under the verdict's timeout, then the commands of `hedge-step` and
+   * `report-attempt`, checked by the hedge driver, are carried out in order: `start` runs an
+   * attempt concurrently with its own AbortController (and its timeout), `cancel` aborts one and
+   * reports it once it has closed, `wait` sleeps on the Levee's clock until the time comes or an
+   * attempt closes, whichever is first, and `end` hands the step loop its verdict, handled as a
+   * `report` answer (the attempt it names is the call's last attempt). Attempts the core cancelled
+   * are still reported as they close, after the caller has its answer. The caller's abort aborts
+   * every attempt and cancels the call. A fault (a trap, an answer that breaks the contract, an
+   * `invalid` end) takes the one recovery path: one attempt goes on alone and its own result ends
+   * the call (verdict `undefined`).
+   */
+  async #hedged<T>(
+    d: CallDriver,
+    st: CallState<T>,
+    now: bigint,
+  ): Promise<{ verdict: bigint | undefined; now: bigint }> {
+    const rt = this.#rt;
+    const p = d.policy;
+    const options = st.options;
+    const signal = options?.signal;
+    const http = options?.method !== undefined;
+    const hd = new HedgeDriver(d.deadline);
+    const flights: Flight<T>[] = [];
+    const closed: Flight<T>[] = [];
+    /** 0: the core drives; 1: the call ended, closing attempts are reported; 2: recovery or cancelled, they are not. */
+    let phase: 0 | 1 | 2 = 0;
+    let wake: (() => void) | undefined;
+    const notify = (): void => {
+      const w = wake;
+      wake = undefined;
+      w?.();
+    };
+
+    // What a closed attempt reports: its outcome, its elapsed time and the caller's predicate.
+    const outcomeOf = (f: Flight<T>, ask: boolean): [Outcome, bigint, number] => {
+      if (f.threw && f.ctx.timedOut) {
+        return [{ kind: 'timeout' }, BigInt(f.timeoutNs), ask ? this.#ask(d, st, true, f.error, undefined, f.n) : 0];
+      }
+      const elapsed = f.at - f.started;
+      let outcome: Outcome;
+      try {
+        outcome = f.threw
+          ? (options?.errorOutcome?.(f.error) ?? outcomeOfError(f.error))
+          : (options?.outcomeOf?.(f.value as T) ?? { kind: 'success' });
+      } catch (err) {
+        if (ask) throw err;
+        // A cancelled attempt's outcome is not looked at: a describer that throws on it changes nothing.
+        outcome = { kind: 'error-class', name: 'Error' };
+      }
+      return [outcome, elapsed, ask ? this.#ask(d, st, f.threw, f.error, f.value, f.n) : 0];
+    };
+
+    // Report a closed attempt (`live`: one the core did not cancel, whose outcome it looks at,
+    // and which counts in `levee.attempts`; a cancelled one only frees what it held).
+    const report = (f: Flight<T>, at: bigint, live: boolean): HedgeAnswer | undefined => {
+      const [outcome, elapsed, flags] = outcomeOf(f, live);
+      const a = rt.reportAttempt(p, st.key, st.call, f.n, at, elapsed, outcome, flags, hd.started);
+      if (a !== undefined) {
+        hd.closed(f.n);
+        if (live) this.#telemetry?.attempt(p.name, outcome.kind, Number(elapsed));
+      }
+      return a;
+    };
+
+    // After the end: an attempt the core cancelled is reported when it closes, and its value freed.
+    const reportLate = (f: Flight<T>): void => {
+      if (!f.threw && f.value !== undefined && options?.discard !== undefined) {
+        try {
+          options.discard(f.value);
+        } catch (err) {
+          // The call is over: nobody to hand the error to.
+          reportHookError(err);
+        }
+      }
+      if (rt.generation !== st.gen) return;
+      const a = report(f, this.#now(), false);
+      if (a?.eventsPending) rt.drain();
+    };
+
+    const onClose = (f: Flight<T>, threw: boolean, value: T | undefined, error: unknown): void => {
+      f.ctx.dispose();
+      f.closed = true;
+      f.at = this.#now();
+      f.threw = threw;
+      f.value = value;
+      f.error = error;
+      if (f.span !== undefined) {
+        let kind: string = hd.cancelled.has(f.n) || phase === 2 ? 'cancelled' : f.ctx.timedOut ? 'timeout' : '';
+        if (kind === '') {
+          try {
+            kind = threw
+              ? (options?.errorOutcome?.(error) ?? outcomeOfError(error)).kind
+              : (options?.outcomeOf?.(value as T)?.kind ?? 'success');
+          } catch {
+            // The describer's error surfaces where the attempt is reported.
+            kind = 'error-class';
+          }
+        }
+        CallSpan.endAttempt(f.span, kind);
+      }
+      if (phase === 1) reportLate(f);
+      else {
+        closed.push(f);
+        notify();
+      }
+    };
+
+    const launch = (n: number, timeoutNs: number, at: bigint): void => {
+      const ctx = new Attempt(n, timeoutNs / 1e6, undefined, this.#clock, true);
+      const span = st.span?.startAttempt(n, http, false);
+      const f = new Flight<T>(n, ctx, at, timeoutNs, span);
+      flights[n] = f;
+      let r: T | PromiseLike<T>;
+      try {
+        r = span === undefined ? st.fn(ctx) : st.span!.within(span, () => st.fn(ctx));
+      } catch (err) {
+        r = Promise.reject(err);
+      }
+      ctx.race(r).then(
+        (value) => onClose(f, false, value, undefined),
+        (error: unknown) => onClose(f, true, undefined, error),
+      );
+    };
+
+    const abortAll = (reason: unknown): void => {
+      for (const f of flights) if (f !== undefined && !f.closed) f.ctx.cancel(reason);
+    };
+
+    // The call's attempt values that will not be returned are freed (say, response bodies).
+    const discardBut = (keep: Flight<T> | undefined): void => {
+      const discard = options?.discard;
+      if (discard === undefined) return;
+      for (const f of flights) {
+        if (f !== undefined && f !== keep && f.closed && !f.threw && f.value !== undefined) discard(f.value);
+      }
+    };
+
+    const cancelled = (): never => {
+      phase = 2;
+      abortAll(signal!.reason);
+      rt.cancel(p.index, st.key, st.call, this.#now(), st.gen);
+      d.attempts = hd.started;
+      this.#ended(d, st, 'cancelled');
+      throw signal!.reason;
+    };
+
+    const use = (f: Flight<T>): void => {
+      st.value = f.threw ? undefined : f.value;
+      st.lastResult = f.threw ? undefined : f.value;
+      st.lastError = f.threw ? f.error : undefined;
+    };
+
+    // The one recovery path (conformance/hosts/README.md, "A fault"): `failed`, a live attempt
+    // whose report failed, ends the call with its own result; otherwise the oldest attempt in
+    // flight, which runs with the core's leave, goes on alone and its own result ends the call.
+    // Every other attempt is aborted, and nothing more is reported to the core. With no attempt
+    // in flight, the step loop runs one degraded attempt.
+    const recover = async (failed: Flight<T> | undefined): Promise<{ verdict: undefined; now: bigint }> => {
+      phase = 2;
+      // An `invalid` answer leaves the instance: what the call may still hold there is freed.
+      rt.cancel(p.index, st.key, st.call, this.#now(), st.gen);
+      let keep = failed !== undefined && !hd.cancelled.has(failed.n) ? failed : undefined;
+      keep ??= flights.find((f) => f !== undefined && !f.closed && !hd.cancelled.has(f.n));
+      for (const f of flights) {
+        if (f !== undefined && f !== keep && !f.closed) {
+          f.ctx.cancel(new DOMException(`levee: attempt ${f.n} aborted: the call goes on degraded`, 'AbortError'));
+        }
+      }
+      d.attempts = hd.started;
+      if (keep === undefined) {
+        // No attempt in flight with the core's leave: the step loop runs one degraded attempt.
+        discardBut(undefined);
+        d.op = 'acquire';
+        return { verdict: undefined, now: this.#now() };
+      }
+      const kept = keep;
+      if (!kept.closed) {
+        await new Promise<void>((resolve) => {
+          const check = (): void => {
+            if (kept.closed || signal?.aborted) resolve();
+            else wake = check;
+          };
+          check();
+        });
+        if (!kept.closed) {
+          kept.ctx.cancel(signal!.reason);
+          d.attempts = hd.started;
+          this.#ended(d, st, 'cancelled');
+          throw signal!.reason;
+        }
+      }
+      use(kept);
+      discardBut(kept);
+      d.attempts = hd.started;
+      d.op = 'report';
+      return { verdict: undefined, now: this.#now() };
+    };
+
+    // The caller's abort reaches every attempt at once (each has its own controller, linked here).
+    const onAbort = (): void => {
+      if (phase !== 1) abortAll(signal!.reason);
+      notify();
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      launch(1, d.timeoutNs, now);
+      d.op = 'hedge-step';
+      let reported: Flight<T> | undefined;
+      let a = rt.hedgeStep(p, st.key, st.call, now, hd.started);
+      for (;;) {
+        if (a === undefined) return await recover(reported);
+        if (a.eventsPending) rt.drain();
+        const steps = hd.check(a, now);
+        if (typeof steps === 'string') {
+          rt.guestFault('contract', `${steps} (answered to ${d.op})`, d.op, p, st.key, st.call);
+          return await recover(reported);
+        }
+        let waitNs = -1;
+        let end: (HedgeStep & { kind: 'end' }) | undefined;
+        for (const step of steps) {
+          hd.apply(step);
+          switch (step.kind) {
+            case 'start':
+              launch(step.attempt, step.timeoutNs, now);
+              break;
+            case 'cancel': {
+              const f = flights[step.attempt];
+              if (f !== undefined && !f.closed) {
+                f.ctx.cancel(
+                  new DOMException(
+                    `levee: attempt ${step.attempt} cancelled: the hedged call is done with it`,
+                    'AbortError',
+                  ),
+                );
+              }
+              break;
+            }
+            case 'wait':
+              waitNs = step.delayNs;
+              break;
+            case 'end':
+              end = step;
+              break;
+          }
+        }
+        if (end !== undefined) {
+          if (end.attempt === 0) {
+            // `invalid`: the engine does not know this hedged call (evicted, or an instance replaced).
+            rt.guestFault('invalid', `the engine answered invalid to ${d.op}`, d.op, p, st.key, st.call);
+            return await recover(reported);
+          }
+          // The call is over. An attempt the core left running is aborted as well (it cancels
+          // every one it leaves: this only makes sure none runs on unseen).
+          for (const f of flights) {
+            if (f !== undefined && !f.closed && !hd.cancelled.has(f.n)) {
+              hd.cancelled.add(f.n);
+              f.ctx.cancel(new DOMException(`levee: attempt ${f.n} cancelled: the hedged call is over`, 'AbortError'));
+            }
+          }
+          phase = 1;
+          const chosen = flights[end.attempt]!;
+          use(chosen);
+          discardBut(chosen);
+          d.attempts = hd.started;
+          d.op = 'report';
+          // Attempts that closed meanwhile are reported now; the others when they close.
+          for (const f of closed.splice(0)) reportLate(f);
+          return { verdict: end.verdict, now };
+        }
+        if (closed.length === 0 && waitNs !== 0 && !signal?.aborted) {
+          // Sleep the wait's delay on the Levee's clock (under the caller's signal: it is the
+          // call's sleep), cut short when an attempt closes; no delay: until an attempt closes.
+          let cancelTimer: (() => void) | undefined;
+          await new Promise<void>((resolve) => {
+            wake = resolve;
+            if (waitNs < 0) return;
+            // A timer that fires as an attempt closes must not wake the next wait.
+            const fire = (): void => {
+              if (wake === resolve) notify();
+            };
+            if (signal === undefined || this.#clock.sleep === sleep) {
+              // The event loop's timer on the real clock (the caller's abort wakes the loop itself).
+              cancelTimer = clockTimer(this.#clock, waitNs / 1e6, fire);
+            } else {
+              // Another clock sleeps under the caller's signal: the wait is the call's sleep.
+              const timer = new AbortController();
+              this.#clock.sleep(waitNs / 1e6, AbortSignal.any([signal, timer.signal])).then(fire, () => undefined);
+              cancelTimer = () => timer.abort(HEDGE_WAIT_OVER);
+            }
+          });
+          wake = undefined;
+          cancelTimer?.();
+          // Attempts that close at the same instant all close before one is reported, and the
+          // lowest number goes first (conformance/hosts: the order must not depend on the
+          // scheduler): a wait of 0 on the Levee's clock, which a virtual clock ends once the
+          // program is idle, before its time moves (the real clock ends it at once).
+          if (closed.length > 0 && flights.some((f) => f !== undefined && !f.closed)) await this.#clock.sleep(0);
+        }
+        if (signal?.aborted) return cancelled();
+        now = this.#now();
+        reported = lowest(closed);
+        if (reported !== undefined) {
+          d.op = 'report-attempt';
+          a = report(reported, now, !hd.cancelled.has(reported.n));
+        } else {
+          d.op = 'hedge-step';
+          a = rt.hedgeStep(p, st.key, st.call, now, hd.started);
+        }
+      }
+    } catch (err) {
+      // A describer or the step loop threw: no attempt of this call runs on.
+      if (phase === 0) {
+        phase = 2;
+        abortAll(err);
+        rt.cancel(p.index, st.key, st.call, this.#now(), st.gen);
+      }
+      throw err;
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+    }
+  }
+
   /** The caller's predicate (the call's, else the policy's) on an attempt to report, as report flags. */
-  #ask<T>(d: CallDriver, st: CallState<T>, threw: boolean, error: unknown, value: T | undefined): number {
+  #ask<T>(
+    d: CallDriver,
+    st: CallState<T>,
+    threw: boolean,
+    error: unknown,
+    value: T | undefined,
+    attempt = d.attempts,
+  ): number {
     const predicate = st.options?.retryIf ?? (this.#predicates.get(d.policy.name) as RetryPredicate<T> | undefined);
     if (predicate === undefined) return 0;
     let answer: boolean | undefined | void;
     try {
-      answer = predicate({ attempt: d.attempts, threw, error, value });
+      answer = predicate({ attempt, threw, error, value });
     } catch (err) {
       reportHookError(err);
       return 0;
@@ -803,6 +1150,39 @@ export class Levee {
         reportHookError(err);
       }
     }
+  }
+}
+
+/** Take the lowest-numbered attempt out of `closed`. */
+function lowest<T>(closed: Flight<T>[]): Flight<T> | undefined {
+  if (closed.length === 0) return undefined;
+  let at = 0;
+  for (let i = 1; i < closed.length; i++) if (closed[i]!.n < closed[at]!.n) at = i;
+  return closed.splice(at, 1)[0];
+}
+
+/** One attempt of a hedged call: its context (its own signal and timeout), span and result. */
+class Flight<T> {
+  readonly n: number;
+  readonly ctx: Attempt;
+  /** When it started (ns, the Levee's clock). */
+  readonly started: bigint;
+  readonly timeoutNs: number;
+  readonly span: SpanHandle | undefined;
+  /** Its race has settled: the attempt answered, threw, or its timeout fired. */
+  closed = false;
+  /** When it closed. */
+  at = 0n;
+  threw = false;
+  value: T | undefined = undefined;
+  error: unknown = undefined;
+
+  constructor(n: number, ctx: Attempt, started: bigint, timeoutNs: number, span: SpanHandle | undefined) {
+    this.n = n;
+    this.ctx = ctx;
+    this.started = started;
+    this.timeoutNs = timeoutNs;
+    this.span = span;
   }
 }
 

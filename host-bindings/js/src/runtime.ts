@@ -6,9 +6,16 @@
 import { instantiate } from '../wasm/levee_policy.js';
 export type ComponentExports = ReturnType<typeof instantiate>;
 import type { Engine } from '../wasm/interfaces/levee-policy-engine-api.js';
-import type { Event, LoadError, OutcomeKind } from '../wasm/interfaces/levee-policy-types.js';
+import type {
+  Event,
+  HedgeAnswer,
+  HedgeCommand,
+  LoadError,
+  OutcomeKind,
+} from '../wasm/interfaces/levee-policy-types.js';
 import {
   GUARD_GUEST_MEMORY_BYTES,
+  KIND_HEDGE,
   METHODS,
   METHOD_OTHER,
   REPORT_OVERLOADED,
@@ -52,7 +59,7 @@ export interface PolicyEntry {
 
 /** One step of a call, as `LoadOptions.trace` sees it. */
 export interface TraceStep {
-  op: 'start' | 'acquire' | 'report' | 'report-fallback';
+  op: 'start' | 'acquire' | 'report' | 'report-fallback' | 'hedge-step' | 'report-attempt';
   call: bigint;
   /** The policy's name ("" for a held-back success sent by `flush`). */
   policy: string;
@@ -64,6 +71,15 @@ export interface TraceStep {
   fallbackOk?: boolean;
   /** The fallback's name (for a `fallback` verdict). */
   fallback?: string;
+  /** The attempt reported (for `report-attempt`). */
+  attempt?: number;
+  /** The commands the core answered (for `hedge-step` and `report-attempt`). */
+  commands?: readonly HedgeCommand[];
+  /**
+   * The core's verdict. For `hedge-step` and `report-attempt`: the verdict of the `end` command
+   * when the answer ends the call, otherwise a `hedge` verdict whose detail is the attempts
+   * started so far (the call goes on hedged).
+   */
   verdict: Verdict;
 }
 
@@ -549,6 +565,67 @@ export class Runtime {
     return v;
   }
 
+  /** `hedge-step`: advance a hedged call to `now`; `undefined` after a trap. */
+  hedgeStep(p: PolicyEntry, key: string, call: bigint, now: bigint, attempts: number): HedgeAnswer | undefined {
+    let a: HedgeAnswer;
+    try {
+      if (this.holding) this.flush();
+      a = this.#engine.hedgeStep(call, now);
+    } catch (err) {
+      this.#recover(err, 'hedge-step', p.name, key, call);
+      return undefined;
+    }
+    if (this.#trace !== undefined) this.#traceHedge('hedge-step', call, p, attempts, a, undefined, undefined);
+    return a;
+  }
+
+  /**
+   * `report-attempt`: attempt `attempt` of a hedged call closed with `outcome` (what a cancelled
+   * attempt gives is not looked at, only what it held is freed); `undefined` after a trap.
+   */
+  reportAttempt(
+    p: PolicyEntry,
+    key: string,
+    call: bigint,
+    attempt: number,
+    now: bigint,
+    elapsed: bigint,
+    outcome: Outcome,
+    callerFlags: number,
+    attempts: number,
+  ): HedgeAnswer | undefined {
+    let a: HedgeAnswer;
+    try {
+      if (this.holding) this.flush();
+      let code = 0;
+      let text = '';
+      let flags = callerFlags;
+      switch (outcome.kind) {
+        case 'http-status':
+          code = outcome.status;
+          text = outcome.retryAfter ?? '';
+          if (outcome.overloaded === true) flags |= REPORT_OVERLOADED;
+          break;
+        case 'grpc-status':
+          code = outcome.code;
+          text = outcome.pushback ?? '';
+          break;
+        case 'error-class':
+          text = outcome.name;
+          break;
+      }
+      const wallSecs = BigInt(Math.floor(this.#options.wallMs() / 1000));
+      a = this.#engine.reportAttempt(call, attempt, now, elapsed, outcome.kind, code, text, wallSecs, flags);
+    } catch (err) {
+      this.#recover(err, 'report-attempt', p.name, key, call);
+      return undefined;
+    }
+    // The attempt freed what it held (a bulkhead slot): a call parked on the key may go.
+    if (this.parked !== 0) this.wake(p.index, key);
+    if (this.#trace !== undefined) this.#traceHedge('report-attempt', call, p, attempts, a, attempt, outcome);
+    return a;
+  }
+
   /** `acquire` before the next attempt; `undefined` after a fault. */
   acquire(p: PolicyEntry, key: string, call: bigint, now: bigint, attempts: number): bigint | undefined {
     let v: bigint;
@@ -627,6 +704,25 @@ export class Runtime {
     this.#parkers.delete(id);
     this.parked -= set.size;
     for (const wake of set) wake();
+  }
+
+  #traceHedge(
+    op: 'hedge-step' | 'report-attempt',
+    call: bigint,
+    p: PolicyEntry,
+    attempts: number,
+    a: HedgeAnswer,
+    attempt: number | undefined,
+    outcome: Outcome | undefined,
+  ): void {
+    const last = a.commands[a.commands.length - 1];
+    const v = last?.tag === 'end' ? last.val.verdict : BigInt(KIND_HEDGE | (Math.min(attempts, 255) << 8));
+    const verdict = decodeVerdict(v);
+    const step: TraceStep = { op, call, policy: p.name, attempts, verdict, commands: a.commands };
+    if (attempt !== undefined) step.attempt = attempt;
+    if (outcome !== undefined) step.outcome = outcome;
+    if (verdict.kind === 'fallback') step.fallback = p.fallbacks[verdict.payload] ?? '';
+    this.#trace?.(step);
   }
 
   #traceStep(

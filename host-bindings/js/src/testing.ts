@@ -15,9 +15,11 @@
 import type { Clock } from './clock.js';
 import type { InstantiateCore } from './runtime.js';
 import type { TelemetrySink } from './events.js';
+import type { HedgeCommand } from '../wasm/interfaces/levee-policy-types.js';
 
 export { noWaits } from './clock.js';
 export type { Clock } from './clock.js';
+export type { HedgeCommand } from './types.js';
 
 export interface VirtualClockOptions {
   /** The clock's time at creation, in nanoseconds. Default 0. */
@@ -211,24 +213,28 @@ export class VirtualClock implements Clock {
 
 // ------------------------------------------------------------------ guest faults, injected
 
-/** A crossing of the call protocol. */
-export type FaultOp = 'start' | 'acquire' | 'report' | 'report-fallback';
+/** A crossing of the call protocol (`hedge-step` and `report-attempt`: a hedged call's). */
+export type FaultOp = 'start' | 'acquire' | 'report' | 'report-fallback' | 'hedge-step' | 'report-attempt';
 
 /**
  * A guest fault on the `nth` crossing named `op` of one call (1 for the first): a trap (the
- * default), or the guest's answer replaced by the packed `verdict` (one that breaks the contract).
+ * default), the guest's answer replaced by the packed `verdict` (one that breaks the contract), or,
+ * for `hedge-step` and `report-attempt`, by `commands` (with no events pending: the real
+ * crossing's events are lost, as a trap's are).
  */
 export interface Fault {
   op: FaultOp;
   nth?: number;
   verdict?: bigint | number | string;
+  commands?: readonly HedgeCommand[];
 }
 
-const FAULT_OPS: readonly FaultOp[] = ['start', 'acquire', 'report', 'report-fallback'];
+const FAULT_OPS: readonly FaultOp[] = ['start', 'acquire', 'report', 'report-fallback', 'hedge-step', 'report-attempt'];
+const VERDICT_OPS: readonly FaultOp[] = ['start', 'acquire', 'report', 'report-fallback'];
 const METHOD_PREFIX = '[method]engine.';
 
 interface Plan {
-  faults: { op: FaultOp; nth: number; verdict: bigint | undefined }[];
+  faults: { op: FaultOp; nth: number; verdict: bigint | undefined; commands: readonly HedgeCommand[] | undefined }[];
   counts: Record<FaultOp, number>;
 }
 
@@ -256,6 +262,7 @@ export class FaultInjector {
         const n = ++plan.counts[op];
         const fault = plan.faults.find((f) => f.op === op && f.nth === n);
         if (fault === undefined) return real(...args);
+        if (fault.commands !== undefined) return answerWith(instance, real(...args) as number, fault.commands);
         if (fault.verdict === undefined) throw new WebAssembly.RuntimeError(`unreachable (injected at ${op} #${n})`);
         real(...args);
         return BigInt.asIntN(64, fault.verdict);
@@ -266,14 +273,72 @@ export class FaultInjector {
 
   /** Arm `faults` for call `call`. */
   inject(call: bigint | number, ...faults: Fault[]): this {
-    const plan: Plan = { faults: [], counts: { start: 0, acquire: 0, report: 0, 'report-fallback': 0 } };
+    const plan: Plan = {
+      faults: [],
+      counts: { start: 0, acquire: 0, report: 0, 'report-fallback': 0, 'hedge-step': 0, 'report-attempt': 0 },
+    };
     for (const f of faults) {
       if (!FAULT_OPS.includes(f.op)) throw new RangeError(`levee: unknown crossing '${String(f.op)}'`);
-      plan.faults.push({ op: f.op, nth: f.nth ?? 1, verdict: f.verdict === undefined ? undefined : BigInt(f.verdict) });
+      if (f.verdict !== undefined && !VERDICT_OPS.includes(f.op)) {
+        throw new RangeError(`levee: '${f.op}' answers commands, not a verdict`);
+      }
+      if (f.commands !== undefined && VERDICT_OPS.includes(f.op)) {
+        throw new RangeError(`levee: '${f.op}' answers a verdict, not commands`);
+      }
+      plan.faults.push({
+        op: f.op,
+        nth: f.nth ?? 1,
+        verdict: f.verdict === undefined ? undefined : BigInt(f.verdict),
+        commands: f.commands,
+      });
     }
     this.#plans.set(BigInt(call), plan);
     return this;
   }
+}
+
+/**
+ * Replace the `hedge-answer` a hedged crossing returned (at `ret`, its canonical-ABI return area:
+ * the list's pointer and length, then the events flag) with `commands`, written in memory the
+ * guest allocates (`cabi_realloc`), which its post-return frees. The real list is not freed: a
+ * test seam's leak of a few bytes.
+ */
+function answerWith(instance: WebAssembly.Instance, ret: number, commands: readonly HedgeCommand[]): number {
+  const { memory, cabi_realloc: realloc } = instance.exports as {
+    memory?: WebAssembly.Memory;
+    cabi_realloc?: (ptr: number, old: number, align: number, size: number) => number;
+  };
+  if (memory === undefined || realloc === undefined) throw new Error('levee: no memory or cabi_realloc to answer in');
+  const SIZE = 24; // a hedge-command: discriminant, then its payload at offset 8 (align 8)
+  const ptr = realloc(0, 0, 8, Math.max(commands.length, 1) * SIZE) >>> 0;
+  const view = new DataView(memory.buffer);
+  commands.forEach((c, i) => {
+    const at = ptr + i * SIZE;
+    switch (c.tag) {
+      case 'start':
+        view.setUint8(at, 0);
+        view.setUint32(at + 8, c.val.attempt, true);
+        view.setBigUint64(at + 16, c.val.timeout, true);
+        break;
+      case 'cancel':
+        view.setUint8(at, 1);
+        view.setUint32(at + 8, c.val, true);
+        break;
+      case 'wait':
+        view.setUint8(at, 2);
+        view.setBigUint64(at + 8, c.val, true);
+        break;
+      case 'end':
+        view.setUint8(at, 3);
+        view.setUint32(at + 8, c.val.attempt, true);
+        view.setBigUint64(at + 16, c.val.verdict, true);
+        break;
+    }
+  });
+  view.setUint32(ret, ptr, true);
+  view.setUint32(ret + 4, commands.length, true);
+  view.setUint8(ret + 8, 0);
+  return ret;
 }
 
 // ------------------------------------------------------------------ telemetry, recorded

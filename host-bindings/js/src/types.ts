@@ -5,6 +5,8 @@ export type {
   CallInfo,
   Event,
   EventKind,
+  HedgeAnswer,
+  HedgeCommand,
   LoadError,
   OutcomeKind,
   PolicyInfo,

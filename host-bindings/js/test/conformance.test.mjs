@@ -25,6 +25,23 @@ function verdictJson(raw) {
   return out;
 }
 
+/** The JSON form of a hedged call's answer, as the Rust runner writes it (`hedge_json`). */
+function hedgeJson(answer) {
+  const commands = answer.commands.map((c) => {
+    switch (c.tag) {
+      case 'start':
+        return { start: { attempt: c.val.attempt, timeout: c.val.timeout } };
+      case 'cancel':
+        return { cancel: c.val };
+      case 'wait':
+        return { wait: c.val };
+      default:
+        return { end: { attempt: c.val.attempt, verdict: verdictJson(c.val.verdict) } };
+    }
+  });
+  return { commands, events_pending: answer.eventsPending };
+}
+
 /** The JSON form of an event (`event_json`). */
 const eventJson = (e) => ({
   at: e.at,
@@ -145,6 +162,24 @@ function replay(component, vector) {
         break;
       case 'report_fallback':
         actual = verdictJson(engine.reportFallback(u64(s.call), u64(s.now), s.ok));
+        break;
+      case 'hedge_step':
+        actual = hedgeJson(engine.hedgeStep(u64(s.call), u64(s.now)));
+        break;
+      case 'report_attempt':
+        actual = hedgeJson(
+          engine.reportAttempt(
+            u64(s.call),
+            s.attempt ?? 0,
+            u64(s.now),
+            u64(s.elapsed),
+            s.kind,
+            s.code ?? 0,
+            s.text ?? '',
+            u64(s.wall_secs),
+            s.flags ?? 0,
+          ),
+        );
         break;
       case 'cancel':
         engine.cancel(u64(s.call), u64(s.now));

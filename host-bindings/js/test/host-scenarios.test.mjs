@@ -37,6 +37,20 @@ AbortSignal.any = function any(signals) {
 
 class ScenarioError extends Error {}
 
+/** A scenario's fault as the FaultInjector takes it (commands in jco's form, from the vectors' JSON form). */
+function faultOf(f) {
+  const fault = { op: f.op, nth: f.nth, verdict: f.verdict };
+  if (f.commands !== undefined) {
+    fault.commands = f.commands.map((c) => {
+      if ('start' in c) return { tag: 'start', val: { attempt: c.start.attempt, timeout: BigInt(c.start.timeout) } };
+      if ('cancel' in c) return { tag: 'cancel', val: c.cancel };
+      if ('wait' in c) return { tag: 'wait', val: BigInt(c.wait) };
+      return { tag: 'end', val: { attempt: c.end.attempt, verdict: BigInt(c.end.verdict) } };
+    });
+  }
+  return fault;
+}
+
 /** The reason the runner aborts a call with at its `cancel_at`. */
 class CallerCancelled extends Error {
   name = 'CallerCancelled';
@@ -111,6 +125,8 @@ class Replay {
       this.levee.retryIf(policy, this.#predicate('policy', answers));
     }
     this.nextCall = 1;
+    /** Attempts of the dependency still running (a cancelled one may close after its call ended). */
+    this.live = 0;
   }
 
   /** The index of the call whose caller signal `signal` is or follows. */
@@ -155,7 +171,9 @@ class Replay {
       if (rec.end === undefined) rec.end = Number(this.clock.now());
     };
     signal.addEventListener('abort', stop, { once: true });
+    this.live++;
     try {
+      if (this.scn.calls[i].hedge) return await this.#hedgedAttempt(step, signal, rec, answer);
       if (step.hang) {
         await new Promise((_, reject) => {
           if (signal.aborted) reject(signal.reason);
@@ -172,7 +190,36 @@ class Replay {
     } finally {
       stop();
       signal.removeEventListener('abort', stop);
+      this.live--;
     }
+  }
+
+  /**
+   * An attempt of a hedged call: it runs its step until its signal aborts, as a well-behaved
+   * dependency does. An abort that is not its own timeout (the core's cancel, the caller's) marks
+   * it `cancelled`; an `unwind` step then takes that long to close (`closed`) before it rejects.
+   */
+  async #hedgedAttempt(step, signal, rec, answer) {
+    try {
+      if ('late' in step) {
+        await this.clock.sleep(Number(step.late) / 1e6);
+        return answer(step);
+      }
+      if (signal.aborted) throw signal.reason;
+      await new Promise((resolve, reject) => {
+        signal.addEventListener('abort', () => reject(signal.reason), { once: true });
+        if (!step.hang) this.clock.sleep(Number(step.after ?? 0) / 1e6, signal).then(resolve, () => undefined);
+      });
+    } catch (reason) {
+      rec.end = Number(this.clock.now());
+      if (!(reason instanceof DOMException && reason.name === 'TimeoutError')) rec.cancelled = true;
+      if (step.unwind) {
+        await this.clock.sleep(Number(step.unwind) / 1e6);
+        rec.closed = Number(this.clock.now());
+      }
+      throw reason;
+    }
+    return answer(step);
   }
 
   #callAnswer(step) {
@@ -227,7 +274,7 @@ class Replay {
         .then(() => controller.abort(new CallerCancelled('the caller cancelled')));
     }
     const id = this.nextCall++;
-    if (c.faults?.length) this.faults.inject(id, ...c.faults.map((f) => ({ ...f, verdict: f.verdict })));
+    if (c.faults?.length) this.faults.inject(id, ...c.faults.map(faultOf));
     this.ids[i] = id;
     try {
       if ((c.api ?? 'call') === 'http') {
@@ -304,8 +351,15 @@ class Replay {
       if (failed !== undefined) throw failed;
       if (done.every(Boolean)) break;
       if (this.clock.pending === 0) {
-        await this.clock.settle();
-        if (!done.every(Boolean) && this.clock.pending === 0) {
+        // Idle for good: no timer and no time passing over a few more turns (a hedged call waits a
+        // turn of the event loop, with no timer set, before it reports the attempts that closed).
+        const at = this.clock.now();
+        let idle = true;
+        for (let k = 0; k < 3 && idle; k++) {
+          await this.clock.settle();
+          idle = !done.every(Boolean) && this.clock.pending === 0 && this.clock.now() === at;
+        }
+        if (idle) {
           throw new ScenarioError(
             `deadlock: calls ${done.map((d, i) => (d ? '' : i)).join(' ')} blocked, no timer pending`,
           );
@@ -314,6 +368,15 @@ class Replay {
       if (performance.now() - t0 > REAL_TIMEOUT_MS) throw new ScenarioError('the replay did not end');
     }
     await all;
+    // Attempts a hedged call cancelled close (and are reported) after the call ended.
+    while (this.live > 0) {
+      await this.clock.settle();
+      if (this.live > 0 && this.clock.pending === 0) {
+        throw new ScenarioError(`deadlock: ${this.live} attempts never close, no timer pending`);
+      }
+      if (performance.now() - t0 > REAL_TIMEOUT_MS) throw new ScenarioError('the replay did not end');
+    }
+    await this.clock.settle();
     return this.#finish();
   }
 

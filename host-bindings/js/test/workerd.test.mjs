@@ -39,6 +39,8 @@ policies:
     attempts: 3
     attempt-timeout: 2s
     backoff: { kind: constant, base: 10ms, jitter: none }
+  hedged:
+    hedge: { attempts: 2, delay: 100ms }
 \`;
 let levee;
 const events = [];
@@ -52,7 +54,10 @@ export default {
       levee.on('event', (e) => events.push(e.kind + ':' + e.attempt));
     }
     const upstream = url.searchParams.get('upstream');
-    const res = await leveeFetch(levee, 'http')(upstream);
+    // A caller's signal, as a worker passes its request's: hedged waits follow it.
+    const res = await leveeFetch(levee, url.searchParams.get('policy') ?? 'http')(upstream, {
+      signal: new AbortController().signal,
+    });
     return Response.json({ status: res.status, body: await res.text(), events });
   },
 };
@@ -143,4 +148,24 @@ test('a worker in workerd retries a 503 through the policy core', async () => {
   assert.equal(body.body, 'from upstream');
   assert.deepEqual(body.events, ['retry-scheduled:1']);
   assert.equal(server.requests('/flaky').length, 2);
+});
+
+test('a worker in workerd hedges a slow request: the hedge answers, the slow one is aborted', async () => {
+  server.script('/slow', [
+    { status: 200, body: 'slow', delay: 3000 },
+    { status: 200, body: 'fast', delay: 0 },
+  ]);
+  const t0 = performance.now();
+  const r = await fetch(`http://127.0.0.1:${port}/?policy=hedged&upstream=${encodeURIComponent(server.url('/slow'))}`);
+  const text = await r.text();
+  assert.equal(r.status, 200, `${text}\n${output}`);
+  const body = JSON.parse(text);
+  assert.equal(body.body, 'fast');
+  assert.ok(body.events.includes('hedge-started:2'), text);
+  assert.ok(performance.now() - t0 < 2500, 'the hedge answered before the slow request');
+  const [slow, fast] = server.requests('/slow');
+  assert.equal(slow.headers['x-levee-attempt'], '1');
+  assert.equal(fast.headers['x-levee-attempt'], '2');
+  for (let i = 0; i < 100 && !slow.aborted; i++) await new Promise((res) => setTimeout(res, 10));
+  assert.equal(slow.aborted, true, 'the slow request was aborted');
 });
