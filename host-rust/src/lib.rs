@@ -33,6 +33,8 @@ mod error;
 #[cfg(feature = "tokio")]
 mod handle;
 #[cfg(feature = "tokio")]
+mod hedge;
+#[cfg(feature = "tokio")]
 mod runtime;
 #[cfg(feature = "tokio")]
 pub mod telemetry;
@@ -52,6 +54,8 @@ pub use call::{FaultOp, FaultPlan, RetryInfo};
 pub use error::{LeveeError, LoadErrors, UnknownPolicy};
 #[cfg(feature = "tokio")]
 pub use handle::{Builder, Levee};
+#[cfg(feature = "tokio")]
+pub use hedge::AttemptLease;
 pub use outcome::ErrorClass;
 #[cfg(feature = "tokio")]
 pub use runtime::Step;

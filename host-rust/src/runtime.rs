@@ -10,7 +10,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use levee_core::{Event, OutcomeKind, PolicyInfo, Verdict};
+use levee_core::{Event, HedgeCommand, OutcomeKind, PolicyInfo, Verdict};
 
 use crate::driver::PolicyLimits;
 use crate::outcome::Outcome;
@@ -22,7 +22,8 @@ use crate::time::EngineClock;
 #[derive(Clone, Debug)]
 pub struct Step<'a> {
     /// `start`, `acquire`, `report`, `hold-success` (a success held back, settled by the next
-    /// `start`), `report-fallback`, `sleep`.
+    /// `start`), `report-fallback`, `sleep` (also a hedged call's `wait`), and a hedged call's
+    /// `hedge-step` and `report-attempt`.
     pub op: &'static str,
     /// The host's monotonic time of the step, in ns since the handle was made.
     pub now: u64,
@@ -32,7 +33,8 @@ pub struct Step<'a> {
     pub policy: &'a str,
     /// The outcome reported (for `report` and `hold-success`).
     pub outcome: Option<&'a Outcome>,
-    /// The core's answer (`None` for `hold-success`, whose answer is `done`, and `sleep`).
+    /// The core's answer (`None` for `hold-success`, whose answer is `done`, and `sleep`; for
+    /// `hedge-step` and `report-attempt`, the verdict of the `end` they answered, if one).
     pub verdict: Option<Verdict>,
     /// For `sleep` (a retry delay or a rate-limit wait about to be slept): its length.
     pub sleep: Option<std::time::Duration>,
@@ -183,10 +185,15 @@ impl Core {
     #[inline]
     pub(crate) fn note(&mut self, v: Verdict) {
         if v.events_pending() {
-            match self.raw.try_drain_events() {
-                Ok(mut e) => self.events.append(&mut e),
-                Err(t) => self.traps.push(t),
-            }
+            self.drain();
+        }
+    }
+
+    /// Collect the pending events.
+    pub(crate) fn drain(&mut self) {
+        match self.raw.try_drain_events() {
+            Ok(mut e) => self.events.append(&mut e),
+            Err(t) => self.traps.push(t),
         }
     }
 
@@ -366,6 +373,24 @@ impl Shared {
         if let Ok(v) = r {
             core.note(v);
         }
+        (r, self.unlock(core))
+    }
+
+    /// A crossing of a hedged call (`hedge-step`, `report-attempt`) under the lock, as
+    /// [`Shared::cross`]: its commands, and the events it collected to emit when the returned
+    /// [`Pending`] is dropped.
+    pub(crate) fn cross_hedge(
+        &self,
+        op: impl FnOnce(&mut RawEngine) -> Result<(Vec<HedgeCommand>, bool), Trap>,
+    ) -> (Result<Vec<HedgeCommand>, Trap>, Option<Pending<'_>>) {
+        let mut core = self.lock();
+        core.flush();
+        let r = op(&mut core.raw).map(|(commands, pending)| {
+            if pending {
+                core.drain();
+            }
+            commands
+        });
         (r, self.unlock(core))
     }
 
