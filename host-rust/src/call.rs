@@ -14,8 +14,9 @@ use crate::driver::{Action, Crossing, Driver, Recovery};
 use crate::error::LeveeError;
 use crate::handle::Levee;
 use crate::outcome::{IntoOutcome, Outcome};
+use crate::park::Parker;
 use crate::raw::Trap;
-use crate::runtime::{crossing, Held, Injected, Shared};
+use crate::runtime::{crossing, Held, Injected, Lane, Shared};
 use crate::telemetry;
 use crate::time::{EngineClock, Sleep};
 
@@ -241,6 +242,7 @@ struct Guard<'a> {
     span: tracing::Span,
     shared: &'a Shared,
     policy: &'a str,
+    lane: Lane<'a>,
     call: u64,
     live: bool,
     attempts: u32,
@@ -262,7 +264,7 @@ impl Guard<'_> {
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
         if self.live {
-            self.shared.cancel(self.call);
+            self.shared.cancel(self.call, self.lane);
             self.span.record("levee.result", "cancelled");
             telemetry::call(&*self.shared.telemetry, self.policy, "cancelled", self.attempts > 1, None);
         }
@@ -305,6 +307,19 @@ impl<F: Future> Future for AttemptTimeout<'_, F> {
         let timer = this.timer.get_or_insert_with(|| clock.sleep_until(deadline));
         timer.as_mut().poll(cx).map(|()| None)
     }
+}
+
+/// Wait for whichever of `a` and `b` completes first.
+async fn first(a: impl Future<Output = ()>, b: impl Future<Output = ()>) {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    std::future::poll_fn(|cx| {
+        if a.as_mut().poll(cx).is_ready() || b.as_mut().poll(cx).is_ready() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
 
 /// The `levee.attempt` span of attempt `number` under the call's span.
@@ -488,10 +503,11 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
             }
         };
         let call = s.call;
+        let lane = Lane { policy: s.index, key };
         let mut driver = Driver::new(s.limits, started);
         // The spans of docs/telemetry.md (`tracing`; an OpenTelemetry layer exports them).
         let span = tracing::info_span!(target: "levee", "levee.call", levee.policy = policy, levee.key = key, levee.result = tracing::field::Empty, levee.reason = tracing::field::Empty);
-        let mut guard = Guard { span: span.clone(), shared, policy, call, live: true, attempts: 0 };
+        let mut guard = Guard { span: span.clone(), shared, policy, lane, call, live: true, attempts: 0 };
         let mut last: Last<T, E> = Last::None;
         let mut last_outcome: Option<Outcome> = None;
         let hooks = [shared.on_retry.as_ref(), self.on_retry.as_ref()];
@@ -513,6 +529,8 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         // for the next `start`; any other success is reported at once (so that the events it
         // causes, a half-open breaker closing, belong to this call).
         let hot = matches!(s.verdict, Ok(v) if !v.events_pending());
+        // The call's park in its bulkhead queue, from the crossing whose verdict queued it.
+        let mut parker: Option<Parker<'_>> = s.parker;
         let mut action = match s.verdict {
             Ok(v) => {
                 shared.step("start", started, call, policy, None, Some(v));
@@ -526,6 +544,10 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
             }
         };
         loop {
+            if !matches!(action, Action::Sleep { park: true, .. }) {
+                // Not (or no longer) waiting in the queue: the park is over.
+                parker = None;
+            }
             match action {
                 Action::Attempt { number, begin, timeout } => {
                     guard.attempts = number;
@@ -545,23 +567,28 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     aspan.record("levee.outcome", outcome.kind_name());
                     let asked = asked(retry_if.as_ref(), &result, &outcome, policy);
                     // A success the caller wants retried is reported, never held back.
-                    if hot
-                        && asked & crate::constants::REPORT_CALLER_RETRY == 0
-                        && number == 1
-                        && outcome.is_plain_success()
-                        && timeout.is_none_or(|t| elapsed < t)
-                    {
-                        // The answer to a success is always `done`: hold the report back; the
-                        // next `start` settles it (one guest call per successful call). A late
-                        // success is reported: the core makes it a timeout.
-                        if let Some(Ok(v)) = result {
-                            shared.hold(Held { call, at: now, elapsed });
-                            shared.step("hold-success", now, call, policy, Some(&outcome), None);
-                            telemetry::attempt(&*shared.telemetry, policy, outcome.kind_name(), elapsed);
-                            guard.end("success", None);
-                            return Ok(v);
+                    let result = match result {
+                        Some(Ok(v))
+                            if hot
+                                && asked & crate::constants::REPORT_CALLER_RETRY == 0
+                                && number == 1
+                                && outcome.is_plain_success()
+                                && timeout.is_none_or(|t| elapsed < t) =>
+                        {
+                            // The answer to a success is always `done`: hold the report back;
+                            // the next `start` settles it (one guest call per successful call).
+                            // A late success is reported: the core makes it a timeout. While
+                            // calls wait in a bulkhead queue it is reported now (it frees a slot).
+                            if shared.hold(Held { call, at: now, elapsed }) {
+                                shared.step("hold-success", now, call, policy, Some(&outcome), None);
+                                telemetry::attempt(&*shared.telemetry, policy, outcome.kind_name(), elapsed);
+                                guard.end("success", None);
+                                return Ok(v);
+                            }
+                            Some(Ok(v))
                         }
-                    }
+                        r => r,
+                    };
                     last = match result {
                         None => Last::None,
                         Some(Ok(v)) => Last::Value(v),
@@ -571,8 +598,10 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     let flags = flags | asked;
                     let wall = if k == OutcomeKind::HttpStatus && !text.is_empty() { shared.clock.unix_seconds() } else { 0 };
                     let inject = take(&mut faults, FaultOp::Report);
-                    let (r, pending) = shared
-                        .cross(|raw| crossing(raw, inject, "report", |raw| raw.try_report(call, now, elapsed, k, code, text, wall, flags)));
+                    // The report frees the attempt's slot: it wakes the calls parked in the lane.
+                    let (r, pending) = shared.report(lane, |raw| {
+                        crossing(raw, inject, "report", |raw| raw.try_report(call, now, elapsed, k, code, text, wall, flags))
+                    });
                     action = match r {
                         Ok(v) => {
                             shared.step("report", now, call, policy, Some(&outcome), Some(v));
@@ -592,6 +621,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     let (levee, attempts, faults, retry_if) = (self.levee, &mut guard.attempts, &mut faults, retry_if.as_ref());
                     let hedging = crate::hedge::Hedging {
                         levee,
+                        lane,
                         shared,
                         policy,
                         key,
@@ -608,7 +638,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     trap = trap.or(ended.trap);
                     action = ended.action;
                 }
-                Action::Sleep { until, delay, retry } => {
+                Action::Sleep { until, delay, retry, park } => {
                     if retry {
                         if hooked {
                             let fallback_outcome = Outcome::Success;
@@ -627,14 +657,23 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                             last = Last::None;
                         }
                     }
-                    // Sleep holding nothing: the engine released the attempt's permits.
+                    // Sleep holding nothing: the engine released the attempt's permits. A call
+                    // waiting in the bulkhead queue also wakes when a report or cancel of its
+                    // lane may have freed a slot; the core then says who takes it.
                     if delay > 0 {
                         shared.step_sleep(call, policy, delay);
-                        shared.clock.sleep_until(until).await;
+                        let timer = shared.clock.sleep_until(until);
+                        match parker.as_ref() {
+                            Some(p) if park => first(timer, p.woken()).await,
+                            _ => timer.await,
+                        }
                     }
                     let now = shared.now();
                     let inject = take(&mut faults, FaultOp::Acquire);
-                    let (r, pending) = shared.cross(|raw| crossing(raw, inject, "acquire", |raw| raw.try_acquire(call, now)));
+                    // The park lasts until this crossing has answered (a new park, if it queues
+                    // the call again, is registered in it).
+                    let (r, pending, parked) = shared.acquire(lane, call, now, inject);
+                    parker = parked;
                     action = match r {
                         Ok(v) => {
                             shared.step("acquire", now, call, policy, None, Some(v));

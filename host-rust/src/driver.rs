@@ -56,8 +56,10 @@ pub(crate) enum Action {
     /// (`None`: none), then carry out the core's hedge commands.
     Hedge { begin: u64, timeout: Option<u64> },
     /// Sleep until `until` holding nothing, then `acquire`. After a `retry` the value the last
-    /// attempt returned is dropped (the retry replaces it).
-    Sleep { until: u64, delay: u64, retry: bool },
+    /// attempt returned is dropped (the retry replaces it). With `park` the call waits in a
+    /// bulkhead queue (a `wait` with reason `bulkhead-full`): the sleep also ends as soon as a
+    /// report or cancel of the same policy and key wakes it (docs/policy.md, "The queue").
+    Sleep { until: u64, delay: u64, retry: bool, park: bool },
     /// Run the fallback at `index` of the policy's chain (why: `reason`); report whether it
     /// succeeded.
     Fallback { index: u32, reason: Reason },
@@ -77,6 +79,13 @@ pub(crate) enum Crossing {
     Report,
     Acquire,
     ReportFallback,
+}
+
+/// Whether `v` queues the call in its bulkhead queue: a `wait` whose reason is `bulkhead-full`
+/// (then the host parks it, registered in the crossing that gave `v`, see [`crate::park`]).
+#[inline]
+pub(crate) fn parks(v: Verdict) -> bool {
+    v.kind() == Some(VerdictKind::Wait) && u32::from(v.detail()) == Reason::BulkheadFull as u32
 }
 
 /// The state of one call's protocol.
@@ -157,7 +166,7 @@ impl Driver {
                 if Reason::from_index(u32::from(v.detail())).is_none() || self.deadline.is_some_and(|d| until > d) {
                     return self.recover(Fault::Contract, crossing, now);
                 }
-                Action::Sleep { until, delay: v.payload(), retry: kind == VerdictKind::Retry }
+                Action::Sleep { until, delay: v.payload(), retry: kind == VerdictKind::Retry, park: parks(v) }
             }
             VerdictKind::Fallback => {
                 let index = v.payload();
@@ -255,7 +264,10 @@ mod tests {
             assert_eq!(Driver::new(LIMITS, 1).next(verdict, 1, crossing), degraded, "{verdict:?}");
         }
         let mut d = Driver::new(LIMITS, 1);
-        assert_eq!(d.next(v(VerdictKind::Retry, 0, 20), 30, Crossing::Report), Action::Sleep { until: 50, delay: 20, retry: true });
+        assert_eq!(
+            d.next(v(VerdictKind::Retry, 0, 20), 30, Crossing::Report),
+            Action::Sleep { until: 50, delay: 20, retry: true, park: false }
+        );
         assert_eq!(d.next(v(VerdictKind::Retry, 0, 72), 30, Crossing::Report), contract(Recovery::Attempt));
         assert_eq!(d.next(v(VerdictKind::Done, 0, 0), 30, Crossing::ReportFallback), Action::Done);
     }
@@ -285,6 +297,27 @@ mod tests {
         let mut d = Driver::new(LIMITS, 1);
         assert!(matches!(d.next(Verdict::attempt(1, 50), 1, Crossing::Start), Action::Attempt { .. }));
         assert_eq!(d.next(hedge(50), 2, Crossing::Acquire), contract(Recovery::Degraded { number: 2, timeout: Some(50) }));
+    }
+
+    #[test]
+    fn a_bulkhead_wait_parks_and_nothing_else_does() {
+        let full = Reason::BulkheadFull as u8;
+        let mut d = Driver::new(LIMITS, 1);
+        assert_eq!(
+            d.next(v(VerdictKind::Wait, full, 30), 10, Crossing::Start),
+            Action::Sleep { until: 40, delay: 30, retry: false, park: true }
+        );
+        assert_eq!(
+            d.next(v(VerdictKind::Wait, Reason::RateLimited as u8, 30), 10, Crossing::Acquire),
+            Action::Sleep { until: 40, delay: 30, retry: false, park: false }
+        );
+        assert!(parks(v(VerdictKind::Wait, full, 30).with_events(true)));
+        assert!(!parks(v(VerdictKind::Retry, full, 30)) && !parks(v(VerdictKind::Fail, full, 0)));
+        // A queue wait past the deadline breaks the contract: no park, the recovery path.
+        assert_eq!(
+            d.next(v(VerdictKind::Wait, full, 200), 10, Crossing::Acquire),
+            contract(Recovery::Degraded { number: 1, timeout: Some(50) })
+        );
     }
 
     #[test]

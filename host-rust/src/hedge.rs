@@ -42,7 +42,7 @@ use crate::driver::{Action, Crossing, Driver, Recovery};
 use crate::handle::Levee;
 use crate::outcome::Outcome;
 use crate::raw::{RawEngine, Trap};
-use crate::runtime::Shared;
+use crate::runtime::{Lane, Shared};
 use crate::telemetry::{self, Fault};
 use crate::time::Sleep;
 
@@ -198,6 +198,8 @@ impl Attempt {
 /// What a hedged call needs of the call running it.
 pub(crate) struct Hedging<'a> {
     pub(crate) levee: &'a Levee,
+    /// The call's policy and key: the bulkhead queue its reports wake.
+    pub(crate) lane: Lane<'a>,
     pub(crate) shared: &'a Shared,
     pub(crate) policy: &'a str,
     pub(crate) key: &'a str,
@@ -308,12 +310,20 @@ fn end_verdict(commands: &[HedgeCommand]) -> Option<Verdict> {
     })
 }
 
-/// Report attempt `number` of `call`, cancelled and now closed, at `now`.
-fn report_closed(shared: &Shared, policy: &str, call: u64, number: u32, begin: u64, now: u64) -> Result<Vec<HedgeCommand>, Trap> {
+/// Report attempt `number` of `call` (in `lane`), cancelled and now closed, at `now`.
+fn report_closed(
+    shared: &Shared,
+    policy: &str,
+    lane: Lane<'_>,
+    call: u64,
+    number: u32,
+    begin: u64,
+    now: u64,
+) -> Result<Vec<HedgeCommand>, Trap> {
     let cancelled = Outcome::error(CANCELLED);
     let (k, code, text, flags) = cancelled.parts();
     let (r, pending) =
-        shared.cross_hedge(|raw| raw.try_report_attempt(call, number, now, now.saturating_sub(begin), k, code, text, 0, flags));
+        shared.cross_hedge(Some(lane), |raw| raw.try_report_attempt(call, number, now, now.saturating_sub(begin), k, code, text, 0, flags));
     if let Ok(commands) = &r {
         shared.step("report-attempt", now, call, policy, None, end_verdict(commands));
     }
@@ -356,7 +366,9 @@ where
         real: impl FnOnce(&mut RawEngine) -> Result<(Vec<HedgeCommand>, bool), Trap>,
     ) -> Result<Vec<HedgeCommand>, Trap> {
         let inject = take_hedge(self.h.faults, op);
-        let (r, pending) = self.h.shared.cross_hedge(|raw| match inject {
+        // The report of an attempt may free its slot.
+        let wake = (op == FaultOp::ReportAttempt).then_some(self.h.lane);
+        let (r, pending) = self.h.shared.cross_hedge(wake, |raw| match inject {
             None => real(raw),
             Some(None) => Err(raw.reinstantiate(
                 if op == FaultOp::HedgeStep { "hedge-step" } else { "report-attempt" },
@@ -395,7 +407,7 @@ where
             return None;
         }
         let h = &self.h;
-        Some(report_closed(h.shared, h.policy, h.call, number, begin, h.shared.now()))
+        Some(report_closed(h.shared, h.policy, h.lane, h.call, number, begin, h.shared.now()))
     }
 
     /// What attempt `r` ended with: the time, the outcome, the elapsed time (a timeout that
@@ -455,11 +467,12 @@ where
             // No runtime to wait on: the core hears of them now.
             let h = &self.h;
             for c in self.closing.drain(..) {
-                let _ = report_closed(h.shared, h.policy, h.call, c.number, c.begin, h.shared.now());
+                let _ = report_closed(h.shared, h.policy, h.lane, h.call, c.number, c.begin, h.shared.now());
             }
             return;
         };
         let (levee, policy, call) = (self.h.levee.clone(), self.h.policy.to_string(), self.h.call);
+        let (index, key) = (self.h.lane.policy, self.h.lane.key.to_string());
         let mut closing = std::mem::take(&mut self.closing);
         drop(rt.spawn(async move {
             while !closing.is_empty() {
@@ -469,7 +482,7 @@ where
                 .await;
                 let c = closing.swap_remove(i);
                 let shared = &*levee.shared;
-                let _ = report_closed(shared, &policy, call, c.number, c.begin, shared.now());
+                let _ = report_closed(shared, &policy, Lane { policy: index, key: &key }, call, c.number, c.begin, shared.now());
             }
         }));
     }
@@ -614,7 +627,7 @@ where
             Woke::Closed(index) => {
                 let c = s.closing.swap_remove(index);
                 at = s.h.shared.now();
-                answer = report_closed(s.h.shared, s.h.policy, s.h.call, c.number, c.begin, at);
+                answer = report_closed(s.h.shared, s.h.policy, s.h.lane, s.h.call, c.number, c.begin, at);
                 (in_hand, replaces) = (None, false);
             }
             Woke::Timer => {

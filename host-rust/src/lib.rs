@@ -35,6 +35,8 @@ mod handle;
 #[cfg(feature = "tokio")]
 mod hedge;
 #[cfg(feature = "tokio")]
+mod park;
+#[cfg(feature = "tokio")]
 mod runtime;
 #[cfg(feature = "tokio")]
 pub mod telemetry;

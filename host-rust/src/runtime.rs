@@ -7,13 +7,14 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use levee_core::{Event, HedgeCommand, OutcomeKind, PolicyInfo, Verdict};
 
-use crate::driver::PolicyLimits;
+use crate::driver::{self, PolicyLimits};
 use crate::outcome::Outcome;
+use crate::park::{Parked, Parker, Queue};
 use crate::raw::{RawEngine, Trap};
 use crate::telemetry::{self, Fault, Telemetry};
 use crate::time::EngineClock;
@@ -55,40 +56,65 @@ pub(crate) struct Held {
 /// (the lock is the one `start` takes; a second per call doubled the contention between
 /// tasks). Whoever takes the lock next moves it into [`Core::held`] ([`Shared::lock`]), so
 /// that it is settled before anything else the engine does.
-struct HeldSlot {
-    state: AtomicU8,
+///
+/// The same word counts the calls parked in bulkhead queues ([`crate::park`]): a held-back
+/// success frees its slot only once settled, so while any call is parked nothing is left here
+/// (a success is reported at once, and its report wakes the queue). A success being written
+/// when the first call parks backs out ([`Put::Parked`]); one already here then is settled by
+/// the parking crossing itself ([`HeldSlot::park`]).
+pub(crate) struct HeldSlot {
+    /// Bits 0-1: [`HeldSlot::EMPTY`], [`HeldSlot::WRITING`] or [`HeldSlot::FULL`]; above them,
+    /// the calls parked (in units of [`HeldSlot::PARKED`]).
+    state: AtomicU64,
     call: AtomicU64,
     at: AtomicU64,
     elapsed: AtomicU64,
 }
 
-impl HeldSlot {
-    const EMPTY: u8 = 0;
-    const WRITING: u8 = 1;
-    const FULL: u8 = 2;
+/// What [`HeldSlot::put`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Put {
+    /// Left in the slot.
+    Held,
+    /// The slot is taken (or being written): settle through the lock.
+    Busy,
+    /// Calls are parked: report the success now.
+    Parked,
+}
 
-    fn new() -> Self {
-        HeldSlot { state: AtomicU8::new(Self::EMPTY), call: AtomicU64::new(0), at: AtomicU64::new(0), elapsed: AtomicU64::new(0) }
+impl HeldSlot {
+    const EMPTY: u64 = 0;
+    const WRITING: u64 = 1;
+    const FULL: u64 = 2;
+    const SLOT: u64 = 3;
+    const PARKED: u64 = 4;
+
+    pub(crate) fn new() -> Self {
+        HeldSlot { state: AtomicU64::new(Self::EMPTY), call: AtomicU64::new(0), at: AtomicU64::new(0), elapsed: AtomicU64::new(0) }
     }
 
-    /// Leave `h` here; `false` when the slot is taken (the caller takes the lock instead).
+    /// Leave `h` here, unless the slot is taken or a call is parked.
     #[inline]
-    fn put(&self, h: Held) -> bool {
-        if self.state.compare_exchange(Self::EMPTY, Self::WRITING, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            return false;
+    fn put(&self, h: Held) -> Put {
+        if let Err(s) = self.state.compare_exchange(Self::EMPTY, Self::WRITING, Ordering::Acquire, Ordering::Relaxed) {
+            return if s >= Self::PARKED { Put::Parked } else { Put::Busy };
         }
         self.call.store(h.call, Ordering::Relaxed);
         self.at.store(h.at, Ordering::Relaxed);
         self.elapsed.store(h.elapsed, Ordering::Relaxed);
-        self.state.store(Self::FULL, Ordering::Release);
-        true
+        // Publish it, or back out if a call parked meanwhile (it could not take it).
+        let publish = |s: u64| Some(if s < Self::PARKED { Self::FULL } else { s & !Self::SLOT });
+        match self.state.fetch_update(Ordering::Release, Ordering::Relaxed, publish) {
+            Ok(s) if s < Self::PARKED => Put::Held,
+            _ => Put::Parked,
+        }
     }
 
     /// Take what was left here. Only under the engine's lock, so there is one taker at a time;
     /// a report still being written is left for the next taker.
     #[inline]
     fn take(&self) -> Option<Held> {
-        if self.state.load(Ordering::Acquire) != Self::FULL {
+        if self.state.load(Ordering::Acquire) & Self::SLOT != Self::FULL {
             return None;
         }
         let h = Held {
@@ -96,8 +122,31 @@ impl HeldSlot {
             at: self.at.load(Ordering::Relaxed),
             elapsed: self.elapsed.load(Ordering::Relaxed),
         };
-        self.state.store(Self::EMPTY, Ordering::Release);
+        // Empty again; a park ending meanwhile only changes the count above.
+        self.state.fetch_and(!Self::SLOT, Ordering::Release);
         Some(h)
+    }
+
+    /// Count a call parked (under the engine's lock); a success left here since the lock was
+    /// taken is returned, for the caller to settle.
+    pub(crate) fn park(&self) -> Option<Held> {
+        let before = self.state.fetch_add(Self::PARKED, Ordering::AcqRel);
+        if before & Self::SLOT == Self::FULL {
+            self.take()
+        } else {
+            None
+        }
+    }
+
+    /// Count a park out.
+    pub(crate) fn unpark(&self) {
+        self.state.fetch_sub(Self::PARKED, Ordering::Release);
+    }
+
+    /// Calls parked.
+    #[inline]
+    pub(crate) fn parked(&self) -> u64 {
+        self.state.load(Ordering::Acquire) / Self::PARKED
     }
 }
 
@@ -217,19 +266,31 @@ impl Core {
     }
 }
 
-/// What `start` gives the call: its id, its policy's limits, the verdict (or the trap) and the
-/// events to emit once the step is traced.
+/// What `start` gives the call: its id, its policy's index and limits, the verdict (or the
+/// trap), the events to emit once the step is traced, and the call's park when the verdict
+/// queued it.
 pub(crate) struct Started<'a> {
     pub(crate) call: u64,
+    pub(crate) index: u32,
     pub(crate) limits: PolicyLimits,
     pub(crate) verdict: Result<Verdict, Trap>,
     pub(crate) pending: Option<Pending<'a>>,
+    pub(crate) parker: Option<Parker<'a>>,
+}
+
+/// The bulkhead queue a call waits in: its policy (the index) and its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lane<'k> {
+    pub(crate) policy: u32,
+    pub(crate) key: &'k str,
 }
 
 /// Everything a handle shares between its clones.
 pub(crate) struct Shared {
     core: Mutex<Core>,
     held: HeldSlot,
+    /// The calls parked in bulkhead queues (counted in `held`).
+    parked: Parked,
     pub(crate) clock: EngineClock,
     pub(crate) traps: AtomicU64,
     pub(crate) fallbacks: Mutex<HashMap<String, Arc<dyn Any + Send + Sync>>>,
@@ -286,6 +347,7 @@ impl Shared {
         Shared {
             core: Mutex::new(core),
             held: HeldSlot::new(),
+            parked: Parked::default(),
             clock,
             traps: AtomicU64::new(0),
             fallbacks: Mutex::new(HashMap::new()),
@@ -323,12 +385,25 @@ impl Shared {
         core
     }
 
-    /// Hold back the report of a success (its answer is always `done`) for the next `start`.
+    /// Hold back the report of a success (its answer is always `done`) for the next `start`;
+    /// `false` when calls are parked in bulkhead queues (the success must free its slot now:
+    /// the caller reports it).
     #[inline]
-    pub(crate) fn hold(&self, h: Held) {
-        if !self.held.put(h) {
-            // Another success is in the slot (or being written): settle through the lock.
-            self.lock().hold(h);
+    pub(crate) fn hold(&self, h: Held) -> bool {
+        match self.held.put(h) {
+            Put::Held => true,
+            Put::Parked => false,
+            Put::Busy => {
+                // Another success is in the slot (or being written): settle through the lock,
+                // where the count of parked calls is exact (parks are counted under it).
+                let mut core = self.lock();
+                if self.held.parked() > 0 {
+                    self.finish_locked(core);
+                    return false;
+                }
+                core.hold(h);
+                true
+            }
         }
     }
 
@@ -357,10 +432,95 @@ impl Shared {
         let held = core.held.take();
         let (sc, sa, se) = held.map(|h| (h.call, h.at, h.elapsed)).unwrap_or((0, 0, 0));
         let verdict = crossing(&mut core.raw, inject, "start", |raw| raw.try_start(call, index, key, flags, now, sc, sa, se));
+        let mut parker = None;
+        let mut woken = None;
         if let Ok(v) = verdict {
             core.note(v);
+            if driver::parks(v) {
+                parker = Some(self.park_locked(&mut core, Lane { policy: index, key }, &mut woken));
+            }
         }
-        Ok(Started { call, limits, verdict, pending: self.unlock(core) })
+        let pending = self.unlock(core);
+        notify(woken);
+        Ok(Started { call, index, limits, verdict, pending, parker })
+    }
+
+    /// The `acquire` of `call` in `lane` at `now` (after settling a held-back success); when
+    /// its verdict queues the call, the park is registered in the same locked section.
+    #[inline]
+    pub(crate) fn acquire(
+        &self,
+        lane: Lane<'_>,
+        call: u64,
+        now: u64,
+        inject: Option<Injected>,
+    ) -> (Result<Verdict, Trap>, Option<Pending<'_>>, Option<Parker<'_>>) {
+        let mut core = self.lock();
+        core.flush();
+        let r = crossing(&mut core.raw, inject, "acquire", |raw| raw.try_acquire(call, now));
+        let mut parker = None;
+        let mut woken = None;
+        if let Ok(v) = r {
+            core.note(v);
+            if driver::parks(v) {
+                parker = Some(self.park_locked(&mut core, lane, &mut woken));
+            }
+        }
+        let pending = self.unlock(core);
+        notify(woken);
+        (r, pending, parker)
+    }
+
+    /// The `report` of an attempt of a call in `lane` (the crossing `op`): a slot may have
+    /// freed, so every call parked in the lane is woken (docs/policy.md, "The queue").
+    #[inline]
+    pub(crate) fn report(
+        &self,
+        lane: Lane<'_>,
+        op: impl FnOnce(&mut RawEngine) -> Result<Verdict, Trap>,
+    ) -> (Result<Verdict, Trap>, Option<Pending<'_>>) {
+        let mut core = self.lock();
+        core.flush();
+        let r = op(&mut core.raw);
+        let mut woken = None;
+        if let Ok(v) = r {
+            core.note(v);
+            woken = self.wake_locked(lane);
+        }
+        let pending = self.unlock(core);
+        notify(woken);
+        (r, pending)
+    }
+
+    /// Park a call the verdict of this locked section queued in `lane`. A success left in the
+    /// slot since the lock was taken (only when this is the first park) is settled now, and
+    /// its lane woken (`woken`, to notify once unlocked): its key is the engine's to tell.
+    fn park_locked<'s>(&'s self, core: &mut Core, lane: Lane<'_>, woken: &mut Option<Arc<Queue>>) -> Parker<'s> {
+        let parker = Parker::new(&self.parked, &self.held, self.parked.join(lane.policy, lane.key));
+        if let Some(h) = self.held.park() {
+            let of = match core.raw.try_call_info(h.call) {
+                Ok(info) => info,
+                Err(t) => {
+                    core.traps.push(t);
+                    None
+                }
+            };
+            core.hold(h);
+            core.flush();
+            if let Some(info) = of {
+                *woken = self.wake_locked(Lane { policy: info.policy, key: &info.key });
+            }
+        }
+        parker
+    }
+
+    /// Wake the calls parked in `lane` (under the lock; `None` when nobody is parked).
+    #[inline]
+    fn wake_locked(&self, lane: Lane<'_>) -> Option<Arc<Queue>> {
+        if self.held.parked() == 0 {
+            return None;
+        }
+        self.parked.wake(lane.policy, lane.key)
     }
 
     /// One crossing under the lock (after settling a held-back success); the events it
@@ -378,9 +538,11 @@ impl Shared {
 
     /// A crossing of a hedged call (`hedge-step`, `report-attempt`) under the lock, as
     /// [`Shared::cross`]: its commands, and the events it collected to emit when the returned
-    /// [`Pending`] is dropped.
+    /// [`Pending`] is dropped. The report of an attempt (`wake`: its call's lane) may free a
+    /// slot: it wakes the calls parked in the lane, as [`Shared::report`] does.
     pub(crate) fn cross_hedge(
         &self,
+        wake: Option<Lane<'_>>,
         op: impl FnOnce(&mut RawEngine) -> Result<(Vec<HedgeCommand>, bool), Trap>,
     ) -> (Result<Vec<HedgeCommand>, Trap>, Option<Pending<'_>>) {
         let mut core = self.lock();
@@ -391,18 +553,28 @@ impl Shared {
             }
             commands
         });
-        (r, self.unlock(core))
+        let woken = match (&r, wake) {
+            (Ok(_), Some(lane)) => self.wake_locked(lane),
+            _ => None,
+        };
+        let pending = self.unlock(core);
+        notify(woken);
+        (r, pending)
     }
 
-    /// Abandon a call in the engine.
-    pub(crate) fn cancel(&self, call: u64) {
+    /// Abandon a call of `lane` in the engine; it may have held a slot or a place in the
+    /// queue, so the calls parked in the lane are woken.
+    pub(crate) fn cancel(&self, call: u64, lane: Lane<'_>) {
         let now = self.now();
         let mut core = self.lock();
         core.flush();
-        if let Err(t) = core.raw.try_cancel(call, now) {
-            core.traps.push(t);
+        let mut woken = None;
+        match core.raw.try_cancel(call, now) {
+            Ok(()) => woken = self.wake_locked(lane),
+            Err(t) => core.traps.push(t),
         }
         self.finish_locked(core);
+        notify(woken);
     }
 
     /// A call of `policy` went down the recovery path: count a trap, emit `engine-fault`.
@@ -457,6 +629,14 @@ impl Shared {
     }
 }
 
+/// Tell the calls of a woken queue (after the lock is released).
+#[inline]
+fn notify(woken: Option<Arc<Queue>>) {
+    if let Some(q) = woken {
+        q.notify();
+    }
+}
+
 /// Events and traps to emit once the lock is released.
 pub(crate) struct Pending<'a> {
     shared: &'a Shared,
@@ -471,5 +651,66 @@ impl Drop for Pending<'_> {
             return;
         }
         self.shared.emit(std::mem::take(&mut self.events), std::mem::take(&mut self.traps), &self.names);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use levee_core::VerdictKind;
+
+    fn held(call: u64) -> Held {
+        Held { call, at: 10, elapsed: 5 }
+    }
+
+    #[test]
+    fn the_held_slot_takes_no_success_while_calls_are_parked() {
+        let slot = HeldSlot::new();
+        assert_eq!(slot.put(held(1)), Put::Held);
+        assert_eq!(slot.put(held(2)), Put::Busy, "one at a time");
+        assert_eq!(slot.take().map(|h| h.call), Some(1));
+        assert!(slot.take().is_none());
+        // The first park finds nothing; while parked, a success is not held back.
+        assert!(slot.park().is_none());
+        assert!(slot.park().is_none());
+        assert_eq!((slot.parked(), slot.put(held(3))), (2, Put::Parked));
+        slot.unpark();
+        assert_eq!(slot.put(held(3)), Put::Parked);
+        slot.unpark();
+        assert_eq!((slot.parked(), slot.put(held(4))), (0, Put::Held));
+        // A success left in the slot when a call parks is handed to the parking crossing.
+        assert_eq!(slot.park().map(|h| h.call), Some(4));
+        assert!(slot.take().is_none());
+        assert_eq!((slot.parked(), slot.put(held(5))), (1, Put::Parked));
+    }
+
+    /// The first park of a crossing finds a success left in the slot after the crossing took
+    /// the lock (another thread's, between the two): the crossing settles it, learns its lane
+    /// from the engine, and wakes that lane, so the slot it frees is not lost to the waiter.
+    #[test]
+    fn a_success_left_as_the_first_call_parks_is_settled_and_wakes_its_lane() {
+        let doc = "policies:\n  q:\n    attempts: 1\n    bulkhead: { max-concurrent: 1, queue: 2, queue-timeout: 1s }\n";
+        let levee = crate::Levee::builder().seed(1).load(doc).unwrap();
+        let shared = &*levee.shared;
+        let lane = Lane { policy: 0, key: "k" };
+        let mut core = shared.core.lock().unwrap();
+        let a = core.raw.try_start(101, 0, "k", 0, 1_000, 0, 0, 0).unwrap();
+        assert_eq!(a.kind(), Some(VerdictKind::Attempt));
+        let b = core.raw.try_start(102, 0, "k", 0, 2_000, 0, 0, 0).unwrap();
+        assert!(driver::parks(b), "{b:?}");
+        // A's success arrives in the slot while B's crossing holds the lock.
+        assert_eq!(shared.held.put(Held { call: 101, at: 3_000, elapsed: 2_000 }), Put::Held);
+        let mut woken = None;
+        let parker = shared.park_locked(&mut core, lane, &mut woken);
+        assert!(woken.is_some(), "the lane of the settled success is woken");
+        assert!(parker.was_woken_for_tests());
+        assert!(core.held.is_none() && shared.held.take().is_none());
+        // The core has A's slot back: B, first in the queue, takes it.
+        let v = core.raw.try_acquire(102, 4_000).unwrap();
+        assert_eq!(v.kind(), Some(VerdictKind::Attempt), "{v:?}");
+        drop(core);
+        drop(parker);
+        assert_eq!(shared.held.parked(), 0);
     }
 }

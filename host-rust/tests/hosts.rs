@@ -20,15 +20,7 @@ use tower::{Layer, Service, ServiceExt};
 
 /// Scenarios this host does not pass yet, each with the reason (the test fails when one of
 /// them starts passing, so the list stays true).
-const KNOWN: &[(&str, &str)] = &[
-    ("bulkhead-queue-fifo-wake-on-report", QUEUE),
-    ("bulkhead-queue-full-rejects", QUEUE),
-    ("bulkhead-queue-waiter-cancelled", QUEUE),
-    ("bulkhead-queue-wake-on-cancel", QUEUE),
-];
-
-/// Why the bulkhead-queue scenarios fail here.
-const QUEUE: &str = "the host does not wake a call parked in the bulkhead queue when a report or cancel frees a permit yet (docs/policy.md, \"The queue\"): it sleeps the whole payload";
+const KNOWN: &[(&str, &str)] = &[];
 
 /// What one call observed.
 #[derive(Default)]
