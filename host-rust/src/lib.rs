@@ -8,7 +8,9 @@
 //!
 //! - [`RawEngine`]: the low-level, synchronous engine, one method per WIT operation.
 //! - [`Levee`] (feature `tokio`): the async handle; [`Levee::call`] runs a closure under a
-//!   named policy and returns a [`LeveeError`] when the policy gives up.
+//!   named policy and returns a [`LeveeError`] when the policy gives up. A policy with `hedge`
+//!   runs several attempts of the closure at once, as the core commands (README, "Hedging";
+//!   [`AttemptLease`]).
 //! - [`tower`] (feature `tower`): a `tower::Layer` for `http` services.
 //! - [`reqwest`] (feature `reqwest`): a client wrapper and a `reqwest-middleware` middleware.
 //! - [`telemetry`]: the schema of docs/telemetry.md, to `tracing` and the `metrics` facade by

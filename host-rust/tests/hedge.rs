@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::{Resp, Server};
 use levee::client::Client;
 use levee::time::TokioClock;
-use levee::{FaultOp, Levee};
+use levee::{Backend, FaultOp, Levee};
 
 #[derive(Debug)]
 struct Boom;
@@ -59,29 +59,38 @@ async fn the_reqwest_client_hedges_and_aborts_the_slow_request() {
 }
 
 /// The attempts are futures of the call's own task: a closure whose futures hold an `Rc`
-/// (not `Send`) and borrow a local (not `'static`) hedges like any other.
+/// (not `Send`) and borrow a local (not `'static`) hedges like any other, on either backend.
 #[tokio::test(start_paused = true)]
 async fn attempts_need_not_be_send_or_static() {
-    let l =
-        Levee::builder().seed(1).clock(TokioClock::paused()).load("policies:\n  h:\n    hedge: { attempts: 3, delay: 100ms }\n").unwrap();
-    let seen = Rc::new(std::cell::RefCell::new(Vec::new()));
-    let local = String::from("borrowed");
-    let r = l
-        .call::<String, Boom>("h")
-        .run(|a| {
-            let seen = seen.clone();
-            let local = &local;
-            async move {
-                seen.borrow_mut().push(a.number);
-                let wait = if a.number == 1 { 1_000 } else { 10 };
-                tokio::time::sleep(Duration::from_millis(wait)).await;
-                Ok(format!("{local} {}", a.number))
-            }
-        })
-        .await;
-    assert_eq!(r.unwrap(), "borrowed 2");
-    assert_eq!(*seen.borrow(), vec![1, 2]);
-    assert!(live(&l, 2).is_empty());
+    for backend in [Backend::Native, Backend::DEFAULT] {
+        let l = Levee::builder()
+            .seed(1)
+            .backend(backend)
+            .clock(TokioClock::paused())
+            .load("policies:\n  h:\n    hedge: { attempts: 3, delay: 100ms }\n")
+            .unwrap();
+        let seen = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let local = String::from("borrowed");
+        let t0 = tokio::time::Instant::now();
+        let r = l
+            .call::<String, Boom>("h")
+            .run(|a| {
+                let seen = seen.clone();
+                let local = &local;
+                async move {
+                    seen.borrow_mut().push((a.number, t0.elapsed().as_millis()));
+                    let wait = if a.number == 1 { 1_000 } else { 10 };
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    Ok(format!("{local} {}", a.number))
+                }
+            })
+            .await;
+        assert_eq!(r.unwrap(), "borrowed 2", "{backend:?}");
+        // #2 at the delay; it wins at 110 ms, before #3 was due (200 ms).
+        assert_eq!(*seen.borrow(), vec![(1, 0), (2, 100)], "{backend:?}");
+        assert_eq!(t0.elapsed(), Duration::from_millis(110), "{backend:?}");
+        assert!(live(&l, 2).is_empty(), "{backend:?}");
+    }
 }
 
 /// An attempt's lease holds it open past its future: the call returns at once, and the core
