@@ -406,8 +406,23 @@ where
             self.closing.push(Closing { number, begin, closed });
             return None;
         }
-        let h = &self.h;
-        Some(report_closed(h.shared, h.policy, h.lane, h.call, number, begin, h.shared.now()))
+        let now = self.h.shared.now();
+        Some(self.closed(number, begin, now))
+    }
+
+    /// Report attempt `number`, begun at `begin`, cancelled and now closed, at `now` (through
+    /// the fault seam, as every `report-attempt` of the call).
+    fn closed(&mut self, number: u32, begin: u64, now: u64) -> Result<Vec<HedgeCommand>, Trap> {
+        let cancelled = Outcome::error(CANCELLED);
+        let (kind, code, text, flags) = cancelled.parts();
+        let call = self.h.call;
+        let r = self.cross(FaultOp::ReportAttempt, |raw| {
+            raw.try_report_attempt(call, number, now, now.saturating_sub(begin), kind, code, text, 0, flags)
+        });
+        if let Ok(commands) = &r {
+            self.h.shared.step("report-attempt", now, call, self.h.policy, None, end_verdict(commands));
+        }
+        r
     }
 
     /// What attempt `r` ended with: the time, the outcome, the elapsed time (a timeout that
@@ -627,7 +642,7 @@ where
             Woke::Closed(index) => {
                 let c = s.closing.swap_remove(index);
                 at = s.h.shared.now();
-                answer = report_closed(s.h.shared, s.h.policy, s.h.lane, s.h.call, c.number, c.begin, at);
+                answer = s.closed(c.number, c.begin, at);
                 (in_hand, replaces) = (None, false);
             }
             Woke::Timer => {
