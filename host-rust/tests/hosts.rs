@@ -1,7 +1,11 @@
 //! The host scenarios (`conformance/hosts/*.json`, format in conformance/hosts/README.md),
 //! replayed through the public API under tokio's paused time: the call builder
 //! (`Levee::call(..).run`) for `call` scenarios and the tower `LeveeLayer` over an in-process
-//! service for `http` ones. Every observable field of `expect` is compared exactly.
+//! service for `http` ones. Every observable field of `expect` is compared exactly. In a
+//! hedged call (`hedge: true`) an attempt whose future the host drops before it completes, and
+//! not at its own timeout, is `cancelled`; a step that `unwind`s hands the attempt's
+//! `AttemptLease` to a task that drops it that long after, when the attempt is `closed` (and
+//! the host reports it).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, clippy::print_stdout)]
 
 use std::borrow::Cow;
