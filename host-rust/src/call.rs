@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use levee_core::{InvalidCode, OutcomeKind, Reason};
+use levee_core::{HedgeCommand, InvalidCode, OutcomeKind, Reason};
 use tracing::Instrument;
 
 use crate::driver::{Action, Crossing, Driver, Recovery};
@@ -78,6 +78,19 @@ impl std::fmt::Debug for Attempted<'_> {
 /// A retry predicate: `Some(true)` retry, `Some(false)` do not retry, `None` the policy decides.
 pub type RetryIf = Arc<dyn Fn(&Attempted<'_>) -> Option<bool> + Send + Sync>;
 
+/// Ask the retry predicate (if any) about an attempt that ended with `result` (`None`: its
+/// timeout fired); its answer as `report` flags.
+#[inline]
+pub(crate) fn asked<T: 'static, E: 'static>(pred: Option<&RetryIf>, result: &Option<Result<T, E>>, outcome: &Outcome, policy: &str) -> u32 {
+    let Some(p) = pred else { return 0 };
+    let (value, error): (Option<&dyn std::any::Any>, Option<&dyn std::any::Any>) = match result {
+        None => (None, None),
+        Some(Ok(v)) => (Some(v), None),
+        Some(Err(e)) => (None, Some(e)),
+    };
+    ask(p, &Attempted { outcome, value, error }, policy)
+}
+
 /// Ask `pred` about an attempt; its answer as `report` flags. A predicate that panics is
 /// reported and counts as no answer.
 fn ask(pred: &RetryIf, attempted: &Attempted<'_>, policy: &str) -> u32 {
@@ -106,6 +119,10 @@ pub enum FaultOp {
     Report,
     /// `report-fallback`.
     ReportFallback,
+    /// `hedge-step` (a hedged call's; [`Call::hedge_fault`]).
+    HedgeStep,
+    /// `report-attempt` (a hedged call's; [`Call::hedge_fault`]).
+    ReportAttempt,
 }
 
 /// Faults for the fault seam: `(crossing, nth, verdict)`, `verdict` `None` for a trap
@@ -115,21 +132,37 @@ pub struct FaultPlan(pub Vec<(FaultOp, u32, Option<u64>)>);
 
 /// Faults to inject into one call's crossings.
 #[derive(Default)]
-struct Faults {
+pub(crate) struct Faults {
     plan: Vec<(FaultOp, u32, Injected)>,
-    seen: [u32; 4],
+    /// A hedged call's: a trap (`None`), or the commands answered instead of the guest's.
+    hedge: Vec<(FaultOp, u32, Option<Vec<HedgeCommand>>)>,
+    seen: [u32; 6],
 }
 
 impl Faults {
-    /// Count a crossing of `op`; what to inject into it.
-    fn take(&mut self, op: FaultOp) -> Option<Injected> {
+    /// Count a crossing of `op`; which one it is.
+    fn count(&mut self, op: FaultOp) -> u32 {
         let i = op as usize;
         let n = self.seen.get(i).copied().unwrap_or(0).saturating_add(1);
         if let Some(slot) = self.seen.get_mut(i) {
             *slot = n;
         }
+        n
+    }
+
+    /// Count a crossing of `op`; what to inject into it.
+    fn take(&mut self, op: FaultOp) -> Option<Injected> {
+        let n = self.count(op);
         self.plan.iter().find(|(o, nth, _)| *o == op && *nth == n).map(|(_, _, f)| *f)
     }
+}
+
+/// Count a crossing `op` of a hedged call; what to inject into it: `Some(None)` a trap,
+/// `Some(Some(commands))` an answer in place of the guest's.
+pub(crate) fn take_hedge(faults: &mut Option<Box<Faults>>, op: FaultOp) -> Option<Option<Vec<HedgeCommand>>> {
+    let f = faults.as_mut()?;
+    let n = f.count(op);
+    f.hedge.iter().find(|(o, nth, _)| *o == op && *nth == n).map(|(_, _, c)| c.clone())
 }
 
 #[inline]
@@ -197,7 +230,7 @@ pub struct Call<'a, T, E> {
 }
 
 /// What an attempt left behind.
-enum Last<T, E> {
+pub(crate) enum Last<T, E> {
     None,
     Value(T),
     Error(E),
@@ -243,7 +276,7 @@ pin_project_lite::pin_project! {
     /// attempt is polled first and the timer is made only when it does not finish at once, so
     /// that an attempt that completes on its first poll (a cache hit, a ready future) costs no
     /// timer registration; `None` when the timeout fired.
-    struct AttemptTimeout<'c, F> {
+    pub(crate) struct AttemptTimeout<'c, F> {
         #[pin]
         attempt: F,
         clock: &'c EngineClock,
@@ -255,7 +288,7 @@ pin_project_lite::pin_project! {
 impl<'c, F> AttemptTimeout<'c, F> {
     /// `f` under `timeout` ns counted from `begin`, a reading of `clock` already taken.
     #[inline]
-    fn new(attempt: F, clock: &'c EngineClock, begin: u64, timeout: Option<u64>) -> Self {
+    pub(crate) fn new(attempt: F, clock: &'c EngineClock, begin: u64, timeout: Option<u64>) -> Self {
         AttemptTimeout { attempt, clock, deadline: timeout.map(|t| begin.saturating_add(t)), timer: None }
     }
 }
@@ -290,7 +323,7 @@ async fn first(a: impl Future<Output = ()>, b: impl Future<Output = ()>) {
 }
 
 /// The `levee.attempt` span of attempt `number` under the call's span.
-fn attempt_span(call: &tracing::Span, number: u32, degraded: bool, http: bool) -> tracing::Span {
+pub(crate) fn attempt_span(call: &tracing::Span, number: u32, degraded: bool, http: bool) -> tracing::Span {
     let span = tracing::info_span!(target: "levee", parent: call, "levee.attempt", levee.attempt = number, levee.outcome = tracing::field::Empty, levee.degraded = tracing::field::Empty, http.request.resend_count = tracing::field::Empty);
     if degraded {
         span.record("levee.degraded", true);
@@ -301,7 +334,7 @@ fn attempt_span(call: &tracing::Span, number: u32, degraded: bool, http: bool) -
     span
 }
 
-fn nanos(d: u64) -> Duration {
+pub(crate) fn nanos(d: u64) -> Duration {
     Duration::from_nanos(d)
 }
 
@@ -406,6 +439,15 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
     #[cfg(feature = "http")]
     pub(crate) fn http(mut self) -> Self {
         self.http = true;
+        self
+    }
+
+    /// The fault seam for a hedged call's crossings ([`FaultOp::HedgeStep`],
+    /// [`FaultOp::ReportAttempt`]): make the `nth` one trap (`commands: None`), or answer
+    /// `commands` instead of the guest's answer (the real crossing's events are lost). For
+    /// tests of the recovery path only.
+    pub fn hedge_fault(mut self, op: FaultOp, nth: u32, commands: Option<Vec<HedgeCommand>>) -> Self {
+        self.faults.get_or_insert_with(Default::default).hedge.push((op, nth, commands));
         self
     }
 
@@ -523,17 +565,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         Some(r) => classify(r),
                     };
                     aspan.record("levee.outcome", outcome.kind_name());
-                    let asked = match &retry_if {
-                        None => 0,
-                        Some(p) => {
-                            let (value, error): (Option<&dyn std::any::Any>, Option<&dyn std::any::Any>) = match &result {
-                                None => (None, None),
-                                Some(Ok(v)) => (Some(v), None),
-                                Some(Err(e)) => (None, Some(e)),
-                            };
-                            ask(p, &Attempted { outcome: &outcome, value, error }, policy)
-                        }
-                    };
+                    let asked = asked(retry_if.as_ref(), &result, &outcome, policy);
                     // A success the caller wants retried is reported, never held back.
                     let result = match result {
                         Some(Ok(v))
@@ -584,6 +616,27 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         }
                     };
                     last_outcome = Some(outcome);
+                }
+                Action::Hedge { begin, timeout } => {
+                    let (levee, attempts, faults, retry_if) = (self.levee, &mut guard.attempts, &mut faults, retry_if.as_ref());
+                    let hedging = crate::hedge::Hedging {
+                        levee,
+                        lane,
+                        shared,
+                        policy,
+                        key,
+                        call,
+                        span: &span,
+                        http: self.http,
+                        retry_if,
+                        attempts,
+                        faults,
+                    };
+                    // Boxed, so that the hedged path's state does not grow every call's future.
+                    let ended = Box::pin(crate::hedge::run(hedging, &mut driver, &classify, &mut f, begin, timeout)).await;
+                    (last, last_outcome) = (ended.last, ended.outcome);
+                    trap = trap.or(ended.trap);
+                    action = ended.action;
                 }
                 Action::Sleep { until, delay, retry, park } => {
                     if retry {
@@ -709,19 +762,22 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     });
                 }
                 Action::Recover { fault, then } => {
-                    if fault == telemetry::Fault::Contract {
-                        shared.reinstantiate(call);
+                    // A hedged call reported its fault before it waited for the attempt that stands.
+                    if then != Recovery::Hedged {
+                        if fault == telemetry::Fault::Contract {
+                            shared.reinstantiate(call);
+                        }
+                        shared.fault(fault, policy, key, call);
                     }
                     // The engine no longer has the call (or never will again).
                     guard.live = false;
-                    shared.fault(fault, policy, key, call);
                     let mut err = LeveeError::new(Reason::None, policy);
                     err.attempts = driver.attempts();
                     err.trap = trap;
                     err.fault = Some(fault);
                     err.outcome = last_outcome;
                     let result = match then {
-                        Recovery::Attempt => match last {
+                        Recovery::Attempt | Recovery::Hedged => match last {
                             Last::Value(v) => Ok(v),
                             Last::Error(e) => {
                                 err.last = Some(e);

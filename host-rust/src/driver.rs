@@ -40,6 +40,9 @@ pub(crate) enum Recovery {
     Fallback,
     /// After one degraded attempt, number `number`, under `timeout` ns (`None`: none).
     Degraded { number: u32, timeout: Option<u64> },
+    /// With the result of the hedged attempt that stood ([`crate::hedge`]), which has already
+    /// reported the fault (before it waited for that attempt).
+    Hedged,
     /// The deadline has passed: no attempt runs; the call fails with `deadline`.
     DeadlinePassed,
 }
@@ -49,6 +52,9 @@ pub(crate) enum Recovery {
 pub(crate) enum Action {
     /// Run attempt `number`, begun at `begin`, under `timeout` ns (`None`: none); report it.
     Attempt { number: u32, begin: u64, timeout: Option<u64> },
+    /// A hedged call ([`crate::hedge`]): run attempt 1, begun at `begin`, under `timeout` ns
+    /// (`None`: none), then carry out the core's hedge commands.
+    Hedge { begin: u64, timeout: Option<u64> },
     /// Sleep until `until` holding nothing, then `acquire`. After a `retry` the value the last
     /// attempt returned is dropped (the retry replaces it). With `park` the call waits in a
     /// bulkhead queue (a `wait` with reason `bulkhead-full`): the sleep also ends as soon as a
@@ -103,6 +109,16 @@ impl Driver {
         self.attempts
     }
 
+    /// The call's deadline (`None`: none).
+    pub(crate) fn deadline(&self) -> Option<u64> {
+        self.deadline
+    }
+
+    /// A hedged call has started `started` attempts in all.
+    pub(crate) fn hedged(&mut self, started: u32) {
+        self.attempts = self.attempts.max(started);
+    }
+
     /// The action for the verdict `v` that `crossing` answered at `now`: what the verdict says,
     /// or the recovery path when it breaks the contract (docs/hosts.md, section 2) or is
     /// `invalid`.
@@ -129,9 +145,22 @@ impl Driver {
                 self.attempts = number;
                 Action::Attempt { number, begin: now, timeout: (t > 0).then_some(t) }
             }
-            // Hedged calls are not driven by this host yet: a `hedge` verdict takes the
-            // recovery path (a single attempt), as any verdict it cannot carry out.
-            VerdictKind::Hedge => self.recover(Fault::Contract, crossing, now),
+            // Attempt 1 of a hedged call, admitted by `start` (or `acquire` after a wait). Its
+            // timeout is bounded by the deadline only: under the `envoy` preset it is not the
+            // policy's `attempt-timeout` (the attempt keeps racing past it).
+            VerdictKind::Hedge => {
+                let t = v.payload();
+                let left = self.deadline.map(|d| d.saturating_sub(now));
+                let breach = self.attempts != 0
+                    || v.detail() != 1
+                    || !matches!(crossing, Crossing::Start | Crossing::Acquire)
+                    || left.is_some_and(|left| t > left || t == 0);
+                if breach {
+                    return self.recover(Fault::Contract, crossing, now);
+                }
+                self.attempts = 1;
+                Action::Hedge { begin: now, timeout: (t > 0).then_some(t) }
+            }
             VerdictKind::Wait | VerdictKind::Retry => {
                 let until = now.saturating_add(v.payload());
                 if Reason::from_index(u32::from(v.detail())).is_none() || self.deadline.is_some_and(|d| until > d) {
@@ -157,6 +186,12 @@ impl Driver {
             },
             VerdictKind::Invalid => self.recover(Fault::Invalid, crossing, now),
         }
+    }
+
+    /// The recovery path for `fault` at `now` with no attempt in hand: one degraded attempt
+    /// (or none past the deadline), as after a failed `acquire`.
+    pub(crate) fn degraded(&mut self, fault: Fault, now: u64) -> Action {
+        self.recover(fault, Crossing::Acquire, now)
     }
 
     /// The action after `crossing` trapped at `now` (the engine has re-instantiated itself).
@@ -222,7 +257,7 @@ mod tests {
             (v(VerdictKind::Fail, 200, 0), Crossing::Start),        // an unknown reason
             (v(VerdictKind::Fallback, 1, 1), Crossing::Start),      // index out of range
             (v(VerdictKind::Retry, 0, 200), Crossing::Acquire),     // past the deadline
-            (Verdict(7), Crossing::Start),                          // an unknown kind
+            (Verdict(8), Crossing::Start),                          // an unknown kind
             (Verdict(0x20 | 0x0100 | (50 << 16)), Crossing::Start), // reserved bits
         ];
         for (verdict, crossing) in cases {
@@ -235,6 +270,33 @@ mod tests {
         );
         assert_eq!(d.next(v(VerdictKind::Retry, 0, 72), 30, Crossing::Report), contract(Recovery::Attempt));
         assert_eq!(d.next(v(VerdictKind::Done, 0, 0), 30, Crossing::ReportFallback), Action::Done);
+    }
+
+    #[test]
+    fn a_hedge_verdict_starts_attempt_one_within_the_deadline() {
+        let hedge = |timeout: u64| v(VerdictKind::Hedge, 1, timeout);
+        let mut d = Driver::new(LIMITS, 1);
+        assert_eq!(d.next(hedge(99), 2, Crossing::Start), Action::Hedge { begin: 2, timeout: Some(99) });
+        assert_eq!(d.attempts(), 1);
+        // The `envoy` preset's attempt 1 runs past the policy's attempt timeout, to the deadline.
+        let mut d = Driver::new(LIMITS, 1);
+        assert_eq!(d.next(hedge(60), 30, Crossing::Acquire), Action::Hedge { begin: 30, timeout: Some(60) });
+        let none = PolicyLimits { max_attempts: 1, attempt_timeout: 0, deadline: 0, fallbacks: 0 };
+        assert_eq!(Driver::new(none, 1).next(hedge(0), 1, Crossing::Start), Action::Hedge { begin: 1, timeout: None });
+        let degraded = contract(Recovery::Degraded { number: 1, timeout: Some(50) });
+        for verdict in [
+            hedge(101),                                     // past the deadline
+            hedge(0),                                       // no timeout under a deadline
+            v(VerdictKind::Hedge, 2, 50),                   // not attempt 1
+            Verdict(v(VerdictKind::Hedge, 1, 50).0 | 0x40), // reserved bits
+        ] {
+            assert_eq!(Driver::new(LIMITS, 1).next(verdict, 1, Crossing::Start), degraded, "{verdict:?}");
+        }
+        // A hedge verdict answers only `start` and `acquire`, and only before any attempt.
+        assert_eq!(Driver::new(LIMITS, 1).next(hedge(50), 1, Crossing::Report), contract(Recovery::Attempt));
+        let mut d = Driver::new(LIMITS, 1);
+        assert!(matches!(d.next(Verdict::attempt(1, 50), 1, Crossing::Start), Action::Attempt { .. }));
+        assert_eq!(d.next(hedge(50), 2, Crossing::Acquire), contract(Recovery::Degraded { number: 2, timeout: Some(50) }));
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //!
 //! - [`RawEngine`]: the low-level, synchronous engine, one method per WIT operation.
 //! - [`Levee`] (feature `tokio`): the async handle; [`Levee::call`] runs a closure under a
-//!   named policy and returns a [`LeveeError`] when the policy gives up.
+//!   named policy and returns a [`LeveeError`] when the policy gives up. A policy with `hedge`
+//!   runs several attempts of the closure at once, as the core commands (README, "Hedging";
+//!   [`AttemptLease`]).
 //! - [`tower`] (feature `tower`): a `tower::Layer` for `http` services.
 //! - [`reqwest`] (feature `reqwest`): a client wrapper and a `reqwest-middleware` middleware.
 //! - [`telemetry`]: the schema of docs/telemetry.md, to `tracing` and the `metrics` facade by
@@ -33,6 +35,8 @@ mod error;
 #[cfg(feature = "tokio")]
 mod handle;
 #[cfg(feature = "tokio")]
+mod hedge;
+#[cfg(feature = "tokio")]
 mod park;
 #[cfg(feature = "tokio")]
 mod runtime;
@@ -54,6 +58,8 @@ pub use call::{FaultOp, FaultPlan, RetryInfo};
 pub use error::{LeveeError, LoadErrors, UnknownPolicy};
 #[cfg(feature = "tokio")]
 pub use handle::{Builder, Levee};
+#[cfg(feature = "tokio")]
+pub use hedge::AttemptLease;
 pub use outcome::ErrorClass;
 #[cfg(feature = "tokio")]
 pub use runtime::Step;

@@ -10,7 +10,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use levee_core::{Event, OutcomeKind, PolicyInfo, Verdict};
+use levee_core::{Event, HedgeCommand, OutcomeKind, PolicyInfo, Verdict};
 
 use crate::driver::{self, PolicyLimits};
 use crate::outcome::Outcome;
@@ -23,7 +23,8 @@ use crate::time::EngineClock;
 #[derive(Clone, Debug)]
 pub struct Step<'a> {
     /// `start`, `acquire`, `report`, `hold-success` (a success held back, settled by the next
-    /// `start`), `report-fallback`, `sleep`.
+    /// `start`), `report-fallback`, `sleep` (also a hedged call's `wait`), and a hedged call's
+    /// `hedge-step` and `report-attempt`.
     pub op: &'static str,
     /// The host's monotonic time of the step, in ns since the handle was made.
     pub now: u64,
@@ -33,7 +34,8 @@ pub struct Step<'a> {
     pub policy: &'a str,
     /// The outcome reported (for `report` and `hold-success`).
     pub outcome: Option<&'a Outcome>,
-    /// The core's answer (`None` for `hold-success`, whose answer is `done`, and `sleep`).
+    /// The core's answer (`None` for `hold-success`, whose answer is `done`, and `sleep`; for
+    /// `hedge-step` and `report-attempt`, the verdict of the `end` they answered, if one).
     pub verdict: Option<Verdict>,
     /// For `sleep` (a retry delay or a rate-limit wait about to be slept): its length.
     pub sleep: Option<std::time::Duration>,
@@ -232,10 +234,15 @@ impl Core {
     #[inline]
     pub(crate) fn note(&mut self, v: Verdict) {
         if v.events_pending() {
-            match self.raw.try_drain_events() {
-                Ok(mut e) => self.events.append(&mut e),
-                Err(t) => self.traps.push(t),
-            }
+            self.drain();
+        }
+    }
+
+    /// Collect the pending events.
+    pub(crate) fn drain(&mut self) {
+        match self.raw.try_drain_events() {
+            Ok(mut e) => self.events.append(&mut e),
+            Err(t) => self.traps.push(t),
         }
     }
 
@@ -527,6 +534,32 @@ impl Shared {
             core.note(v);
         }
         (r, self.unlock(core))
+    }
+
+    /// A crossing of a hedged call (`hedge-step`, `report-attempt`) under the lock, as
+    /// [`Shared::cross`]: its commands, and the events it collected to emit when the returned
+    /// [`Pending`] is dropped. The report of an attempt (`wake`: its call's lane) may free a
+    /// slot: it wakes the calls parked in the lane, as [`Shared::report`] does.
+    pub(crate) fn cross_hedge(
+        &self,
+        wake: Option<Lane<'_>>,
+        op: impl FnOnce(&mut RawEngine) -> Result<(Vec<HedgeCommand>, bool), Trap>,
+    ) -> (Result<Vec<HedgeCommand>, Trap>, Option<Pending<'_>>) {
+        let mut core = self.lock();
+        core.flush();
+        let r = op(&mut core.raw).map(|(commands, pending)| {
+            if pending {
+                core.drain();
+            }
+            commands
+        });
+        let woken = match (&r, wake) {
+            (Ok(_), Some(lane)) => self.wake_locked(lane),
+            _ => None,
+        };
+        let pending = self.unlock(core);
+        notify(woken);
+        (r, pending)
     }
 
     /// Abandon a call of `lane` in the engine; it may have held a slot or a place in the

@@ -1,7 +1,11 @@
 //! The host scenarios (`conformance/hosts/*.json`, format in conformance/hosts/README.md),
 //! replayed through the public API under tokio's paused time: the call builder
 //! (`Levee::call(..).run`) for `call` scenarios and the tower `LeveeLayer` over an in-process
-//! service for `http` ones. Every observable field of `expect` is compared exactly.
+//! service for `http` ones. Every observable field of `expect` is compared exactly. In a
+//! hedged call (`hedge: true`) an attempt whose future the host drops before it completes, and
+//! not at its own timeout, is `cancelled`; a step that `unwind`s hands the attempt's
+//! `AttemptLease` to a task that drops it that long after, when the attempt is `closed` (and
+//! the host reports it).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, clippy::print_stdout)]
 
 use std::borrow::Cow;
@@ -10,6 +14,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use levee::core::{HedgeCommand, Verdict};
 use levee::layer::{LeveeLayer, OneShot};
 use levee::telemetry::{Attributes, Telemetry, Value};
 use levee::time::{Clock, Sleep, TokioClock};
@@ -155,18 +160,41 @@ fn ns_since(t0: tokio::time::Instant) -> u64 {
 }
 
 /// Records the end of an attempt when the host stops waiting for it (completion, timeout,
-/// cancel: the future is dropped).
+/// cancel: the future is dropped). In a hedged call, an attempt dropped before it completed,
+/// and not by its own timeout, was cancelled; one whose step `unwind`s keeps its lease that
+/// long (a task that closes its connection), and records when it closed.
 struct EndOnDrop {
     rec: Rec,
     index: usize,
     t0: tokio::time::Instant,
+    hedge: bool,
+    at: u64,
+    timeout: Option<u64>,
+    completed: bool,
+    unwind: Option<(u64, levee::AttemptLease)>,
+    unwinding: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl Drop for EndOnDrop {
     fn drop(&mut self) {
         let end = ns_since(self.t0);
+        let timed_out = self.timeout.is_some_and(|t| end >= self.at + t);
+        let cancelled = self.hedge && !self.completed && !timed_out;
         if let Some(a) = self.rec.lock().unwrap().attempts.get_mut(self.index) {
             a["end"] = json!(end);
+            if cancelled {
+                a["cancelled"] = json!(true);
+            }
+        }
+        if let (true, Some((unwind, lease))) = (cancelled, self.unwind.take()) {
+            let (rec, index, t0) = (self.rec.clone(), self.index, self.t0);
+            self.unwinding.lock().unwrap().push(tokio::spawn(async move {
+                sleep_exact(unwind).await;
+                if let Some(a) = rec.lock().unwrap().attempts.get_mut(index) {
+                    a["closed"] = json!(ns_since(t0));
+                }
+                drop(lease);
+            }));
         }
     }
 }
@@ -177,11 +205,27 @@ struct Script {
     next: Mutex<usize>,
     rec: Rec,
     t0: tokio::time::Instant,
+    /// The call hedges: attempts overlap and may be cancelled.
+    hedge: bool,
+    /// The tasks of cancelled attempts still unwinding.
+    unwinding: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl Script {
-    /// Begin the next attempt: its step and the guard that records its end.
-    fn begin(&self, degraded: bool) -> Option<(Json, EndOnDrop)> {
+    fn new(call: &Json, rec: &Rec, t0: tokio::time::Instant) -> Self {
+        Script {
+            steps: call["script"].as_array().cloned().unwrap_or_default(),
+            next: Mutex::new(0),
+            rec: rec.clone(),
+            t0,
+            hedge: call.get("hedge") == Some(&json!(true)),
+            unwinding: Arc::default(),
+        }
+    }
+
+    /// Begin the next attempt, `attempt`: its step and the guard that records its end.
+    fn begin(&self, attempt: &levee::Attempt) -> Option<(Json, EndOnDrop)> {
+        let degraded = attempt.degraded;
         let mut next = self.next.lock().unwrap();
         let step = self.steps.get(*next).cloned();
         *next += 1;
@@ -196,7 +240,19 @@ impl Script {
             a["degraded"] = json!(true);
         }
         rec.attempts.push(a);
-        Some((step, EndOnDrop { rec: self.rec.clone(), index: rec.attempts.len() - 1, t0: self.t0 }))
+        let unwind = step.get("unwind").and_then(Json::as_u64).zip(attempt.lease());
+        let end = EndOnDrop {
+            rec: self.rec.clone(),
+            index: rec.attempts.len() - 1,
+            t0: self.t0,
+            hedge: self.hedge,
+            at,
+            timeout: attempt.timeout.map(|t| t.as_nanos() as u64),
+            completed: false,
+            unwind,
+            unwinding: self.unwinding.clone(),
+        };
+        Some((step, end))
     }
 }
 
@@ -262,6 +318,42 @@ fn error_result<E: IntoOutcome>(e: &LeveeError<E>) -> Json {
     json!({"error": {"reason": e.reason.name(), "attempts": e.attempts, "last": last}})
 }
 
+fn hex(v: &str) -> u64 {
+    u64::from_str_radix(v.trim_start_matches("0x"), 16).unwrap()
+}
+
+/// A hedged call's faults: `(op, nth, None)` a trap, `Some(commands)` the answer instead.
+fn hedge_faults_of(call: &Json) -> Vec<(FaultOp, u32, Option<Vec<HedgeCommand>>)> {
+    let mut out = Vec::new();
+    for f in call.get("faults").and_then(Json::as_array).into_iter().flatten() {
+        let op = match f["op"].as_str().unwrap_or("") {
+            "hedge-step" => FaultOp::HedgeStep,
+            "report-attempt" => FaultOp::ReportAttempt,
+            _ => continue,
+        };
+        let nth = f["nth"].as_u64().unwrap_or(1) as u32;
+        let commands = f.get("commands").and_then(Json::as_array).map(|cs| {
+            cs.iter()
+                .map(|c| {
+                    let n = |v: &Json| v.as_u64().unwrap();
+                    if let Some(s) = c.get("start") {
+                        HedgeCommand::Start { attempt: n(&s["attempt"]) as u32, timeout: n(&s["timeout"]) }
+                    } else if let Some(a) = c.get("cancel") {
+                        HedgeCommand::Cancel { attempt: n(a) as u32 }
+                    } else if let Some(d) = c.get("wait") {
+                        HedgeCommand::Wait { delay: n(d) }
+                    } else {
+                        let e = &c["end"];
+                        HedgeCommand::End { attempt: n(&e["attempt"]) as u32, verdict: Verdict(hex(e["verdict"].as_str().unwrap())) }
+                    }
+                })
+                .collect()
+        });
+        out.push((op, nth, commands));
+    }
+    out
+}
+
 fn faults_of(call: &Json) -> Vec<(FaultOp, u32, Option<u64>)> {
     let mut out = Vec::new();
     for f in call.get("faults").and_then(Json::as_array).into_iter().flatten() {
@@ -269,10 +361,11 @@ fn faults_of(call: &Json) -> Vec<(FaultOp, u32, Option<u64>)> {
             "start" => FaultOp::Start,
             "acquire" => FaultOp::Acquire,
             "report" => FaultOp::Report,
-            _ => FaultOp::ReportFallback,
+            "report-fallback" => FaultOp::ReportFallback,
+            _ => continue,
         };
         let nth = f["nth"].as_u64().unwrap_or(1) as u32;
-        let verdict = f.get("verdict").and_then(Json::as_str).map(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).unwrap());
+        let verdict = f.get("verdict").and_then(Json::as_str).map(hex);
         out.push((op, nth, verdict));
     }
     out
@@ -300,9 +393,8 @@ fn scripted_predicate(answers: &Json, by: &'static str) -> impl Fn(&Attempted<'_
     }
 }
 
-async fn run_call(levee: Levee, call: Json, rec: Rec, t0: tokio::time::Instant) -> Json {
-    let script =
-        Arc::new(Script { steps: call["script"].as_array().cloned().unwrap_or_default(), next: Mutex::new(0), rec: rec.clone(), t0 });
+async fn run_call(levee: Levee, call: Json, rec: Rec, t0: tokio::time::Instant, script: Arc<Script>) -> Json {
+    let _ = rec;
     let policy = call["policy"].as_str().unwrap_or("").to_string();
     let mut c = levee.call::<Json, DepError>(&policy).key(call.get("key").and_then(Json::as_str).unwrap_or(""));
     if call.get("idempotent") == Some(&json!(false)) {
@@ -314,6 +406,10 @@ async fn run_call(levee: Levee, call: Json, rec: Rec, t0: tokio::time::Instant) 
     for (op, nth, verdict) in faults_of(&call) {
         c = c.fault(op, nth, verdict);
     }
+    for (op, nth, commands) in hedge_faults_of(&call) {
+        c = c.hedge_fault(op, nth, commands);
+    }
+    let _ = t0;
     if let Some(answers) = call.get("retry_if") {
         c = c.retry_if(scripted_predicate(answers, "call"));
     }
@@ -334,8 +430,10 @@ async fn run_call(levee: Levee, call: Json, rec: Rec, t0: tokio::time::Instant) 
         .run(move |attempt| {
             let script = script.clone();
             async move {
-                let Some((step, _end)) = script.begin(attempt.degraded) else { return Err(DepError::Class("NoMoreSteps".into())) };
-                play(&step).await
+                let Some((step, mut end)) = script.begin(&attempt) else { return Err(DepError::Class("NoMoreSteps".into())) };
+                let r = play(&step).await;
+                end.completed = true;
+                r
             }
         })
         .await;
@@ -347,9 +445,8 @@ async fn run_call(levee: Levee, call: Json, rec: Rec, t0: tokio::time::Instant) 
 
 type HttpResponse = http::Response<String>;
 
-async fn run_http(levee: Levee, call: Json, rec: Rec, t0: tokio::time::Instant) -> Json {
-    let script =
-        Arc::new(Script { steps: call["script"].as_array().cloned().unwrap_or_default(), next: Mutex::new(0), rec: rec.clone(), t0 });
+async fn run_http(levee: Levee, call: Json, rec: Rec, t0: tokio::time::Instant, script: Arc<Script>) -> Json {
+    let _ = (rec, t0);
     let spec = &call["http"];
     let policy = call["policy"].as_str().unwrap_or("");
     for (name, f) in call.get("fallbacks").and_then(Json::as_object).into_iter().flatten() {
@@ -384,12 +481,14 @@ async fn run_http(levee: Levee, call: Json, rec: Rec, t0: tokio::time::Instant) 
                     seen.insert(h.into(), json!(v.to_str().unwrap_or("")));
                 }
             }
-            let degraded = req.extensions().get::<levee::Attempt>().is_some_and(|a| a.degraded);
+            let attempt = *req.extensions().get::<levee::Attempt>().unwrap();
             with_rec(|r| r.requests.push(Json::Object(seen)));
-            let Some((step, _end)) = script.begin(degraded) else { return Err(DepError::Class("NoMoreSteps".into())) };
+            let Some((step, mut end)) = script.begin(&attempt) else { return Err(DepError::Class("NoMoreSteps".into())) };
             let status = step.get("status").and_then(Json::as_u64);
             let headers = step.get("headers").cloned();
-            play(&step).await?;
+            let played = play(&step).await;
+            end.completed = true;
+            played?;
             let mut b = http::Response::builder().status(status.unwrap_or(200) as u16);
             for (n, v) in headers.as_ref().and_then(Json::as_object).into_iter().flatten() {
                 b = b.header(n.as_str(), v.as_str().unwrap_or(""));
@@ -464,20 +563,31 @@ async fn replay(scenario: &Json) -> Vec<String> {
         let r2 = rec.clone();
         let task = tokio::spawn(CURRENT.scope(rec.clone(), async move {
             sleep_until_exact(t0, call["at"].as_u64().unwrap_or(0)).await;
+            let script = Arc::new(Script::new(&call, &r2, t0));
             let run = async {
                 if call["api"] == "http" {
-                    run_http(levee, call.clone(), r2, t0).await
+                    run_http(levee, call.clone(), r2, t0, script.clone()).await
                 } else {
-                    run_call(levee, call.clone(), r2, t0).await
+                    run_call(levee, call.clone(), r2, t0, script.clone()).await
                 }
             };
-            match call.get("cancel_at").and_then(Json::as_u64) {
+            let result = match call.get("cancel_at").and_then(Json::as_u64) {
                 Some(at) => tokio::select! {
                     r = run => r,
                     () = sleep_until_exact(t0, at) => json!({"cancelled": true}),
                 },
                 None => run.await,
+            };
+            // Cancelled attempts that unwind close later; the trace waits for them, and for
+            // the host's report of them (on the same instant).
+            let unwinding: Vec<_> = std::mem::take(&mut *script.unwinding.lock().unwrap());
+            for t in unwinding {
+                t.await.unwrap();
             }
+            for _ in 0..8 {
+                tokio::task::yield_now().await;
+            }
+            result
         }));
         tasks.push((task, rec));
     }
