@@ -54,14 +54,14 @@ fi
   && node scripts/transpile.mjs >/dev/null && npx tsc -p tsconfig.json \
   && node --test test/durable.test.mjs)
 
-echo "== durable: the Rust executor (clippy with its features, the crash tests' worker)"
-# `--workspace` with the features added: the workspace's feature resolution plus these, as the
-# lint and test recipes build (a `-p` build would resolve features anew and rebuild wasmtime).
-rust_features=levee-resilience/durable-sqlite,levee-resilience/durable-postgres
-(cd "$root" && cargo clippy -q --release --workspace --all-targets --features "$rust_features" -- -D warnings \
-  && cargo build -q --release --workspace --features "$rust_features" --example durable_worker)
+echo "== durable: the Rust executor (the crash tests' worker)"
+# The worker (durable/tests/rust-worker) is a workspace member, so the workspace's lint and test
+# recipes already build, lint and test the crate with its durable features. Bins and tests in one
+# invocation resolve features as `cargo test --workspace` does, so this links what it built.
+(cd "$root" && cargo build -q --release --workspace --bins --tests)
 rust_target="$(cd "$root" && cargo metadata --format-version 1 --no-deps | "$py" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
-workers=(--python "$py" --go "$work/go-worker" --node "$here/worker.mjs" --rust "$rust_target/release/examples/durable_worker")
+rust_worker="$rust_target/release/levee-durable-worker"
+workers=(--python "$py" --go "$work/go-worker" --node "$here/worker.mjs" --rust "$rust_worker")
 
 echo "== durable: SQLite"
 (cd "$work" && "$py" "$here/crash_test.py" --store "sqlite:$work/calls.db" "${workers[@]}")
@@ -78,15 +78,14 @@ su postgres -s /bin/bash -c "'$pgbin/initdb' -D '$pgdata' -A trust -U postgres -
 su postgres -s /bin/bash -c "'$pgbin/pg_ctl' -D '$pgdata' -w -l '$pgdata/log' -o '-c listen_addresses=127.0.0.1 -p $port -k $pgdata -c fsync=off -c max_connections=50' start" >/dev/null
 dsn="host=127.0.0.1 port=$port user=postgres dbname=postgres"
 
-echo "== durable: the Rust executor's tests (SQLite files, and PostgreSQL in a schema per test)"
-(cd "$root" && LEVEE_TEST_POSTGRES="$dsn" cargo test -q --release --workspace --features "$rust_features" --lib -- durable_executor)
+echo "== durable: the Rust executor's tests on PostgreSQL too (a schema per test; the workspace's tests ran them on SQLite)"
+(cd "$root" && LEVEE_TEST_POSTGRES="$dsn" cargo test -q --release --workspace --lib --bins -- durable::tests durable::store)
 
 scale="${DURABLE_SCALE:-10000}"
 (cd "$work" && "$py" "$here/crash_test.py" --store "postgres:$dsn" "${workers[@]}" --scale "$scale" --workers 4)
 
 if [ "${DURABLE_BENCH:-0}" = 1 ]; then
   echo "== durable: benchmark (calls per second, 2,000 calls, 1 call in 10 fails once)"
-  rust_worker="$rust_target/release/examples/durable_worker"
   for lang in python rust; do
     worker=(); [ "$lang" = rust ] && worker=(--worker "$rust_worker")
     rm -f "$work/bench.db"*

@@ -38,7 +38,7 @@ enum Raw {
     #[cfg(feature = "durable-sqlite")]
     Sqlite(std::path::PathBuf),
     #[cfg(feature = "durable-postgres")]
-    Postgres(tokio_postgres::Config),
+    Postgres(Box<tokio_postgres::Config>),
 }
 
 impl Fixture {
@@ -97,8 +97,11 @@ async fn fixtures(test: &str) -> Vec<Fixture> {
             let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
             tokio::spawn(conn);
             c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")).await.unwrap();
-            cfg.options(&format!("-c search_path={schema}"));
-            out.push(Fixture { store: PostgresStore::with_config(cfg.clone(), 2).await.unwrap().into(), raw: Raw::Postgres(cfg) });
+            cfg.options(format!("-c search_path={schema}"));
+            out.push(Fixture {
+                store: PostgresStore::with_config(cfg.clone(), 2).await.unwrap().into(),
+                raw: Raw::Postgres(Box::new(cfg)),
+            });
         }
         _ => eprintln!("{test}: LEVEE_TEST_POSTGRES is not set: SQLite only"),
     }
@@ -156,11 +159,11 @@ async fn a_failure_is_retried_after_its_backoff_then_done() {
         );
         let rec = st.record.unwrap();
         assert_eq!((rec.failures, rec.error_class.as_str()), (1, "connection-error"));
-        let seen = seen.lock().unwrap();
+        assert_eq!(x.counts().await.unwrap().get("done"), Some(&1));
+        let seen = seen.lock().unwrap().clone();
         assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2]);
         // The clock rule: the retry never starts before its backoff (50 ms) has passed.
         assert!(seen[1].1 - seen[0].1 >= Duration::from_millis(50), "the retry ran after {:?}", seen[1].1 - seen[0].1);
-        assert_eq!(x.counts().await.unwrap().get("done"), Some(&1));
     }
 }
 
