@@ -81,15 +81,17 @@ impl PostgresStore {
     pub async fn with_config(config: Config, connections: usize) -> Result<PostgresStore, DurableError> {
         let sql = dialect(POSTGRES_SQL, "postgres")?;
         let slots = (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect();
-        let store = PostgresStore { inner: Arc::new(Inner { config, sql, slots, next: AtomicUsize::new(0) }) };
-        let conn = store.conn().await?;
-        // One schema creation at a time (the key every host's store uses); the simple protocol
-        // runs the two statements of `schema`.
-        conn.client.execute("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK]).await?;
-        let created = conn.client.batch_execute(store.inner.sql.get("schema").map(String::as_str).unwrap_or_default()).await;
-        let unlocked = conn.client.execute("SELECT pg_advisory_unlock($1)", &[&SCHEMA_LOCK]).await;
+        // The table first, on a connection of its own (the statements are prepared against it),
+        // one process at a time (the advisory lock every host's store takes); the simple
+        // protocol runs the two statements of `schema`.
+        let client = connect(&config).await?;
+        client.execute("SELECT pg_advisory_lock($1)", &[&SCHEMA_LOCK]).await?;
+        let created = client.batch_execute(sql.get("schema").map(String::as_str).unwrap_or_default()).await;
+        let unlocked = client.execute("SELECT pg_advisory_unlock($1)", &[&SCHEMA_LOCK]).await;
         created.map_err(|e| DurableError::Store(format!("creating the table: {e}").into()))?;
         unlocked?;
+        let store = PostgresStore { inner: Arc::new(Inner { config, sql, slots, next: AtomicUsize::new(0) }) };
+        store.conn().await?; // a first connection now: a bad address fails here, not in `run`
         Ok(store)
     }
 
@@ -104,12 +106,7 @@ impl PostgresStore {
                 return Ok(c.clone());
             }
         }
-        let (client, connection) = self.inner.config.connect(NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(target: "levee", error = %e, "levee durable: a PostgreSQL connection ended");
-            }
-        });
+        let client = connect(&self.inner.config).await?;
         let mut stmts = HashMap::new();
         for name in NAMES.into_iter().chain(["clock"]).filter(|n| *n != "schema") {
             let text = self.inner.sql.get(name).ok_or_else(|| DurableError::Store(format!("no statement `{name}`").into()))?;
@@ -223,6 +220,17 @@ impl PostgresStore {
         let rows = c.client.query(c.stmt("counts")?, &[]).await?;
         Ok(rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<Result<_, tokio_postgres::Error>>()?)
     }
+}
+
+/// A connection, its I/O driven by a task of its own.
+async fn connect(config: &Config) -> Result<Client, DurableError> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(target: "levee", error = %e, "levee durable: a PostgreSQL connection ended");
+        }
+    });
+    Ok(client)
 }
 
 impl Conn {
