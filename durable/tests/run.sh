@@ -54,12 +54,19 @@ fi
   && node scripts/transpile.mjs >/dev/null && npx tsc -p tsconfig.json \
   && node --test test/durable.test.mjs)
 
-echo "== durable: the Rust executor (the crash tests' worker)"
-# The worker (durable/tests/rust-worker) is a workspace member, so the workspace's lint and test
-# recipes already build, lint and test the crate with its durable features. Bins and tests in one
-# invocation resolve features as `cargo test --workspace` does, so this links what it built.
-(cd "$root" && cargo build -q --release --workspace --bins --tests)
-rust_target="$(cd "$root" && cargo metadata --format-version 1 --no-deps | "$py" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+echo "== durable: the Rust executor (rustfmt, clippy with its features, its tests on SQLite, the crash tests' worker)"
+# durable/tests/rust-worker is a workspace of its own with the natively linked core, built into
+# target/durable-rust/: the durable features in the repository's workspace would change features
+# of crates wasmtime shares and rebuild it for every Rust build (see its Cargo.toml).
+rustdir="$root/durable/tests/rust-worker"
+rust_target="$root/target/durable-rust"
+(cd "$root" && cargo fmt -p levee-resilience -- --check \
+  && cargo clippy -q --release -p levee-resilience --no-default-features --features native,durable-sqlite,durable-postgres \
+       --target-dir "$rust_target" -- -D warnings)
+(cd "$rustdir" && cargo fmt -- --check \
+  && cargo clippy -q --release --target-dir "$rust_target" --all-targets -- -D warnings \
+  && cargo build -q --release --target-dir "$rust_target" \
+  && cargo test -q --release --target-dir "$rust_target")
 rust_worker="$rust_target/release/levee-durable-worker"
 workers=(--python "$py" --go "$work/go-worker" --node "$here/worker.mjs" --rust "$rust_worker")
 
@@ -78,8 +85,8 @@ su postgres -s /bin/bash -c "'$pgbin/initdb' -D '$pgdata' -A trust -U postgres -
 su postgres -s /bin/bash -c "'$pgbin/pg_ctl' -D '$pgdata' -w -l '$pgdata/log' -o '-c listen_addresses=127.0.0.1 -p $port -k $pgdata -c fsync=off -c max_connections=50' start" >/dev/null
 dsn="host=127.0.0.1 port=$port user=postgres dbname=postgres"
 
-echo "== durable: the Rust executor's tests on PostgreSQL too (a schema per test; the workspace's tests ran them on SQLite)"
-(cd "$root" && LEVEE_TEST_POSTGRES="$dsn" cargo test -q --release --workspace --lib --bins -- durable::tests durable::store)
+echo "== durable: the Rust executor's tests on PostgreSQL too (a schema per test)"
+(cd "$rustdir" && LEVEE_TEST_POSTGRES="$dsn" cargo test -q --release --target-dir "$rust_target" --test executor)
 
 scale="${DURABLE_SCALE:-10000}"
 (cd "$work" && "$py" "$here/crash_test.py" --store "postgres:$dsn" "${workers[@]}" --scale "$scale" --workers 4)

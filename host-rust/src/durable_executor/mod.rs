@@ -37,8 +37,6 @@ mod postgres;
 #[cfg(feature = "durable-sqlite")]
 mod sqlite;
 mod store;
-#[cfg(test)]
-mod tests;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};

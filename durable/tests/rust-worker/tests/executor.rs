@@ -1,12 +1,56 @@
-//! The executor against real stores: an SQLite file per test, and PostgreSQL when
-//! `LEVEE_TEST_POSTGRES` names a database (durable/tests/run.sh sets it for the server it starts;
-//! each test then works in a schema of its own).
+//! The Rust executor (`levee::durable`) against real stores, through its public API: an SQLite
+//! file per test, and PostgreSQL when `LEVEE_TEST_POSTGRES` names a database (durable/tests/run.sh
+//! sets it for the server it starts; each test then works in a schema of its own).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
+use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::*;
+use levee::core::durable::Action;
+use levee::durable::*;
+use levee::{IntoOutcome, Levee, Outcome};
+
+/// The copies the crate embeds are the repository's shared files, byte for byte.
+#[test]
+fn the_statements_are_the_shared_files() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("..");
+    for (name, embedded) in [("sqlite", SQLITE_SQL), ("postgres", POSTGRES_SQL)] {
+        let shared = std::fs::read_to_string(root.join(format!("{name}.sql"))).unwrap();
+        assert!(
+            shared == embedded,
+            "host-rust/src/durable_executor/sql/{name}.sql differs from durable/{name}.sql: copy it \
+             (cp durable/{name}.sql host-rust/src/durable_executor/sql/)"
+        );
+        let stmts = statements(embedded);
+        for n in
+            ["schema", "insert", "find_by_key", "claim", "write", "quarantine", "get", "replace", "list", "list_dead", "next_due", "counts"]
+        {
+            assert!(stmts.contains_key(n), "{name}: no statement `{n}`");
+        }
+        assert!(stmts["schema"].starts_with("CREATE TABLE IF NOT EXISTS levee_durable_calls"));
+    }
+    assert!(statements(POSTGRES_SQL)["claim"].contains("FOR UPDATE OF c SKIP LOCKED"));
+}
+
+#[test]
+fn statements_split_at_names() {
+    let s = statements("-- header\n\n-- name: a\n-- a comment\nSELECT 1;\n\n-- name: b\nSELECT 2;\n");
+    assert_eq!(s.len(), 2);
+    assert_eq!(s["a"], "-- a comment\nSELECT 1;");
+    assert_eq!(s["b"], "SELECT 2;");
+    assert_eq!(statements("-- name: only\nSELECT 3;")["only"], "SELECT 3;");
+}
+
+#[test]
+fn states_round_trip() {
+    for s in ["scheduled", "running", "done", "dead", "cancelled", "quarantined"] {
+        assert_eq!(CallState::parse(s).map(CallState::as_str), Some(s));
+    }
+    assert_eq!(CallState::parse("lost"), None);
+    assert!(CallState::Quarantined.is_finished() && !CallState::Running.is_finished());
+}
 
 const DOC: &str = "
 policies:
@@ -35,22 +79,18 @@ struct Fixture {
 }
 
 enum Raw {
-    #[cfg(feature = "durable-sqlite")]
     Sqlite(std::path::PathBuf),
-    #[cfg(feature = "durable-postgres")]
     Postgres(Box<tokio_postgres::Config>),
 }
 
 impl Fixture {
-    /// `UPDATE levee_durable_calls SET <set> WHERE id = <id>`, the value bound as a parameter.
-    async fn set_bytes(&self, column: &str, value: &[u8], id: i64) {
+    /// `UPDATE levee_durable_calls SET <column> = value WHERE id = <id>`.
+    async fn set<T: rusqlite::ToSql + tokio_postgres::types::ToSql + Sync>(&self, column: &str, value: T, id: i64) {
         match &self.raw {
-            #[cfg(feature = "durable-sqlite")]
             Raw::Sqlite(path) => {
                 let c = rusqlite::Connection::open(path).unwrap();
                 c.execute(&format!("UPDATE levee_durable_calls SET {column} = ?1 WHERE id = ?2"), rusqlite::params![value, id]).unwrap();
             }
-            #[cfg(feature = "durable-postgres")]
             Raw::Postgres(cfg) => {
                 let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
                 tokio::spawn(conn);
@@ -59,18 +99,25 @@ impl Fixture {
         }
     }
 
+    async fn set_bytes(&self, column: &str, value: &[u8], id: i64) {
+        self.set(column, value.to_vec(), id).await
+    }
+
     async fn set_text(&self, column: &str, value: &str, id: i64) {
+        self.set(column, value.to_string(), id).await
+    }
+
+    /// The record column, as stored.
+    async fn record(&self, id: i64) -> Vec<u8> {
         match &self.raw {
-            #[cfg(feature = "durable-sqlite")]
             Raw::Sqlite(path) => {
                 let c = rusqlite::Connection::open(path).unwrap();
-                c.execute(&format!("UPDATE levee_durable_calls SET {column} = ?1 WHERE id = ?2"), rusqlite::params![value, id]).unwrap();
+                c.query_row("SELECT record FROM levee_durable_calls WHERE id = ?1", [id], |r| r.get(0)).unwrap()
             }
-            #[cfg(feature = "durable-postgres")]
             Raw::Postgres(cfg) => {
                 let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
                 tokio::spawn(conn);
-                c.execute(&format!("UPDATE levee_durable_calls SET {column} = $1 WHERE id = $2"), &[&value, &id]).await.unwrap();
+                c.query_one("SELECT record FROM levee_durable_calls WHERE id = $1", &[&id]).await.unwrap().get(0)
             }
         }
     }
@@ -81,7 +128,6 @@ static N: AtomicU32 = AtomicU32::new(0);
 async fn fixtures(test: &str) -> Vec<Fixture> {
     let mut out = Vec::new();
     let n = N.fetch_add(1, Ordering::Relaxed);
-    #[cfg(feature = "durable-sqlite")]
     {
         let dir = std::env::temp_dir().join(format!("levee-durable-rs-{}-{n}-{test}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -89,7 +135,6 @@ async fn fixtures(test: &str) -> Vec<Fixture> {
         let path = dir.join("calls.db");
         out.push(Fixture { store: SqliteStore::open(&path).await.unwrap().into(), raw: Raw::Sqlite(path) });
     }
-    #[cfg(feature = "durable-postgres")]
     match std::env::var("LEVEE_TEST_POSTGRES") {
         Ok(dsn) if !dsn.is_empty() => {
             let schema = format!("levee_rs_{}_{n}_{test}", std::process::id());
@@ -110,7 +155,10 @@ async fn fixtures(test: &str) -> Vec<Fixture> {
 }
 
 fn executor(store: Store) -> Executor {
-    let levee = Levee::from_str(DOC).unwrap();
+    executor_of(Levee::from_str(DOC).unwrap(), store)
+}
+
+fn executor_of(levee: Levee, store: Store) -> Executor {
     Executor::builder(levee, store).owner("test").poll_interval(Duration::from_millis(20)).claim_hold(Duration::from_secs(1)).build()
 }
 
@@ -221,12 +269,12 @@ async fn bad_records_are_quarantined_naming_them() {
         let corrupt = x.submit("ok", Vec::new(), Some("c")).await.unwrap();
         let version = x.submit("ok", Vec::new(), Some("v")).await.unwrap();
         let orphan = x.submit("ok", Vec::new(), Some("o")).await.unwrap();
-        let mut rec = x.inner.store.get(corrupt).await.unwrap().unwrap().record;
+        let mut rec = f.record(corrupt).await;
         if let Some(b) = rec.get_mut(20) {
             *b ^= 0xff;
         }
         f.set_bytes("record", &rec, corrupt).await;
-        let mut rec = x.inner.store.get(version).await.unwrap().unwrap().record;
+        let mut rec = f.record(version).await;
         rec[4] = 2;
         f.set_bytes("record", &rec, version).await;
         f.set_text("handler", "gone", orphan).await;
@@ -250,10 +298,11 @@ async fn bad_records_are_quarantined_naming_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_gone_after_a_reload_is_quarantined() {
     for f in fixtures("reload").await {
-        let x = executor(f.store);
+        let levee = Levee::from_str(DOC).unwrap();
+        let x = executor_of(levee.clone(), f.store);
         x.handler("o").policy("other").register(|_, _| async { Ok::<_, std::io::Error>(()) }).unwrap();
         let id = x.submit("o", Vec::new(), None).await.unwrap();
-        x.inner.levee.reload("policies:\n  quick:\n    attempts: 3\n").unwrap();
+        levee.reload("policies:\n  quick:\n    attempts: 3\n").unwrap();
         idle(&x).await;
         let st = status_of(&x, id).await;
         assert_eq!(st.state, CallState::Quarantined);
@@ -298,7 +347,8 @@ async fn cancel_then_retry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_attempt_is_resumed_or_given_up() {
     for f in fixtures("crash").await {
-        let x = executor(f.store.clone());
+        let levee = Levee::from_str(DOC).unwrap();
+        let x = executor_of(levee.clone(), f.store.clone());
         let h = |_: Vec<u8>, c: DurableCall| async move {
             if c.attempt == 1 {
                 std::future::pending::<()>().await; // never: the first attempt is cut off below
@@ -309,22 +359,18 @@ async fn a_crashed_attempt_is_resumed_or_given_up() {
         x.handler("bare").policy("quick").not_idempotent().register(h).unwrap();
         let keyed = x.submit("ok", Vec::new(), Some("key")).await.unwrap();
         let bare = x.submit("bare", Vec::new(), None).await.unwrap();
-        // Another process took the calls up, wrote them running, and died.
-        let claimed = f.store.claim("dead-process", 1_000_000_000, 10).await.unwrap();
-        assert_eq!(claimed.len(), 2);
-        for c in claimed {
-            let step = x.core(|r| r.try_durable_step(&c.record, "dead-process", c.db_now - 3_000_000_000, 0)).unwrap().unwrap();
+        // Another process took the calls up 3 s ago (its 2 s lease has lapsed), wrote them
+        // running, and died.
+        let then = f.store.now().await.unwrap() - 3_000_000_000;
+        for id in [keyed, bare] {
+            let rec = f.record(id).await;
+            let step = levee.with_raw(|r| r.try_durable_step(&rec, "dead-process", then, 0)).unwrap().unwrap();
             assert_eq!(step.action, Action::Run);
-            let w = WriteArgs {
-                status: CallState::Running,
-                next_at: step.next_at,
-                attempts: step.attempt,
-                lease_owner: Some("dead-process"),
-                record: &step.record,
-                result: None,
-                error: None,
-            };
-            assert!(f.store.write(c.id, "dead-process", w).await.unwrap());
+            f.set_text("status", "running", id).await;
+            f.set_text("lease_owner", "dead-process", id).await;
+            f.set("next_at", step.next_at as i64, id).await;
+            f.set("attempts", i32::try_from(step.attempt).unwrap(), id).await;
+            f.set_bytes("record", &step.record, id).await;
         }
         idle(&x).await;
         let st = status_of(&x, keyed).await;
