@@ -1,11 +1,15 @@
 """Durable calls per second: N calls submitted, then W worker processes run them to the end.
 
-    python bench.py --store sqlite:/tmp/b.db --calls 2000 --workers 1
+    python bench.py --store sqlite:/tmp/b.db --calls 2000 --workers 1 [--worker CMD]
+
+CMD is the worker to time (default: worker.py with this Python; the Go, JS and Rust workers take
+the same arguments). The calls are submitted by worker.py in every case: the rows are the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -36,11 +40,16 @@ def main() -> None:
     ap.add_argument("--store", required=True)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--worker", help="the worker command to time (default: worker.py)")
+    ap.add_argument("--name", default="", help="what to call it in the output line")
     args = ap.parse_args()
     log = Path(tempfile.mkdtemp()) / "log"
-    w = [sys.executable, str(HERE / "worker.py"), args.store, "--log", str(log)]
-    subprocess.run([*w, "--owner", "submit", "--submit-only", "--scale", str(args.calls)], check=True)
+    py = [sys.executable, str(HERE / "worker.py")]
+    cmd = shlex.split(args.worker) if args.worker else py
+    subprocess.run([*py, args.store, "--log", str(log), "--owner", "submit", "--submit-only", "--scale", str(args.calls)],
+                   check=True)
     t0 = time.monotonic()
+    w = [*cmd, args.store, "--log", str(log)]
     procs = [subprocess.Popen([*w, "--owner", f"bench{i}", "--concurrency", "32"]) for i in range(args.workers)]
     while pending(args.store) > 0 and time.monotonic() - t0 < 600:
         time.sleep(0.05)
@@ -48,7 +57,9 @@ def main() -> None:
     for p in procs:
         p.terminate()
         p.wait(30)
-    print(f"durable bench: {args.store.partition(':')[0]}, {args.workers} worker(s): {args.calls} calls in {dt:.2f}s = {args.calls / dt:.0f} calls/s")
+    who = f"{args.name}, " if args.name else ""
+    print(f"durable bench: {who}{args.store.partition(':')[0]}, {args.workers} worker(s): {args.calls} calls in {dt:.2f}s = "
+          f"{args.calls / dt:.0f} calls/s")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Durable calls across real process deaths (SIGKILL), on SQLite and on PostgreSQL.
 
     python crash_test.py --store sqlite:/tmp/x.db   (or postgres:CONNINFO) [--scale 10000]
-                         [--go GO_WORKER] [--node NODE_WORKER.mjs]
+                         [--go GO_WORKER] [--node NODE_WORKER.mjs] [--rust RUST_WORKER]
 
-Each case starts worker processes (worker.py, or the Go and JS workers that take the same
+Each case starts worker processes (worker.py, or the Go, JS and Rust workers that take the same
 arguments and write the same log), kills one with SIGKILL at a chosen moment, starts another,
 in the same language or another one, and checks from the handlers' log and the store what
 happened. Bounded: every wait has a deadline; the script exits non-zero on the first broken
@@ -28,7 +28,7 @@ S = 1_000_000_000
 
 
 class Harness:
-    def __init__(self, store: str, python: str, go: str | None, node: str | None) -> None:
+    def __init__(self, store: str, python: str, go: str | None, node: str | None, rust: str | None = None) -> None:
         self.store = store
         # the command of a worker, by language: every one takes worker.py's arguments
         self.cmds = {"py": [python, str(HERE / "worker.py")]}
@@ -36,6 +36,8 @@ class Harness:
             self.cmds["go"] = [go]
         if node:
             self.cmds["js"] = ["node", node]
+        if rust:
+            self.cmds["rs"] = [rust]
         self.dir = Path(tempfile.mkdtemp(prefix="levee-durable-"))
         self.log = self.dir / "log"
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -142,7 +144,7 @@ def check(cond: bool, msg: str) -> None:
     print(f"  ok: {msg}")
 
 
-NAMES = {"py": "Python", "go": "Go", "js": "JS"}
+NAMES = {"py": "Python", "go": "Go", "js": "JS", "rs": "Rust"}
 
 
 def across(first: str, second: str) -> str:
@@ -280,12 +282,13 @@ def main() -> None:
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--go", help="the Go worker (host-bindings/go/durable/internal/testworker, built)")
     ap.add_argument("--node", help="the JS worker (durable/tests/worker.mjs)")
+    ap.add_argument("--rust", help="the Rust worker (durable/tests/rust-worker, built: target/release/levee-durable-worker)")
     ap.add_argument("--scale", type=int, default=0)
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--budget", type=float, default=240.0)
     ap.add_argument("--cases", default="abcx")
     args = ap.parse_args()
-    h = Harness(args.store, args.python, args.go, args.node)
+    h = Harness(args.store, args.python, args.go, args.node, args.rust)
     try:
         if "a" in args.cases:
             case_backoff(h)
@@ -307,6 +310,16 @@ def main() -> None:
             case_attempt(h, "go", "js")
             case_outcome(h, "js", "py")
             case_live(h, "js", "go")
+        if args.rust and "x" in args.cases:
+            case_backoff(h, "rs", "py")
+            case_attempt(h, "py", "rs")
+            case_outcome(h, "rs", "py")
+            case_live(h, "rs", "py")
+            if args.go:
+                case_backoff(h, "go", "rs")
+                case_attempt(h, "rs", "go")
+            if args.node:
+                case_outcome(h, "js", "rs")
         if args.scale:
             case_scale(h, args.scale, args.workers, args.budget)
     finally:

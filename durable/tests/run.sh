@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The durable-call crash tests: SQLite, then a private PostgreSQL cluster on 127.0.0.1 (installed
 # from Debian's packages when missing, run as the `postgres` user in a temporary directory,
-# stopped at the end), then 10,000 calls across 3 workers killed at random. Workers are Python,
-# Go and JS processes: a call one of them wrote is resumed by another (docs/durable.md).
+# stopped at the end), then 10,000 calls across 4 workers killed at random. Workers are Python,
+# Go, JS and Rust processes: a call one of them wrote is resumed by another (docs/durable.md).
 #   DURABLE_SCALE=N overrides the 10,000 calls (0 skips the scale run).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -53,7 +53,22 @@ fi
   && ln -sfn "$drivers/node_modules/pg" node_modules/pg \
   && node scripts/transpile.mjs >/dev/null && npx tsc -p tsconfig.json \
   && node --test test/durable.test.mjs)
-workers=(--python "$py" --go "$work/go-worker" --node "$here/worker.mjs")
+
+echo "== durable: the Rust executor (rustfmt, clippy with its features, its tests on SQLite, the crash tests' worker)"
+# durable/tests/rust-worker is a workspace of its own with the natively linked core, built into
+# target/durable-rust/: the durable features in the repository's workspace would change features
+# of crates wasmtime shares and rebuild it for every Rust build (see its Cargo.toml).
+rustdir="$root/durable/tests/rust-worker"
+rust_target="$root/target/durable-rust"
+(cd "$root" && cargo fmt -p levee-resilience -- --check \
+  && cargo clippy -q --release -p levee-resilience --no-default-features --features native,durable-sqlite,durable-postgres \
+       --target-dir "$rust_target" -- -D warnings)
+(cd "$rustdir" && cargo fmt -- --check \
+  && cargo clippy -q --release --target-dir "$rust_target" --all-targets -- -D warnings \
+  && cargo build -q --release --target-dir "$rust_target" \
+  && cargo test -q --release --target-dir "$rust_target")
+rust_worker="$rust_target/release/levee-durable-worker"
+workers=(--python "$py" --go "$work/go-worker" --node "$here/worker.mjs" --rust "$rust_worker")
 
 echo "== durable: SQLite"
 (cd "$work" && "$py" "$here/crash_test.py" --store "sqlite:$work/calls.db" "${workers[@]}")
@@ -69,15 +84,23 @@ mkdir -p "$pgdata" && chown postgres "$pgdata"
 su postgres -s /bin/bash -c "'$pgbin/initdb' -D '$pgdata' -A trust -U postgres --no-sync" >/dev/null
 su postgres -s /bin/bash -c "'$pgbin/pg_ctl' -D '$pgdata' -w -l '$pgdata/log' -o '-c listen_addresses=127.0.0.1 -p $port -k $pgdata -c fsync=off -c max_connections=50' start" >/dev/null
 dsn="host=127.0.0.1 port=$port user=postgres dbname=postgres"
+
+echo "== durable: the Rust executor's tests on PostgreSQL too (a schema per test)"
+(cd "$rustdir" && LEVEE_TEST_POSTGRES="$dsn" cargo test -q --release --target-dir "$rust_target" --test executor)
+
 scale="${DURABLE_SCALE:-10000}"
-(cd "$work" && "$py" "$here/crash_test.py" --store "postgres:$dsn" "${workers[@]}" --scale "$scale")
+(cd "$work" && "$py" "$here/crash_test.py" --store "postgres:$dsn" "${workers[@]}" --scale "$scale" --workers 4)
 
 if [ "${DURABLE_BENCH:-0}" = 1 ]; then
   echo "== durable: benchmark (calls per second, 2,000 calls, 1 call in 10 fails once)"
-  (cd "$work" && "$py" "$here/bench.py" --store "sqlite:$work/bench.db" --calls 2000 --workers 1)
-  for w in 1 3; do
-    su postgres -s /bin/bash -c "psql -h 127.0.0.1 -p $port -U postgres -qc 'DROP TABLE IF EXISTS levee_durable_calls'" >/dev/null
-    (cd "$work" && "$py" "$here/bench.py" --store "postgres:$dsn" --calls 2000 --workers "$w")
+  for lang in python rust; do
+    worker=(); [ "$lang" = rust ] && worker=(--worker "$rust_worker")
+    rm -f "$work/bench.db"*
+    (cd "$work" && "$py" "$here/bench.py" --name "$lang" --store "sqlite:$work/bench.db" --calls 2000 --workers 1 "${worker[@]}")
+    for w in 1 3; do
+      su postgres -s /bin/bash -c "psql -h 127.0.0.1 -p $port -U postgres -qc 'DROP TABLE IF EXISTS levee_durable_calls'" >/dev/null
+      (cd "$work" && "$py" "$here/bench.py" --name "$lang" --store "postgres:$dsn" --calls 2000 --workers "$w" "${worker[@]}")
+    done
   done
 fi
 

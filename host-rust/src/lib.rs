@@ -68,5 +68,8 @@ pub use telemetry::{Fault, Telemetry};
 
 #[cfg(feature = "reqwest")]
 pub mod client;
+#[cfg(any(feature = "durable-sqlite", feature = "durable-postgres"))]
+#[path = "durable_executor/mod.rs"]
+pub mod durable;
 #[cfg(feature = "tower")]
 pub mod layer;
