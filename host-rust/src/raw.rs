@@ -428,6 +428,10 @@ macro_rules! op {
 #[path = "durable.rs"]
 mod durable;
 
+// The fleet-* functions (issue 18), in a file of their own.
+#[path = "fleet_raw.rs"]
+mod fleet_raw;
+
 /// A verdict from the guest is checked before it is believed.
 #[cfg(feature = "wasm")]
 fn checked(raw: Result<u64, String>) -> Result<Verdict, String> {
@@ -827,6 +831,7 @@ mod wasm {
     }
 
     include!("durable_wasm.rs");
+    include!("fleet_wasm.rs");
 
     impl Instance {
         /// A fresh instance holding a loaded engine.
