@@ -1,10 +1,10 @@
 """The fleet's benchmarks (docs/performance.md, "Fleet-wide state"): what the shared store adds
-to a call in Python and Go (the engine alone; async publication; async with a leased fleet rate
+to a call in Python, Go and Rust (the engine alone; async publication; async with a leased fleet rate
 limit; strict rate limit; strict rate limit and publication), then 4 processes running the same
 1,000/s limit through Levee's GCRA script and through redis_rate's (fleet/tests/redis_rate.lua,
 written from its formula), as fast as one connection each allows.
 
-    FLEET_GO_WORKER=... python bench.py 127.0.0.1:PORT     (run.sh does this with FLEET_BENCH=1)
+    FLEET_GO_WORKER=... FLEET_RS_WORKER=... python bench.py 127.0.0.1:PORT     (run.sh does this with FLEET_BENCH=1)
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 ADDR = sys.argv[1]
 GO = os.environ["FLEET_GO_WORKER"]
+RS = os.environ.get("FLEET_RS_WORKER")
 NAMES = ["local", "async", "lease", "strict-rate", "strict"]
 
 
@@ -75,9 +76,20 @@ def main() -> None:
     gor = go("--policies", str(HERE / "bench.yaml"), "--addr", ADDR, "--node", "bench-go", "--start", "0", "bench")[0][
         "ns_per_call"
     ]
-    print("| policy | Python per call | Go per call |\n|---|---|---|")
+    rsr: dict[str, float] = {}
+    if RS:
+        rsr = json.loads(
+            subprocess.run(
+                [RS, "--policies", str(HERE / "bench.yaml"), "--addr", ADDR, "--node", "bench-rs", "--start", "0", "bench"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.splitlines()[-1]
+        )["ns_per_call"]
+    print("| policy | Python per call | Go per call | Rust per call |\n|---|---|---|---|")
     for n in NAMES:
-        print(f"| `{n}` | {py[n] / 1000:.1f} us | {gor[n] / 1000:.2f} us |")
+        rs = f"{rsr[n] / 1000:.2f} us" if n in rsr else "-"
+        print(f"| `{n}` | {py[n] / 1000:.1f} us | {gor[n] / 1000:.2f} us | {rs} |")
     rows: dict[str, tuple[float, int]] = {}
     scripts = (
         ("Levee gcra.lua", ROOT / "fleet" / "lua" / "gcra.lua"),

@@ -17,6 +17,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 PY = os.environ.get("FLEET_PY", sys.executable)
 GO = os.environ["FLEET_GO_WORKER"]
+RS = os.environ["FLEET_RS_WORKER"]
 ADDR = os.environ["FLEET_REDIS"]
 REDIS_CMD = json.loads(os.environ["FLEET_REDIS_CMD"])
 failures: list[str] = []
@@ -33,7 +34,7 @@ def spawn(lang: str, mode: str, node: str, start: float, *extra: str) -> subproc
     if lang == "py":
         cmd = [PY, str(HERE / "worker.py"), mode, *common]
     else:
-        cmd = [GO, "--policies", str(HERE / "policies.yaml"), *common, mode]
+        cmd = [GO if lang == "go" else RS, "--policies", str(HERE / "policies.yaml"), *common, mode]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
 
@@ -65,7 +66,7 @@ def scenario(
 ) -> list[dict[str, Any]]:
     print(f"== {name}", flush=True)
     redis_cli("FLUSHALL")
-    start = time.time() + 2.0  # every worker loads its engine first
+    start = time.time() + 3.0  # every worker loads its engine first (Rust compiles the component: ~0.5 s of CPU)
     procs = [
         spawn(lang, mode, node, start, "--seconds", str(seconds), *((extra or {}).get(node, [])))
         for lang, node in workers
@@ -76,11 +77,11 @@ def scenario(
 
 
 def main() -> None:
-    four = [("py", "py-1"), ("py", "py-2"), ("go", "go-1"), ("go", "go-2")]
+    nodes = [("py", "py-1"), ("py", "py-2"), ("go", "go-1"), ("go", "go-2"), ("rs", "rs-1")]
 
     for mode in ("rate", "rate-strict"):
         for round_ in (1, 2):
-            res = scenario(f"GCRA at 1,000/s, burst 50, 4 processes for 10 s ({mode})", four, 10.0, mode)
+            res = scenario(f"GCRA at 1,000/s, burst 50, {len(nodes)} processes for 10 s ({mode})", nodes, 10.0, mode)
             local = [r["fleet_events"] for r in res if r["fleet_events"]]
             admitted = sum(r["ok"] for r in res)
             if (not local and admitted >= 9_900) or round_ == 2:
@@ -102,10 +103,10 @@ def main() -> None:
 
     if os.environ.get("FLEET_ONLY_RATE"):
         return finish()
-    res = scenario("one bad node (py-1 fails from 1 s to 4 s)", four, 5.0, "breaker", {"py-1": ["--bad", "1:4"]})
+    res = scenario("one bad node (py-1 fails from 1 s to 4 s)", nodes, 5.0, "breaker", {"py-1": ["--bad", "1:4"]})
     by = {r["node"]: r for r in res}
     check(by["py-1"]["open"] > 0, f"the bad node's own breaker opened ({by['py-1']['open']} calls rejected)")
-    for n in ("py-2", "go-1", "go-2"):
+    for n in ("py-2", "go-1", "go-2", "rs-1"):
         check(
             by[n]["open"] == 0 and by[n]["failed"] == 0 and by[n]["quorum_events"] == 0,
             f"{n} kept serving: {by[n]['ok']} ok, {by[n]['open']} rejected, no quorum",
@@ -113,13 +114,19 @@ def main() -> None:
 
     res = scenario(
         "a quorum of bad nodes (py-1 and go-1 fail from 1 s; the others from 3 s)",
-        four,
+        nodes,
         6.0,
         "breaker",
-        {"py-1": ["--bad", "1:99"], "go-1": ["--bad", "1:99"], "py-2": ["--bad", "3:99"], "go-2": ["--bad", "3:99"]},
+        {
+            "py-1": ["--bad", "1:99"],
+            "go-1": ["--bad", "1:99"],
+            "py-2": ["--bad", "3:99"],
+            "go-2": ["--bad", "3:99"],
+            "rs-1": ["--bad", "3:99"],
+        },
     )
     by = {r["node"]: r for r in res}
-    for n in ("py-2", "go-2"):
+    for n in ("py-2", "go-2", "rs-1"):
         r = by[n]
         early = sum(r["phases"].get(s, {}).get("open", 0) for s in ("1", "2"))
         check(
@@ -129,7 +136,7 @@ def main() -> None:
     # With the dependency down everywhere (from 3 s), the fleet probes one process at a time:
     # one holder of a 1 s lease sends its 2 half-open trials, not 2 per process.
     trials = sum(r["phases"].get(s, {}).get("invoked", 0) for r in res for s in ("4", "5"))
-    check(trials <= 8, f"the fleet sent {trials} trials in seconds 4-5 (4 processes uncoordinated: 16)")
+    check(trials <= 8, f"the fleet sent {trials} trials in seconds 4-5 ({len(nodes)} processes uncoordinated: {4 * len(nodes)})")
 
     def kill_and_restart(start: float) -> None:
         time.sleep(max(0.0, start + 1.5 - time.time()))
@@ -140,7 +147,7 @@ def main() -> None:
         subprocess.run(REDIS_CMD, check=True)
         print("  (redis restarted)", flush=True)
 
-    res = scenario("Redis killed mid-test and restarted", four, 6.0, "steady", during=kill_and_restart)
+    res = scenario("Redis killed mid-test and restarted", nodes, 6.0, "steady", during=kill_and_restart)
     errors = sum(r["errors"] + r["failed"] + r["open"] for r in res)
     check(errors == 0, f"zero errors on the data path ({sum(r['ok'] for r in res)} calls ok)")
     for r in res:
@@ -153,7 +160,7 @@ def main() -> None:
         print("  (redis blocked for 1 s: DEBUG SLEEP 1)", flush=True)
         redis_cli("DEBUG", "SLEEP", "1")
 
-    res = scenario("Redis slow: blocked for 1 s mid-test", four, 5.0, "steady", during=stall)
+    res = scenario("Redis slow: blocked for 1 s mid-test", nodes, 5.0, "steady", during=stall)
     errors = sum(r["errors"] + r["failed"] + r["open"] for r in res)
     check(errors == 0, f"zero errors on the data path ({sum(r['ok'] for r in res)} calls ok)")
     for r in res:
@@ -161,19 +168,17 @@ def main() -> None:
         check(ev[:1] == ["degraded"] and "restored" in ev, f"{r['node']} went local-only past its timeout and came back: {ev}")
 
     res = scenario(
-        "two concurrent failure records",
-        [("py", "py-1"), ("go", "go-1")],
+        "three concurrent failure records",
+        [("py", "py-1"), ("go", "go-1"), ("rs", "rs-1")],
         0.0,
         "records",
-        {"py-1": ["--failures", "7"], "go-1": ["--failures", "11"]},
+        {"py-1": ["--failures", "7"], "go-1": ["--failures", "11"], "rs-1": ["--failures", "13"]},
     )
     conflicts = sum(r["conflicts"] for r in res)
     state = json.loads(subprocess.run([PY, "-c", INSPECT, ADDR], capture_output=True, text=True, check=True).stdout)
     recs = {r["node"]: r for r in state["records"]}
-    check(
-        recs.get("py-1", {}).get("failures") == 7 and recs.get("go-1", {}).get("failures") == 11,
-        f"both records counted: py-1 {recs.get('py-1', {}).get('failures')}, go-1 {recs.get('go-1', {}).get('failures')}",
-    )
+    got = {n: recs.get(n, {}).get("failures") for n in ("py-1", "go-1", "rs-1")}
+    check(got == {"py-1": 7, "go-1": 11, "rs-1": 13}, f"every record counted: {got}")
     check(conflicts > 0, f"{conflicts} compare-and-set conflicts were merged again, none lost")
 
     finish()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fleet's multi-process test (docs/fleet.md): a private Redis on 127.0.0.1 (Debian's
-# redis-server, installed when missing) on a free port, Python and Go processes sharing it:
+# redis-server, installed when missing) on a free port, Python, Go and Rust processes sharing it:
 # the Lua GCRA against the core's cases, 1,000/s across 4 processes for 10 s (async leases and
 # strict), one bad node, a quorum of bad nodes, Redis killed and restarted, Redis blocked
 # for a second, two concurrent failure records. Redis is stopped at the end. About two minutes.
@@ -18,6 +18,7 @@ echo "== the Lua scripts: one source (fleet/lua), copied into the hosts"
 for f in gcra.lua state.lua; do
   cmp "$ROOT/fleet/lua/$f" "$ROOT/host-bindings/python/src/levee/_fleet/$f"
   cmp "$ROOT/fleet/lua/$f" "$ROOT/host-bindings/go/fleet/lua/$f"
+  cmp "$ROOT/fleet/lua/$f" "$ROOT/host-rust/src/fleet/$f"
 done
 
 echo "== install: redis-server, a venv with the Python host and redis-py, the Go worker"
@@ -35,6 +36,11 @@ echo "== mypy --strict levee.fleet"
 (cd "$ROOT/host-bindings/python" && MYPYPATH=src "$VENV/bin/python" -m mypy --strict --follow-imports=silent src/levee/fleet.py)
 WORK="$(mktemp -d)"
 (cd "$ROOT/host-bindings/go/fleet" && gofmt -l . | (! grep .) && go vet ./... && go build -o "$WORK/fleet-worker" ./cmd/fleet-worker)
+echo "== the Rust worker (release, feature fleet-redis, the workspace's target/)"
+# --workspace keeps the workspace's feature set (wasmtime is not rebuilt); the feature adds redis-rs.
+RUST_FEATURES=(--release --workspace --features levee-resilience/fleet-redis)
+(cd "$ROOT" && cargo build -q "${RUST_FEATURES[@]}" --example fleet-worker)
+RS_WORKER="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/fleet-worker"
 
 PORT="$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 REDIS_CMD=(redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --enable-debug-command local
@@ -51,12 +57,15 @@ echo "== redis $(redis-server --version | awk '{print $3}') on 127.0.0.1:$PORT"
 echo "== the Lua GCRA reproduces the core's (fleet/tests/gcra-cases.json)"
 "$VENV/bin/python" "$HERE/gcra_cases.py" "127.0.0.1:$PORT"
 
+echo "== the Rust host's fleet tests against it (tests/fleet.rs, the Redis ones included)"
+(cd "$ROOT" && LEVEE_FLEET_REDIS="127.0.0.1:$PORT" cargo test -q "${RUST_FEATURES[@]}" --test fleet -- --include-ignored)
+
 echo "== the multi-process scenarios"
-FLEET_PY="$VENV/bin/python" FLEET_GO_WORKER="$WORK/fleet-worker" FLEET_REDIS="127.0.0.1:$PORT" \
+FLEET_PY="$VENV/bin/python" FLEET_GO_WORKER="$WORK/fleet-worker" FLEET_RS_WORKER="$RS_WORKER" FLEET_REDIS="127.0.0.1:$PORT" \
   FLEET_REDIS_CMD="$("$VENV/bin/python" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${REDIS_CMD[@]}")" \
   timeout 600 "$VENV/bin/python" "$HERE/check.py"
 
 if [ "${FLEET_BENCH:-0}" = 1 ]; then
   echo "== benchmarks (docs/performance.md)"
-  FLEET_GO_WORKER="$WORK/fleet-worker" "$VENV/bin/python" "$HERE/bench.py" "127.0.0.1:$PORT"
+  FLEET_GO_WORKER="$WORK/fleet-worker" FLEET_RS_WORKER="$RS_WORKER" "$VENV/bin/python" "$HERE/bench.py" "127.0.0.1:$PORT"
 fi
