@@ -156,6 +156,8 @@ async fn scenario(a: &Args, fleet: &Fleet, out: &mut Map<String, Value>) {
     let (mut ok, mut limited, mut open, mut failed, mut errors, mut invoked) = (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     let mut phases: BTreeMap<String, Phase> = BTreeMap::new();
     let mut samples: Vec<String> = Vec::new();
+    // How late this process was for the common start (loading the engine compiles the component).
+    out.insert("late_ms".into(), ((unix_now() - a.start).max(0.0) * 1000.0).round().into());
     sleep_until(a.start).await;
     let end = a.start + a.seconds;
     loop {

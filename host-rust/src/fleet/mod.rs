@@ -298,7 +298,7 @@ struct Inner {
     publications: AtomicU64,
     gcra: Script,
     state: Script,
-    stop: Notify,
+    stop: Arc<Notify>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -382,7 +382,7 @@ impl FleetBuilder {
             publications: AtomicU64::new(0),
             gcra: Script::new(GCRA_LUA),
             state: Script::new(STATE_LUA),
-            stop: Notify::new(),
+            stop: Arc::new(Notify::new()),
             task: Mutex::new(None),
         });
         // Connect and load the scripts once, outside the per-operation timeout.
@@ -390,7 +390,7 @@ impl FleetBuilder {
             inner.degrade(&e);
         }
         if self.background && !inner.by_slot.is_empty() {
-            let task = tokio::spawn(publish_loop(Arc::downgrade(&inner)));
+            let task = tokio::spawn(publish_loop(Arc::downgrade(&inner), inner.stop.clone()));
             *inner.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         }
         Ok(Fleet { inner })
@@ -852,8 +852,9 @@ impl Inner {
 }
 
 /// The background task: publish every `publish-every` while the store answers; while it
-/// does not, try it every `retry-every`.
-async fn publish_loop(weak: Weak<Inner>) {
+/// does not, try it every `retry-every`. It holds the fleet only while it works, so that
+/// dropping the last [`Fleet`] ends it (aborted by `Inner`'s drop).
+async fn publish_loop(weak: Weak<Inner>, stop: Arc<Notify>) {
     let (every, retry) = match weak.upgrade() {
         Some(inner) => (
             inner.by_slot.iter().map(|p| p.publish_every).min().unwrap_or(Duration::from_millis(250)),
@@ -874,9 +875,11 @@ async fn publish_loop(weak: Weak<Inner>) {
                 retry
             }
         };
+        if tokio::time::timeout(wait, stop.notified()).await.is_ok() {
+            return;
+        }
         let Some(inner) = weak.upgrade() else { return };
-        let stopped = tokio::time::timeout(wait, inner.stop.notified()).await.is_ok();
-        if stopped || inner.closed.load(Ordering::Relaxed) {
+        if inner.closed.load(Ordering::Relaxed) {
             return;
         }
         if !inner.up() && inner.prepare(inner.timeout).await.is_ok() {
