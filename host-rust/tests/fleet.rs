@@ -2,7 +2,8 @@
 //! down, or that accepts and never answers, leaves every call local-only at once (event
 //! `degraded`) and fails none. With one (`LEVEE_FLEET_REDIS=host:port`, as fleet/tests/run.sh
 //! runs them, `--include-ignored`): two engines share records, a strict fleet limit admits
-//! its burst and then rejects with the script's hint, and the shared state is the core's.
+//! its burst and then rejects with the script's hint, the shared state is the core's, and
+//! bytes the core refuses are reported (`bad-state`) without failing a call.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 use std::sync::{Arc, Mutex};
@@ -149,6 +150,16 @@ async fn two_engines_share_their_records_and_a_strict_limit() {
     assert!(hint > Duration::from_millis(500) && hint <= Duration::from_secs(1), "{hint:?}");
     assert!(fa.publications() > 0 && fb.publications() > 0);
     assert!(ea.lock().unwrap().is_empty());
+
+    // Bytes the core refuses: event `bad-state`, calls go on, inspect names what is wrong.
+    let c = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = c.get_connection().unwrap();
+    let _: () = redis::cmd("HSET").arg("levee:{count/bad}:s").arg("v").arg(1).arg("d").arg("garbage").query(&mut conn).unwrap();
+    assert!(fa.sync("count", "bad").await);
+    assert_eq!(*ea.lock().unwrap(), [FleetEventKind::BadState]);
+    assert!(fa.is_up());
+    fa.run("count", "bad", |_| async { Ok::<_, std::io::Error>(()) }).await.unwrap();
+    assert!(matches!(fa.inspect("count", "bad").await, Err(levee::fleet::FleetError::BadState(_))));
     fa.close().await;
     fb.close().await;
 }
