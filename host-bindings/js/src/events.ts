@@ -73,6 +73,7 @@ export interface LeveeEventMap {
   'key-evicted': LeveeEvent;
   'call-evicted': LeveeEvent;
   'permit-expired': LeveeEvent;
+  'hedge-started': LeveeEvent;
   'engine-fault': EngineFaultEvent;
 }
 
