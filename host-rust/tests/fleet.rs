@@ -2,8 +2,9 @@
 //! down, or that accepts and never answers, leaves every call local-only at once (event
 //! `degraded`) and fails none. With one (`LEVEE_FLEET_REDIS=host:port`, as fleet/tests/run.sh
 //! runs them, `--include-ignored`): two engines share records, a strict fleet limit admits
-//! its burst and then rejects with the script's hint, the shared state is the core's, and
-//! bytes the core refuses are reported (`bad-state`) without failing a call.
+//! its burst and then rejects with the script's hint, the shared state is the core's, bytes
+//! the core refuses are reported (`bad-state`) without failing a call, and one engine's
+//! deposits in a ratio budget pay another's retries.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 use std::sync::{Arc, Mutex};
@@ -33,6 +34,11 @@ policies:
     attempts: 1
     breaker: {window: {kind: count, size: 1000}, minimum-calls: 1000, failure-rate: 100}
     fleet: {quorum: 100, publish-every: 10s, ttl: 30s, timeout: 200ms}
+  ratio:
+    attempts: 2
+    backoff: {kind: constant, base: 1ms, jitter: none}
+    budget: {kind: ratio, percent: 20, min-per-second: 0, ttl: 10s}
+    fleet: {publish-every: 10s, ttl: 30s, timeout: 200ms}
 "#;
 
 type Events = Arc<Mutex<Vec<FleetEventKind>>>;
@@ -160,6 +166,57 @@ async fn two_engines_share_their_records_and_a_strict_limit() {
     assert!(fa.is_up());
     fa.run("count", "bad", |_| async { Ok::<_, std::io::Error>(()) }).await.unwrap();
     assert!(matches!(fa.inspect("count", "bad").await, Err(levee::fleet::FleetError::BadState(_))));
+    fa.close().await;
+    fb.close().await;
+}
+
+/// How many times a call that always fails (connection refused: retryable) ran its operation:
+/// 2 when the budget paid a retry.
+async fn invocations(f: &Fleet, policy: &str) -> usize {
+    let n = Arc::new(Mutex::new(0));
+    let m = n.clone();
+    let r = f
+        .run(policy, "k", move |_| {
+            *m.lock().unwrap() += 1;
+            async { Err::<(), _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) }
+        })
+        .await;
+    assert!(r.is_err());
+    let n = *n.lock().unwrap();
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Redis: LEVEE_FLEET_REDIS=host:port (fleet/tests/run.sh runs it)"]
+async fn a_ratio_budget_is_shared_one_engines_deposits_pay_anothers_retries() {
+    // 20 %: a retry withdraws 5 deposits, a call deposits 1, no reserve (min-per-second 0).
+    let url = redis_url();
+    flush(&url);
+    let (a, b, alone) = (Levee::from_str(DOC).unwrap(), Levee::from_str(DOC).unwrap(), Levee::from_str(DOC).unwrap());
+    let (fa, ea) = fleet(&a, "rust-a", &url).await;
+    let (fb, eb) = fleet(&b, "rust-b", &url).await;
+    for _ in 0..10 {
+        fa.run("ratio", "k", |_| async { Ok::<_, std::io::Error>(()) }).await.unwrap();
+    }
+    assert!(fa.sync("ratio", "k").await);
+    let json: serde_json::Value = serde_json::from_str(&fa.inspect("ratio", "k").await.unwrap().unwrap()).unwrap();
+    let balance = |j: &serde_json::Value| j["ratio"].as_array().unwrap().iter().map(|s| s[1].as_i64().unwrap()).sum::<i64>();
+    assert_eq!(balance(&json), 10_000, "the ledger holds rust-a's 10 deposits (milli-deposits): {json}");
+
+    // An engine that shares nothing has its own single deposit: no retry.
+    let (lone, _) = fleet(&alone, "alone", &format!("redis://127.0.0.1:{}/0", closed_port())).await;
+    assert_eq!(invocations(&lone, "ratio").await, 1);
+    lone.close().await;
+    // rust-b, after one publication, spends rust-a's deposits: each call deposits 1 and each retry
+    // withdraws 5: 11 → 6, 7 → 2, then 3 cannot pay.
+    assert!(fb.sync("ratio", "k").await);
+    assert_eq!(invocations(&fb, "ratio").await, 2);
+    assert_eq!(invocations(&fb, "ratio").await, 2);
+    assert_eq!(invocations(&fb, "ratio").await, 1);
+    assert!(fb.sync("ratio", "k").await);
+    let json: serde_json::Value = serde_json::from_str(&fb.inspect("ratio", "k").await.unwrap().unwrap()).unwrap();
+    assert_eq!(balance(&json), 3_000, "10 + 3 deposits, 2 retries of 5 withdrawn: {json}");
+    assert!(ea.lock().unwrap().is_empty() && eb.lock().unwrap().is_empty());
     fa.close().await;
     fb.close().await;
 }
