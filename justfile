@@ -58,6 +58,7 @@ test-install: component
 lint-rust: setup
     cargo fmt --all --check
     cargo clippy --release --workspace --all-targets -- -D warnings
+    cargo clippy --release --workspace --all-targets --features levee-resilience/fleet-redis -- -D warnings
 
 # Rust tests, release profile (wasmtime is built once, for tests and benches alike).
 test-rust: component
@@ -81,7 +82,7 @@ test-envoy: setup
 test-durable: component
     bash durable/tests/run.sh
 
-# Fleet-wide state (docs/fleet.md): Python, Go and JavaScript processes sharing one private Redis on
+# Fleet-wide state (docs/fleet.md): Python, Go, JavaScript and Rust processes sharing one private Redis on
 # 127.0.0.1: the Lua GCRA against the core's cases, 1,000/s across 5 processes, one bad node, a
 # quorum, Redis killed and restarted, concurrent records (FLEET_BENCH=1 adds the benchmarks).
 test-fleet: component

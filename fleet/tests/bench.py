@@ -1,5 +1,5 @@
 """The fleet's benchmarks (docs/performance.md, "Fleet-wide state"): what the shared store adds
-to a call in Python, Go and JavaScript (the engine alone; async publication; async with a leased fleet rate
+to a call in Python, Go, JavaScript and Rust (the engine alone; async publication; async with a leased fleet rate
 limit; strict rate limit; strict rate limit and publication), then 4 processes running the same
 1,000/s limit through Levee's GCRA script and through redis_rate's (fleet/tests/redis_rate.lua,
 written from its formula), as fast as one connection each allows.
@@ -26,6 +26,7 @@ ROOT = HERE.parents[1]
 ADDR = sys.argv[1]
 GO = os.environ["FLEET_GO_WORKER"]
 NODE = os.environ.get("FLEET_NODE", "node")
+RS = os.environ.get("FLEET_RS_WORKER")
 NAMES = ["local", "async", "lease", "strict-rate", "strict"]
 
 
@@ -37,14 +38,16 @@ def python_costs() -> dict[str, float]:
         if name == "local":
             pol = engine.policy(name, key="k")
 
-            def run(p: Any = pol) -> None:
+            def run_local(p: Any = pol) -> None:
                 p.call(int)
+
+            out[name] = _per_call(run_local)
         else:
 
-            def run(n: str = name) -> None:
+            def run_fleet(n: str = name) -> None:
                 fleet.call(n, int, key="k")
 
-        out[name] = _per_call(run)
+            out[name] = _per_call(run_fleet)
     fleet.close()
     engine.close()
     return out
@@ -71,23 +74,25 @@ def go(*args: str) -> list[dict[str, Any]]:
     ]
 
 
+def worker_costs(cmd: list[str]) -> dict[str, float]:
+    """A JS or Rust worker's `bench` mode: the last line of its output, ns per call by policy."""
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    costs: dict[str, float] = json.loads(out.splitlines()[-1])["ns_per_call"]
+    return costs
+
+
 def main() -> None:
     py = python_costs()
     gor = go("--policies", str(HERE / "bench.yaml"), "--addr", ADDR, "--node", "bench-go", "--start", "0", "bench")[0][
         "ns_per_call"
     ]
-    js = json.loads(
-        subprocess.run(
-            [NODE, str(HERE / "worker.mjs"), "bench", "--policies", str(HERE / "bench.yaml"), "--addr", ADDR]
-            + ["--node", "bench-js"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.splitlines()[-1]
-    )["ns_per_call"]
-    print("| policy | Python per call | Go per call | JS per call |\n|---|---|---|---|")
+    bench = ["--policies", str(HERE / "bench.yaml"), "--addr", ADDR]
+    js = worker_costs([NODE, str(HERE / "worker.mjs"), "bench", *bench, "--node", "bench-js"])
+    rsr = worker_costs([RS, *bench, "--node", "bench-rs", "--start", "0", "bench"]) if RS else {}
+    print("| policy | Python per call | Go per call | JS per call | Rust per call |\n|---|---|---|---|---|")
     for n in NAMES:
-        print(f"| `{n}` | {py[n] / 1000:.1f} us | {gor[n] / 1000:.2f} us | {js[n] / 1000:.2f} us |")
+        rs = f"{rsr[n] / 1000:.2f} us" if n in rsr else "-"
+        print(f"| `{n}` | {py[n] / 1000:.1f} us | {gor[n] / 1000:.2f} us | {js[n] / 1000:.2f} us | {rs} |")
     rows: dict[str, tuple[float, int]] = {}
     scripts = (
         ("Levee gcra.lua", ROOT / "fleet" / "lua" / "gcra.lua"),
@@ -124,7 +129,8 @@ def main() -> None:
         if decisions / 5 > rows.get(label, (0.0, 0))[0]:
             rows[label] = (decisions / 5, admitted)
     print(
-        "\n| script, 4 Go processes, 1,000/s burst 50, 5 s | decisions/s | admitted in 5 s (bound 5,050) |\n|---|---|---|"
+        "\n| script, 4 Go processes, 1,000/s burst 50, 5 s | decisions/s | admitted in 5 s (bound 5,050) |"
+        "\n|---|---|---|"
     )
     for label, (dps, adm) in rows.items():
         print(f"| {label} | {dps:,.0f} | {adm:,} |")

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The fleet's multi-process test (docs/fleet.md): a private Redis on 127.0.0.1 (Debian's
-# redis-server, installed when missing) on a free port, Python, Go and JavaScript processes sharing it:
-# the Lua GCRA against the core's cases, 1,000/s across 5 processes for 10 s (async leases and
+# redis-server, installed when missing) on a free port, Python, Go, JavaScript and Rust processes
+# sharing it: the Lua GCRA against the core's cases, 1,000/s across 5 processes for 10 s (async leases and
 # strict), one bad node, a quorum of bad nodes, Redis killed and restarted, Redis blocked
-# for a second, concurrent failure records from three languages. Redis is stopped at the end. About two minutes.
+# for a second, concurrent failure records from four languages. Redis is stopped at the end. About four minutes.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -19,6 +19,7 @@ for f in gcra.lua state.lua; do
   cmp "$ROOT/fleet/lua/$f" "$ROOT/host-bindings/python/src/levee/_fleet/$f"
   cmp "$ROOT/fleet/lua/$f" "$ROOT/host-bindings/go/fleet/lua/$f"
   cmp "$ROOT/fleet/lua/$f" "$ROOT/host-bindings/js/lua/$f"
+  cmp "$ROOT/fleet/lua/$f" "$ROOT/host-rust/src/fleet/$f"
 done
 
 echo "== install: redis-server, a venv with the Python host and redis-py, the Go worker"
@@ -50,6 +51,11 @@ missing = {"lua/gcra.lua", "lua/state.lua", "dist/fleet.js", "dist/fleet.d.ts"} 
 assert not missing, f"npm pack leaves out {sorted(missing)}"
 print("   npm pack ships lua/gcra.lua, lua/state.lua and dist/fleet.js")
 PY
+echo "== the Rust worker (release, feature fleet-redis, the workspace's target/)"
+# --workspace keeps the workspace's feature set (wasmtime is not rebuilt); the feature adds redis-rs.
+RUST_FEATURES=(--release --workspace --features levee-resilience/fleet-redis)
+(cd "$ROOT" && cargo build -q "${RUST_FEATURES[@]}" --example fleet-worker)
+RS_WORKER="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/fleet-worker"
 
 PORT="$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 REDIS_CMD=(redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --enable-debug-command local
@@ -70,13 +76,15 @@ echo "== the JS fleet option on its own (fleet/tests/js.test.mjs)"
 FLEET_REDIS="127.0.0.1:$PORT" node --test "$HERE/js.test.mjs"
 echo "== the JS fleet option on a Redis Cluster of 3 masters (fleet/tests/js_cluster.test.mjs)"
 node --test "$HERE/js_cluster.test.mjs"
+echo "== the Rust host's fleet tests against it (tests/fleet.rs, the Redis ones included)"
+(cd "$ROOT" && LEVEE_FLEET_REDIS="127.0.0.1:$PORT" cargo test -q "${RUST_FEATURES[@]}" --test fleet -- --include-ignored)
 
 echo "== the multi-process scenarios"
-FLEET_PY="$VENV/bin/python" FLEET_GO_WORKER="$WORK/fleet-worker" FLEET_REDIS="127.0.0.1:$PORT" \
+FLEET_PY="$VENV/bin/python" FLEET_GO_WORKER="$WORK/fleet-worker" FLEET_RS_WORKER="$RS_WORKER" FLEET_REDIS="127.0.0.1:$PORT" \
   FLEET_REDIS_CMD="$("$VENV/bin/python" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${REDIS_CMD[@]}")" \
   timeout 600 "$VENV/bin/python" "$HERE/check.py"
 
 if [ "${FLEET_BENCH:-0}" = 1 ]; then
   echo "== benchmarks (docs/performance.md)"
-  FLEET_GO_WORKER="$WORK/fleet-worker" "$VENV/bin/python" "$HERE/bench.py" "127.0.0.1:$PORT"
+  FLEET_GO_WORKER="$WORK/fleet-worker" FLEET_RS_WORKER="$RS_WORKER" "$VENV/bin/python" "$HERE/bench.py" "127.0.0.1:$PORT"
 fi

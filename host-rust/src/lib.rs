@@ -13,6 +13,8 @@
 //!   [`AttemptLease`]).
 //! - [`tower`] (feature `tower`): a `tower::Layer` for `http` services.
 //! - [`reqwest`] (feature `reqwest`): a client wrapper and a `reqwest-middleware` middleware.
+//! - [`fleet`] (feature `fleet-redis`): breaker evidence, retry budgets and rate limits shared
+//!   by every process of a fleet through Redis (redis-rs), the hot path kept local.
 //! - [`telemetry`]: the schema of docs/telemetry.md, to `tracing` and the `metrics` facade by
 //!   default, or to a [`Telemetry`] sink of your own ([`Builder::telemetry`]).
 //! - [`time`]: the clock of `now`, timeouts and sleeps; [`time::TokioClock`] follows tokio's
@@ -71,5 +73,7 @@ pub mod client;
 #[cfg(any(feature = "durable-sqlite", feature = "durable-postgres"))]
 #[path = "durable_executor/mod.rs"]
 pub mod durable;
+#[cfg(feature = "fleet-redis")]
+pub mod fleet;
 #[cfg(feature = "tower")]
 pub mod layer;

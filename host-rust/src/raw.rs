@@ -429,6 +429,10 @@ macro_rules! op {
 #[path = "durable.rs"]
 mod durable;
 
+// The fleet-* functions (issue 18), in a file of their own.
+#[path = "fleet_raw.rs"]
+mod fleet_raw;
+
 /// A verdict from the guest is checked before it is believed.
 #[cfg(feature = "wasm")]
 fn checked(raw: Result<u64, String>) -> Result<Verdict, String> {
@@ -896,6 +900,7 @@ mod wasm {
     }
 
     include!("durable_wasm.rs");
+    include!("fleet_wasm.rs");
 
     impl Instance {
         /// A fresh instance holding a loaded engine.

@@ -246,6 +246,16 @@ impl Core {
         }
     }
 
+    /// Collect the events the engine holds after a crossing that answers no verdict to say
+    /// so (`fleet-apply`, whose quorum may open a breaker).
+    #[cfg(feature = "fleet-redis")]
+    pub(crate) fn collect_events(&mut self) {
+        match self.raw.try_drain_events() {
+            Ok(mut e) => self.events.append(&mut e),
+            Err(t) => self.traps.push(t),
+        }
+    }
+
     /// Send a held-back success now (before any operation other than `start`).
     pub(crate) fn flush(&mut self) {
         if let Some(h) = self.held.take() {
