@@ -243,19 +243,21 @@ def case_scale(h: Harness, n: int, workers: int, budget: float) -> None:
     live = [h.spawn("--concurrency", "32", lang=lang_of[i]) for i in range(workers)]
     t0 = time.monotonic()
     kills = 0
-    next_kill = t0 + rng.uniform(2.0, 6.0)
+    # Three workers, chosen at random, are killed at random points of the run's progress (not
+    # of the clock: a fast run must not end before its first kill).
+    marks = sorted([rng.uniform(0.1, 0.3), rng.uniform(0.35, 0.55), rng.uniform(0.6, 0.8)])
     while time.monotonic() - t0 < budget:
         pending = h.query("SELECT COUNT(*) FROM levee_durable_calls WHERE handler = 'work' "
                           "AND status IN ('scheduled', 'running')")[0][0]
         if pending == 0:
             break
-        if time.monotonic() >= next_kill:
+        if marks and 1 - pending / n >= marks[0]:
+            marks.pop(0)
             i = rng.randrange(len(live))
             h.kill(live[i])
             kills += 1
             live[i] = h.spawn("--concurrency", "32", lang=lang_of[i])
-            next_kill = time.monotonic() + rng.uniform(2.0, 6.0)
-        time.sleep(0.1)
+        time.sleep(0.05)
     elapsed = time.monotonic() - t0
     for p in live:
         h.stop(p)
@@ -269,6 +271,7 @@ def case_scale(h: Harness, n: int, workers: int, budget: float) -> None:
           f"{done} done, {dead} dead ({dict(by_reason)}), {counts.get('quarantined', 0)} quarantined, "
           f"{dup} calls whose handler succeeded more than once (at-least-once: a worker died between a "
           f"success and its write; these calls carry idempotency keys)")
+    check(kills == 3, f"three workers were killed with SIGKILL mid-run ({kills})")
     check(done + dead == n, f"every call ended done or dead: {counts}")
     check(all(r[0] for r in reasons), "every dead call carries its reason")
     done_ids = h.query("SELECT id FROM levee_durable_calls WHERE handler = 'work' AND status = 'done'")
