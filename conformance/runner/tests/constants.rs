@@ -45,6 +45,7 @@ fn flags_and_verdict_layout_agree() {
         VerdictKind::Fallback,
         VerdictKind::Fail,
         VerdictKind::Invalid,
+        VerdictKind::Hedge,
     ];
     let core: Vec<&str> = all.iter().map(|k| k.name()).collect();
     for (i, k) in all.iter().enumerate() {
