@@ -417,6 +417,68 @@ fn observe_limit(cfg: &crate::adaptive::AdaptiveCfg, lim: &mut Limit, kind: Outc
     lim.observe(cfg, signal, now);
 }
 
+/// A late outcome: the attempt outlived the timeout its verdict or command gave (0: none), as
+/// with a host that could not stop waiting, such as a blocking function. Whatever it produced,
+/// it is a timeout, decided here once so that every host's late attempt means the same thing.
+#[inline(always)]
+fn late_is_timeout(timeout: u64, elapsed: u64, kind: OutcomeKind, code: i32, text: &str) -> (OutcomeKind, i32, &str) {
+    if timeout > 0 && elapsed >= timeout && kind != OutcomeKind::Timeout {
+        (OutcomeKind::Timeout, 0, "")
+    } else {
+        (kind, code, text)
+    }
+}
+
+/// Record an attempt's outcome in the key's budget and breaker, as for every attempt (a plain
+/// call's `report`, a hedged attempt's `report-attempt`): what the server said about a delay,
+/// the outcome as classification sees it, and whether it is a success (a success also refills
+/// a token budget).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn record_outcome<'t>(
+    p: &Policy,
+    ks: &mut KeyState,
+    call: u64,
+    (kind, code, text): (OutcomeKind, i32, &'t str),
+    wall_secs: u64,
+    flags: u32,
+    elapsed: u64,
+    now: u64,
+    events: &mut VecDeque<Event>,
+    policy: usize,
+    key: &str,
+) -> (ServerDelay, Observed<'t>, bool) {
+    let server = match kind {
+        OutcomeKind::HttpStatus if p.retry_after.honor => parse_retry_after(text, wall_secs),
+        OutcomeKind::GrpcStatus if p.retry_after.honor => parse_pushback(text),
+        _ => ServerDelay::None,
+    };
+    let observed = Observed {
+        kind,
+        code,
+        class: if kind == OutcomeKind::ErrorClass { text } else { "" },
+        has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
+    };
+    let success = classify::succeeded(&observed, flags);
+    if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+        b.on_outcome(cfg, &observed, now);
+    }
+    if let (Some(cfg), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
+        // A result the caller's predicate calls a failure is not the dependency failing.
+        let failure = !observed.is_success() && cfg.failure_on.matches(&observed);
+        let slow = elapsed >= cfg.slow_call_duration;
+        let mut t = Vec::new();
+        b.record(cfg, call, now, failure, slow, &mut t);
+        transition_events(events, &t, &[], now, policy, key);
+    }
+    if success {
+        if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
+            b.on_success(cfg);
+        }
+    }
+    (server, observed, success)
+}
+
 /// An attempt's outcome as `report-attempt` gives it.
 struct AttemptOutcome<'a> {
     attempt: u32,
@@ -529,12 +591,7 @@ fn close_attempt(
     policy: usize,
     key: &str,
 ) -> Option<hedge::Outcome> {
-    // A late outcome is a timeout (as for `report`).
-    let (kind, code, text) = if h.timeout > 0 && o.elapsed >= h.timeout && o.kind != OutcomeKind::Timeout {
-        (OutcomeKind::Timeout, 0, "")
-    } else {
-        (o.kind, o.code, o.text)
-    };
+    let (kind, code, text) = late_is_timeout(h.timeout, o.elapsed, o.kind, o.code, o.text);
     if h.slot {
         if let (true, Some(ac), Some(lim)) = (live, &p.concurrency, ks.adaptive.as_deref_mut()) {
             observe_limit(ac, lim, kind, o.elapsed, ks.in_flight, now);
@@ -549,31 +606,9 @@ fn close_attempt(
         }
         return None;
     }
-    let server = match kind {
-        OutcomeKind::HttpStatus if p.retry_after.honor => parse_retry_after(text, o.wall_secs),
-        OutcomeKind::GrpcStatus if p.retry_after.honor => parse_pushback(text),
-        _ => ServerDelay::None,
-    };
-    let observed = Observed {
-        kind,
-        code,
-        class: if kind == OutcomeKind::ErrorClass { text } else { "" },
-        has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
-    };
-    let success = classify::succeeded(&observed, o.flags);
-    if let (Some(bc), Some(b)) = (&p.budget, ks.budget.as_mut()) {
-        b.on_outcome(bc, &observed, now);
-    }
-    if let (Some(bc), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
-        let failure = !observed.is_success() && bc.failure_on.matches(&observed);
-        let mut t = Vec::new();
-        b.record(bc, call, now, failure, o.elapsed >= bc.slow_call_duration, &mut t);
-        transition_events(events, &t, &[], now, policy, key);
-    }
+    let (server, observed, success) =
+        record_outcome(p, ks, call, (kind, code, text), o.wall_secs, o.flags, o.elapsed, now, events, policy, key);
     if success {
-        if let (Some(bc), Some(b)) = (&p.budget, ks.budget.as_mut()) {
-            b.on_success(bc);
-        }
         return Some(hedge::Outcome::Ok);
     }
     if !classify::retryable(&cfg.non_fatal, &p.never_retry, &observed, o.flags) {
@@ -1086,11 +1121,7 @@ impl Engine {
         // A late outcome: the attempt outlived the timeout its verdict gave (a host that could
         // not stop waiting, such as a blocking function). Whatever it produced, it is a timeout,
         // decided here once so that every host's late attempt means the same thing.
-        let (kind, code, text) = if timeout > 0 && elapsed >= timeout && kind != OutcomeKind::Timeout {
-            (OutcomeKind::Timeout, 0, "")
-        } else {
-            (kind, code, text)
-        };
+        let (kind, code, text) = late_is_timeout(timeout, elapsed, kind, code, text);
         let pi = c.policy;
         let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
@@ -1106,33 +1137,9 @@ impl Engine {
             }
             ks.in_flight = ks.in_flight.saturating_sub(1);
         }
-        let server = match kind {
-            OutcomeKind::HttpStatus if p.retry_after.honor => parse_retry_after(text, wall_secs),
-            OutcomeKind::GrpcStatus if p.retry_after.honor => parse_pushback(text),
-            _ => ServerDelay::None,
-        };
-        let observed = Observed {
-            kind,
-            code,
-            class: if kind == OutcomeKind::ErrorClass { text } else { "" },
-            has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
-        };
-        let success = classify::succeeded(&observed, flags);
-        if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
-            b.on_outcome(cfg, &observed, now);
-        }
-        if let (Some(cfg), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
-            // A result the caller's predicate calls a failure is not the dependency failing.
-            let failure = !observed.is_success() && cfg.failure_on.matches(&observed);
-            let slow = elapsed >= cfg.slow_call_duration;
-            let mut t = Vec::new();
-            b.record(cfg, call, now, failure, slow, &mut t);
-            transition_events(&mut self.events, &t, &[], now, pi, &c.key);
-        }
+        let (server, observed, success) =
+            record_outcome(p, ks, call, (kind, code, text), wall_secs, flags, elapsed, now, &mut self.events, pi, &c.key);
         if success {
-            if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
-                b.on_success(cfg);
-            }
             if slot {
                 refile(keys, c.key_at);
             }
