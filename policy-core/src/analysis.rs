@@ -68,6 +68,12 @@ pub fn analyze(p: &Policy, layers: u32) -> Analysis {
             Some(deadline.map_or(total, |d| total.min(d)))
         }
     };
+    amplified(p, attempts, worst_latency, layers)
+}
+
+/// The analysis of `attempts` per call in the worst case, on `layers` layers, with and without
+/// the policy's budget.
+fn amplified(p: &Policy, attempts: u32, worst_latency: Option<u64>, layers: u32) -> Analysis {
     let exponent = layers.min(i32::MAX as u32) as i32;
     let per_layer = f64::from(attempts);
     let amplification = per_layer.powi(exponent);
@@ -98,15 +104,7 @@ fn analyze_hedged(p: &Policy, h: &crate::hedge::HedgeCfg, layers: u32) -> Analys
             Some(deadline.map_or(total, |d| total.min(d)))
         }
     };
-    let exponent = layers.min(i32::MAX as u32) as i32;
-    let per_layer = f64::from(attempts);
-    let amplification = per_layer.powi(exponent);
-    let with_budget = match &p.budget {
-        None | Some(BudgetCfg::AwsAdaptive(_)) => amplification,
-        Some(BudgetCfg::Token { .. }) => 1.0,
-        Some(BudgetCfg::Ratio { percent, .. }) => (1.0 + percent / 100.0).min(per_layer).powi(exponent),
-    };
-    Analysis { worst_attempts: attempts, worst_latency, amplification, amplification_with_budget: with_budget }
+    amplified(p, attempts, worst_latency, layers)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
