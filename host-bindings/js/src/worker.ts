@@ -24,7 +24,8 @@ export function load(document: string, options: WorkerLoadOptions): Levee {
     },
     now: () => BigInt(Math.round(perf.now() * 1e6)),
     randomSeed: () => crypto.getRandomValues(new BigUint64Array(1))[0] ?? 0n,
-    unrefTimers: false,
+    // No setImmediate in Worker-style runtimes: a macrotask after the current one.
+    soon: (fn) => void setTimeout(fn, 0),
   };
   return new Levee(platform, document, options, sinkOf(options));
 }
