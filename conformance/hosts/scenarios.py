@@ -1401,10 +1401,10 @@ scenario(
 
 scenario(
     "contract-reserved-bits",
-    "Bits 5-7 set break the contract.",
+    "Bits 6-7 set break the contract (bit 5 is the wakes bit).",
     ["contract"],
     RP,
-    [call(ok("degraded"), faults=[verdict("start", packed(ATTEMPT, 1, 0) | 0x20)])],
+    [call(ok("degraded"), faults=[verdict("start", packed(ATTEMPT, 1, 0) | 0x40)])],
     all_of(lambda t: value(t[0], "degraded"), lambda t: fault(t[0], "contract")),
 )
 

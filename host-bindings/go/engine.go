@@ -823,6 +823,14 @@ func (e *Engine) cancelIn(cctx context.Context, call uint64, policy uint32, key 
 	})
 }
 
+// TakeWakes takes the calls granted a bulkhead slot since the last take, in grant order
+// (a verdict's WakesPending says some are). Do wakes its own parked calls; a caller of
+// TakeWakes takes them away.
+func (e *Engine) TakeWakes() (calls []uint64, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error { calls, err = in.takeWakes(ctx, e.rep); return err })
+	return calls, err
+}
+
 // CallInfo is what the engine knows of a live call.
 func (e *Engine) CallInfo(call uint64) (ci CallInfo, ok bool, err error) {
 	err = e.op(false, func(ctx context.Context, in *instance) error { ci, ok, err = in.callInfo(ctx, e.rep, call); return err })

@@ -258,7 +258,7 @@ mod tests {
             (v(VerdictKind::Fallback, 1, 1), Crossing::Start),      // index out of range
             (v(VerdictKind::Retry, 0, 200), Crossing::Acquire),     // past the deadline
             (Verdict(8), Crossing::Start),                          // an unknown kind
-            (Verdict(0x20 | 0x0100 | (50 << 16)), Crossing::Start), // reserved bits
+            (Verdict(0x40 | 0x0100 | (50 << 16)), Crossing::Start), // reserved bits
         ];
         for (verdict, crossing) in cases {
             assert_eq!(Driver::new(LIMITS, 1).next(verdict, 1, crossing), degraded, "{verdict:?}");

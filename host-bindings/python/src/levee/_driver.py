@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._constants import REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY
+from ._constants import REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY, VERDICT_RESERVED_MASK
 from ._events import logger
 from ._runtime import PARK_MASK, PARK_VERDICT, _Fault
 from .errors import failure_for
@@ -664,7 +664,7 @@ def contract_breach(st: _Call, v: int, op: str) -> str | None:
     `st.t` is the `now` that crossing was given. Returns what is wrong, or None."""
     info = st.slot.info
     kind = v & 0xF
-    if kind > HEDGE or v & 0xE0:
+    if kind > HEDGE or v & VERDICT_RESERVED_MASK:
         return f"unknown verdict kind {kind} or reserved bits set ({v:#x})"
     detail = (v >> 8) & 0xFF
     payload = v >> 16
