@@ -1633,6 +1633,20 @@ vec("hedge-bulkhead-slot-held-until-closed", "Each hedged attempt takes a bulkhe
         hstep(4, 14 * MS, expect=cmds(hs(2))),
     ])
 
+vec("hedge-bulkhead-queue-wakes", "A hedged attempt that closes frees its slot for the oldest waiter in the bulkhead queue, named by take-wakes; no hedge takes a slot while a call waits or holds a grant.",
+    ["hedge", "bulkhead", "bulkhead-queue", "bulkhead-wakes"], policy("bulkhead: { max-concurrent: 2, queue: 2, queue-timeout: 1s }\nhedge: { attempts: 2, delay: 0 }\n"), [
+        start(1, 0, expect=hedged()),
+        hstep(1, 0, expect=cmds(hs(2))),
+        start(2, 1 * MS, expect=qwait(1000 * MS)),
+        wakes([]),
+        hreport(1, 1, 10 * MS, elapsed=10 * MS, expect=cmds(hc(2), hend(1, DONE))),
+        wakes([2]),
+        acquire(2, 10 * MS, expect=hedged()),
+        hstep(2, 10 * MS),
+        hreport(1, 2, 12 * MS, kind="timeout", elapsed=12 * MS, expect=cmds()),
+        wakes([]),
+    ])
+
 vec("hedge-non-idempotent", "A hedge is a second request: an operation that is not idempotent and has no idempotency key is never hedged (and nothing waits for a hedge: call 4, with a delay); with an idempotency key it is.",
     ["hedge", "idempotency"], "policies:\n  p: { hedge: { attempts: 2, delay: 0 } }\n  d: { hedge: { attempts: 2, delay: 100ms } }\n", [
         start(1, 0, flags=1, expect=hedged()),
