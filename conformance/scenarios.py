@@ -1472,6 +1472,16 @@ vec("bulkhead-queue-wakes-after-reload", "A reload does not carry the queues ove
      reload("policies:\n  p:\n    attempts: 1\n    bulkhead: { max-concurrent: 2, queue: 3, queue-timeout: 1s }\n", expect={"ok": None}),
      wakes([2, 3]), acquire(3, 4 * MS, expect=attempt(1)), acquire(2, 4 * MS, expect=attempt(1))])
 
+vec("bulkhead-queue-grant-then-rate-limit", "A granted call that must then wait for the rate limiter does not keep its slot: it is granted to the next waiter at once (which waits for the limiter too), and the first takes a free slot when its token comes.",
+    ["bulkhead", "bulkhead-queue", "bulkhead-wakes", "rate-limit"],
+    policy("attempts: 1\nrate-limit: { rate: 1, per: 1s, burst: 1, max-wait: 3s }\nbulkhead: { max-concurrent: 1, queue: 3, queue-timeout: 5s }\n"),
+    [start(1, 0, expect=attempt(1)), start(2, MS, expect=qwait()), start(3, 2 * MS, expect=qwait()),
+     report(1, 10 * MS, expect=DONE), wakes([2]),
+     acquire(2, 10 * MS, expect=wait(990 * MS)), wakes([3]),
+     acquire(3, 10 * MS, expect=wait(1990 * MS)), wakes([]),
+     acquire(2, 1000 * MS, expect=attempt(1)), report(2, 1100 * MS, expect=DONE), wakes([]),
+     acquire(3, 2000 * MS, expect=attempt(1)), drain()])
+
 vec("bulkhead-queue-errors", "The queue's fields are checked.", ["bulkhead", "bulkhead-queue", "errors"],
     "policies:\n  a: { bulkhead: { queue: -1 } }\n  b: { bulkhead: { queue: 2, queue-timeout: \"0\" } }\n", [])
 
