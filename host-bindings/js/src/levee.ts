@@ -48,7 +48,7 @@ import type { ComponentExports, InstantiateCore, Platform, PolicyEntry, TraceSte
 /** The reason a hedged call's wait is aborted with when an attempt ends it (no DOMException to build). */
 const HEDGE_WAIT_OVER: unique symbol = Symbol('levee.hedge-wait-over');
 
-/** The reason a parked call's sleep is aborted with when a report or cancel wakes it. */
+/** The reason a parked call's sleep is aborted with when the core names it (a slot was granted to it). */
 const WOKEN: unique symbol = Symbol('levee.woken');
 
 export type { AttemptContext } from './attempt.js';
