@@ -437,7 +437,7 @@ export class Runtime {
       this.#recover(err, 'flush', '');
       return;
     }
-    if ((Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
+    if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     const trace = this.#trace;
     if (trace !== undefined) {
       trace({ op: 'report', call, policy: '', attempts: 0, outcome: { kind: 'success' }, verdict: decodeVerdict(v) });
@@ -497,7 +497,7 @@ export class Runtime {
       return undefined;
     }
     // A slot freed (by the held-back success that rode on this start, say) went to a waiter.
-    if ((Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
+    if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     if (this.#trace !== undefined) this.#traceStep('start', call, p, 0, v, undefined, undefined);
     return v;
   }
@@ -562,7 +562,7 @@ export class Runtime {
       return undefined;
     }
     // The slot the attempt freed went to the oldest waiter: the core names it.
-    if ((Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
+    if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     if (this.#trace !== undefined) this.#traceStep('report', call, p, attempts, v, outcome, undefined);
     return v;
   }
@@ -639,7 +639,7 @@ export class Runtime {
       this.#recover(err, 'acquire', p.name, key, call);
       return undefined;
     }
-    if ((Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
+    if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     if (this.#trace !== undefined) this.#traceStep('acquire', call, p, attempts, v, undefined, undefined);
     return v;
   }
@@ -661,7 +661,7 @@ export class Runtime {
       this.#recover(err, 'report-fallback', p.name, key, call);
       return undefined;
     }
-    if ((Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
+    if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     if (this.#trace !== undefined) this.#traceStep('report-fallback', call, p, attempts, v, undefined, ok);
     return v;
   }
@@ -694,7 +694,9 @@ export class Runtime {
       return () => {};
     }
     this.#parkers.set(call, wake);
-    this.parked++;
+    // While nothing was parked the verdicts' wakes bit was not looked at (the hot path pays one
+    // number check): the first park takes the wakes left, which may name this very call.
+    if (this.parked++ === 0) this.#takeWakes();
     return () => {
       if (this.#parkers.get(call) === wake) {
         this.#parkers.delete(call);
