@@ -80,6 +80,11 @@ def drain(expect=None):
     return {"op": "drain_events", **_x(expect)}
 
 
+def wakes(expect):
+    """`take-wakes`: the calls granted a bulkhead slot since the last take, in grant order."""
+    return {"op": "take_wakes", "expect": expect}
+
+
 def breaker(now, policy="p", key="", expect=None):
     return {"op": "breaker_state", "policy": policy, "key": key, "now": now, **_x(expect)}
 
@@ -1410,6 +1415,73 @@ vec("bulkhead-queue-retry-requeues", "A retry of a call needs a slot again: it q
     [start(1, 0), report(1, MS, "http-status", code=503, expect=retry(10 * MS)), start(2, 2 * MS, expect=attempt(1)),
      acquire(1, 11 * MS, expect=qwait(1000 * MS)), report(2, 20 * MS, expect=DONE), acquire(1, 20 * MS, expect=attempt(2))])
 
+# The core names the calls to wake (docs/policy.md, "The queue"): each slot freed on a key with
+# waiters is granted to the oldest, reserved for it, and its id is listed by take-wakes.
+BQ3 = "attempts: 1\nbulkhead: { max-concurrent: 1, queue: 3, queue-timeout: 1s }\n"
+vec("bulkhead-queue-wakes-on-report", "A report that frees a slot grants it to the oldest waiter only: take-wakes names that call, and its acquire takes the slot.",
+    ["bulkhead", "bulkhead-queue", "bulkhead-wakes"], policy(BQ3),
+    [start(1, 0, expect=attempt(1)), start(2, MS, expect=qwait()), start(3, 2 * MS, expect=qwait()), start(4, 3 * MS, expect=qwait()),
+     wakes([]),
+     report(1, 10 * MS, expect=DONE), wakes([2]), wakes([]),
+     acquire(3, 10 * MS, expect=qwait(992 * MS)), acquire(2, 10 * MS, expect=attempt(1)),
+     report(2, 20 * MS, "http-status", code=503, expect=fail("retries-exhausted")), wakes([3]),
+     acquire(3, 20 * MS, expect=attempt(1)), report(3, 30 * MS, expect=DONE), wakes([4]),
+     acquire(4, 30 * MS, expect=attempt(1)), report(4, 40 * MS, expect=DONE), wakes([]), drain()])
+
+vec("bulkhead-queue-wakes-in-grant-order", "Two slots freed grant the two oldest waiters, in order; a newcomer queues behind the grants even with no one left waiting, and is granted at once when a slot is free beyond them.",
+    ["bulkhead", "bulkhead-queue", "bulkhead-wakes"], policy("attempts: 1\nbulkhead: { max-concurrent: 2, queue: 4, queue-timeout: 1s }\n"),
+    [start(1, 0), start(2, 0), start(3, MS, expect=qwait()), start(4, 2 * MS, expect=qwait()),
+     report(2, 5 * MS, expect=DONE), report(1, 6 * MS, expect=DONE), wakes([3, 4]),
+     acquire(4, 6 * MS, expect=attempt(1)), report(4, 7 * MS, expect=DONE),
+     start(5, 8 * MS, expect=qwait(1000 * MS)), wakes([5]),
+     acquire(3, 9 * MS, expect=attempt(1)), acquire(5, 9 * MS, expect=attempt(1)), wakes([])])
+
+vec("bulkhead-queue-wakes-on-cancel", "Cancelling the call in flight grants its slot to the oldest waiter; cancelling a waiter grants nothing.",
+    ["bulkhead", "bulkhead-queue", "bulkhead-wakes"], policy(BQ3),
+    [start(1, 0), start(2, MS, expect=qwait()), start(3, 2 * MS, expect=qwait()),
+     cancel(2, 3 * MS), wakes([]), cancel(1, 4 * MS), wakes([3]), acquire(3, 4 * MS, expect=attempt(1))])
+
+vec("bulkhead-queue-granted-call-cancelled", "A granted call that is cancelled before it acquires gives its reservation to the next waiter.",
+    ["bulkhead", "bulkhead-queue", "bulkhead-wakes"], policy(BQ3),
+    [start(1, 0), start(2, MS, expect=qwait()), start(3, 2 * MS, expect=qwait()),
+     report(1, 5 * MS, expect=DONE), wakes([2]), start(4, 6 * MS, expect=qwait()),
+     cancel(2, 7 * MS), wakes([3]), acquire(4, 8 * MS, expect=qwait(998 * MS)), acquire(3, 8 * MS, expect=attempt(1))])
+
+vec("bulkhead-queue-wakes-on-timeout", "An attempt that times out frees its slot for the oldest waiter; a waiter whose time is over without a grant is rejected and wakes no one.",
+    ["bulkhead", "bulkhead-queue", "bulkhead-wakes"], policy("attempts: 1\nbulkhead: { max-concurrent: 1, queue: 3, queue-timeout: 100ms }\n"),
+    [start(1, 0), start(2, MS, expect=qwait(100 * MS)), start(3, 50 * MS, expect=qwait(100 * MS)),
+     acquire(2, 101 * MS, expect=fail("bulkhead-full")), wakes([]),
+     report(1, 120 * MS, "timeout", elapsed=120 * MS, expect=fail("retries-exhausted")), wakes([3]),
+     acquire(3, 200 * MS, expect=attempt(1)), drain()])
+
+vec("bulkhead-queue-grant-passed-on-deadline", "A granted call whose deadline has passed when it acquires is rejected (deadline), and its reservation goes to the next waiter.",
+    ["bulkhead", "bulkhead-queue", "bulkhead-wakes", "deadline"], policy("attempts: 1\ndeadline: 50ms\nbulkhead: { max-concurrent: 1, queue: 3, queue-timeout: 1s }\n"),
+    [start(1, 0), start(2, 10 * MS, expect=qwait(50 * MS)), start(3, 30 * MS, expect=qwait(50 * MS)),
+     report(1, 40 * MS, expect=DONE), wakes([2]), acquire(2, 61 * MS, expect=fail("deadline")), wakes([3]),
+     acquire(3, 61 * MS, expect=attempt(1))])
+
+vec("bulkhead-queue-wakes-retry-requeues", "A failed attempt's slot goes to the oldest waiter; the call's retry queues behind, and is woken when that waiter's attempt ends.",
+    ["bulkhead", "bulkhead-queue", "bulkhead-wakes"], policy("attempts: 2\nbackoff: { kind: constant, base: 10ms, jitter: none }\nbulkhead: { max-concurrent: 1, queue: 2, queue-timeout: 1s }\n"),
+    [start(1, 0), start(2, MS, expect=qwait()), report(1, 2 * MS, "http-status", code=503, expect=retry(10 * MS)), wakes([2]),
+     acquire(1, 12 * MS, expect=qwait(1000 * MS)), acquire(2, 12 * MS, expect=attempt(1)), wakes([]),
+     report(2, 20 * MS, expect=DONE), wakes([1]), acquire(1, 20 * MS, expect=attempt(2)), drain()])
+
+vec("bulkhead-queue-wakes-after-reload", "A reload does not carry the queues over: every queued or granted call is named to wake and acquires again under the new policy.",
+    ["bulkhead", "bulkhead-queue", "bulkhead-wakes", "reload"], policy(BQ3),
+    [start(1, 0), start(2, MS, expect=qwait()), start(3, 2 * MS, expect=qwait()), report(1, 3 * MS, expect=DONE), wakes([2]),
+     reload("policies:\n  p:\n    attempts: 1\n    bulkhead: { max-concurrent: 2, queue: 3, queue-timeout: 1s }\n", expect={"ok": None}),
+     wakes([2, 3]), acquire(3, 4 * MS, expect=attempt(1)), acquire(2, 4 * MS, expect=attempt(1))])
+
+vec("bulkhead-queue-grant-then-rate-limit", "A granted call that must then wait for the rate limiter does not keep its slot: it is granted to the next waiter at once (which waits for the limiter too), and the first takes a free slot when its token comes.",
+    ["bulkhead", "bulkhead-queue", "bulkhead-wakes", "rate-limit"],
+    policy("attempts: 1\nrate-limit: { rate: 1, per: 1s, burst: 1, max-wait: 3s }\nbulkhead: { max-concurrent: 1, queue: 3, queue-timeout: 5s }\n"),
+    [start(1, 0, expect=attempt(1)), start(2, MS, expect=qwait()), start(3, 2 * MS, expect=qwait()),
+     report(1, 10 * MS, expect=DONE), wakes([2]),
+     acquire(2, 10 * MS, expect=wait(990 * MS)), wakes([3]),
+     acquire(3, 10 * MS, expect=wait(1990 * MS)), wakes([]),
+     acquire(2, 1000 * MS, expect=attempt(1)), report(2, 1100 * MS, expect=DONE), wakes([]),
+     acquire(3, 2000 * MS, expect=attempt(1)), drain()])
+
 vec("bulkhead-queue-errors", "The queue's fields are checked.", ["bulkhead", "bulkhead-queue", "errors"],
     "policies:\n  a: { bulkhead: { queue: -1 } }\n  b: { bulkhead: { queue: 2, queue-timeout: \"0\" } }\n", [])
 
@@ -1569,6 +1641,20 @@ vec("hedge-bulkhead-slot-held-until-closed", "Each hedged attempt takes a bulkhe
         hreport(3, 1, 13 * MS, kind="http-status", code=503, elapsed=2 * MS, expect=cmds(hend(1, fail("bulkhead-full")))),
         start(4, 14 * MS, expect=hedged()),
         hstep(4, 14 * MS, expect=cmds(hs(2))),
+    ])
+
+vec("hedge-bulkhead-queue-wakes", "A hedged attempt that closes frees its slot for the oldest waiter in the bulkhead queue, named by take-wakes; no hedge takes a slot while a call waits or holds a grant.",
+    ["hedge", "bulkhead", "bulkhead-queue", "bulkhead-wakes"], policy("bulkhead: { max-concurrent: 2, queue: 2, queue-timeout: 1s }\nhedge: { attempts: 2, delay: 0 }\n"), [
+        start(1, 0, expect=hedged()),
+        hstep(1, 0, expect=cmds(hs(2))),
+        start(2, 1 * MS, expect=qwait(1000 * MS)),
+        wakes([]),
+        hreport(1, 1, 10 * MS, elapsed=10 * MS, expect=cmds(hc(2), hend(1, DONE))),
+        wakes([2]),
+        acquire(2, 10 * MS, expect=hedged()),
+        hstep(2, 10 * MS),
+        hreport(1, 2, 12 * MS, kind="timeout", elapsed=12 * MS, expect=cmds()),
+        wakes([]),
     ])
 
 vec("hedge-non-idempotent", "A hedge is a second request: an operation that is not idempotent and has no idempotency key is never hedged (and nothing waits for a hedge: call 4, with a delay); with an idempotency key it is.",

@@ -1401,10 +1401,10 @@ scenario(
 
 scenario(
     "contract-reserved-bits",
-    "Bits 5-7 set break the contract.",
+    "Bits 6-7 set break the contract (bit 5 is the wakes bit).",
     ["contract"],
     RP,
-    [call(ok("degraded"), faults=[verdict("start", packed(ATTEMPT, 1, 0) | 0x20)])],
+    [call(ok("degraded"), faults=[verdict("start", packed(ATTEMPT, 1, 0) | 0x40)])],
     all_of(lambda t: value(t[0], "degraded"), lambda t: fault(t[0], "contract")),
 )
 
@@ -1709,8 +1709,10 @@ scenario(
 
 
 # The bulkhead queue (docs/policy.md, "The queue"): a parked call sleeps until its payload
-# elapses or a report or cancel of its policy and key wakes it; the core picks who gets the slot.
-# A parked call's sleep is recorded with the payload the verdict asked for, like a sleep cut short.
+# elapses or the core names it in take-wakes (it granted the call a freed slot); only the named
+# call is woken, so a parked call sleeps once (a host that woke every waiter on every report
+# would record a second, shorter sleep for each waiter left behind). A parked call's sleep is
+# recorded with the payload the verdict asked for, like a sleep cut short.
 
 QUEUE = doc(p={"attempts": 1, "bulkhead": {"max-concurrent": 1, "queue": 2, "queue-timeout": "1s"}})
 
@@ -1723,18 +1725,30 @@ def queued(t: Trace) -> None:
 
 scenario(
     "bulkhead-queue-fifo-wake-on-report",
-    "Two calls queue behind a running one; each report wakes the queue and the oldest waiter starts at that instant (no polling): FIFO, the later one waits again for the rest of its time.",
-    ["bulkhead", "bulkhead-queue", "issue-16: bulkhead queue"],
+    "Two calls queue behind a running one; each report grants the slot to the oldest waiter, which alone is woken and starts at that instant (no polling): FIFO, the later one sleeps on until its own grant.",
+    ["bulkhead", "bulkhead-queue", "issue-16: bulkhead queue", "issue-20: named wakes"],
     QUEUE,
     [call(ok(0, after=100 * MS)), call(ok(1, after=100 * MS), at=10 * MS), call(ok(2, after=100 * MS), at=20 * MS)],
     all_of(lambda t: value(t[0], 0), lambda t: value(t[1], 1), lambda t: value(t[2], 2),
            lambda t: starts(t[1], 100 * MS), lambda t: starts(t[2], 200 * MS),
-           lambda t: sleeps(t[1], S), lambda t: sleeps(t[2], S, 920 * MS), lambda t: queued(t[1]), lambda t: queued(t[2])),  # fmt: skip
+           lambda t: sleeps(t[1], S), lambda t: sleeps(t[2], S), lambda t: queued(t[1]), lambda t: queued(t[2])),  # fmt: skip
+)
+
+scenario(
+    "bulkhead-queue-wakes-only-the-granted-call",
+    "Five calls queue behind one slot; each report wakes only the call the core granted the slot to: every waiter sleeps once (one park, one wait event) and starts the instant its turn comes. A host that woke every waiter on each report would show each later waiter sleeping again, once per report before its turn.",
+    ["bulkhead", "bulkhead-queue", "issue-20: named wakes"],
+    doc(p={"attempts": 1, "bulkhead": {"max-concurrent": 1, "queue": 5, "queue-timeout": "2s"}}),
+    [call(ok(i, after=100 * MS), at=i * 10 * MS) for i in range(6)],
+    all_of(*[(lambda i: lambda t: value(t[i], i))(i) for i in range(6)],
+           *[(lambda i: lambda t: starts(t[i], i * 100 * MS))(i) for i in range(1, 6)],
+           *[(lambda i: lambda t: sleeps(t[i], 2 * S))(i) for i in range(1, 6)],
+           *[(lambda i: lambda t: check(names(t[i]).count("rate-limit-wait") == 1, f"one wait event for call {i}: {names(t[i])}"))(i) for i in range(1, 6)]),  # fmt: skip
 )
 
 scenario(
     "bulkhead-queue-wake-on-cancel",
-    "Cancelling the running call wakes the waiter, which starts at the cancel.",
+    "Cancelling the running call grants its slot to the waiter, woken at the cancel, which starts then.",
     ["bulkhead", "bulkhead-queue", "cancellation", "issue-16: bulkhead queue"],
     QUEUE,
     [call(HANG, cancel_at=100 * MS), call(ok("next"), at=10 * MS)],

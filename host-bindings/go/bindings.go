@@ -69,6 +69,7 @@ const (
 	fnHedgeStep
 	fnReportAttempt
 	fnCancel
+	fnTakeWakes
 	fnCallInfo
 	fnDrainEvents
 	fnBreakerState
@@ -116,6 +117,7 @@ var sigs = [nFuncs]*funcSig{
 	fnReportAttempt: method("report-attempt", ts(tU64, tU32, tU64, tU64, tOutcomeKind, tS32, tString, tU64, tU32),
 		ts(tHedgeAnswer)),
 	fnCancel:       method("cancel", ts(tU64, tU64), nil),
+	fnTakeWakes:    method("take-wakes", nil, ts(listOf(tU64))),
 	fnCallInfo:     method("call-info", ts(tU64), ts(optionOf(tCallInfo))),
 	fnDrainEvents:  method("drain-events", nil, ts(listOf(tEvent))),
 	fnBreakerState: method("breaker-state", ts(tU32, tString, tU64), ts(optionOf(tBreakerState))),
@@ -704,6 +706,23 @@ func (in *instance) liftHedgeAnswer(ctx context.Context, fn int) (HedgeAnswer, e
 
 func (in *instance) cancel(ctx context.Context, rep uint32, call, now uint64) error {
 	return in.call(ctx, fnCancel, uint64(rep), call, now)
+}
+
+// takeWakes lifts the calls granted a bulkhead slot since the last take, in grant order.
+func (in *instance) takeWakes(ctx context.Context, rep uint32) ([]uint64, error) {
+	if err := in.call(ctx, fnTakeWakes, uint64(rep)); err != nil {
+		return nil, err
+	}
+	v, err := in.liftRet(ctx, fnTakeWakes)
+	if err != nil {
+		return nil, err
+	}
+	l := v.([]any)
+	out := make([]uint64, len(l))
+	for i, c := range l {
+		out[i] = c.(uint64)
+	}
+	return out, nil
 }
 
 func (in *instance) callInfo(ctx context.Context, rep uint32, call uint64) (CallInfo, bool, error) {

@@ -206,6 +206,14 @@ func runVector(t *testing.T, path string) {
 			got = hedgeJSON(a)
 		case "cancel":
 			err = e.Cancel(s.u64("call"), s.u64("now"))
+		case "take_wakes":
+			var calls []uint64
+			calls, err = e.TakeWakes()
+			l := make([]any, len(calls))
+			for i, c := range calls {
+				l[i] = c
+			}
+			got = l
 		case "drain_events":
 			var evs []Event
 			evs, err = e.DrainEvents()

@@ -24,7 +24,8 @@ const (
 	cMethodConnect              = 9
 	cVerdictKindMask            = 15
 	cVerdictEventsBit           = 16
-	cVerdictReservedMask        = 224
+	cVerdictWakesBit            = 32
+	cVerdictReservedMask        = 192
 	cVerdictDetailShift         = 8
 	cVerdictDetailMask          = 255
 	cVerdictPayloadShift        = 16

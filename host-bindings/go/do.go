@@ -402,10 +402,10 @@ func (e *Engine) startCall(cctx context.Context, ref callRef, flags uint32, d *d
 		err = e.faultLocked(err)
 		e.tagFaultLocked(ref)
 	} else {
-		if h.call != 0 {
-			e.wakeLocked(h.policy, h.key) // the held-back success settled: its slot is free
-		}
 		act = e.decideLocked(cctx, d, v, now, ref)
+		if v.WakesPending() {
+			e.wakesLocked() // after the park: the verdict may name the call it queued
+		}
 		if e.o.snapEvery > 0 && e.in != nil && now-e.snapAt >= uint64(e.o.snapEvery) {
 			e.snapshotLocked(now)
 		}
@@ -488,10 +488,13 @@ func (e *Engine) step(cctx context.Context, ref callRef, op crossing, d *driver,
 		e.tagFaultLocked(ref)
 		return act, 0, err
 	}
-	if op == opReport {
-		e.wakeLocked(ref.policy, ref.key)
+	act = e.decideLocked(cctx, d, v, now, ref)
+	if v.WakesPending() {
+		// a slot freed (the report's) went to the oldest waiter; taken after this
+		// crossing's own park, since the verdict that queues a call may name it
+		e.wakesLocked()
 	}
-	return e.decideLocked(cctx, d, v, now, ref), v, nil
+	return act, v, nil
 }
 
 // callRef names the call a crossing belongs to, for the engine-fault it may cause.
@@ -583,7 +586,9 @@ func (e *Engine) sendHeldLocked() error {
 	if v.Kind() != VerdictDone {
 		return e.faultLocked(trapf("a held-back success was answered %v", v))
 	}
-	e.wakeLocked(h.policy, h.key)
+	if v.WakesPending() {
+		e.wakesLocked()
+	}
 	if v.EventsPending() {
 		// drained under the lock, so a breaker transition is snapshotted before any other
 		// goroutine's trap could restore an older state (docs/architecture.md)
@@ -700,7 +705,7 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 	c := callRun{p: p, a: a, co: co, st: st, call: call}
 	defer func() {
 		if !c.finished {
-			_ = p.e.cancelIn(context.Background(), call, c.st.index, c.co.key)
+			_ = p.e.cancelIn(context.Background(), call)
 			c.tel.end(cResults[3], c.d.attempts > 1, ReasonCancelled, errPanicked)
 		}
 	}()
@@ -742,7 +747,7 @@ func (c *callRun) fail(reason Reason, retryAfter time.Duration, ctxErr error) er
 // cancelCall abandons the call in the core, its events delivered with the call's context.
 func (c *callRun) cancelCall(ctx context.Context) {
 	e := c.p.e
-	_ = e.cancelIn(ctx, c.call, c.st.index, c.co.key)
+	_ = e.cancelIn(ctx, c.call)
 }
 
 func (c *callRun) cancelled(cerr error) (any, bool, error) {

@@ -64,7 +64,7 @@ func TestDriverContract(t *testing.T) {
 		fault  fault
 		ending recovery
 	}{
-		{"reserved bits", fresh(), mkVerdict(VerdictAttempt, 1, 50*ms) | 0x20, 0, faultContract, recoverDegraded},
+		{"reserved bits", fresh(), mkVerdict(VerdictAttempt, 1, 50*ms) | 0x40, 0, faultContract, recoverDegraded},
 		{"unknown kind", fresh(), mkVerdict(9, 0, 0), 0, faultContract, recoverDegraded},
 		{"wrong attempt number", fresh(), mkVerdict(VerdictAttempt, 2, 50*ms), 0, faultContract, recoverDegraded},
 		{"timeout above the policy's", fresh(), mkVerdict(VerdictAttempt, 1, 60*ms), 0, faultContract, recoverDegraded},

@@ -169,7 +169,7 @@ type Engine struct {
 	hold    heldSuccess
 	// the calls parked in bulkhead queues (park.go), under mu, and how many
 	// (written under mu, read without it by holdSuccess)
-	parked  map[parkKey][]*parker
+	parked  map[uint64]*parker
 	nParked atomic.Int64
 	// successes held back by finished calls, not yet moved to hold (see holdSuccess);
 	// under pmu alone, so a finishing call never waits behind a guest call
@@ -813,14 +813,24 @@ func (e *Engine) Cancel(call, now uint64) error {
 	return e.op(false, func(ctx context.Context, in *instance) error { return in.cancel(ctx, e.rep, call, now) })
 }
 
-// cancelIn is Cancel of a call of the queue (policy, key): it wakes the calls
-// parked there.
-func (e *Engine) cancelIn(cctx context.Context, call uint64, policy uint32, key string) error {
+// cancelIn is Cancel of a call Do drives: the slot or the grant it held goes
+// to the oldest waiter, which is woken.
+func (e *Engine) cancelIn(cctx context.Context, call uint64) error {
 	return e.opCtx(cctx, func(ctx context.Context, in *instance) error {
 		err := in.cancel(ctx, e.rep, call, e.Now())
-		e.wakeLocked(policy, key)
+		if err == nil {
+			e.wakesIfParkedLocked()
+		}
 		return err
 	})
+}
+
+// TakeWakes takes the calls granted a bulkhead slot since the last take, in grant order
+// (a verdict's WakesPending says some are). Do wakes its own parked calls; a caller of
+// TakeWakes takes them away.
+func (e *Engine) TakeWakes() (calls []uint64, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error { calls, err = in.takeWakes(ctx, e.rep); return err })
+	return calls, err
 }
 
 // CallInfo is what the engine knows of a live call.

@@ -61,7 +61,7 @@ func (e *Engine) hedgeCross(cctx context.Context, ref callRef, op crossing, d *d
 
 // crossHedgeLocked runs the crossing (through the test seam when one is set); a failure
 // of the guest re-instantiates the engine. A report frees what the attempt held: the
-// calls parked in its bulkhead queue are woken.
+// call the core grants its bulkhead slot to is woken.
 func (e *Engine) crossHedgeLocked(cctx context.Context, ref callRef, op crossing,
 	f func(ctx context.Context, in *instance) (HedgeAnswer, error)) (a HedgeAnswer, err error) {
 	ctx := e.enter()
@@ -87,7 +87,7 @@ func (e *Engine) crossHedgeLocked(cctx context.Context, ref callRef, op crossing
 		return a, err
 	}
 	if op == opReportAttempt {
-		e.wakeLocked(ref.policy, ref.key)
+		e.wakesIfParkedLocked() // the answer has no wakes bit
 	}
 	return a, nil
 }
@@ -537,7 +537,7 @@ func (c *callRun) hedgeRecover(r *hedgeRun, reported *hedgeEnded, now uint64) (a
 		}
 	}
 	r.mu.Unlock()
-	_ = e.cancelIn(c.ctx, c.call, c.st.index, c.co.key) // a no-op for a call the core lost
+	_ = e.cancelIn(c.ctx, c.call) // a no-op for a call the core lost
 	if reported != nil {
 		r.dropResults(reported.n)
 		r.finish(false)

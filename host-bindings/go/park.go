@@ -7,54 +7,69 @@ import (
 
 // The bulkhead queue's host half (docs/policy.md, "The queue"): a call the core
 // queues (a wait with reason bulkhead-full) is parked until its payload
-// elapses or this engine reports or cancels an attempt of the same policy and
-// key, whichever comes first, and then acquires again. The park is registered
-// under the engine's lock in the crossing that queued it, and every wake-up is
-// sent under that lock in the crossing that frees a slot, so no wake-up is
-// lost between the two. A success Do holds back frees its slot only when it is
-// applied, so while calls are parked it is applied at once (holdSuccess). While
-// nothing is parked, a crossing and a held-back success pay one atomic load.
+// elapses or the core names it in take-wakes (it granted the call a freed
+// slot), whichever comes first, and then acquires again. Only the named calls
+// are woken, each found by its call id: a release costs one wake whatever the
+// number of parked calls. The park is registered under the engine's lock in
+// the crossing that queued it, and the wakes a crossing's verdict announces
+// are taken under that lock at the end of the same locked section (after its
+// own park, since the verdict that queues a call may name it), so no wake-up
+// is lost between the two. A success Do holds back frees its slot only when
+// it is applied, so while calls are parked it is applied at once
+// (holdSuccess). While nothing is parked, a crossing and a held-back success
+// pay one atomic load.
 
-// parkKey names a bulkhead queue: a policy (its index) and a key.
-type parkKey struct {
-	policy uint32
-	key    string
-}
-
-// parker is one parked call: its sleep runs under ctx, which wake cancels.
+// parker is one parked call: its sleep runs under ctx, which a wake cancels.
 type parker struct {
-	at     parkKey
+	call   uint64
 	ctx    context.Context
 	cancel context.CancelFunc
 }
 
-// parkLocked registers the call of ctx as parked in the queue of ref.
+// parkLocked registers the call of ref as parked.
 func (e *Engine) parkLocked(cctx context.Context, ref callRef) *parker {
-	p := &parker{at: parkKey{ref.policy, ref.key}}
+	p := &parker{call: ref.call}
 	p.ctx, p.cancel = context.WithCancel(cctx)
 	if e.parked == nil {
-		e.parked = map[parkKey][]*parker{}
+		e.parked = map[uint64]*parker{}
 	}
-	e.parked[p.at] = append(e.parked[p.at], p)
-	e.nParked.Add(1)
+	if old := e.parked[p.call]; old != nil {
+		old.cancel() // a call parks once at a time; an earlier park of it is over
+	} else {
+		e.nParked.Add(1)
+	}
+	e.parked[p.call] = p
 	return p
 }
 
-// wakeLocked wakes every call parked in the queue of (policy, key): an attempt
-// of it was reported or cancelled, or a held-back success of it applied.
-func (e *Engine) wakeLocked(policy uint32, key string) {
-	if e.nParked.Load() == 0 {
+// wakesLocked takes the calls the core granted a slot (take-wakes) and wakes
+// the ones parked here, and only them. An id not parked here (it acquired
+// already, or ended) is ignored: the list is the guest's.
+func (e *Engine) wakesLocked() {
+	if e.in == nil {
 		return
 	}
-	k := parkKey{policy, key}
-	ps := e.parked[k]
-	if len(ps) == 0 {
+	ctx := e.enter()
+	calls, err := e.in.takeWakes(ctx, e.rep)
+	e.leave()
+	if err != nil {
+		_ = e.faultLocked(err)
 		return
 	}
-	delete(e.parked, k)
-	e.nParked.Add(-int64(len(ps)))
-	for _, p := range ps {
-		p.cancel()
+	for _, c := range calls {
+		if p := e.parked[c]; p != nil {
+			delete(e.parked, c)
+			e.nParked.Add(-1)
+			p.cancel()
+		}
+	}
+}
+
+// wakesIfParkedLocked is wakesLocked after a crossing that answers no verdict
+// bit (cancel, report-attempt) but may have freed a slot, while calls are parked.
+func (e *Engine) wakesIfParkedLocked() {
+	if e.nParked.Load() > 0 {
+		e.wakesLocked()
 	}
 }
 
@@ -63,19 +78,9 @@ func (e *Engine) wakeLocked(policy uint32, key string) {
 func (e *Engine) parkSleep(ctx context.Context, p *parker, d time.Duration) error {
 	_ = e.sleep(p.ctx, d)
 	e.mu.Lock()
-	if ps := e.parked[p.at]; len(ps) > 0 {
-		for i, q := range ps {
-			if q == p {
-				ps = append(ps[:i], ps[i+1:]...)
-				e.nParked.Add(-1)
-				if len(ps) == 0 {
-					delete(e.parked, p.at)
-				} else {
-					e.parked[p.at] = ps
-				}
-				break
-			}
-		}
+	if e.parked[p.call] == p {
+		delete(e.parked, p.call)
+		e.nParked.Add(-1)
 	}
 	e.mu.Unlock()
 	p.cancel()

@@ -227,6 +227,9 @@ func (v Verdict) Kind() VerdictKind { return VerdictKind(v & cVerdictKindMask) }
 // EventsPending is bit 4: events wait in drain-events.
 func (v Verdict) EventsPending() bool { return v&cVerdictEventsBit != 0 }
 
+// WakesPending is bit 5: calls granted a bulkhead slot wait in take-wakes.
+func (v Verdict) WakesPending() bool { return v&cVerdictWakesBit != 0 }
+
 // Detail is bits 8-15: the attempt number, a Reason, or an invalid code.
 func (v Verdict) Detail() uint8 { return uint8(v >> cVerdictDetailShift) }
 

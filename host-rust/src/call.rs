@@ -16,7 +16,7 @@ use crate::handle::Levee;
 use crate::outcome::{IntoOutcome, Outcome};
 use crate::park::Parker;
 use crate::raw::Trap;
-use crate::runtime::{crossing, Held, Injected, Lane, Shared};
+use crate::runtime::{crossing, Held, Injected, Shared};
 use crate::telemetry;
 use crate::time::{EngineClock, Sleep};
 
@@ -242,7 +242,6 @@ struct Guard<'a> {
     span: tracing::Span,
     shared: &'a Shared,
     policy: &'a str,
-    lane: Lane<'a>,
     call: u64,
     live: bool,
     attempts: u32,
@@ -264,7 +263,7 @@ impl Guard<'_> {
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
         if self.live {
-            self.shared.cancel(self.call, self.lane);
+            self.shared.cancel(self.call);
             self.span.record("levee.result", "cancelled");
             telemetry::call(&*self.shared.telemetry, self.policy, "cancelled", self.attempts > 1, None);
         }
@@ -503,11 +502,10 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
             }
         };
         let call = s.call;
-        let lane = Lane { policy: s.index, key };
         let mut driver = Driver::new(s.limits, started);
         // The spans of docs/telemetry.md (`tracing`; an OpenTelemetry layer exports them).
         let span = tracing::info_span!(target: "levee", "levee.call", levee.policy = policy, levee.key = key, levee.result = tracing::field::Empty, levee.reason = tracing::field::Empty);
-        let mut guard = Guard { span: span.clone(), shared, policy, lane, call, live: true, attempts: 0 };
+        let mut guard = Guard { span: span.clone(), shared, policy, call, live: true, attempts: 0 };
         let mut last: Last<T, E> = Last::None;
         let mut last_outcome: Option<Outcome> = None;
         let hooks = [shared.on_retry.as_ref(), self.on_retry.as_ref()];
@@ -598,8 +596,9 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     let flags = flags | asked;
                     let wall = if k == OutcomeKind::HttpStatus && !text.is_empty() { shared.clock.unix_seconds() } else { 0 };
                     let inject = take(&mut faults, FaultOp::Report);
-                    // The report frees the attempt's slot: it wakes the calls parked in the lane.
-                    let (r, pending) = shared.report(lane, |raw| {
+                    // The report frees the attempt's slot: the core grants it to the oldest
+                    // waiter, whom the crossing wakes.
+                    let (r, pending) = shared.report(|raw| {
                         crossing(raw, inject, "report", |raw| raw.try_report(call, now, elapsed, k, code, text, wall, flags))
                     });
                     action = match r {
@@ -621,7 +620,6 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     let (levee, attempts, faults, retry_if) = (self.levee, &mut guard.attempts, &mut faults, retry_if.as_ref());
                     let hedging = crate::hedge::Hedging {
                         levee,
-                        lane,
                         shared,
                         policy,
                         key,
@@ -658,8 +656,8 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         }
                     }
                     // Sleep holding nothing: the engine released the attempt's permits. A call
-                    // waiting in the bulkhead queue also wakes when a report or cancel of its
-                    // lane may have freed a slot; the core then says who takes it.
+                    // waiting in the bulkhead queue also wakes when the core grants it a slot
+                    // (it names the call: nobody else is woken).
                     if delay > 0 {
                         shared.step_sleep(call, policy, delay);
                         let timer = shared.clock.sleep_until(until);
@@ -672,7 +670,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     let inject = take(&mut faults, FaultOp::Acquire);
                     // The park lasts until this crossing has answered (a new park, if it queues
                     // the call again, is registered in it).
-                    let (r, pending, parked) = shared.acquire(lane, call, now, inject);
+                    let (r, pending, parked) = shared.acquire(call, now, inject);
                     parker = parked;
                     action = match r {
                         Ok(v) => {

@@ -42,8 +42,10 @@ pub const METHOD_CONNECT: u32 = 9;
 pub const VERDICT_KIND_MASK: u32 = 15;
 /// `VERDICT_EVENTS_BIT` of the contract.
 pub const VERDICT_EVENTS_BIT: u32 = 16;
+/// `VERDICT_WAKES_BIT` of the contract.
+pub const VERDICT_WAKES_BIT: u32 = 32;
 /// `VERDICT_RESERVED_MASK` of the contract.
-pub const VERDICT_RESERVED_MASK: u32 = 224;
+pub const VERDICT_RESERVED_MASK: u32 = 192;
 /// `VERDICT_DETAIL_SHIFT` of the contract.
 pub const VERDICT_DETAIL_SHIFT: u32 = 8;
 /// `VERDICT_DETAIL_MASK` of the contract.

@@ -57,8 +57,8 @@ pub(crate) enum Action {
     Hedge { begin: u64, timeout: Option<u64> },
     /// Sleep until `until` holding nothing, then `acquire`. After a `retry` the value the last
     /// attempt returned is dropped (the retry replaces it). With `park` the call waits in a
-    /// bulkhead queue (a `wait` with reason `bulkhead-full`): the sleep also ends as soon as a
-    /// report or cancel of the same policy and key wakes it (docs/policy.md, "The queue").
+    /// bulkhead queue (a `wait` with reason `bulkhead-full`): the sleep also ends as soon as the
+    /// core grants the call a slot and names it (docs/policy.md, "The queue").
     Sleep { until: u64, delay: u64, retry: bool, park: bool },
     /// Run the fallback at `index` of the policy's chain (why: `reason`); report whether it
     /// succeeded.
@@ -258,7 +258,7 @@ mod tests {
             (v(VerdictKind::Fallback, 1, 1), Crossing::Start),      // index out of range
             (v(VerdictKind::Retry, 0, 200), Crossing::Acquire),     // past the deadline
             (Verdict(8), Crossing::Start),                          // an unknown kind
-            (Verdict(0x20 | 0x0100 | (50 << 16)), Crossing::Start), // reserved bits
+            (Verdict(0x40 | 0x0100 | (50 << 16)), Crossing::Start), // reserved bits
         ];
         for (verdict, crossing) in cases {
             assert_eq!(Driver::new(LIMITS, 1).next(verdict, 1, crossing), degraded, "{verdict:?}");

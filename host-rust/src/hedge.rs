@@ -42,7 +42,7 @@ use crate::driver::{Action, Crossing, Driver, Recovery};
 use crate::handle::Levee;
 use crate::outcome::Outcome;
 use crate::raw::{RawEngine, Trap};
-use crate::runtime::{Lane, Shared};
+use crate::runtime::Shared;
 use crate::telemetry::{self, Fault};
 use crate::time::Sleep;
 
@@ -198,8 +198,6 @@ impl Attempt {
 /// What a hedged call needs of the call running it.
 pub(crate) struct Hedging<'a> {
     pub(crate) levee: &'a Levee,
-    /// The call's policy and key: the bulkhead queue its reports wake.
-    pub(crate) lane: Lane<'a>,
     pub(crate) shared: &'a Shared,
     pub(crate) policy: &'a str,
     pub(crate) key: &'a str,
@@ -310,20 +308,12 @@ fn end_verdict(commands: &[HedgeCommand]) -> Option<Verdict> {
     })
 }
 
-/// Report attempt `number` of `call` (in `lane`), cancelled and now closed, at `now`.
-fn report_closed(
-    shared: &Shared,
-    policy: &str,
-    lane: Lane<'_>,
-    call: u64,
-    number: u32,
-    begin: u64,
-    now: u64,
-) -> Result<Vec<HedgeCommand>, Trap> {
+/// Report attempt `number` of `call`, cancelled and now closed, at `now`.
+fn report_closed(shared: &Shared, policy: &str, call: u64, number: u32, begin: u64, now: u64) -> Result<Vec<HedgeCommand>, Trap> {
     let cancelled = Outcome::error(CANCELLED);
     let (k, code, text, flags) = cancelled.parts();
     let (r, pending) =
-        shared.cross_hedge(Some(lane), |raw| raw.try_report_attempt(call, number, now, now.saturating_sub(begin), k, code, text, 0, flags));
+        shared.cross_hedge(true, |raw| raw.try_report_attempt(call, number, now, now.saturating_sub(begin), k, code, text, 0, flags));
     if let Ok(commands) = &r {
         shared.step("report-attempt", now, call, policy, None, end_verdict(commands));
     }
@@ -367,8 +357,8 @@ where
     ) -> Result<Vec<HedgeCommand>, Trap> {
         let inject = take_hedge(self.h.faults, op);
         // The report of an attempt may free its slot.
-        let wake = (op == FaultOp::ReportAttempt).then_some(self.h.lane);
-        let (r, pending) = self.h.shared.cross_hedge(wake, |raw| match inject {
+        let closes = op == FaultOp::ReportAttempt;
+        let (r, pending) = self.h.shared.cross_hedge(closes, |raw| match inject {
             None => real(raw),
             Some(None) => Err(raw.reinstantiate(
                 if op == FaultOp::HedgeStep { "hedge-step" } else { "report-attempt" },
@@ -482,12 +472,11 @@ where
             // No runtime to wait on: the core hears of them now.
             let h = &self.h;
             for c in self.closing.drain(..) {
-                let _ = report_closed(h.shared, h.policy, h.lane, h.call, c.number, c.begin, h.shared.now());
+                let _ = report_closed(h.shared, h.policy, h.call, c.number, c.begin, h.shared.now());
             }
             return;
         };
         let (levee, policy, call) = (self.h.levee.clone(), self.h.policy.to_string(), self.h.call);
-        let (index, key) = (self.h.lane.policy, self.h.lane.key.to_string());
         let mut closing = std::mem::take(&mut self.closing);
         drop(rt.spawn(async move {
             while !closing.is_empty() {
@@ -497,7 +486,7 @@ where
                 .await;
                 let c = closing.swap_remove(i);
                 let shared = &*levee.shared;
-                let _ = report_closed(shared, &policy, Lane { policy: index, key: &key }, call, c.number, c.begin, shared.now());
+                let _ = report_closed(shared, &policy, call, c.number, c.begin, shared.now());
             }
         }));
     }

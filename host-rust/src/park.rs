@@ -1,120 +1,89 @@
 //! The bulkhead queue's host half (docs/policy.md, "The queue"; docs/hosts.md): a call the core
 //! queues (a `wait` verdict with reason `bulkhead-full`) is *parked* until the verdict's payload
-//! has elapsed **or** this host reports or cancels an attempt of the same policy and key,
-//! whichever comes first; then it acquires again, and the core decides who gets the slot.
+//! has elapsed **or** the core names it in `take-wakes` (it was granted a slot), whichever comes
+//! first; then it acquires again. The core decides who gets a freed slot and names exactly
+//! that call: nobody else is woken.
 //!
 //! - A park is registered under the engine's lock, in the crossing that queued the call, and
-//!   a wake is registered under that lock in the crossing that reports or cancels, so no
-//!   wake-up is lost between the two and none reaches a call queued after the crossing.
-//! - The cost is constant per park, per wake and per woken call, whatever the length of the
-//!   queue: each queue (policy and key) has a wake epoch and a [`Notify`]. A wake bumps the
-//!   epoch (O(1), under the engine's lock) and, after the lock is released, notifies the
-//!   queue's registered futures (each is one waker call, no search); a parked call was woken
-//!   when the epoch moved past the one it parked at. Nothing scans the waiters to find one, and
-//!   a park ends (woken, timed out or dropped) by decrementing a count.
+//!   the calls a crossing's verdict says were granted (its wakes bit, or any `cancel` or
+//!   `report-attempt` while calls are parked) are taken and woken under that lock when the
+//!   crossing's locked section ends, after its own park: so no wake is lost between the two,
+//!   even the one that names the call its own verdict queued.
+//! - The cost is constant per park and per wake, whatever the number of parked calls: the
+//!   parks are a map from call id to the call's [`Park`]; a wake removes the entry and
+//!   notifies that one future (one waker call). Nothing scans the waiters, and a park ends
+//!   (woken, timed out or dropped) by removing its own entry.
 //! - A success the hot path would hold back for the next `start` frees its slot only when it is
 //!   settled, so while any call is parked no success is held back (see
-//!   [`crate::runtime`]'s `HeldSlot`): it is reported at once, and its report wakes the queue.
+//!   [`crate::runtime`]'s `HeldSlot`): it is reported at once, and its report grants the slot.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
 use crate::runtime::HeldSlot;
 
-/// The calls parked in one bulkhead queue: one policy (its index) and one key.
-pub(crate) struct Queue {
-    policy: u32,
-    key: Box<str>,
-    /// Bumped by every wake, under the engine's lock.
-    epoch: AtomicU64,
-    /// Wakes the futures of [`Parker::woken`] after a bump.
+/// One parked call: woken once, by [`Parked::wake`].
+pub(crate) struct Park {
+    woken: AtomicBool,
     notify: Notify,
-    /// The parks of this queue not yet over (changed under the registry's lock).
-    parked: AtomicUsize,
 }
 
-impl Queue {
-    /// Tell the parked calls of this queue to look at its epoch (after the engine's lock is
-    /// released: each is one waker call).
+impl Park {
+    /// Tell the parked call it was woken (after the engine's lock is released: one waker call;
+    /// a permit is stored if its future has not been polled yet).
     pub(crate) fn notify(&self) {
-        self.notify.notify_waiters();
+        self.notify.notify_one();
     }
 }
 
-/// The queues with calls parked in them, by key, then policy (a key seldom has more than one
-/// policy). Empty when nothing is parked.
+/// The parked calls, by call id. Empty when nothing is parked.
 #[derive(Default)]
 pub(crate) struct Parked {
-    queues: Mutex<HashMap<Box<str>, Vec<Arc<Queue>>>>,
+    calls: Mutex<HashMap<u64, Arc<Park>>>,
 }
 
 impl Parked {
-    fn queues(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Vec<Arc<Queue>>>> {
-        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    fn calls(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Park>>> {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Park a call in the queue of (`policy`, `key`): under the engine's lock, in the crossing
-    /// that queued it. The park lasts until the [`Parker`] is dropped.
-    pub(crate) fn join(&self, policy: u32, key: &str) -> (Arc<Queue>, u64) {
-        let mut queues = self.queues();
-        let list = match queues.get_mut(key) {
-            Some(list) => list,
-            None => queues.entry(Box::from(key)).or_default(),
-        };
-        let queue = match list.iter().find(|q| q.policy == policy) {
-            Some(q) => q.clone(),
-            None => {
-                let q = Arc::new(Queue {
-                    policy,
-                    key: Box::from(key),
-                    epoch: AtomicU64::new(0),
-                    notify: Notify::new(),
-                    parked: AtomicUsize::new(0),
-                });
-                list.push(q.clone());
-                q
-            }
-        };
-        queue.parked.fetch_add(1, Ordering::Relaxed);
-        // Read under the engine's lock, like every bump: a wake registered before this park
-        // is not this call's.
-        let epoch = queue.epoch.load(Ordering::Relaxed);
-        (queue, epoch)
+    /// Park `call`: under the engine's lock, in the crossing that queued it. The park lasts
+    /// until the [`Parker`] is dropped.
+    pub(crate) fn join(&self, call: u64) -> Arc<Park> {
+        let park = Arc::new(Park { woken: AtomicBool::new(false), notify: Notify::new() });
+        self.calls().insert(call, park.clone());
+        park
     }
 
-    /// Wake every call parked in the queue of (`policy`, `key`): under the engine's lock, in the
-    /// crossing that reported or cancelled. The queue returned is to be
-    /// [notified](Queue::notify) once the lock is released (`None`: nobody is parked there).
-    pub(crate) fn wake(&self, policy: u32, key: &str) -> Option<Arc<Queue>> {
-        let queues = self.queues();
-        let queue = queues.get(key)?.iter().find(|q| q.policy == policy)?.clone();
-        drop(queues);
-        queue.epoch.fetch_add(1, Ordering::Release);
-        Some(queue)
-    }
-
-    /// A park in `queue` is over (woken, timed out, or its call dropped).
-    fn leave(&self, queue: &Arc<Queue>) {
-        let mut queues = self.queues();
-        if queue.parked.fetch_sub(1, Ordering::Relaxed) != 1 {
-            return;
-        }
-        // The last one: forget the queue (a later park makes a new one).
-        if let Some(list) = queues.get_mut(&*queue.key) {
-            list.retain(|q| !Arc::ptr_eq(q, queue));
-            if list.is_empty() {
-                queues.remove(&*queue.key);
+    /// Wake the parked calls among `calls` (the core's `take-wakes`, under the engine's lock);
+    /// each woken park is pushed to `woken`, to be [notified](Park::notify) once the lock is
+    /// released. A call not parked here (it already acquired, or ended) is ignored: the list is
+    /// the guest's, and only a call this host parked can be woken.
+    pub(crate) fn wake(&self, calls: &[u64], woken: &mut Vec<Arc<Park>>) {
+        let mut map = self.calls();
+        for call in calls {
+            if let Some(park) = map.remove(call) {
+                park.woken.store(true, Ordering::Release);
+                woken.push(park);
             }
         }
     }
 
-    /// Calls parked, all queues (for tests).
+    /// The park of `call` is over (woken, timed out, or its call dropped).
+    fn leave(&self, call: u64, park: &Arc<Park>) {
+        let mut map = self.calls();
+        if map.get(&call).is_some_and(|p| Arc::ptr_eq(p, park)) {
+            map.remove(&call);
+        }
+    }
+
+    /// Calls parked (for tests).
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.queues().values().flatten().map(|q| q.parked.load(Ordering::Relaxed)).sum()
+        self.calls().len()
     }
 }
 
@@ -123,20 +92,21 @@ impl Parked {
 pub(crate) struct Parker<'a> {
     parked: &'a Parked,
     held: &'a HeldSlot,
-    queue: Arc<Queue>,
-    epoch: u64,
+    call: u64,
+    park: Arc<Park>,
 }
 
 impl<'a> Parker<'a> {
-    /// The park `joined` ([`Parked::join`]) in `parked`, counted in `held` by the caller.
-    pub(crate) fn new(parked: &'a Parked, held: &'a HeldSlot, (queue, epoch): (Arc<Queue>, u64)) -> Self {
-        Parker { parked, held, queue, epoch }
+    /// The park of `call`, `joined` ([`Parked::join`]) in `parked`, counted in `held` by the
+    /// caller.
+    pub(crate) fn new(parked: &'a Parked, held: &'a HeldSlot, call: u64, joined: Arc<Park>) -> Self {
+        Parker { parked, held, call, park: joined }
     }
 
-    /// Whether a wake was registered since the park.
+    /// Whether the core named this call since the park.
     #[inline]
     fn was_woken(&self) -> bool {
-        self.queue.epoch.load(Ordering::Acquire) != self.epoch
+        self.park.woken.load(Ordering::Acquire)
     }
 
     /// [`Parker::was_woken`], for the runtime's tests.
@@ -145,12 +115,11 @@ impl<'a> Parker<'a> {
         self.was_woken()
     }
 
-    /// Completes once a report or cancel of the queue's policy and key has woken this call.
+    /// Completes once the core has named this call (granted it a slot).
     pub(crate) async fn woken(&self) {
         loop {
-            // Registered before the epoch is read: a bump after the read is notified to it
-            // (`Notify::notify_waiters` reaches every future made before the call).
-            let notified = self.queue.notify.notified();
+            // Registered before the flag is read; `notify_one` also leaves a permit.
+            let notified = self.park.notify.notified();
             if self.was_woken() {
                 return;
             }
@@ -161,14 +130,14 @@ impl<'a> Parker<'a> {
 
 impl Drop for Parker<'_> {
     fn drop(&mut self) {
-        self.parked.leave(&self.queue);
+        self.parked.leave(self.call, &self.park);
         self.held.unpark();
     }
 }
 
 impl std::fmt::Debug for Parker<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Parker").field("policy", &self.queue.policy).field("key", &self.queue.key).field("epoch", &self.epoch).finish()
+        f.debug_struct("Parker").field("call", &self.call).field("woken", &self.was_woken()).finish()
     }
 }
 
@@ -184,45 +153,54 @@ mod tests {
     }
 
     #[test]
-    fn a_wake_reaches_the_calls_parked_before_it_in_its_queue_only() {
+    fn a_wake_reaches_the_named_calls_only() {
         let (parked, held) = (Parked::default(), HeldSlot::new());
-        let park = |policy, key| {
+        let park = |call| {
             assert!(held.park().is_none());
-            Parker::new(&parked, &held, parked.join(policy, key))
+            Parker::new(&parked, &held, call, parked.join(call))
         };
-        let a = park(0, "k");
-        let other_key = park(0, "j");
-        let other_policy = park(1, "k");
+        let (a, b, c) = (park(1), park(2), park(3));
         assert_eq!(parked.len(), 3);
-        let b = {
+        {
             let mut fa = std::pin::pin!(a.woken());
             assert!(!ready(&mut fa), "nothing woke it yet");
-            let q = parked.wake(0, "k");
-            // A call parked after the wake's crossing is not woken by it.
-            let b = park(0, "k");
-            q.iter().for_each(|q| q.notify());
+            let mut woken = Vec::new();
+            // 9 is not parked here (it acquired already, or is another host's): ignored.
+            parked.wake(&[3, 9, 1], &mut woken);
+            assert_eq!(woken.len(), 2);
+            woken.iter().for_each(|p| p.notify());
             assert!(ready(&mut fa));
-            b
-        };
-        assert!(!ready(&mut std::pin::pin!(b.woken())));
-        assert!(!ready(&mut std::pin::pin!(other_key.woken())));
-        assert!(!ready(&mut std::pin::pin!(other_policy.woken())));
-        assert!(parked.wake(2, "k").is_none() && parked.wake(0, "none").is_none());
-        assert_eq!(held.parked(), 4);
-        drop((a, b, other_key, other_policy));
+        }
+        assert!(ready(&mut std::pin::pin!(c.woken())));
+        assert!(!ready(&mut std::pin::pin!(b.woken())), "2 was not named");
+        assert_eq!(parked.len(), 1, "a woken park leaves the map at once");
+        drop((a, b, c));
         assert_eq!((parked.len(), held.parked()), (0, 0));
-        assert!(parked.queues().is_empty(), "a queue nobody waits in is forgotten");
     }
 
     #[test]
     fn a_wake_before_the_first_poll_is_not_lost() {
         let (parked, held) = (Parked::default(), HeldSlot::new());
         let _ = held.park();
-        let a = Parker::new(&parked, &held, parked.join(3, ""));
-        // Bumped and notified before the park's future exists: the epoch tells.
-        if let Some(q) = parked.wake(3, "") {
-            q.notify();
-        }
+        let a = Parker::new(&parked, &held, 5, parked.join(5));
+        let mut woken = Vec::new();
+        parked.wake(&[5], &mut woken);
+        woken.iter().for_each(|p| p.notify());
         assert!(ready(&mut std::pin::pin!(a.woken())));
+    }
+
+    #[test]
+    fn a_park_dropped_before_its_wake_is_forgotten_and_a_later_park_of_the_call_is_its_own() {
+        let (parked, held) = (Parked::default(), HeldSlot::new());
+        let _ = held.park();
+        let first = Parker::new(&parked, &held, 7, parked.join(7));
+        drop(first);
+        assert_eq!(parked.len(), 0);
+        let _ = held.park();
+        let second = Parker::new(&parked, &held, 7, parked.join(7));
+        let mut woken = Vec::new();
+        parked.wake(&[7], &mut woken);
+        assert_eq!(woken.len(), 1);
+        assert!(second.was_woken());
     }
 }

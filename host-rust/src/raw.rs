@@ -437,7 +437,7 @@ mod fleet_raw;
 #[cfg(feature = "wasm")]
 fn checked(raw: Result<u64, String>) -> Result<Verdict, String> {
     let v = Verdict(raw?);
-    if v.kind().is_none() || v.0 & 0xE0 != 0 {
+    if v.kind().is_none() || v.0 & u64::from(crate::constants::VERDICT_RESERVED_MASK) != 0 {
         return Err(format!("malformed verdict {:#x}", v.0));
     }
     Ok(v)
@@ -536,6 +536,12 @@ impl RawEngine {
     /// `cancel`, fallible.
     pub fn try_cancel(&mut self, call: u64, now: u64) -> Result<(), Trap> {
         op!(self, "cancel", |n| n.cancel(call, now), |w| w.cancel(call, now))
+    }
+
+    /// `take-wakes`, fallible: the calls granted a bulkhead slot since the last take, in
+    /// grant order (docs/policy.md, "The queue").
+    pub fn try_take_wakes(&mut self) -> Result<Vec<u64>, Trap> {
+        op!(self, "take-wakes", |n| n.take_wakes(), |w| w.take_wakes())
     }
 
     /// `drain-events`, fallible. Draining a breaker transition takes a state snapshot, so that
@@ -682,6 +688,12 @@ impl RawEngine {
     /// Abandon a call.
     pub fn cancel(&mut self, call: u64, now: u64) {
         let _ = self.try_cancel(call, now);
+    }
+
+    /// Take the calls granted a bulkhead slot since the last take (none after a trap: the
+    /// parked calls then go on at their own wait's end).
+    pub fn take_wakes(&mut self) -> Vec<u64> {
+        self.try_take_wakes().unwrap_or_default()
     }
 
     /// Take the events recorded since the last drain.
@@ -972,6 +984,10 @@ mod wasm {
 
         pub(crate) fn cancel(&mut self, call: u64, now: u64) -> Result<(), String> {
             call!(self, call_ticks, call_cancel(call, now))
+        }
+
+        pub(crate) fn take_wakes(&mut self) -> Result<Vec<u64>, String> {
+            call!(self, call_ticks, call_take_wakes())
         }
 
         pub(crate) fn hedge_step(&mut self, call: u64, now: u64) -> Result<(Vec<HedgeCommand>, bool), String> {

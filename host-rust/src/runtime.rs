@@ -14,7 +14,7 @@ use levee_core::{Event, HedgeCommand, OutcomeKind, PolicyInfo, Verdict};
 
 use crate::driver::{self, PolicyLimits};
 use crate::outcome::Outcome;
-use crate::park::{Parked, Parker, Queue};
+use crate::park::{Park, Parked, Parker};
 use crate::raw::{RawEngine, Trap};
 use crate::telemetry::{self, Fault, Telemetry};
 use crate::time::EngineClock;
@@ -59,7 +59,7 @@ pub(crate) struct Held {
 ///
 /// The same word counts the calls parked in bulkhead queues ([`crate::park`]): a held-back
 /// success frees its slot only once settled, so while any call is parked nothing is left here
-/// (a success is reported at once, and its report wakes the queue). A success being written
+/// (a success is reported at once, and its report grants the slot to a parked call). A success being written
 /// when the first call parks backs out ([`Put::Parked`]); one already here then is settled by
 /// the parking crossing itself ([`HeldSlot::park`]).
 pub(crate) struct HeldSlot {
@@ -223,18 +223,32 @@ pub(crate) struct Core {
     pub(crate) policies: Policies,
     events: Vec<Event>,
     pub(crate) traps: Vec<Trap>,
+    /// Calls the core granted a bulkhead slot, to wake when the locked section ends.
+    wakes: Vec<u64>,
 }
 
 impl Core {
     pub(crate) fn new(raw: RawEngine, policies: Policies) -> Self {
-        Core { raw, next_call: 1, held: None, policies, events: Vec::new(), traps: Vec::new() }
+        Core { raw, next_call: 1, held: None, policies, events: Vec::new(), traps: Vec::new(), wakes: Vec::new() }
     }
 
-    /// Collect the events a verdict says are pending.
+    /// Collect the events, and the calls to wake, a verdict says are pending.
     #[inline]
     pub(crate) fn note(&mut self, v: Verdict) {
         if v.events_pending() {
             self.drain();
+        }
+        if v.wakes_pending() {
+            self.take_wakes();
+        }
+    }
+
+    /// Collect the calls the core granted a slot (`take-wakes`), to wake when the locked
+    /// section ends.
+    pub(crate) fn take_wakes(&mut self) {
+        match self.raw.try_take_wakes() {
+            Ok(mut w) => self.wakes.append(&mut w),
+            Err(t) => self.traps.push(t),
         }
     }
 
@@ -276,23 +290,15 @@ impl Core {
     }
 }
 
-/// What `start` gives the call: its id, its policy's index and limits, the verdict (or the
+/// What `start` gives the call: its id, its policy's limits, the verdict (or the
 /// trap), the events to emit once the step is traced, and the call's park when the verdict
 /// queued it.
 pub(crate) struct Started<'a> {
     pub(crate) call: u64,
-    pub(crate) index: u32,
     pub(crate) limits: PolicyLimits,
     pub(crate) verdict: Result<Verdict, Trap>,
     pub(crate) pending: Option<Pending<'a>>,
     pub(crate) parker: Option<Parker<'a>>,
-}
-
-/// The bulkhead queue a call waits in: its policy (the index) and its key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Lane<'k> {
-    pub(crate) policy: u32,
-    pub(crate) key: &'k str,
 }
 
 /// Everything a handle shares between its clones.
@@ -443,24 +449,21 @@ impl Shared {
         let (sc, sa, se) = held.map(|h| (h.call, h.at, h.elapsed)).unwrap_or((0, 0, 0));
         let verdict = crossing(&mut core.raw, inject, "start", |raw| raw.try_start(call, index, key, flags, now, sc, sa, se));
         let mut parker = None;
-        let mut woken = None;
         if let Ok(v) = verdict {
             core.note(v);
             if driver::parks(v) {
-                parker = Some(self.park_locked(&mut core, Lane { policy: index, key }, &mut woken));
+                parker = Some(self.park_locked(&mut core, call));
             }
         }
         let pending = self.unlock(core);
-        notify(woken);
-        Ok(Started { call, index, limits, verdict, pending, parker })
+        Ok(Started { call, limits, verdict, pending, parker })
     }
 
-    /// The `acquire` of `call` in `lane` at `now` (after settling a held-back success); when
-    /// its verdict queues the call, the park is registered in the same locked section.
+    /// The `acquire` of `call` at `now` (after settling a held-back success); when its
+    /// verdict queues the call, the park is registered in the same locked section.
     #[inline]
     pub(crate) fn acquire(
         &self,
-        lane: Lane<'_>,
         call: u64,
         now: u64,
         inject: Option<Injected>,
@@ -469,68 +472,33 @@ impl Shared {
         core.flush();
         let r = crossing(&mut core.raw, inject, "acquire", |raw| raw.try_acquire(call, now));
         let mut parker = None;
-        let mut woken = None;
         if let Ok(v) = r {
             core.note(v);
             if driver::parks(v) {
-                parker = Some(self.park_locked(&mut core, lane, &mut woken));
+                parker = Some(self.park_locked(&mut core, call));
             }
         }
         let pending = self.unlock(core);
-        notify(woken);
         (r, pending, parker)
     }
 
-    /// The `report` of an attempt of a call in `lane` (the crossing `op`): a slot may have
-    /// freed, so every call parked in the lane is woken (docs/policy.md, "The queue").
+    /// The `report` of an attempt (the crossing `op`): a slot it frees is granted by the core
+    /// to the oldest waiter, which the verdict's wakes bit says (docs/policy.md, "The queue").
     #[inline]
-    pub(crate) fn report(
-        &self,
-        lane: Lane<'_>,
-        op: impl FnOnce(&mut RawEngine) -> Result<Verdict, Trap>,
-    ) -> (Result<Verdict, Trap>, Option<Pending<'_>>) {
-        let mut core = self.lock();
-        core.flush();
-        let r = op(&mut core.raw);
-        let mut woken = None;
-        if let Ok(v) = r {
-            core.note(v);
-            woken = self.wake_locked(lane);
-        }
-        let pending = self.unlock(core);
-        notify(woken);
-        (r, pending)
+    pub(crate) fn report(&self, op: impl FnOnce(&mut RawEngine) -> Result<Verdict, Trap>) -> (Result<Verdict, Trap>, Option<Pending<'_>>) {
+        self.cross(op)
     }
 
-    /// Park a call the verdict of this locked section queued in `lane`. A success left in the
-    /// slot since the lock was taken (only when this is the first park) is settled now, and
-    /// its lane woken (`woken`, to notify once unlocked): its key is the engine's to tell.
-    fn park_locked<'s>(&'s self, core: &mut Core, lane: Lane<'_>, woken: &mut Option<Arc<Queue>>) -> Parker<'s> {
-        let parker = Parker::new(&self.parked, &self.held, self.parked.join(lane.policy, lane.key));
+    /// Park `call`, which the verdict of this locked section queued. A success left in the
+    /// slot since the lock was taken (only when this is the first park) is settled now: the
+    /// slot it frees is granted, and the call granted is woken when the section ends.
+    fn park_locked<'s>(&'s self, core: &mut Core, call: u64) -> Parker<'s> {
+        let parker = Parker::new(&self.parked, &self.held, call, self.parked.join(call));
         if let Some(h) = self.held.park() {
-            let of = match core.raw.try_call_info(h.call) {
-                Ok(info) => info,
-                Err(t) => {
-                    core.traps.push(t);
-                    None
-                }
-            };
             core.hold(h);
             core.flush();
-            if let Some(info) = of {
-                *woken = self.wake_locked(Lane { policy: info.policy, key: &info.key });
-            }
         }
         parker
-    }
-
-    /// Wake the calls parked in `lane` (under the lock; `None` when nobody is parked).
-    #[inline]
-    fn wake_locked(&self, lane: Lane<'_>) -> Option<Arc<Queue>> {
-        if self.held.parked() == 0 {
-            return None;
-        }
-        self.parked.wake(lane.policy, lane.key)
     }
 
     /// One crossing under the lock (after settling a held-back success); the events it
@@ -548,11 +516,11 @@ impl Shared {
 
     /// A crossing of a hedged call (`hedge-step`, `report-attempt`) under the lock, as
     /// [`Shared::cross`]: its commands, and the events it collected to emit when the returned
-    /// [`Pending`] is dropped. The report of an attempt (`wake`: its call's lane) may free a
-    /// slot: it wakes the calls parked in the lane, as [`Shared::report`] does.
+    /// [`Pending`] is dropped. The report of an attempt (`closes`) may free a slot: the call
+    /// the core grants it to is woken, as after [`Shared::report`].
     pub(crate) fn cross_hedge(
         &self,
-        wake: Option<Lane<'_>>,
+        closes: bool,
         op: impl FnOnce(&mut RawEngine) -> Result<(Vec<HedgeCommand>, bool), Trap>,
     ) -> (Result<Vec<HedgeCommand>, Trap>, Option<Pending<'_>>) {
         let mut core = self.lock();
@@ -563,28 +531,32 @@ impl Shared {
             }
             commands
         });
-        let woken = match (&r, wake) {
-            (Ok(_), Some(lane)) => self.wake_locked(lane),
-            _ => None,
-        };
-        let pending = self.unlock(core);
-        notify(woken);
-        (r, pending)
+        // The answer has no wakes bit: a report of an attempt (it may free a slot), or an end
+        // verdict that carries the bit, takes the wakes while calls are parked here.
+        if let Ok(commands) = &r {
+            let ended_with_wakes = commands.iter().any(|c| matches!(c, HedgeCommand::End { verdict, .. } if verdict.wakes_pending()));
+            if (closes || ended_with_wakes) && self.held.parked() > 0 {
+                core.take_wakes();
+            }
+        }
+        (r, self.unlock(core))
     }
 
-    /// Abandon a call of `lane` in the engine; it may have held a slot or a place in the
-    /// queue, so the calls parked in the lane are woken.
-    pub(crate) fn cancel(&self, call: u64, lane: Lane<'_>) {
+    /// Abandon a call in the engine; the slot it held, or the grant it had, goes to the oldest
+    /// waiter, woken when the lock is released.
+    pub(crate) fn cancel(&self, call: u64) {
         let now = self.now();
         let mut core = self.lock();
         core.flush();
-        let mut woken = None;
         match core.raw.try_cancel(call, now) {
-            Ok(()) => woken = self.wake_locked(lane),
+            Ok(()) => {
+                if self.held.parked() > 0 {
+                    core.take_wakes();
+                }
+            }
             Err(t) => core.traps.push(t),
         }
         self.finish_locked(core);
-        notify(woken);
     }
 
     /// A call of `policy` went down the recovery path: count a trap, emit `engine-fault`.
@@ -609,16 +581,25 @@ impl Shared {
     }
 
     /// Unlock; the events and traps collected are emitted when the result is dropped (so
-    /// that a trace hook sees a step before the events it caused).
+    /// that a trace hook sees a step before the events it caused). The calls the core granted
+    /// a slot in this section are woken (under the lock, after any park of the section, so no
+    /// wake is lost) and notified once it is released.
     #[inline]
     pub(crate) fn unlock(&self, mut core: MutexGuard<'_, Core>) -> Option<Pending<'_>> {
+        let mut woken: Vec<Arc<Park>> = Vec::new();
+        if !core.wakes.is_empty() {
+            let calls = std::mem::take(&mut core.wakes);
+            self.parked.wake(&calls, &mut woken);
+        }
         if core.events.is_empty() && core.traps.is_empty() {
             drop(core);
+            notify(woken);
             return None;
         }
         let (events, traps) = core.take_events();
         let names = if events.is_empty() { Vec::new() } else { core.policies.names() };
         drop(core);
+        notify(woken);
         Some(Pending { shared: self, events, traps, names })
     }
 
@@ -639,11 +620,11 @@ impl Shared {
     }
 }
 
-/// Tell the calls of a woken queue (after the lock is released).
+/// Tell the woken calls (after the lock is released).
 #[inline]
-fn notify(woken: Option<Arc<Queue>>) {
-    if let Some(q) = woken {
-        q.notify();
+fn notify(woken: Vec<Arc<Park>>) {
+    for p in woken {
+        p.notify();
     }
 }
 
@@ -696,14 +677,13 @@ mod tests {
     }
 
     /// The first park of a crossing finds a success left in the slot after the crossing took
-    /// the lock (another thread's, between the two): the crossing settles it, learns its lane
-    /// from the engine, and wakes that lane, so the slot it frees is not lost to the waiter.
+    /// the lock (another thread's, between the two): the crossing settles it, and the call the
+    /// core grants the freed slot to (the one parking) is woken when the section ends.
     #[test]
-    fn a_success_left_as_the_first_call_parks_is_settled_and_wakes_its_lane() {
+    fn a_success_left_as_the_first_call_parks_is_settled_and_wakes_the_granted_call() {
         let doc = "policies:\n  q:\n    attempts: 1\n    bulkhead: { max-concurrent: 1, queue: 2, queue-timeout: 1s }\n";
         let levee = crate::Levee::builder().seed(1).load(doc).unwrap();
         let shared = &*levee.shared;
-        let lane = Lane { policy: 0, key: "k" };
         let mut core = shared.core.lock().unwrap();
         let a = core.raw.try_start(101, 0, "k", 0, 1_000, 0, 0, 0).unwrap();
         assert_eq!(a.kind(), Some(VerdictKind::Attempt));
@@ -711,11 +691,12 @@ mod tests {
         assert!(driver::parks(b), "{b:?}");
         // A's success arrives in the slot while B's crossing holds the lock.
         assert_eq!(shared.held.put(Held { call: 101, at: 3_000, elapsed: 2_000 }), Put::Held);
-        let mut woken = None;
-        let parker = shared.park_locked(&mut core, lane, &mut woken);
-        assert!(woken.is_some(), "the lane of the settled success is woken");
-        assert!(parker.was_woken_for_tests());
+        let parker = shared.park_locked(&mut core, 102);
+        assert_eq!(core.wakes, [102], "the slot the settled success freed is granted to B");
         assert!(core.held.is_none() && shared.held.take().is_none());
+        drop(shared.unlock(core));
+        assert!(parker.was_woken_for_tests(), "B is woken as the section ends");
+        let mut core = shared.core.lock().unwrap();
         // The core has A's slot back: B, first in the queue, takes it.
         let v = core.raw.try_acquire(102, 4_000).unwrap();
         assert_eq!(v.kind(), Some(VerdictKind::Attempt), "{v:?}");

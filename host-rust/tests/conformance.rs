@@ -122,6 +122,9 @@ macro_rules! target {
             fn cancel(&mut self, call: u64, now: u64) {
                 self.0.try_cancel(call, now).unwrap_or_else(|t| panic!("{t}"))
             }
+            fn take_wakes(&mut self) -> Vec<u64> {
+                self.0.try_take_wakes().unwrap_or_else(|t| panic!("{t}"))
+            }
             fn hedge_step(&mut self, call: u64, now: u64) -> (Vec<HedgeCommand>, bool) {
                 self.0.try_hedge_step(call, now).unwrap_or_else(|t| panic!("{t}"))
             }

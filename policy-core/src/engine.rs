@@ -12,7 +12,7 @@ use crate::table::Table;
 use crate::adaptive::{Limit, Signal};
 use crate::breaker::{Breaker, Check};
 use crate::budget::{BudgetCfg, BudgetState};
-use crate::bulkhead::{Admit, Queue};
+use crate::bulkhead::{Admit, Queue, Ticket, Waiters, Wakes};
 use crate::classify::{self, Observed};
 use crate::deadline;
 use crate::error::LoadError;
@@ -28,8 +28,8 @@ use crate::types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Rea
 /// Most live calls an engine tracks; starting one more evicts the one started longest ago
 /// (event `call-evicted`; its next step answers `invalid`, unknown call).
 ///
-/// Why 2^17: a live call costs 136 bytes (`cargo bench -p levee-benches --bench memory`), so
-/// a full table is 17.8 MB, which a guest's linear memory holds next to its keys under the
+/// Why 2^17: a live call costs 189 bytes (`cargo bench -p levee-benches --bench memory`), so
+/// a full table is 24.8 MB, which a guest's linear memory holds next to its keys under the
 /// hosts' memory limits. The bound exists for a host that leaks calls (never reports or
 /// cancels them): the engine stays bounded. Production load is far below it (the scaling
 /// benchmarks run 60,000 calls in flight at the cost of one), and since every table
@@ -211,6 +211,8 @@ struct Call {
     reserved_at: Option<u64>,
     /// A hedged call's attempts (boxed: most calls are not hedged).
     hedge: Option<Box<Hedged>>,
+    /// Where the call stands in its key's bulkhead queue (the queue's links run through it).
+    ticket: Ticket,
 }
 
 impl Call {
@@ -233,6 +235,19 @@ pub(crate) type Keys = Table<Arc<str>, KeyState, 2>;
 /// The live calls, on one list in the order they started (the oldest is evicted first).
 type Calls = Table<u64, Call, 1>;
 
+/// The bulkhead queues are threaded through the live calls' tickets.
+impl Waiters for Calls {
+    #[inline]
+    fn ticket(&mut self, at: u32) -> Option<&mut Ticket> {
+        self.get_mut(at).map(|(_, c)| &mut c.ticket)
+    }
+
+    #[inline]
+    fn call_id(&self, at: u32) -> Option<u64> {
+        self.get(at).map(|(&id, _)| id)
+    }
+}
+
 /// A Levee engine. See the crate documentation and `wit/levee.wit`.
 #[derive(Clone, Debug)]
 pub struct Engine {
@@ -246,6 +261,13 @@ pub struct Engine {
     pub(crate) hash_seed: u64,
     /// What this engine last took from and gave to the fleet's shared state (see `fleet`).
     pub(crate) fleet: crate::fleet::Marks,
+    /// Calls granted a bulkhead slot, for the host to wake (`take-wakes`).
+    wakes: Wakes,
+    /// The last bulkhead queue id given out (ids are never reused in an engine).
+    queue_ids: u64,
+    /// A key whose reserved slot an `acquire` used up and may not take (it waits for the rate
+    /// limiter, or is refused after the bulkhead): its free slots are granted again after it.
+    regrant: Option<(usize, u32)>,
 }
 
 pub(crate) fn push_event(events: &mut VecDeque<Event>, e: Event) {
@@ -532,7 +554,7 @@ fn admit_hedge(
         }
     }
     if let Some(bh) = &p.bulkhead {
-        if !bh.admits(ks.in_flight) || ks.queue.as_ref().is_some_and(|q| !q.is_empty()) {
+        if !bh.admits(ks.in_flight) || ks.queue.as_ref().is_some_and(|q| !q.is_clear()) {
             return Err(Reason::BulkheadFull);
         }
     }
@@ -652,6 +674,9 @@ impl Engine {
             tick: 0,
             hash_seed,
             fleet: Default::default(),
+            wakes: Wakes::default(),
+            queue_ids: 0,
+            regrant: None,
         }
     }
 
@@ -679,6 +704,12 @@ impl Engine {
             let mut moved = call.clone();
             moved.policy = index;
             moved.key_at = u32::MAX; // found again by name in the new table
+            if moved.ticket != Ticket::None {
+                // The queues do not move (a new policy may differ): a queued or granted call
+                // is woken to acquire again, in the new queue.
+                moved.ticket = Ticket::None;
+                self.wakes.push(id);
+            }
             if let (Some(old), Some(new)) =
                 (self.keys.get(call.policy).and_then(|k| k.find(&*call.key).and_then(|i| k.get(i))), next.keys.get_mut(index))
             {
@@ -692,6 +723,8 @@ impl Engine {
             next.calls.insert(id, moved, 0);
         }
         next.events = std::mem::take(&mut self.events);
+        next.wakes = std::mem::take(&mut self.wakes);
+        next.queue_ids = self.queue_ids;
         *self = next;
         Ok(())
     }
@@ -755,7 +788,7 @@ impl Engine {
     }
 
     fn finish(&self, v: Verdict) -> Verdict {
-        v.with_events(!self.events.is_empty())
+        v.with_events(!self.events.is_empty()).with_wakes(!self.wakes.is_empty())
     }
 
     /// Begin a call and acquire its first attempt (see the WIT for `flags` and settling).
@@ -817,6 +850,7 @@ impl Engine {
                 prev_delay: 0,
                 reserved_at: None,
                 hedge: None,
+                ticket: Ticket::None,
             },
             0,
         );
@@ -838,18 +872,56 @@ impl Engine {
         self.calls.remove(i);
     }
 
-    /// Take a call out of its key's bulkhead queue, if it waits there (it ends or is cancelled).
+    /// Take a call out of its key's bulkhead queue, if it waits there or holds a grant (it
+    /// ends, is cancelled or evicted); a grant it gives up goes to the next waiter.
     fn leave_queue(&mut self, i: u32) {
-        let Some((&call, c)) = self.calls.get(i) else { return };
-        if self.policies.get(c.policy).and_then(|p| p.bulkhead.as_ref()).is_none_or(|b| b.queue == 0) {
+        let Some((_, c)) = self.calls.get(i) else { return };
+        if c.ticket == Ticket::None {
             return;
         }
-        let Some(keys) = self.keys.get_mut(c.policy) else { return };
-        if let Some((_, ks)) = keys.find(&*c.key).and_then(|k| keys.get_mut(k)) {
-            if let Some(q) = ks.queue.as_mut() {
-                q.retain(|(w, _)| *w != call);
+        let pi = c.policy;
+        let key_at = self.keys.get(pi).and_then(|keys| {
+            if keys.get(c.key_at).is_some_and(|(k, _)| c.key.is(k)) {
+                Some(c.key_at)
+            } else {
+                keys.find(&*c.key)
             }
+        });
+        let queue = key_at.and_then(|at| self.keys.get_mut(pi)?.get_mut(at)?.1.queue.as_deref_mut());
+        let gave_up = match queue {
+            Some(q) => q.leave(&mut self.calls, i),
+            None => {
+                if let Some(t) = self.calls.ticket(i) {
+                    *t = Ticket::None; // its queue is gone
+                }
+                false
+            }
+        };
+        if let (true, Some(at)) = (gave_up, key_at) {
+            self.grant_at(pi, at);
         }
+    }
+
+    /// Grant the free slots of the key at `key_at` of policy `pi` to its oldest waiters (see
+    /// `bulkhead`): after anything that lowers its attempts in flight or gives a grant up.
+    #[inline]
+    fn grant_at(&mut self, pi: usize, key_at: u32) {
+        let Some(bh) = self.policies.get(pi).and_then(|p| p.bulkhead.as_ref()) else { return };
+        let Some((_, ks)) = self.keys.get_mut(pi).and_then(|k| k.get_mut(key_at)) else { return };
+        if let Some(q) = ks.queue.as_deref_mut() {
+            bh.grant(q, &mut self.calls, ks.in_flight, &mut self.wakes);
+        }
+    }
+
+    /// The calls granted a bulkhead slot since the last take, in grant order: the host wakes
+    /// exactly these parked calls (docs/policy.md, "The queue").
+    pub fn take_wakes(&mut self) -> Vec<u64> {
+        self.wakes.take()
+    }
+
+    /// Whether granted calls wait to be woken.
+    pub fn has_wakes(&self) -> bool {
+        !self.wakes.is_empty()
     }
 
     /// Give back what an in-flight attempt holds (no outcome recorded).
@@ -880,6 +952,10 @@ impl Engine {
             }
         }
         refile(keys, c.key_at);
+        let (pi, key_at) = (c.policy, c.key_at);
+        if slots > 0 {
+            self.grant_at(pi, key_at);
+        }
     }
 
     /// Acquire the next attempt of a call.
@@ -892,7 +968,19 @@ impl Engine {
 
     /// Acquire the next attempt of the call at an index of the call table.
     fn acquire_at(&mut self, slot: u32, now: u64) -> Verdict {
-        let Some((&call, c)) = self.calls.get_mut(slot) else {
+        let v = self.acquire_step(slot, now);
+        match self.regrant.take() {
+            None => v,
+            Some((pi, key_at)) => {
+                // A reserved slot used up by a call that did not take it is free again.
+                self.grant_at(pi, key_at);
+                v.with_wakes(self.has_wakes())
+            }
+        }
+    }
+
+    fn acquire_step(&mut self, slot: u32, now: u64) -> Verdict {
+        let Some((&call, mut c)) = self.calls.get_mut(slot) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
         if c.phase != Phase::Ready {
@@ -933,8 +1021,25 @@ impl Engine {
                     return self.reject_at(slot, Reason::BulkheadFull, 0, now);
                 }
             } else {
-                let queue = ks.queue.get_or_insert_with(Box::default);
-                match bh.admit(queue, call, ks.in_flight, now, c.deadline) {
+                let (deadline, key_at) = (c.deadline, c.key_at);
+                let queue = ks.queue.get_or_insert_with(|| {
+                    self.queue_ids += 1;
+                    Box::new(Queue::new(self.queue_ids))
+                });
+                let admit = bh.admit(queue, &mut self.calls, slot, ks.in_flight, now, deadline);
+                if admit == Admit::Slot {
+                    // Taken at the commit below; if the call stops short of it, the slot
+                    // (a grant it used up) is granted again.
+                    self.regrant = Some((pi, key_at));
+                } else if let Admit::Wait(_) = admit {
+                    // A newcomer behind a grant with more free: granted at once.
+                    bh.grant(queue, &mut self.calls, ks.in_flight, &mut self.wakes);
+                }
+                let Some((_, again)) = self.calls.get_mut(slot) else {
+                    return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
+                };
+                c = again;
+                match admit {
                     Admit::Slot => {}
                     Admit::Wait(wait) => {
                         let mut e = Event::new(now, EventKind::RateLimitWait, pi as u32, &c.key);
@@ -1140,10 +1245,14 @@ impl Engine {
         let (server, observed, success) =
             record_outcome(p, ks, call, (kind, code, text), wall_secs, flags, elapsed, now, &mut self.events, pi, &c.key);
         if success {
+            let key_at = c.key_at;
             if slot {
-                refile(keys, c.key_at);
+                refile(keys, key_at);
             }
             self.calls.remove(at);
+            if slot {
+                self.grant_at(pi, key_at);
+            }
             return self.finish(Verdict::new(VerdictKind::Done, 0, 0));
         }
         let retryable = classify::retryable(&p.retry_on, &p.never_retry, &observed, flags);
@@ -1153,9 +1262,10 @@ impl Engine {
                 b.on_failure(cfg);
             }
         }
+        let key_at = c.key_at;
         if slot {
-            let key_at = c.key_at;
             refile(keys, key_at);
+            self.grant_at(pi, key_at);
         }
         self.retry_decision(at, server, stop, retryable, now)
     }
@@ -1349,6 +1459,7 @@ impl Engine {
         let over = machine.is_over();
         c.attempts = c.attempts.max(machine.started());
         refile(keys, c.key_at);
+        let key_at = c.key_at;
         let mut commands = Vec::with_capacity(out.len());
         for command in out {
             commands.push(match command {
@@ -1375,6 +1486,8 @@ impl Engine {
                 }
             }
         }
+        // What the attempt that closed freed goes to the key's oldest waiters.
+        self.grant_at(pi, key_at);
         if let Some(HedgeCommand::End { verdict, .. }) = commands.last_mut() {
             *verdict = self.finish(*verdict);
         }

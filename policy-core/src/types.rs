@@ -250,7 +250,7 @@ impl VerdictKind {
     }
 }
 
-/// A packed verdict: `kind | events_pending << 4 | detail << 8 | payload << 16`.
+/// A packed verdict: `kind | events_pending << 4 | wakes_pending << 5 | detail << 8 | payload << 16`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Verdict(pub u64);
 
@@ -277,6 +277,18 @@ impl Verdict {
         } else {
             Verdict(self.0 & !(1 << 4))
         }
+    }
+    /// Set the wakes-pending bit (bit 5): calls were granted a bulkhead slot, `take-wakes`.
+    pub fn with_wakes(self, pending: bool) -> Self {
+        if pending {
+            Verdict(self.0 | 1 << 5)
+        } else {
+            Verdict(self.0 & !(1 << 5))
+        }
+    }
+    /// Whether granted calls wait to be woken (`take-wakes`).
+    pub fn wakes_pending(self) -> bool {
+        self.0 & (1 << 5) != 0
     }
     /// The kind (`None` only for a value that was not made by this crate).
     pub fn kind(self) -> Option<VerdictKind> {
@@ -319,6 +331,9 @@ mod tests {
         assert_eq!(v.payload(), 1_500);
         assert!(v.events_pending());
         assert!(!v.with_events(false).events_pending());
+        let w = v.with_wakes(true);
+        assert!(w.wakes_pending() && w.events_pending() && w.kind() == v.kind() && w.detail() == v.detail() && w.payload() == v.payload());
+        assert!(!w.with_wakes(false).wakes_pending());
         assert_eq!(Verdict::new(VerdictKind::Wait, 0, u64::MAX).payload(), PAYLOAD_MAX);
         assert_eq!(Verdict::attempt(1000, 5).detail(), 255);
     }

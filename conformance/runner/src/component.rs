@@ -176,6 +176,10 @@ impl<const UNKEYED: bool> Target for WasmWith<UNKEYED> {
         let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_cancel(&mut self.store, e, call, now))
     }
+    fn take_wakes(&mut self) -> Vec<u64> {
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
+        must(api.call_take_wakes(&mut self.store, e))
+    }
     fn drain_events(&mut self) -> Vec<Event> {
         let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_drain_events(&mut self.store, e))

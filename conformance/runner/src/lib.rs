@@ -46,6 +46,8 @@ pub trait Target: Sized {
     ) -> (Vec<HedgeCommand>, bool);
     /// `cancel`.
     fn cancel(&mut self, call: u64, now: u64);
+    /// `take-wakes`.
+    fn take_wakes(&mut self) -> Vec<u64>;
     /// `drain-events`.
     fn drain_events(&mut self) -> Vec<Event>;
     /// `breaker-state`.
@@ -271,6 +273,9 @@ impl Target for Native {
     }
     fn cancel(&mut self, call: u64, now: u64) {
         self.0.cancel(call, now)
+    }
+    fn take_wakes(&mut self) -> Vec<u64> {
+        self.0.take_wakes()
     }
     fn drain_events(&mut self) -> Vec<Event> {
         self.0.drain_events()
@@ -597,6 +602,7 @@ fn run_step<T: Target>(
             return Ok(None);
         }
         "drain_events" => Value::Array(t.drain_events().iter().map(event_json).collect()),
+        "take_wakes" => json!(t.take_wakes()),
         "breaker_state" => {
             let p = policy_arg(t, step)?;
             json!(t.breaker_state(p, arg_str(step, "key"), arg_u64(step, "now")).map(|s| s.name()))

@@ -56,10 +56,12 @@ fn flags_and_verdict_layout_agree() {
         assert_eq!(at(&c, &["verdict", "invalid_codes", code.name()]).as_u64(), Some(*code as u64), "{}", code.name());
     }
     // A packed verdict puts the fields where the layout says.
-    let v = levee_core::types::Verdict::new(VerdictKind::Retry, 9, 1234).with_events(true);
+    let v = levee_core::types::Verdict::new(VerdictKind::Retry, 9, 1234).with_events(true).with_wakes(true);
     let shift = |k: &str| at(&c, &["verdict", k]).as_u64().unwrap_or(99);
     assert_eq!(v.0 & shift("KIND_MASK"), VerdictKind::Retry as u64);
     assert_ne!(v.0 & shift("EVENTS_BIT"), 0);
+    assert_ne!(v.0 & shift("WAKES_BIT"), 0);
+    assert_eq!(shift("EVENTS_BIT") & shift("WAKES_BIT"), 0);
     assert_eq!(v.0 & shift("RESERVED_MASK"), 0);
     assert_eq!((v.0 >> shift("DETAIL_SHIFT")) & shift("DETAIL_MASK"), 9);
     assert_eq!(v.0 >> shift("PAYLOAD_SHIFT"), 1234);

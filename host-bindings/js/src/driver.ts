@@ -80,7 +80,7 @@ export class CallDriver {
   sleepNs = 0;
   /** The sleep comes before a retry (not a rate-limit wait). */
   retry = false;
-  /** The sleep is a park in the bulkhead queue (a `wait` with reason bulkhead-full): a report or cancel of the key ends it early. */
+  /** The sleep is a park in the bulkhead queue (a `wait` with reason bulkhead-full): the core naming the call (a granted slot) ends it early. */
   park = false;
   fallbackName = '';
   reason: Reason = 'none';

@@ -48,7 +48,7 @@ import type { ComponentExports, InstantiateCore, Platform, PolicyEntry, TraceSte
 /** The reason a hedged call's wait is aborted with when an attempt ends it (no DOMException to build). */
 const HEDGE_WAIT_OVER: unique symbol = Symbol('levee.hedge-wait-over');
 
-/** The reason a parked call's sleep is aborted with when a report or cancel wakes it. */
+/** The reason a parked call's sleep is aborted with when the core names it (a slot was granted to it). */
 const WOKEN: unique symbol = Symbol('levee.woken');
 
 export type { AttemptContext } from './attempt.js';
@@ -480,7 +480,7 @@ export class Levee {
       const now = this.#now();
       if (this.#rt.generation !== gen)
         return this.#firstDone(p, fn, options, key, call, started, gen, value, undefined, false);
-      this.#rt.hold(p.index, key, call, now, now - started);
+      this.#rt.hold(call, now, now - started);
       const telemetry = this.#telemetry;
       if (telemetry !== undefined) {
         telemetry.attempt(p.name, 'success', Number(now - started));
@@ -526,7 +526,7 @@ export class Levee {
 
   /**
    * Park the call in the bulkhead queue (docs/policy.md, "The queue"): sleep the verdict's payload
-   * on the Levee's clock, cut short when a report or cancel of the same policy and key wakes it.
+   * on the Levee's clock, cut short when the core grants the call a slot and names it.
    * Registered before the first await, in the turn of the crossing that queued it, so no wake-up
    * is lost. Rejects with the caller's reason if `signal` aborts. It waits even under `noWaits`:
    * it waits for a slot, not a delay, and skipping it would only ask again at the same instant.
@@ -534,7 +534,7 @@ export class Levee {
   async #park<T>(d: CallDriver, st: CallState<T>, signal: AbortSignal | undefined): Promise<void> {
     if (signal?.aborted) throw signal.reason;
     const controller = new AbortController();
-    const unpark = this.#rt.park(d.policy.index, st.key, () => controller.abort(WOKEN));
+    const unpark = this.#rt.park(st.call, () => controller.abort(WOKEN));
     try {
       await this.#clock.sleep(
         d.sleepNs / 1e6,
@@ -627,7 +627,7 @@ export class Levee {
               rt.generation === st.gen &&
               (callerFlags & REPORT_CALLER_RETRY) === 0
             ) {
-              rt.hold(p.index, st.key, st.call, now, elapsed);
+              rt.hold(st.call, now, elapsed);
               this.#telemetry?.attempt(p.name, 'success', Number(elapsed));
               this.#ended(d, st, 'success');
               return result;
@@ -646,7 +646,7 @@ export class Levee {
           }
           if (signal?.aborted && !ctx.timedOut) {
             // Cancelled by the caller: the attempt is not reported.
-            if (!degraded) rt.cancel(p.index, st.key, st.call, now, st.gen);
+            if (!degraded) rt.cancel(st.call, now, st.gen);
             this.#ended(d, st, 'cancelled');
             throw signal.reason;
           }
@@ -686,7 +686,7 @@ export class Levee {
           else await clockWait(clock, d.sleepNs / 1e6, signal);
         } catch (reason) {
           now = this.#now();
-          rt.cancel(p.index, st.key, st.call, now, st.gen);
+          rt.cancel(st.call, now, st.gen);
           this.#ended(d, st, 'cancelled');
           throw reason;
         }
@@ -926,7 +926,7 @@ export class Levee {
     const cancelled = (): never => {
       phase = 2;
       abortAll(signal!.reason);
-      rt.cancel(p.index, st.key, st.call, this.#now(), st.gen);
+      rt.cancel(st.call, this.#now(), st.gen);
       d.attempts = hd.started;
       this.#ended(d, st, 'cancelled');
       throw signal!.reason;
@@ -946,7 +946,7 @@ export class Levee {
     const recover = async (failed: Flight<T> | undefined): Promise<{ verdict: undefined; now: bigint }> => {
       phase = 2;
       // An `invalid` answer leaves the instance: what the call may still hold there is freed.
-      rt.cancel(p.index, st.key, st.call, this.#now(), st.gen);
+      rt.cancel(st.call, this.#now(), st.gen);
       let keep = failed !== undefined && !hd.cancelled.has(failed.n) ? failed : undefined;
       keep ??= flights.find((f) => f !== undefined && !f.closed && !hd.cancelled.has(f.n));
       for (const f of flights) {
@@ -1100,7 +1100,7 @@ export class Levee {
       if (phase === 0) {
         phase = 2;
         abortAll(err);
-        rt.cancel(p.index, st.key, st.call, this.#now(), st.gen);
+        rt.cancel(st.call, this.#now(), st.gen);
       }
       throw err;
     } finally {

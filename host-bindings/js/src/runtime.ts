@@ -22,6 +22,7 @@ import {
   START_IDEMPOTENCY_KEY,
   START_METHOD_SHIFT,
   START_NON_IDEMPOTENT,
+  VERDICT_WAKES_BIT,
 } from './constants.js';
 import { PolicyLoadError, UnknownPolicyError } from './errors.js';
 import type { Outcome } from './errors.js';
@@ -214,15 +215,17 @@ export class Runtime {
   #heldCall = 0n;
   #heldAt = 0n;
   #heldElapsed = 0n;
-  /** The policy index and key of the held-back success (to wake calls parked on them). */
-  #heldIndex = 0;
-  #heldKey = '';
 
   // The bulkhead queue (docs/policy.md, "The queue"): calls parked on a `wait` with reason
-  // bulkhead-full, per policy index and key, each with the function that wakes it. `parked`
-  // counts them: while it is 0 a report or cancel pays one number check.
+  // bulkhead-full, by call id, each with the function that wakes it; the core names the calls
+  // to wake (`take-wakes`: it granted them a slot), each one lookup. `parked` counts them: while
+  // it is 0 a cancel or a hedged attempt's report pays one number check.
   parked = 0;
-  readonly #parkers = new Map<string, Set<() => void>>();
+  readonly #parkers = new Map<bigint, () => void>();
+  // Calls the core named before they parked (the verdict that queued a call may name it, when
+  // it is granted a slot at once): claimed by `park` in the same turn, forgotten at its end.
+  readonly #unclaimed = new Set<bigint>();
+  #unclaimedSweep = false;
   #flushPending = false;
   readonly #flushTick = (): void => {
     this.#flushPending = false;
@@ -439,7 +442,7 @@ export class Runtime {
       this.#recover(err, 'flush', '');
       return;
     }
-    if (this.parked !== 0) this.wake(this.#heldIndex, this.#heldKey);
+    if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     const trace = this.#trace;
     if (trace !== undefined) {
       trace({ op: 'report', call, policy: '', attempts: 0, outcome: { kind: 'success' }, verdict: decodeVerdict(v) });
@@ -448,11 +451,9 @@ export class Runtime {
   }
 
   /** Hold a success back: it rides on the next `start` (or a flush soon after). */
-  hold(index: number, key: string, call: bigint, now: bigint, elapsed: bigint): void {
+  hold(call: bigint, now: bigint, elapsed: bigint): void {
     if (this.holding) this.flush();
     this.holding = true;
-    this.#heldIndex = index;
-    this.#heldKey = key;
     this.#heldCall = call;
     this.#heldAt = now;
     this.#heldElapsed = elapsed;
@@ -499,8 +500,8 @@ export class Runtime {
       this.#recover(err, 'start', p.name, key, call);
       return undefined;
     }
-    // The held-back success rode on this start: it freed its slot.
-    if (held && this.parked !== 0) this.wake(this.#heldIndex, this.#heldKey);
+    // A slot freed (by the held-back success that rode on this start, say) went to a waiter.
+    if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     if (this.#trace !== undefined) this.#traceStep('start', call, p, 0, v, undefined, undefined);
     return v;
   }
@@ -564,7 +565,8 @@ export class Runtime {
       this.#recover(err, 'report', p.name, key, call);
       return undefined;
     }
-    if (this.parked !== 0) this.wake(p.index, key);
+    // The slot the attempt freed went to the oldest waiter: the core names it.
+    if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     if (this.#trace !== undefined) this.#traceStep('report', call, p, attempts, v, outcome, undefined);
     return v;
   }
@@ -624,8 +626,9 @@ export class Runtime {
       this.#recover(err, 'report-attempt', p.name, key, call);
       return undefined;
     }
-    // The attempt freed what it held (a bulkhead slot): a call parked on the key may go.
-    if (this.parked !== 0) this.wake(p.index, key);
+    // The attempt freed what it held (a bulkhead slot): the answer has no wakes bit, so while
+    // calls are parked the host asks whom the core granted it to.
+    if (this.parked !== 0) this.#takeWakes();
     if (this.#trace !== undefined) this.#traceHedge('report-attempt', call, p, attempts, a, attempt, outcome);
     return a;
   }
@@ -640,6 +643,7 @@ export class Runtime {
       this.#recover(err, 'acquire', p.name, key, call);
       return undefined;
     }
+    if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     if (this.#trace !== undefined) this.#traceStep('acquire', call, p, attempts, v, undefined, undefined);
     return v;
   }
@@ -661,12 +665,13 @@ export class Runtime {
       this.#recover(err, 'report-fallback', p.name, key, call);
       return undefined;
     }
+    if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     if (this.#trace !== undefined) this.#traceStep('report-fallback', call, p, attempts, v, undefined, ok);
     return v;
   }
 
   /** Abandon a call in the engine (the caller was cancelled), unless the engine already forgot it. */
-  cancel(index: number, key: string, call: bigint, now: bigint, gen: number): void {
+  cancel(call: bigint, now: bigint, gen: number): void {
     if (this.#generation !== gen) return;
     try {
       this.flush();
@@ -675,39 +680,63 @@ export class Runtime {
       this.#recover(err, 'cancel', '');
       return;
     }
-    if (this.parked !== 0) this.wake(index, key);
+    // The slot or the grant the call held went to the oldest waiter; `cancel` has no verdict.
+    if (this.parked !== 0) this.#takeWakes();
   }
 
   // ---------------------------------------------------------------- the bulkhead queue
 
   /**
-   * Park a call told to wait in the bulkhead queue of (policy `index`, `key`) until `wake` is
-   * called. Registered in the same synchronous turn as the crossing that queued it, so no report
-   * or cancel can come in between (no lost wake-up). Answers the function that ends the park.
+   * Park `call`, told to wait in the bulkhead queue, until `wake` is called (the core named it).
+   * Registered in the same synchronous turn as the crossing that queued it, so no crossing that
+   * grants it a slot can come in between (no lost wake-up); a wake named in that very crossing
+   * is claimed here. Answers the function that ends the park.
    */
-  park(index: number, key: string, wake: () => void): () => void {
-    const id = `${index}\u0000${key}`;
-    let set = this.#parkers.get(id);
-    if (set === undefined) this.#parkers.set(id, (set = new Set()));
-    set.add(wake);
-    this.parked++;
+  park(call: bigint, wake: () => void): () => void {
+    if (this.#unclaimed.delete(call)) {
+      wake();
+      return () => {};
+    }
+    this.#parkers.set(call, wake);
+    // While nothing was parked the verdicts' wakes bit was not looked at (the hot path pays one
+    // number check): the first park takes the wakes left, which may name this very call.
+    if (this.parked++ === 0) this.#takeWakes();
     return () => {
-      const s = this.#parkers.get(id);
-      if (s !== undefined && s.delete(wake)) {
+      if (this.#parkers.get(call) === wake) {
+        this.#parkers.delete(call);
         this.parked--;
-        if (s.size === 0) this.#parkers.delete(id);
       }
     };
   }
 
-  /** An attempt of (policy `index`, `key`) was reported or cancelled: wake every call parked on it. */
-  wake(index: number, key: string): void {
-    const id = `${index}\u0000${key}`;
-    const set = this.#parkers.get(id);
-    if (set === undefined) return;
-    this.#parkers.delete(id);
-    this.parked -= set.size;
-    for (const wake of set) wake();
+  /** Wake the calls the core granted a slot (`take-wakes`), and only them. */
+  #takeWakes(): void {
+    let calls: BigUint64Array;
+    try {
+      calls = this.#engine.takeWakes();
+    } catch (err) {
+      this.#recover(err, 'take-wakes', '');
+      return;
+    }
+    for (const call of calls) {
+      const wake = this.#parkers.get(call);
+      if (wake !== undefined) {
+        this.#parkers.delete(call);
+        this.parked--;
+        wake();
+      } else {
+        // Not parked yet (its park comes later in this turn), or not at all (it acquired
+        // already, or ended): kept to the end of the turn only.
+        this.#unclaimed.add(call);
+        if (!this.#unclaimedSweep) {
+          this.#unclaimedSweep = true;
+          queueMicrotask(() => {
+            this.#unclaimedSweep = false;
+            this.#unclaimed.clear();
+          });
+        }
+      }
+    }
   }
 
   #traceHedge(

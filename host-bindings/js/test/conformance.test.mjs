@@ -187,6 +187,9 @@ function replay(component, vector) {
       case 'drain_events':
         actual = engine.drainEvents().map(eventJson);
         break;
+      case 'take_wakes':
+        actual = Array.from(engine.takeWakes(), (c) => Number(c));
+        break;
       case 'breaker_state':
         actual = engine.breakerState(policy(s.policy), s.key ?? '', u64(s.now)) ?? null;
         break;

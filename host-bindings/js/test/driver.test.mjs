@@ -83,7 +83,7 @@ describe('the driver relays verdicts that keep the contract', () => {
 describe('verdicts that break the contract are guest faults', () => {
   const cases = [
     ['an unknown kind', policy(), 'start', 0, encodeVerdict(7, 0, 0, false)],
-    ['reserved bits', policy(), 'start', 0, attempt(1) | 0x20n],
+    ['reserved bits', policy(), 'start', 0, attempt(1) | 0x40n],
     ['the wrong attempt number', policy(), 'start', 0, attempt(2)],
     ['an attempt past the maximum', policy({ maxAttempts: 1 }), 'acquire', 1, attempt(2)],
     ['a timeout above the policy', timed(1000 * MS, 0), 'start', 0, attempt(1, 1001 * MS)],

@@ -608,7 +608,7 @@ describe('the hedge driver alone', () => {
       [answer(end(2, 2n)), /never started/],
       [answer(end(1, 2n)), /not been reported/],
       [answer(end(1, encodeVerdict(3, 2, 10, false))), /end verdict of kind 3/],
-      [answer(end(1, 2n | 0x20n)), /reserved bits/],
+      [answer(end(1, 2n | 0x40n)), /reserved bits/],
       [answer(end(1, 2n), { tag: 'wait', val: 1n }), /after the end/],
     ];
     for (const [a, re] of cases) {

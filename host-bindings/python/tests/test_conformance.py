@@ -147,6 +147,8 @@ class Runner:
             return False, None
         if op == "drain_events":
             return True, [event_json(e) for e in c.drain_events()]
+        if op == "take_wakes":
+            return True, c.take_wakes()
         if op == "breaker_state":
             p = self.policy(step)
             st = c.breaker_state(p, s("key"), u("now"))

@@ -334,6 +334,10 @@ impl GuestEngine for EngineResource {
         self.get_mut().cancel(call, now)
     }
 
+    fn take_wakes(&self) -> Vec<u64> {
+        self.get_mut().take_wakes()
+    }
+
     fn call_info(&self, call: u64) -> Option<wit::CallInfo> {
         self.get().call_info(call).map(|c| wit::CallInfo {
             policy: c.policy,

@@ -339,6 +339,7 @@ class Core:
             "[method]engine.hedge-step",
             "[method]engine.report-attempt",
             "[method]engine.cancel",
+            "[method]engine.take-wakes",
             "[method]engine.call-info",
             "[method]engine.drain-events",
             "[method]engine.breaker-state",
@@ -740,6 +741,11 @@ class Core:
 
     def cancel(self, call: int, now: int) -> None:
         self._slow("cancel", _Args(2).u64(0, call).u64(1, now), has_result=False)
+
+    def take_wakes(self) -> list[int]:
+        """The calls granted a bulkhead slot since the last take, in grant order."""
+        r = self._slow("take-wakes")
+        return [int(x) for x in r] if isinstance(r, list) else []
 
     def call_info(self, call: int) -> CallInfo | None:
         r = self._slow("call-info", _Args(1).u64(0, call))

@@ -12,9 +12,9 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._constants import REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY
+from ._constants import REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY, VERDICT_RESERVED_MASK
 from ._events import logger
-from ._runtime import PARK_MASK, PARK_VERDICT, _Fault
+from ._runtime import PARK_MASK, PARK_VERDICT, WAKES_BIT, _Fault
 from .errors import failure_for
 from .outcomes import Classifier, Outcome, outcome_for_exception, outcome_for_result
 from .telemetry import emit_attempt, emit_call
@@ -214,18 +214,20 @@ class _Call:
         call = self.call
         now = self.engine._now()
 
+        eng = self.engine
+
         def op(c: Core) -> int:
             c.cancel(call, now)
-            return 0
+            # `cancel` answers no verdict: while calls are parked, ask for the wakes (the slot
+            # or the grant it held goes to the oldest waiter)
+            return WAKES_BIT if eng._parked else 0
 
-        eng = self.engine
         try:
             eng._cross(self, op)
         except _Fault:
             pass
         if eng._parked:
-            eng._unpark(self.slot.index, self.key, call)
-            eng._wake(self.slot.index, self.key)
+            eng._unpark(call)
 
     def report(self, res: _AttemptResult) -> int:
         eng = self.engine
@@ -239,8 +241,6 @@ class _Call:
         self.t = res.end
         elapsed = res.end - res.start
         v = eng._cross(self, lambda c: c.report(call, res.end, elapsed, o.kind, o.code, o.text, wall, flags))
-        if eng._parked:
-            eng._wake(self.slot.index, self.key)
         sink = eng._sink
         if sink is not None:
             try:
@@ -458,9 +458,6 @@ class _Hedge:
                                                                   wall, flags))  # fmt: skip
         except _Fault:
             raise _HedgeStop(n if live else 0) from None
-        finally:
-            if eng._parked:  # the attempt's bulkhead slot is free now
-                eng._wake(st.slot.index, st.key)
         if live and eng._sink is not None:
             try:
                 emit_attempt(eng._sink, st.slot.info.name, o.kind.wit, elapsed)
@@ -664,7 +661,7 @@ def contract_breach(st: _Call, v: int, op: str) -> str | None:
     `st.t` is the `now` that crossing was given. Returns what is wrong, or None."""
     info = st.slot.info
     kind = v & 0xF
-    if kind > HEDGE or v & 0xE0:
+    if kind > HEDGE or v & VERDICT_RESERVED_MASK:
         return f"unknown verdict kind {kind} or reserved bits set ({v:#x})"
     detail = (v >> 8) & 0xFF
     payload = v >> 16
@@ -787,14 +784,14 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                 if kind == RETRY and st.on_retry:
                     st.retry_hooks(delay)
                 if v & PARK_MASK == PARK_VERDICT:
-                    # queued for a bulkhead slot: sleep until the payload elapses or a report or
-                    # cancel of this policy and key wakes the call (docs/policy.md, "The queue")
-                    parker = eng._parker(st.slot.index, st.key, st.call)
+                    # queued for a bulkhead slot: sleep until the payload elapses or the core
+                    # grants the call a slot and names it (docs/policy.md, "The queue")
+                    parker = eng._parker(st.call)
                     if parker is not None and delay:
                         try:
                             yield (_SLEEP, delay, parker)
                         finally:
-                            eng._unpark(st.slot.index, st.key, st.call)
+                            eng._unpark(st.call)
                 elif delay:
                     yield (_SLEEP, delay, 0)
                 op = "acquire"

@@ -97,8 +97,8 @@ class _AttemptScope:
 
 def sleep_sync(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> None:
     """A wait the core asked for, on the engine's clock (none under `levee.testing.no_waits`).
-    With `park`, the call waits in a bulkhead queue: the sleep ends early when a report or cancel
-    of the same policy and key wakes it. On the system clock a thread waits on an event; a clock
+    With `park`, the call waits in a bulkhead queue: the sleep ends early when the core grants it
+    a slot and names it (`take-wakes`). On the system clock a thread waits on an event; a clock
     whose synchronous sleep is not interruptible (`VirtualClock`: the time passes at once) sleeps
     the payload, which the contract allows (docs/policy.md, "The queue"). A park is waited for
     even under `no_waits`: it waits for another call, and skipping it would only spin."""

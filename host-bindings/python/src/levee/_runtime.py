@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._abi import ComponentFault, Core, LoadErrors, Runtime, event_from_raw
 from ._clock import SYSTEM, Clock, SystemClock
-from ._constants import GUARD_SNAPSHOT_INTERVAL_MS
+from ._constants import GUARD_SNAPSHOT_INTERVAL_MS, VERDICT_WAKES_BIT
 from ._events import Listener, dispatch, logger
 from .errors import LeveeError, PolicyError, ProtocolError, UnknownPolicy
 from .outcomes import Outcome
@@ -32,6 +32,8 @@ T = TypeVar("T")
 
 
 EVENTS_BIT = 0x10
+#: calls were granted a bulkhead slot: `take-wakes` names them (docs/policy.md, "The queue")
+WAKES_BIT = VERDICT_WAKES_BIT
 #: a `wait` verdict with reason bulkhead-full (kind 1, detail 7): the call joined the bulkhead's
 #: queue and is parked (docs/policy.md, "The queue"); `v & PARK_MASK == PARK_VERDICT`
 PARK_MASK = 0xFF0F
@@ -39,9 +41,9 @@ PARK_VERDICT = 0x0701
 
 
 class _Parker:
-    """A call parked in a bulkhead queue: woken (`wake`) by a report or cancel of an attempt of
-    the same policy and key, from any thread, whichever executor (thread or asyncio task) sleeps
-    on it. `wake` before the sleeper has attached itself is kept in `woken`."""
+    """A call parked in a bulkhead queue: woken (`wake`) when the core names it in `take-wakes`
+    (it granted the call a freed slot), from any thread, whichever executor (thread or asyncio
+    task) sleeps on it. `wake` before the sleeper has attached itself is kept in `woken`."""
 
     __slots__ = ("event", "fut", "loop", "woken")
 
@@ -201,9 +203,9 @@ class EngineRuntime:
         #: the sink's spans (every call then takes the driver path: one span per attempt)
         self._spans: SpanSink | None = spans
         self._retry_hooks: dict[str, tuple[RetryHook, ...]] = {}
-        #: calls parked in a bulkhead queue, per (policy index, key), by call id; empty (and
+        #: calls parked in a bulkhead queue, by call id (a wake is one lookup); empty (and
         #: checked only for emptiness) while nobody is parked: the hot path pays one truth test
-        self._parked: dict[tuple[int, str], dict[int, _Parker]] = {}
+        self._parked: dict[int, _Parker] = {}
         self._park_lock = threading.Lock()
         self._tracer: Callable[[TraceStep], None] | None = None
         # whether calls take the one-crossing hot path (no tracer, the system clock)
@@ -287,6 +289,8 @@ class EngineRuntime:
             if g == gen:
                 v = self._core.report(call, at, elapsed, OutcomeKind.SUCCESS, 0, "", 0, 0)
                 self._events_locked(v, out)
+                if v & WAKES_BIT:
+                    self._wakes_locked()
 
     def _recover_locked(self, err: BaseException, out: list[Event], fault: str = "trap", policy: str = "",
                         key: str = "", call: int = 0) -> None:  # fmt: skip
@@ -403,7 +407,9 @@ class EngineRuntime:
                 if v & EVENTS_BIT:
                     self._events_locked(v, events)
                     if v & PARK_MASK == PARK_VERDICT:  # a queued wait always carries its event
-                        self._park_locked(slot.index, key, call)
+                        self._park_locked(call)
+                if v & WAKES_BIT:  # after the park: the core may name the call it just queued
+                    self._wakes_locked()
             except ComponentFault as e:
                 if not core.dead:
                     raise
@@ -432,7 +438,9 @@ class EngineRuntime:
                     v = fn(core)
                     self._events_locked(v, events)
                     if v & PARK_MASK == PARK_VERDICT:
-                        self._park_locked(st.slot.index, st.key, st.call)
+                        self._park_locked(st.call)
+                    if v & WAKES_BIT:
+                        self._wakes_locked()
                 except ComponentFault as e:
                     if not core.dead:
                         raise
@@ -461,6 +469,9 @@ class EngineRuntime:
                     commands, pending = fn(core)
                     if pending:
                         self._events_locked(EVENTS_BIT, events)
+                    if self._parked:
+                        # the answer has no wakes bit: a closed attempt may have freed a slot
+                        self._wakes_locked()
                 except ComponentFault as e:
                     if not core.dead:
                         raise
@@ -473,42 +484,55 @@ class EngineRuntime:
 
     # -------------------------------------------------------------- the bulkhead queue
 
-    def _park_locked(self, index: int, key: str, call: int) -> None:
-        """Register `call` as parked, under the engine's lock in the crossing that queued it: a
-        report or cancel of the key crosses after it and sees it (no lost wake-up)."""
+    def _park_locked(self, call: int) -> None:
+        """Register `call` as parked, under the engine's lock in the crossing that queued it: the
+        crossing that grants it a slot comes after it and finds it (no lost wake-up)."""
+        parker = _Parker()
         with self._park_lock:
-            calls = self._parked.get((index, key))
-            if calls is None:
-                calls = self._parked[(index, key)] = {}
-            parker = calls[call] = _Parker()
+            self._parked[call] = parker
         if self._pending:
-            # a held-back success appended since this crossing's flush frees a slot: its call
-            # may have looked at `_parked` before this registration
+            # a held-back success appended since this crossing's flush holds a slot: its call
+            # may have looked at `_parked` before this registration; the woken call's acquire
+            # settles it (and waits again if the slot is granted to another)
             parker.wake()
 
-    def _parker(self, index: int, key: str, call: int) -> _Parker | None:
+    def _wakes_locked(self) -> None:
+        """Wake the calls the core granted a slot (`take-wakes`, under the engine's lock), and
+        only them: one lookup each. An id this host has not parked is ignored."""
+        calls = self._core.take_wakes()
+        if not calls:
+            return
+        with self._park_lock:
+            woken = [p for p in (self._parked.pop(c, None) for c in calls) if p is not None]
+        for parker in woken:
+            parker.wake()
+
+    def _parker(self, call: int) -> _Parker | None:
         """The parker of a call told to wait in the queue (None: already woken)."""
-        calls = self._parked.get((index, key))
-        if calls is None:
-            return None
-        parker = calls.get(call)
+        parker = self._parked.get(call)
         return None if parker is None or parker.woken else parker
 
-    def _unpark(self, index: int, key: str, call: int) -> None:
+    def _unpark(self, call: int) -> None:
         """The call's park is over (its payload elapsed, or it was woken or cancelled)."""
         with self._park_lock:
-            calls = self._parked.get((index, key))
-            if calls is not None and calls.pop(call, None) is not None and not calls:
-                del self._parked[(index, key)]
+            self._parked.pop(call, None)
 
-    def _wake(self, index: int, key: str) -> None:
-        """An attempt of (policy, key) was reported or cancelled: wake every call parked on it
-        (the core decides which gets the slot; the others are told to wait again)."""
-        with self._park_lock:
-            calls = self._parked.pop((index, key), None)
-        if calls:
-            for parker in calls.values():
-                parker.wake()
+    def _settle_parked(self) -> None:
+        """A success was held back while calls are parked: settle it now, so that the slot it
+        frees is granted, and the granted call woken, at once."""
+        events: list[Event] = []
+        try:
+            with self._lock:
+                core = self._core
+                try:
+                    self._flush_locked(events)
+                except ComponentFault as e:
+                    if not core.dead:
+                        raise
+                    self._recover_locked(e, events)
+        finally:
+            if events:
+                dispatch(events, self._listeners, self._sink)
 
     def _maybe_snapshot(self) -> None:
         now = self._now()

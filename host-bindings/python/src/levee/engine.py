@@ -444,8 +444,8 @@ class Policy:
                 and (_RESULT_IS_RESPONSE.get(type(value)) is False or outcome_for_result(value) is None)
             ):
                 eng._pending.append((call, end, end - start, gen))
-                if eng._parked:  # calls wait in a bulkhead queue: this success frees a slot
-                    eng._wake(slot.index, key)
+                if eng._parked:  # calls wait in a bulkhead queue: settle, so the slot is granted now
+                    eng._settle_parked()
                 if eng._sink is not None:
                     eng._count_success(slot, end - start)
                 if end >= eng._snapshot_due:
@@ -499,7 +499,7 @@ class Policy:
             ):
                 eng._pending.append((call, end, end - start, gen))
                 if eng._parked:
-                    eng._wake(slot.index, key)
+                    eng._settle_parked()
                 if eng._sink is not None:
                     eng._count_success(slot, end - start)
                 if end >= eng._snapshot_due:
