@@ -164,7 +164,8 @@ fn deserialize(engine: &Engine, payload: &[u8]) -> wasmtime::Result<Component> {
     // it must be the output of `Component::serialize` of a compatible wasmtime. It is:
     // - these bytes are in memory (read once, not mapped from the file, so nothing can change
     //   them between the checks and the mapping), from an entry in the user's own cache
-    //   directory (made 0700 by this library) that this library wrote from `serialize`;
+    //   directory (made 0700 when this library makes it) that this library wrote from
+    //   `serialize`;
     // - the entry is named after the component, wasmtime's version and the engine's
     //   compatibility hash, and carries that name and the SHA-256 of these bytes, both checked
     //   by `read_entry`: a truncated, damaged or foreign file never gets here;
