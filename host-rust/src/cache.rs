@@ -358,7 +358,7 @@ mod tests {
     #[test]
     #[ignore = "run by levee_cache_dir_moves_the_cache_and_off_disables_it in a child process"]
     fn child_loads_an_engine() {
-        let engine = crate::RawEngine::load("policies:\n  p:\n    attempts: 2\n", 1);
+        let engine = crate::RawEngine::load_with(crate::Backend::Wasm, "policies:\n  p:\n    attempts: 2\n", 1, crate::Limits::default());
         assert!(engine.is_ok());
     }
 
