@@ -10,7 +10,11 @@
 //! cargo bench -p levee-resilience --bench load -- --levels 1,100 --rounds 5 --single 20   # smoke run
 //! cargo bench -p levee-resilience --bench load -- --threads 2 --wait-ms 0 --levels 2 --rounds 200000
 //! ```
-//! `--coldstart` times one engine load instead (run it in fresh processes).
+//! `--coldstart` times one engine load instead (run it in fresh processes; `LEVEE_CACHE_DIR`
+//! names the compiled-component cache, `off` disables it).
+//! `--only levee_wasm,backon` runs only the contenders named (for a profile of one of them);
+//! `--callgrind` reads no CPU time (for `valgrind --tool=callgrind`, which counts instructions).
+//! `SIZES=1` in the environment prints the size of one call's future, levee's and backon's.
 //! `--threads T` runs a multi-thread runtime with T workers (default: current-thread).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -24,7 +28,14 @@ use levee::{Backend, Levee};
 
 const DOC: &str = "policies:\n  api:\n    attempts: 3\n    attempt-timeout: 1s\n    backoff: {kind: exponential, base: 10ms, cap: 1s}\n";
 
+/// `--callgrind`: no CPU-time readings (rustix's vDSO lookup crashes under valgrind; callgrind
+/// counts instructions itself).
+static NO_CPU: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn cpu() -> Duration {
+    if NO_CPU.load(std::sync::atomic::Ordering::Relaxed) {
+        return Duration::ZERO;
+    }
     // the process's CPU time (all threads, user + system), as getrusage counts it
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
@@ -54,6 +65,18 @@ fn contenders() -> Vec<(String, Call)> {
     let mut out: Vec<(String, Call)> = Vec::new();
     for backend in [Backend::Wasm, Backend::Native] {
         let l = Levee::builder().backend(backend).seed(1).load(DOC).expect("loads");
+        if std::env::var_os("SIZES").is_some() {
+            let f = l.call("api").run(|_| work(Duration::ZERO));
+            eprintln!(
+                "levee future {} bytes (the attempt's future: {} bytes)",
+                std::mem::size_of_val(&f),
+                std::mem::size_of_val(&work(Duration::ZERO))
+            );
+            let b = (|| async { tokio::time::timeout(Duration::from_secs(1), work(Duration::ZERO)).await.map_err(std::io::Error::other)? })
+                .retry(ExponentialBuilder::default())
+                .sleep(tokio::time::sleep);
+            eprintln!("backon future {} bytes", std::mem::size_of_val(&b));
+        }
         out.push((
             format!("levee_{backend}"),
             Arc::new(move |wait| {
@@ -130,8 +153,10 @@ fn main() {
         tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_time().build()
     }
     .expect("runtime");
+    NO_CPU.store(args.iter().any(|a| a == "--callgrind"), std::sync::atomic::Ordering::Relaxed);
+    let only: Vec<String> = arg("--only", "").split(',').filter(|s| !s.is_empty()).map(str::to_string).collect();
     rt.block_on(async {
-        let cs = contenders();
+        let cs: Vec<_> = contenders().into_iter().filter(|(name, _)| only.is_empty() || only.contains(name)).collect();
         for (_, c) in &cs {
             level(c, 10, 10, Duration::ZERO).await; // warm up
         }

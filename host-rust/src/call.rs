@@ -16,9 +16,9 @@ use crate::handle::Levee;
 use crate::outcome::{IntoOutcome, Outcome};
 use crate::park::Parker;
 use crate::raw::Trap;
-use crate::runtime::{crossing, Held, Injected, Shared};
+use crate::runtime::{crossing, Held, Injected, Shared, Started};
 use crate::telemetry;
-use crate::time::{EngineClock, Sleep};
+use crate::time::{EngineClock, Timer};
 
 /// What the `on_retry` hooks learn before the sleep of a retry (docs/telemetry.md, "The
 /// retry hook").
@@ -280,7 +280,8 @@ pin_project_lite::pin_project! {
         attempt: F,
         clock: &'c EngineClock,
         deadline: Option<u64>,
-        timer: Option<Sleep>,
+        #[pin]
+        timer: Option<Timer>,
     }
 }
 
@@ -297,14 +298,18 @@ impl<F: Future> Future for AttemptTimeout<'_, F> {
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
-        let this = self.project();
+        let mut this = self.project();
         if let std::task::Poll::Ready(v) = this.attempt.poll(cx) {
             return std::task::Poll::Ready(Some(v));
         }
         let Some(deadline) = *this.deadline else { return std::task::Poll::Pending };
-        let clock = *this.clock;
-        let timer = this.timer.get_or_insert_with(|| clock.sleep_until(deadline));
-        timer.as_mut().poll(cx).map(|()| None)
+        if this.timer.is_none() {
+            this.timer.set(Some(this.clock.timer_until(deadline)));
+        }
+        match this.timer.as_pin_mut() {
+            Some(timer) => timer.poll(cx).map(|()| None),
+            None => std::task::Poll::Pending,
+        }
     }
 }
 
@@ -459,7 +464,10 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
     }
 
     /// Run `f` under the policy; `Ok` is a success, an `Err` is described by [`IntoOutcome`].
-    pub async fn run<F, Fut>(self, f: F) -> Result<T, LeveeError<E>>
+    ///
+    /// (A plain `fn` returning [`Call::run_classified`]'s future, not an `async fn` awaiting
+    /// it: an `async fn` would keep its own copy of the call in the future, for the whole call.)
+    pub fn run<F, Fut>(self, f: F) -> impl Future<Output = Result<T, LeveeError<E>>> + use<'a, T, E, F, Fut>
     where
         E: IntoOutcome,
         F: FnMut(Attempt) -> Fut,
@@ -472,75 +480,233 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
             },
             f,
         )
-        .await
     }
 
     /// Run `f` under the policy, describing each result with `classify`. A value that
     /// `classify` calls a failure (say, a 503 response) is retried as the policy says; when
     /// the policy stops, the last such value is returned as `Ok`, as an HTTP client returns
     /// an error status, unless a fallback replaces it.
-    pub async fn run_classified<C, F, Fut>(self, classify: C, mut f: F) -> Result<T, LeveeError<E>>
+    pub fn run_classified<C, F, Fut>(
+        self,
+        classify: C,
+        mut f: F,
+    ) -> impl Future<Output = Result<T, LeveeError<E>>> + use<'a, T, E, C, F, Fut>
     where
         C: Fn(&Result<T, E>) -> Outcome,
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let shared = &*self.levee.shared;
-        let policy = self.policy;
-        let key = self.key.as_str();
-        let mut faults = self.faults;
-        let started = shared.now();
+        // Taken apart before the future is made, which then holds each part once (an `async fn`
+        // holds its arguments for its whole life, beside whatever is moved out of them).
+        let Call { levee, policy, key, flags, fallbacks, on_retry, retry_if, mut faults, http } = self;
+        async move {
+            let shared = &*levee.shared;
+            let key = key.as_str();
+            let started = shared.now();
 
-        // Start (settling a held-back success first), in one guest call.
-        let s = match shared.start(policy, key, self.flags, started, take(&mut faults, FaultOp::Start)) {
-            Ok(s) => s,
-            Err(known) => {
-                let mut err = LeveeError::new(Reason::None, policy);
-                err.invalid = Some(InvalidCode::UnknownPolicy);
-                err.known_policies = known;
-                return Err(err);
-            }
+            // Start (settling a held-back success first), in one guest call.
+            // Taken apart at once: a part of it kept across an await would keep all of it in the future.
+            // `parker`: the call's park in its bulkhead queue, if the verdict queued it.
+            let Started { call, limits, verdict, pending, parker } =
+                match shared.start(policy, key, flags, started, take(&mut faults, FaultOp::Start)) {
+                    Ok(s) => s,
+                    Err(known) => {
+                        let mut err = LeveeError::new(Reason::None, policy);
+                        err.invalid = Some(InvalidCode::UnknownPolicy);
+                        err.known_policies = known;
+                        return Err(err);
+                    }
+                };
+            let mut driver = Driver::new(limits, started);
+            // The spans of docs/telemetry.md (`tracing`; an OpenTelemetry layer exports them).
+            let span = tracing::info_span!(target: "levee", "levee.call", levee.policy = policy, levee.key = key, levee.result = tracing::field::Empty, levee.reason = tracing::field::Empty);
+            let mut guard = Guard { span, shared, policy, call, live: true, attempts: 0 };
+            let retry_if = match retry_if {
+                Some(p) => Some(p),
+                None if shared.retry_if.is_empty() => None,
+                None => shared.retry_if.get(policy).cloned(),
+            };
+            // The trap that sent the call down the recovery path, if one did.
+            let mut trap: Option<Trap> = None;
+
+            // The hot path: a first attempt whose `start` had no events. Its success is held back
+            // for the next `start`; any other success is reported at once (so that the events it
+            // causes, a half-open breaker closing, belong to this call).
+            let hot = matches!(verdict, Ok(v) if !v.events_pending());
+            let action = match verdict {
+                Ok(v) => {
+                    shared.step("start", started, call, policy, None, Some(v));
+                    drop(pending);
+                    driver.next(v, started, Crossing::Start)
+                }
+                Err(t) => {
+                    drop(pending);
+                    trap = Some(t);
+                    driver.trapped(Crossing::Start, shared.now())
+                }
+            };
+            // The first attempt of a hot call runs here, in a future that holds only what it needs;
+            // everything else (a report, retries, sleeps, fallbacks, hedging, recovery) runs in
+            // `Slow::run`, boxed when reached: a call's future is 928 bytes instead of 1,432 (the
+            // load bench's; `SIZES=1` prints it), and at 10,000 calls in flight and more the bytes
+            // a call keeps are what it costs (docs/performance.md, "At production load").
+            // (After the await, only what `guard` holds is used: a copy in a local of its own would
+            // take room in the future too.)
+            let ran = match (hot, action) {
+                (true, Action::Attempt { number: 1, begin, timeout }) => {
+                    guard.attempts = 1;
+                    let attempt = Attempt { number: 1, timeout: timeout.map(nanos), call, degraded: false };
+                    let aspan = attempt_span(&guard.span, 1, false, http);
+                    let result = AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).instrument(aspan.clone()).await;
+                    let (shared, call) = (guard.shared, guard.call);
+                    let ended = Ended::of(1, result, aspan, shared.now(), begin, timeout, &classify, retry_if.as_ref(), guard.policy);
+                    match ended.hold(true, shared, &mut guard, call) {
+                        Ok(v) => return Ok(v),
+                        Err(ended) => Some(ended),
+                    }
+                }
+                _ => None,
+            };
+            let (shared, policy, call) = (guard.shared, guard.policy, guard.call);
+            let slow = Slow { levee, shared, policy, key, call, http, driver, guard, on_retry, retry_if, fallbacks, faults, parker, trap };
+            // `hot` no longer: the first attempt's success, if one, was offered to the slot already.
+            let hot = hot && ran.is_none();
+            Box::pin(slow.run(action, ran, hot, &classify, &mut f)).await
+        }
+    }
+}
+
+/// An attempt that ended: its result (`None`: its timeout fired), its span, when it ended, how
+/// long it took, the outcome the host reports and the retry predicate's answer (as flags).
+struct Ended<T, E> {
+    number: u32,
+    timeout: Option<u64>,
+    result: Option<Result<T, E>>,
+    span: tracing::Span,
+    now: u64,
+    elapsed: u64,
+    outcome: Outcome,
+    asked: u32,
+}
+
+impl<T: 'static, E: 'static> Ended<T, E> {
+    /// Describe attempt `number`, begun at `begin` under `timeout`, that ended at `now` with
+    /// `result`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn of<C: Fn(&Result<T, E>) -> Outcome>(
+        number: u32,
+        result: Option<Result<T, E>>,
+        span: tracing::Span,
+        now: u64,
+        begin: u64,
+        timeout: Option<u64>,
+        classify: &C,
+        retry_if: Option<&RetryIf>,
+        policy: &str,
+    ) -> Self {
+        // A timeout that fired reports the timeout itself as the elapsed time.
+        let elapsed = match (&result, timeout) {
+            (None, Some(t)) => t,
+            _ => now.saturating_sub(begin),
         };
-        let call = s.call;
-        let mut driver = Driver::new(s.limits, started);
-        // The spans of docs/telemetry.md (`tracing`; an OpenTelemetry layer exports them).
-        let span = tracing::info_span!(target: "levee", "levee.call", levee.policy = policy, levee.key = key, levee.result = tracing::field::Empty, levee.reason = tracing::field::Empty);
-        let mut guard = Guard { span: span.clone(), shared, policy, call, live: true, attempts: 0 };
+        let outcome = match &result {
+            None => Outcome::Timeout,
+            Some(r) => classify(r),
+        };
+        span.record("levee.outcome", outcome.kind_name());
+        let asked = asked(retry_if, &result, &outcome, policy);
+        Ended { number, timeout, result, span, now, elapsed, outcome, asked }
+    }
+
+    /// Hold back the report of a plain success of the first attempt of a `hot` call (its
+    /// answer is always `done`; the next `start` settles it: one guest call per successful
+    /// call) and end the call with its value; else give the attempt back, to be reported.
+    /// A success the caller wants retried is reported, never held back; so is a late success
+    /// (the core makes it a timeout), and one while calls wait in a bulkhead queue (it frees
+    /// a slot).
+    #[inline]
+    fn hold(self, hot: bool, shared: &Shared, guard: &mut Guard<'_>, call: u64) -> Result<T, Self> {
+        let Ended { number, timeout, result, span, now, elapsed, outcome, asked } = self;
+        match result {
+            Some(Ok(v))
+                if hot
+                    && asked & crate::constants::REPORT_CALLER_RETRY == 0
+                    && number == 1
+                    && outcome.is_plain_success()
+                    && timeout.is_none_or(|t| elapsed < t) =>
+            {
+                if shared.hold(Held { call, at: now, elapsed }) {
+                    shared.step("hold-success", now, call, guard.policy, Some(&outcome), None);
+                    telemetry::attempt(&*shared.telemetry, guard.policy, outcome.kind_name(), elapsed);
+                    guard.end("success", None);
+                    return Ok(v);
+                }
+                Err(Ended { number, timeout, result: Some(Ok(v)), span, now, elapsed, outcome, asked })
+            }
+            result => Err(Ended { number, timeout, result, span, now, elapsed, outcome, asked }),
+        }
+    }
+}
+
+/// A call past its hot path (see [`Call::run_classified`]): what the rest of it needs.
+struct Slow<'a, T, E> {
+    levee: &'a Levee,
+    shared: &'a Shared,
+    policy: &'a str,
+    key: &'a str,
+    call: u64,
+    http: bool,
+    driver: Driver,
+    guard: Guard<'a>,
+    on_retry: Option<RetryFn>,
+    retry_if: Option<RetryIf>,
+    fallbacks: Vec<(String, FallbackFn<T, E>)>,
+    faults: Option<Box<Faults>>,
+    parker: Option<Parker<'a>>,
+    trap: Option<Trap>,
+}
+
+impl<T: 'static, E: 'static> Slow<'_, T, E> {
+    /// Carry out `action` and every step after it; `ran` is the first attempt when the hot
+    /// path ran it (and did not hold its success back).
+    async fn run<C, F, Fut>(
+        self,
+        mut action: Action,
+        mut ran: Option<Ended<T, E>>,
+        hot: bool,
+        classify: &C,
+        f: &mut F,
+    ) -> Result<T, LeveeError<E>>
+    where
+        C: Fn(&Result<T, E>) -> Outcome,
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let Slow {
+            levee,
+            shared,
+            policy,
+            key,
+            call,
+            http,
+            mut driver,
+            mut guard,
+            on_retry,
+            retry_if,
+            mut fallbacks,
+            mut faults,
+            mut parker,
+            mut trap,
+        } = self;
         let mut last: Last<T, E> = Last::None;
         let mut last_outcome: Option<Outcome> = None;
-        let hooks = [shared.on_retry.as_ref(), self.on_retry.as_ref()];
+        let hooks = [shared.on_retry.as_ref(), on_retry.as_ref()];
         let hooked = hooks.iter().any(Option::is_some);
-        let retry_if = match self.retry_if {
-            Some(p) => Some(p),
-            None if shared.retry_if.is_empty() => None,
-            None => shared.retry_if.get(policy).cloned(),
-        };
-        let mut fallbacks = self.fallbacks;
         let mut fell_back = false;
         let mut fallback_err: Option<E> = None;
         // Fallbacks the chain named that nobody registered: they fail, and the error says so.
         let mut unregistered: Vec<String> = Vec::new();
-        // The trap that sent the call down the recovery path, if one did.
-        let mut trap: Option<Trap> = None;
-
-        // The hot path: a first attempt whose `start` had no events. Its success is held back
-        // for the next `start`; any other success is reported at once (so that the events it
-        // causes, a half-open breaker closing, belong to this call).
-        let hot = matches!(s.verdict, Ok(v) if !v.events_pending());
-        // The call's park in its bulkhead queue, from the crossing whose verdict queued it.
-        let mut parker: Option<Parker<'_>> = s.parker;
-        let mut action = match s.verdict {
-            Ok(v) => {
-                shared.step("start", started, call, policy, None, Some(v));
-                drop(s.pending);
-                driver.next(v, started, Crossing::Start)
-            }
-            Err(t) => {
-                drop(s.pending);
-                trap = Some(t);
-                driver.trapped(Crossing::Start, shared.now())
-            }
-        };
         loop {
             if !matches!(action, Action::Sleep { park: true, .. }) {
                 // Not (or no longer) waiting in the queue: the park is over.
@@ -548,45 +714,21 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
             }
             match action {
                 Action::Attempt { number, begin, timeout } => {
-                    guard.attempts = number;
-                    let attempt = Attempt { number, timeout: timeout.map(nanos), call, degraded: false };
-                    let aspan = attempt_span(&span, number, false, self.http);
-                    let result = AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).instrument(aspan.clone()).await;
-                    let now = shared.now();
-                    // A timeout that fired reports the timeout itself as the elapsed time.
-                    let elapsed = match (&result, timeout) {
-                        (None, Some(t)) => t,
-                        _ => now.saturating_sub(begin),
-                    };
-                    let outcome = match &result {
-                        None => Outcome::Timeout,
-                        Some(r) => classify(r),
-                    };
-                    aspan.record("levee.outcome", outcome.kind_name());
-                    let asked = asked(retry_if.as_ref(), &result, &outcome, policy);
-                    // A success the caller wants retried is reported, never held back.
-                    let result = match result {
-                        Some(Ok(v))
-                            if hot
-                                && asked & crate::constants::REPORT_CALLER_RETRY == 0
-                                && number == 1
-                                && outcome.is_plain_success()
-                                && timeout.is_none_or(|t| elapsed < t) =>
-                        {
-                            // The answer to a success is always `done`: hold the report back;
-                            // the next `start` settles it (one guest call per successful call).
-                            // A late success is reported: the core makes it a timeout. While
-                            // calls wait in a bulkhead queue it is reported now (it frees a slot).
-                            if shared.hold(Held { call, at: now, elapsed }) {
-                                shared.step("hold-success", now, call, policy, Some(&outcome), None);
-                                telemetry::attempt(&*shared.telemetry, policy, outcome.kind_name(), elapsed);
-                                guard.end("success", None);
-                                return Ok(v);
-                            }
-                            Some(Ok(v))
+                    let ended = match ran.take() {
+                        Some(ended) => ended,
+                        None => {
+                            guard.attempts = number;
+                            let attempt = Attempt { number, timeout: timeout.map(nanos), call, degraded: false };
+                            let aspan = attempt_span(&guard.span, number, false, http);
+                            let result = AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).instrument(aspan.clone()).await;
+                            Ended::of(number, result, aspan, shared.now(), begin, timeout, classify, retry_if.as_ref(), policy)
                         }
-                        r => r,
                     };
+                    let Ended { result, span: _attempt_span, now, elapsed, outcome, asked, .. } =
+                        match ended.hold(hot, shared, &mut guard, call) {
+                            Ok(v) => return Ok(v),
+                            Err(ended) => ended,
+                        };
                     last = match result {
                         None => Last::None,
                         Some(Ok(v)) => Last::Value(v),
@@ -617,21 +759,11 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                     last_outcome = Some(outcome);
                 }
                 Action::Hedge { begin, timeout } => {
-                    let (levee, attempts, faults, retry_if) = (self.levee, &mut guard.attempts, &mut faults, retry_if.as_ref());
-                    let hedging = crate::hedge::Hedging {
-                        levee,
-                        shared,
-                        policy,
-                        key,
-                        call,
-                        span: &span,
-                        http: self.http,
-                        retry_if,
-                        attempts,
-                        faults,
-                    };
+                    let (attempts, faults, retry_if) = (&mut guard.attempts, &mut faults, retry_if.as_ref());
+                    let hedging =
+                        crate::hedge::Hedging { levee, shared, policy, key, call, span: &guard.span, http, retry_if, attempts, faults };
                     // Boxed, so that the hedged path's state does not grow every call's future.
-                    let ended = Box::pin(crate::hedge::run(hedging, &mut driver, &classify, &mut f, begin, timeout)).await;
+                    let ended = Box::pin(crate::hedge::run(hedging, &mut driver, classify, f, begin, timeout)).await;
                     (last, last_outcome) = (ended.last, ended.outcome);
                     trap = trap.or(ended.trap);
                     action = ended.action;
@@ -696,7 +828,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                         .iter()
                         .position(|(n, _)| *n == name)
                         .map(|i| fallbacks.swap_remove(i).1)
-                        .or_else(|| self.levee.registered_fallback::<T, E>(&name));
+                        .or_else(|| levee.registered_fallback::<T, E>(&name));
                     let ok = match fb {
                         None => {
                             tracing::warn!(target: "levee", policy = %policy, fallback = %name, "no fallback registered under this name");
@@ -803,7 +935,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
                             let attempt = Attempt { number, timeout: timeout.map(nanos), call, degraded: true };
                             let begin = shared.now();
                             err.attempts = number;
-                            let aspan = attempt_span(&span, number, true, self.http);
+                            let aspan = attempt_span(&guard.span, number, true, http);
                             match AttemptTimeout::new(f(attempt), &shared.clock, begin, timeout).instrument(aspan).await {
                                 Some(Ok(v)) => Ok(v),
                                 Some(Err(e)) => {

@@ -20,9 +20,13 @@
 //! - [`time`]: the clock of `now`, timeouts and sleeps; [`time::TokioClock`] follows tokio's
 //!   paused time (`#[tokio::test(start_paused = true)]`, `tokio::time::advance`), and
 //!   [`Builder::clock`] injects any [`time::Clock`].
-#![forbid(unsafe_code)]
+// One function may use `unsafe`: the cache's call of wasmtime's `Component::deserialize`
+// (`cache::deserialize`, with its `SAFETY` comment); everything else is safe code.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "wasm")]
+mod cache;
 #[allow(missing_docs)]
 pub mod constants;
 pub mod outcome;

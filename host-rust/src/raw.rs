@@ -758,8 +758,9 @@ impl RawEngine {
 }
 
 #[cfg(feature = "wasm")]
-mod wasm {
-    //! The component in wasmtime: compiled once per process, one store per engine.
+pub(crate) mod wasm {
+    //! The component in wasmtime: compiled once per process (or read from the cache of
+    //! [`crate::cache`]), one store per engine.
 
     use std::sync::OnceLock;
 
@@ -814,18 +815,24 @@ mod wasm {
 
     struct Compiled {
         engine: Engine,
+        component: Component,
         pre: LeveePre<Ctx>,
     }
 
     static COMPILED: OnceLock<Result<Compiled, String>> = OnceLock::new();
 
+    /// The engine's configuration (the cache's entries are named after what it compiles for).
+    pub(crate) fn engine_config() -> Config {
+        let mut config = Config::new();
+        config.concurrency_support(false);
+        config.epoch_interruption(true);
+        config
+    }
+
     fn compiled() -> Result<&'static Compiled, String> {
         COMPILED
             .get_or_init(|| {
-                let mut config = Config::new();
-                config.concurrency_support(false);
-                config.epoch_interruption(true);
-                let engine = Engine::new(&config).map_err(|e| format!("{e:#}"))?;
+                let engine = Engine::new(&engine_config()).map_err(|e| format!("{e:#}"))?;
                 let ticker = engine.clone();
                 std::thread::Builder::new()
                     .name("levee-epoch".into())
@@ -834,11 +841,12 @@ mod wasm {
                         ticker.increment_epoch();
                     })
                     .map_err(|e| format!("starting the epoch thread: {e}"))?;
-                let component = Component::new(&engine, COMPONENT).map_err(|e| format!("compiling the policy component: {e:#}"))?;
+                let (component, _) =
+                    crate::cache::load(&engine, COMPONENT).map_err(|e| format!("compiling the policy component: {e:#}"))?;
                 let linker = Linker::<Ctx>::new(&engine);
                 let pre = linker.instantiate_pre(&component).map_err(|e| format!("{e:#}"))?;
                 let pre = LeveePre::new(pre).map_err(|e| format!("{e:#}"))?;
-                Ok(Compiled { engine, pre })
+                Ok(Compiled { engine, component, pre })
             })
             .as_ref()
             .map_err(Clone::clone)
@@ -1110,8 +1118,7 @@ mod wasm {
     /// Imports of the compiled component (zero by construction; checked by a test).
     pub(crate) fn component_imports() -> Result<usize, String> {
         let c = compiled()?;
-        let component = Component::new(&c.engine, COMPONENT).map_err(msg)?;
-        Ok(component.component_type().imports(&c.engine).count())
+        Ok(c.component.component_type().imports(&c.engine).count())
     }
 }
 

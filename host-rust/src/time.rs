@@ -154,11 +154,48 @@ impl EngineClock {
         }
     }
 
+    /// [`EngineClock::sleep_until`], not boxed for the default clock: a per-attempt timeout
+    /// held in the call's own future costs no allocation, and its timer entry shares the
+    /// memory the task touches anyway.
+    #[inline]
+    pub(crate) fn timer_until(&self, at: u64) -> Timer {
+        match self {
+            EngineClock::Tsc { .. } => {
+                let left = Duration::from_nanos(at.saturating_sub(self.now()));
+                Timer::Tokio { sleep: tokio::time::sleep(left) }
+            }
+            EngineClock::Injected(c) => Timer::Boxed { sleep: c.sleep_until(at.saturating_sub(1)) },
+        }
+    }
+
     /// Wall-clock seconds, for `Retry-After` HTTP-dates.
     pub(crate) fn unix_seconds(&self) -> u64 {
         match self {
             EngineClock::Tsc { .. } => system_unix_seconds(),
             EngineClock::Injected(c) => c.unix_seconds(),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A timer of an [`EngineClock`] ([`EngineClock::timer_until`]).
+    #[project = TimerProj]
+    pub(crate) enum Timer {
+        /// The default clock's: tokio's, inline.
+        Tokio { #[pin] sleep: tokio::time::Sleep },
+        /// An injected clock's.
+        Boxed { sleep: Sleep },
+    }
+}
+
+impl Future for Timer {
+    type Output = ();
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        match self.project() {
+            TimerProj::Tokio { sleep } => sleep.poll(cx),
+            TimerProj::Boxed { sleep } => sleep.as_mut().poll(cx),
         }
     }
 }

@@ -737,8 +737,15 @@ async fn an_injected_clock_runs_now_timeouts_and_sleeps() {
 fn _infallible(_: Infallible) {}
 
 /// Records the `levee.*` spans made, with their fields.
-#[derive(Default)]
-struct Spans(Mutex<Vec<String>>, std::sync::atomic::AtomicU64);
+/// The spans made on one thread (the test's), with their fields. It is the process's global
+/// subscriber: as a scoped one (`set_default`) it raced with the other tests' threads, which
+/// could register one of the crate's callsites with no subscriber of their own, and tracing
+/// caches that "never" for every thread (with one dispatcher registered, a callsite's interest
+/// is the registering thread's default's). Spans of other threads get an id and are not kept.
+struct Spans(Mutex<Vec<String>>, std::sync::atomic::AtomicU64, std::thread::ThreadId);
+
+/// The ids given to spans of other threads start here (never an index of `Spans::0`).
+const OTHER_THREADS: u64 = 1 << 62;
 
 struct Fields<'a>(&'a mut String);
 
@@ -753,10 +760,14 @@ impl tracing::Subscriber for Spans {
         true
     }
     fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        if std::thread::current().id() != self.2 {
+            return tracing::span::Id::from_u64(OTHER_THREADS + self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        }
         let mut line = span.metadata().name().to_string();
         span.record(&mut Fields(&mut line));
-        self.0.lock().unwrap().push(line);
-        tracing::span::Id::from_u64(self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1)
+        let mut lines = self.0.lock().unwrap();
+        lines.push(line);
+        tracing::span::Id::from_u64(lines.len() as u64)
     }
     fn record(&self, id: &tracing::span::Id, values: &tracing::span::Record<'_>) {
         let mut line = String::new();
@@ -775,9 +786,9 @@ impl tracing::Subscriber for Spans {
 /// after the first carry `http.request.resend_count`.
 #[test]
 fn calls_and_attempts_are_spans() {
-    let spans = Arc::new(Spans::default());
+    let spans = Arc::new(Spans(Mutex::default(), std::sync::atomic::AtomicU64::new(0), std::thread::current().id()));
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
-    let _guard = tracing::subscriber::set_default(spans.clone());
+    tracing::subscriber::set_global_default(spans.clone()).unwrap();
     rt.block_on(async {
         let levee = Levee::builder()
             .clock(TokioClock::paused())
