@@ -96,6 +96,14 @@ crates() {
   # invocation: levee-resilience's packaged manifest needs levee-core, which cargo then serves
   # from the packages it just made.
   local pkg=(env -u LEVEE_WASM_DIR cargo package -q --no-metadata --allow-dirty)
+  # cargo serves those packages from a temporary registry and treats them as any registry
+  # package, immutable for a name and version: it never extracts one again into
+  # $CARGO_HOME/registry/src/-<hash>/, nor rebuilds its artifacts in target/debug. levee-core
+  # packaged again with new code under the same version would be verified against the old one
+  # (and fail on a function the old core lacks). A clean machine has neither; a developer's
+  # has both after the first run.
+  rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/levee-core-* "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/levee-resilience-*
+  cargo clean -q -p levee-core -p levee-resilience
   if [ "${LEVEE_DIST_VERIFY:-1}" = 1 ]; then
     "${pkg[@]}" -p levee-core -p levee-resilience
   else
