@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::table::Table;
 
 use crate::adaptive::{Limit, Signal};
-use crate::breaker::{Breaker, Check};
+use crate::breaker::{Breaker, Check, WindowState};
 use crate::budget::{BudgetCfg, BudgetState};
 use crate::bulkhead::{Admit, Queue, Ticket, Waiters, Wakes};
 use crate::classify::{self, Observed};
@@ -100,6 +100,21 @@ impl KeyState {
             adaptive: p.concurrency.as_ref().map(|c| Box::new(c.fresh())),
             queue: None,
             in_flight: 0,
+        }
+    }
+
+    /// Make this the state of a new key, as [`KeyState::fresh`] makes it, keeping the count
+    /// window's buffer (an evicted key's entry reused for the key that evicted it: under churn,
+    /// one allocation and one free fewer per new key).
+    pub(crate) fn reset(&mut self, p: &Policy, tick: u64) {
+        let mut buffer = match self.breaker.as_mut().map(|b| &mut b.window) {
+            Some(WindowState::Count { ring, .. }) => std::mem::take(ring),
+            _ => Vec::new(),
+        };
+        *self = KeyState::fresh(p, tick);
+        if let Some(Breaker { window: WindowState::Count { ring, .. }, .. }) = self.breaker.as_mut() {
+            buffer.clear();
+            *ring = buffer;
         }
     }
 }
@@ -337,10 +352,17 @@ fn key_position(keys: &mut Keys, p: &Policy, policy: usize, key: &str, tick: u64
         return i;
     }
     if keys.len() >= p.max_keys as usize {
-        if let Some((victim, _)) = keys.front(IDLE).or_else(|| keys.front(BUSY)).and_then(|i| keys.remove(i)) {
-            let mut e = Event::new(now, EventKind::KeyEvicted, policy as u32, &victim);
-            e.name = victim.to_string();
-            push_event(events, e);
+        // The least recently used key makes room: its entry becomes the new key's, in place.
+        if let Some(i) = keys.front(IDLE).or_else(|| keys.front(BUSY)) {
+            if let Some(victim) = keys.rekey(i, Arc::from(key), IDLE) {
+                if let Some((_, state)) = keys.get_mut(i) {
+                    state.reset(p, tick);
+                }
+                let mut e = Event::new(now, EventKind::KeyEvicted, policy as u32, &victim);
+                e.name = victim.to_string();
+                push_event(events, e);
+                return i;
+            }
         }
     }
     keys.insert(Arc::from(key), KeyState::fresh(p, tick), IDLE)
@@ -1612,5 +1634,30 @@ impl Engine {
     /// Keys with state for a policy.
     pub fn key_count(&self, policy: u32) -> usize {
         self.keys.get(policy as usize).map(Table::len).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+    use super::*;
+
+    /// A key's entry reused for another key is exactly a fresh one (only its buffer is kept).
+    #[test]
+    fn a_reset_key_state_is_a_fresh_one() {
+        let doc = "policies:\n  p:\n    rate-limit: { rate: 10 }\n    breaker: { minimum-calls: 2, window: { kind: count, size: 4 } }\n";
+        let e = Engine::load(doc, 1).unwrap();
+        let p = &e.policies[0];
+        let cfg = p.breaker.as_ref().unwrap();
+        let mut s = KeyState::fresh(p, 1);
+        let mut t = Vec::new();
+        for (call, failure) in [(1, true), (2, true), (3, false)] {
+            s.breaker.as_mut().unwrap().record(cfg, call, 10, failure, false, &mut t);
+        }
+        s.in_flight = 3;
+        s.last_used = 9;
+        assert_ne!(s, KeyState::fresh(p, 7));
+        s.reset(p, 7);
+        assert_eq!(s, KeyState::fresh(p, 7));
     }
 }

@@ -165,6 +165,30 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
         entry
     }
 
+    /// Give the entry at `i` a new `key` (which must be absent) and put it at the back of
+    /// `list`, answering the key it had. The value stays in its slot for the caller to reset:
+    /// making a key by evicting another reuses the evicted entry in place (its slot and its
+    /// allocations), where a remove and an insert would move the value out and back in.
+    pub(crate) fn rekey(&mut self, i: u32, key: K, list: usize) -> Option<K> {
+        let old_hash = self.hasher.hash_one(self.get(i)?.0);
+        if let Ok(found) = self.index.find_entry(old_hash, |&j| j == i) {
+            found.remove();
+        }
+        let hash = self.hasher.hash_one(&key);
+        let old = match self.node_mut(i)?.entry.as_mut() {
+            Some((k, _)) => std::mem::replace(k, key),
+            None => return None,
+        };
+        let (nodes, hasher) = (&self.nodes, &self.hasher);
+        self.index.insert_unique(hash, i, |&j| match nodes.get(j as usize).and_then(|n| n.entry.as_ref()) {
+            Some((k, _)) => hasher.hash_one(k),
+            None => 0,
+        });
+        self.unlink(i);
+        self.link_back(i, list);
+        Some(old)
+    }
+
     /// Move an entry to the back of `list` (its most recent end).
     #[inline]
     pub(crate) fn move_to_back(&mut self, i: u32, list: usize) {
@@ -269,6 +293,8 @@ mod tests {
         Remove(u16),
         Touch(u16, usize),
         PopFront(usize),
+        /// The front of list .0 (if any) takes key .1 (if absent), keeps its value, goes to the back of list .2.
+        Rekey(usize, u16, usize),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -277,6 +303,7 @@ mod tests {
             (0u16..64).prop_map(Op::Remove),
             (0u16..64, 0usize..2).prop_map(|(k, l)| Op::Touch(k, l)),
             (0usize..2).prop_map(Op::PopFront),
+            (0usize..2, 0u16..64, 0usize..2).prop_map(|(f, k, l)| Op::Rekey(f, k, l)),
         ]
     }
 
@@ -317,6 +344,19 @@ mod tests {
                             m.order[l].push(k);
                         }
                     }
+                    Op::Rekey(f, k, l) => {
+                        if t.find(&k).is_none() {
+                            let got = t.front(f).and_then(|i| t.rekey(i, k, l));
+                            let want = m.order[f].first().copied();
+                            if let Some(old) = want {
+                                m.unlink(old);
+                                let (v, _) = m.values.remove(&old).unwrap_or((0, 0));
+                                m.values.insert(k, (v, l));
+                                m.order[l].push(k);
+                            }
+                            prop_assert_eq!(got, want);
+                        }
+                    }
                     Op::PopFront(l) => {
                         let got = t.front(l).and_then(|i| t.remove(i)).map(|(k, _)| k);
                         let want = m.order[l].first().copied();
@@ -328,6 +368,7 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(t.len(), m.values.len());
+                prop_assert_eq!(t.index.len(), m.values.len(), "one index entry per entry");
                 for l in 0..2 {
                     let keys: Vec<u16> = t.list(l).iter().filter_map(|&i| t.get(i).map(|(k, _)| *k)).collect();
                     prop_assert_eq!(&keys, &m.order[l]);
