@@ -126,7 +126,6 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
     /// Insert `key` (which must be absent) at the back of `list`; returns its index.
     pub(crate) fn insert(&mut self, key: K, value: V, list: usize) -> u32 {
         debug_assert!(list < L);
-        let hash = self.hasher.hash_one(&key);
         let i = if self.free != NIL {
             let i = self.free;
             if let Some(n) = self.node_mut(i) {
@@ -140,21 +139,34 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
             self.nodes.push(Node { entry: Some((key, value)), prev: NIL, next: NIL, list: 0 });
             i
         };
+        self.index(i);
+        self.link_back(i, list);
+        i
+    }
+
+    /// Index the entry at `i` under its key's hash.
+    fn index(&mut self, i: u32) {
+        let Some((key, _)) = self.get(i) else { return };
+        let hash = self.hasher.hash_one(key);
         let (nodes, hasher) = (&self.nodes, &self.hasher);
         self.index.insert_unique(hash, i, |&j| match nodes.get(j as usize).and_then(|n| n.entry.as_ref()) {
             Some((k, _)) => hasher.hash_one(k),
             None => 0,
         });
-        self.link_back(i, list);
-        i
     }
 
-    /// Remove the entry at an index.
-    pub(crate) fn remove(&mut self, i: u32) -> Option<(K, V)> {
+    /// Take the entry at `i` out of the index (its slot keeps it); `None` for a free slot.
+    fn unindex(&mut self, i: u32) -> Option<()> {
         let hash = self.hasher.hash_one(self.get(i)?.0);
         if let Ok(found) = self.index.find_entry(hash, |&j| j == i) {
             found.remove();
         }
+        Some(())
+    }
+
+    /// Remove the entry at an index.
+    pub(crate) fn remove(&mut self, i: u32) -> Option<(K, V)> {
+        self.unindex(i)?;
         self.unlink(i);
         let free = self.free;
         let n = self.node_mut(i)?;
@@ -170,22 +182,11 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
     /// making a key by evicting another reuses the evicted entry in place (its slot and its
     /// allocations), where a remove and an insert would move the value out and back in.
     pub(crate) fn rekey(&mut self, i: u32, key: K, list: usize) -> Option<K> {
-        let old_hash = self.hasher.hash_one(self.get(i)?.0);
-        if let Ok(found) = self.index.find_entry(old_hash, |&j| j == i) {
-            found.remove();
-        }
-        let hash = self.hasher.hash_one(&key);
-        let old = match self.node_mut(i)?.entry.as_mut() {
-            Some((k, _)) => std::mem::replace(k, key),
-            None => return None,
-        };
-        let (nodes, hasher) = (&self.nodes, &self.hasher);
-        self.index.insert_unique(hash, i, |&j| match nodes.get(j as usize).and_then(|n| n.entry.as_ref()) {
-            Some((k, _)) => hasher.hash_one(k),
-            None => 0,
-        });
-        self.unlink(i);
-        self.link_back(i, list);
+        self.unindex(i)?;
+        let (k, _) = self.node_mut(i)?.entry.as_mut()?;
+        let old = std::mem::replace(k, key);
+        self.index(i);
+        self.move_to_back(i, list);
         Some(old)
     }
 
