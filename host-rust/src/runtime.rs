@@ -448,13 +448,7 @@ impl Shared {
         let held = core.held.take();
         let (sc, sa, se) = held.map(|h| (h.call, h.at, h.elapsed)).unwrap_or((0, 0, 0));
         let verdict = crossing(&mut core.raw, inject, "start", |raw| raw.try_start(call, index, key, flags, now, sc, sa, se));
-        let mut parker = None;
-        if let Ok(v) = verdict {
-            core.note(v);
-            if driver::parks(v) {
-                parker = Some(self.park_locked(&mut core, call));
-            }
-        }
+        let parker = self.answered(&mut core, call, &verdict);
         let pending = self.unlock(core);
         Ok(Started { call, limits, verdict, pending, parker })
     }
@@ -471,13 +465,7 @@ impl Shared {
         let mut core = self.lock();
         core.flush();
         let r = crossing(&mut core.raw, inject, "acquire", |raw| raw.try_acquire(call, now));
-        let mut parker = None;
-        if let Ok(v) = r {
-            core.note(v);
-            if driver::parks(v) {
-                parker = Some(self.park_locked(&mut core, call));
-            }
-        }
+        let parker = self.answered(&mut core, call, &r);
         let pending = self.unlock(core);
         (r, pending, parker)
     }
@@ -492,6 +480,14 @@ impl Shared {
     /// Park `call`, which the verdict of this locked section queued. A success left in the
     /// slot since the lock was taken (only when this is the first park) is settled now: the
     /// slot it frees is granted, and the call granted is woken when the section ends.
+    /// Take in the verdict of `call`'s `start` or `acquire`, under the lock that crossed: note
+    /// it, and register the park it asks for (a `wait` that queued the call).
+    fn answered<'s>(&'s self, core: &mut Core, call: u64, r: &Result<Verdict, Trap>) -> Option<Parker<'s>> {
+        let v = *r.as_ref().ok()?;
+        core.note(v);
+        driver::parks(v).then(|| self.park_locked(core, call))
+    }
+
     fn park_locked<'s>(&'s self, core: &mut Core, call: u64) -> Parker<'s> {
         let parker = Parker::new(&self.parked, &self.held, call, self.parked.join(call));
         if let Some(h) = self.held.park() {
