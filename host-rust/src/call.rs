@@ -473,13 +473,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_classified(
-            |r: &Result<T, E>| match r {
-                Ok(_) => Outcome::Success,
-                Err(e) => e.outcome(),
-            },
-            f,
-        )
+        self.run_classified(crate::outcome::of_result::<T, E>, f)
     }
 
     /// Run `f` under the policy, describing each result with `classify`. A value that

@@ -582,14 +582,7 @@ impl<'a, T: 'static, E: 'static> FleetCall<'a, T, E> {
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_classified(
-            |r: &Result<T, E>| match r {
-                Ok(_) => Outcome::Success,
-                Err(e) => e.outcome(),
-            },
-            f,
-        )
-        .await
+        self.run_classified(crate::outcome::of_result::<T, E>, f).await
     }
 
     /// Run `f`, describing each result with `classify` (see [`Call::run_classified`]).
