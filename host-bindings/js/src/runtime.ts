@@ -540,27 +540,10 @@ export class Runtime {
     let v: bigint;
     try {
       if (this.holding) this.flush();
-      let code = 0;
-      let text = '';
       // The caller's predicate (REPORT_CALLER_RETRY / REPORT_CALLER_NO_RETRY), as the driver passes it.
-      let flags = callerFlags;
-      switch (outcome.kind) {
-        case 'http-status':
-          code = outcome.status;
-          text = outcome.retryAfter ?? '';
-          if (outcome.overloaded === true) flags |= REPORT_OVERLOADED;
-          break;
-        case 'grpc-status':
-          code = outcome.code;
-          text = outcome.pushback ?? '';
-          break;
-        case 'error-class':
-          text = outcome.name;
-          break;
-      }
+      const a = reportArgs(outcome, callerFlags);
       const kind: OutcomeKind = outcome.kind;
-      const wallSecs = BigInt(Math.floor(this.#options.wallMs() / 1000));
-      v = this.#engine.report(call, now, elapsed, kind, code, text, wallSecs, flags);
+      v = this.#engine.report(call, now, elapsed, kind, a.code, a.text, this.#wallSecs(), a.flags);
     } catch (err) {
       this.#recover(err, 'report', p.name, key, call);
       return undefined;
@@ -569,6 +552,11 @@ export class Runtime {
     if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     if (this.#trace !== undefined) this.#traceStep('report', call, p, attempts, v, outcome, undefined);
     return v;
+  }
+
+  /** The wall clock in seconds, for `report`'s Retry-After dates. */
+  #wallSecs(): bigint {
+    return BigInt(Math.floor(this.#options.wallMs() / 1000));
   }
 
   /** `hedge-step`: advance a hedged call to `now`; `undefined` after a trap. */
@@ -603,25 +591,18 @@ export class Runtime {
     let a: HedgeAnswer;
     try {
       if (this.holding) this.flush();
-      let code = 0;
-      let text = '';
-      let flags = callerFlags;
-      switch (outcome.kind) {
-        case 'http-status':
-          code = outcome.status;
-          text = outcome.retryAfter ?? '';
-          if (outcome.overloaded === true) flags |= REPORT_OVERLOADED;
-          break;
-        case 'grpc-status':
-          code = outcome.code;
-          text = outcome.pushback ?? '';
-          break;
-        case 'error-class':
-          text = outcome.name;
-          break;
-      }
-      const wallSecs = BigInt(Math.floor(this.#options.wallMs() / 1000));
-      a = this.#engine.reportAttempt(call, attempt, now, elapsed, outcome.kind, code, text, wallSecs, flags);
+      const r = reportArgs(outcome, callerFlags);
+      a = this.#engine.reportAttempt(
+        call,
+        attempt,
+        now,
+        elapsed,
+        outcome.kind,
+        r.code,
+        r.text,
+        this.#wallSecs(),
+        r.flags,
+      );
     } catch (err) {
       this.#recover(err, 'report-attempt', p.name, key, call);
       return undefined;
@@ -889,4 +870,35 @@ export class Runtime {
       return false;
     }
   }
+}
+
+/** What `reportArgs` answers; one object, reused, so that a report allocates nothing for it. */
+const REPORT_ARGS = { code: 0, text: '', flags: 0 };
+
+/**
+ * The `code`, `text` and `flags` arguments of `report` and `report-attempt` for `outcome` and
+ * the caller's predicate flags. The answer is only good until the next call.
+ */
+function reportArgs(outcome: Outcome, callerFlags: number): typeof REPORT_ARGS {
+  let code = 0;
+  let text = '';
+  let flags = callerFlags;
+  switch (outcome.kind) {
+    case 'http-status':
+      code = outcome.status;
+      text = outcome.retryAfter ?? '';
+      if (outcome.overloaded === true) flags |= REPORT_OVERLOADED;
+      break;
+    case 'grpc-status':
+      code = outcome.code;
+      text = outcome.pushback ?? '';
+      break;
+    case 'error-class':
+      text = outcome.name;
+      break;
+  }
+  REPORT_ARGS.code = code;
+  REPORT_ARGS.text = text;
+  REPORT_ARGS.flags = flags;
+  return REPORT_ARGS;
 }
