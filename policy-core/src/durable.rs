@@ -49,13 +49,12 @@
 //!
 //! Integers are little-endian. Arithmetic on counts and times saturates.
 
-use crate::classify::Observed;
 use crate::doc::{obj, to_json, Value};
 use crate::engine::Engine;
 use crate::error::LoadError;
 use crate::policy::Policy;
 use crate::retry::{self, Decision, Failure};
-use crate::retry_after::{parse_pushback, parse_retry_after, ServerDelay};
+use crate::retry_after::ServerDelay;
 use crate::rng::Rng;
 use crate::time::SECOND;
 use crate::types::{OutcomeKind, Reason};
@@ -670,17 +669,7 @@ impl Engine {
         held_by(&rec, owner)?;
         rec.lease_owner.clear();
         rec.lease_until = 0;
-        let server = match kind {
-            OutcomeKind::HttpStatus if p.retry_after.honor => parse_retry_after(text, now / SECOND),
-            OutcomeKind::GrpcStatus if p.retry_after.honor => parse_pushback(text),
-            _ => ServerDelay::None,
-        };
-        let observed = Observed {
-            kind,
-            code,
-            class: if kind == OutcomeKind::ErrorClass { text } else { "" },
-            has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
-        };
+        let (server, observed) = crate::engine::observe(p, kind, code, text, now / SECOND);
         if crate::classify::succeeded(&observed, flags) {
             rec.state = State::Done;
             rec.next_at = 0;

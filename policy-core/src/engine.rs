@@ -473,6 +473,25 @@ fn late_is_timeout(timeout: u64, elapsed: u64, kind: OutcomeKind, code: i32, tex
     }
 }
 
+/// An attempt's outcome as the policy reads it: the delay the server asked for (Retry-After,
+/// gRPC pushback, when the policy honours them; `wall_secs` dates an HTTP date) and the outcome
+/// as classification sees it. A plain call's, a hedged attempt's and a durable call's alike.
+#[inline]
+pub(crate) fn observe<'t>(p: &Policy, kind: OutcomeKind, code: i32, text: &'t str, wall_secs: u64) -> (ServerDelay, Observed<'t>) {
+    let server = match kind {
+        OutcomeKind::HttpStatus if p.retry_after.honor => parse_retry_after(text, wall_secs),
+        OutcomeKind::GrpcStatus if p.retry_after.honor => parse_pushback(text),
+        _ => ServerDelay::None,
+    };
+    let observed = Observed {
+        kind,
+        code,
+        class: if kind == OutcomeKind::ErrorClass { text } else { "" },
+        has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
+    };
+    (server, observed)
+}
+
 /// Record an attempt's outcome in the key's budget and breaker, as for every attempt (a plain
 /// call's `report`, a hedged attempt's `report-attempt`): what the server said about a delay,
 /// the outcome as classification sees it, and whether it is a success (a success also refills
@@ -492,17 +511,7 @@ fn record_outcome<'t>(
     policy: usize,
     key: &str,
 ) -> (ServerDelay, Observed<'t>, bool) {
-    let server = match kind {
-        OutcomeKind::HttpStatus if p.retry_after.honor => parse_retry_after(text, wall_secs),
-        OutcomeKind::GrpcStatus if p.retry_after.honor => parse_pushback(text),
-        _ => ServerDelay::None,
-    };
-    let observed = Observed {
-        kind,
-        code,
-        class: if kind == OutcomeKind::ErrorClass { text } else { "" },
-        has_pushback: kind == OutcomeKind::GrpcStatus && matches!(server, ServerDelay::After(_)),
-    };
+    let (server, observed) = observe(p, kind, code, text, wall_secs);
     let success = classify::succeeded(&observed, flags);
     if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
         b.on_outcome(cfg, &observed, now);
