@@ -20,6 +20,15 @@ use crate::runtime::{crossing, Held, Injected, Shared, Started};
 use crate::telemetry;
 use crate::time::{EngineClock, Timer};
 
+/// The outcome of an attempt's result when its error describes itself: `Ok` is a success (what
+/// `run` means, as opposed to `run_classified`).
+pub(crate) fn of_result<T, E: IntoOutcome>(r: &Result<T, E>) -> Outcome {
+    match r {
+        Ok(_) => Outcome::Success,
+        Err(e) => e.outcome(),
+    }
+}
+
 /// What the `on_retry` hooks learn before the sleep of a retry (docs/telemetry.md, "The
 /// retry hook").
 #[derive(Clone, Debug)]
@@ -473,7 +482,7 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_classified(crate::outcome::of_result::<T, E>, f)
+        self.run_classified(of_result::<T, E>, f)
     }
 
     /// Run `f` under the policy, describing each result with `classify`. A value that

@@ -118,15 +118,6 @@ pub trait IntoOutcome {
     fn outcome(&self) -> Outcome;
 }
 
-/// The outcome of an attempt's result when its error describes itself: `Ok` is a success (what
-/// `run` means, as opposed to `run_classified`).
-pub(crate) fn of_result<T, E: IntoOutcome>(r: &Result<T, E>) -> Outcome {
-    match r {
-        Ok(_) => Outcome::Success,
-        Err(e) => e.outcome(),
-    }
-}
-
 impl IntoOutcome for Outcome {
     fn outcome(&self) -> Outcome {
         self.clone()

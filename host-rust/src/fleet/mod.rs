@@ -582,7 +582,7 @@ impl<'a, T: 'static, E: 'static> FleetCall<'a, T, E> {
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_classified(crate::outcome::of_result::<T, E>, f).await
+        self.run_classified(crate::call::of_result::<T, E>, f).await
     }
 
     /// Run `f`, describing each result with `classify` (see [`Call::run_classified`]).
