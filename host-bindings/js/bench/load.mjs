@@ -27,10 +27,12 @@ const cockatiel = wrap(
   circuitBreaker(handleAll, { halfOpenAfter: 10_000, breaker: new ConsecutiveBreaker(5) }),
 );
 const work = () => new Promise((resolve) => setTimeout(resolve, WAIT_MS, 1));
-const contenders = {
-  levee: () => levee.run(policy, work),
-  cockatiel: () => cockatiel.execute(work),
-};
+/** Each contender making one call of `w`. */
+const calling = (w) => ({
+  levee: () => levee.run(policy, w),
+  cockatiel: () => cockatiel.execute(w),
+});
+const contenders = calling(work);
 
 async function level(call, n, rounds) {
   const caller = async () => {
@@ -51,9 +53,7 @@ async function level(call, n, rounds) {
 // Warm up: V8 compiles the hot JavaScript and WebAssembly again in optimizing tiers on background
 // threads, and that CPU time lands in whatever level runs next: give every contender enough calls
 // (flat out, then waiting) that its tier-up is over before the first measured level.
-const instant = () => Promise.resolve(1);
-const warm = { levee: () => levee.run(policy, instant), cockatiel: () => cockatiel.execute(instant) };
-for (const call of Object.values(warm)) await level(call, 100, 200);
+for (const call of Object.values(calling(() => Promise.resolve(1)))) await level(call, 100, 200);
 for (const call of Object.values(contenders)) await level(call, 100, 10);
 console.log(`# node ${process.version}, ${WAIT_MS} ms wait, CPU time (user+system) per call`);
 console.log(
@@ -73,11 +73,12 @@ async function measure(n) {
     for (const name of b % 2 === 0 ? NAMES : [...NAMES].reverse()) {
       const r = await level(contenders[name], n, rounds);
       const o = out[name];
-      o.cpuUs = (o.cpuUs * o.calls + r.cpuUs * n * rounds) / (o.calls + n * rounds);
+      o.cpuUs += r.cpuUs * n * rounds; // the total, divided by the calls below
       o.wallMs += r.wallMs;
       o.calls += n * rounds;
     }
   }
+  for (const o of Object.values(out)) o.cpuUs /= o.calls;
   return out;
 }
 
