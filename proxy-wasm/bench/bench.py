@@ -10,7 +10,9 @@ third process), all on 127.0.0.1:
   levee   the levee filter (breaker, token budget, retries) + the same retry_policy
 The generator (proxy-wasm/bench/loadgen) sends a fixed rate, open loop, measured from each
 request's scheduled time; rounds alternate the listeners. Prints p50 and p99 per listener and
-what the filter adds to each.
+what the filter adds to each, and Envoy's CPU time per request (all its threads, from
+/proc/PID/task/*/schedstat, over each listener's run, warm-up included): the work the filter
+adds, less moved by the machine's load than a latency percentile.
 
   python3 bench.py ENVOY LEVEE_CLI FILTER.wasm PASSTHROUGH.wasm LOADGEN [--rate 500] [--seconds 10] [--rounds 3]
       [--compare OTHER_FILTER.wasm]   # e.g. the previous commit's filter, measured in the same rounds
@@ -53,6 +55,17 @@ def host_calls(envoy: et.Envoy) -> tuple[int, int]:
     return stats.get("wasmcustom.levee.host_calls", 0), stats.get("http.levee.downstream_rq_completed", 0)
 
 
+def envoy_cpu_ns(pid: int) -> int:
+    """CPU time Envoy's threads have run, in nanoseconds (the first field of each schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that ended between the listing and the read
+    return total
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("envoy")
@@ -91,20 +104,26 @@ def main() -> int:
             print(envoy.log.read_text()[-3000:], file=sys.stderr)
             return 1
         results: dict[str, list[tuple[float, float]]] = {n: [] for n in ports}
+        cpu: dict[str, list[float]] = {n: [] for n in ports}
         calls0 = host_calls(envoy)
         for r in range(a.rounds):
             for name, port in ports.items():
+                c0 = envoy_cpu_ns(envoy.proc.pid)
                 out = subprocess.run(
                     [a.loadgen, "-url", f"http://127.0.0.1:{port}/", "-rate", str(a.rate), "-for", f"{a.seconds}s"],
                     check=True, capture_output=True, text=True,
                 ).stdout.split()
-                p50, p99, n, errs = float(out[0]), float(out[1]), int(out[2]), int(out[3])
+                c1 = envoy_cpu_ns(envoy.proc.pid)
+                p50, p99, n, errs, sent = float(out[0]), float(out[1]), int(out[2]), int(out[3]), int(out[4])
                 results[name].append((p50, p99))
-                print(f"round {r + 1} {name:6s} p50 {p50:7.1f} us  p99 {p99:7.1f} us  ({n} requests, {errs} errors)", flush=True)
+                cpu[name].append((c1 - c0) / 1000 / sent)
+                print(f"round {r + 1} {name:6s} p50 {p50:7.1f} us  p99 {p99:7.1f} us  Envoy CPU {cpu[name][-1]:6.1f} us/request"
+                      f"  ({n} requests, {errs} errors)", flush=True)
         med = {n: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for n, v in results.items()}
         print(f"\nmedian of {a.rounds} rounds at {a.rate:.0f} requests/s, {a.seconds} s each, Envoy --concurrency 2:")
+        mcpu = {n: statistics.median(v) for n, v in cpu.items()}
         for n, (p50, p99) in med.items():
-            print(f"  {n:6s} p50 {p50:7.1f} us  p99 {p99:7.1f} us")
+            print(f"  {n:6s} p50 {p50:7.1f} us  p99 {p99:7.1f} us  Envoy CPU {mcpu[n]:6.1f} us/request")
         lp50, lp99 = med["levee"]
         w50, w99 = med["wasm"]
         p50, p99 = med["plain"]
@@ -123,6 +142,10 @@ def main() -> int:
         pairs = [("wasm", "plain"), ("levee", "wasm"), ("levee", "native")] + ([("other", "wasm"), ("levee", "other")] if a.compare else [])
         for x, y in pairs:
             print(f"    {x:6s} - {y:6s}: {paired(x, y):+6.1f} us")
+        print("  Envoy CPU per request, median of the rounds' own differences:")
+        for x, y in [("wasm", "plain"), ("native", "plain"), ("levee", "plain")] + pairs[1:]:
+            d = statistics.median(p - q for p, q in zip(cpu[x], cpu[y]))
+            print(f"    {x:6s} - {y:6s}: {d:+6.1f} us")
         time.sleep(1.5)  # the workers publish their counters every second
         calls1 = host_calls(envoy)
         calls, requests = calls1[0] - calls0[0], calls1[1] - calls0[1]

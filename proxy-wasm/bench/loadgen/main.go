@@ -2,7 +2,9 @@
 // (-serve) and an open-loop load generator at a fixed rate (-url).
 //
 //	loadgen -serve 127.0.0.1:0          prints the address, answers 200 "ok"
-//	loadgen -url URL -rate 500 -for 10s prints p50 p99 (microseconds) and the count
+//	loadgen -url URL -rate 500 -for 10s prints p50 p99 (microseconds), the count
+//	                                    measured, the errors and the count sent
+//	                                    (warm-up included)
 //
 // The generator sends each request at its scheduled time on one of -conns
 // keep-alive connections, and measures from that scheduled time (so a stall
@@ -103,5 +105,5 @@ func main() {
 		}
 		return float64(lat[i].Nanoseconds()) / 1000
 	}
-	fmt.Printf("%.1f %.1f %d %d\n", pct(50), pct(99), len(lat), errs)
+	fmt.Printf("%.1f %.1f %d %d %d\n", pct(50), pct(99), len(lat), errs, total)
 }
