@@ -81,6 +81,30 @@ fn duration(ns: u64) -> String {
     }
 }
 
+/// The request headers that say what [`route_yaml`] says for the policy (the router merges
+/// them with the route's retry policy), so that a route without it still retries as the
+/// policy says: the same for every request.
+pub fn request_headers(p: &Policy, retry_on: &RetryOn) -> Vec<(&'static str, String)> {
+    let mut h = Vec::new();
+    if !retry_on.http.is_empty() {
+        h.push(("x-envoy-retry-on", retry_on.http.join(",")));
+    }
+    if !retry_on.status_codes.is_empty() {
+        let codes: Vec<String> = retry_on.status_codes.iter().map(u16::to_string).collect();
+        h.push(("x-envoy-retriable-status-codes", codes.join(",")));
+    }
+    if !retry_on.grpc.is_empty() {
+        h.push(("x-envoy-retry-grpc-on", retry_on.grpc.join(",")));
+    }
+    if let Some(t) = p.attempt_timeout {
+        h.push(("x-envoy-upstream-rq-per-try-timeout-ms", ms_ceil(t).to_string()));
+    }
+    if let Some(d) = p.deadline {
+        h.push(("x-envoy-upstream-rq-timeout-ms", ms_ceil(d).to_string()));
+    }
+    h
+}
+
 /// The route's `retry_policy` (and route `timeout`) matching a policy, as Envoy YAML under a
 /// `route:` entry, with comments where Envoy cannot express the policy exactly.
 pub fn route_yaml(p: &Policy) -> String {

@@ -28,7 +28,7 @@ use levee_core::classify::Rule;
 use levee_core::{Engine, OutcomeKind, Reason, Verdict, VerdictKind};
 
 use crate::config::{FallbackAction, FilterConfig};
-use crate::envoy::{ms_ceil, retry_on, RetryOn};
+use crate::envoy::{ms_ceil, request_headers, retry_on, RetryOn};
 
 /// `report` flag of the WIT: the response is marked overloaded (`x-envoy-overloaded`).
 const FLAG_OVERLOADED: u32 = 1;
@@ -236,23 +236,7 @@ impl Gate {
         let policy = cfg.engine.policy(cfg.policy).cloned();
         let retry_on =
             policy.as_ref().map(retry_on).unwrap_or(RetryOn { http: vec![], status_codes: vec![], grpc: vec![], unmapped: vec![] });
-        let mut static_headers = Vec::new();
-        if !retry_on.http.is_empty() {
-            static_headers.push(("x-envoy-retry-on", retry_on.http.join(",")));
-        }
-        if !retry_on.status_codes.is_empty() {
-            let codes: Vec<String> = retry_on.status_codes.iter().map(u16::to_string).collect();
-            static_headers.push(("x-envoy-retriable-status-codes", codes.join(",")));
-        }
-        if !retry_on.grpc.is_empty() {
-            static_headers.push(("x-envoy-retry-grpc-on", retry_on.grpc.join(",")));
-        }
-        if let Some(t) = policy.as_ref().and_then(|p| p.attempt_timeout) {
-            static_headers.push(("x-envoy-upstream-rq-per-try-timeout-ms", ms_ceil(t).to_string()));
-        }
-        if let Some(d) = policy.as_ref().and_then(|p| p.deadline) {
-            static_headers.push(("x-envoy-upstream-rq-timeout-ms", ms_ceil(d).to_string()));
-        }
+        let static_headers = policy.as_ref().map(|p| request_headers(p, &retry_on)).unwrap_or_default();
         let prefix = format!("levee:{}:", policy.as_ref().map(|p| p.name.as_str()).unwrap_or(""));
         let max_keys = policy.as_ref().map(|p| p.max_keys).unwrap_or(1).min(65_536);
         let max_retries = policy.as_ref().map(|p| p.attempts.saturating_sub(1)).unwrap_or(0);

@@ -201,10 +201,11 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     server, state = upstream.start()
     up = int(server.server_address[1])
-    ports = {n: free_port() for n in ["retry", "breaker", "rate", "trap", "fallback", "cross"]}
+    ports = {n: free_port() for n in ["retry", "headers", "breaker", "rate", "trap", "fallback", "cross"]}
     listeners = "".join(
         [
             listener("retry", ports["retry"], "upstream", RETRY, wasm, "levee", route_retry_policy(cli, workdir, "retry", RETRY)),
+            listener("headers", ports["headers"], "upstream", RETRY, wasm, "levee", ""),
             listener("breaker", ports["breaker"], "upstream", BREAKER, wasm, "levee", route_retry_policy(cli, workdir, "breaker", BREAKER)),
             listener("rate", ports["rate"], "upstream", RATE, wasm, "levee", route_retry_policy(cli, workdir, "rate", RATE)),
             listener("fallback", ports["fallback"], "upstream", FALLBACK, wasm, "levee", route_retry_policy(cli, workdir, "fallback", FALLBACK)),
@@ -230,6 +231,8 @@ def main() -> int:
         status, _, h = get(ports["retry"], "/flaky?id=r2&fail=9")
         _, n, _ = get(up, "/_ctl/count?id=r2")
         check(status == 503 and n == "3", f"at most 3 attempts reach the upstream ({n}), then the 503 is returned ({status})")
+        status, _, h = get(ports["headers"], "/flaky?id=r3&fail=2")
+        check(status == 200 and h.get("x-envoy-attempt-count") == "3", f"on a route with no retry_policy the filter's headers alone make the router retry (status {status}, attempts {h.get('x-envoy-attempt-count')})")
 
         print("== Retry-After honoured by the router (rate_limited_retry_back_off from levee envoy-config)")
         t0 = time.monotonic()
