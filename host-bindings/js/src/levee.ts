@@ -54,7 +54,7 @@ const WOKEN: unique symbol = Symbol('levee.woken');
 export type { AttemptContext } from './attempt.js';
 export type { Clock } from './clock.js';
 export { sleep } from './clock.js';
-export type { ComponentExports, InstantiateCore, Platform, PolicyEntry, TraceStep } from './runtime.js';
+export type { ComponentExports, InstantiateCore, Platform, PolicyEntry, SoonTask, TraceStep } from './runtime.js';
 export { DEFAULT_MAX_MEMORY_BYTES, startFlags } from './runtime.js';
 
 /** What a fallback function receives. */

@@ -19,7 +19,8 @@ export const nodePlatform: Platform = {
   },
   now: () => hrtime.bigint(),
   randomSeed: () => crypto.getRandomValues(new BigUint64Array(1))[0] ?? 0n,
-  // Not unref'd: an unref'd immediate lets the loop block in its poll phase until the next timer
-  // (a parked call waited out its queue timeout so); a ref'd one runs in this turn of the loop.
-  soon: (fn) => void setImmediate(fn),
+  // Ref'd while it has a success to send: an unref'd immediate lets the loop block in its poll
+  // phase until the next timer (a parked call waited out its queue timeout so); a ref'd one runs
+  // in this turn of the loop, at the price of one more turn (a poll that does not wait).
+  soon: (fn) => setImmediate(fn),
 };

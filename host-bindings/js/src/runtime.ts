@@ -46,7 +46,19 @@ export interface Platform {
    * (Node's timers are at least 1 ms): 90-130 us of CPU per call with one caller on this
    * project's bench machine, more than the call itself.
    */
-  soon(fn: () => void): void;
+  soon(fn: () => void): SoonTask;
+}
+
+/**
+ * A task `Platform.soon` scheduled. A held-back success that a `start` carried leaves its flush
+ * with nothing to do: the runtime then lets the event loop wait for other work first (`unref`),
+ * rather than turn once more at once, and `ref`s it again when another success is held.
+ */
+export interface SoonTask {
+  /** Run in this turn of the event loop (the default). */
+  ref(): unknown;
+  /** Run when the loop next turns for other work (and not at all if nothing keeps it alive). */
+  unref(): unknown;
 }
 
 /** Instantiates core modules: the jco hook (for instrumentation and fault-injection tests). */
@@ -226,9 +238,12 @@ export class Runtime {
   // it is granted a slot at once): claimed by `park` in the same turn, forgotten at its end.
   readonly #unclaimed = new Set<bigint>();
   #unclaimedSweep = false;
-  #flushPending = false;
+  // The flush `hold` scheduled, until it runs; `#flushUrgent` while it has a success to send.
+  #flushTask: SoonTask | undefined;
+  #flushUrgent = false;
   readonly #flushTick = (): void => {
-    this.#flushPending = false;
+    this.#flushTask = undefined;
+    this.#flushUrgent = false;
     this.flush();
   };
   // Trap recovery: the last exported state.
@@ -435,6 +450,7 @@ export class Runtime {
     if (!this.holding) return;
     const call = this.#heldCall;
     this.holding = false;
+    this.#settled();
     let v: bigint;
     try {
       v = this.#engine.report(call, this.#heldAt, this.#heldElapsed, 'success', 0, '', 0n, 0);
@@ -457,9 +473,19 @@ export class Runtime {
     this.#heldCall = call;
     this.#heldAt = now;
     this.#heldElapsed = elapsed;
-    if (!this.#flushPending) {
-      this.#flushPending = true;
-      this.#platform.soon(this.#flushTick);
+    if (this.#flushTask === undefined) {
+      this.#flushTask = this.#platform.soon(this.#flushTick);
+    } else if (!this.#flushUrgent) {
+      this.#flushTask.ref();
+    }
+    this.#flushUrgent = true;
+  }
+
+  /** The held-back success rode on a crossing: its flush, if still to run, can wait. */
+  #settled(): void {
+    if (this.#flushUrgent) {
+      this.#flushUrgent = false;
+      this.#flushTask?.unref();
     }
   }
 
@@ -500,6 +526,7 @@ export class Runtime {
       this.#recover(err, 'start', p.name, key, call);
       return undefined;
     }
+    if (held) this.#settled();
     // A slot freed (by the held-back success that rode on this start, say) went to a waiter.
     if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     if (this.#trace !== undefined) this.#traceStep('start', call, p, 0, v, undefined, undefined);
@@ -845,7 +872,8 @@ export class Runtime {
     let restored = false;
     if (fault !== 'invalid') {
       this.#generation++;
-      this.holding = false;
+      this.holding = false; // the success held for the trapped instance is not sent
+      this.#settled();
       restored = this.reinstantiate();
     }
     const event: EngineFaultEvent = { kind: 'engine-fault', fault, phase, error, restored, policyName, key, call };

@@ -5,7 +5,10 @@
 //   const levee = load(policyText, { modules: { 'levee_policy.core.wasm': core } });
 
 import { Levee, sinkOf } from './levee.js';
-import type { LoadOptions, Platform } from './levee.js';
+import type { LoadOptions, Platform, SoonTask } from './levee.js';
+
+/** `soon`'s task in a Worker-style runtime: a timer there keeps nothing alive to let go of. */
+const STAYS: SoonTask = { ref: () => undefined, unref: () => undefined };
 
 export interface WorkerLoadOptions extends LoadOptions {
   /** The compiled core modules of the component, by file name (as in the package's `wasm/`). */
@@ -25,7 +28,10 @@ export function load(document: string, options: WorkerLoadOptions): Levee {
     now: () => BigInt(Math.round(perf.now() * 1e6)),
     randomSeed: () => crypto.getRandomValues(new BigUint64Array(1))[0] ?? 0n,
     // No setImmediate in Worker-style runtimes: a macrotask after the current one.
-    soon: (fn) => void setTimeout(fn, 0),
+    soon: (fn) => {
+      setTimeout(fn, 0);
+      return STAYS;
+    },
   };
   return new Levee(platform, document, options, sinkOf(options));
 }

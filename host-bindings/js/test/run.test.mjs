@@ -389,6 +389,27 @@ describe('run', () => {
     assert.ok(steps.every((s) => s.verdict.kind !== 'invalid'));
   });
 
+  test('a held success that rode on the next start leaves the event loop nothing to turn for', async () => {
+    // A ref'd immediate makes the loop turn once more at once (a poll that does not wait): for a
+    // lone caller that is one more turn per call than the work needs. Counted by Node itself.
+    const immediates = () => process.getActiveResourcesInfo().filter((r) => r === 'Immediate').length;
+    const levee = loadSync(DOC, { seed: 1n });
+    const base = immediates();
+    assert.equal(await levee.run('single', () => 1), 1);
+    assert.equal(immediates(), base + 1, 'the held success schedules its flush');
+    let during = -1;
+    const second = () => {
+      during = immediates(); // its start carried the held success
+      return 2;
+    };
+    assert.equal(await levee.run('single', second), 2);
+    assert.equal(during, base, 'the flush has nothing left to send: the loop may wait');
+    assert.equal(immediates(), base + 1, 'the next held success needs its flush again');
+    await new Promise((r) => setImmediate(r));
+    assert.equal(immediates(), base, 'flushed in this turn of the loop');
+    assert.equal(levee.callInfo(2n), undefined, 'the second success was sent');
+  });
+
   test('close sends the held success and refuses further calls', async () => {
     const levee = loadSync(DOC, { seed: 1n });
     assert.equal(await levee.run('single', () => 1), 1);
