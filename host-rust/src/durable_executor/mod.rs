@@ -60,7 +60,7 @@ pub use store::PostgresStore;
 #[cfg(feature = "durable-sqlite")]
 pub use store::SqliteStore;
 pub use store::{statements, CallState, Store, POSTGRES_SQL, SQLITE_SQL};
-use store::{Claimed, Row, WriteArgs};
+use store::{Claimed, ReplaceArgs, Row, WriteArgs};
 
 /// What went wrong in a durable operation.
 #[derive(Debug)]
@@ -535,7 +535,15 @@ impl Executor {
             };
             let msg = (step.action == Action::Cancelled).then_some("cancelled by an operator");
             let st = status_of(step.action);
-            if self.inner.store.replace(id, st, step.next_at, step.attempt, &step.record, msg, &row.record).await? {
+            let r = ReplaceArgs {
+                status: st,
+                next_at: step.next_at,
+                attempts: step.attempt,
+                record: &step.record,
+                error: msg,
+                old: &row.record,
+            };
+            if self.inner.store.replace(id, r).await? {
                 return Ok(true);
             }
         }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, NoTls, Statement};
 
-use super::store::{dialect, i64_of, u64_of, CallState, Claimed, Row, WriteArgs, NAMES, POSTGRES_SQL};
+use super::store::{dialect, i64_of, u64_of, Claimed, ReplaceArgs, Row, WriteArgs, NAMES, POSTGRES_SQL};
 use super::DurableError;
 
 /// The advisory lock every host's store takes around the schema's creation.
@@ -179,20 +179,10 @@ impl PostgresStore {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn replace(
-        &self,
-        id: i64,
-        status: CallState,
-        next_at: u64,
-        attempts: u32,
-        record: &[u8],
-        msg: Option<&str>,
-        old: &[u8],
-    ) -> Result<bool, DurableError> {
+    pub(crate) async fn replace(&self, id: i64, r: ReplaceArgs<'_>) -> Result<bool, DurableError> {
         let c = self.conn().await?;
-        let attempts = i32::try_from(attempts).unwrap_or(i32::MAX);
-        let args: [&(dyn ToSql + Sync); 7] = [&status.as_str(), &i64_of(next_at), &attempts, &record, &msg, &id, &old];
+        let attempts = i32::try_from(r.attempts).unwrap_or(i32::MAX);
+        let args: [&(dyn ToSql + Sync); 7] = [&r.status.as_str(), &i64_of(r.next_at), &attempts, &r.record, &r.error, &id, &r.old];
         Ok(c.client.execute(c.stmt("replace")?, &args).await? == 1)
     }
 

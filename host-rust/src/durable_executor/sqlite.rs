@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::store::{dialect, i64_of, u64_of, CallState, Claimed, Row, WriteArgs, SQLITE_SQL};
+use super::store::{dialect, i64_of, u64_of, Claimed, ReplaceArgs, Row, WriteArgs, SQLITE_SQL};
 use super::DurableError;
 
 /// A store in one SQLite file (WAL mode). Cheap to clone: clones share the connection.
@@ -183,18 +183,9 @@ impl SqliteStore {
         .await
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn replace(
-        &self,
-        id: i64,
-        status: CallState,
-        next_at: u64,
-        attempts: u32,
-        record: &[u8],
-        msg: Option<&str>,
-        old: &[u8],
-    ) -> Result<bool, DurableError> {
-        let (record, msg, old) = (record.to_vec(), msg.map(str::to_string), old.to_vec());
+    pub(crate) async fn replace(&self, id: i64, r: ReplaceArgs<'_>) -> Result<bool, DurableError> {
+        let (status, next_at, attempts) = (r.status, r.next_at, r.attempts);
+        let (record, msg, old) = (r.record.to_vec(), r.error.map(str::to_string), r.old.to_vec());
         self.blocking(move |conn, sql| {
             let n = conn.prepare_cached(stmt(sql, "replace"))?.execute(params![
                 status.as_str(),

@@ -129,6 +129,18 @@ pub(crate) struct WriteArgs<'a> {
     pub(crate) error: Option<&'a str>,
 }
 
+/// The columns of the shared `replace` statement: an operator's change of a call (cancel,
+/// revive), made only if the record is still `old` (compare-and-set).
+#[derive(Clone, Debug)]
+pub(crate) struct ReplaceArgs<'a> {
+    pub(crate) status: CallState,
+    pub(crate) next_at: u64,
+    pub(crate) attempts: u32,
+    pub(crate) record: &'a [u8],
+    pub(crate) error: Option<&'a str>,
+    pub(crate) old: &'a [u8],
+}
+
 /// A row of the shared `get`, `list` and `list_dead` statements.
 #[derive(Clone, Debug)]
 pub(crate) struct Row {
@@ -232,18 +244,8 @@ impl Store {
         each!(self, s => s.quarantine(id, msg).await)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn replace(
-        &self,
-        id: i64,
-        status: CallState,
-        next_at: u64,
-        attempts: u32,
-        record: &[u8],
-        msg: Option<&str>,
-        old: &[u8],
-    ) -> Result<bool, DurableError> {
-        each!(self, s => s.replace(id, status, next_at, attempts, record, msg, old).await)
+    pub(crate) async fn replace(&self, id: i64, r: ReplaceArgs<'_>) -> Result<bool, DurableError> {
+        each!(self, s => s.replace(id, r).await)
     }
 
     pub(crate) async fn get(&self, id: i64) -> Result<Option<Row>, DurableError> {
