@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 )
@@ -16,6 +17,9 @@ import (
 // ($XDG_CACHE_HOME or ~/.cache on Linux). wazero writes each compiled module
 // under a directory named after its own version, in a file named after the
 // module's SHA-256, so a new core or a new wazero never reads an old entry.
+// Opening the cache removes the files in it, and in wazero's version
+// directories, last written more than 30 days ago (docs/hosts.md, "The
+// compiled-component cache").
 const CacheDirEnv = "LEVEE_CACHE_DIR"
 
 var (
@@ -50,11 +54,43 @@ func newCompilationCache() (wazero.CompilationCache, string) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return wazero.NewCompilationCache(), ""
 	}
+	pruneCache(dir, time.Now())
 	c, err := wazero.NewCompilationCacheWithDir(dir)
 	if err != nil {
 		return wazero.NewCompilationCache(), ""
 	}
 	return c, dir
+}
+
+// pruneCache removes the files of dir, and of wazero's version directories
+// in it, last written more than cCachePruneAfterSecs before now: the entries of
+// cores and wazeros no longer used, which are never read again (wazero's
+// writes are its own, so this runs when the process opens the cache, not on a
+// miss as in the other hosts). Directories stay; so does whatever cannot be
+// listed or removed.
+func pruneCache(dir string, now time.Time) {
+	cutoff := now.Add(-cCachePruneAfterSecs * time.Second)
+	prune := func(d string) {
+		entries, err := os.ReadDir(d)
+		if err != nil {
+			return
+		}
+		for _, e := range entries {
+			if !e.Type().IsRegular() {
+				continue
+			}
+			if info, err := e.Info(); err == nil && info.ModTime().Before(cutoff) {
+				_ = os.Remove(filepath.Join(d, e.Name()))
+			}
+		}
+	}
+	prune(dir)
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "wazero-") {
+			prune(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 // isCacheCorrupt tells a failure to read a cache entry (truncated, bit-flipped,

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // resetCompilationCache forgets the process-wide cache, as a new process would.
@@ -98,4 +99,49 @@ func TestCompilationCacheOff(t *testing.T) {
 	if _, dir := compilationCache(); dir != "" {
 		t.Fatalf("cache dir %q with %s=off", dir, CacheDirEnv)
 	}
+}
+
+// Opening the cache removes the files not written for the prune age, in the
+// cache directory and in wazero's version directories, and nothing else.
+func TestOpeningTheCachePrunesOldFiles(t *testing.T) {
+	resetCompilationCache(t)
+	dir := t.TempDir()
+	t.Setenv(CacheDirEnv, dir)
+	age := cCachePruneAfterSecs * time.Second
+	now := time.Now()
+	old, young := now.Add(-age-time.Minute), now.Add(-age+time.Minute)
+	files := map[string]time.Time{
+		"stray":                      old,
+		"wazero-v0.0.1-gone/entry":   old,
+		"wazero-v0.0.1-gone/recent":  young,
+		"other/entry":                old, // not wazero's: not looked into
+		"wazero-v0.0.2-kept/current": young,
+	}
+	for name, at := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, d := compilationCache(); d != dir {
+		t.Fatalf("cache in %q, want %q", d, dir)
+	}
+	for name, at := range files {
+		_, err := os.Stat(filepath.Join(dir, name))
+		gone := os.IsNotExist(err)
+		want := at.Equal(old) && name != "other/entry"
+		if gone != want {
+			t.Errorf("%s: removed %v, want %v (%v)", name, gone, want, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "wazero-v0.0.1-gone")); err != nil {
+		t.Errorf("directories stay: %v", err)
+	}
+	loadOnce(t) // and the cache still serves a load
 }

@@ -53,6 +53,7 @@ const (
 	cGuardGuestWorkUnitsPerByte = 20000
 	cGuardGuestMemoryBytes      = 536870912
 	cGuardSnapshotIntervalMs    = 1000
+	cCachePruneAfterSecs        = 2592000
 	cEventEngineFault           = "engine-fault"
 	cMetricCalls                = "levee.calls"
 	cMetricAttempts             = "levee.attempts"

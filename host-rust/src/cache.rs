@@ -23,6 +23,11 @@
 //! `LEVEE_CACHE_DIR` moves the cache (default: `$XDG_CACHE_HOME/levee` or `~/.cache/levee`;
 //! `%LOCALAPPDATA%\levee` on Windows), as in the Python and Go hosts; `LEVEE_CACHE_DIR=off`
 //! disables it. This host's entries are in its `wasmtime-rs/` subdirectory.
+//!
+//! A miss (a compile) removes the files of that directory last written more than
+//! [`CACHE_PRUNE_AFTER_SECS`] ago (docs/hosts.md, "The compiled-component cache"): the entries of
+//! components and wasmtimes no longer used, which are never read again, and a writer's leftover
+//! temporary file.
 
 use std::ffi::OsString;
 use std::fs;
@@ -32,6 +37,8 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 use wasmtime::Engine;
+
+use crate::constants::CACHE_PRUNE_AFTER_SECS;
 
 /// The environment variable that moves the cache (`off` disables it).
 pub(crate) const CACHE_DIR_ENV: &str = "LEVEE_CACHE_DIR";
@@ -138,7 +145,22 @@ pub(crate) fn load_in(dir: Option<&Path>, engine: &Engine, wasm: &[u8]) -> wasmt
     }
     let component = Component::new(engine, wasm)?;
     let stored = component.serialize().is_ok_and(|payload| store(dir, &path, &key, &payload).is_ok());
+    prune(dir, &path, std::time::SystemTime::now());
     Ok((component, Source::Compiled { stored }))
+}
+
+/// Remove the files of `dir` last written more than [`CACHE_PRUNE_AFTER_SECS`] before `now`,
+/// `keep` aside. Best effort: what cannot be listed, read or removed stays.
+fn prune(dir: &Path, keep: &Path, now: std::time::SystemTime) {
+    let Some(cutoff) = now.checked_sub(std::time::Duration::from_secs(u64::from(CACHE_PRUNE_AFTER_SECS))) else { return };
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let old = entry.metadata().is_ok_and(|m| m.is_file() && m.modified().is_ok_and(|t| t < cutoff));
+        if old && path != keep {
+            let _ = fs::remove_file(&path); // gone already, or not ours to remove
+        }
+    }
 }
 
 /// The component in `data`, an entry's bytes, if they are a sound entry named `key` that
@@ -324,6 +346,51 @@ mod tests {
         assert_eq!(how, Source::Compiled { stored: true });
         works(&engine, &c);
         assert_eq!(fs::read(&ours).unwrap(), good);
+    }
+
+    #[test]
+    fn a_miss_prunes_the_files_not_written_for_the_prune_age() {
+        use std::time::{Duration, SystemTime};
+        let dir = TempDir::new("prune");
+        let now = SystemTime::now();
+        let age = Duration::from_secs(u64::from(CACHE_PRUNE_AFTER_SECS));
+        let aged = |name: &str, by: SystemTime| {
+            let f = fs::File::create(dir.0.join(name)).unwrap();
+            f.set_modified(by).unwrap();
+        };
+        let (old, young) = (now - age - Duration::from_secs(60), now - age + Duration::from_secs(60));
+        aged("old.cwasm", old);
+        aged(".tmp-1-2", old);
+        aged("recent.cwasm", young);
+        fs::create_dir(dir.0.join("old-dir")).unwrap(); // not a file: never removed
+        let names = || {
+            let mut v: Vec<String> = fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            v.sort();
+            v
+        };
+
+        let engine = engine();
+        let (c, how) = load_in(Some(&dir.0), &engine, COMPONENT).unwrap(); // a miss: compile, write, prune
+        assert_eq!(how, Source::Compiled { stored: true });
+        works(&engine, &c);
+        let left = names();
+        let ours: Vec<&String> = left.iter().filter(|n| !["recent.cwasm", "old-dir"].contains(&n.as_str())).collect();
+        assert_eq!(ours.len(), 1, "{left:?}");
+        assert!(ours[0].ends_with(".cwasm") && ours[0] != "old.cwasm", "{left:?}");
+        let entry = dir.0.join(ours[0]);
+
+        // A hit prunes nothing: a file made old stays until the next miss.
+        aged("old.cwasm", old);
+        assert_eq!(load_in(Some(&dir.0), &engine, COMPONENT).unwrap().1, Source::Cached);
+        assert!(dir.0.join("old.cwasm").exists());
+
+        // The entry just written is kept whatever its age (a clock far ahead, say).
+        prune(&dir.0, &entry, now + 10 * age);
+        assert_eq!(names(), {
+            let mut v = vec![ours[0].clone(), "old-dir".to_string()];
+            v.sort();
+            v
+        });
     }
 
     #[test]

@@ -100,6 +100,8 @@ pub const GUARD_GUEST_WORK_UNITS_PER_BYTE: u32 = 20000;
 pub const GUARD_GUEST_MEMORY_BYTES: u32 = 536870912;
 /// `GUARD_SNAPSHOT_INTERVAL_MS` of the contract.
 pub const GUARD_SNAPSHOT_INTERVAL_MS: u32 = 1000;
+/// `CACHE_PRUNE_AFTER_SECS` of the contract.
+pub const CACHE_PRUNE_AFTER_SECS: u32 = 2592000;
 /// `EVENT_ENGINE_FAULT` of the contract.
 pub const EVENT_ENGINE_FAULT: &str = "engine-fault";
 /// `METRIC_CALLS` of the contract.

@@ -49,6 +49,7 @@ export const GUARD_GUEST_WORK_UNITS = 1000000000;
 export const GUARD_GUEST_WORK_UNITS_PER_BYTE = 20000;
 export const GUARD_GUEST_MEMORY_BYTES = 536870912;
 export const GUARD_SNAPSHOT_INTERVAL_MS = 1000;
+export const CACHE_PRUNE_AFTER_SECS = 2592000;
 export const EVENT_ENGINE_FAULT = "engine-fault";
 export const METRIC_CALLS = "levee.calls";
 export const METRIC_ATTEMPTS = "levee.attempts";

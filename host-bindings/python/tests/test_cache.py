@@ -73,3 +73,41 @@ def test_cache_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert e.policy("p")(lambda: 1)() == 1
     assert _cache.cache_dir() is None
     assert not (tmp_path / "xdg").exists() and not (tmp_path / "home").exists()
+
+
+def test_a_miss_prunes_entries_not_written_for_the_prune_age(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import time
+
+    from levee._constants import CACHE_PRUNE_AFTER_SECS
+
+    old, young = CACHE_PRUNE_AFTER_SECS + 60, CACHE_PRUNE_AFTER_SECS - 60
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(_cache.CACHE_DIR_ENV, str(cache))
+    d = cache / "wasmtime-py"
+    d.mkdir(parents=True)
+    now = time.time()
+    files = {"old.cwasm": old, ".tmp-abandoned": old, "recent.cwasm": young}
+    for name, age in files.items():
+        (d / name).write_bytes(b"x")
+        os.utime(d / name, (now - age, now - age))
+    (d / "old-dir").mkdir()  # not a file: never removed
+    os.utime(d / "old-dir", (now - 2 * CACHE_PRUNE_AFTER_SECS, now - 2 * CACHE_PRUNE_AFTER_SECS))
+
+    e = _engine_from_copy(tmp_path, "a.wasm")  # a miss: compiles, writes, prunes
+    assert e.policy("p")(lambda: 1)() == 1
+    left = sorted(p.name for p in d.iterdir())
+    (entry,) = [n for n in left if n not in ("recent.cwasm", "old-dir")]
+    assert entry.endswith(".cwasm") and entry != "old.cwasm"
+    assert "recent.cwasm" in left and "old-dir" in left
+
+    # A hit prunes nothing: an entry made old stays until the next miss.
+    (d / "old.cwasm").write_bytes(b"x")
+    os.utime(d / "old.cwasm", (now - old, now - old))
+    e2 = _engine_from_copy(tmp_path, "b.wasm")
+    assert e2.policy("p")(lambda: 2)() == 2
+    assert (d / "old.cwasm").exists()
+
+    # The entry just written is kept whatever its age (a clock far ahead, say).
+    _cache.prune(d, keep=d / entry, now=now + 10 * CACHE_PRUNE_AFTER_SECS)
+    assert sorted(p.name for p in d.iterdir()) == sorted([entry, "old-dir"])

@@ -8,17 +8,24 @@ rewritten. wasmtime itself refuses an artifact from another version or configura
 
 `LEVEE_CACHE_DIR` moves the cache (default: `$XDG_CACHE_HOME/levee` or `~/.cache/levee`;
 `%LOCALAPPDATA%\\levee` on Windows); `LEVEE_CACHE_DIR=off` disables it.
+
+A miss (a compile) removes the files of `wasmtime-py/` last written more than
+`CACHE_PRUNE_AFTER_SECS` ago (docs/hosts.md, "The compiled-component cache"): the entries of
+components and wasmtimes no longer used, which are never read again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import wasmtime
 from wasmtime import _ffi
 from wasmtime.component import Component
+
+from levee._constants import CACHE_PRUNE_AFTER_SECS
 
 CACHE_DIR_ENV = "LEVEE_CACHE_DIR"
 _MAGIC = b"levee-cwasm-1\n"
@@ -82,4 +89,24 @@ def load_component(engine: wasmtime.Engine, wasm: bytes, settings: str) -> Compo
             raise
     except OSError:
         pass  # a read-only or full disk costs the next process a compile, nothing else
+    prune(path.parent, keep=path)
     return component
+
+
+def prune(directory: Path, keep: Path, now: float | None = None) -> None:
+    """Remove the files of `directory` last written more than CACHE_PRUNE_AFTER_SECS before `now`
+    (other components' and other wasmtimes' entries, a writer's leftover temporary file), `keep`
+    aside. Best effort: what cannot be listed or removed stays."""
+    cutoff = (time.time() if now is None else now) - CACHE_PRUNE_AFTER_SECS
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                try:
+                    if entry.name == keep.name or not entry.is_file(follow_symlinks=False):
+                        continue
+                    if entry.stat().st_mtime < cutoff:
+                        os.unlink(entry.path)
+                except OSError:
+                    pass  # gone already, or not ours to remove
+    except OSError:
+        pass

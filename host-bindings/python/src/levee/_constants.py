@@ -53,6 +53,7 @@ GUARD_GUEST_WORK_UNITS: Final[int] = 1000000000
 GUARD_GUEST_WORK_UNITS_PER_BYTE: Final[int] = 20000
 GUARD_GUEST_MEMORY_BYTES: Final[int] = 536870912
 GUARD_SNAPSHOT_INTERVAL_MS: Final[int] = 1000
+CACHE_PRUNE_AFTER_SECS: Final[int] = 2592000
 EVENT_ENGINE_FAULT: Final[str] = "engine-fault"
 METRIC_CALLS: Final[str] = "levee.calls"
 METRIC_ATTEMPTS: Final[str] = "levee.attempts"
