@@ -389,11 +389,14 @@ func asLoadError(v any) LoadError {
 	return LoadError{Path: f[0].(string), Message: f[1].(string)}
 }
 
-func asLoadErrors(v any) []LoadError {
+func asLoadErrors(v any) []LoadError { return asList(v, asLoadError) }
+
+// asList converts a lifted list, each element with conv.
+func asList[T any](v any, conv func(any) T) []T {
 	l := v.([]any)
-	out := make([]LoadError, len(l))
+	out := make([]T, len(l))
 	for i, e := range l {
-		out[i] = asLoadError(e)
+		out[i] = conv(e)
 	}
 	return out
 }
@@ -494,6 +497,18 @@ func (in *instance) policyCount(ctx context.Context, rep uint32) (uint32, error)
 		return 0, err
 	}
 	return api.DecodeU32(in.stack[0]), nil
+}
+
+// listCall calls fn and converts the list it returns, each element with conv.
+func listCall[T any](ctx context.Context, in *instance, fn int, conv func(any) T, params ...uint64) ([]T, error) {
+	if err := in.call(ctx, fn, params...); err != nil {
+		return nil, err
+	}
+	v, err := in.liftRet(ctx, fn)
+	if err != nil {
+		return nil, err
+	}
+	return asList(v, conv), nil
 }
 
 func (in *instance) optionCall(ctx context.Context, fn int, params ...uint64) (any, bool, error) {
@@ -710,19 +725,7 @@ func (in *instance) cancel(ctx context.Context, rep uint32, call, now uint64) er
 
 // takeWakes lifts the calls granted a bulkhead slot since the last take, in grant order.
 func (in *instance) takeWakes(ctx context.Context, rep uint32) ([]uint64, error) {
-	if err := in.call(ctx, fnTakeWakes, uint64(rep)); err != nil {
-		return nil, err
-	}
-	v, err := in.liftRet(ctx, fnTakeWakes)
-	if err != nil {
-		return nil, err
-	}
-	l := v.([]any)
-	out := make([]uint64, len(l))
-	for i, c := range l {
-		out[i] = c.(uint64)
-	}
-	return out, nil
+	return listCall(ctx, in, fnTakeWakes, func(c any) uint64 { return c.(uint64) }, uint64(rep))
 }
 
 func (in *instance) callInfo(ctx context.Context, rep uint32, call uint64) (CallInfo, bool, error) {
@@ -734,19 +737,7 @@ func (in *instance) callInfo(ctx context.Context, rep uint32, call uint64) (Call
 }
 
 func (in *instance) drainEvents(ctx context.Context, rep uint32) ([]Event, error) {
-	if err := in.call(ctx, fnDrainEvents, uint64(rep)); err != nil {
-		return nil, err
-	}
-	v, err := in.liftRet(ctx, fnDrainEvents)
-	if err != nil {
-		return nil, err
-	}
-	l := v.([]any)
-	out := make([]Event, len(l))
-	for i, e := range l {
-		out[i] = asEvent(e)
-	}
-	return out, nil
+	return listCall(ctx, in, fnDrainEvents, asEvent, uint64(rep))
 }
 
 func (in *instance) breakerState(ctx context.Context, rep, policy uint32, key string, now uint64) (BreakerState, bool, error) {
