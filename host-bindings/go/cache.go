@@ -70,25 +70,27 @@ func newCompilationCache() (wazero.CompilationCache, string) {
 // listed or removed.
 func pruneCache(dir string, now time.Time) {
 	cutoff := now.Add(-cCachePruneAfterSecs * time.Second)
-	prune := func(d string) {
-		entries, err := os.ReadDir(d)
-		if err != nil {
+	removeOld := func(d string, e os.DirEntry) {
+		if !e.Type().IsRegular() {
 			return
 		}
-		for _, e := range entries {
-			if !e.Type().IsRegular() {
-				continue
-			}
-			if info, err := e.Info(); err == nil && info.ModTime().Before(cutoff) {
-				_ = os.Remove(filepath.Join(d, e.Name()))
-			}
+		if info, err := e.Info(); err == nil && info.ModTime().Before(cutoff) {
+			_ = os.Remove(filepath.Join(d, e.Name()))
 		}
 	}
-	prune(dir)
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		if e.IsDir() && strings.HasPrefix(e.Name(), "wazero-") {
-			prune(filepath.Join(dir, e.Name()))
+		if !e.IsDir() {
+			removeOld(dir, e)
+			continue
+		}
+		if !strings.HasPrefix(e.Name(), "wazero-") {
+			continue
+		}
+		sub := filepath.Join(dir, e.Name())
+		files, _ := os.ReadDir(sub)
+		for _, f := range files {
+			removeOld(sub, f)
 		}
 	}
 }
