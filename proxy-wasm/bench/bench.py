@@ -114,11 +114,11 @@ def main() -> int:
                     check=True, capture_output=True, text=True,
                 ).stdout.split()
                 c1 = envoy_cpu_ns(envoy.proc.pid)
-                p50, p99, n, errs, sent = float(out[0]), float(out[1]), int(out[2]), int(out[3]), int(out[4])
+                p50, p99, measured, errs, sent = float(out[0]), float(out[1]), int(out[2]), int(out[3]), int(out[4])
                 results[name].append((p50, p99))
                 cpu[name].append((c1 - c0) / 1000 / sent)
                 print(f"round {r + 1} {name:6s} p50 {p50:7.1f} us  p99 {p99:7.1f} us  Envoy CPU {cpu[name][-1]:6.1f} us/request"
-                      f"  ({n} requests, {errs} errors)", flush=True)
+                      f"  ({measured} requests, {errs} errors)", flush=True)
         med = {n: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for n, v in results.items()}
         print(f"\nmedian of {a.rounds} rounds at {a.rate:.0f} requests/s, {a.seconds} s each, Envoy --concurrency 2:")
         mcpu = {n: statistics.median(v) for n, v in cpu.items()}
@@ -136,16 +136,17 @@ def main() -> int:
             print(f"  other - wasm  : p50 {o50 - w50:+6.1f} us  p99 {o99 - w99:+6.1f} us  (the --compare build)")
         # Paired: each round's difference (the listeners of a round ran seconds apart, under
         # the same load), then the median: less moved by a load that changes between rounds.
-        def paired(x: str, y: str) -> float:
-            return statistics.median(p[0] - q[0] for p, q in zip(results[x], results[y]))
+        p50s = {n: [r[0] for r in v] for n, v in results.items()}
+
+        def paired(series: dict[str, list[float]], x: str, y: str) -> float:
+            return statistics.median(p - q for p, q in zip(series[x], series[y]))
         print("  median of the rounds' own p50 differences:")
         pairs = [("wasm", "plain"), ("levee", "wasm"), ("levee", "native")] + ([("other", "wasm"), ("levee", "other")] if a.compare else [])
         for x, y in pairs:
-            print(f"    {x:6s} - {y:6s}: {paired(x, y):+6.1f} us")
+            print(f"    {x:6s} - {y:6s}: {paired(p50s, x, y):+6.1f} us")
         print("  Envoy CPU per request, median of the rounds' own differences:")
         for x, y in [("wasm", "plain"), ("native", "plain"), ("levee", "plain")] + pairs[1:]:
-            d = statistics.median(p - q for p, q in zip(cpu[x], cpu[y]))
-            print(f"    {x:6s} - {y:6s}: {d:+6.1f} us")
+            print(f"    {x:6s} - {y:6s}: {paired(cpu, x, y):+6.1f} us")
         time.sleep(1.5)  # the workers publish their counters every second
         calls1 = host_calls(envoy)
         calls, requests = calls1[0] - calls0[0], calls1[1] - calls0[1]

@@ -299,10 +299,10 @@ def main() -> int:
 
         print("== a trap in the filter fails open and is reported")
         status, _, _ = get(ports["trap"], "/ok?id=trap", {"x-levee-test-trap": "1"})
-        after = [get(ports["trap"], "/ok?id=trap")[0] for _ in range(4)]
+        later = [get(ports["trap"], "/ok?id=trap")[0] for _ in range(4)]
         time.sleep(0.3)
         log = envoy.log.read_text()
-        check(all(s == 200 for s in after), f"requests after the trap pass (fail open): trap request {status}, then {after}")
+        check(all(s == 200 for s in later), f"requests after the trap pass (fail open): trap request {status}, then {later}")
         check("[critical][wasm]" in log and "x-levee-test-trap" in log, "the trap is reported at critical level in Envoy's log (proxy-wasm's panic hook)")
         check("Function: proxy_on_request_headers failed" in log, "and Envoy reports the failed VM call")
         levee = {k: v for k, v in envoy.stats().items() if ".levee." in k or k.startswith("levee.")}
