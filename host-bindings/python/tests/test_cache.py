@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -76,9 +78,6 @@ def test_cache_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_miss_prunes_entries_not_written_for_the_prune_age(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-    import time
-
     from levee._constants import CACHE_PRUNE_AFTER_SECS
 
     old, young = CACHE_PRUNE_AFTER_SECS + 60, CACHE_PRUNE_AFTER_SECS - 60
