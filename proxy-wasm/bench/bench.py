@@ -16,11 +16,14 @@ adds, less moved by the machine's load than a latency percentile.
 
   python3 bench.py ENVOY LEVEE_CLI FILTER.wasm PASSTHROUGH.wasm LOADGEN [--rate 500] [--seconds 10] [--rounds 3]
       [--compare OTHER_FILTER.wasm]   # e.g. the previous commit's filter, measured in the same rounds
+      [--perf DIR]                    # also a CPU profile of Envoy per listener and round, DIR/NAME-ROUND.data
+                                      # (perf record -F 4000 -g, Debian's linux-perf): where the CPU goes
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import subprocess
 import sys
@@ -77,7 +80,10 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--compare", metavar="FILTER.wasm", help="another build of the levee filter (listener `other`), same rounds")
+    ap.add_argument("--perf", metavar="DIR", help="record a CPU profile of Envoy during each listener's run into DIR")
     a = ap.parse_args()
+    if a.perf:
+        Path(a.perf).mkdir(parents=True, exist_ok=True)
     if a.compare:
         a.compare = str(Path(a.compare).resolve())  # Envoy runs in a directory of its own
     work = Path(tempfile.mkdtemp(prefix="levee-bench-"))
@@ -108,12 +114,20 @@ def main() -> int:
         calls0 = host_calls(envoy)
         for r in range(a.rounds):
             for name, port in ports.items():
+                rec = None
+                if a.perf:
+                    rec = subprocess.Popen(["perf", "record", "-q", "-F", "4000", "-g", "-p", str(envoy.proc.pid),
+                                            "-o", str(Path(a.perf) / f"{name}-{r + 1}.data")], stderr=subprocess.DEVNULL)
+                    time.sleep(0.3)  # perf attaches before the load starts
                 c0 = envoy_cpu_ns(envoy.proc.pid)
                 out = subprocess.run(
                     [a.loadgen, "-url", f"http://127.0.0.1:{port}/", "-rate", str(a.rate), "-for", f"{a.seconds}s"],
                     check=True, capture_output=True, text=True,
                 ).stdout.split()
                 c1 = envoy_cpu_ns(envoy.proc.pid)
+                if rec is not None:
+                    rec.send_signal(signal.SIGINT)
+                    rec.wait()
                 p50, p99, measured, errs, sent = float(out[0]), float(out[1]), int(out[2]), int(out[3]), int(out[4])
                 results[name].append((p50, p99))
                 cpu[name].append((c1 - c0) / 1000 / sent)

@@ -189,6 +189,31 @@ struct Worker {
     gate: Gate,
     metrics: Vec<u32>,
     published: [u64; 9],
+    /// `bench-shadow` builds only: a second gate on the same document over a store in the
+    /// VM's memory, run once per request beside the real one (the benchmark's diagnostic).
+    #[cfg(feature = "bench-shadow")]
+    shadow: Shadow,
+}
+
+/// The benchmark's diagnostic (`bench-shadow`): each request also runs the gate's admission
+/// and feedback once more, on a store in memory and with no host call, so that Envoy's CPU per
+/// request with it, less without it, is what the filter's own work costs inside Envoy's V8 (its
+/// caches as cold as a request's) apart from the host calls.
+#[cfg(feature = "bench-shadow")]
+struct Shadow {
+    gate: Gate,
+    store: crate::gate::MemoryStore,
+}
+
+#[cfg(feature = "bench-shadow")]
+impl Shadow {
+    fn run(&mut self, wall_ns: u64) {
+        let (_, call) = self.gate.admit(&self.store, wall_ns, "shadow", "GET", None);
+        if let Some(mut c) = call {
+            let r = crate::gate::Response { status: 200, attempts: 1, ..Default::default() };
+            self.gate.complete(&self.store, wall_ns, &mut c, &r, wall_ns / 1_000_000_000);
+        }
+    }
 }
 
 impl Worker {
@@ -246,8 +271,19 @@ impl RootContext for Root {
             Ok(cfg) => {
                 let info = cfg.engine.policy_info(cfg.policy);
                 let metrics = METRICS.iter().map(|m| host::define_metric(&format!("levee.{m}"))).collect();
+                #[cfg(feature = "bench-shadow")]
+                let shadow = match config::parse(text) {
+                    Ok(c) => Shadow { gate: Gate::new(c, 0), store: Default::default() },
+                    Err(_) => return false,
+                };
                 let gate = Gate::new(cfg, worker_number());
-                self.worker = Some(Rc::new(RefCell::new(Worker { gate, metrics, published: [0; 9] })));
+                self.worker = Some(Rc::new(RefCell::new(Worker {
+                    gate,
+                    metrics,
+                    published: [0; 9],
+                    #[cfg(feature = "bench-shadow")]
+                    shadow,
+                })));
                 host::tick_period(TICK);
                 log(LogLevel::Info, &format!("levee: policy `{}` loaded", info.map(|i| i.name).unwrap_or_default()));
                 true
@@ -392,6 +428,8 @@ impl HttpContext for Request {
         let app = get(HEADER_ATTEMPT).and_then(|v| v.trim().parse::<u32>().ok());
         let (wall_ns, _) = wall();
         let (admit, call) = self.worker.borrow_mut().gate.admit(&Shared, wall_ns, &key, method, app);
+        #[cfg(feature = "bench-shadow")]
+        self.worker.borrow_mut().shadow.run(wall_ns);
         if matches!(admit, Admit::Dispatch { .. }) {
             self.path = get(":path").map(str::to_string);
             self.authority = get(":authority").map(str::to_string);

@@ -48,6 +48,35 @@ pub trait Store {
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), bool>;
 }
 
+/// A [`Store`] in memory with Envoy's versioning (one counter bumped by every write), for
+/// benchmarks and diagnostics that run the gate without a proxy.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    /// Each key's value and the version its last write got.
+    values: std::cell::RefCell<std::collections::HashMap<String, (Vec<u8>, u32)>>,
+    /// The last version given out.
+    version: std::cell::Cell<u32>,
+}
+
+impl Store for MemoryStore {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, u32) {
+        self.values.borrow().get(key).map(|(v, c)| (Some(v.clone()), *c)).unwrap_or((None, 0))
+    }
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), bool> {
+        let mut values = self.values.borrow_mut();
+        let next = self.version.get().wrapping_add(1);
+        match values.get_mut(key) {
+            Some(e) if cas != 0 && e.1 != cas => return Err(true),
+            Some(e) => *e = (value.to_vec(), next),
+            None => {
+                values.insert(key.to_string(), (value.to_vec(), next));
+            }
+        }
+        self.version.set(next);
+        Ok(())
+    }
+}
+
 /// Wall time made monotonic: the largest time seen.
 #[derive(Clone, Debug, Default)]
 pub struct Clock {
