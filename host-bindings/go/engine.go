@@ -171,6 +171,9 @@ type Engine struct {
 	// (written under mu, read without it by holdSuccess)
 	parked  map[uint64]*parker
 	nParked atomic.Int64
+	// wakes taken for Do that name calls not parked here (the raw API's calls),
+	// kept for TakeWakes in grant order, at most maxUnclaimedWakes (park.go)
+	unclaimed []uint64
 	// successes held back by finished calls, not yet moved to hold (see holdSuccess);
 	// under pmu alone, so a finishing call never waits behind a guest call
 	pmu     sync.Mutex
@@ -489,6 +492,7 @@ func (e *Engine) faultKindLocked(cause error, kind fault) error {
 	e.gen++
 	e.lastRecovery = max(e.Now(), 1)
 	e.hold = heldSuccess{}
+	e.unclaimed = nil // their calls went with the instance
 	ev := Event{At: e.Now(), Kind: EventEngineFault, Fault: kind.String(), Err: cause}
 	if _, err := e.instantiateLocked(); err != nil {
 		ev.Err = fmt.Errorf("%w; re-instantiation failed: %w", cause, err)
@@ -756,6 +760,7 @@ func (e *Engine) Start(call uint64, policy uint32, key string, flags uint32, now
 			e.keyedCalls++
 		}
 		v, err = in.start(ctx, e.rep, call, policy, key, flags, now, settleCall, settleAt, settleElapsed)
+		e.rawWakesLocked(v, err)
 		return err
 	})
 	return v, err
@@ -763,7 +768,11 @@ func (e *Engine) Start(call uint64, policy uint32, key string, flags uint32, now
 
 // Acquire acquires the next attempt of a call.
 func (e *Engine) Acquire(call, now uint64) (v Verdict, err error) {
-	err = e.op(false, func(ctx context.Context, in *instance) error { v, err = in.acquire(ctx, e.rep, call, now); return err })
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		v, err = in.acquire(ctx, e.rep, call, now)
+		e.rawWakesLocked(v, err)
+		return err
+	})
 	return v, err
 }
 
@@ -772,6 +781,7 @@ func (e *Engine) Report(call, now, elapsed uint64, kind OutcomeKind, code int32,
 	text = strings.ToValidUTF8(text, "\uFFFD") // a raw header: the core says what it means
 	err = e.op(false, func(ctx context.Context, in *instance) error {
 		v, err = in.report(ctx, e.rep, call, now, elapsed, kind, code, text, wallSecs, flags)
+		e.rawWakesLocked(v, err)
 		return err
 	})
 	return v, err
@@ -781,6 +791,7 @@ func (e *Engine) Report(call, now, elapsed uint64, kind OutcomeKind, code int32,
 func (e *Engine) ReportFallback(call, now uint64, ok bool) (v Verdict, err error) {
 	err = e.op(false, func(ctx context.Context, in *instance) error {
 		v, err = in.reportFallback(ctx, e.rep, call, now, ok)
+		e.rawWakesLocked(v, err)
 		return err
 	})
 	return v, err
@@ -803,6 +814,9 @@ func (e *Engine) ReportAttempt(call uint64, attempt uint32, now, elapsed uint64,
 	text = strings.ToValidUTF8(text, "\uFFFD") // a raw header: the core says what it means
 	err = e.op(false, func(ctx context.Context, in *instance) error {
 		a, err = in.reportAttempt(ctx, e.rep, call, attempt, now, elapsed, kind, code, text, wallSecs, flags)
+		if err == nil {
+			e.wakesIfParkedLocked() // the answer has no wakes bit
+		}
 		return err
 	})
 	return a, err
@@ -810,7 +824,13 @@ func (e *Engine) ReportAttempt(call uint64, attempt uint32, now, elapsed uint64,
 
 // Cancel abandons a call.
 func (e *Engine) Cancel(call, now uint64) error {
-	return e.op(false, func(ctx context.Context, in *instance) error { return in.cancel(ctx, e.rep, call, now) })
+	return e.op(false, func(ctx context.Context, in *instance) error {
+		err := in.cancel(ctx, e.rep, call, now)
+		if err == nil {
+			e.wakesIfParkedLocked()
+		}
+		return err
+	})
 }
 
 // cancelIn is Cancel of a call Do drives: the slot or the grant it held goes
@@ -826,10 +846,21 @@ func (e *Engine) cancelIn(cctx context.Context, call uint64) error {
 }
 
 // TakeWakes takes the calls granted a bulkhead slot since the last take, in grant order
-// (a verdict's WakesPending says some are). Do wakes its own parked calls; a caller of
-// TakeWakes takes them away.
+// (a verdict's WakesPending says some are): the calls of the raw API, to acquire again.
+// The calls Do has parked are never in it: whichever takes the core's list (Do after a
+// crossing that announces wakes, or this) wakes Do's own parked calls and keeps the rest
+// for this, so the raw API and Do may share an engine. A call may be named that has
+// acquired or ended since (an acquire then answers as for any call).
 func (e *Engine) TakeWakes() (calls []uint64, err error) {
-	err = e.op(false, func(ctx context.Context, in *instance) error { calls, err = in.takeWakes(ctx, e.rep); return err })
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		fresh, err := in.takeWakes(ctx, e.rep)
+		if err != nil {
+			return err
+		}
+		e.routeWakesLocked(fresh)
+		calls, e.unclaimed = e.unclaimed, nil
+		return nil
+	})
 	return calls, err
 }
 

@@ -2,6 +2,7 @@ package levee
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -43,8 +44,7 @@ func (e *Engine) parkLocked(cctx context.Context, ref callRef) *parker {
 }
 
 // wakesLocked takes the calls the core granted a slot (take-wakes) and wakes
-// the ones parked here, and only them. An id not parked here (it acquired
-// already, or ended) is ignored: the list is the guest's.
+// the ones parked here, and only them (routeWakesLocked).
 func (e *Engine) wakesLocked() {
 	if e.in == nil {
 		return
@@ -56,12 +56,38 @@ func (e *Engine) wakesLocked() {
 		_ = e.faultLocked(err)
 		return
 	}
+	e.routeWakesLocked(calls)
+}
+
+// maxUnclaimedWakes bounds the wakes kept for TakeWakes: the core's bound on
+// live calls, so an engine whose raw API never takes its wakes (or names a Do
+// call that acquired between its park and the grant) cannot grow without end;
+// the oldest are dropped first.
+const maxUnclaimedWakes = 1 << 17
+
+// routeWakesLocked wakes the parked calls among calls (the core's take-wakes,
+// in grant order) and keeps the others, calls of the raw API or calls that
+// acquired already, for TakeWakes.
+func (e *Engine) routeWakesLocked(calls []uint64) {
 	for _, c := range calls {
 		if p := e.parked[c]; p != nil {
 			delete(e.parked, c)
 			e.nParked.Add(-1)
 			p.cancel()
+			continue
 		}
+		if len(e.unclaimed) >= maxUnclaimedWakes {
+			e.unclaimed = slices.Delete(e.unclaimed, 0, len(e.unclaimed)-maxUnclaimedWakes+1)
+		}
+		e.unclaimed = append(e.unclaimed, c)
+	}
+}
+
+// rawWakesLocked wakes Do's parked calls after a raw operation whose verdict
+// announces wakes (a slot it freed may be granted to one of them).
+func (e *Engine) rawWakesLocked(v Verdict, err error) {
+	if err == nil && v.WakesPending() {
+		e.wakesIfParkedLocked()
 	}
 }
 
