@@ -162,6 +162,12 @@ install_rust() {
   # The workspace's lock, so that registry crates resolve to the versions the workspace built,
   # and its target dir, so that wasmtime (same version and features) is reused, not rebuilt.
   cp "$root/Cargo.lock" Cargo.lock
+  # The project is outside the workspace, so its rust-toolchain.toml does not apply: build with
+  # the toolchain it names (the README's minimum, which `just setup` installed), as a user with
+  # that Rust would, and as the shared target dir needs (another rustc would rebuild everything).
+  local toolchain
+  toolchain=$(sed -n 's/^channel = "\(.*\)"$/\1/p' "$root/rust-toolchain.toml")
+  export RUSTUP_TOOLCHAIN="$toolchain"
   t0=$(date +%s)
   env -u LEVEE_WASM_DIR CARGO_TARGET_DIR="$root/target" cargo build -q --release 2>build.txt || { cat build.txt >&2; return 1; }
   say "rust: fresh project built in $(( $(date +%s) - t0 ))s (reusing $root/target)"
