@@ -48,31 +48,40 @@ pub trait Store {
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), bool>;
 }
 
-/// A [`Store`] in memory with Envoy's versioning (one counter bumped by every write), for
-/// benchmarks and diagnostics that run the gate without a proxy.
+/// A [`Store`] in memory with Envoy's shared-data semantics: one version counter bumped by every
+/// write to any key, compare-and-swap on it, shareable across threads as Envoy's workers share
+/// the real one. For tests, benchmarks and diagnostics that run the gate without a proxy.
 #[derive(Debug, Default)]
-pub struct MemoryStore {
-    /// Each key's value and the version its last write got.
-    values: std::cell::RefCell<std::collections::HashMap<String, (Vec<u8>, u32)>>,
-    /// The last version given out.
-    version: std::cell::Cell<u32>,
+pub struct MemoryStore(std::sync::Mutex<Versioned>);
+
+/// Each key's value and the version its last write got, and the last version given out.
+#[derive(Debug, Default)]
+struct Versioned {
+    values: std::collections::HashMap<String, (Vec<u8>, u32)>,
+    version: u32,
+}
+
+impl MemoryStore {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Versioned> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Store for MemoryStore {
     fn get(&self, key: &str) -> (Option<Vec<u8>>, u32) {
-        self.values.borrow().get(key).map(|(v, c)| (Some(v.clone()), *c)).unwrap_or((None, 0))
+        self.lock().values.get(key).map(|(v, c)| (Some(v.clone()), *c)).unwrap_or((None, 0))
     }
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), bool> {
-        let mut values = self.values.borrow_mut();
-        let next = self.version.get().wrapping_add(1);
-        match values.get_mut(key) {
+        let mut m = self.lock();
+        let next = m.version.wrapping_add(1);
+        match m.values.get_mut(key) {
             Some(e) if cas != 0 && e.1 != cas => return Err(true),
             Some(e) => *e = (value.to_vec(), next),
             None => {
-                values.insert(key.to_string(), (value.to_vec(), next));
+                m.values.insert(key.to_string(), (value.to_vec(), next));
             }
         }
-        self.version.set(next);
+        m.version = next;
         Ok(())
     }
 }
@@ -696,34 +705,18 @@ fn remake(e: &mut Engine, pi: u32, id: u64, key: &str, flags: u32, started: u64,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
 
-    /// Envoy's shared data: a version per key, bumped on every write.
-    type Versioned = HashMap<String, (Vec<u8>, u32)>;
+    /// Envoy's shared data, one store for every worker (and thread) of a test.
     #[derive(Default, Clone)]
-    struct Shared(Arc<Mutex<(Versioned, u32)>>);
+    struct Shared(Arc<MemoryStore>);
 
     impl Store for Shared {
         fn get(&self, key: &str) -> (Option<Vec<u8>>, u32) {
-            let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            m.0.get(key).map(|(v, c)| (Some(v.clone()), *c)).unwrap_or((None, 0))
+            self.0.get(key)
         }
         fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), bool> {
-            let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            m.1 += 1;
-            let next = m.1;
-            match m.0.get_mut(key) {
-                Some(entry) if cas != 0 && entry.1 != cas => Err(true),
-                Some(entry) => {
-                    *entry = (value.to_vec(), next);
-                    Ok(())
-                }
-                None => {
-                    m.0.insert(key.to_string(), (value.to_vec(), next));
-                    Ok(())
-                }
-            }
+            self.0.set(key, value, cas)
         }
     }
 
