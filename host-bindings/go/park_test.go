@@ -19,18 +19,12 @@ policies:
 func TestBulkheadQueueWakesOnReport(t *testing.T) {
 	e := mustLoad(t, parkDoc)
 	p := mustPolicy(t, e, "q")
-	release := make(chan struct{})
-	running := make(chan struct{})
-	first := make(chan error, 1)
-	go func() {
-		first <- p.Do(context.Background(), func(context.Context) error { close(running); <-release; return nil })
-	}()
-	<-running
+	release, first := holdSlot(p)
 	second := make(chan error, 1)
 	start := time.Now()
 	go func() { second <- p.Do(context.Background(), func(context.Context) error { return nil }) }()
 	waitParked(t, e, 1)
-	close(release)
+	release()
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
@@ -48,13 +42,7 @@ func TestBulkheadQueueWakesOnReport(t *testing.T) {
 func TestBulkheadQueueParkStopsOnCancel(t *testing.T) {
 	e := mustLoad(t, parkDoc)
 	p := mustPolicy(t, e, "q")
-	release := make(chan struct{})
-	running := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- p.Do(context.Background(), func(context.Context) error { close(running); <-release; return nil })
-	}()
-	<-running
+	release, done := holdSlot(p)
 	ctx, cancel := context.WithCancel(context.Background())
 	queued := make(chan error, 1)
 	go func() { queued <- p.Do(ctx, func(context.Context) error { return errors.New("never runs") }) }()
@@ -69,10 +57,23 @@ func TestBulkheadQueueParkStopsOnCancel(t *testing.T) {
 		t.Fatalf("the park did not stop on cancel (%v)", d)
 	}
 	waitParked(t, e, 0)
-	close(release)
+	release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// holdSlot runs a Do call of p that holds its slot until release is called;
+// done answers its result.
+func holdSlot(p *Policy) (release func(), done <-chan error) {
+	hold := make(chan struct{})
+	running := make(chan struct{})
+	result := make(chan error, 1)
+	go func() {
+		result <- p.Do(context.Background(), func(context.Context) error { close(running); <-hold; return nil })
+	}()
+	<-running
+	return func() { close(hold) }, result
 }
 
 func waitParked(t *testing.T, e *Engine, n int) {
@@ -122,13 +123,7 @@ func TestDoKeepsTheRawAPIsWakesForTakeWakes(t *testing.T) {
 	e := mustLoad(t, parkDoc)
 	p := mustPolicy(t, e, "q")
 	pi, _, _ := e.PolicyIndex("q")
-	release := make(chan struct{})
-	running := make(chan struct{})
-	first := make(chan error, 1)
-	go func() {
-		first <- p.Do(context.Background(), func(context.Context) error { close(running); <-release; return nil })
-	}()
-	<-running
+	release, first := holdSlot(p)
 	raw := e.NewCallID()
 	v, err := e.Start(raw, pi, "", 0, e.Now(), 0, 0, 0)
 	if err != nil || v.Kind() != VerdictWait || v.Reason() != ReasonBulkheadFull {
@@ -138,7 +133,7 @@ func TestDoKeepsTheRawAPIsWakesForTakeWakes(t *testing.T) {
 	second := make(chan error, 1)
 	go func() { second <- p.Do(context.Background(), func(context.Context) error { return nil }) }()
 	waitParked(t, e, 1)
-	close(release)
+	release()
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
