@@ -76,10 +76,10 @@ func (e *Engine) routeWakesLocked(calls []uint64) {
 			p.cancel()
 			continue
 		}
-		if len(e.unclaimed) >= maxUnclaimedWakes {
-			e.unclaimed = slices.Delete(e.unclaimed, 0, len(e.unclaimed)-maxUnclaimedWakes+1)
-		}
 		e.unclaimed = append(e.unclaimed, c)
+	}
+	if over := len(e.unclaimed) - maxUnclaimedWakes; over > 0 {
+		e.unclaimed = slices.Delete(e.unclaimed, 0, over) // the oldest go first
 	}
 }
 
