@@ -2,6 +2,10 @@ package levee
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,8 +23,17 @@ import (
 // module's SHA-256, so a new core or a new wazero never reads an old entry.
 // Opening the cache removes the files in it, and in wazero's version
 // directories, last written more than 30 days ago (docs/hosts.md, "The
-// compiled-component cache").
+// compiled-component cache"), and every entry whose SHA-256 does not match
+// the digest the host wrote beside it when wazero wrote the entry.
 const CacheDirEnv = "LEVEE_CACHE_DIR"
+
+// digestSuffix names the file beside each wazero cache entry that holds the
+// SHA-256 of the entry, in hex. wazero checks a CRC of the machine code only,
+// not the table of function offsets in front of it, so a flipped bit there
+// would send calls into the middle of other code; the digest covers the whole
+// file. wazero reads entries by exact name and never lists the directory, so
+// the files beside them are invisible to it.
+const digestSuffix = ".levee-sha256"
 
 var (
 	cacheMu  sync.Mutex
@@ -55,6 +68,7 @@ func newCompilationCache() (wazero.CompilationCache, string) {
 		return wazero.NewCompilationCache(), ""
 	}
 	pruneCache(dir, time.Now())
+	verifyCache(dir)
 	c, err := wazero.NewCompilationCacheWithDir(dir)
 	if err != nil {
 		return wazero.NewCompilationCache(), ""
@@ -95,6 +109,100 @@ func pruneCache(dir string, now time.Time) {
 	}
 }
 
+// versionDirs lists wazero's version directories in dir.
+func versionDirs(dir string) []string {
+	var out []string
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "wazero-") {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	return out
+}
+
+// cacheEntries lists the entries of a version directory: wazero's files, not
+// its temporary ones nor the digests beside them.
+func cacheEntries(sub string) []string {
+	var out []string
+	files, _ := os.ReadDir(sub)
+	for _, f := range files {
+		n := f.Name()
+		if f.Type().IsRegular() && !strings.HasSuffix(n, digestSuffix) && !strings.HasSuffix(n, ".tmp") {
+			out = append(out, filepath.Join(sub, n))
+		}
+	}
+	return out
+}
+
+func fileDigest(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// verifyCache removes, when the process opens the cache (before wazero reads
+// any entry), every entry without a digest beside it or whose content does not
+// match its digest, and every digest without its entry: wazero then compiles
+// the module again and writes the entry again, and sealCache digests it. An
+// entry another process has written but not yet digested is removed too, and
+// compiled again: never unsafe, at worst once more work.
+func verifyCache(dir string) {
+	for _, sub := range versionDirs(dir) {
+		for _, entry := range cacheEntries(sub) {
+			want, err := os.ReadFile(entry + digestSuffix)
+			got, derr := fileDigest(entry)
+			if err != nil || derr != nil || string(want) != got {
+				_ = os.Remove(entry)
+				_ = os.Remove(entry + digestSuffix)
+			}
+		}
+		files, _ := os.ReadDir(sub)
+		for _, f := range files {
+			if n := f.Name(); strings.HasSuffix(n, digestSuffix) {
+				if _, err := os.Stat(filepath.Join(sub, strings.TrimSuffix(n, digestSuffix))); os.IsNotExist(err) {
+					_ = os.Remove(filepath.Join(sub, n))
+				}
+			}
+		}
+	}
+}
+
+// sealCache writes the digest of every entry that has none: after a compile,
+// these are the entries wazero has written since the cache was opened (every
+// older one without a digest was removed by verifyCache). The digest is
+// written to a temporary file and renamed, so a reader never sees half of it.
+// A digest that cannot be written leaves the entry to be removed and compiled
+// again by the next process.
+func sealCache(dir string) {
+	for _, sub := range versionDirs(dir) {
+		for _, entry := range cacheEntries(sub) {
+			if _, err := os.Stat(entry + digestSuffix); err == nil {
+				continue
+			}
+			d, err := fileDigest(entry)
+			if err != nil {
+				continue
+			}
+			tmp, err := os.CreateTemp(sub, filepath.Base(entry)+".*.tmp")
+			if err != nil {
+				continue
+			}
+			_, werr := tmp.WriteString(d)
+			if cerr := tmp.Close(); werr != nil || cerr != nil || os.Rename(tmp.Name(), entry+digestSuffix) != nil {
+				_ = os.Remove(tmp.Name())
+			}
+		}
+	}
+}
+
 // isCacheCorrupt tells a failure to read a cache entry (truncated, bit-flipped,
 // another wazero's) from a failure to compile.
 func isCacheCorrupt(err error) bool {
@@ -124,29 +232,44 @@ func dropCompilationCache(bad wazero.CompilationCache) {
 // memoryCache is the fallback when the disk cache cannot serve a load.
 var memoryCache = sync.OnceValue(wazero.NewCompilationCache)
 
-// compileCore makes e's runtime (the caller closes it on an error) and compiles the core module in it. The disk
-// cache never fails a load: on a bad entry it is emptied and the module
-// compiled and written again; if that fails too, or the cache cannot be
-// written (a full or read-only disk makes wazero's CompileModule fail), the
-// module is compiled with a cache in memory.
-func (e *Engine) compileCore(ctx context.Context, wasm []byte) (wazero.CompiledModule, error) {
-	compile := func(c wazero.CompilationCache) (wazero.CompiledModule, error) {
+// compileModules makes e's runtime (the caller closes it on an error) and
+// compiles the core module and the start adapter in it. The disk cache never
+// fails a load: on a bad entry it is emptied and the modules compiled and
+// written again; if that fails too, or the cache cannot be written (a full or
+// read-only disk makes wazero's CompileModule fail), they are compiled with a
+// cache in memory. After a compile on disk every entry written is digested
+// (sealCache).
+func (e *Engine) compileModules(ctx context.Context, wasm []byte) (core, adapter wazero.CompiledModule, err error) {
+	compile := func(c wazero.CompilationCache) (wazero.CompiledModule, wazero.CompiledModule, error) {
 		if e.rt != nil {
 			_ = e.rt.Close(ctx) // the runtime of a failed attempt
 		}
 		e.rt = wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(c).WithMemoryLimitPages(e.o.memoryPages))
-		return e.rt.CompileModule(ctx, wasm)
+		core, err := e.rt.CompileModule(ctx, wasm)
+		if err != nil {
+			return nil, nil, fmt.Errorf("levee: compile core module: %w", err)
+		}
+		adapter, err := e.rt.CompileModule(ctx, startAdapterWasm())
+		if err != nil {
+			return nil, nil, fmt.Errorf("levee: compile the start adapter: %w", err)
+		}
+		return core, adapter, nil
 	}
 	cache, dir := compilationCache()
-	cm, err := compile(cache)
-	if err == nil || dir == "" {
-		return cm, err
+	core, adapter, err = compile(cache)
+	if dir == "" {
+		return core, adapter, err
+	}
+	if err == nil {
+		sealCache(dir)
+		return core, adapter, nil
 	}
 	if isCacheCorrupt(err) {
 		dropCompilationCache(cache)
 		if cache, dir = compilationCache(); dir != "" {
-			if cm, err = compile(cache); err == nil {
-				return cm, nil
+			if core, adapter, err = compile(cache); err == nil {
+				sealCache(dir)
+				return core, adapter, nil
 			}
 		}
 	}

@@ -312,20 +312,16 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 			return nil, err
 		}
 	}
-	cm, err := e.compileCore(ctx, wasm)
+	cm, adapter, err := e.compileModules(ctx, wasm)
 	if err != nil {
 		_ = e.rt.Close(ctx)
-		return nil, fmt.Errorf("levee: compile core module: %w", err)
+		return nil, err
 	}
 	if err := checkModule(cm); err != nil {
 		_ = e.rt.Close(ctx)
 		return nil, err
 	}
-	e.cm = cm
-	if e.adapter, err = e.rt.CompileModule(ctx, startAdapterWasm()); err != nil {
-		_ = e.rt.Close(ctx)
-		return nil, fmt.Errorf("levee: compile the start adapter: %w", err)
-	}
+	e.cm, e.adapter = cm, adapter
 	e.table = &handleTable{}
 	if err := defineResourceImports(ctx, e.rt, e.table); err != nil {
 		_ = e.rt.Close(ctx)
