@@ -348,7 +348,7 @@ fn refile(keys: &mut Keys, at: u32) {
 /// Index of the state of `key`, made when absent, evicting the least recently used key
 /// (idle ones first) when the policy's bound is reached.
 fn key_position(keys: &mut Keys, p: &Policy, policy: usize, key: &str, tick: u64, now: u64, events: &mut VecDeque<Event>) -> u32 {
-    if let Some(i) = keys.find(key) {
+    if let Some(i) = keys.find_recent(key) {
         return i;
     }
     if keys.len() >= p.max_keys as usize {
@@ -900,7 +900,7 @@ impl Engine {
         push_event(&mut self.events, e);
         self.leave_queue(i);
         self.release_at(i, now);
-        self.calls.remove(i);
+        self.calls.delete(i);
     }
 
     /// Take a call out of its key's bulkhead queue, if it waits there or holds a grant (it
@@ -1215,7 +1215,7 @@ impl Engine {
                 return;
             }
         }
-        self.calls.remove(at);
+        self.calls.delete(at);
     }
 
     fn next_fallback(&mut self, slot: u32, from: usize, reason: Reason, now: u64) -> Option<Verdict> {
@@ -1280,7 +1280,7 @@ impl Engine {
             if slot {
                 refile(keys, key_at);
             }
-            self.calls.remove(at);
+            self.calls.delete(at);
             if slot {
                 self.grant_at(pi, key_at);
             }
@@ -1513,7 +1513,7 @@ impl Engine {
         if over {
             if let Some((_, c)) = self.calls.get(at) {
                 if c.phase == Phase::Closing && !c.hedge.as_deref().is_some_and(Hedged::any_open) {
-                    self.calls.remove(at);
+                    self.calls.delete(at);
                 }
             }
         }
@@ -1530,7 +1530,7 @@ impl Engine {
         if let Some(at) = self.calls.find(&call) {
             self.leave_queue(at);
             self.release_at(at, now);
-            self.calls.remove(at);
+            self.calls.delete(at);
         }
     }
 
