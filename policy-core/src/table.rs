@@ -153,6 +153,7 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
     }
 
     /// Insert `key` (which must be absent) at the back of `list`; returns its index.
+    #[inline(always)]
     pub(crate) fn insert(&mut self, key: K, value: V, list: usize) -> u32 {
         debug_assert!(list < L);
         let i = if self.free != NIL {
