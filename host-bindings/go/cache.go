@@ -121,15 +121,19 @@ func versionDirs(dir string) []string {
 	return out
 }
 
-// cacheEntries lists the entries of a version directory: wazero's files, not
-// its temporary ones nor the digests beside them.
+// isEntryName tells wazero's entries from its temporary files and the digests
+// beside the entries.
+func isEntryName(n string) bool {
+	return !strings.HasSuffix(n, digestSuffix) && !strings.HasSuffix(n, ".tmp")
+}
+
+// cacheEntries lists the entries of a version directory.
 func cacheEntries(sub string) []string {
 	var out []string
 	files, _ := os.ReadDir(sub)
 	for _, f := range files {
-		n := f.Name()
-		if f.Type().IsRegular() && !strings.HasSuffix(n, digestSuffix) && !strings.HasSuffix(n, ".tmp") {
-			out = append(out, filepath.Join(sub, n))
+		if f.Type().IsRegular() && isEntryName(f.Name()) {
+			out = append(out, filepath.Join(sub, f.Name()))
 		}
 	}
 	return out
@@ -156,20 +160,29 @@ func fileDigest(path string) (string, error) {
 // compiled again: never unsafe, at worst once more work.
 func verifyCache(dir string) {
 	for _, sub := range versionDirs(dir) {
-		for _, entry := range cacheEntries(sub) {
-			want, err := os.ReadFile(entry + digestSuffix)
-			got, derr := fileDigest(entry)
-			if err != nil || derr != nil || string(want) != got {
-				_ = os.Remove(entry)
-				_ = os.Remove(entry + digestSuffix)
+		files, _ := os.ReadDir(sub) // one listing serves the entries and the digests
+		present := make(map[string]bool, len(files))
+		for _, f := range files {
+			if f.Type().IsRegular() {
+				present[f.Name()] = true
 			}
 		}
-		files, _ := os.ReadDir(sub)
-		for _, f := range files {
-			if n := f.Name(); strings.HasSuffix(n, digestSuffix) {
-				if _, err := os.Stat(filepath.Join(sub, strings.TrimSuffix(n, digestSuffix))); os.IsNotExist(err) {
-					_ = os.Remove(filepath.Join(sub, n))
+		for n := range present {
+			p := filepath.Join(sub, n)
+			if entry, isDigest := strings.CutSuffix(n, digestSuffix); isDigest {
+				if !present[entry] {
+					_ = os.Remove(p)
 				}
+				continue
+			}
+			if !isEntryName(n) {
+				continue
+			}
+			want, err := os.ReadFile(p + digestSuffix)
+			got, derr := fileDigest(p)
+			if err != nil || derr != nil || string(want) != got {
+				_ = os.Remove(p)
+				_ = os.Remove(p + digestSuffix)
 			}
 		}
 	}
