@@ -59,6 +59,21 @@ func loadOnce(t *testing.T) {
 	_ = e.Close(context.Background())
 }
 
+// firstLoad points the cache at a new directory, loads once as a new process
+// would, and answers the files the load wrote.
+func firstLoad(t *testing.T) map[string][]byte {
+	t.Helper()
+	dir := t.TempDir()
+	t.Setenv(CacheDirEnv, dir)
+	resetCompilationCache(t)
+	loadOnce(t)
+	good := cacheFiles(t, dir)
+	if len(good) == 0 {
+		t.Fatal("the first load wrote no cache entry")
+	}
+	return good
+}
+
 // offsetTableBytes gives the second byte of each function offset in a wazero
 // cache entry: after "WAZEVO", the version's length and the version, the
 // number of functions (u32), then one u64 offset per function.
@@ -101,14 +116,7 @@ func TestCompilationCacheSurvivesCorruptEntries(t *testing.T) {
 		}},
 	} {
 		t.Run(corrupt.name, func(t *testing.T) {
-			dir := t.TempDir()
-			t.Setenv(CacheDirEnv, dir)
-			resetCompilationCache(t)
-			loadOnce(t)
-			good := cacheFiles(t, dir)
-			if len(good) == 0 {
-				t.Fatal("the first load wrote no cache entry")
-			}
+			good := firstLoad(t)
 			for p, b := range good {
 				if strings.HasSuffix(p, digestSuffix) {
 					continue
@@ -119,7 +127,7 @@ func TestCompilationCacheSurvivesCorruptEntries(t *testing.T) {
 			}
 			resetCompilationCache(t)
 			loadOnce(t) // must not fail, nor run the corrupt code
-			again := cacheFiles(t, dir)
+			again := cacheFiles(t, os.Getenv(CacheDirEnv))
 			for p, b := range good {
 				if !bytes.Equal(again[p], b) {
 					t.Errorf("%s was not written again after the corruption", filepath.Base(p))
@@ -209,11 +217,7 @@ func TestCompilationCacheEntriesNeedTheirDigest(t *testing.T) {
 		{"digest garbage", func(entry string) error { return os.WriteFile(entry+digestSuffix, []byte("?"), 0o600) }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dir := t.TempDir()
-			t.Setenv(CacheDirEnv, dir)
-			resetCompilationCache(t)
-			loadOnce(t)
-			good := cacheFiles(t, dir)
+			good := firstLoad(t)
 			var entries []string
 			for p := range good {
 				if !strings.HasSuffix(p, digestSuffix) {
@@ -241,7 +245,7 @@ func TestCompilationCacheEntriesNeedTheirDigest(t *testing.T) {
 			}
 			resetCompilationCache(t)
 			loadOnce(t)
-			again := cacheFiles(t, dir)
+			again := cacheFiles(t, os.Getenv(CacheDirEnv))
 			for p, b := range good {
 				if !bytes.Equal(again[p], b) {
 					t.Errorf("%s differs after the load", filepath.Base(p))
