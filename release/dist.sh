@@ -14,8 +14,9 @@
 #   release/dist.sh [component python npm crates go]   (default: all, into a clean dist/)
 #
 # LEVEE_DIST_VERIFY=0 skips `cargo package`'s verification build of levee-resilience (a debug
-# build of wasmtime and the rest, about 5 minutes on 2 cores) for a quick local dist; `./dev
-# test` verifies both crates.
+# build of wasmtime and the rest, 5-10 minutes on 2 cores). `./dev test` sets it: its install
+# test (release/install-test.sh) builds the same .crate in release in a fresh project and runs
+# the README's example, which verifies more than that debug build would.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
