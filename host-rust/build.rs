@@ -32,7 +32,12 @@ fn main() {
     let packaged = manifest.join("wasm").join(FILE);
     candidates.push(packaged.clone());
     candidates.push(manifest.join("..").join("target").join("levee").join(FILE));
-    for path in &candidates {
+    // Only the candidates that exist are watched: cargo counts a missing `rerun-if-changed` path
+    // as changed on every build, which would rerun this script and rebuild the crate and all that
+    // depends on it each time (a packaged crate's `../target/levee`, the repository's `wasm/`).
+    // A component that appears later at a missing path is picked up when LEVEE_WASM_DIR or the
+    // file in use changes.
+    for path in candidates.iter().filter(|p| p.is_file()) {
         println!("cargo:rerun-if-changed={}", path.display());
     }
     let Some(found) = candidates.iter().find(|p| p.is_file()) else {
