@@ -28,10 +28,12 @@ component: setup
 demo: component
     bash examples/demo/run.sh
 
-# Every test: Rust (core, component, conformance, host, CLI), then Python, JavaScript, Go, the
-# Envoy filter in a real Envoy, durable calls on SQLite and PostgreSQL, then the release
-# artifacts installed outside the checkout.
-test: component lint-rust test-rust test-vectors-schema test-rust-host test-cli test-hosts test-envoy test-durable test-fleet test-install
+# Every test: Rust (core, component, conformance, CLI, the Envoy filter in a real Envoy, host),
+# fleet-wide state on Redis, then Python, JavaScript, Go, durable calls on SQLite and PostgreSQL,
+# then the release artifacts installed outside the checkout. The order saves rebuilds: the Rust
+# stages share the workspace's build, and test-rust-host (which ends with the `native` feature)
+# is followed by test-fleet, which changes levee-resilience's features anyway.
+test: component lint-rust test-rust test-vectors-schema test-cli test-envoy test-rust-host test-fleet test-hosts test-durable test-install
     @echo "levee: all tests passed"
 
 # Every release artifact into dist/, from one version (VERSION): the component and its WIT, the
