@@ -291,6 +291,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=240.0)
     ap.add_argument("--cases", default="abcx")
     args = ap.parse_args()
+    # SIGTERM (run.sh stopping a background run) unwinds through `finally`: the workers go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     h = Harness(args.store, args.python, args.go, args.node, args.rust)
     try:
         if "a" in args.cases:
