@@ -359,7 +359,7 @@ fn key_position(keys: &mut Keys, p: &Policy, policy: usize, key: &str, tick: u64
                     state.reset(p, tick);
                 }
                 let mut e = Event::new(now, EventKind::KeyEvicted, policy as u32, &victim);
-                e.name = victim.to_string();
+                e.name = e.key.clone(); // the same name (a copy, not a trip through `Display`)
                 push_event(events, e);
                 return i;
             }
