@@ -121,6 +121,48 @@ def test_retry_then_success(engine: levee.Engine) -> None:
     assert f.calls == 3
 
 
+def test_sync_code_imports_no_asyncio_ssl_or_importlib_resources() -> None:
+    """`import levee`, a load and sync calls (a retry, a timeout, exceptions classified) leave
+    asyncio, ssl and importlib.resources unimported: ~35 ms of a CLI's or a serverless function's
+    start (docs/performance.md, "Cold start"). A fresh interpreter, so nothing else imported them."""
+    code = """
+import sys, levee
+engine = levee.loads('''
+policies:
+  p:
+    attempts: 3
+    attempt-timeout: 1s
+    backoff: { kind: constant, base: 1ms, jitter: none }
+''')
+errors = [ConnectionError("refused"), TimeoutError("slow")]
+def f():
+    if errors:
+        raise errors.pop(0)
+    return 7
+assert engine.policy("p").call(f) == 7
+print(" ".join(m for m in ("asyncio", "ssl", "_ssl", "importlib.resources", "concurrent.futures") if m in sys.modules))
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"imported by sync code: {out.stdout.strip()}"
+
+
+def test_tls_errors_are_classified_once_ssl_is_imported() -> None:
+    """The classification of ssl's exceptions, which `outcomes` looks up in `_ssl` instead of
+    importing ssl (docs/hosts.md, section 6)."""
+    import ssl
+
+    assert levee.outcome_for_exception(ssl.SSLError("handshake")).kind is OutcomeKind.CONNECTION_ERROR
+    cert = ssl.SSLCertVerificationError("bad certificate")
+    assert levee.outcome_for_exception(cert) == Outcome.error("tls-certificate")
+    wrapped = ConnectionError("wrapped")
+    wrapped.__cause__ = cert
+    assert levee.outcome_for_exception(wrapped) == Outcome.error("tls-certificate")
+
+
 def test_retries_exhausted_carries_reason_and_last_error(engine: levee.Engine) -> None:
     f = Flaky(ConnectionError("1"), ConnectionError("2"), ConnectionError("3"))
     with pytest.raises(levee.RetriesExhausted) as info:

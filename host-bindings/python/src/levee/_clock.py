@@ -4,7 +4,6 @@ tests. A process-wide switch (`levee.testing.no_waits`) turns every wait off."""
 
 from __future__ import annotations
 
-import asyncio
 import time as _time
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
@@ -45,10 +44,17 @@ class SystemClock:
     time = staticmethod(_time.time)
     sleep = staticmethod(_time.sleep)
 
+    # asyncio is imported where it is used, so that `import levee` does not import it (and ssl,
+    # concurrent.futures, ...) for synchronous code: about 40 ms of a CLI's or a serverless
+    # function's start (docs/performance.md, "Cold start"). Code that reaches these already has it.
     async def sleep_async(self, seconds: float) -> None:
+        import asyncio
+
         await asyncio.sleep(seconds)
 
     def timeout(self, seconds: float) -> AbstractAsyncContextManager[Any]:
+        import asyncio
+
         return asyncio.timeout(seconds)
 
 

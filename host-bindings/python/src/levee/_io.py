@@ -4,7 +4,6 @@ fallbacks."""
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
 import inspect
@@ -36,7 +35,12 @@ from .outcomes import Outcome, outcome_for_exception
 from .types import Reason
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ._runtime import EngineRuntime
+
+# asyncio is imported by the functions that use it, never at the top: `import levee` leaves it
+# out for synchronous code (see `_clock.SystemClock`), and async code has it imported already.
 
 _monotonic_ns = time.monotonic_ns
 
@@ -122,6 +126,8 @@ async def sleep_async(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> N
     if ns <= 0:
         return
     if park:
+        import asyncio
+
         assert isinstance(park, _Parker)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
@@ -141,6 +147,8 @@ async def sleep_async(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> N
 
 def attempt_timeout_cm(eng: EngineRuntime, ns: int) -> AbstractAsyncContextManager[Any]:
     """The timeout of an asyncio attempt, on the engine's clock."""
+    import asyncio
+
     clock = eng._clock
     return asyncio.timeout(ns / 1e9) if type(clock) is SystemClock else clock.timeout(ns / 1e9)
 
@@ -235,6 +243,8 @@ def _hedge_stuck(h: _Hedge) -> None:
 
 def _task_result(h: _Hedge, n: int, t: asyncio.Future[_AttemptResult]) -> _AttemptResult:
     if t.cancelled():
+        import asyncio
+
         return h.cancelled_result(n, asyncio.CancelledError())
     exc = t.exception()
     if exc is None:
@@ -261,6 +271,8 @@ async def run_hedge_async(h: _Hedge, run: Callable[[int, int], Awaitable[_Attemp
     on a tie), else `hedge-step`.
     Returns at `end` or after a guest fault; attempts the core cancelled are reported as they
     close, without the caller waiting for them. The caller's cancel cancels every attempt."""
+    import asyncio
+
     st = h.st
     eng = st.engine
     tasks: dict[int, asyncio.Future[_AttemptResult]] = {}

@@ -8,7 +8,6 @@ component instance, its lock, snapshots and trap recovery).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import os
@@ -478,6 +477,8 @@ class Policy:
                 if timeout:
                     token = _ATTEMPT_DEADLINE.set(start + timeout)
                     try:
+                        import asyncio  # not at the top: see _clock.SystemClock
+
                         async with asyncio.timeout(timeout / 1e9):
                             value = await fn(*args, **kwargs)
                     finally:

@@ -7,7 +7,6 @@ retryable, how long to wait, and whether to give up. Nothing here decides anythi
 
 from __future__ import annotations
 
-import ssl
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,10 +125,15 @@ _TLS_CERTIFICATE = Outcome(OutcomeKind.ERROR_CLASS, 0, HTTP_TLS_CERTIFICATE_CLAS
 
 def _certificate_failed(exc: BaseException) -> bool:
     """Whether the server's TLS certificate failed verification (anywhere in the cause chain)."""
+    # ssl's exceptions are defined by its C module, `_ssl`: none exists before it is imported, so
+    # `import levee` need not import ssl (as httpx and requests below are looked up, not imported).
+    tls = sys.modules.get("_ssl")
+    if tls is None:
+        return False
     seen = 0
     e: BaseException | None = exc
     while e is not None and seen < 16:
-        if isinstance(e, ssl.SSLCertVerificationError):
+        if isinstance(e, tls.SSLCertVerificationError):
             return True
         e = e.__cause__ or e.__context__
         seen += 1
@@ -166,6 +170,9 @@ def outcome_for_exception(exc: BaseException) -> Outcome:
             return _CONNECTION_ERROR
     if isinstance(exc, TimeoutError):
         return _TIMEOUT
-    if isinstance(exc, (ConnectionError, ssl.SSLError)):
+    if isinstance(exc, ConnectionError):
+        return _CONNECTION_ERROR
+    tls = sys.modules.get("_ssl")
+    if tls is not None and isinstance(exc, tls.SSLError):
         return _CONNECTION_ERROR
     return Outcome.error(error_name(exc))
