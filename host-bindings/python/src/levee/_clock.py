@@ -44,9 +44,10 @@ class SystemClock:
     time = staticmethod(_time.time)
     sleep = staticmethod(_time.sleep)
 
-    # asyncio is imported where it is used, so that `import levee` does not import it (and ssl,
-    # concurrent.futures, ...) for synchronous code: about 40 ms of a CLI's or a serverless
-    # function's start (docs/performance.md, "Cold start"). Code that reaches these already has it.
+    # asyncio is imported where it is used, so that `import levee` does not import it (nor ssl
+    # and concurrent.futures with it) for synchronous code: most of the ~35 ms this took off a
+    # CLI's or a serverless function's start (docs/performance.md, "Cold start"). Code that
+    # reaches these already has it imported.
     async def sleep_async(self, seconds: float) -> None:
         import asyncio
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from ._constants import HTTP_TLS_CERTIFICATE_CLASS, HTTP_UNNAMED_ERROR_CLASS
@@ -123,13 +124,9 @@ def error_name(exc: BaseException) -> str:
 _TLS_CERTIFICATE = Outcome(OutcomeKind.ERROR_CLASS, 0, HTTP_TLS_CERTIFICATE_CLASS)
 
 
-def _certificate_failed(exc: BaseException) -> bool:
-    """Whether the server's TLS certificate failed verification (anywhere in the cause chain)."""
-    # ssl's exceptions are defined by its C module, `_ssl`: none exists before it is imported, so
-    # `import levee` need not import ssl (as httpx and requests below are looked up, not imported).
-    tls = sys.modules.get("_ssl")
-    if tls is None:
-        return False
+def _certificate_failed(exc: BaseException, tls: ModuleType) -> bool:
+    """Whether the server's TLS certificate failed verification (anywhere in the cause chain);
+    `tls` is ssl's C module, `_ssl`, where its exceptions are defined."""
     seen = 0
     e: BaseException | None = exc
     while e is not None and seen < 16:
@@ -146,7 +143,10 @@ def outcome_for_exception(exc: BaseException) -> Outcome:
     timeout, a TLS handshake failure) is `connection-error`; a certificate that failed
     verification is the error class `tls-certificate`; HTTP status errors of httpx and requests
     are their status; anything else is an `error-class` named by the exception's class."""
-    if _certificate_failed(exc):
+    # ssl's exceptions are defined by its C module, `_ssl`: none exists before it is imported, so
+    # `import levee` need not import ssl (as httpx and requests below are looked up, not imported).
+    tls = sys.modules.get("_ssl")
+    if tls is not None and _certificate_failed(exc, tls):
         return _TLS_CERTIFICATE
     httpx = sys.modules.get("httpx")
     if httpx is not None:
@@ -172,7 +172,6 @@ def outcome_for_exception(exc: BaseException) -> Outcome:
         return _TIMEOUT
     if isinstance(exc, ConnectionError):
         return _CONNECTION_ERROR
-    tls = sys.modules.get("_ssl")
     if tls is not None and isinstance(exc, tls.SSLError):
         return _CONNECTION_ERROR
     return Outcome.error(error_name(exc))
