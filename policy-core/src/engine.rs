@@ -1615,7 +1615,7 @@ impl Engine {
     /// policy and key (for invariants and metrics).
     pub fn breaker_trials(&self, policy: u32, key: &str) -> Option<u32> {
         let b = key_state(self.keys.get(policy as usize)?, key)?.breaker.as_ref()?;
-        Some(b.permits.len() as u32)
+        Some(b.trials.get().permits.len() as u32)
     }
 
     /// Token-throttling level in milli-tokens of a policy and key, if it has one.

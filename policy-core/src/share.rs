@@ -21,7 +21,7 @@
 //!          last_refill, tokens (signed)
 //! ```
 
-use crate::breaker::{Breaker, WindowState};
+use crate::breaker::{Breaker, HalfOpen, Trials, WindowState};
 use crate::budget::BudgetState;
 use crate::engine::{Engine, KeyState};
 use crate::error::LoadError;
@@ -60,15 +60,16 @@ impl Engine {
         put(&mut out, u64::from(s.in_flight));
         if let Some(b) = &s.breaker {
             put(&mut out, b.state as u64);
-            for v in [b.open_until, u64::from(b.trips), b.epoch, u64::from(b.issued)] {
+            let h = b.trials.get();
+            for v in [b.open_until, u64::from(b.trips), b.epoch, u64::from(h.issued)] {
                 put(&mut out, v);
             }
-            for v in [b.trial.0, b.trial.1, b.trial.2] {
+            for v in [h.trial.0, h.trial.1, h.trial.2] {
                 put(&mut out, u64::from(v));
             }
             put(&mut out, b.last_now);
-            put(&mut out, b.permits.len() as u64);
-            for (call, at) in &b.permits {
+            put(&mut out, h.permits.len() as u64);
+            for (call, at) in &h.permits {
                 put(&mut out, *call);
                 put(&mut out, *at);
             }
@@ -183,7 +184,8 @@ impl Engine {
                     }
                     _ => return Err(bad("window kind")),
                 };
-                let b = Breaker { state, open_until, trips, window, epoch, permits, issued, trial, last_now };
+                let trials = Trials::new(HalfOpen { permits, issued, trial });
+                let b = Breaker { state, open_until, trips, window, epoch, trials, last_now };
                 if let Some(cfg) = &p.breaker {
                     s.breaker = Some(cfg.adopt(b, true));
                 }

@@ -121,15 +121,71 @@ pub struct Breaker {
     pub window: WindowState,
     /// Half-open epoch (incremented on every entry to half-open).
     pub epoch: u64,
+    /// The half-open episode's trials.
+    pub trials: Trials,
+    /// Latest `now` seen (a `now` earlier than it counts as no time passed).
+    pub last_now: u64,
+}
+
+/// A half-open episode's bookkeeping.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HalfOpen {
     /// Live half-open permits: (call, issued at).
     pub permits: Vec<(u64, u64)>,
     /// Half-open permits issued this epoch (reported or live).
     pub issued: u32,
     /// Half-open outcomes this epoch: (calls, failures, slow).
     pub trial: (u32, u32, u32),
-    /// Latest `now` seen (a `now` earlier than it counts as no time passed).
-    pub last_now: u64,
 }
+
+impl HalfOpen {
+    /// Remove `call`'s live permit; whether it had one.
+    fn take_back(&mut self, call: u64) -> bool {
+        let before = self.permits.len();
+        self.permits.retain(|(c, _)| *c != call);
+        self.permits.len() < before
+    }
+}
+
+/// An episode with nothing issued: what [`Trials`] holds until a permit is taken.
+static NO_TRIALS: HalfOpen = HalfOpen { permits: Vec::new(), issued: 0, trial: (0, 0, 0) };
+
+/// A breaker's [`HalfOpen`] bookkeeping, boxed and made when the first permit is taken: every
+/// key of a keyed policy carries its breaker inline, most of them never go half-open, and the
+/// episode's 48 bytes would be a fifth of each key's entry. Equal episodes compare equal
+/// whether boxed or not.
+#[derive(Clone, Debug, Default)]
+pub struct Trials(Option<Box<HalfOpen>>);
+
+impl Trials {
+    /// Holds `h`, boxed only if anything was issued.
+    pub fn new(h: HalfOpen) -> Self {
+        Trials(if h == NO_TRIALS { None } else { Some(Box::new(h)) })
+    }
+
+    /// The episode (nothing issued when none was boxed).
+    pub fn get(&self) -> &HalfOpen {
+        self.0.as_deref().unwrap_or(&NO_TRIALS)
+    }
+
+    /// The episode to change, boxed first if it was not.
+    fn make(&mut self) -> &mut HalfOpen {
+        self.0.get_or_insert_with(Box::default)
+    }
+
+    /// The episode to change, if anything was issued (nothing to change otherwise).
+    fn live(&mut self) -> Option<&mut HalfOpen> {
+        self.0.as_deref_mut()
+    }
+}
+
+impl PartialEq for Trials {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for Trials {}
 
 /// Window contents.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -332,9 +388,7 @@ impl BreakerCfg {
             trips: u32_at(b, "trips", bp)?,
             window,
             epoch: u64_at(b, "epoch", bp)?,
-            permits,
-            issued: u32_at(b, "issued", bp)?,
-            trial: (t(0), t(1), t(2)),
+            trials: Trials::new(HalfOpen { permits, issued: u32_at(b, "issued", bp)?, trial: (t(0), t(1), t(2)) }),
             last_now: u64_at(b, "last_now", bp)?,
         };
         Ok(self.adopt(imported, same_window))
@@ -352,17 +406,7 @@ impl BreakerCfg {
 
     /// A fresh, closed breaker.
     pub fn fresh(&self) -> Breaker {
-        Breaker {
-            state: S::Closed,
-            open_until: 0,
-            trips: 0,
-            window: self.empty_window(),
-            epoch: 0,
-            permits: Vec::new(),
-            issued: 0,
-            trial: (0, 0, 0),
-            last_now: 0,
-        }
+        Breaker { state: S::Closed, open_until: 0, trips: 0, window: self.empty_window(), epoch: 0, trials: Trials::default(), last_now: 0 }
     }
 
     fn empty_window(&self) -> WindowState {
@@ -385,8 +429,10 @@ impl BreakerCfg {
         if !same_window || !self.window_matches(&b.window) {
             b.window = self.empty_window();
         }
-        b.permits.truncate(self.half_open_permits as usize);
-        b.issued = b.issued.min(self.half_open_permits);
+        if let Some(h) = b.trials.live() {
+            h.permits.truncate(self.half_open_permits as usize);
+            h.issued = h.issued.min(self.half_open_permits);
+        }
         b
     }
 }
@@ -408,14 +454,15 @@ impl Breaker {
                 obj([("time", rows(buckets.iter().map(|(i, c, f, s)| [*i, u64::from(*c), u64::from(*f), u64::from(*s)])))])
             }
         };
+        let h = self.trials.get();
         obj([
             ("state", self.state.name().into()),
             ("open_until", self.open_until.into()),
             ("trips", self.trips.into()),
             ("epoch", self.epoch.into()),
-            ("permits", rows(self.permits.iter().map(|(c, at)| [*c, *at]))),
-            ("issued", self.issued.into()),
-            ("trial", Value::List(vec![self.trial.0.into(), self.trial.1.into(), self.trial.2.into()])),
+            ("permits", rows(h.permits.iter().map(|(c, at)| [*c, *at]))),
+            ("issued", h.issued.into()),
+            ("trial", Value::List(vec![h.trial.0.into(), h.trial.1.into(), h.trial.2.into()])),
             ("last_now", self.last_now.into()),
             ("window", window),
         ])
@@ -448,18 +495,14 @@ impl Breaker {
             }
             S::HalfOpen => {
                 self.epoch = self.epoch.wrapping_add(1);
-                self.permits.clear();
-                self.issued = 0;
-                self.trial = (0, 0, 0);
+                self.trials = Trials::default();
             }
             S::Closed => {
                 self.trips = 0;
                 self.window = cfg.empty_window();
-                self.permits.clear();
+                self.drop_permits();
             }
-            S::ForcedOpen | S::ForcedClosed | S::Disabled => {
-                self.permits.clear();
-            }
+            S::ForcedOpen | S::ForcedClosed | S::Disabled => self.drop_permits(),
         }
         self.state = to;
         transitions.push((from, to));
@@ -478,20 +521,23 @@ impl Breaker {
             S::ForcedOpen => Check::Reject(0),
             S::HalfOpen => {
                 let timeout = cfg.half_open_permit_timeout;
-                let before = self.permits.len();
-                self.permits.retain(|(call, at)| {
-                    let keep = at.saturating_add(timeout) > now;
-                    if !keep {
-                        expired.push(*call);
-                    }
-                    keep
-                });
-                let gone = (before - self.permits.len()) as u32;
-                self.issued = self.issued.saturating_sub(gone);
-                if self.issued < cfg.half_open_permits {
+                if let Some(h) = self.trials.live() {
+                    let before = h.permits.len();
+                    h.permits.retain(|(call, at)| {
+                        let keep = at.saturating_add(timeout) > now;
+                        if !keep {
+                            expired.push(*call);
+                        }
+                        keep
+                    });
+                    let gone = (before - h.permits.len()) as u32;
+                    h.issued = h.issued.saturating_sub(gone);
+                }
+                let h = self.trials.get();
+                if h.issued < cfg.half_open_permits {
                     Check::Allow { permit: true }
                 } else {
-                    let next_expiry = self.permits.iter().map(|(_, at)| at.saturating_add(timeout)).min().unwrap_or(now);
+                    let next_expiry = h.permits.iter().map(|(_, at)| at.saturating_add(timeout)).min().unwrap_or(now);
                     Check::Reject(next_expiry.saturating_sub(now))
                 }
             }
@@ -500,16 +546,26 @@ impl Breaker {
 
     /// Take a half-open permit for `call` (after `check` said `permit`).
     pub fn take_permit(&mut self, call: u64, now: u64) {
-        self.permits.push((call, now.max(self.last_now)));
-        self.issued = self.issued.saturating_add(1);
+        let at = now.max(self.last_now);
+        let h = self.trials.make();
+        h.permits.push((call, at));
+        h.issued = h.issued.saturating_add(1);
     }
 
     /// A call gave its permit back without an outcome (cancelled).
     pub fn give_back(&mut self, call: u64) {
-        let before = self.permits.len();
-        self.permits.retain(|(c, _)| *c != call);
-        if self.permits.len() < before {
-            self.issued = self.issued.saturating_sub(1);
+        if let Some(h) = self.trials.live() {
+            if h.take_back(call) {
+                h.issued = h.issued.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Leaving half-open: its live permits are void (what was issued and tried stays, as
+    /// exported state shows it).
+    fn drop_permits(&mut self) {
+        if let Some(h) = self.trials.live() {
+            h.permits.clear();
         }
     }
 
@@ -524,15 +580,14 @@ impl Breaker {
                 }
             }
             S::HalfOpen => {
-                let before = self.permits.len();
-                self.permits.retain(|(c, _)| *c != call);
-                if self.permits.len() == before {
+                let Some(h) = self.trials.live() else { return };
+                if !h.take_back(call) {
                     return; // not a trial of this half-open episode
                 }
-                let (calls, failures, slows) = self.trial;
-                self.trial = (calls.saturating_add(1), failures.saturating_add(u32::from(failure)), slows.saturating_add(u32::from(slow)));
-                if self.trial.0 >= cfg.half_open_permits {
-                    let (c, f, s) = self.trial;
+                let (calls, failures, slows) = h.trial;
+                h.trial = (calls.saturating_add(1), failures.saturating_add(u32::from(failure)), slows.saturating_add(u32::from(slow)));
+                let (c, f, s) = h.trial;
+                if c >= cfg.half_open_permits {
                     if over(f, c, cfg.failure_rate) || over(s, c, cfg.slow_call_rate) {
                         self.enter(cfg, S::Open, now, transitions);
                     } else {
@@ -677,6 +732,30 @@ mod tests {
         b.record(&c, 11, 102, false, false, &mut t);
         assert_eq!(b.state, S::Closed);
         assert_eq!(t, vec![(S::Closed, S::Open), (S::Open, S::HalfOpen), (S::HalfOpen, S::Closed)]);
+    }
+
+    #[test]
+    fn the_half_open_episode_is_boxed_only_once_a_permit_is_taken() {
+        let c = cfg();
+        let mut b = c.fresh();
+        let (mut t, mut exp) = (Vec::new(), Vec::new());
+        #[cfg(target_pointer_width = "64")]
+        assert_eq!(std::mem::size_of::<Breaker>(), 80, "the episode's bookkeeping is not inline");
+        for i in 0..4 {
+            b.record(&c, i, 0, true, false, &mut t);
+        }
+        assert!(b.trials.0.is_none(), "closed, then open: nothing issued, nothing boxed");
+        assert_eq!(b.check(&c, 100, &mut t, &mut exp), Check::Allow { permit: true });
+        assert!(b.trials.0.is_none(), "half-open with nothing issued");
+        b.take_permit(7, 100);
+        assert_eq!(b.trials.get(), &HalfOpen { permits: vec![(7, 100)], issued: 1, trial: (0, 0, 0) });
+        b.give_back(7);
+        // Boxed and empty, or never boxed: the same episode, the same export.
+        let empty = Breaker { trials: Trials::default(), ..b.clone() };
+        assert!(b.trials.0.is_some());
+        assert_eq!(b, empty);
+        assert_eq!(b.to_json(), empty.to_json());
+        assert_eq!(Trials::new(HalfOpen::default()).0, None);
     }
 
     #[test]
