@@ -150,20 +150,21 @@ impl HalfOpen {
 /// An episode with nothing issued: what [`Trials`] holds until a permit is taken.
 static NO_TRIALS: HalfOpen = HalfOpen { permits: Vec::new(), issued: 0, trial: (0, 0, 0) };
 
-/// A breaker's [`HalfOpen`] bookkeeping, boxed and made when the first permit is taken: every
-/// key of a keyed policy carries its breaker inline, most of them never go half-open, and the
-/// episode's 48 bytes would be a fifth of each key's entry. Equal episodes compare equal
-/// whether boxed or not.
+/// A breaker's [`HalfOpen`] bookkeeping, boxed when the first permit is taken (or a non-empty
+/// episode is imported) and dropped on each entry to half-open. Every key of a keyed policy
+/// carries its breaker inline, most of them never go half-open, and the episode's 48 bytes
+/// would be a fifth of each key's entry. Equal episodes compare equal whether boxed or not.
 #[derive(Clone, Debug, Default)]
 pub struct Trials(Option<Box<HalfOpen>>);
 
 impl Trials {
-    /// Holds `h`, boxed only if anything was issued.
+    /// Holds `h`, boxed unless it is empty (an imported episode may have trial counts and no
+    /// permit).
     pub fn new(h: HalfOpen) -> Self {
         Trials(if h == NO_TRIALS { None } else { Some(Box::new(h)) })
     }
 
-    /// The episode (nothing issued when none was boxed).
+    /// The episode (the empty one when none is boxed).
     pub fn get(&self) -> &HalfOpen {
         self.0.as_deref().unwrap_or(&NO_TRIALS)
     }
@@ -173,7 +174,7 @@ impl Trials {
         self.0.get_or_insert_with(Box::default)
     }
 
-    /// The episode to change, if anything was issued (nothing to change otherwise).
+    /// The episode to change, if one is boxed (the empty one has nothing to remove or clear).
     fn live(&mut self) -> Option<&mut HalfOpen> {
         self.0.as_deref_mut()
     }
