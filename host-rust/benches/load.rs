@@ -3,7 +3,8 @@
 //! `backon` with the same policy (3 attempts, exponential backoff, a 1 s per-attempt timeout).
 //! CPU time is the process's CPU time (CLOCK_PROCESS_CPUTIME_ID: user + system, all threads) over the whole level divided by the
 //! calls made; every contender runs at every level in this one process, so the ratios of one run
-//! are comparable.
+//! are comparable. The contender `bare` calls the function under no policy: a library's own cost
+//! per call is its figure less bare's.
 //!
 //! ```sh
 //! cargo bench -p levee-resilience --bench load                                   # 1, 1,000, 10,000, 40,000
@@ -103,6 +104,9 @@ fn contenders() -> Vec<(String, Call)> {
             })
         }),
     ));
+    // the function alone, under no policy: what every contender pays anyway (the task, the
+    // wait's timer, the runtime), so a library's own cost per call is its figure less this one
+    out.push(("bare".into(), Arc::new(|wait| Box::pin(async move { work(wait).await.expect("succeeds") }))));
     out
 }
 

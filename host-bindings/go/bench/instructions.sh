@@ -23,7 +23,7 @@ count() { # contender n -> main-thread instructions
   awk '/^summary:/ {print $2; exit}' "$d/cg.out-01"
 }
 contenders=("$@")
-[ ${#contenders[@]} -gt 0 ] || contenders=(levee levee-unbounded levee-keyed failsafe-go gobreaker-backoff)
+[ ${#contenders[@]} -gt 0 ] || contenders=(levee levee-unbounded levee-keyed failsafe-go gobreaker-backoff bare)
 for c in "${contenders[@]}"; do
   a="$(count "$c" 1000)"
   b="$(count "$c" 21000)"

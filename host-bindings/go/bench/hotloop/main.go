@@ -19,7 +19,7 @@ import (
 func init() { runtime.LockOSThread() } // main runs on the main thread: callgrind's thread 1
 
 func main() {
-	which := flag.String("which", "levee", "levee | levee-unbounded | levee-keyed | failsafe-go | gobreaker-backoff")
+	which := flag.String("which", "levee", "levee | levee-unbounded | levee-keyed | failsafe-go | gobreaker-backoff | bare")
 	n := flag.Int("n", 10000, "calls after the warm-up")
 	flag.Parse()
 	ctx := context.Background()
@@ -50,6 +50,8 @@ func main() {
 	case "gobreaker-backoff":
 		cb := bench.GobreakerCB()
 		f = func() error { return bench.GobreakerCall(ctx, cb) }
+	case "bare": // the function under no policy
+		f = func() error { return bench.Work(ctx) }
 	default:
 		fail(fmt.Errorf("unknown -which %q", *which))
 	}

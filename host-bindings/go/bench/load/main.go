@@ -5,6 +5,9 @@
 // at any time. CPU time is the process's user + system time (getrusage)
 // across the whole level, divided by the calls made; every contender runs at
 // every level in the same process, so the ratios of one run are comparable.
+// The contender "bare" calls the function under no policy: what every
+// contender pays anyway (the goroutine, the wait's timer, the scheduler), so a
+// library's own cost per call is its figure less bare's.
 //
 //	go run ./load                                   # 1, 1,000, 10,000, 40,000 in flight
 //	go run ./load -levels 1,100 -rounds 5 -single 20  # the CI smoke run
@@ -64,6 +67,7 @@ func contenders(ctx context.Context) ([]contender, func()) {
 			{"gobreaker+backoff", func(ctx context.Context, w func(context.Context) error) error {
 				return bench.GobreakerCallWith(ctx, cb, w)
 			}},
+			{"bare", func(ctx context.Context, w func(context.Context) error) error { return w(ctx) }},
 		}, func() {
 			_ = e.Close(ctx)
 		}
