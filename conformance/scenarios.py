@@ -822,14 +822,56 @@ vec("fallback-errors", "Fallback errors: a duplicate name, a misspelt trigger, a
 # Keys
 # --------------------------------------------------------------------------------------
 
-vec("keys-evict-lru", "With keys.max 2, a third key evicts the least recently used idle key.", ["keys"],
+vec("keys-evict-lru", "With keys.max 2, a third key evicts the least recently used key at rest: the key whose breaker is open is kept, and stays open.", ["keys"],
     policy("attempts: 1\nkeys: { max: 2 }\n" + BRK.split("\n", 1)[1]),
     outcomes("FFFF", key="a") + [start(10, S, key="b"), report(10, S, "success"), start(11, S, key="c", expect=attempt(1)), drain(),
-                                 breaker(2 * S, key="a", expect="closed")])
+                                 breaker(2 * S, key="a", expect="open"), start(12, 2 * S, key="a", expect=fail("breaker-open"))])
 
 vec("keys-busy-keys-survive", "A key with an attempt in flight is evicted only after idle ones.", ["keys"],
     policy("attempts: 1\nkeys: { max: 2 }\nbulkhead: { max-concurrent: 1 }"),
     [start(1, 0, key="a"), start(2, 1, key="b"), report(2, 2, "success"), start(3, 3, key="c"), start(4, 4, key="a", expect=fail("bulkhead-full")), drain()])
+
+def snapshot_import():
+    return {"op": "snapshot_import"}
+
+
+HOUR = 3600 * S
+RATE_HOUR = "attempts: 1\nrate-limit: { rate: 1, per: 1h, burst: 1 }\nkeys: { max: 2 }"
+
+vec("keys-evict-keeps-spent-limit", "A key whose rate limit is spent is never evicted to make room: churning other keys cannot reset it (anticapture PR #2148).", ["keys", "rate-limit"],
+    policy(RATE_HOUR),
+    [start(1, 0, key="a", expect=attempt(1)), report(1, 1, "success"),
+     start(2, 2, key="b", expect=attempt(1)), report(2, 3, "success"),
+     start(3, 4, key="c", expect=attempt(1)), report(3, 5, "success"),
+     start(4, 6, key="d", expect=fail("rate-limited")),
+     start(5, 7, key="a", expect=fail("rate-limited")), drain()])
+
+vec("keys-evict-once-protection-ends", "A guarded key whose protection ended by itself (its limiter's debt repaid) is evicted for a new key.", ["keys", "rate-limit"],
+    policy("attempts: 1\nrate-limit: { rate: 10, per: 1s, burst: 1 }\nkeys: { max: 2 }"),
+    [start(1, 0, key="a"), report(1, 1, "success"), start(2, 2, key="b"), report(2, 3, "success"),
+     start(3, 50 * MS, key="c", expect=attempt(1)), report(3, 50 * MS + 1, "success"),
+     start(4, 300 * MS, key="d", expect=attempt(1)), report(4, 300 * MS + 1, "success"), drain()])
+
+vec("keys-overflow-shares-state", "When every key holds protection, a new key is decided against one shared overflow entry, never looser than a fresh key; an operator cannot force a key with no state of its own.", ["keys", "breaker"],
+    policy("attempts: 1\nkeys: { max: 1 }\n" + BRK.split("\n", 1)[1]),
+    outcomes("FFFF", key="a") + outcomes("FFFF", t0=10 * MS, first_call=10, key="b") +
+    [start(20, 30 * MS, key="c", expect=fail("breaker-open")), breaker(30 * MS, key="a", expect="open"),
+     breaker(30 * MS, key="levee:overflow", expect="open"), force("forced-closed", 30 * MS, key="c"), drain()])
+
+vec("keys-too-long", "A key longer than 1024 bytes gets no state of its own: it is decided against the overflow entry, and the event names its first 1024 bytes.", ["keys"],
+    policy("attempts: 1"),
+    [start(1, 0, key="k" * 1025, expect=attempt(1)), report(1, 1, "success"), drain()])
+
+vec("state-snapshot-keeps-protection", "The snapshot (export-snapshot) carries only keys holding protection, and a fresh engine that imports it decides them as the first did.", ["state", "keys"],
+    "policies:\n  p:\n" + "\n".join("    " + l for l in ("attempts: 1\nrate-limit: { rate: 1, per: 1h, burst: 2 }\nbudget: { kind: token, max-tokens: 4, token-ratio: 0.5 }\n" + BRK.split("\n", 1)[1]).strip().splitlines()) + "\n",
+    outcomes("FFFF", key="open") + [start(10, 10 * MS, key="spent"), report(10, 10 * MS + 1, "success"),
+                                    start(11, 10 * MS, key="spent"), report(11, 10 * MS + 1, "success"),
+                                    start(12, 10 * MS, key="rest"), report(12, 10 * MS + 1, "success"),
+                                    snapshot_import(),
+                                    breaker(20 * MS, key="open", expect="open"), start(13, 20 * MS, key="open", expect=fail("breaker-open")),
+                                    start(14, 20 * MS, key="spent", expect=fail("rate-limited")),
+                                    start(15, 20 * MS, key="rest", expect=attempt(1)), report(15, 20 * MS + 1, "success"),
+                                    start(16, 20 * MS, key="rest", expect=attempt(1)), drain()])
 
 vec("keys-errors", "keys.max must be at least 1.", ["keys", "errors"], policy("keys: { max: 0 }"), [])
 
