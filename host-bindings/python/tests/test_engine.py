@@ -878,3 +878,27 @@ def test_opentelemetry_spans_per_call_and_attempt() -> None:
     failed = [s for s in exporter.get_finished_spans() if s.name == "levee.call"][-1]
     assert failed.status.status_code.name == "ERROR"
     assert dict(failed.attributes or {})["levee.reason"] == "retries-exhausted"
+
+
+# ---------------------------------------------------------------------------- observers
+
+
+def test_a_raising_trace_callback_is_reported_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 39: a tracer that raises must not reach the caller nor hold the bulkhead slot of
+    the call it traced (every later call was `BulkheadFull`, even a day later)."""
+    from levee.testing import VirtualClock
+
+    clock = VirtualClock()
+    doc = "policies:\n  p:\n    attempts: 2\n    backoff: { kind: constant, base: 1ms, jitter: none }\n" \
+        "    bulkhead: { max-concurrent: 1 }\n"  # fmt: skip
+    e = levee.loads(doc, seed=1, clock=clock)
+    e.trace = lambda step: [][0]
+    pol = e.policy("p")
+    with caplog.at_level(logging.ERROR, logger="levee"):
+        assert pol.call(lambda: "ok") == "ok"
+        assert pol.call(Flaky(ConnectionError(), value="retried")) == "retried"
+        with pytest.raises(levee.RetriesExhausted):
+            pol.call(Flaky(ConnectionError(), ConnectionError()))
+    assert any("trace" in r.getMessage() for r in caplog.records)
+    e.trace = None
+    assert pol.call(lambda: "free") == "free"  # the slot came back at once: no time passes

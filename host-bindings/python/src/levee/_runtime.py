@@ -357,7 +357,17 @@ class EngineRuntime:
     def _trace(self, op: str, st: _Call, outcome: Outcome | None, v: int) -> None:
         tracer = self._tracer
         if tracer is not None:
-            tracer(TraceStep(op, st.call, st.slot.info.name, st.attempts, outcome, Verdict.unpack(v)))
+            self._call_tracer(tracer, TraceStep(op, st.call, st.slot.info.name, st.attempts, outcome,
+                                                Verdict.unpack(v)))  # fmt: skip
+
+    @staticmethod
+    def _call_tracer(tracer: Callable[[TraceStep], None], step: TraceStep) -> None:
+        """An observer: one that raises is reported and ignored (it never reaches the call, which
+        goes on, and so never keeps what the call holds)."""
+        try:
+            tracer(step)
+        except Exception:
+            logger.exception("levee: trace callback %r failed", tracer)
 
     def _trace_hedge(self, op: str, st: _Call, attempt: int, outcome: Outcome | None, commands: list[Any]) -> None:
         tracer = self._tracer
@@ -375,7 +385,8 @@ class EngineRuntime:
                     verdict = Verdict.unpack(val["verdict"])
             else:
                 text.append(f"{case} {val}")
-        tracer(TraceStep(op, st.call, st.slot.info.name, attempt, outcome, verdict, tuple(text) or ("-",)))
+        self._call_tracer(tracer, TraceStep(op, st.call, st.slot.info.name, attempt, outcome, verdict,
+                                            tuple(text) or ("-",)))  # fmt: skip
 
     def _start(self, slot: _PolicySlot, key: str, flags: int) -> tuple[int, int, int, int]:
         """`start` a call, settling the held-back success. Returns (call, generation, verdict,
