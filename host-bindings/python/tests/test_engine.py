@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -902,3 +905,100 @@ def test_a_raising_trace_callback_is_reported_and_ignored(caplog: pytest.LogCapt
     assert any("trace" in r.getMessage() for r in caplog.records)
     e.trace = None
     assert pol.call(lambda: "free") == "free"  # the slot came back at once: no time passes
+
+
+# ---------------------------------------------------------------------------- fork
+
+
+def _in_child(body: Callable[[], bool], within: float = 20.0) -> int:
+    """Fork; the child runs `body` and exits 0 when it holds, 1 when not, 2 when it raised. The
+    parent returns the child's exit code, or -1 when the child is still running after `within`
+    seconds (it hangs: it is killed)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 2
+        try:
+            code = 0 if body() else 1
+        finally:
+            os._exit(code)
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -1
+
+
+def _tripped(e: levee.Engine) -> None:
+    for _ in range(4):
+        with pytest.raises(levee.CallFailed):
+            e.policy("breaker").call(Flaky(ConnectionError()))
+    assert e.breaker_state("breaker") is BreakerState.OPEN
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_fork_while_another_thread_is_inside_the_engine_keeps_the_child_working() -> None:
+    """Issue 39: a child forked while another thread held the engine's lock hung on it forever.
+    The child gets a lock and an instance of its own, and keeps the protection (the open breaker
+    of the last snapshot)."""
+    e = levee.Engine(DOC, seed=7)
+    _tripped(e)
+    inside, leave = threading.Event(), threading.Event()
+
+    def crossing() -> None:
+        with e._lock:  # another thread in the middle of a crossing
+            inside.set()
+            leave.wait(30)
+
+    t = threading.Thread(target=crossing)
+    t.start()
+    assert inside.wait(5)
+    try:
+
+        def child() -> bool:
+            with pytest.raises(levee.BreakerOpen):
+                e.policy("breaker").call(lambda: "through")
+            return e.policy("fast").call(lambda: "child") == "child"
+
+        code = _in_child(child)
+    finally:
+        leave.set()
+        t.join()
+    assert code == 0, "the child hung" if code < 0 else f"the child failed ({code})"
+    assert e.policy("fast").call(lambda: "parent") == "parent"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_fork_from_an_idle_parent_keeps_the_state_but_not_the_parents_calls() -> None:
+    """The child keeps the state (an open breaker) but not the calls the parent's threads have in
+    flight: their bulkhead slots belong to the parent, and would never come back in the child."""
+    e = levee.Engine(DOC + "  bh:\n    attempts: 1\n    bulkhead: { max-concurrent: 1 }\n", seed=7)
+    _tripped(e)
+    running, finish = threading.Event(), threading.Event()
+
+    def work() -> str:
+        running.set()
+        finish.wait(30)
+        return "parent"
+
+    t = threading.Thread(target=lambda: e.policy("bh").call(work))
+    t.start()
+    assert running.wait(5)
+    try:
+        with pytest.raises(levee.BulkheadFull):
+            e.policy("bh").call(lambda: "second")
+
+        def child() -> bool:
+            with pytest.raises(levee.BreakerOpen):
+                e.policy("breaker").call(lambda: "through")
+            return e.policy("bh").call(lambda: "child") == "child"
+
+        code = _in_child(child)
+    finally:
+        finish.set()
+        t.join()
+    assert code == 0, "the child hung" if code < 0 else f"the child failed ({code})"
+    assert e.policy("bh").call(lambda: "parent") == "parent"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,8 +218,53 @@ class EngineRuntime:
         self._closed = False
         #: how many times the component trapped and was re-instantiated
         self.faults = 0
+        _ENGINES.add(self)
 
     # -------------------------------------------------------------- internals
+
+    def _after_fork_in_child(self) -> None:
+        """In a child process just forked (the README, "Fork"): the only thread left
+        is the one that forked. Another thread of the parent may have been inside the engine: its
+        lock is then held forever, and the instance may be half-way through a crossing. The child
+        takes locks of its own and an instance of its own, with the state it inherited (exported
+        from the inherited instance when no crossing was under way, else the last snapshot, which
+        is taken after every breaker transition): protection is kept. The calls the parent's
+        threads have in flight belong to the parent (live calls are not state), so their
+        bulkhead slots and held-back successes stay there."""
+        busy = self._lock.locked()
+        self._lock = threading.Lock()
+        self._park_lock = threading.Lock()
+        self._parked = {}
+        if self._closed:
+            return
+        old = self._core
+        state = self._snapshot
+        if not busy and not old.dead:
+            try:
+                state = old.export_state()
+            except Exception as e:
+                logger.warning("levee: the state inherited by a forked child could not be exported (%s); "
+                               "the last snapshot is restored", e)  # fmt: skip
+        self._generation += 1
+        self._pending.clear()
+        try:
+            core = self._core_class(self._runtime, self._document, self._seed)
+            bad = core.import_state(state) if state is not None else None
+        except Exception as e:
+            logger.error("levee: the engine could not be re-instantiated in a forked child: %s", e)
+            return
+        if bad is not None:
+            logger.error("levee: a forked child could not restore the engine's state: %s", bad)
+        self._core = core
+        self._snapshot = state
+        if busy:
+            # half-way through a crossing of a thread that is gone: never touched again
+            _ABANDONED.append(old)
+        else:
+            try:
+                old.close()
+            except Exception:
+                pass
 
     def _make_core(self) -> Core:
         try:
@@ -589,6 +635,27 @@ class EngineRuntime:
         finally:
             if events:
                 dispatch(events, self._listeners, self._sink)
+
+
+#: every live engine, for the fork handler
+_ENGINES: weakref.WeakSet[EngineRuntime] = weakref.WeakSet()
+#: instances a forked child inherited half-way through a crossing (kept, never dropped: their
+#: destructor would run on a store a vanished thread was using)
+_ABANDONED: list[Core] = []
+
+
+def _after_fork_in_child() -> None:
+    global _runtime_lock
+    _runtime_lock = threading.Lock()
+    for eng in list(_ENGINES):
+        try:
+            eng._after_fork_in_child()
+        except Exception:
+            logger.exception("levee: an engine could not be prepared for a forked child")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _path_hint(document: str) -> list[LoadError]:
