@@ -112,19 +112,27 @@ def _replayable(request: httpx.Request) -> bool:
 
 def _read_within(response: httpx.Response, timeout_ns: int, start: int, now: Callable[[], int]) -> None:
     """Read the body, cut at the attempt's timeout: the deadline is checked after every
-    chunk (a read that waits longer is bounded by the read timeout, at most the attempt's)."""
+    chunk (a read that waits longer is bounded by the read timeout, at most the attempt's) and
+    once the body has ended, so that a response that came late as a whole, body or not, is a
+    timeout as in the async transport, whose attempt is cancelled at its timeout (docs/hosts.md,
+    section 4: a host that cannot stop waiting finds out afterwards)."""
     if not timeout_ns:
         response.read()
         return
     end = start + timeout_ns
     chunks = []
+    late = False
     try:
         for chunk in response.iter_bytes():
             chunks.append(chunk)
-            if now() > end:
-                raise httpx.ReadTimeout("the response body did not arrive within the attempt's timeout")
+            if now() >= end:
+                late = True
+                break
+        late = late or now() >= end
+        if late:
+            raise httpx.ReadTimeout("the response did not arrive within the attempt's timeout")
     finally:
-        if now() > end or not response.is_stream_consumed:
+        if late or not response.is_stream_consumed:
             response.close()
     response._content = b"".join(chunks)  # as httpx's own read() keeps it
 
@@ -154,7 +162,8 @@ class _Base:
         if exc is not None:
             return _AttemptResult(outcome_for_exception(exc), None, exc, start, end)
         assert response is not None
-        # a late response is reported as it is, with its elapsed: the core decides it is a timeout
+        # a response past the attempt's timeout never gets here: the async transport stops waiting at
+        # the timeout, the sync one raises ReadTimeout once it has it (`_read_within`)
         return _AttemptResult(outcome_for_response(response), response, None, start, end)
 
 
