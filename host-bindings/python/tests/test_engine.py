@@ -1002,3 +1002,94 @@ def test_fork_from_an_idle_parent_keeps_the_state_but_not_the_parents_calls() ->
         t.join()
     assert code == 0, "the child hung" if code < 0 else f"the child failed ({code})"
     assert e.policy("bh").call(lambda: "parent") == "parent"
+
+
+# ---------------------------------------------------------------------------- close
+
+
+def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def test_close_while_calls_run_is_a_graceful_shutdown(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 39: `close()` while calls ran was reported as an engine fault (a WARNING and an
+    ERROR `engine-fault`, the instance re-created) and a call whose attempt failed ran one more
+    attempt after the close. Now: no fault; an attempt that ends after the close stands as the
+    call's result when it succeeded, else the call ends with `EngineClosed` (its cause the
+    attempt's error); no attempt starts after the close, and a parked call is woken at once."""
+    e = levee.Engine(DOC + "  q:\n    attempts: 1\n    bulkhead: { max-concurrent: 1, queue: 1, queue-timeout: 20s }\n",
+                     seed=1)  # fmt: skip
+    started = threading.Semaphore(0)
+    release = threading.Event()
+    runs: list[str] = []
+
+    def work(name: str, fail: bool) -> str:
+        runs.append(name)
+        started.release()
+        release.wait(10)
+        if fail:
+            raise ConnectionError(f"{name} failed")
+        return name
+
+    reported = e.policy("fast", retry_if=lambda r: None)  # a handle whose success is reported at once
+    failing, out_f = _in_thread(lambda: e.policy("fast").call(work, "failing", True))
+    passing, out_p = _in_thread(lambda: reported.call(work, "passing", False))
+    holder, out_h = _in_thread(lambda: e.policy("q").call(work, "holder", False))
+    for _ in range(3):
+        assert started.acquire(timeout=5)
+    parked, out_q = _in_thread(lambda: e.policy("q").call(work, "parked", False))
+    for _ in range(200):
+        if e._parked:
+            break
+        time.sleep(0.01)
+    assert e._parked
+    with caplog.at_level(logging.WARNING, logger="levee"):
+        e.close()
+        parked.join(5)
+        assert not parked.is_alive(), "the parked call slept on after the close"
+        release.set()
+        for t in (failing, passing, holder):
+            t.join(10)
+    assert sorted(runs) == ["failing", "holder", "passing"]  # no attempt started after the close
+    assert isinstance(out_f.get("error"), levee.EngineClosed), out_f
+    assert isinstance(out_f["error"].__cause__, ConnectionError)
+    assert out_p == {"value": "passing"} and out_h == {"value": "holder"}
+    assert isinstance(out_q.get("error"), levee.EngineClosed), out_q
+    assert e.faults == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    with pytest.raises(levee.EngineClosed):
+        e.policy("fast").call(lambda: 1)
+    with pytest.raises(levee.EngineClosed):
+        e.policy("fast")
+
+
+async def test_close_while_an_async_call_sleeps_ends_it_without_a_fault(caplog: pytest.LogCaptureFixture) -> None:
+    from levee.testing import VirtualClock
+
+    clock = VirtualClock()
+    e = levee.loads("policies:\n  p:\n    attempts: 3\n    backoff: { kind: constant, base: 1s, jitter: none }\n",
+                    seed=1, clock=clock)  # fmt: skip
+    runs = 0
+
+    async def work() -> str:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            e.close()  # closed during the call: its retry never starts
+        raise ConnectionError("down")
+
+    with caplog.at_level(logging.WARNING, logger="levee"), pytest.raises(levee.EngineClosed) as info:
+        await e.policy("p").acall(work)
+    assert runs == 1 and e.faults == 0
+    assert isinstance(info.value.__cause__, ConnectionError)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ._constants import REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY, VERDICT_RESERVED_MASK
 from ._events import logger
 from ._runtime import PARK_MASK, PARK_VERDICT, WAKES_BIT, _Fault
-from .errors import failure_for
+from .errors import EngineClosed, failure_for
 from .outcomes import Classifier, Outcome, outcome_for_exception, outcome_for_result
 from .telemetry import emit_attempt, emit_call
 from .types import OutcomeKind, Reason, Verdict
@@ -224,7 +224,7 @@ class _Call:
 
         try:
             eng._cross(self, op)
-        except _Fault:
+        except (_Fault, EngineClosed):
             pass
         if eng._parked:
             eng._unpark(call)
@@ -317,8 +317,9 @@ class _Call:
 
 
 class _HedgeStop(Exception):
-    """Internal: a hedged call left the core (a guest fault, recovered and reported). `attempt`
-    is the attempt whose own result stands (the one whose report faulted), or 0."""
+    """Internal: a hedged call left the core (a guest fault, recovered and reported, or the
+    engine was closed: `_Hedge.closed`). `attempt` is the attempt whose own result stands (the
+    one whose report faulted), or 0."""
 
     def __init__(self, attempt: int = 0) -> None:
         super().__init__(attempt)
@@ -347,6 +348,7 @@ class _Hedge:
     __slots__ = (
         "abandoned",
         "cancelled",
+        "closed",
         "end_attempt",
         "end_verdict",
         "fault_attempt",
@@ -382,6 +384,8 @@ class _Hedge:
         self.abandoned = False
         #: after a fault: the attempt whose own result stands (0: none, run a degraded one)
         self.fault_attempt = 0
+        #: the engine was closed during the call (not a fault: nothing degraded starts)
+        self.closed = False
         #: called with the value of an attempt whose result the call does not return (an HTTP
         #: integration closes the response)
         self.on_discard: Callable[[Any], None] | None = None
@@ -421,6 +425,9 @@ class _Hedge:
             raw = st.engine._cross_hedge(st, lambda c: c.hedge_step(call, now))
         except _Fault:
             raise _HedgeStop() from None
+        except EngineClosed:
+            self.closed = True
+            raise _HedgeStop() from None
         if st.engine._tracer is not None:
             st.engine._trace_hedge("hedge-step", st, 0, None, raw)
         return self.plan(raw, now, "hedge-step", 0)
@@ -457,6 +464,9 @@ class _Hedge:
             raw = eng._cross_hedge(st, lambda c: c.report_attempt(call, n, now, elapsed, o.kind, o.code, o.text,
                                                                   wall, flags))  # fmt: skip
         except _Fault:
+            raise _HedgeStop(n if live else 0) from None
+        except EngineClosed:
+            self.closed = True
             raise _HedgeStop(n if live else 0) from None
         if live and eng._sink is not None:
             try:
@@ -774,6 +784,8 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                 yield (HEDGE, h, 0)
                 v = h.finish()
                 op = "report"
+                if v < 0 and h.closed:
+                    return _closed(st, "report" if st.last is not None else "acquire")
                 if v < 0:  # a guest fault in the hedged section (recovered and reported)
                     if st.last is not None:
                         st.finished = True
@@ -829,9 +841,36 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                 reason = Reason.from_code((v >> 8) & 0xFF)
                 st.ended("failure", reason)
                 raise st.failure(reason, v >> 16)
+    except EngineClosed:
+        # the engine was closed during the call (a graceful shutdown, not a fault)
+        return _closed(st, op)
     except GeneratorExit:
         st.cancel()
         raise
+
+
+def _closed(st: _Call, op: str) -> Any:
+    """The end of a call whose crossing `op` found the engine closed: what has happened stands
+    and nothing more starts (README, "Closing"). An attempt that returned gives its value, a
+    fallback that returned gives its value; else `EngineClosed`, carrying the last attempt's (or
+    fallback's) error or result."""
+    last = st.last
+    if op == "report-fallback":
+        if st.fallback_error is None:
+            st.ended("fallback")
+            return st.fallback_value
+        st.ended("failure")
+        raise EngineClosed(policy=st.slot.info.name, attempts=st.attempts, last_error=st.fallback_error)
+    if op == "report" and last is not None and last.exc is None:
+        st.ended("success")
+        return last.value
+    st.ended("failure")
+    raise EngineClosed(
+        policy=st.slot.info.name,
+        attempts=st.attempts,
+        last_error=last.exc if last is not None else None,
+        last_result=last.value if last is not None and last.exc is None else None,
+    )
 
 
 def _fallback_context(st: _Call, name: str, reason: Reason) -> FallbackContext:

@@ -20,7 +20,7 @@ from ._abi import ComponentFault, Core, LoadErrors, Runtime, event_from_raw
 from ._clock import SYSTEM, Clock, SystemClock
 from ._constants import GUARD_SNAPSHOT_INTERVAL_MS, VERDICT_WAKES_BIT
 from ._events import Listener, dispatch, logger
-from .errors import LeveeError, PolicyError, ProtocolError, UnknownPolicy
+from .errors import EngineClosed, LeveeError, PolicyError, ProtocolError, UnknownPolicy
 from .outcomes import Outcome
 from .telemetry import SpanSink, TelemetrySink, emit_attempt, emit_call
 from .types import BreakerState, Event, EventKind, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict
@@ -376,6 +376,8 @@ class EngineRuntime:
         replaced, as after a trap) or `invalid` (the core does not know the call)."""
         events: list[Event] = []
         with self._lock:
+            if self._closed:
+                return  # the instance is gone on purpose: nothing to recover
             if fault == "invalid" or st.gen == self._generation:
                 self._recover_locked(ProtocolError(message), events, fault, st.slot.info.name, st.key, st.call)
         if events:
@@ -445,7 +447,7 @@ class EngineRuntime:
             now = self._now()  # the call's start: its deadline counts from here
             try:
                 if self._closed:
-                    raise LeveeError("the engine is closed")
+                    raise EngineClosed()
                 if core.dead:
                     self._recover_locked(ComponentFault("the previous recovery failed"), events)
                     core = self._core
@@ -484,6 +486,8 @@ class EngineRuntime:
         events: list[Event] = []
         try:
             with self._lock:
+                if self._closed:  # a graceful shutdown, not a fault: the driver ends the call
+                    raise EngineClosed()
                 if st.gen != self._generation:
                     self._recover_locked(
                         ProtocolError("the call's instance was replaced"), events, "invalid", st.slot.info.name,
@@ -515,6 +519,8 @@ class EngineRuntime:
         events: list[Event] = []
         try:
             with self._lock:
+                if self._closed:  # a graceful shutdown, not a fault: the driver ends the call
+                    raise EngineClosed()
                 if st.gen != self._generation:
                     self._recover_locked(
                         ProtocolError("the call's instance was replaced"), events, "invalid", st.slot.info.name,
@@ -581,6 +587,8 @@ class EngineRuntime:
         events: list[Event] = []
         try:
             with self._lock:
+                if self._closed:
+                    return
                 core = self._core
                 try:
                     self._flush_locked(events)
@@ -620,7 +628,7 @@ class EngineRuntime:
             with self._lock:
                 core = self._core
                 if self._closed:
-                    raise LeveeError("the engine is closed")
+                    raise EngineClosed()
                 try:
                     if core.dead:
                         raise ComponentFault("the component is unavailable")

@@ -47,7 +47,7 @@ from ._io import (
     sleep_sync,
 )
 from ._runtime import EngineRuntime, TraceStep, _PolicySlot, _runtime, component_path
-from .errors import LeveeError, PolicyError, UnknownPolicy
+from .errors import EngineClosed, LeveeError, PolicyError, UnknownPolicy
 from .outcomes import _RESULT_IS_RESPONSE, Classifier, Outcome, outcome_for_result
 from .types import Analysis, BreakerState, CallInfo, DurableStep, Event, LoadError, PolicyInfo
 
@@ -140,6 +140,8 @@ class Engine(EngineRuntime):
         decide); it wins over the policy's (`Engine.retry_if`). The core still applies pushback,
         idempotency, the attempts, Retry-After, the deadline and the budget.
         """
+        if self._closed:
+            raise EngineClosed()
         slot = self._slots.get(name)
         if slot is None or slot.index < 0:
             raise UnknownPolicy(name, self._names)
@@ -313,17 +315,26 @@ class Engine(EngineRuntime):
         self.close()
 
     def close(self) -> None:
-        """Flush and drop the component instance; the engine cannot be used afterwards."""
+        """Flush and drop the component instance; the engine cannot be used afterwards: a new call
+        raises `EngineClosed`. A graceful shutdown, never a fault: a call in flight keeps what has
+        happened (an attempt that returned gives its value) and starts nothing more (README,
+        "Closing"); one waiting in a bulkhead queue is woken at once and ends with `EngineClosed`."""
+        events: list[Event] = []
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             try:
-                events: list[Event] = []
                 self._flush_locked(events)
             except ComponentFault:
                 pass
             self._core.close()
+            with self._park_lock:
+                parked = list(self._parked.values())
+                self._parked.clear()
+        for parker in parked:
+            parker.wake()
+        self._emit(events)
 
 
 def load(path: str | os.PathLike[str], **kwargs: Any) -> Engine:

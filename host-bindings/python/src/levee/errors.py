@@ -15,6 +15,7 @@ __all__ = [
     "CallCancelled",
     "CallFailed",
     "DeadlineExceeded",
+    "EngineClosed",
     "FallbacksFailed",
     "LeveeError",
     "NonIdempotent",
@@ -70,6 +71,30 @@ def unknown_policy_message(name: str, known: list[str] | tuple[str, ...]) -> str
     shown = ", ".join(repr(k) for k in known[:20])
     more = f" and {len(known) - 20} more" if len(known) > 20 else ""
     return f"{msg}; the document's policies: {shown}{more}"
+
+
+class EngineClosed(LeveeError):
+    """The engine was closed (`Engine.close()`): no call starts and no attempt starts after it.
+    A call in flight at the close ends with this error when it would have needed the engine
+    again (to retry, to run a fallback after a failure); `last_error` (also the `__cause__`) and
+    `last_result` are its last attempt's, as in `CallFailed`. An attempt that succeeded, or a
+    fallback that returned, still gives the call its value."""
+
+    def __init__(self, *, policy: str = "", attempts: int = 0, last_error: BaseException | None = None,
+                 last_result: Any = None) -> None:  # fmt: skip
+        self.policy = policy
+        self.attempts = attempts
+        self.last_error = last_error
+        self.last_result = last_result
+        detail = "the engine is closed"
+        if policy:
+            detail += f"; the call of policy {policy!r} ended after {attempts} attempt(s)"
+        if last_error is not None:
+            detail += f"; last error: {type(last_error).__name__}: {last_error}"
+        elif last_result is not None:
+            detail += f"; last result: {last_result!r}"
+        super().__init__(detail)
+        self.__cause__ = last_error
 
 
 class ProtocolError(LeveeError):

@@ -52,7 +52,7 @@ from ._io import (
     sleep_sync,
 )
 from .engine import Engine, Policy, method_flags
-from .errors import CallFailed
+from .errors import CallFailed, EngineClosed
 from .outcomes import outcome_for_exception, outcome_for_response
 
 __all__ = ["AsyncLeveeTransport", "LeveeTransport", "http_key", "request_flags"]
@@ -205,7 +205,7 @@ class LeveeTransport(_Base, httpx.BaseTransport):
                     action = proto.send(_checked(action[1], *_run_fallback_sync(st, action[1], action[2])))
         except StopIteration as stop:
             return _as_response(stop.value)
-        except CallFailed as failed:
+        except (CallFailed, EngineClosed) as failed:
             if isinstance(failed.last_result, httpx.Response):
                 return failed.last_result
             raise
@@ -268,7 +268,7 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
                     action = proto.send(_checked(action[1], *await _run_fallback_async(st, action[1], action[2])))
         except StopIteration as stop:
             return _as_response(stop.value)
-        except CallFailed as failed:
+        except (CallFailed, EngineClosed) as failed:
             if isinstance(failed.last_result, httpx.Response):
                 return failed.last_result
             raise
