@@ -375,6 +375,31 @@ def test_fallback_chain_and_failure(engine: levee.Engine) -> None:
         engine.policy("fallback").call(Flaky(ConnectionError(), ConnectionError()))
 
 
+def test_a_failed_fallback_says_why_in_the_final_error(engine: levee.Engine) -> None:
+    """Issue 39: the fallbacks' own failures appeared only in the logs. The final error's
+    `__cause__` is the last fallback's failure, `fallback_errors` lists each in chain order, and
+    the message names them; `last_error` stays the last attempt's error."""
+
+    def broken(ctx: levee.FallbackContext) -> str:
+        raise RuntimeError("cache down")
+
+    async def too_async(ctx: levee.FallbackContext) -> str:
+        return "never"
+
+    engine.register_fallback("cached", broken)
+    engine.register_fallback("stale", too_async)
+    with pytest.raises(levee.FallbacksFailed) as info:
+        engine.policy("fallback").call(Flaky(ConnectionError("down"), ConnectionError("down")))
+    err = info.value
+    assert isinstance(err.last_error, ConnectionError)
+    first, second = err.fallback_errors
+    assert isinstance(first, RuntimeError) and str(first) == "cache down"
+    assert isinstance(second, TypeError) and "async" in str(second)
+    assert err.__cause__ is second
+    assert "fallback 'cached' failed: RuntimeError: cache down" in str(err)
+    assert "fallback 'stale' failed: TypeError:" in str(err)
+
+
 async def test_async_fallback(engine: levee.Engine) -> None:
     async def cached(ctx: levee.FallbackContext) -> str:
         await asyncio.sleep(0)

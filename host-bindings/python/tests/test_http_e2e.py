@@ -247,6 +247,21 @@ def test_transport_fallback_of_the_wrong_type_counts_as_failed(engine: levee.Eng
     assert EventKind.FALLBACK_CHOSEN in kinds and EventKind.GAVE_UP in kinds
 
 
+def test_a_transport_fallback_of_the_wrong_type_is_the_cause_when_there_is_no_response(engine: levee.Engine) -> None:
+    """Issue 39: with no response to return, the error says the fallback gave the wrong type."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    engine.register_fallback("cached", lambda ctx: "not a response")
+    transport = LeveeTransport(engine, "fallback", transport=httpx.MockTransport(refuse))
+    with httpx.Client(transport=transport) as client, pytest.raises(levee.FallbacksFailed) as info:
+        client.get("http://127.0.0.1:9/refused")
+    cause = info.value.__cause__
+    assert isinstance(cause, TypeError) and "httpx.Response" in str(cause) and "str" in str(cause)
+    assert isinstance(info.value.last_error, httpx.ConnectError)
+
+
 # ------------------------------------------------------------------ what an attempt covers (docs/http.md, issue 14)
 
 BODY_DOC = """

@@ -114,6 +114,7 @@ class _Call:
         "deadline_at",
         "engine",
         "fallback_error",
+        "fallback_failures",
         "fallback_value",
         "fell_back",
         "finished",
@@ -153,6 +154,8 @@ class _Call:
         self.last: _AttemptResult | None = None
         self.fallback_value: Any = None
         self.fallback_error: BaseException | None = None
+        #: why each fallback that ran failed (its name, what it raised or what was wrong)
+        self.fallback_failures: list[tuple[str, BaseException]] = []
         self.fell_back = False
         self.finished = False
         self.unregistered: tuple[str, ...] = ()
@@ -185,6 +188,7 @@ class _Call:
             last_result=last.value if last is not None and last.exc is None else None,
             retry_after=hint_ns / 1e9 if hint_ns else None,
             unregistered=self.unregistered,
+            fallback_failures=self.fallback_failures,
         )
 
     def ended(self, result: str, reason: Reason | None = None) -> None:
@@ -820,6 +824,8 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                     st.fallback_error = None
                 else:
                     st.fallback_error = value
+                    if isinstance(value, BaseException):
+                        st.fallback_failures.append((name, value))
                 op = "report-fallback"
                 try:
                     v = st.report_fallback(ok)

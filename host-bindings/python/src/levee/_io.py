@@ -166,7 +166,10 @@ def _run_fallback_sync(st: _Call, name: str, reason: Reason) -> tuple[bool, Any]
         if inspect.iscoroutine(value):
             value.close()
         logger.warning("levee: fallback %r is async but the call is synchronous", name)
-        return False, None
+        return False, TypeError(
+            f"fallback {name!r} returned an awaitable ({type(value).__name__}): it is async but the call is "
+            "synchronous; register a synchronous function for a synchronous call"
+        )
     return True, value
 
 

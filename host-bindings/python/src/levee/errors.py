@@ -4,6 +4,7 @@ the last result (say, the last HTTP response)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .types import LoadError, Reason
@@ -108,7 +109,10 @@ class CallFailed(LeveeError):
     `last_error` (the last attempt's exception, or `None`), `last_result` (the last attempt's
     returned value, e.g. an HTTP response with status 503, or `None`), `retry_after` (seconds,
     a hint from a breaker or limiter, or `None`), `unregistered` (fallbacks the policy's
-    chain named that no function was registered for: they count as failed).
+    chain named that no function was registered for: they count as failed), `fallback_errors`
+    (why each fallback that ran failed, in chain order: what it raised, or a `TypeError` for a
+    value it could not give). When a fallback failed, the last one's error is the `__cause__`;
+    else the last attempt's error is.
     """
 
     def __init__(
@@ -121,8 +125,10 @@ class CallFailed(LeveeError):
         last_result: Any = None,
         retry_after: float | None = None,
         unregistered: tuple[str, ...] = (),
+        fallback_failures: Sequence[tuple[str, BaseException]] = (),
     ) -> None:
         self.reason = reason
+        self.fallback_errors = tuple(e for _, e in fallback_failures)
         self.unregistered = unregistered
         self.policy = policy
         self.attempts = attempts
@@ -138,6 +144,8 @@ class CallFailed(LeveeError):
             detail += f"; retry after {retry_after:.3f}s"
         if unregistered:
             detail += "; " + unregistered_message(unregistered)
+        for name, e in fallback_failures:
+            detail += f"; fallback {name!r} failed: {type(e).__name__}: {e}"
         super().__init__(detail)
 
 
@@ -224,6 +232,7 @@ def failure_for(
     last_result: Any,
     retry_after: float | None,
     unregistered: tuple[str, ...] = (),
+    fallback_failures: Sequence[tuple[str, BaseException]] = (),
 ) -> CallFailed:
     cls = _BY_REASON.get(reason, CallFailed)
     exc = cls(
@@ -234,6 +243,7 @@ def failure_for(
         last_result=last_result,
         retry_after=retry_after,
         unregistered=unregistered,
+        fallback_failures=fallback_failures,
     )
-    exc.__cause__ = last_error
+    exc.__cause__ = fallback_failures[-1][1] if fallback_failures else last_error
     return exc

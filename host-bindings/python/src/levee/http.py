@@ -316,7 +316,9 @@ def _checked(name: str, ok: bool, value: Any) -> tuple[bool, Any]:
     """A fallback of a transport must give a response; anything else is a failed fallback."""
     if ok and not isinstance(value, httpx.Response):
         logger.warning("levee: fallback %r returned %r, not an httpx.Response: counted as failed", name, type(value))
-        return False, None
+        return False, TypeError(
+            f"fallback {name!r} of an httpx transport returned {type(value).__name__}, not an httpx.Response"
+        )
     return ok, value
 
 
