@@ -1118,3 +1118,38 @@ async def test_close_while_an_async_call_sleeps_ends_it_without_a_fault(caplog: 
     assert runs == 1 and e.faults == 0
     assert isinstance(info.value.__cause__, ConnectionError)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_opentelemetry_events_land_on_the_call_span() -> None:
+    """Issue 39: a call's events went to the caller's span (or were lost), and a call span
+    ended by a fallback had no `levee.reason`. The events of a call are events of its
+    `levee.call` span, never the caller's."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from levee.telemetry import OpenTelemetrySink
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = levee.Engine(DOC, seed=7, telemetry=OpenTelemetrySink(tracer_provider=provider))
+    engine.register_fallback("cached", lambda ctx: "cached")
+    tracer = provider.get_tracer("the-app")
+    with tracer.start_as_current_span("caller"):
+        assert engine.policy("fast").call(Flaky(ConnectionError())) == "ok"
+        assert engine.policy("fallback").call(Flaky(ConnectionError(), ConnectionError())) == "cached"
+        engine.set_breaker_state("breaker", BreakerState.FORCED_OPEN)
+        with pytest.raises(levee.BreakerOpen):
+            engine.policy("breaker").call(lambda: "never")
+    spans = exporter.get_finished_spans()
+    (caller,) = [s for s in spans if s.name == "caller"]
+    assert [e.name for e in caller.events] == ["breaker-transition"]  # not a call's: the operator's
+    fast, fell_back, rejected = [s for s in spans if s.name == "levee.call"]
+    assert [e.name for e in fast.events] == ["retry-scheduled"]
+    assert dict(fast.events[0].attributes or {})["levee.attempt"] == 1
+    assert [e.name for e in fell_back.events] == ["retry-scheduled", "gave-up", "fallback-chosen"]
+    assert dict(fell_back.attributes or {})["levee.result"] == "fallback"
+    assert dict(fell_back.attributes or {})["levee.reason"] == "retries-exhausted"
+    assert [e.name for e in rejected.events] == ["rejected", "gave-up"]
+    assert dict(rejected.attributes or {})["levee.reason"] == "breaker-open"

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from ._runtime import EngineRuntime, _PolicySlot
 
 ATTEMPT, WAIT, DONE, RETRY, FALLBACK, FAIL, INVALID, HEDGE = range(8)
+#: `_Call(span=)` not given: the call opens its span itself
+_OPEN: Any = object()
 _SLEEP = 8  # protocol action: sleep
 #: the highest attempt number a hedged call may start (Polly's preset: 1 + 10 hedges)
 MAX_HEDGED_ATTEMPTS = 11
@@ -115,6 +117,7 @@ class _Call:
         "engine",
         "fallback_error",
         "fallback_failures",
+        "fallback_reason",
         "fallback_value",
         "fell_back",
         "finished",
@@ -134,7 +137,8 @@ class _Call:
 
     def __init__(self, engine: EngineRuntime, slot: _PolicySlot, call: int, gen: int, started: int,
                  classify: Classifier | None, args: tuple[Any, ...], kwargs: dict[str, Any], key: str = "",
-                 on_retry: tuple[RetryHook, ...] = (), retry_if: RetryPredicate | None = None) -> None:  # fmt: skip
+                 on_retry: tuple[RetryHook, ...] = (), retry_if: RetryPredicate | None = None,
+                 span: Any = _OPEN) -> None:  # fmt: skip
         self.engine = engine
         #: the retry predicate (the handle's, else the policy's)
         self.retry_if = retry_if
@@ -156,14 +160,16 @@ class _Call:
         self.fallback_error: BaseException | None = None
         #: why each fallback that ran failed (its name, what it raised or what was wrong)
         self.fallback_failures: list[tuple[str, BaseException]] = []
+        #: the reason of the fallback verdict (the call span's `levee.reason` when it falls back)
+        self.fallback_reason: Reason | None = None
         self.fell_back = False
         self.finished = False
         self.unregistered: tuple[str, ...] = ()
         self.on_retry = on_retry
         #: an HTTP integration's call (its attempt spans carry http.request.resend_count)
         self.http = False
-        spans = engine._spans
-        self.span: Any = spans.start_call(slot.info.name, key) if spans is not None else None
+        #: the call's span (`EngineRuntime._open_span`, opened before `start`)
+        self.span: Any = engine._open_span(slot, key) if span is _OPEN else span
 
     def outcome_of(self, value: Any, exc: BaseException | None, start: int, end: int, timeout: int) -> _AttemptResult:
         """Describe what an attempt did (never whether it was late: the core decides that from
@@ -192,13 +198,15 @@ class _Call:
         )
 
     def ended(self, result: str, reason: Reason | None = None) -> None:
-        """The call is over: `levee.calls` and the end of its span (docs/telemetry.md)."""
+        """The call is over: `levee.calls` and the end of its span (docs/telemetry.md); the span
+        of a call that fell back also says why (`levee.reason`), the counter does not."""
         self.finished = True
         spans = self.engine._spans
         if spans is not None and self.span is not None:
             span, self.span = self.span, None
+            why = reason or (self.fallback_reason if result == "fallback" else None)
             try:
-                spans.end_call(span, result, reason.wit if reason else None)
+                spans.end_call(span, result, why.wit if why else None)
             except Exception:
                 logger.exception("levee: telemetry sink %r failed", spans)
         sink = self.engine._sink
@@ -817,7 +825,8 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                     return (yield from _degraded(st, op))
             elif kind == FALLBACK:
                 name = info.fallbacks[v >> 16]
-                ok, value = yield (FALLBACK, name, Reason.from_code((v >> 8) & 0xFF))
+                st.fallback_reason = Reason.from_code((v >> 8) & 0xFF)
+                ok, value = yield (FALLBACK, name, st.fallback_reason)
                 if ok:
                     st.fell_back = True
                     st.fallback_value = value

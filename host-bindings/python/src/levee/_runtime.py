@@ -381,7 +381,7 @@ class EngineRuntime:
             if fault == "invalid" or st.gen == self._generation:
                 self._recover_locked(ProtocolError(message), events, fault, st.slot.info.name, st.key, st.call)
         if events:
-            dispatch(events, self._listeners, self._sink)
+            dispatch(events, self._listeners, self._sink, st.span, st.call)
 
     def _maybe_snapshot_locked(self, now: int, out: list[Event]) -> None:
         if self._snapshot_every and now >= self._snapshot_due:
@@ -436,9 +436,35 @@ class EngineRuntime:
         self._call_tracer(tracer, TraceStep(op, st.call, st.slot.info.name, attempt, outcome, verdict,
                                             tuple(text) or ("-",)))  # fmt: skip
 
-    def _start(self, slot: _PolicySlot, key: str, flags: int) -> tuple[int, int, int, int]:
+    def _open_span(self, slot: _PolicySlot, key: str) -> Any:
+        """The `levee.call` span of a call about to start (None without a span sink), opened
+        before `start` so that the events of that crossing land on it."""
+        spans = self._spans
+        if spans is None:
+            return None
+        try:
+            return spans.start_call(slot.info.name, key)
+        except Exception:
+            logger.exception("levee: telemetry sink %r failed", spans)
+            return None
+
+    def _start(self, slot: _PolicySlot, key: str, flags: int, span: Any = None) -> tuple[int, int, int, int]:
         """`start` a call, settling the held-back success. Returns (call, generation, verdict,
-        now); the verdict is -1 when the guest trapped (recovered: the call ends degraded)."""
+        now); the verdict is -1 when the guest trapped (recovered: the call ends degraded).
+        `span` is the call's span (`_open_span`): ended here when the call cannot start."""
+        if span is not None:
+            try:
+                return self._start_call(slot, key, flags, span)
+            except BaseException:
+                try:
+                    assert self._spans is not None
+                    self._spans.end_call(span, "failure", None)
+                except Exception:
+                    logger.exception("levee: telemetry sink %r failed", self._spans)
+                raise
+        return self._start_call(slot, key, flags, None)
+
+    def _start_call(self, slot: _PolicySlot, key: str, flags: int, span: Any) -> tuple[int, int, int, int]:
         events: list[Event] = []
         with self._lock:
             call = self._next_call
@@ -477,7 +503,7 @@ class EngineRuntime:
                 v = -1
             gen = self._generation
         if events:
-            dispatch(events, self._listeners, self._sink)
+            dispatch(events, self._listeners, self._sink, span, call)
         return call, gen, v, now
 
     def _cross(self, st: _Call, fn: Callable[[Core], int]) -> int:
@@ -511,7 +537,7 @@ class EngineRuntime:
                 return v
         finally:
             if events:
-                dispatch(events, self._listeners, self._sink)
+                dispatch(events, self._listeners, self._sink, st.span, st.call)
 
     def _cross_hedge(self, st: _Call, fn: Callable[[Core], tuple[list[Any], bool]]) -> list[Any]:
         """`_cross` for `hedge-step` and `report-attempt`, whose answer is a list of commands
@@ -544,7 +570,7 @@ class EngineRuntime:
                 return commands
         finally:
             if events:
-                dispatch(events, self._listeners, self._sink)
+                dispatch(events, self._listeners, self._sink, st.span, st.call)
 
     # -------------------------------------------------------------- the bulkhead queue
 

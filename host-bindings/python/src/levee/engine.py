@@ -403,10 +403,10 @@ class Policy:
         return hooks if self._on_retry is None else (*hooks, self._on_retry)
 
     def _state(self, call: int, gen: int, started: int, key: str, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> _Call:  # fmt: skip
+               kwargs: dict[str, Any], span: Any = None) -> _Call:  # fmt: skip
         slot = self._slot
         return _Call(self.engine, slot, call, gen, started, self._classify, args, kwargs, key, self._hooks(),
-                     self._retry_if or slot.retry_if)  # fmt: skip
+                     self._retry_if or slot.retry_if, span)  # fmt: skip
 
     # -------------------------------------------------------------- sync
 
@@ -418,7 +418,8 @@ class Policy:
         eng = self.engine
         slot = self._slot
         key = self._key if self._key_fn is None else self._key_for(args, kwargs)
-        call, gen, v, now = eng._start(slot, key, self._flags)
+        span = eng._open_span(slot, key) if eng._spans is not None else None
+        call, gen, v, now = eng._start(slot, key, self._flags, span)
         timeout = v >> 16
         tmax = slot.tmax
         if v & 0xFF1F == 0x100 and eng._hot and (not tmax or 0 < timeout <= tmax):
@@ -430,10 +431,10 @@ class Policy:
                 try:
                     value = fn(*args, **kwargs)
                 except Exception as e:
-                    st = self._state(call, gen, now, key, args, kwargs)
+                    st = self._state(call, gen, now, key, args, kwargs, span)
                     return cast(T, self._after_first(st, v, timeout, None, e, start, fn, args, kwargs))
                 except BaseException:
-                    self._state(call, gen, now, key, (), {}).cancel()
+                    self._state(call, gen, now, key, (), {}, span).cancel()
                     raise
                 finally:
                     _ATTEMPT_DEADLINE.reset(token)
@@ -441,10 +442,10 @@ class Policy:
                 try:
                     value = fn(*args, **kwargs)
                 except Exception as e:
-                    st = self._state(call, gen, now, key, args, kwargs)
+                    st = self._state(call, gen, now, key, args, kwargs, span)
                     return cast(T, self._after_first(st, v, timeout, None, e, start, fn, args, kwargs))
                 except BaseException:
-                    self._state(call, gen, now, key, (), {}).cancel()
+                    self._state(call, gen, now, key, (), {}, span).cancel()
                     raise
             end = _monotonic_ns()
             if (
@@ -461,9 +462,9 @@ class Policy:
                 if end >= eng._snapshot_due:
                     eng._snapshot_tick(end)
                 return value
-            st = self._state(call, gen, now, key, args, kwargs)
+            st = self._state(call, gen, now, key, args, kwargs, span)
             return cast(T, self._after_first(st, v, timeout, value, None, start, fn, args, kwargs))
-        st = self._state(call, gen, now, key, args, kwargs)
+        st = self._state(call, gen, now, key, args, kwargs, span)
         return cast(T, _drive_sync(st, v, fn, args, kwargs))
 
     def _after_first(self, st: _Call, v: int, timeout: int, value: Any, exc: BaseException | None, start: int,
@@ -478,7 +479,8 @@ class Policy:
         eng = self.engine
         slot = self._slot
         key = self._key if self._key_fn is None else self._key_for(args, kwargs)
-        call, gen, v, now = eng._start(slot, key, self._flags)
+        span = eng._open_span(slot, key) if eng._spans is not None else None
+        call, gen, v, now = eng._start(slot, key, self._flags, span)
         timeout = v >> 16
         tmax = slot.tmax
         if v & 0xFF1F == 0x100 and eng._hot and (not tmax or 0 < timeout <= tmax):
@@ -497,10 +499,10 @@ class Policy:
                 else:
                     value = await fn(*args, **kwargs)
             except Exception as e:
-                st = self._state(call, gen, now, key, args, kwargs)
+                st = self._state(call, gen, now, key, args, kwargs, span)
                 return cast(T, await self._after_first_async(st, v, timeout, None, e, start, fn, args, kwargs))
             except BaseException:
-                self._state(call, gen, now, key, (), {}).cancel()
+                self._state(call, gen, now, key, (), {}, span).cancel()
                 raise
             end = _monotonic_ns()
             if (
@@ -517,9 +519,9 @@ class Policy:
                 if end >= eng._snapshot_due:
                     eng._snapshot_tick(end)
                 return value
-            st = self._state(call, gen, now, key, args, kwargs)
+            st = self._state(call, gen, now, key, args, kwargs, span)
             return cast(T, await self._after_first_async(st, v, timeout, value, None, start, fn, args, kwargs))
-        st = self._state(call, gen, now, key, args, kwargs)
+        st = self._state(call, gen, now, key, args, kwargs, span)
         return cast(T, await _drive_async(st, v, fn, args, kwargs))
 
     async def _after_first_async(self, st: _Call, v: int, timeout: int, value: Any, exc: BaseException | None,
@@ -636,8 +638,9 @@ class Attempts:
         pol = self._policy
         eng = pol.engine
         key = pol._key_for((), {})
-        call, gen_no, v, now = eng._start(pol._slot, key, pol._flags)
-        st = pol._state(call, gen_no, now, key, (), {})
+        span = eng._open_span(pol._slot, key)
+        call, gen_no, v, now = eng._start(pol._slot, key, pol._flags, span)
+        st = pol._state(call, gen_no, now, key, (), {}, span)
         proto = _protocol(st, v)
         try:
             action = next(proto)
@@ -690,8 +693,9 @@ class AsyncAttempts:
         pol = self._policy
         eng = pol.engine
         key = pol._key_for((), {})
-        call, gen_no, v, now = eng._start(pol._slot, key, pol._flags)
-        st = pol._state(call, gen_no, now, key, (), {})
+        span = eng._open_span(pol._slot, key)
+        call, gen_no, v, now = eng._start(pol._slot, key, pol._flags, span)
+        st = pol._state(call, gen_no, now, key, (), {}, span)
         proto = _protocol(st, v)
         try:
             action = next(proto)

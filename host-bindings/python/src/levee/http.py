@@ -149,8 +149,9 @@ class _Base:
     def _begin(self, request: httpx.Request) -> tuple[_Call, int]:
         pol = self._policy
         key = self._key(request)
-        call, gen, v, now = self._engine._start(pol._slot, key, request_flags(request) | pol._flags)
-        st = pol._state(call, gen, now, key, (request,), {})
+        span = self._engine._open_span(pol._slot, key)
+        call, gen, v, now = self._engine._start(pol._slot, key, request_flags(request) | pol._flags, span)
+        st = pol._state(call, gen, now, key, (request,), {}, span)
         st.http = True
         if self._retry_if is not None:
             st.retry_if = self._retry_if
