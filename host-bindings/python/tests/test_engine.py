@@ -1153,3 +1153,92 @@ def test_opentelemetry_events_land_on_the_call_span() -> None:
     assert dict(fell_back.attributes or {})["levee.reason"] == "retries-exhausted"
     assert [e.name for e in rejected.events] == ["rejected", "gave-up"]
     assert dict(rejected.attributes or {})["levee.reason"] == "breaker-open"
+
+
+# ---------------------------------------------------------------------------- what a new user gets wrong
+
+
+def test_loads_takes_text_bytes_or_a_mapping_and_says_so_for_anything_else() -> None:
+    """Issue 39: bytes, a dict or None raised AttributeError ('... has no attribute encode')."""
+    text = "policies:\n  p:\n    attempts: 2\n"
+    assert levee.loads(text.encode()).policies == ["p"]
+    assert levee.loads(bytearray(text.encode())).policies == ["p"]
+    assert levee.loads({"policies": {"p": {"attempts": 2}}}).policy_info("p").max_attempts == 2
+    for bad in (None, 42, ["policies"]):
+        with pytest.raises(TypeError, match=r"a str \(YAML or JSON\), bytes \(UTF-8\) or a dict, not"):
+            levee.loads(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="JSON"):
+        levee.loads({"policies": {"p": {"attempts": object()}}})
+    with pytest.raises(levee.PolicyError, match="not UTF-8"):
+        levee.loads(b"policies:\n  p: {}\n# \xff\n")
+    e = levee.loads(text)
+    e.reload(b"policies:\n  q: {}\n")
+    assert e.policies == ["q"]
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    """Issue 39: a bare UnicodeDecodeError, without the file's name."""
+    f = tmp_path / "bad.yaml"
+    f.write_bytes(b"policies:\n  p:\n    attempts: 2 # caf\xe9\n")
+    with pytest.raises(levee.PolicyError) as info:
+        levee.load(f)
+    assert str(f) in str(info.value) and "not UTF-8" in str(info.value) and "byte 36" in str(info.value)
+
+
+def test_a_policy_a_reload_dropped_is_unknown_naming_the_remaining_ones() -> None:
+    """Issue 39: the error said "the document has no policies" while it still had `a`."""
+    e = levee.loads("policies:\n  a: {}\n  b: {}\n")
+    b = e.policy("b")
+    e.reload("policies:\n  a: {}\n")
+    with pytest.raises(levee.UnknownPolicy) as info:
+        b.call(lambda: 1)
+    assert "no policy named 'b'" in str(info.value) and "'a'" in str(info.value)
+    assert "no policies" not in str(info.value)
+
+
+def test_a_fallback_no_policy_names_is_refused(engine: levee.Engine) -> None:
+    """Issue 39: registering a fallback under a name no chain uses (a typo) was accepted."""
+    with pytest.raises(levee.UnknownFallback) as info:
+        engine.register_fallback("cachd", lambda ctx: "x")
+    assert "no policy names the fallback 'cachd' (did you mean 'cached'?)" in str(info.value)
+    assert "'stale'" in str(info.value)
+    with pytest.raises(levee.UnknownFallback):
+        engine.fallback("nowhere")(lambda ctx: "x")
+    engine.register_fallback("stale", lambda ctx: "fine")
+
+
+def test_a_key_that_is_not_a_string_is_refused(engine: levee.Engine) -> None:
+    """Issue 39: `key=42` was taken, and failed at the call with an AttributeError."""
+    with pytest.raises(TypeError, match="key must be a str or a function"):
+        engine.policy("fast", key=42)  # type: ignore[arg-type]
+
+
+def test_a_generator_function_is_not_decorated(engine: levee.Engine) -> None:
+    """Issue 39: a decorated generator function was accepted, and its body then ran outside the
+    policy (calling it only makes the generator)."""
+
+    def gen() -> Any:
+        yield 1
+
+    async def agen() -> Any:
+        yield 1
+
+    for fn in (gen, agen):
+        with pytest.raises(TypeError, match="generator"):
+            engine.policy("fast")(fn)
+
+
+async def test_an_async_timeout_says_which_attempt_and_after_how_long(engine: levee.Engine) -> None:
+    """Issue 39: async attempt timeouts read `TimeoutError: ` (asyncio's, with no message)."""
+    seen: list[str] = []
+
+    async def slow() -> None:
+        await asyncio.sleep(10)
+
+    pol = engine.policy("timed", on_retry=lambda info: seen.append(str(info.error)))
+    with pytest.raises(levee.RetriesExhausted) as info:
+        await pol.acall(slow)
+    assert seen == ["attempt 1 timed out after 50 ms"]
+    assert isinstance(info.value.last_error, TimeoutError)
+    assert str(info.value.last_error) == "attempt 2 timed out after 50 ms"
+    assert "last error: TimeoutError: attempt 2 timed out after 50 ms" in str(info.value)

@@ -58,6 +58,7 @@ from .errors import (
     RateLimited,
     RetriesExhausted,
     RetryAfterTooLong,
+    UnknownFallback,
     UnknownPolicy,
 )
 from .outcomes import Outcome, outcome_for_exception, outcome_for_response, outcome_for_result
@@ -114,6 +115,7 @@ __all__ = [
     "RetryPredicate",
     "RetryAfterTooLong",
     "TraceStep",
+    "UnknownFallback",
     "UnknownPolicy",
     "Verdict",
     "VerdictKind",

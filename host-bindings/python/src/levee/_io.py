@@ -202,8 +202,19 @@ def _attempt_sync(st: _Call, fn: Callable[..., Any], args: tuple[Any, ...], kwar
     return st.outcome_of(value, exc, start, now(), timeout)
 
 
+def timed_out(e: TimeoutError, number: int, timeout_ns: int) -> TimeoutError:
+    """The error of an asyncio attempt cut by its timeout: asyncio's `TimeoutError` has no
+    message, so the attempt's says which attempt and after how long (as JS's does)."""
+    if e.args:
+        return e
+    out = TimeoutError(f"attempt {number} timed out after {timeout_ns / 1e6:g} ms")
+    out.__context__ = e.__context__  # the cancellation asyncio turned into it
+    out.__suppress_context__ = e.__suppress_context__
+    return out.with_traceback(e.__traceback__)
+
+
 async def _attempt_async(st: _Call, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
-                         kwargs: dict[str, Any], timeout: int) -> _AttemptResult:  # fmt: skip
+                         kwargs: dict[str, Any], timeout: int, number: int = 0) -> _AttemptResult:  # fmt: skip
     eng = st.engine
     now = eng._now
     start = now()
@@ -218,7 +229,7 @@ async def _attempt_async(st: _Call, fn: Callable[..., Awaitable[Any]], args: tup
         except TimeoutError as e:
             exc = e
             if getattr(cm, "expired", lambda: True)():
-                return _AttemptResult(Outcome.timeout(), None, e, start, now())
+                return _AttemptResult(Outcome.timeout(), None, timed_out(e, number, timeout), start, now())
         except Exception as e:
             exc = e
         finally:
@@ -497,9 +508,9 @@ async def _drive_async(st: _Call, v: int, fn: Callable[..., Awaitable[Any]], arg
         while True:
             op = action[0]
             if op == ATTEMPT:
-                action = gen.send(await _attempt_async(st, fn, args, kwargs, action[2]))
+                action = gen.send(await _attempt_async(st, fn, args, kwargs, action[2], action[1]))
             elif op == HEDGE:
-                await run_hedge_async(action[1], lambda n, t: _attempt_async(st, fn, args, kwargs, t))
+                await run_hedge_async(action[1], lambda n, t: _attempt_async(st, fn, args, kwargs, t, n))
                 action = gen.send(None)
             elif op == _SLEEP:
                 await sleep_async(st.engine, action[1], action[2])

@@ -11,7 +11,7 @@ import collections
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -158,7 +158,7 @@ class EngineRuntime:
 
     def __init__(
         self,
-        document: str,
+        document: str | bytes | bytearray | Mapping[str, Any],
         *,
         seed: int | None = None,
         component: str | os.PathLike[str] | None = None,
@@ -166,7 +166,8 @@ class EngineRuntime:
         clock: Clock | None = None,
         telemetry: TelemetrySink | None = None,
     ) -> None:
-        """Load `document` (YAML or JSON text). `seed` fixes the jitter PRNG (default: from
+        """Load `document` (YAML or JSON text; UTF-8 bytes of it; or a dict, as JSON would
+        give it). `seed` fixes the jitter PRNG (default: from
         `os.urandom`). Raises `PolicyError` naming every invalid field.
 
         `clock` is the clock of every `now`, sleep and asyncio attempt timeout (default the
@@ -175,6 +176,7 @@ class EngineRuntime:
         `TelemetrySink`). `snapshot_interval` is the guard of docs/hosts.md section 7: at most
         one snapshot per interval of the engine's clock on the call path, besides the ones
         taken after every breaker transition."""
+        document = document_text(document)
         self._document = document
         #: the clock of every `now`, sleep and asyncio attempt timeout (`levee.testing.VirtualClock`
         #: in tests); the hot path is kept for the system clock only
@@ -480,7 +482,7 @@ class EngineRuntime:
                     if core.dead:
                         raise ComponentFault("the component is unavailable")
                 if slot.index < 0:
-                    raise UnknownPolicy(next(n for n, s in self._slots.items() if s is slot))
+                    raise UnknownPolicy(next(n for n, s in self._slots.items() if s is slot), self._names)
                 pending = self._pending
                 sc = sa = se = 0
                 if pending:
@@ -690,6 +692,30 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def document_text(document: object, source: str = "") -> str:
+    """A policy document as the text the core reads: a str as it is, bytes decoded as UTF-8, a
+    dict (what `json.load` or `yaml.safe_load` give) written as JSON. `source` names the file
+    the bytes came from, for the error."""
+    if isinstance(document, str):
+        return document
+    if isinstance(document, bytes | bytearray | memoryview):
+        try:
+            return bytes(document).decode("utf-8")
+        except UnicodeDecodeError as e:
+            where = f"{source} is" if source else "the document is"
+            raise PolicyError([LoadError("", f"{where} not UTF-8 text: {e.reason} at byte {e.start}")]) from None
+    if isinstance(document, Mapping):
+        import json
+
+        try:
+            return json.dumps(document)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"a policy document given as a dict must be what JSON can hold: {e}") from e
+    raise TypeError(
+        f"a policy document is a str (YAML or JSON), bytes (UTF-8) or a dict, not {type(document).__name__}"
+    )
 
 
 def _path_hint(document: str) -> list[LoadError]:

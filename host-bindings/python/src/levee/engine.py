@@ -12,7 +12,7 @@ import functools
 import inspect
 import os
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast
 
@@ -45,9 +45,10 @@ from ._io import (
     attempt_timeout_cm,
     sleep_async,
     sleep_sync,
+    timed_out,
 )
-from ._runtime import EngineRuntime, TraceStep, _PolicySlot, _runtime, component_path
-from .errors import EngineClosed, LeveeError, PolicyError, UnknownPolicy
+from ._runtime import EngineRuntime, TraceStep, _PolicySlot, _runtime, component_path, document_text
+from .errors import EngineClosed, LeveeError, PolicyError, UnknownFallback, UnknownPolicy
 from .outcomes import _RESULT_IS_RESPONSE, Classifier, Outcome, outcome_for_result
 from .types import Analysis, BreakerState, CallInfo, DurableStep, Event, LoadError, PolicyInfo
 
@@ -104,12 +105,12 @@ class Engine(EngineRuntime):
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], **kwargs: Any) -> Engine:
-        """Load a policy document from a file (YAML or JSON)."""
-        return cls(Path(path).read_text(encoding="utf-8"), **kwargs)
+        """Load a policy document from a file (YAML or JSON, UTF-8)."""
+        return cls(document_text(Path(path).read_bytes(), os.fspath(path)), **kwargs)
 
     @classmethod
-    def from_string(cls, document: str, **kwargs: Any) -> Engine:
-        """Load a policy document from its text."""
+    def from_string(cls, document: str | bytes | bytearray | Mapping[str, Any], **kwargs: Any) -> Engine:
+        """Load a policy document from its text (or its UTF-8 bytes, or a dict)."""
         return cls(document, **kwargs)
 
     # -------------------------------------------------------------- public API
@@ -145,6 +146,8 @@ class Engine(EngineRuntime):
         slot = self._slots.get(name)
         if slot is None or slot.index < 0:
             raise UnknownPolicy(name, self._names)
+        if not isinstance(key, str) and not callable(key):
+            raise TypeError(f"key must be a str or a function of the call's arguments, not {type(key).__name__}")
         flags = (0 if idempotent else 1) | (2 if idempotency_key else 0) | method_flags(method)
         return Policy(self, slot, key, flags, classify, on_retry, retry_if)
 
@@ -192,9 +195,10 @@ class Engine(EngineRuntime):
             raise UnknownPolicy(name, self._names)
         return slot.index
 
-    def reload(self, document: str) -> None:
+    def reload(self, document: str | bytes | bytearray | Mapping[str, Any]) -> None:
         """Replace the policies, keeping the state that still applies. On error (a
-        `PolicyError`) the engine is left as it was."""
+        `PolicyError`) the engine is left as it was. `document` is taken as `loads` takes it."""
+        document = document_text(document)
 
         def op(c: Core) -> list[LoadError] | None:
             errors = c.reload(document)
@@ -286,7 +290,12 @@ class Engine(EngineRuntime):
 
     def register_fallback(self, name: str, fn: Callable[[FallbackContext], Any]) -> None:
         """Register the function run when the policy's fallback chain names `name`. It gets a
-        `FallbackContext` and returns the call's value (an `async def` for async calls)."""
+        `FallbackContext` and returns the call's value (an `async def` for async calls). A name
+        no policy's chain names raises `UnknownFallback` (reload the document that names it
+        first)."""
+        known = list(dict.fromkeys(f for n in self._names for f in self._slots[n].info.fallbacks))
+        if name not in known:
+            raise UnknownFallback(name, known)
         self._fallbacks[name] = fn
 
     def fallback(self, name: str) -> Callable[[Callable[[FallbackContext], T]], Callable[[FallbackContext], T]]:
@@ -352,9 +361,10 @@ def load(path: str | os.PathLike[str], **kwargs: Any) -> Engine:
         raise
 
 
-def loads(document: str, **kwargs: Any) -> Engine:
+def loads(document: str | bytes | bytearray | Mapping[str, Any], **kwargs: Any) -> Engine:
     """Load a policy document from its text (YAML or JSON) into a new `Engine` (`load` reads a
-    file)."""
+    file). UTF-8 bytes of the text, and a dict (as `json.load` or `yaml.safe_load` give it),
+    are taken too; anything else raises `TypeError`."""
     return Engine.from_string(document, **kwargs)
 
 
@@ -492,13 +502,16 @@ class Policy:
                     try:
                         import asyncio  # not at the top: see _clock.SystemClock
 
-                        async with asyncio.timeout(timeout / 1e9):
+                        cm = asyncio.timeout(timeout / 1e9)
+                        async with cm:
                             value = await fn(*args, **kwargs)
                     finally:
                         _ATTEMPT_DEADLINE.reset(token)
                 else:
                     value = await fn(*args, **kwargs)
             except Exception as e:
+                if timeout and isinstance(e, TimeoutError) and cm.expired():
+                    e = timed_out(e, 1, timeout)
                 st = self._state(call, gen, now, key, args, kwargs, span)
                 return cast(T, await self._after_first_async(st, v, timeout, None, e, start, fn, args, kwargs))
             except BaseException:
@@ -533,7 +546,15 @@ class Policy:
     # -------------------------------------------------------------- decorator
 
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
-        """Decorate a function (or an `async def`) so every call runs under the policy."""
+        """Decorate a function (or an `async def`) so every call runs under the policy. A
+        generator function raises `TypeError`: calling it only makes the generator, so its
+        body would run outside the policy."""
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(
+                f"{getattr(fn, '__qualname__', fn)!r} is a generator function: calling it only makes the generator "
+                "and its body would run outside the policy; decorate a function that returns the values, or "
+                "use policy.attempts() around the iteration"
+            )
         if inspect.iscoroutinefunction(fn):
             afn = cast(Callable[P, Awaitable[Any]], fn)
             acall = self.acall
@@ -614,7 +635,8 @@ class Attempt:
                 await cm.__aexit__(et, exc, tb)
             except TimeoutError as e:
                 self._leave()
-                self._res = _AttemptResult(Outcome.timeout(), None, e, self._start, self._st.engine._now())
+                self._res = _AttemptResult(Outcome.timeout(), None, timed_out(e, self.number, self._ns), self._start,
+                                           self._st.engine._now())  # fmt: skip
                 return True
         return self.__exit__(et, exc, tb)
 

@@ -27,6 +27,7 @@ __all__ = [
     "RateLimited",
     "RetriesExhausted",
     "RetryAfterTooLong",
+    "UnknownFallback",
     "UnknownPolicy",
 ]
 
@@ -96,6 +97,27 @@ class EngineClosed(LeveeError):
             detail += f"; last result: {last_result!r}"
         super().__init__(detail)
         self.__cause__ = last_error
+
+
+class UnknownFallback(LeveeError, KeyError):
+    """A fallback registered under a name no policy's chain names (most likely a typo). `name`
+    is the name given and `known` the fallback names the document's policies use."""
+
+    def __init__(self, name: str, known: list[str] | tuple[str, ...] = ()) -> None:
+        super().__init__(name)
+        self.name = name
+        self.known = tuple(known)
+
+    def __str__(self) -> str:
+        import difflib
+
+        msg = f"no policy names the fallback {self.name!r}"
+        close = difflib.get_close_matches(self.name, self.known, n=1)
+        if close:
+            msg += f" (did you mean {close[0]!r}?)"
+        if not self.known:
+            return msg + "; the document's policies have no fallbacks"
+        return msg + "; the document's fallbacks: " + ", ".join(repr(k) for k in self.known)
 
 
 class ProtocolError(LeveeError):

@@ -50,6 +50,7 @@ from ._io import (
     run_hedge_sync,
     sleep_async,
     sleep_sync,
+    timed_out,
 )
 from .engine import Engine, Policy, method_flags
 from .errors import CallFailed, EngineClosed
@@ -283,10 +284,15 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
         try:
             if timeout:
                 scope = _AttemptScope(self._engine, start, timeout)
+                cm = attempt_timeout_cm(self._engine, timeout)
                 try:
-                    async with attempt_timeout_cm(self._engine, timeout):
+                    async with cm:
                         response = await self._transport.handle_async_request(request)
                         await response.aread()
+                except TimeoutError as e:
+                    if getattr(cm, "expired", lambda: True)():
+                        raise timed_out(e, number, timeout) from None
+                    raise
                 finally:
                     scope.close()
             else:
