@@ -1242,3 +1242,27 @@ async def test_an_async_timeout_says_which_attempt_and_after_how_long(engine: le
     assert isinstance(info.value.last_error, TimeoutError)
     assert str(info.value.last_error) == "attempt 2 timed out after 50 ms"
     assert "last error: TimeoutError: attempt 2 timed out after 50 ms" in str(info.value)
+
+
+def test_a_call_that_cannot_start_ends_its_span() -> None:
+    """The call span is opened before `start` (so that its events land on it): a call that
+    cannot start (a policy a reload dropped, a closed engine) still ends it, as a failure."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from levee.telemetry import OpenTelemetrySink
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = levee.loads("policies:\n  a: {}\n  b: {}\n", telemetry=OpenTelemetrySink(tracer_provider=provider))
+    a, b = engine.policy("a"), engine.policy("b")
+    engine.reload("policies:\n  a: {}\n")
+    with pytest.raises(levee.UnknownPolicy):
+        b.call(lambda: 1)
+    engine.close()
+    with pytest.raises(levee.EngineClosed):
+        a.call(lambda: 1)
+    spans = [s for s in exporter.get_finished_spans() if s.name == "levee.call"]
+    assert [dict(s.attributes or {})["levee.result"] for s in spans] == ["failure", "failure"]

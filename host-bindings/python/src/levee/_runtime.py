@@ -454,56 +454,52 @@ class EngineRuntime:
         """`start` a call, settling the held-back success. Returns (call, generation, verdict,
         now); the verdict is -1 when the guest trapped (recovered: the call ends degraded).
         `span` is the call's span (`_open_span`): ended here when the call cannot start."""
-        if span is not None:
-            try:
-                return self._start_call(slot, key, flags, span)
-            except BaseException:
+        events: list[Event] = []
+        try:
+            with self._lock:
+                call = self._next_call
+                self._next_call = call + 1
+                core = self._core
+                now = self._now()  # the call's start: its deadline counts from here
+                try:
+                    if self._closed:
+                        raise EngineClosed()
+                    if core.dead:
+                        self._recover_locked(ComponentFault("the previous recovery failed"), events)
+                        core = self._core
+                        if core.dead:
+                            raise ComponentFault("the component is unavailable")
+                    if slot.index < 0:
+                        raise UnknownPolicy(next(n for n, s in self._slots.items() if s is slot), self._names)
+                    pending = self._pending
+                    sc = sa = se = 0
+                    if pending:
+                        if len(pending) > 1:
+                            self._flush_locked(events, keep=1)
+                        sc, sa, se, sg = pending.popleft()
+                        if sg != self._generation:
+                            sc = sa = se = 0
+                    v = core.start(call, slot.index, key, flags, now, sc, sa, se)
+                    if v & EVENTS_BIT:
+                        self._events_locked(v, events)
+                        if v & PARK_MASK == PARK_VERDICT:  # a queued wait always carries its event
+                            self._park_locked(call)
+                    if v & WAKES_BIT:  # after the park: the core may name the call it just queued
+                        self._wakes_locked()
+                except ComponentFault as e:
+                    if not core.dead:
+                        raise
+                    self._recover_locked(e, events, "trap", slot.info.name, key, call)
+                    v = -1
+                gen = self._generation
+        except BaseException:
+            if span is not None:  # the call never started: its span ends here
                 try:
                     assert self._spans is not None
                     self._spans.end_call(span, "failure", None)
                 except Exception:
                     logger.exception("levee: telemetry sink %r failed", self._spans)
-                raise
-        return self._start_call(slot, key, flags, None)
-
-    def _start_call(self, slot: _PolicySlot, key: str, flags: int, span: Any) -> tuple[int, int, int, int]:
-        events: list[Event] = []
-        with self._lock:
-            call = self._next_call
-            self._next_call = call + 1
-            core = self._core
-            now = self._now()  # the call's start: its deadline counts from here
-            try:
-                if self._closed:
-                    raise EngineClosed()
-                if core.dead:
-                    self._recover_locked(ComponentFault("the previous recovery failed"), events)
-                    core = self._core
-                    if core.dead:
-                        raise ComponentFault("the component is unavailable")
-                if slot.index < 0:
-                    raise UnknownPolicy(next(n for n, s in self._slots.items() if s is slot), self._names)
-                pending = self._pending
-                sc = sa = se = 0
-                if pending:
-                    if len(pending) > 1:
-                        self._flush_locked(events, keep=1)
-                    sc, sa, se, sg = pending.popleft()
-                    if sg != self._generation:
-                        sc = sa = se = 0
-                v = core.start(call, slot.index, key, flags, now, sc, sa, se)
-                if v & EVENTS_BIT:
-                    self._events_locked(v, events)
-                    if v & PARK_MASK == PARK_VERDICT:  # a queued wait always carries its event
-                        self._park_locked(call)
-                if v & WAKES_BIT:  # after the park: the core may name the call it just queued
-                    self._wakes_locked()
-            except ComponentFault as e:
-                if not core.dead:
-                    raise
-                self._recover_locked(e, events, "trap", slot.info.name, key, call)
-                v = -1
-            gen = self._generation
+            raise
         if events:
             dispatch(events, self._listeners, self._sink, span, call)
         return call, gen, v, now
