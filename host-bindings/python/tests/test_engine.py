@@ -1266,3 +1266,35 @@ def test_a_call_that_cannot_start_ends_its_span() -> None:
         a.call(lambda: 1)
     spans = [s for s in exporter.get_finished_spans() if s.name == "levee.call"]
     assert [dict(s.attributes or {})["levee.result"] for s in spans] == ["failure", "failure"]
+
+
+SLOW_RETRY = "policies:\n  p:\n    attempts: 3\n    backoff: { kind: constant, base: 10s, jitter: none }\n"
+
+
+def test_close_wakes_a_call_sleeping_before_its_retry() -> None:
+    """A call sleeping before a retry when the engine closes cannot retry any more: it ends with
+    `EngineClosed` at once instead of sleeping out its 10 s."""
+    e = levee.loads(SLOW_RETRY, seed=1)
+    t, out = _in_thread(lambda: e.policy("p").call(Flaky(ConnectionError("down"), value="never")))
+    time.sleep(0.3)  # the first attempt failed; the call sleeps 10 s
+    t0 = time.monotonic()
+    e.close()
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - t0 < 5
+    assert isinstance(out.get("error"), levee.EngineClosed), out
+    assert isinstance(out["error"].__cause__, ConnectionError)
+
+
+async def test_close_wakes_a_task_sleeping_before_its_retry() -> None:
+    e = levee.loads(SLOW_RETRY, seed=1)
+
+    async def down() -> str:
+        raise ConnectionError("down")
+
+    task = asyncio.ensure_future(e.policy("p").acall(down))
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    e.close()
+    with pytest.raises(levee.EngineClosed):
+        await asyncio.wait_for(task, 5)
+    assert time.monotonic() - t0 < 5

@@ -117,7 +117,19 @@ def sleep_sync(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> None:
         else:
             eng._clock.sleep(ns / 1e9)
     elif _clock._waits[0]:
-        eng._clock.sleep(ns / 1e9)
+        if type(eng._clock) is not SystemClock:
+            eng._clock.sleep(ns / 1e9)
+            return
+        # woken early by `close()` only: the call cannot go on after it
+        sleeper = eng._sleeper()
+        if sleeper is None:
+            return
+        try:
+            ev = sleeper.event = threading.Event()
+            if not sleeper.woken:
+                ev.wait(ns / 1e9)
+        finally:
+            eng._awake(sleeper)
 
 
 async def sleep_async(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> None:
@@ -126,23 +138,35 @@ async def sleep_async(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> N
     if ns <= 0:
         return
     if park:
-        import asyncio
-
         assert isinstance(park, _Parker)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        park.loop = loop
-        park.fut = fut
-        if park.woken:
-            return
-        sleeper = asyncio.ensure_future(eng._clock.sleep_async(ns / 1e9))
-        try:
-            await asyncio.wait((sleeper, fut), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            fut.cancel()
+        await _sleep_or_wake(eng, ns, park)
     elif _clock._waits[0]:
-        await eng._clock.sleep_async(ns / 1e9)
+        # woken early by `close()` only: the call cannot go on after it
+        sleeper = eng._sleeper()
+        if sleeper is None:
+            return
+        try:
+            await _sleep_or_wake(eng, ns, sleeper)
+        finally:
+            eng._awake(sleeper)
+
+
+async def _sleep_or_wake(eng: EngineRuntime, ns: int, park: _Parker) -> None:
+    """Sleep `ns` on the engine's clock, or until `park` is woken, whichever comes first."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+    park.loop = loop
+    park.fut = fut
+    if park.woken:
+        return
+    sleeper = asyncio.ensure_future(eng._clock.sleep_async(ns / 1e9))
+    try:
+        await asyncio.wait((sleeper, fut), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sleeper.cancel()
+        fut.cancel()
 
 
 def attempt_timeout_cm(eng: EngineRuntime, ns: int) -> AbstractAsyncContextManager[Any]:

@@ -211,6 +211,9 @@ class EngineRuntime:
         #: checked only for emptiness) while nobody is parked: the hot path pays one truth test
         self._parked: dict[int, _Parker] = {}
         self._park_lock = threading.Lock()
+        #: calls sleeping before a retry or a rate-limit wait: `close()` wakes them (they cannot
+        #: go on); under `_park_lock`
+        self._sleeping: set[_Parker] = set()
         self._tracer: Callable[[TraceStep], None] | None = None
         # whether calls take the one-crossing hot path (no tracer, the system clock)
         self._hot = type(self._clock) is SystemClock and self._spans is None
@@ -237,6 +240,7 @@ class EngineRuntime:
         self._lock = threading.Lock()
         self._park_lock = threading.Lock()
         self._parked = {}
+        self._sleeping = set()
         if self._closed:
             return
         old = self._core
@@ -594,6 +598,21 @@ class EngineRuntime:
             woken = [p for p in (self._parked.pop(c, None) for c in calls) if p is not None]
         for parker in woken:
             parker.wake()
+
+    def _sleeper(self) -> _Parker | None:
+        """A sleep before a retry or a rate-limit wait is about to start: its wake-up for
+        `close()` (None: the engine is closed already, do not sleep). `_awake` when it ends."""
+        sleeper = _Parker()
+        with self._park_lock:
+            self._sleeping.add(sleeper)
+        if self._closed:  # read after registering: a close in between has woken it, or is seen
+            self._awake(sleeper)
+            return None
+        return sleeper
+
+    def _awake(self, sleeper: _Parker) -> None:
+        with self._park_lock:
+            self._sleeping.discard(sleeper)
 
     def _parker(self, call: int) -> _Parker | None:
         """The parker of a call told to wait in the queue (None: already woken)."""

@@ -327,7 +327,8 @@ class Engine(EngineRuntime):
         """Flush and drop the component instance; the engine cannot be used afterwards: a new call
         raises `EngineClosed`. A graceful shutdown, never a fault: a call in flight keeps what has
         happened (an attempt that returned gives its value) and starts nothing more (README,
-        "Closing"); one waiting in a bulkhead queue is woken at once and ends with `EngineClosed`."""
+        "Closing"); one waiting in a bulkhead queue or sleeping before a retry is woken at once
+        and ends with `EngineClosed`."""
         events: list[Event] = []
         with self._lock:
             if self._closed:
@@ -339,8 +340,9 @@ class Engine(EngineRuntime):
                 pass
             self._core.close()
             with self._park_lock:
-                parked = list(self._parked.values())
+                parked = [*self._parked.values(), *self._sleeping]
                 self._parked.clear()
+                self._sleeping.clear()
         for parker in parked:
             parker.wake()
         self._emit(events)
