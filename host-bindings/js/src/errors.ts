@@ -128,6 +128,31 @@ export class LeveeError extends Error {
   }
 }
 
+/**
+ * The Levee was closed (`close()`): a call made after it, or a call in flight that needed the
+ * engine again (to report an attempt that did not succeed, to retry, to report a fallback that
+ * failed). No attempt starts after close. Its `cause` is the last attempt's (or fallback's) error.
+ * Not a `LeveeError`: closing is the program's doing, not a decision of the policy.
+ */
+export class LeveeClosedError extends Error {
+  override readonly name = 'LeveeClosedError';
+  /** The policy of the call the close ended, if one was in flight. */
+  readonly policy: string | undefined;
+  /** The attempts that call made. */
+  readonly attempts: number;
+
+  constructor(policy?: string, attempts = 0, cause?: unknown) {
+    super(
+      policy === undefined
+        ? 'levee: this Levee was closed'
+        : `levee: this Levee was closed while a call of policy "${policy}" was in flight (after ${attempts} attempt${attempts === 1 ? '' : 's'}); no attempt starts after close`,
+      cause !== undefined ? { cause } : undefined,
+    );
+    this.policy = policy;
+    this.attempts = attempts;
+  }
+}
+
 /** A policy document (or imported state) the core refused; every error names its field path. */
 export class PolicyLoadError extends Error {
   override readonly name = 'PolicyLoadError';

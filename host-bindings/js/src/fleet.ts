@@ -429,7 +429,7 @@ export class Fleet {
         try {
           listener(event);
         } catch (err) {
-          reportHookError(err);
+          reportHookError(err, `fleet listener of "${kind}"`);
         }
       }
     }

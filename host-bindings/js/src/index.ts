@@ -48,6 +48,7 @@ export type {
 export {
   GrpcStatusError,
   HttpStatusError,
+  LeveeClosedError,
   LeveeError,
   PolicyLoadError,
   UnknownPolicyError,
@@ -65,6 +66,7 @@ export type {
   LeveeEventName,
   Listener,
   MeterLike,
+  ObserverErrorHandler,
   RetryHook,
   RetryInfo,
   SpanLike,

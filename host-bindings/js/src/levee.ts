@@ -24,14 +24,15 @@ import {
 } from './driver.js';
 import type { Action } from './driver.js';
 import { GUARD_SNAPSHOT_INTERVAL_MS, REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY } from './constants.js';
-import { LeveeError, outcomeOfError } from './errors.js';
+import { LeveeClosedError, LeveeError, outcomeOfError } from './errors.js';
 import type { Outcome, Reason } from './errors.js';
-import { Emitter, OpenTelemetrySink, Telemetry, reportHookError } from './events.js';
+import { Emitter, OpenTelemetrySink, Telemetry, defaultObserverError, reportHookError } from './events.js';
 import type {
   CallResult,
   LeveeEventName,
   Listener,
   MeterLike,
+  ObserverErrorHandler,
   RetryHook,
   RetryInfo,
   SpanLike,
@@ -50,6 +51,9 @@ const HEDGE_WAIT_OVER: unique symbol = Symbol('levee.hedge-wait-over');
 
 /** The reason a parked call's sleep is aborted with when the core names it (a slot was granted to it). */
 const WOKEN: unique symbol = Symbol('levee.woken');
+
+/** The reason a call's sleep is aborted with when the Levee is closed. */
+const CLOSED: unique symbol = Symbol('levee.closed');
 
 export type { AttemptContext } from './attempt.js';
 export type { Clock } from './clock.js';
@@ -174,8 +178,19 @@ export interface LoadOptions {
    * cannot interrupt a synchronous Wasm call, so this host bounds no guest call in time.)
    */
   maxMemoryBytes?: number;
-  /** Called after every step of every call with the core's verdict (debugging, demos). */
+  /**
+   * Called after every step of every call with the core's verdict (debugging, demos). Like every
+   * observer, one that throws is reported (`onObserverError`) and ignored.
+   */
   trace?: (step: TraceStep) => void;
+  /**
+   * Where the errors of observer code go: `onRetry` hooks, `on()` listeners, the telemetry sink,
+   * the `trace` callback, retry predicates and `discard`. Such an error is reported here and
+   * ignored: it never changes a call, never reaches its caller and never becomes an uncaught
+   * exception. `observer` names the code that threw (`onRetry hook of policy "http"`). Default:
+   * one `console.error` line. One that throws in turn is ignored.
+   */
+  onObserverError?: ObserverErrorHandler;
 }
 
 /**
@@ -187,12 +202,15 @@ export class Levee {
   readonly #clock: Clock;
   readonly #now: () => bigint;
   readonly #fallbacks = new Map<string, FallbackFn>();
-  readonly #emitter = new Emitter();
+  readonly #emitter: Emitter;
+  readonly #observerError: ObserverErrorHandler;
   readonly #telemetry: Telemetry | undefined;
   readonly #retryHooks = new Map<string, RetryHook[]>();
   readonly #predicates = new Map<string, RetryPredicate>();
   readonly #spans: Spans | undefined;
   #closed = false;
+  /** The sleeps of calls between attempts (and their parks), which `close` ends. */
+  readonly #sleepers = new Set<AbortController>();
   #nextCall = 1;
 
   /** @internal Use `load` from `levee` (Node) or `levee/worker`. */
@@ -210,6 +228,8 @@ export class Levee {
       );
     }
     this.#spans = api === undefined ? undefined : new Spans(api);
+    this.#observerError = options.onObserverError ?? defaultObserverError;
+    this.#emitter = new Emitter(this.#observerError);
     const clock = options.clock;
     // The platform's clock is read directly: one call on the hot path, not two.
     this.#now = clock === undefined ? platform.now : () => clock.now();
@@ -225,10 +245,11 @@ export class Levee {
         checkpointNs: BigInt(Math.round((options.checkpointIntervalMs ?? GUARD_SNAPSHOT_INTERVAL_MS) * 1e6)),
         maxMemoryBytes: options.maxMemoryBytes ?? DEFAULT_MAX_MEMORY_BYTES,
         trace: options.trace,
+        report: this.#observerError,
         wallMs: wall === undefined ? Date.now : () => wall.call(clock),
       },
       this.#emitter,
-      (this.#telemetry = sink === undefined ? undefined : new Telemetry(sink)),
+      (this.#telemetry = sink === undefined ? undefined : new Telemetry(sink, this.#observerError)),
     );
     for (const [name, fn] of Object.entries(options.fallbacks ?? {})) this.#fallbacks.set(name, fn);
     for (const [name, hook] of Object.entries(options.onRetry ?? {})) this.onRetry(name, hook);
@@ -351,12 +372,19 @@ export class Levee {
   }
 
   /**
-   * Send any held-back success, stop the flush timer and release the component instance. The
-   * Levee must not be used afterwards.
+   * Send any held-back success, stop the flush timer and release the component instance: a
+   * graceful shutdown. A call in flight goes on until it next needs the engine: an attempt that
+   * is running finishes, and if it succeeded the call returns its value (a fallback that is
+   * running, likewise); otherwise, and for a call sleeping before a retry or waiting for a slot
+   * (woken at once), the call rejects with `LeveeClosedError`. No attempt starts after close, and
+   * nothing of it is an engine fault. Later calls, and the engine's state, reject or throw
+   * `LeveeClosedError`.
    */
   close(): void {
-    this.#rt.close();
+    if (this.#closed) return;
     this.#closed = true;
+    this.#rt.close();
+    for (const sleeper of [...this.#sleepers]) sleeper.abort(CLOSED);
   }
 
   [Symbol.dispose](): void {
@@ -407,7 +435,7 @@ export class Levee {
     const signal = options?.signal;
     // The caller's cancellation is JavaScript's own: the signal's reason (docs/hosts.md, section 5).
     if (signal?.aborted) return Promise.reject(signal.reason);
-    if (this.#closed) return Promise.reject(new Error('levee: this Levee was closed'));
+    if (this.#closed) return Promise.reject(new LeveeClosedError());
     const now = this.#now();
     if (now > rt.nextCheckpoint) {
       rt.flush();
@@ -521,6 +549,17 @@ export class Levee {
     }
     if (threw) st.lastError = err;
     else st.value = st.lastResult = value;
+    if (this.#closed) {
+      if (!threw) {
+        this.#ended(d, st, 'success');
+        return Promise.resolve(value as T);
+      }
+      try {
+        this.#closedEnd(d, st);
+      } catch (closed) {
+        return Promise.reject(closed);
+      }
+    }
     return this.#drive(d, st, this.#report(d, st, now, now - started, outcome), now);
   }
 
@@ -571,6 +610,15 @@ export class Levee {
   }
 
   /**
+   * The Levee was closed while the call ran and it needs the engine again: it ends with
+   * `LeveeClosedError` (counted as cancelled: the program's doing), before any crossing.
+   */
+  #closedEnd<T>(d: CallDriver, st: CallState<T>): never {
+    this.#ended(d, st, 'cancelled');
+    throw new LeveeClosedError(d.policy.name, d.attempts, st.fallbackError ?? st.lastError);
+  }
+
+  /**
    * The step loop, from verdict `v` (the answer of the driver's crossing, `undefined` when that
    * crossing trapped) on: the driver says what to do, this does it.
    */
@@ -595,6 +643,7 @@ export class Levee {
       }
 
       if (act === ACT_ATTEMPT || act === ACT_DEGRADED) {
+        if (this.#closed) return this.#closedEnd(d, st);
         const degraded = act === ACT_DEGRADED;
         const timeoutNs = d.timeoutNs;
         const ctx = new Attempt(d.attempts, timeoutNs / 1e6, signal, clock);
@@ -640,23 +689,33 @@ export class Levee {
         } catch (err) {
           now = this.#now();
           ctx.dispose();
+          const cancelled = ctx.callerAborted || (signal?.aborted === true && !ctx.timedOut);
           if (span !== undefined) {
             const kind = ctx.timedOut ? 'timeout' : (options?.errorOutcome?.(err) ?? outcomeOfError(err)).kind;
-            CallSpan.endAttempt(span, signal?.aborted && !ctx.timedOut ? 'cancelled' : kind);
+            CallSpan.endAttempt(span, cancelled ? 'cancelled' : kind);
           }
-          if (signal?.aborted && !ctx.timedOut) {
-            // Cancelled by the caller: the attempt is not reported.
-            if (!degraded) rt.cancel(st.call, now, st.gen);
+          if (cancelled) {
+            // Cancelled by the caller, who has its answer at once; the attempt is not reported.
+            // What it holds in the core (its bulkhead slot) is its own until it has ended: the
+            // call is cancelled there once the attempt's promise settles (never, for a function
+            // that ignores its signal and never settles).
+            if (!degraded) {
+              const gen = st.gen;
+              void ctx.ended.then(() => rt.cancel(st.call, this.#now(), gen));
+            }
             this.#ended(d, st, 'cancelled');
-            throw signal.reason;
+            throw signal!.reason;
           }
           if (degraded) {
             this.#ended(d, st, 'failure');
             throw err;
           }
           if (ctx.timedOut) {
+            // Reported once the attempt has ended (its bulkhead slot is held until then), with the
+            // time it took (at least the timeout).
             outcome = { kind: 'timeout' };
-            elapsed = BigInt(timeoutNs);
+            elapsed = now - started;
+            if (elapsed < BigInt(timeoutNs)) elapsed = BigInt(timeoutNs);
           } else {
             outcome = options?.errorOutcome?.(err) ?? outcomeOfError(err);
             elapsed = now - started;
@@ -666,6 +725,15 @@ export class Levee {
           st.lastResult = undefined;
           st.value = undefined;
         }
+        if (this.#closed) {
+          // Closed while the attempt ran: a success is the call's answer; anything else would need
+          // the engine, which is gone.
+          if (outcome.kind === 'success' && !ctx.timedOut) {
+            this.#ended(d, st, 'success');
+            return st.value as T;
+          }
+          return this.#closedEnd(d, st);
+        }
         v = this.#report(d, st, now, elapsed, outcome, callerFlags);
         continue;
       }
@@ -674,22 +742,33 @@ export class Levee {
         // The hedged attempts run until a command ends the call; its verdict (`undefined`: the
         // recovery path, with the attempt whose own result ends the call in `st`) goes on here.
         const end = await this.#hedged(d, st, now);
+        if (end.done) return end.value as T;
         v = end.verdict;
         now = end.now;
         continue;
       }
 
       if (act === ACT_SLEEP) {
+        if (this.#closed) return this.#closedEnd(d, st);
         if (d.retry) this.#onRetry(d, st);
+        // `close` ends the sleep (its own controller: a composite on a signal that lives as long
+        // as the Levee would pile up in it), as the caller's signal does.
+        const sleeper = new AbortController();
+        this.#sleepers.add(sleeper);
+        const under = signal === undefined ? sleeper.signal : AbortSignal.any([signal, sleeper.signal]);
         try {
-          if (d.park) await this.#park(d, st, signal);
-          else await clockWait(clock, d.sleepNs / 1e6, signal);
+          if (d.park) await this.#park(d, st, under);
+          else await clockWait(clock, d.sleepNs / 1e6, under);
         } catch (reason) {
+          if (reason === CLOSED) return this.#closedEnd(d, st);
           now = this.#now();
           rt.cancel(st.call, now, st.gen);
           this.#ended(d, st, 'cancelled');
           throw reason;
+        } finally {
+          this.#sleepers.delete(sleeper);
         }
+        if (this.#closed) return this.#closedEnd(d, st);
         now = this.#now();
         if (st.value !== undefined && options?.discard !== undefined) {
           options.discard(st.value);
@@ -731,6 +810,14 @@ export class Levee {
           } catch (err) {
             st.fallbackError = err;
           }
+        }
+        if (this.#closed) {
+          // Closed while the fallback ran: its value is the call's answer; a failure would need the engine.
+          if (ok) {
+            this.#ended(d, st, 'fallback');
+            return st.fallbackValue as T;
+          }
+          return this.#closedEnd(d, st);
         }
         now = this.#now();
         v = rt.reportFallback(p, st.key, st.call, now, ok, d.attempts);
@@ -801,7 +888,7 @@ export class Levee {
     d: CallDriver,
     st: CallState<T>,
     now: bigint,
-  ): Promise<{ verdict: bigint | undefined; now: bigint }> {
+  ): Promise<{ verdict: bigint | undefined; now: bigint; done?: boolean; value?: T }> {
     const rt = this.#rt;
     const p = d.policy;
     const options = st.options;
@@ -857,10 +944,10 @@ export class Levee {
           options.discard(f.value);
         } catch (err) {
           // The call is over: nobody to hand the error to.
-          reportHookError(err);
+          reportHookError(err, `discard function of a call of policy "${p.name}"`, this.#observerError);
         }
       }
-      if (rt.generation !== st.gen) return;
+      if (rt.generation !== st.gen || rt.closed) return;
       const a = report(f, this.#now(), false);
       if (a?.eventsPending) rt.drain();
     };
@@ -926,7 +1013,11 @@ export class Levee {
     const cancelled = (): never => {
       phase = 2;
       abortAll(signal!.reason);
-      rt.cancel(st.call, this.#now(), st.gen);
+      // The caller has its answer at once; what the attempts hold in the core (their bulkhead
+      // slots) is theirs until each has ended: the call is cancelled there once they all have.
+      const open = flights.filter((f) => f !== undefined && !f.closed).map((f) => f.ctx.ended);
+      if (open.length === 0) rt.cancel(st.call, this.#now(), st.gen);
+      else void Promise.all(open).then(() => rt.cancel(st.call, this.#now(), st.gen));
       d.attempts = hd.started;
       this.#ended(d, st, 'cancelled');
       throw signal!.reason;
@@ -936,6 +1027,34 @@ export class Levee {
       st.value = f.threw ? undefined : f.value;
       st.lastResult = f.threw ? undefined : f.value;
       st.lastError = f.threw ? f.error : undefined;
+    };
+
+    // The Levee was closed while the call ran (`close`): no crossing, no attempt started. An
+    // attempt that has already succeeded is the call's answer; the others are aborted, and the
+    // call ends with `LeveeClosedError` (the last attempt that failed as its cause).
+    const shut = (): { verdict: undefined; now: bigint; done: true; value: T } => {
+      phase = 2;
+      const succeeded = (f: Flight<T>): boolean => {
+        try {
+          return !f.threw && (options?.outcomeOf?.(f.value as T)?.kind ?? 'success') === 'success';
+        } catch {
+          return false;
+        }
+      };
+      const done = flights.filter((f) => f !== undefined && f.closed && !hd.cancelled.has(f.n));
+      const ok = done.find(succeeded);
+      abortAll(new LeveeClosedError(p.name, hd.started));
+      d.attempts = hd.started;
+      if (ok !== undefined) {
+        use(ok);
+        discardBut(ok);
+        this.#ended(d, st, 'success');
+        return { verdict: undefined, now: this.#now(), done: true, value: ok.value as T };
+      }
+      const last = done[done.length - 1];
+      if (last !== undefined) use(last);
+      discardBut(undefined);
+      return this.#closedEnd(d, st);
     };
 
     // The one recovery path (conformance/hosts/README.md, "A fault"): `failed`, a live attempt
@@ -990,6 +1109,10 @@ export class Levee {
       notify();
     };
     signal?.addEventListener('abort', onAbort, { once: true });
+    // `close` wakes the call's wait too.
+    const closing = new AbortController();
+    closing.signal.addEventListener('abort', notify, { once: true });
+    this.#sleepers.add(closing);
     try {
       launch(1, d.timeoutNs, now);
       d.op = 'hedge-step';
@@ -1085,6 +1208,7 @@ export class Levee {
           if (closed.length > 0 && flights.some((f) => f !== undefined && !f.closed)) await this.#clock.sleep(0);
         }
         if (signal?.aborted) return cancelled();
+        if (this.#closed) return shut();
         now = this.#now();
         reported = lowest(closed);
         if (reported !== undefined) {
@@ -1105,6 +1229,7 @@ export class Levee {
       throw err;
     } finally {
       signal?.removeEventListener('abort', onAbort);
+      this.#sleepers.delete(closing);
     }
   }
 
@@ -1123,7 +1248,8 @@ export class Levee {
     try {
       answer = predicate({ attempt, threw, error, value });
     } catch (err) {
-      reportHookError(err);
+      const whose = st.options?.retryIf !== undefined ? 'retryIf predicate of a call of' : 'retryIf predicate of';
+      reportHookError(err, `${whose} policy "${d.policy.name}"`, this.#observerError);
       return 0;
     }
     return answer === true ? REPORT_CALLER_RETRY : answer === false ? REPORT_CALLER_NO_RETRY : 0;
@@ -1147,7 +1273,8 @@ export class Levee {
       try {
         hook(info);
       } catch (err) {
-        reportHookError(err);
+        const whose = hook === own ? 'onRetry hook of a call of' : 'onRetry hook of';
+        reportHookError(err, `${whose} policy "${d.policy.name}"`, this.#observerError);
       }
     }
   }
