@@ -34,6 +34,20 @@ export interface LeveeErrorDetails {
   detail?: string;
   /** Fallbacks the policy's chain named that no function was registered for (they count as failed). */
   unregistered?: readonly string[];
+  /** The error of the last fallback of the chain, when it ran and failed (the error's `cause`). */
+  fallbackError?: unknown;
+  /** That fallback's name. */
+  fallbackName?: string;
+}
+
+/** The words of a value thrown, for a message: `Name: message` for an Error. */
+function describeThrown(err: unknown): string {
+  if (err instanceof Error) return `${err.name}: ${err.message}`;
+  try {
+    return String(err);
+  } catch {
+    return typeof err;
+  }
 }
 
 /** The words every host uses for fallbacks named by a policy but never registered. */
@@ -97,7 +111,11 @@ export class UnknownPolicyError extends RangeError {
   }
 }
 
-/** A call that Levee gave up on (or refused), with the reason and the last error. */
+/**
+ * A call that Levee gave up on (or refused), with the reason and the last error. Its `cause` is
+ * the last attempt's error, or, when the call ended after a fallback that failed, that
+ * fallback's error (`fallbackError`; `lastError` stays the attempt's).
+ */
 export class LeveeError extends Error {
   override readonly name = 'LeveeError';
   readonly reason: FailureReason;
@@ -108,16 +126,25 @@ export class LeveeError extends Error {
   readonly retryAfterMs: number | undefined;
   /** Fallbacks the policy's chain named that no function was registered for. */
   readonly unregistered: readonly string[];
+  /** The error of the last fallback, when the call ended after it failed (then the `cause`). */
+  readonly fallbackError: unknown;
 
   constructor(reason: FailureReason, details: LeveeErrorDetails) {
     const unregistered = details.unregistered ?? [];
-    const words = [details.detail, unregistered.length > 0 ? unregisteredMessage(unregistered) : undefined];
+    const failed = details.fallbackError;
+    const words = [
+      details.detail,
+      failed !== undefined ? `fallback "${details.fallbackName ?? ''}" failed: ${describeThrown(failed)}` : undefined,
+      unregistered.length > 0 ? unregisteredMessage(unregistered) : undefined,
+    ];
     const said = words.filter((w) => w !== undefined && w !== '').join('; ');
     const tail = said ? `: ${said}` : '';
+    const cause = failed ?? details.lastError;
     super(
       `levee: policy "${details.policy}" gave up (${reason}) after ${details.attempts} attempt${details.attempts === 1 ? '' : 's'}${tail}`,
-      details.lastError !== undefined ? { cause: details.lastError } : undefined,
+      cause !== undefined ? { cause } : undefined,
     );
+    this.fallbackError = failed;
     this.reason = reason;
     this.policy = details.policy;
     this.attempts = details.attempts;

@@ -784,6 +784,7 @@ export class Levee {
         let ok = false;
         const previous = st.fallbackError;
         st.fallbackError = undefined;
+        st.fallbackName = name;
         if (fb === undefined) {
           // Counted as failed; the error that ends the call names it (the attempt's error stands).
           if (!st.unregistered.includes(name)) st.unregistered.push(name);
@@ -867,6 +868,8 @@ export class Levee {
         lastResult: st.lastResult,
         retryAfterMs: d.hintNs > 0 ? d.hintNs / 1e6 : undefined,
         unregistered: st.unregistered,
+        fallbackError: st.fallbackError,
+        fallbackName: st.fallbackName,
       });
     }
   }
@@ -1327,6 +1330,8 @@ class CallState<T> {
   fellBack = false;
   fallbackValue: T | undefined = undefined;
   fallbackError: unknown = undefined;
+  /** The name of the fallback that ran last. */
+  fallbackName = '';
   readonly unregistered: string[] = [];
   span: CallSpan | undefined = undefined;
 
