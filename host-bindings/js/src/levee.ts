@@ -208,6 +208,8 @@ export class Levee {
   readonly #retryHooks = new Map<string, RetryHook[]>();
   readonly #predicates = new Map<string, RetryPredicate>();
   readonly #spans: Spans | undefined;
+  /** The spans of the calls in progress (spans on), by call id: their events land on them. */
+  readonly #callSpans = new Map<bigint, CallSpan>();
   #closed = false;
   /** The sleeps of calls between attempts (and their parks), which `close` ends. */
   readonly #sleepers = new Set<AbortController>();
@@ -246,6 +248,7 @@ export class Levee {
         maxMemoryBytes: options.maxMemoryBytes ?? DEFAULT_MAX_MEMORY_BYTES,
         trace: options.trace,
         report: this.#observerError,
+        withCall: this.#spans === undefined ? undefined : (call, fn) => this.#inCallSpan(call, fn),
         wallMs: wall === undefined ? Date.now : () => wall.call(clock),
       },
       this.#emitter,
@@ -480,7 +483,10 @@ export class Levee {
     gen: number,
   ): CallState<T> {
     const st = new CallState(fn, options, key, call, gen);
-    if (this.#spans !== undefined) st.span = this.#spans.call(p.name, key);
+    if (this.#spans !== undefined) {
+      st.span = this.#spans.call(p.name, key);
+      this.#callSpans.set(call, st.span);
+    }
     return st;
   }
 
@@ -606,7 +612,19 @@ export class Levee {
   /** The call ended: `levee.calls`, and the end of its span. */
   #ended<T>(d: CallDriver, st: CallState<T>, result: CallResult, reason?: Reason): void {
     this.#telemetry?.call(d.policy.name, result, d.attempts > 1, reason);
-    st.span?.end(result, reason);
+    const span = st.span;
+    if (span !== undefined) {
+      // The span of a call a fallback ended says what triggered it (docs/telemetry.md, "Spans").
+      span.end(result, reason ?? (result === 'fallback' ? d.reason : undefined));
+      this.#callSpans.delete(st.call);
+    }
+  }
+
+  /** Deliver an event of call `call` in the context of its span, if it is still in progress. */
+  #inCallSpan(call: bigint, fn: () => void): void {
+    const span = this.#callSpans.get(call);
+    if (span === undefined) fn();
+    else span.run(fn);
   }
 
   /**
@@ -622,7 +640,13 @@ export class Levee {
    * The step loop, from verdict `v` (the answer of the driver's crossing, `undefined` when that
    * crossing trapped) on: the driver says what to do, this does it.
    */
-  async #drive<T>(d: CallDriver, st: CallState<T>, v: bigint | undefined, now: bigint): Promise<T> {
+  #drive<T>(d: CallDriver, st: CallState<T>, v: bigint | undefined, now: bigint): Promise<T> {
+    const steps = this.#steps(d, st, v, now);
+    // However the call ends (a describer that throws included), its span leaves the table.
+    return st.span === undefined ? steps : steps.finally(() => this.#callSpans.delete(st.call));
+  }
+
+  async #steps<T>(d: CallDriver, st: CallState<T>, v: bigint | undefined, now: bigint): Promise<T> {
     const rt = this.#rt;
     const clock = this.#clock;
     const p = d.policy;

@@ -113,6 +113,11 @@ export interface RuntimeOptions {
   trace: ((step: TraceStep) => void) | undefined;
   /** Where an error of the `trace` callback goes (it is ignored). */
   report: ObserverErrorHandler;
+  /**
+   * Run the delivery of an event of call `call` (telemetry, listeners) in that call's context
+   * (its `levee.call` span, when spans are on); `undefined`: in the current context.
+   */
+  withCall: ((call: bigint, fn: () => void) => void) | undefined;
   /** Wall-clock milliseconds since the epoch (an HTTP-date in Retry-After is read against it). */
   wallMs: () => number;
 }
@@ -841,16 +846,21 @@ export class Runtime {
     const emitter = this.#emitter;
     const telemetry = this.#telemetry;
     const listening = emitter.listening;
+    const withCall = this.#options.withCall;
     for (const raw of events) {
       if (raw.kind === 'breaker-transition') transitions = true;
       if (!listening && telemetry === undefined) continue;
       const event = raw as LeveeEvent;
       event.policyName = this.policies[raw.policy]?.name ?? '';
-      telemetry?.event(event);
-      if (listening) {
-        emitter.emit('event', event);
-        emitter.emit(event.kind, event);
-      }
+      const deliver = (): void => {
+        telemetry?.event(event);
+        if (listening) {
+          emitter.emit('event', event);
+          emitter.emit(event.kind, event);
+        }
+      };
+      if (withCall !== undefined && event.call !== 0n) withCall(event.call, deliver);
+      else deliver();
     }
     // A breaker that changed state is what a restarted instance most needs back.
     if (transitions) this.checkpoint(this.#now());
@@ -921,8 +931,13 @@ export class Runtime {
       restored = this.reinstantiate();
     }
     const event: EngineFaultEvent = { kind: 'engine-fault', fault, phase, error, restored, policyName, key, call };
-    this.#telemetry?.fault(event);
-    this.#emitter.emit('engine-fault', event);
+    const deliver = (): void => {
+      this.#telemetry?.fault(event);
+      this.#emitter.emit('engine-fault', event);
+    };
+    const withCall = this.#options.withCall;
+    if (withCall !== undefined && call !== undefined) withCall(call, deliver);
+    else deliver();
   }
 
   /** A fresh instance with the last exported state; false when that state could not come back. */
