@@ -17,7 +17,7 @@ export interface LeveeFetchOptions {
   fetch?: typeof globalThis.fetch;
   /** The key of per-key state for a request (default: `httpKey(url)`, `host:port`, so each origin has its breaker). */
   key?: (url: URL, request: Request) => string;
-  /** Fallbacks for these requests, by name; they return a Response. */
+  /** Fallbacks for these requests, by name; they return a Response. Each gets the request as `ctx.request`. */
   fallbacks?: Record<string, FallbackFn<Response>>;
   /** Called before the sleep of each retry of these requests (see `Levee.onRetry`). */
   onRetry?: RetryHook;
@@ -121,6 +121,7 @@ export function leveeFetch(
         discard: discardBody,
         acceptFallback: (value) => value instanceof Response,
         fallbacks: options.fallbacks,
+        request,
         onRetry: options.onRetry,
         retryIf: options.retryIf,
       });

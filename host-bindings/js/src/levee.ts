@@ -78,6 +78,11 @@ export interface FallbackContext {
   lastResult: unknown;
   /** The caller's signal, if any. */
   signal: AbortSignal | undefined;
+  /**
+   * The HTTP request of the call: `leveeFetch`'s (as built from its arguments, body unread), or
+   * the one `run` was given in its options; `undefined` otherwise.
+   */
+  request: Request | undefined;
 }
 
 export type FallbackFn<T = unknown> = (ctx: FallbackContext) => T | Promise<T>;
@@ -110,6 +115,8 @@ export interface RunOptions<T> {
   onRetry?: RetryHook;
   /** This call's retry predicate (it wins over the policy's, see `Levee.retryIf`). */
   retryIf?: RetryPredicate<T>;
+  /** The HTTP request the call makes, for its fallbacks (`FallbackContext.request`); `leveeFetch` passes it. */
+  request?: Request;
 }
 
 /** What a retry predicate sees: the attempt's value, or the error it threw (a timeout's is a `TimeoutError`). */
@@ -823,6 +830,7 @@ export class Levee {
               lastResult: st.lastResult,
               fallbackError: previous,
               signal,
+              request: options?.request,
             });
             const fallbackValue = isThenable(r) ? await r : r;
             if (options?.acceptFallback !== undefined && !options.acceptFallback(fallbackValue)) {
