@@ -29,15 +29,15 @@ export interface LeveeErrorDetails {
   /** The value of the last attempt, when it returned one the policy classified as a failure. */
   lastResult?: unknown;
   /** A retry-after hint from the core (an open breaker's remaining wait), in milliseconds. */
-  retryAfterMs?: number;
+  retryAfterMs?: number | undefined;
   /** Extra words for the message. */
-  detail?: string;
+  detail?: string | undefined;
   /** Fallbacks the policy's chain named that no function was registered for (they count as failed). */
-  unregistered?: readonly string[];
+  unregistered?: readonly string[] | undefined;
   /** The error of the last fallback of the chain, when it ran and failed (the error's `cause`). */
   fallbackError?: unknown;
   /** That fallback's name. */
-  fallbackName?: string;
+  fallbackName?: string | undefined;
 }
 
 /** The words of a value thrown, for a message: `Name: message` for an Error. */
@@ -201,7 +201,14 @@ export class HttpStatusError extends Error {
   readonly retryAfter: string | null;
   readonly overloaded: boolean;
 
-  constructor(status: number, options: { retryAfter?: string | null; overloaded?: boolean; message?: string } = {}) {
+  constructor(
+    status: number,
+    options: {
+      retryAfter?: string | null | undefined;
+      overloaded?: boolean | undefined;
+      message?: string | undefined;
+    } = {},
+  ) {
     super(options.message ?? `HTTP status ${status}`);
     this.status = status;
     this.retryAfter = options.retryAfter ?? null;
@@ -215,7 +222,7 @@ export class GrpcStatusError extends Error {
   readonly code: number;
   readonly pushback: string | null;
 
-  constructor(code: number, options: { pushback?: string | null; message?: string } = {}) {
+  constructor(code: number, options: { pushback?: string | null | undefined; message?: string | undefined } = {}) {
     super(options.message ?? `gRPC status ${code}`);
     this.code = code;
     this.pushback = options.pushback ?? null;

@@ -397,7 +397,11 @@ export class OpenTelemetrySink implements TelemetrySink {
    * `gaugeKey: false` drops `levee.key` from the breaker-state gauge too (one series per policy
    * instead of one per key: keys can number in the millions).
    */
-  constructor(meter: MeterLike, activeSpan?: () => SpanLike | undefined, options: { gaugeKey?: boolean } = {}) {
+  constructor(
+    meter: MeterLike,
+    activeSpan?: () => SpanLike | undefined,
+    options: { gaugeKey?: boolean | undefined } = {},
+  ) {
     this.#meter = meter;
     this.#activeSpan = activeSpan;
     this.#gaugeKey = options.gaugeKey ?? true;

@@ -89,34 +89,34 @@ export type FallbackFn<T = unknown> = (ctx: FallbackContext) => T | Promise<T>;
 
 export interface RunOptions<T> {
   /** A key for per-key state (breakers, buckets), e.g. a downstream host. Default "". */
-  key?: string;
+  key?: string | undefined;
   /** The caller's signal: aborting it cancels the call (attempt and sleeps). */
-  signal?: AbortSignal;
+  signal?: AbortSignal | undefined;
   /** The operation is idempotent (default true). When false the core retries it only with a key. */
-  idempotent?: boolean;
+  idempotent?: boolean | undefined;
   /**
    * The operation carries an idempotency key (so the core may retry it even if not idempotent):
    * `true`, or the key itself (an empty string counts as none).
    */
-  idempotencyKey?: boolean | string;
+  idempotencyKey?: boolean | string | undefined;
   /** The HTTP method of the operation, if it is one (the core knows which methods are idempotent). */
-  method?: string;
+  method?: string | undefined;
   /** Describe a value an attempt returned (e.g. an HTTP response); `undefined` means success. */
-  outcomeOf?: (value: T) => Outcome | undefined;
+  outcomeOf?: ((value: T) => Outcome | undefined) | undefined;
   /** Describe an error an attempt threw (default: `outcomeOfError`). */
-  errorOutcome?: (error: unknown) => Outcome | undefined;
+  errorOutcome?: ((error: unknown) => Outcome | undefined) | undefined;
   /** Fallbacks for this call, by name (they take precedence over those registered on the engine). */
-  fallbacks?: Record<string, FallbackFn<T>>;
+  fallbacks?: Record<string, FallbackFn<T>> | undefined;
   /** Called with a returned value that a retry supersedes (e.g. to free a response body). */
-  discard?: (value: T) => void;
+  discard?: ((value: T) => void) | undefined;
   /** Checks a fallback's value; a value it refuses counts as a failed fallback (e.g. not a Response). */
-  acceptFallback?: (value: unknown) => boolean;
+  acceptFallback?: ((value: unknown) => boolean) | undefined;
   /** Called before the sleep of each retry of this call (before the policy's hooks); see `Levee.onRetry`. */
-  onRetry?: RetryHook;
+  onRetry?: RetryHook | undefined;
   /** This call's retry predicate (it wins over the policy's, see `Levee.retryIf`). */
-  retryIf?: RetryPredicate<T>;
+  retryIf?: RetryPredicate<T> | undefined;
   /** The HTTP request the call makes, for its fallbacks (`FallbackContext.request`); `leveeFetch` passes it. */
-  request?: Request;
+  request?: Request | undefined;
 }
 
 /** What a retry predicate sees: the attempt's value, or the error it threw (a timeout's is a `TimeoutError`). */
@@ -141,55 +141,55 @@ export type RetryPredicate<T = unknown> = (result: AttemptResult<T>) => boolean 
 
 export interface LoadOptions {
   /** The seed of the core's PRNG (jitter). Default: from the OS random source. */
-  seed?: bigint | number;
+  seed?: bigint | number | undefined;
   /** Fallback functions, by the names the policies' chains use. */
-  fallbacks?: Record<string, FallbackFn>;
+  fallbacks?: Record<string, FallbackFn> | undefined;
   /**
    * Where telemetry goes (docs/telemetry.md): events, counters, histograms and the breaker gauge.
    * Default: the OpenTelemetry sink on `meter` (below); `null` for none.
    */
-  telemetry?: TelemetrySink | null;
+  telemetry?: TelemetrySink | null | undefined;
   /**
    * An OpenTelemetry meter for the default sink; default: `@opentelemetry/api`'s global meter
    * `levee` when the package is present (`load`; `loadSync` looks for none). `null`: no metrics.
    */
-  meter?: MeterLike | null;
+  meter?: MeterLike | null | undefined;
   /** `onRetry` hooks per policy name, called before the sleep of each retry (see `Levee.onRetry`). */
-  onRetry?: Record<string, RetryHook>;
+  onRetry?: Record<string, RetryHook> | undefined;
   /** Retry predicates per policy name (see `Levee.retryIf`). */
-  retryIf?: Record<string, RetryPredicate>;
+  retryIf?: Record<string, RetryPredicate> | undefined;
   /**
    * Spans `levee.call` and `levee.attempt` (docs/telemetry.md) on OpenTelemetry: pass the
    * `@opentelemetry/api` module, or `true` (with `load`, which imports it). Default: none.
    */
-  spans?: OpenTelemetryApiLike | boolean;
+  spans?: OpenTelemetryApiLike | boolean | undefined;
   /**
    * The clock of this Levee: every `now` it gives the core, the sleeps between attempts and the
    * attempts' timeouts. Default: the runtime's monotonic clock and the event loop's timers. Tests
    * pass a `VirtualClock` from `levee-resilience/testing`.
    */
-  clock?: Clock;
+  clock?: Clock | undefined;
   /**
    * How often (at most) the state is exported for trap recovery on the call path, in ms of the
    * Levee's clock. Default 1000, the rule of every host (docs/hosts.md, section 7). Whatever the
    * interval, the state is also exported whenever a breaker changes state, and after
    * `setBreakerState`, `reload` and `importState`, so a trap never forgets a trip.
    */
-  checkpointIntervalMs?: number;
+  checkpointIntervalMs?: number | undefined;
   /** jco's core instantiation hook (instrumentation, fault injection). */
-  instantiateCore?: InstantiateCore;
+  instantiateCore?: InstantiateCore | undefined;
   /**
    * Bound on the component's memory, in bytes (default 512 MiB, as in every host: see
    * docs/architecture.md, "Bounds on the guest"). Checked at each checkpoint; a component above
    * it is treated as faulty: re-instantiated with the last exported state. (A JavaScript engine
    * cannot interrupt a synchronous Wasm call, so this host bounds no guest call in time.)
    */
-  maxMemoryBytes?: number;
+  maxMemoryBytes?: number | undefined;
   /**
    * Called after every step of every call with the core's verdict (debugging, demos). Like every
    * observer, one that throws is reported (`onObserverError`) and ignored.
    */
-  trace?: (step: TraceStep) => void;
+  trace?: ((step: TraceStep) => void) | undefined;
   /**
    * Where the errors of observer code go: `onRetry` hooks, `on()` listeners, the telemetry sink,
    * the `trace` callback, retry predicates and `discard`. Such an error is reported here and
@@ -197,7 +197,7 @@ export interface LoadOptions {
    * exception. `observer` names the code that threw (`onRetry hook of policy "http"`). Default:
    * one `console.error` line. One that throws in turn is ignored.
    */
-  onObserverError?: ObserverErrorHandler;
+  onObserverError?: ObserverErrorHandler | undefined;
 }
 
 /**

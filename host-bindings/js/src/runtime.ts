@@ -127,7 +127,9 @@ export interface RuntimeOptions {
  * sent (RFC 9110 methods are case-sensitive: `get` is not `GET`, and is code `METHOD_OTHER`).
  */
 export function startFlags(
-  options: { idempotent?: boolean; idempotencyKey?: boolean | string; method?: string } | undefined,
+  options:
+    | { idempotent?: boolean | undefined; idempotencyKey?: boolean | string | undefined; method?: string | undefined }
+    | undefined,
 ): number {
   if (options === undefined) return 0;
   let flags = 0;
