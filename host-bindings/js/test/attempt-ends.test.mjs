@@ -94,3 +94,71 @@ test('an attempt that honours its signal ends at its timeout, as before', async 
   // Two timeouts of 100 ms and two backoffs of 100 ms.
   assert.equal(clock.now(), 400_000_000n);
 });
+
+test("a hedged call: on the caller's abort each attempt keeps its slot until it settles", async () => {
+  const clock = new VirtualClock({ auto: true });
+  const levee = loadSync(
+    `
+policies:
+  h:
+    bulkhead: { max-concurrent: 1 }
+    hedge: { attempts: 2, delay: 500ms }
+`,
+    { seed: 1n, clock, telemetry: null },
+  );
+  const controller = new AbortController();
+  const reason = new Error('the caller gave up');
+  const a = levee
+    .run(
+      'h',
+      async () => {
+        await clock.sleep(80); // ignores its signal
+        return 'late';
+      },
+      { signal: controller.signal },
+    )
+    .then(
+      () => assert.fail('cancelled'),
+      (err) => [err, clock.now()],
+    );
+  await clock.sleep(30);
+  controller.abort(reason);
+  const [err, at] = await a;
+  assert.equal(err, reason);
+  assert.equal(at, 30_000_000n);
+  await clock.sleep(10);
+  await assert.rejects(
+    levee.run('h', () => 'b'),
+    (e) => e instanceof LeveeError && e.reason === 'bulkhead-full',
+  );
+  await clock.sleep(60);
+  assert.equal(await levee.run('h', () => 'c'), 'c');
+});
+
+test('a hedged attempt past its timeout that ignores its signal keeps its slot until it settles', async () => {
+  const clock = new VirtualClock({ auto: true });
+  const levee = loadSync(
+    `
+policies:
+  h:
+    attempt-timeout: 100ms
+    bulkhead: { max-concurrent: 1 }
+    hedge: { attempts: 2, delay: 500ms }
+`,
+    { seed: 1n, clock, telemetry: null },
+  );
+  // Attempt 1 ignores its signal and settles at 250 ms; the hedge (attempt 2) answers at once.
+  const a = levee.run('h', async ({ attempt }) => {
+    if (attempt === 2) return 'two';
+    await clock.sleep(250);
+    return 'late';
+  });
+  await clock.sleep(150);
+  await assert.rejects(
+    levee.run('h', () => 'b'),
+    (e) => e instanceof LeveeError && e.reason === 'bulkhead-full',
+  );
+  assert.equal(await a, 'two');
+  assert.equal(clock.now(), 250_000_000n, 'attempt 1 was reported when it settled');
+  assert.equal(await levee.run('h', () => 'c'), 'c');
+});
