@@ -157,7 +157,7 @@ export class LeveeError extends Error {
 
 /**
  * The Levee was closed (`close()`): a call made after it, or a call in flight that needed the
- * engine again (to report an attempt that did not succeed, to retry, to report a fallback that
+ * engine again (after an attempt that threw or timed out, to retry, to report a fallback that
  * failed). No attempt starts after close. Its `cause` is the last attempt's (or fallback's) error.
  * Not a `LeveeError`: closing is the program's doing, not a decision of the policy.
  */
@@ -167,8 +167,12 @@ export class LeveeClosedError extends Error {
   readonly policy: string | undefined;
   /** The attempts that call made. */
   readonly attempts: number;
+  /** The error of its last attempt (or fallback), if it threw: the `cause`. */
+  readonly lastError: unknown;
+  /** The value of its last attempt, when it returned one. */
+  readonly lastResult: unknown;
 
-  constructor(policy?: string, attempts = 0, cause?: unknown) {
+  constructor(policy?: string, attempts = 0, cause?: unknown, lastResult?: unknown) {
     super(
       policy === undefined
         ? 'levee: this Levee was closed'
@@ -177,6 +181,8 @@ export class LeveeClosedError extends Error {
     );
     this.policy = policy;
     this.attempts = attempts;
+    this.lastError = cause;
+    this.lastResult = lastResult;
   }
 }
 

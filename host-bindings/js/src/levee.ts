@@ -384,7 +384,7 @@ export class Levee {
   /**
    * Send any held-back success, stop the flush timer and release the component instance: a
    * graceful shutdown. A call in flight goes on until it next needs the engine: an attempt that
-   * is running finishes, and if it succeeded the call returns its value (a fallback that is
+   * is running finishes, and if it returned the call returns its value (a fallback that is
    * running, likewise); otherwise, and for a call sleeping before a retry or waiting for a slot
    * (woken at once), the call rejects with `LeveeClosedError`. No attempt starts after close, and
    * nothing of it is an engine fault. Later calls, and the engine's state, reject or throw
@@ -636,11 +636,11 @@ export class Levee {
 
   /**
    * The Levee was closed while the call ran and it needs the engine again: it ends with
-   * `LeveeClosedError` (counted as cancelled: the program's doing), before any crossing.
+   * `LeveeClosedError` (a failure, without a reason of the core's), before any crossing.
    */
   #closedEnd<T>(d: CallDriver, st: CallState<T>): never {
-    this.#ended(d, st, 'cancelled');
-    throw new LeveeClosedError(d.policy.name, d.attempts, st.fallbackError ?? st.lastError);
+    this.#ended(d, st, 'failure');
+    throw new LeveeClosedError(d.policy.name, d.attempts, st.fallbackError ?? st.lastError, st.lastResult);
   }
 
   /**
@@ -757,9 +757,9 @@ export class Levee {
           st.value = undefined;
         }
         if (this.#closed) {
-          // Closed while the attempt ran: a success is the call's answer; anything else would need
-          // the engine, which is gone.
-          if (outcome.kind === 'success' && !ctx.timedOut) {
+          // Closed while the attempt ran: what it returned (in time) is the call's answer, as
+          // what has happened stands; an error would need the engine, which is gone.
+          if (st.lastError === undefined && !ctx.timedOut) {
             this.#ended(d, st, 'success');
             return st.value as T;
           }
@@ -1065,19 +1065,20 @@ export class Levee {
     };
 
     // The Levee was closed while the call ran (`close`): no crossing, no attempt started. An
-    // attempt that has already succeeded is the call's answer; the others are aborted, and the
-    // call ends with `LeveeClosedError` (the last attempt that failed as its cause).
+    // attempt that has already returned is the call's answer (a success first); the others are
+    // aborted, and the call ends with `LeveeClosedError` (the last attempt's error as its cause).
     const shut = (): { verdict: undefined; now: bigint; done: true; value: T } => {
       phase = 2;
       const succeeded = (f: Flight<T>): boolean => {
         try {
-          return !f.threw && (options?.outcomeOf?.(f.value as T)?.kind ?? 'success') === 'success';
+          return (options?.outcomeOf?.(f.value as T)?.kind ?? 'success') === 'success';
         } catch {
           return false;
         }
       };
       const done = flights.filter((f) => f !== undefined && f.closed && !hd.cancelled.has(f.n));
-      const ok = done.find(succeeded);
+      const returned = done.filter((f) => !f.threw && !f.ctx.timedOut);
+      const ok = returned.find(succeeded) ?? returned[0];
       abortAll(new LeveeClosedError(p.name, hd.started));
       d.attempts = hd.started;
       if (ok !== undefined) {

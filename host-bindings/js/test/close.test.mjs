@@ -53,6 +53,7 @@ test('an attempt that fails after close ends the call with LeveeClosedError: no 
   assert.ok(err instanceof LeveeClosedError, `${err}`);
   assert.ok(!(err instanceof LeveeError));
   assert.equal(err.cause, boom);
+  assert.equal(err.lastError, boom);
   assert.equal(err.policy, 'p');
   assert.equal(err.attempts, 1);
   assert.equal(attempts, 1, 'no attempt starts after close');
@@ -78,6 +79,22 @@ test('an attempt that succeeds after close is the call answer', async () => {
   assert.equal(await call, 'done');
   assert.deepEqual(faults, []);
   assert.deepEqual(faultEntries(), []);
+});
+
+test('an attempt that returns after close is the call answer, even a value the policy would retry', async () => {
+  const { clock, levee, faults } = setup();
+  const call = levee.run(
+    'p',
+    async () => {
+      await clock.sleep(50);
+      return { status: 503 };
+    },
+    { outcomeOf: (v) => ({ kind: 'http-status', status: v.status }) },
+  );
+  await clock.sleep(10);
+  levee.close();
+  assert.deepEqual(await call, { status: 503 });
+  assert.deepEqual(faults, []);
 });
 
 test('a call sleeping before a retry wakes at close and ends with LeveeClosedError', async () => {
