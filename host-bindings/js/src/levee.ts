@@ -669,7 +669,7 @@ export class Levee {
           rt.guestFault(d.fault as 'contract' | 'invalid', d.detail, d.op, p, st.key, st.call);
           act = d.recover(now);
         } else if (d.events) {
-          rt.drain();
+          rt.drain(st.call);
         }
       }
 
@@ -984,7 +984,7 @@ export class Levee {
       }
       if (rt.generation !== st.gen || rt.closed) return;
       const a = report(f, this.#now(), false);
-      if (a?.eventsPending) rt.drain();
+      if (a?.eventsPending) rt.drain(st.call);
     };
 
     const onClose = (f: Flight<T>, threw: boolean, value: T | undefined, error: unknown): void => {
@@ -1156,7 +1156,7 @@ export class Levee {
       let a = rt.hedgeStep(p, st.key, st.call, now, hd.started);
       for (;;) {
         if (a === undefined) return await recover(reported);
-        if (a.eventsPending) rt.drain();
+        if (a.eventsPending) rt.drain(st.call);
         const steps = hd.check(a, now);
         if (typeof steps === 'string') {
           rt.guestFault('contract', `${steps} (answered to ${d.op})`, d.op, p, st.key, st.call);

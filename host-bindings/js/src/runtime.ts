@@ -498,7 +498,7 @@ export class Runtime {
         verdict: decodeVerdict(v),
       });
     }
-    if ((Number(v & 0x1fn) & 0x10) !== 0) this.drain();
+    if ((Number(v & 0x1fn) & 0x10) !== 0) this.drain(call);
   }
 
   /** Hold a success back: it rides on the next `start` (or a flush soon after). */
@@ -835,7 +835,11 @@ export class Runtime {
 
   // ---------------------------------------------------------------- events and snapshots
 
-  drain(): void {
+  /**
+   * Deliver the events the core queued. `call`: the call whose crossing queued them, which owns
+   * those of no call (a breaker transition its report caused) for `withCall`.
+   */
+  drain(call?: bigint): void {
     if (this.closed) return;
     let events: Event[];
     try {
@@ -861,7 +865,8 @@ export class Runtime {
           emitter.emit(event.kind, event);
         }
       };
-      if (withCall !== undefined && event.call !== 0n) withCall(event.call, deliver);
+      const owner = event.call !== 0n ? event.call : call;
+      if (withCall !== undefined && owner !== undefined) withCall(owner, deliver);
       else deliver();
     }
     // A breaker that changed state is what a restarted instance most needs back.

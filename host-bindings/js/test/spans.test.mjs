@@ -187,3 +187,23 @@ policies:
   assert.equal(call.attributes['levee.result'], 'fallback');
   assert.equal(call.attributes['levee.reason'], 'retries-exhausted');
 });
+
+test("a breaker transition a call's report caused lands on that call's span", async () => {
+  const { api, spans, active } = recordingApiWithEvents();
+  const clock = new VirtualClock({ auto: true });
+  const sink = new OpenTelemetrySink(noMeter, () => active()?.span);
+  const doc = `
+policies:
+  b:
+    attempts: 1
+    retry-on: ["error:*"]
+    breaker: { minimum-calls: 1, failure-rate: 50, open-duration: 10s }
+`;
+  const levee = loadSync(doc, { seed: 1n, clock, spans: api, telemetry: sink });
+  await assert.rejects(levee.run('b', () => Promise.reject(new Error('down'))));
+  const call = spans.find((s) => s.name === 'levee.call');
+  assert.ok(
+    call.events.some((e) => e.name === 'breaker-transition' && e.attributes['levee.breaker.to'] === 'open'),
+    JSON.stringify(call.events.map((e) => e.name)),
+  );
+});
