@@ -273,8 +273,9 @@ export class Levee {
     return this.#rt.policies;
   }
 
-  /** A policy by name (throws on an unknown name). */
+  /** A policy by name (throws on an unknown name, and `LeveeClosedError` after `close`). */
   policy(name: string): PolicyEntry {
+    if (this.#closed) throw new LeveeClosedError();
     const entry = this.#rt.byName.get(name);
     if (entry === undefined) throw this.#rt.unknown(name);
     return entry;

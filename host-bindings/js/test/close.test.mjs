@@ -65,6 +65,7 @@ test('an attempt that fails after close ends the call with LeveeClosedError: no 
     LeveeClosedError,
   );
   assert.throws(() => levee.policyJson('p'), LeveeClosedError);
+  assert.throws(() => levee.policy('p'), LeveeClosedError);
   assert.deepEqual(faults, []);
 });
 
