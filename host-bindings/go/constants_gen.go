@@ -53,6 +53,7 @@ const (
 	cGuardGuestWorkUnitsPerByte = 20000
 	cGuardGuestMemoryBytes      = 536870912
 	cGuardSnapshotIntervalMs    = 1000
+	cGuardMaxKeyBytes           = 1024
 	cCachePruneAfterSecs        = 2592000
 	cEventEngineFault           = "engine-fault"
 	cMetricCalls                = "levee.calls"
@@ -66,6 +67,8 @@ const (
 	cMetricBreakerTransitions   = "levee.breaker.transitions"
 	cMetricBreakerState         = "levee.breaker.state"
 	cMetricEngineFaults         = "levee.engine.faults"
+	cMetricKeysEvicted          = "levee.keys.evicted"
+	cMetricKeysOverflow         = "levee.keys.overflow"
 	cAttrPolicy                 = "levee.policy"
 	cAttrKey                    = "levee.key"
 	cAttrCall                   = "levee.call"
@@ -90,7 +93,7 @@ var (
 	cReasons            = [...]string{"none", "deadline", "retries-exhausted", "non-retryable", "budget", "breaker-open", "rate-limited", "bulkhead-full", "non-idempotent", "retry-after-too-long", "pushback", "cancelled", "fallbacks-failed"}
 	cOutcomeKinds       = [...]string{"success", "timeout", "connection-error", "http-status", "grpc-status", "error-class"}
 	cBreakerStates      = [...]string{"closed", "open", "half-open", "forced-open", "forced-closed", "disabled"}
-	cEventKinds         = [...]string{"retry-scheduled", "gave-up", "rejected", "budget-refused", "breaker-transition", "fallback-chosen", "rate-limit-wait", "key-evicted", "call-evicted", "permit-expired", "hedge-started"}
+	cEventKinds         = [...]string{"retry-scheduled", "gave-up", "rejected", "budget-refused", "breaker-transition", "fallback-chosen", "rate-limit-wait", "key-evicted", "call-evicted", "permit-expired", "hedge-started", "key-overflow"}
 	cDurableActions     = [...]string{"run", "wait", "done", "dead", "cancelled"}
 	cDurableReasons     = [...]string{"none", "deadline", "retries-exhausted", "non-retryable", "non-idempotent", "retry-after-too-long", "pushback", "cancelled", "unknown-outcome", "crash-limit"}
 	cVerdictKinds       = [...]string{"attempt", "wait", "done", "retry", "fallback", "fail", "invalid", "hedge"}

@@ -100,6 +100,8 @@ pub const GUARD_GUEST_WORK_UNITS_PER_BYTE: u32 = 20000;
 pub const GUARD_GUEST_MEMORY_BYTES: u32 = 536870912;
 /// `GUARD_SNAPSHOT_INTERVAL_MS` of the contract.
 pub const GUARD_SNAPSHOT_INTERVAL_MS: u32 = 1000;
+/// `GUARD_MAX_KEY_BYTES` of the contract.
+pub const GUARD_MAX_KEY_BYTES: u32 = 1024;
 /// `CACHE_PRUNE_AFTER_SECS` of the contract.
 pub const CACHE_PRUNE_AFTER_SECS: u32 = 2592000;
 /// `EVENT_ENGINE_FAULT` of the contract.
@@ -126,6 +128,10 @@ pub const METRIC_BREAKER_TRANSITIONS: &str = "levee.breaker.transitions";
 pub const METRIC_BREAKER_STATE: &str = "levee.breaker.state";
 /// `METRIC_ENGINE_FAULTS` of the contract.
 pub const METRIC_ENGINE_FAULTS: &str = "levee.engine.faults";
+/// `METRIC_KEYS_EVICTED` of the contract.
+pub const METRIC_KEYS_EVICTED: &str = "levee.keys.evicted";
+/// `METRIC_KEYS_OVERFLOW` of the contract.
+pub const METRIC_KEYS_OVERFLOW: &str = "levee.keys.overflow";
 /// `ATTR_POLICY` of the contract.
 pub const ATTR_POLICY: &str = "levee.policy";
 /// `ATTR_KEY` of the contract.
@@ -184,7 +190,7 @@ pub const OUTCOME_KINDS: [&str; 6] = ["success", "timeout", "connection-error", 
 /// `BREAKER_STATES` of the contract, in contract order.
 pub const BREAKER_STATES: [&str; 6] = ["closed", "open", "half-open", "forced-open", "forced-closed", "disabled"];
 /// `EVENT_KINDS` of the contract, in contract order.
-pub const EVENT_KINDS: [&str; 11] = [
+pub const EVENT_KINDS: [&str; 12] = [
     "retry-scheduled",
     "gave-up",
     "rejected",
@@ -196,6 +202,7 @@ pub const EVENT_KINDS: [&str; 11] = [
     "call-evicted",
     "permit-expired",
     "hedge-started",
+    "key-overflow",
 ];
 /// `DURABLE_ACTIONS` of the contract, in contract order.
 pub const DURABLE_ACTIONS: [&str; 5] = ["run", "wait", "done", "dead", "cancelled"];

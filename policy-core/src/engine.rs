@@ -239,14 +239,40 @@ impl Call {
     }
 }
 
-/// The key table's lists: keys with no attempt in flight are evicted before busy ones, each
-/// list least recently used first.
-pub(crate) const IDLE: usize = 0;
-/// See [`IDLE`].
+/// The key table's lists (docs/policy.md, "Keys"). A key is filed by what it holds, each list
+/// least recently used first:
+/// - [`REST`]: no attempt in flight and no protection (what a fresh key would decide the same);
+///   the only keys evicted without a look;
+/// - [`BUSY`]: attempts in flight (their slots and permits are the key's); never evicted;
+/// - [`GUARD`]: no attempt in flight, and protection that a fresh key would forget (a breaker
+///   not closed, a limiter in debt, a budget below full, an adaptive limit below its start):
+///   evicted only once that protection has ended by itself;
+/// - [`OVERFLOW`]: the one entry, named [`OVERFLOW_KEY`], that new keys share when every other
+///   key holds protection; never evicted, and not counted against `keys.max`.
+pub(crate) const REST: usize = 0;
+/// See [`REST`].
 pub(crate) const BUSY: usize = 1;
+/// See [`REST`].
+pub(crate) const GUARD: usize = 2;
+/// See [`REST`].
+pub(crate) const OVERFLOW: usize = 3;
+
+/// The key whose state new keys share when the table is full and no key may be evicted
+/// without forgetting protection. A caller's own key of this name is that shared state too.
+pub const OVERFLOW_KEY: &str = "levee:overflow";
+
+/// Longest key, in UTF-8 bytes. Hosts refuse a longer one with an error (wit/constants.json,
+/// `MAX_KEY_BYTES`); one that reaches the engine anyway is decided against the overflow entry
+/// (event `key-overflow`, `name` its first bytes), so that no key can make the state too large
+/// to export and import again.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Most keys of the guarded list looked at for one eviction (each one still protected moves
+/// to the back of the list), so that making a key costs the same at any number of keys.
+const GUARD_PROBES: usize = 8;
 
 /// One policy's per-key state.
-pub(crate) type Keys = Table<Arc<str>, KeyState, 2>;
+pub(crate) type Keys = Table<Arc<str>, KeyState, 4>;
 /// The live calls, on one list in the order they started (the oldest is evicted first).
 type Calls = Table<u64, Call, 1>;
 
@@ -283,6 +309,9 @@ pub struct Engine {
     /// A key whose reserved slot an `acquire` used up and may not take (it waits for the rate
     /// limiter, or is refused after the bulkhead): its free slots are granted again after it.
     regrant: Option<(usize, u32)>,
+    /// The key an `acquire` or `report` is changing, `(policy, index, now)`: filed by what it
+    /// holds once the operation is over (see [`refile`]).
+    touched: Option<(usize, u32, u64)>,
 }
 
 pub(crate) fn push_event(events: &mut VecDeque<Event>, e: Event) {
@@ -322,50 +351,132 @@ fn transition_events_slow(
     }
 }
 
-/// The list a key belongs on, from what it holds.
+/// Whether a key holds protection at `now`: state that a fresh key would not have, and
+/// without which its decisions would be looser (a breaker not closed, a limiter in debt, a
+/// budget below full, an adaptive limit below a fresh one's). A time-bound protection (a
+/// limiter's debt, a ratio budget's withdrawals) ends by itself; a breaker, a token budget,
+/// the AWS client rate and an adaptive limit return to rest only through calls.
+pub(crate) fn holds_protection(p: &Policy, s: &KeyState, now: u64) -> bool {
+    if s.breaker.as_ref().is_some_and(|b| b.state != BreakerState::Closed) {
+        return true;
+    }
+    if let Some(g) = &s.limiter {
+        if g.tat > now.max(g.last_now) {
+            return true;
+        }
+    }
+    if let (Some(cfg), Some(b)) = (&p.budget, &s.budget) {
+        if !b.at_rest(cfg, now) {
+            return true;
+        }
+    }
+    if let (Some(cfg), Some(l)) = (&p.concurrency, s.adaptive.as_deref()) {
+        if l.current(cfg) < cfg.fresh_current() {
+            return true;
+        }
+    }
+    false
+}
+
+/// The list a key belongs on, from what it holds at `now`.
 #[inline]
-fn list_for(s: &KeyState) -> usize {
+fn list_for(p: &Policy, s: &KeyState, now: u64) -> usize {
     if s.in_flight > 0 {
         BUSY
+    } else if holds_protection(p, s, now) {
+        GUARD
     } else {
-        IDLE
+        REST
     }
 }
 
-/// Put a key on the list its state now calls for (after its in-flight count changed). It was
-/// touched earlier in the same operation, so it is the most recent of either list.
+/// Put a key on the list its state now calls for (after an operation changed it). It was
+/// touched earlier in the same operation, so it is the most recent of either list. The
+/// overflow entry stays where it is.
 #[inline]
-fn refile(keys: &mut Keys, at: u32) {
+pub(crate) fn refile(keys: &mut Keys, p: &Policy, at: u32, now: u64) {
     let want = match keys.get(at) {
-        Some((_, s)) => list_for(s),
+        Some((_, s)) => list_for(p, s, now),
         None => return,
     };
-    if keys.list_of(at) != Some(want) {
-        keys.move_to_back(at, want);
+    match keys.list_of(at) {
+        Some(OVERFLOW) | None => {}
+        Some(list) if list == want => {}
+        Some(_) => keys.move_to_back(at, want),
     }
 }
 
-/// Index of the state of `key`, made when absent, evicting the least recently used key
-/// (idle ones first) when the policy's bound is reached.
+/// The key to evict for a new one at `now`, if one may go: the least recently used key at
+/// rest, else the first of a few guarded keys whose protection has ended by itself. The
+/// guarded keys looked at and still protected move to the back of their list.
+fn victim(keys: &mut Keys, p: &Policy, now: u64) -> Option<u32> {
+    if let Some(i) = keys.front(REST) {
+        return Some(i);
+    }
+    for _ in 0..GUARD_PROBES.min(keys.list_len(GUARD)) {
+        let i = keys.front(GUARD)?;
+        let (_, s) = keys.get(i)?;
+        if !holds_protection(p, s, now) {
+            return Some(i);
+        }
+        keys.move_to_back(i, GUARD);
+    }
+    None
+}
+
+/// Index of the state of `key`, made when absent. At the policy's bound a key at rest makes
+/// room (see [`victim`]); when none may go, the new key is decided against the shared
+/// overflow entry (event `key-overflow`), never looser than a fresh key of its own.
 fn key_position(keys: &mut Keys, p: &Policy, policy: usize, key: &str, tick: u64, now: u64, events: &mut VecDeque<Event>) -> u32 {
     if let Some(i) = keys.find_recent(key) {
         return i;
     }
-    if keys.len() >= p.max_keys as usize {
-        // The least recently used key makes room: its entry becomes the new key's, in place.
-        if let Some(i) = keys.front(IDLE).or_else(|| keys.front(BUSY)) {
-            if let Some(victim) = keys.rekey(i, Arc::from(key), IDLE) {
-                if let Some((_, state)) = keys.get_mut(i) {
-                    state.reset(p, tick);
+    if key == OVERFLOW_KEY {
+        return overflow_position(keys, p, tick);
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return overflow_for(keys, p, policy, key, tick, now, events);
+    }
+    if keys.len() - keys.list_len(OVERFLOW) >= p.max_keys as usize {
+        match victim(keys, p, now) {
+            Some(i) => {
+                // The victim's entry becomes the new key's, in place.
+                if let Some(victim) = keys.rekey(i, Arc::from(key), REST) {
+                    if let Some((_, state)) = keys.get_mut(i) {
+                        state.reset(p, tick);
+                    }
+                    let mut e = Event::new(now, EventKind::KeyEvicted, policy as u32, &victim);
+                    e.name = e.key.clone(); // the same name (a copy, not a trip through `Display`)
+                    push_event(events, e);
+                    return i;
                 }
-                let mut e = Event::new(now, EventKind::KeyEvicted, policy as u32, &victim);
-                e.name = e.key.clone(); // the same name (a copy, not a trip through `Display`)
-                push_event(events, e);
-                return i;
             }
+            None => return overflow_for(keys, p, policy, key, tick, now, events),
         }
     }
-    keys.insert(Arc::from(key), KeyState::fresh(p, tick), IDLE)
+    keys.insert(Arc::from(key), KeyState::fresh(p, tick), REST)
+}
+
+/// Index of the overflow entry for a key that gets no entry of its own (event `key-overflow`).
+#[cold]
+fn overflow_for(keys: &mut Keys, p: &Policy, policy: usize, key: &str, tick: u64, now: u64, events: &mut VecDeque<Event>) -> u32 {
+    let mut e = Event::new(now, EventKind::KeyOverflow, policy as u32, OVERFLOW_KEY);
+    let mut end = key.len().min(MAX_KEY_BYTES);
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    e.name = key.get(..end).unwrap_or_default().into();
+    push_event(events, e);
+    overflow_position(keys, p, tick)
+}
+
+/// Index of the overflow entry, made when absent.
+#[cold]
+fn overflow_position(keys: &mut Keys, p: &Policy, tick: u64) -> u32 {
+    match keys.front(OVERFLOW) {
+        Some(i) => i,
+        None => keys.insert(Arc::from(OVERFLOW_KEY), KeyState::fresh(p, tick), OVERFLOW),
+    }
 }
 
 /// The state of `key` by name (made when absent, as `key_position`), touched for the LRU:
@@ -708,6 +819,7 @@ impl Engine {
             wakes: Wakes::default(),
             queue_ids: 0,
             regrant: None,
+            touched: None,
         }
     }
 
@@ -744,11 +856,11 @@ impl Engine {
             if let (Some(old), Some(new)) =
                 (self.keys.get(call.policy).and_then(|k| k.find(&*call.key).and_then(|i| k.get(i))), next.keys.get_mut(index))
             {
-                if let Some(j) = new.find(&*call.key) {
+                if let (Some(j), Some(p)) = (new.find(&*call.key), next.policies.get(index)) {
                     if let Some((_, ks)) = new.get_mut(j) {
                         ks.in_flight = old.1.in_flight;
                     }
-                    refile(new, j);
+                    refile(new, p, j, 0);
                 }
             }
             next.calls.insert(id, moved, 0);
@@ -982,7 +1094,7 @@ impl Engine {
                 b.give_back(call);
             }
         }
-        refile(keys, c.key_at);
+        refile(keys, p, c.key_at, now);
         let (pi, key_at) = (c.policy, c.key_at);
         if slots > 0 {
             self.grant_at(pi, key_at);
@@ -1000,6 +1112,7 @@ impl Engine {
     /// Acquire the next attempt of the call at an index of the call table.
     fn acquire_at(&mut self, slot: u32, now: u64) -> Verdict {
         let v = self.acquire_step(slot, now);
+        self.file_touched();
         match self.regrant.take() {
             None => v,
             Some((pi, key_at)) => {
@@ -1032,6 +1145,7 @@ impl Engine {
         let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
+        self.touched = Some((pi, c.key_at, now));
 
         // Circuit breaker.
         let mut permit = false;
@@ -1149,7 +1263,6 @@ impl Engine {
         }
         if bulkhead {
             ks.in_flight = ks.in_flight.saturating_add(1);
-            refile(keys, c.key_at);
         }
         c.attempts = c.attempts.saturating_add(1);
         if let Some(h) = &p.hedge {
@@ -1245,6 +1358,34 @@ impl Engine {
         wall_secs: u64,
         flags: u32,
     ) -> Verdict {
+        let v = self.report_step(call, now, elapsed, kind, code, text, wall_secs, flags);
+        self.file_touched();
+        v
+    }
+
+    /// File the key the operation changed by what it now holds.
+    #[inline]
+    fn file_touched(&mut self) {
+        if let Some((pi, at, now)) = self.touched.take() {
+            if let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) {
+                refile(keys, p, at, now);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn report_step(
+        &mut self,
+        call: u64,
+        now: u64,
+        elapsed: u64,
+        kind: OutcomeKind,
+        code: i32,
+        text: &str,
+        wall_secs: u64,
+        flags: u32,
+    ) -> Verdict {
         let Some(at) = self.calls.find(&call) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
         };
@@ -1267,6 +1408,7 @@ impl Engine {
         let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
+        self.touched = Some((pi, c.key_at, now));
         if slot {
             if let (Some(cfg), Some(lim)) = (&p.concurrency, ks.adaptive.as_deref_mut()) {
                 observe_limit(cfg, lim, kind, elapsed, ks.in_flight, now);
@@ -1278,7 +1420,7 @@ impl Engine {
         if success {
             let key_at = c.key_at;
             if slot {
-                refile(keys, key_at);
+                refile(keys, p, key_at, now);
             }
             self.calls.delete(at);
             if slot {
@@ -1295,7 +1437,7 @@ impl Engine {
         }
         let key_at = c.key_at;
         if slot {
-            refile(keys, key_at);
+            refile(keys, p, key_at, now);
             self.grant_at(pi, key_at);
         }
         self.retry_decision(at, server, stop, retryable, now)
@@ -1489,7 +1631,7 @@ impl Engine {
         }
         let over = machine.is_over();
         c.attempts = c.attempts.max(machine.started());
-        refile(keys, c.key_at);
+        refile(keys, p, c.key_at, now);
         let key_at = c.key_at;
         let mut commands = Vec::with_capacity(out.len());
         for command in out {
@@ -1585,14 +1727,25 @@ impl Engine {
         let Some(cfg) = &p.breaker else {
             return Err(format!("policy `{}` has no breaker", p.name));
         };
-        let Some((_, _, ks)) = named_key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events) else {
+        let Some((at, _, _)) = named_key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events) else {
+            return Err(format!("no state for key `{key}`"));
+        };
+        if keys.list_of(at) == Some(OVERFLOW) && key != OVERFLOW_KEY {
+            // Forcing the shared entry would force every key that overflows with it.
+            return Err(format!(
+                "key `{key}` has no state of its own: the {} keys of policy `{}` all hold protection (see keys.max)",
+                p.max_keys, p.name
+            ));
+        }
+        let Some((_, ks)) = keys.get_mut(at) else {
             return Err(format!("no state for key `{key}`"));
         };
         let b = ks.breaker.get_or_insert_with(|| cfg.fresh());
         let mut t = Vec::new();
-        b.force(cfg, state, now, &mut t)?;
+        let forced = b.force(cfg, state, now, &mut t);
         transition_events(&mut self.events, &t, &[], now, pi, key);
-        Ok(())
+        refile(keys, p, at, now);
+        forced
     }
 
     /// Run `f` on the state of a key (made when absent, evicting as `start` does, and
@@ -1602,7 +1755,7 @@ impl Engine {
         let now = 0;
         let (at, _, ks) = named_key_state(keys, p, policy, key, &mut self.tick, now, &mut self.events)?;
         let r = f(ks);
-        refile(keys, at);
+        refile(keys, p, at, now);
         Some(r)
     }
 

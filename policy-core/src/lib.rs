@@ -36,7 +36,7 @@ mod read;
 pub mod retry;
 pub mod rng;
 mod share;
-mod state;
+pub mod state;
 mod table;
 pub mod time;
 pub mod types;
@@ -46,7 +46,7 @@ pub use retry::{backoff, retry_after};
 pub use analysis::Analysis;
 pub use engine::{
     CallInfo, Engine, PolicyInfo, FLAG_CALLER_NO_RETRY, FLAG_CALLER_RETRY, FLAG_IDEMPOTENCY_KEY, FLAG_NON_IDEMPOTENT, FLAG_OVERLOADED,
-    MAX_LIVE_CALLS, MAX_PENDING_EVENTS,
+    MAX_KEY_BYTES, MAX_LIVE_CALLS, MAX_PENDING_EVENTS, OVERFLOW_KEY,
 };
 pub use error::LoadError;
 pub use hedge::HedgeCommand;

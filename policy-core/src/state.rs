@@ -16,7 +16,7 @@
 use crate::breaker::Breaker;
 use crate::budget::BudgetState;
 use crate::doc::{self, obj, Value};
-use crate::engine::{Engine, KeyState, Keys, IDLE};
+use crate::engine::{holds_protection, refile, Engine, KeyState, Keys, BUSY, GUARD, OVERFLOW, OVERFLOW_KEY, REST};
 use crate::error::LoadError;
 use crate::policy::Policy;
 use crate::rate::Gcra;
@@ -24,18 +24,51 @@ use crate::read::u64_at;
 use crate::rng::Rng;
 
 const FORMAT: &str = "levee-state";
+
+/// Largest state `import-state` reads (bytes): what `export-state` gives for 200,000 keys with
+/// a small breaker window, and far more keys holding protection than a recovery snapshot
+/// (`export-snapshot`) carries in practice. It stays well inside the guest's 512 MiB with the
+/// parsed tree beside it.
+pub const MAX_STATE_BYTES: usize = 64 << 20;
 const VERSION: u64 = 1;
 
 impl Engine {
     /// The whole engine state as versioned bytes.
     pub fn export_state(&self) -> Vec<u8> {
+        self.export_keys(|_, keys| keys.iter().map(|(_, k, s)| (k, s)).collect())
+    }
+
+    /// What a fresh engine would not reproduce, in the format of [`export_state`](Self::export_state):
+    /// the keys holding protection (`engine::holds_protection`, judged at each key's own latest
+    /// time, so a protection that may have ended since is kept), with the RNG and the tick.
+    /// It reads the guarded list, the busy one and the overflow entry, never the keys at rest:
+    /// its cost follows the keys holding protection or attempts, not the table's size.
+    pub fn export_snapshot(&self) -> Vec<u8> {
+        self.export_keys(|p, keys| {
+            let mut out = Vec::new();
+            for list in [GUARD, BUSY, OVERFLOW] {
+                let mut at = keys.front(list);
+                while let Some(i) = at {
+                    at = keys.next(i);
+                    if let Some((k, s)) = keys.get(i) {
+                        if list == GUARD || holds_protection(p, s, 0) {
+                            out.push((k, s));
+                        }
+                    }
+                }
+            }
+            out
+        })
+    }
+
+    fn export_keys<'a>(&'a self, select: impl Fn(&'a Policy, &'a Keys) -> Vec<(&'a std::sync::Arc<str>, &'a KeyState)>) -> Vec<u8> {
         let policies: Vec<Value> = self
             .policies
             .iter()
             .zip(self.keys.iter())
             .map(|(p, keys)| {
                 // By name: the bytes never depend on the table's layout.
-                let mut sorted: Vec<(&std::sync::Arc<str>, &KeyState)> = keys.iter().map(|(_, k, s)| (k, s)).collect();
+                let mut sorted = select(p, keys);
                 sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
                 let keys: Vec<Value> = sorted.into_iter().map(|(k, s)| key_to_json(p, k, s)).collect();
                 obj([("name", p.name.as_str().into()), ("fingerprint", fingerprint(p)), ("keys", Value::List(keys))])
@@ -58,8 +91,7 @@ impl Engine {
         if !trimmed.starts_with('{') {
             return Err(LoadError::new("", "not Levee state: expected a JSON object"));
         }
-        let doc =
-            doc::parse_limited(text, doc::MAX_STATE_BYTES).map_err(|e| LoadError::new("", format!("not Levee state: {}", e.message)))?;
+        let doc = doc::parse_limited(text, MAX_STATE_BYTES).map_err(|e| LoadError::new("", format!("not Levee state: {}", e.message)))?;
         let obj = &doc;
         if obj.get("format").and_then(Value::as_str) != Some(FORMAT) {
             return Err(LoadError::new("format", "not Levee state (format is not \"levee-state\")"));
@@ -98,18 +130,36 @@ impl Engine {
                 let kp = format!("{path}.keys[{j}]");
                 parsed.push(key_from_json(p, k, &kp, same_window)?);
             }
-            // Keep the most recently used keys within the bound (ties by name, the order they
-            // were exported in), and file them least recently used first. A name given twice
-            // keeps its most recent entry.
-            parsed.sort_unstable_by(|(a, sa), (b, sb)| sb.last_used.cmp(&sa.last_used).then_with(|| a.cmp(b)));
-            parsed.dedup_by(|(a, _), (b, _)| a == b);
-            let mut seen = std::collections::BTreeSet::new();
-            parsed.retain(|(k, _)| seen.insert(k.clone()));
-            parsed.truncate(p.max_keys as usize);
-            for (k, st) in parsed.into_iter().rev() {
-                if target.find(k.as_str()).is_none() {
-                    target.insert(std::sync::Arc::from(k), st, IDLE);
+            // Keep the overflow entry, then the keys holding protection, then the most recently
+            // used keys within the bound (ties by name, the order they were exported in), and
+            // file them least recently used first, each on its list. A name given twice keeps
+            // its most recent entry.
+            let mut overflow = None;
+            let mut ranked: Vec<(bool, String, KeyState)> = Vec::with_capacity(parsed.len());
+            for (k, st) in parsed {
+                if k == OVERFLOW_KEY {
+                    if overflow.as_ref().is_none_or(|o: &KeyState| st.last_used > o.last_used) {
+                        overflow = Some(st);
+                    }
+                } else {
+                    ranked.push((holds_protection(p, &st, 0), k, st));
                 }
+            }
+            ranked.sort_unstable_by(|(_, a, sa), (_, b, sb)| sb.last_used.cmp(&sa.last_used).then_with(|| a.cmp(b)));
+            let mut seen = std::collections::BTreeSet::new();
+            ranked.retain(|(_, k, _)| seen.insert(k.clone()));
+            // Stable: protection first, recency within each group.
+            ranked.sort_by_key(|(guarded, _, _)| !*guarded);
+            ranked.truncate(p.max_keys as usize);
+            ranked.sort_by(|(_, a, sa), (_, b, sb)| sa.last_used.cmp(&sb.last_used).then_with(|| b.cmp(a)));
+            for (_, k, st) in ranked {
+                if target.find(k.as_str()).is_none() {
+                    let at = target.insert(std::sync::Arc::from(k), st, REST);
+                    refile(target, p, at, 0);
+                }
+            }
+            if let Some(st) = overflow {
+                target.insert(std::sync::Arc::from(OVERFLOW_KEY), st, OVERFLOW);
             }
         }
         self.keys = new_keys;

@@ -84,7 +84,6 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
     }
 
     /// Entries on one list.
-    #[cfg(test)]
     pub(crate) fn list_len(&self, list: usize) -> usize {
         self.lens.get(list).copied().unwrap_or(0)
     }

@@ -126,6 +126,9 @@ wit_enum! {
         PermitExpired = "permit-expired",
         /// A hedged call started another attempt (`attempt`, 2 for the first hedge).
         HedgeStarted = "hedge-started",
+        /// A new key found the table full of keys holding protection: it is decided against
+        /// the shared overflow entry (`key` is that entry's, `name` the new key).
+        KeyOverflow = "key-overflow",
     }
 }
 

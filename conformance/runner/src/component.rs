@@ -242,6 +242,10 @@ impl<const UNKEYED: bool> Target for WasmWith<UNKEYED> {
         let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_export_state(&mut self.store, e))
     }
+    fn export_snapshot(&mut self) -> Vec<u8> {
+        let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
+        must(api.call_export_snapshot(&mut self.store, e))
+    }
     fn import_state(&mut self, bytes: &[u8]) -> Result<(), (String, String)> {
         let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());
         must(api.call_import_state(&mut self.store, e, bytes)).map_err(|e| (e.path, e.message))

@@ -62,6 +62,8 @@ pub trait Target: Sized {
     fn analyze(&mut self, policy: u32, layers: u32) -> Option<Analysis>;
     /// `export-state`.
     fn export_state(&mut self) -> Vec<u8>;
+    /// `export-snapshot`.
+    fn export_snapshot(&mut self) -> Vec<u8>;
     /// `import-state`.
     fn import_state(&mut self, bytes: &[u8]) -> Result<(), (String, String)>;
     /// `reload`.
@@ -297,6 +299,9 @@ impl Target for Native {
     }
     fn export_state(&mut self) -> Vec<u8> {
         self.0.export_state()
+    }
+    fn export_snapshot(&mut self) -> Vec<u8> {
+        self.0.export_snapshot()
     }
     fn import_state(&mut self, bytes: &[u8]) -> Result<(), (String, String)> {
         self.0.import_state(bytes).map_err(|e| (e.path, e.message))
@@ -634,9 +639,10 @@ fn run_step<T: Target>(
             let p = policy_arg(t, step)?;
             t.analyze(p, arg_u64(step, "layers") as u32).as_ref().map(analysis_json).unwrap_or(Value::Null)
         }
-        "export_import" => {
-            let bytes = t.export_state();
-            let mut fresh = T::load(doc, seed).map_err(|e| format!("reloading for export_import: {e:?}"))?;
+        "export_import" | "snapshot_import" => {
+            let op = arg_str(step, "op");
+            let bytes = if op == "export_import" { t.export_state() } else { t.export_snapshot() };
+            let mut fresh = T::load(doc, seed).map_err(|e| format!("reloading for {op}: {e:?}"))?;
             fresh.import_state(&bytes).map_err(|e| format!("import_state of an export failed: {e:?}"))?;
             *t = fresh;
             return Ok(None);

@@ -85,3 +85,9 @@ fn enumerations_agree_with_the_wit() {
     assert_eq!(wit_enum("breaker-state"), names(BreakerState::ALL.iter().map(|r| r.name()).collect()));
     assert_eq!(wit_enum("event-kind"), names(EventKind::ALL.iter().map(|r| r.name()).collect()));
 }
+
+#[test]
+fn key_bound_agrees() {
+    let c = constants();
+    assert_eq!(at(&c, &["guards", "MAX_KEY_BYTES"]).as_u64(), Some(levee_core::MAX_KEY_BYTES as u64));
+}

@@ -182,6 +182,7 @@ impl Conv {
             K::FallbackChosen => wit::EventKind::FallbackChosen,
             K::RateLimitWait => wit::EventKind::RateLimitWait,
             K::KeyEvicted => wit::EventKind::KeyEvicted,
+            K::KeyOverflow => wit::EventKind::KeyOverflow,
             K::CallEvicted => wit::EventKind::CallEvicted,
             K::PermitExpired => wit::EventKind::PermitExpired,
             K::HedgeStarted => wit::EventKind::HedgeStarted,
@@ -380,6 +381,10 @@ impl GuestEngine for EngineResource {
 
     fn export_state(&self) -> Vec<u8> {
         self.get().export_state()
+    }
+
+    fn export_snapshot(&self) -> Vec<u8> {
+        self.get().export_snapshot()
     }
 
     fn import_state(&self, state: Vec<u8>) -> Result<(), wit::LoadError> {

@@ -354,6 +354,15 @@ impl AdaptiveCfg {
         Limit { limit: self.initial_limit, algo }
     }
 
+    /// The limit a fresh state admits under (what [`Limit::current`] answers for
+    /// [`fresh`](Self::fresh)), without making one.
+    pub fn fresh_current(&self) -> u32 {
+        match self.params {
+            Params::EnvoyGradient { min_rtt_concurrency, .. } => min_rtt_concurrency,
+            _ => self.initial_limit,
+        }
+    }
+
     fn clamp(&self, l: u64) -> u32 {
         l.clamp(u64::from(self.min_limit), u64::from(self.max_limit)) as u32
     }

@@ -277,6 +277,22 @@ impl BudgetState {
         }
     }
 
+    /// Whether a fresh state would decide no stricter at `now` (see `engine::holds_protection`):
+    /// token throttling at its maximum, a ratio budget whose live slots withdrew no more than
+    /// they deposited (withdrawals expire with their slots), the AWS client rate never throttled.
+    pub fn at_rest(&self, cfg: &BudgetCfg, now: u64) -> bool {
+        match (cfg, self) {
+            (BudgetCfg::Token { max_milli, .. }, BudgetState::Token { tokens }) => *tokens >= *max_milli,
+            (BudgetCfg::Ratio { ttl, .. }, BudgetState::Ratio { slots }) => {
+                let current = current_slot(slots, now, *ttl);
+                let live = slots.iter().filter(|(s, _)| s.saturating_add(RATIO_SLOTS) > current && *s <= current);
+                live.fold(0i64, |acc, (_, b)| acc.saturating_add(*b)) >= 0
+            }
+            (BudgetCfg::AwsAdaptive(_), BudgetState::Aws(s)) => !s.enabled,
+            _ => true,
+        }
+    }
+
     /// As exported state: `{"token": n}` or `{"ratio": [[slot, balance], ...]}`.
     pub(crate) fn to_json(&self) -> Value {
         match self {
