@@ -3,6 +3,7 @@
 Paths (query parameters in brackets):
   /ok                          200
   /flaky?id=X&fail=N[&ra=S]    the first N requests for X answer 503 (with Retry-After: S), then 200
+  /overloaded?id=X             503 marked `x-envoy-overloaded: true` (a shedding upstream)
   /down                        503 while down (POST /_ctl/down?on=0|1 switches; starts down)
   /fallback                    200 "from the fallback cluster"
   /_ctl/count?id=X             requests seen for X (for /down and /ok: the path), as text
@@ -77,6 +78,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.answer(503, "flaky\n", extra)
             else:
                 self.answer(200, "recovered\n")
+            return
+        if url.path == "/overloaded":
+            s.seen(q["id"], hdrs)
+            self.answer(503, "shedding\n", {"x-envoy-overloaded": "true"})
             return
         if url.path == "/down":
             s.seen(q.get("id", "/down"), hdrs)
