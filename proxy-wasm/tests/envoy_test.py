@@ -68,6 +68,8 @@ SHED = {
 }
 # An outer Envoy's route, from `levee envoy-config`: retries 429 and 5xx, backoff only.
 OUTER = {"policies": {"outer": {"attempts": 3, "backoff": {"base": "10ms", "cap": "50ms"}, "retry-after": {"honor": False}}}}
+# Hedged: a second attempt 100 ms after the first, unless the first has answered.
+HEDGE = {"policies": {"hedge": {"hedge": {"attempts": 2, "delay": "100ms"}, "deadline": "5s"}}}
 BAD = {"document": {"policies": {"p": {"atempts": 3, "backoff": {"base": "250"}}}}}
 
 
@@ -239,7 +241,7 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     server, state = upstream.start()
     up = int(server.server_address[1])
-    ports = {n: free_port() for n in ["retry", "headers", "breaker", "rate", "trap", "fallback", "cross", "shed", "outer-shed", "outer-rate"]}
+    ports = {n: free_port() for n in ["retry", "headers", "breaker", "rate", "trap", "fallback", "cross", "shed", "outer-shed", "outer-rate", "hedge"]}
     listeners = "".join(
         [
             listener("retry", ports["retry"], "upstream", RETRY, wasm, "levee", route_retry_policy(cli, workdir, "retry", RETRY)),
@@ -250,6 +252,7 @@ def main() -> int:
             listener("cross", ports["cross"], "upstream", CROSS, wasm, "levee", route_retry_policy(cli, workdir, "cross", CROSS)),
             listener("trap", ports["trap"], "upstream", RETRY, trap_wasm, "levee-trap", route_retry_policy(cli, workdir, "trap", RETRY)),
             listener("shed", ports["shed"], "upstream", SHED, wasm, "levee", route_retry_policy(cli, workdir, "shed", SHED)),
+            listener("hedge", ports["hedge"], "upstream", HEDGE, wasm, "levee", route_retry_policy(cli, workdir, "hedge", HEDGE)),
             # An outer proxy in front of the levee listeners, without the filter, retrying as
             # `levee envoy-config` says.
             listener("outer-shed", ports["outer-shed"], "inner-shed", None, wasm, "levee", route_retry_policy(cli, workdir, "outer", OUTER)),
@@ -297,6 +300,18 @@ def main() -> int:
             f"an outer Envoy with envoy-config's retry policy does not retry the filter's 503 "
             f"(status {status}, {h.get('x-levee-reason')}, attempts {h.get('x-envoy-attempt-count')})",
         )
+
+        print("== hedging: the router sends a hedge after hedge.delay, the first answer wins")
+        t0 = time.monotonic()
+        status, body, h = get(ports["hedge"], "/slowfirst?id=hedge&ms=1500")
+        took = time.monotonic() - t0
+        _, n, _ = get(up, "/_ctl/count?id=hedge")
+        check(
+            status == 200 and body == "fast\n" and h.get("x-envoy-attempt-count") == "2" and n == "2" and took < 1.0,
+            f"the hedge answered first ({status} {body.strip()!r}, attempts {h.get('x-envoy-attempt-count')}, upstream saw {n}, {took:.2f} s)",
+        )
+        hedge_route = route_retry_policy(cli, workdir, "hedge", HEDGE)
+        check("hedge_on_per_try_timeout: true" in hedge_route and "num_retries: 1" in hedge_route, f"envoy-config maps the hedge:\n{hedge_route}")
 
         print("== Retry-After honoured by the router (rate_limited_retry_back_off from levee envoy-config)")
         t0 = time.monotonic()
