@@ -195,11 +195,7 @@ fn outcome_text(kind: OutcomeKind, code: i32, text: &str) -> String {
 impl Replay<'_> {
     /// Whether the trace's next line for `call` says how its fallback went.
     fn fallback_line_follows(&self, call: u64) -> bool {
-        self.pending
-            .get(&call)
-            .and_then(|q| q.get(1))
-            .and_then(|p| self.lines.get(*p))
-            .is_some_and(|l| matches!(l.what, What::Fallback(_)))
+        self.pending.get(&call).and_then(|q| q.get(1)).and_then(|p| self.lines.get(*p)).is_some_and(|l| matches!(l.what, What::Fallback(_)))
     }
 
     fn schedule(&mut self, at: u64, pos: usize, step: Step) {

@@ -80,7 +80,8 @@ fn a_file_that_is_not_a_store_is_named_in_the_error() {
     let dir = std::env::temp_dir().join(format!("levee-cli-notadb-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let notadb = dir.join("notadb");
-    std::fs::write(&notadb, "this is not an SQLite file, it is long enough to have a header of a hundred bytes or more..........\n").unwrap();
+    std::fs::write(&notadb, "this is not an SQLite file, it is long enough to have a header of a hundred bytes or more..........\n")
+        .unwrap();
     // An SQLite database without the durable-call table.
     let empty = dir.join("empty.db");
     Connection::open(&empty).unwrap().execute_batch("CREATE TABLE other (x INTEGER);").unwrap();
