@@ -191,6 +191,12 @@ pub fn request_headers(p: &Policy, retry_on: &RetryOn) -> Vec<(&'static str, Str
     h
 }
 
+/// What Envoy cannot express of a policy: the `# note:` lines of [`route_yaml`], which the
+/// filter also logs as warnings when it loads the policy.
+pub fn notes(p: &Policy) -> Vec<String> {
+    route_yaml(p).lines().filter_map(|l| l.strip_prefix("# note: ")).map(str::to_string).collect()
+}
+
 /// The route's `retry_policy` (and route `timeout`) matching a policy, as Envoy YAML under a
 /// `route:` entry, with comments where Envoy cannot express the policy exactly.
 pub fn route_yaml(p: &Policy) -> String {
@@ -323,6 +329,8 @@ mod tests {
         }
         let h = request_headers(&p, &retry_on(&p));
         assert!(h.contains(&("x-envoy-hedge-on-per-try-timeout", "true".into())), "{h:?}");
+        // The filter warns of the same at configure time.
+        assert!(notes(&p).iter().any(|n| n.starts_with("hedge.preset grpc:")), "{:?}", notes(&p));
         assert!(h.contains(&("x-envoy-upstream-rq-per-try-timeout-ms", "100".into())), "{h:?}");
         // The envoy preset is Envoy's own: no note but the budget's.
         let p = policy(r#"{"policies": {"p": {"attempt-timeout": "50ms", "hedge": {"preset": "envoy", "attempts": 2}}}}"#);

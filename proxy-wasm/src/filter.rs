@@ -278,6 +278,12 @@ impl RootContext for Root {
             Ok(config::Plugin::Downstream(cfg)) => {
                 let cfg = *cfg;
                 let info = cfg.engine.policy_info(cfg.policy);
+                // What the router cannot do as the policy says (hedging, backoff kinds, ...).
+                if let Some(p) = cfg.engine.policy(cfg.policy) {
+                    for n in crate::envoy::notes(p) {
+                        log(LogLevel::Warn, &format!("levee: policy `{}`: {n}", p.name));
+                    }
+                }
                 let metrics = METRICS.iter().map(|m| host::define_metric(&format!("levee.{m}"))).collect();
                 #[cfg(feature = "bench-shadow")]
                 let shadow = match config::parse(text) {

@@ -312,6 +312,7 @@ def main() -> int:
         )
         hedge_route = route_retry_policy(cli, workdir, "hedge", HEDGE)
         check("hedge_on_per_try_timeout: true" in hedge_route and "num_retries: 1" in hedge_route, f"envoy-config maps the hedge:\n{hedge_route}")
+        check("levee: policy `hedge`: hedge.preset grpc:" in envoy.log.read_text(), "the filter warns in Envoy's log of what the router cannot do of the hedge")
 
         print("== Retry-After honoured by the router (rate_limited_retry_back_off from levee envoy-config)")
         t0 = time.monotonic()
