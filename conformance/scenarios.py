@@ -318,6 +318,16 @@ vec("backoff-decorrelated-jitter-mismatch", "decorrelated jitter goes only with 
 vec("backoff-decorrelated-kind-other-jitter", "The decorrelated kind has its own jitter: another jitter is refused with a message that does not tell to use the kind it already has.", ["errors", "jitter"],
     policy("backoff: { kind: decorrelated, jitter: full }"), [])
 
+vec("backoff-default-cap-follows-constant-base", "A constant backoff above the default cap (20s) loads without a cap: the default cap follows the base, so 30s is waited every time.", ["backoff", "defaults"],
+    policy("attempts: 3\nbackoff: { kind: constant, base: 30s, jitter: none }"),
+    expo_steps([30 * S, 30 * S]))
+
+vec("backoff-default-cap-below-growing-base", "A growing backoff whose base is above the default cap (20s) and has no cap is refused with a message that says the cap is the default, not one the user wrote.", ["backoff", "errors", "defaults"],
+    "policies:\n  a: { backoff: { base: 30s } }\n  b: { backoff: { kind: linear, base: 1m } }\n  c: { backoff: { kind: decorrelated, base: 21s } }\n  d: { backoff: { base: 30s, cap: 30s } }\n", [],
+    load_errors=[{"path": f"policies.{p}.backoff.cap",
+                  "message": f"is not written and its default (20s) is below base ({base}): the {kind} kind grows from base up to cap, so write a cap of at least {base}"}
+                 for p, kind, base in (("a", "exponential", "30s"), ("b", "linear", "1m"), ("c", "decorrelated", "21s"))])
+
 vec("backoff-errors", "Bad backoff fields are each named: unknown kind (with a suggestion), multiplier below 1, cap below base, unknown field.", ["errors", "backoff"],
     "policies:\n  a: { backoff: { kind: exponentail } }\n  b: { backoff: { multiplier: 0.5 } }\n  c: { backoff: { base: 2s, cap: 1s } }\n  d: { backoff: { jiter: full } }\n  e: { backoff: { jitter: proportional, jitter-ratio: 2 } }\n", [])
 
