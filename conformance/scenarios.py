@@ -716,6 +716,11 @@ vec("breaker-in-retry-loop", "Every retry passes the breaker: when it opens mid-
         report(1, 100 * MS + 2, "timeout", expect=retry()), acquire(1, 200 * MS + 2, expect=fail("breaker-open")), drain(),
     ])
 
+vec("breaker-reset-clears-a-closed-window", "An operator's closed on a CLOSED breaker clears its window (resilience4j reset()): after S S, a reset and F F F, a count window of 4 with minimum 4 calls holds 3 calls and stays closed; a fourth failure opens it. No transition event for closed -> closed.", ["breaker", "operator"],
+    policy(BRK), outcomes("SS") + [force("closed", 10 * MS, expect={"ok": None})] + outcomes("FFF", t0=10 * MS, first_call=10) +
+    [breaker(20 * MS, expect="closed"), start(20, 20 * MS, expect=attempt(1)), report(20, 20 * MS + 1, "http-status", code=503, elapsed=1),
+     breaker(21 * MS, expect="open"), drain()])
+
 vec("breaker-forced-open", "forced-open rejects every call until an operator sets closed.", ["breaker", "operator"],
     policy(BRK), [force("forced-open", 0, expect={"ok": None}), start(1, 1, expect=fail("breaker-open", 0)), breaker(2, expect="forced-open"),
                   force("closed", 3, expect={"ok": None}), start(2, 4, expect=attempt(1)), drain()])

@@ -600,15 +600,19 @@ impl Breaker {
         }
     }
 
-    /// An operator sets a state: forced-open, forced-closed, disabled, or closed (back to normal).
+    /// An operator sets a state: forced-open, forced-closed, disabled, or closed (back to
+    /// normal with a fresh window, resilience4j's `reset()`: also when it is closed already,
+    /// so that the outcomes recorded before the reset never trip it).
     pub fn force(&mut self, cfg: &BreakerCfg, to: S, now: u64, transitions: &mut Vec<(S, S)>) -> Result<(), String> {
         let now = self.advance(now);
         match to {
             S::ForcedOpen | S::ForcedClosed | S::Disabled | S::Closed => {
-                if to == S::Closed && self.state != S::Closed {
+                if to == S::Closed {
                     let from = self.state;
                     *self = Breaker { epoch: self.epoch, last_now: now, ..cfg.fresh() };
-                    transitions.push((from, S::Closed));
+                    if from != S::Closed {
+                        transitions.push((from, S::Closed));
+                    }
                     return Ok(());
                 }
                 self.enter(cfg, to, now, transitions);
