@@ -450,6 +450,46 @@ pb_vec("pushback-negative-stops", "A negative pushback means do not retry (gRPC 
 pb_vec("pushback-unparseable-stops", "An unparseable pushback means do not retry.", "abc", fail("pushback"))
 pb_vec("pushback-over-cap", "A pushback above the cap gives up.", "400000", fail("retry-after-too-long"))
 
+# gRPC A6: "For subsequent retries, the delay period will be reset to the initialBackoff
+# setting" after a pushback (grpc-go numRetriesSincePushback, grpc-java
+# RetriableStreamTest.pushback). Levee does the same after any server-directed delay.
+A6_BACKOFF = "attempts: 6\nbackoff: { base: 100s, multiplier: 2, cap: 700s, jitter: none }"
+
+
+def restart_steps(kind, code, told):
+    steps, t = [start(1, 0, expect=attempt(1))], 0
+    for n, (text, delay) in enumerate([(told, S), (told, S), ("", 100 * S), ("", 200 * S), ("", 400 * S)], start=1):
+        t += MS
+        steps.append(report(1, t, kind, code=code, text=text, expect=retry(delay)))
+        t += delay
+        steps.append(acquire(1, t, expect=attempt(n + 1)))
+    steps += [report(1, t + MS, kind, code=code, expect=fail("retries-exhausted")), drain()]
+    return steps
+
+
+vec("pushback-restarts-backoff", "After a server pushback the next plain retries restart at the initial backoff (gRPC A6, grpc-go numRetriesSincePushback): two 1 s pushbacks, then 100 s, 200 s, 400 s, not 400 s, 700 s, 700 s.",
+    ["pushback", "grpc", "backoff", "anchor"], policy(A6_BACKOFF), restart_steps("grpc-status", 14, "1000"))
+
+vec("retry-after-restarts-backoff", "A Retry-After restarts the backoff as a pushback does: two Retry-After: 1, then 100 s, 200 s, 400 s.",
+    ["retry-after", "backoff"], policy(A6_BACKOFF), restart_steps("http-status", 503, "1"))
+
+# Seed 7's first two draws, each from U(10ms, 30ms) (the first two draws of
+# jitter-decorrelated-seeded's stream; without the restart the second would be drawn from
+# U(10ms, min(1s, 3 x 5s)) and be 285_963_717).
+RESTART_DECORRELATED = (24_011_530, 15_575_024)
+
+vec("pushback-restarts-decorrelated", "After a server delay the decorrelated recurrence starts again at base (U(10ms, 30ms)), not at 3 x the server's delay; a server-directed retry draws no jitter.",
+    ["pushback", "backoff", "jitter", "prng"], policy("attempts: 4\nbackoff: { kind: decorrelated, base: 10ms, cap: 1s }"), [
+        start(1, 0),
+        report(1, MS, "grpc-status", code=14, text="", expect=retry(RESTART_DECORRELATED[0])),
+        acquire(1, S),
+        report(1, S + MS, "grpc-status", code=14, text="5000", expect=retry(5 * S)),
+        acquire(1, 7 * S),
+        report(1, 7 * S + MS, "grpc-status", code=14, text="", expect=retry(RESTART_DECORRELATED[1])),
+        drain(),
+    ], seed=7)
+
+
 # --------------------------------------------------------------------------------------
 # Budgets
 # --------------------------------------------------------------------------------------
@@ -1102,6 +1142,16 @@ vec("durable-retry-after", "A Retry-After of 7 s sets the wait; one above the ca
     ["durable", "retry-after"], DCONST + "    retry-after: { cap: 60s }\n",
     [d_begin(W0), d_step(W0), d_out(W0, "http-status", 503, "7", expect=ok("wait", wait=7 * S)),
      d_step(W0 + 7 * S), d_out(W0 + 7 * S, "http-status", 429, "120", expect=ok("dead", reason="retry-after-too-long"))])
+
+vec("durable-pushback-restarts-backoff", "A durable call restarts its backoff after a server-directed delay as a plain call does (gRPC A6): two 1 s pushbacks, then 100 s, 200 s, 400 s; the record keeps where the backoff restarted.",
+    ["durable", "pushback", "backoff"], "policies:\n  p:\n    " + A6_BACKOFF.replace("\n", "\n    ") + "\n", [
+        d_begin(W0), d_step(W0),
+        d_out(W0, "grpc-status", 14, "1000", expect=ok("wait", wait=S)), d_step(W0 + S),
+        d_out(W0 + S, "grpc-status", 14, "1000", expect=ok("wait", wait=S)), d_step(W0 + 2 * S),
+        d_out(W0 + 2 * S, "grpc-status", 14, "", expect=ok("wait", wait=100 * S)), d_step(W0 + 102 * S),
+        d_out(W0 + 102 * S, "grpc-status", 14, "", expect=ok("wait", wait=200 * S)), d_inspect(), d_step(W0 + 302 * S),
+        d_out(W0 + 302 * S, "grpc-status", 14, "", expect=ok("wait", wait=400 * S)),
+    ])
 
 vec("durable-retry-after-http-date", "An HTTP-date Retry-After is read against the record's wall clock.",
     ["durable", "retry-after"], DCONST,

@@ -222,7 +222,8 @@ struct Call {
     attempts: u32,
     phase: Phase,
     last_reason: Reason,
-    prev_delay: u64,
+    /// Where the call's backoff stands (see `retry::BackoffState`).
+    backoff: retry::BackoffState,
     reserved_at: Option<u64>,
     /// A hedged call's attempts (boxed: most calls are not hedged).
     hedge: Option<Box<Hedged>>,
@@ -878,7 +879,7 @@ impl Engine {
                 attempts: 0,
                 phase: Phase::Ready,
                 last_reason: Reason::None,
-                prev_delay: 0,
+                backoff: retry::BackoffState::default(),
                 reserved_at: None,
                 hedge: None,
                 ticket: Ticket::None,
@@ -1326,14 +1327,14 @@ impl Engine {
             now,
             deadline: c.deadline,
         };
-        let (attempts, prev, rng) = (c.attempts, c.prev_delay, &mut self.rng);
+        let (attempts, state, rng) = (c.attempts, c.backoff, &mut self.rng);
         // The key's state was touched by this report already: found again without a touch.
         let budget = keys.get_mut(c.key_at).and_then(|(_, ks)| ks.budget.as_mut());
         let decision = retry::decide(
             p.attempts,
             &p.retry_after,
             failure,
-            || p.backoff.delay(attempts, prev, rng),
+            || state.delay(&p.backoff, attempts, rng),
             || match (&p.budget, budget) {
                 (Some(cfg), Some(b)) => match b.try_retry(cfg, now) {
                     (true, _) => Ok(()),
@@ -1344,7 +1345,7 @@ impl Engine {
         );
         match decision {
             Decision::Retry(delay) => {
-                c.prev_delay = delay;
+                c.backoff.retried(&failure, delay);
                 let mut e = Event::new(now, EventKind::RetryScheduled, pi as u32, &c.key);
                 e.call = call;
                 e.attempt = c.attempts;

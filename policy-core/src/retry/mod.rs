@@ -210,6 +210,43 @@ pub struct Failure {
     pub deadline: Option<u64>,
 }
 
+/// Where a call's backoff stands between its retries.
+///
+/// A server-directed delay (a Retry-After or a gRPC pushback that the ladder used) restarts
+/// the backoff: the next retry that the backoff times is its first again, as gRPC A6 says of
+/// pushback ("for subsequent retries, the delay period will be reset to the `initialBackoff`
+/// setting"; grpc-go's `numRetriesSincePushback`), and the decorrelated recurrence starts
+/// again from `base`. The server's wait did the backing off; the backoff's exponent does not
+/// grow on top of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackoffState {
+    /// The previous backoff delay of this call (decorrelated), 0 before the first and after
+    /// a server-directed delay.
+    pub prev: u64,
+    /// Attempts started when the last server-directed delay was used (0: none yet).
+    pub from: u32,
+}
+
+impl BackoffState {
+    /// The backoff's delay after `attempts` attempts (the n-th retry counted since the last
+    /// server-directed delay), drawing jitter from `rng`.
+    #[inline]
+    pub fn delay(&self, b: &backoff::Backoff, attempts: u32, rng: &mut crate::rng::Rng) -> u64 {
+        b.delay(attempts.saturating_sub(self.from), self.prev, rng)
+    }
+
+    /// Record the retry the ladder scheduled after `f`: a server-directed delay restarts the
+    /// backoff, a backoff delay is the next one's `prev`.
+    #[inline]
+    pub fn retried(&mut self, f: &Failure, delay: u64) {
+        if f.server.is_some() {
+            *self = BackoffState { prev: 0, from: f.attempts };
+        } else {
+            self.prev = delay;
+        }
+    }
+}
+
 /// The ladder's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
