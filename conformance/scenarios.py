@@ -489,7 +489,6 @@ vec("pushback-restarts-decorrelated", "After a server delay the decorrelated rec
         drain(),
     ], seed=7)
 
-
 # --------------------------------------------------------------------------------------
 # Budgets
 # --------------------------------------------------------------------------------------
@@ -750,10 +749,35 @@ vec("breaker-failure-on-custom", "failure-on decides what counts: here 404s coun
 vec("breaker-4xx-not-failures-by-default", "Client errors do not count against the dependency by default.", ["breaker", "defaults"],
     policy(BRK), sum([[start(i, i), report(i, i, "http-status", code=404)] for i in range(1, 6)], []) + [breaker(10, expect="closed")])
 
-vec("breaker-in-retry-loop", "Every retry passes the breaker: when it opens mid-call, the call stops with breaker-open.", ["breaker", "retry"],
-    policy("attempts: 5\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1m }\n" + NOJ), [
-        start(1, 0), report(1, 1, "timeout", expect=retry()), acquire(1, 100 * MS + 1, expect=attempt(2)),
-        report(1, 100 * MS + 2, "timeout", expect=retry()), acquire(1, 200 * MS + 2, expect=fail("breaker-open")), drain(),
+BRK_LOOP = "attempts: 5\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1m }\n" + NOJ
+
+vec("breaker-in-retry-loop", "Every retry passes the breaker: when another call opens it during a call's backoff, the retry is rejected with breaker-open.", ["breaker", "retry"],
+    policy(BRK_LOOP), [
+        start(1, 0), report(1, 1, "timeout", expect=retry(100 * MS)),
+        start(2, 2), report(2, 3, "timeout", expect=fail("breaker-open", 60 * S)),
+        acquire(1, 100 * MS + 1, expect=fail("breaker-open", 60 * S - 100 * MS + 2)), drain(),
+    ])
+
+vec("breaker-open-no-retry-into-it", "A failure that leaves the breaker open past the retry's start ends the call now with breaker-open (the time it stays open as the hint), or takes its breaker-open fallback, instead of a sleep that can only end in a rejection; a forced-open breaker does the same with hint 0.", ["breaker", "retry", "fallback"],
+    "policies:\n"
+    "  p: { attempts: 5, breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1m }, backoff: { kind: constant, base: 100ms, jitter: none } }\n"
+    "  f: { attempts: 5, breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1m }, backoff: { kind: constant, base: 100ms, jitter: none }, fallbacks: [{ name: cached, on: [breaker-open] }] }\n", [
+        start(1, 0), report(1, 1, "timeout", expect=retry(100 * MS)), acquire(1, 100 * MS + 1, expect=attempt(2)),
+        report(1, 100 * MS + 2, "timeout", expect=fail("breaker-open", 60 * S)),
+        start(2, 0, policy="f"), report(2, 1, "timeout", expect=retry(100 * MS)), acquire(2, 100 * MS + 1, expect=attempt(2)),
+        report(2, 100 * MS + 2, "timeout", expect=fb(0, "breaker-open")), fallback(2, 100 * MS + 3, True, expect=DONE),
+        start(3, 0, key="k"), force("forced-open", 1, key="k", expect={"ok": None}),
+        report(3, 2, "timeout", expect=fail("breaker-open", 0)),
+        drain(),
+    ])
+
+vec("breaker-open-retry-when-half-open-by-then", "A retry that starts when the breaker's open duration is over (here a Retry-After of exactly the open duration) is scheduled: the breaker is half-open then and admits it as a trial.", ["breaker", "retry", "retry-after"],
+    policy("attempts: 5\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1s, half-open-permits: 1 }\n" + NOJ), [
+        start(1, 0), report(1, 1, "http-status", code=503, expect=retry(100 * MS)), acquire(1, 100 * MS + 1, expect=attempt(2)),
+        report(1, 100 * MS + 2, "http-status", code=503, text="1", expect=retry(S)),
+        breaker(S + 100 * MS + 1, expect="open"),
+        acquire(1, S + 100 * MS + 2, expect=attempt(3)), breaker(S + 100 * MS + 2, expect="half-open"),
+        report(1, S + 100 * MS + 3, expect=DONE), breaker(S + 100 * MS + 3, expect="closed"), drain(),
     ])
 
 vec("breaker-reset-clears-a-closed-window", "An operator's closed on a CLOSED breaker clears its window (resilience4j reset()): after S S, a reset and F F F, a count window of 4 with minimum 4 calls holds 3 calls and stays closed; a fourth failure opens it. No transition event for closed -> closed.", ["breaker", "operator"],
@@ -1745,6 +1769,16 @@ vec("hedge-fallback", "A hedged call that fails takes the policy's fallback chai
         info(1),
         hreport(1, 1, 17 * MS, kind="timeout", elapsed=17 * MS, expect=cmds()),
         info(1),
+    ])
+
+vec("hedge-no-wait-into-an-open-breaker", "A hedge due while the breaker stays open is not waited for: the second attempt's failure opens the breaker, its 300 ms pushback would delay the next hedge into the open breaker, and with nothing in flight the call fails for breaker-open at once.",
+    ["hedge", "breaker", "retry-after"], policy("breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1m }\nhedge: { attempts: 3, delay: 500ms, non-fatal: [\"grpc:unavailable\"] }\n"), [
+        start(1, 0, expect=hedged()),
+        hreport(1, 1, 100 * MS, kind="grpc-status", code=UNAVAILABLE, text="300", elapsed=100 * MS, expect=cmds(hw(300 * MS))),
+        hstep(1, 400 * MS, expect=cmds(hs(2), hw(500 * MS))),
+        hreport(1, 2, 450 * MS, kind="grpc-status", code=UNAVAILABLE, text="300", elapsed=50 * MS, expect=cmds(hend(2, fail("breaker-open")))),
+        info(1, expect=None),
+        drain(),
     ])
 
 vec("hedge-breaker-counts-attempts", "Every hedged attempt that ends counts in the breaker: two failing attempts of one call open it, and the next call is rejected (breaker-open).",

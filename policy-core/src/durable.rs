@@ -619,8 +619,16 @@ impl Engine {
                 if !rec.idempotent() {
                     return Ok(dead(rec, DurableReason::UnknownOutcome, changed));
                 }
-                let failure =
-                    Failure { stop: false, retryable: true, idempotent: true, attempts: rec.attempts, server: None, now, deadline: None };
+                let failure = Failure {
+                    stop: false,
+                    retryable: true,
+                    idempotent: true,
+                    attempts: rec.attempts,
+                    server: None,
+                    now,
+                    deadline: None,
+                    open_until: None,
+                };
                 schedule(rec, p, failure, changed)
             }
             State::Scheduled => {
@@ -699,6 +707,8 @@ impl Engine {
             },
             now,
             deadline: None,
+            // A durable call passes no breaker.
+            open_until: None,
         };
         schedule(rec, p, failure, changed)
     }

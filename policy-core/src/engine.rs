@@ -1315,6 +1315,9 @@ impl Engine {
         };
         let method = (c.flags >> 8) & 0xF;
         let idempotent = c.flags & FLAG_IDEMPOTENCY_KEY != 0 || (c.flags & FLAG_NON_IDEMPOTENT == 0 && p.method_idempotent(method));
+        // The key's state was touched by this report already: found again without a touch.
+        let ks = keys.get_mut(c.key_at).map(|(_, ks)| ks);
+        let open_until = ks.as_ref().and_then(|ks| ks.breaker.as_ref()).and_then(|b| b.rejects_until());
         let failure = Failure {
             stop,
             retryable,
@@ -1326,10 +1329,10 @@ impl Engine {
             },
             now,
             deadline: c.deadline,
+            open_until,
         };
         let (attempts, state, rng) = (c.attempts, c.backoff, &mut self.rng);
-        // The key's state was touched by this report already: found again without a touch.
-        let budget = keys.get_mut(c.key_at).and_then(|(_, ks)| ks.budget.as_mut());
+        let budget = ks.and_then(|ks| ks.budget.as_mut());
         let decision = retry::decide(
             p.attempts,
             &p.retry_after,
@@ -1457,6 +1460,9 @@ impl Engine {
             }
             _ => None,
         };
+        // Read before `admit` borrows the key: admitting a hedge only ever moves an open
+        // breaker whose time is up to half-open, which this bound already allows.
+        let open_until = ks.breaker.as_ref().and_then(Breaker::rejects_until);
         let mut out = Vec::new();
         let (deadline, flags) = (c.deadline, c.flags);
         let mut admit = |attempt: u32| -> Result<u64, Reason> {
@@ -1479,11 +1485,19 @@ impl Engine {
         // host's wait never passes the deadline). The call goes on with the attempts in flight
         // (a non-fatal failure still sends the next hedge at once), or, when none is left,
         // fails for the deadline.
-        if let (Some(d), Some(hedge::Command::Wait { until })) = (deadline, out.last()) {
-            if *until >= d {
+        // So is a hedge due while the key's breaker still rejects every attempt (open past that
+        // time, or forced open): no wait ends in that refusal; with nothing in flight the call
+        // fails for `breaker-open` now, as a plain call's retry does.
+        if let Some(hedge::Command::Wait { until }) = out.last() {
+            let stop = match (deadline, open_until) {
+                (Some(d), _) if *until >= d => Some(Reason::Deadline),
+                (_, Some(open)) if *until < open => Some(Reason::BreakerOpen),
+                _ => None,
+            };
+            if let Some(reason) = stop {
                 out.pop();
                 if machine.in_flight().next().is_none() {
-                    machine.stop(Reason::Deadline);
+                    machine.stop(reason);
                     machine.step(now, &mut admit, &mut out);
                 }
             }

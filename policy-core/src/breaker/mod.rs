@@ -478,6 +478,18 @@ impl Breaker {
         }
     }
 
+    /// When this breaker will next admit an attempt, if it rejects every attempt until then:
+    /// an open breaker until its open duration ends (it is half-open from then on), a forced-open
+    /// one until an operator changes it (`u64::MAX`). `None` when an attempt may pass now or
+    /// later for reasons not yet known (closed, half-open trials, forced-closed, disabled).
+    pub fn rejects_until(&self) -> Option<u64> {
+        match self.state {
+            S::Open => Some(self.open_until),
+            S::ForcedOpen => Some(u64::MAX),
+            _ => None,
+        }
+    }
+
     fn advance(&mut self, now: u64) -> u64 {
         self.last_now = self.last_now.max(now);
         self.last_now
