@@ -28,8 +28,8 @@ use crate::types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Rea
 /// Most live calls an engine tracks; starting one more evicts the one started longest ago
 /// (event `call-evicted`; its next step answers `invalid`, unknown call).
 ///
-/// Why 2^17: a live call costs 189 bytes (`cargo bench -p levee-benches --bench memory`), so
-/// a full table is 24.8 MB, which a guest's linear memory holds next to its keys under the
+/// Why 2^17: a live call costs 199 bytes (`cargo bench -p levee-benches --bench memory`), so
+/// a full table is 26.1 MB, which a guest's linear memory holds next to its keys under the
 /// hosts' memory limits. The bound exists for a host that leaks calls (never reports or
 /// cancels them): the engine stays bounded. Production load is far below it (the scaling
 /// benchmarks run 60,000 calls in flight at the cost of one), and since every table
