@@ -30,7 +30,10 @@ export class Attempt implements AttemptContext {
   #aborted = false;
   #abortReason: unknown = undefined;
   readonly #own: boolean;
+  #ended: Promise<void> = Promise.resolve();
   timedOut = false;
+  /** The caller's signal aborted while `race` waited: it rejected with the caller's reason. */
+  callerAborted = false;
 
   /**
    * `own`: the attempt has a signal of its own even without a timeout (a hedged attempt, which
@@ -72,34 +75,46 @@ export class Attempt implements AttemptContext {
   }
 
   /**
-   * Run the attempt under its timeout and the caller's signal. The promise settles when the attempt
-   * does, or when the timeout fires or the caller aborts, whichever is first, even if the attempt
-   * ignores its signal.
+   * Run the attempt under its timeout and the caller's signal. When the timeout fires, the
+   * attempt's signal aborts and the promise rejects with the timeout's reason once the attempt
+   * has ended (settled): until then it still runs, and holds what the call gave it (its bulkhead
+   * slot). When the caller aborts, the promise rejects with the caller's reason at once, and
+   * `ended` tells when the attempt itself has.
    */
   race<T>(promise: T | PromiseLike<T>): Promise<T> {
     return new Promise<T>((resolve, reject) => {
       const outer = this.#outer;
+      let timeout: DOMException | undefined;
+      const ended = Promise.resolve(promise).then(
+        (value) => {
+          if (timeout !== undefined) reject(timeout);
+          else resolve(value);
+        },
+        (error: unknown) => reject(timeout ?? error),
+      );
+      this.#ended = ended;
       if (this.timeoutMs > 0) {
         this.#cancelTimer = clockTimer(this.#clock, this.timeoutMs, () => {
           this.timedOut = true;
-          const reason = new DOMException(
-            `attempt ${this.attempt} timed out after ${this.timeoutMs} ms`,
-            'TimeoutError',
-          );
-          this.#abort(reason);
-          reject(reason);
+          timeout = new DOMException(`attempt ${this.attempt} timed out after ${this.timeoutMs} ms`, 'TimeoutError');
+          this.#abort(timeout);
         });
       }
       if (outer !== undefined) {
         const onAbort = (): void => {
+          this.callerAborted = true;
           this.#abort(outer.reason);
           reject(outer.reason);
         };
         this.#onOuterAbort = onAbort;
         outer.addEventListener('abort', onAbort, { once: true });
       }
-      Promise.resolve(promise).then(resolve, reject);
     });
+  }
+
+  /** Settles (never rejects) once the attempt `race` runs has ended: its promise settled. */
+  get ended(): Promise<void> {
+    return this.#ended;
   }
 
   dispose(): void {

@@ -16,7 +16,7 @@ export interface Clock {
    * Wall-clock time in milliseconds since the Unix epoch, for an HTTP-date in `Retry-After`.
    * Default: `Date.now()`.
    */
-  wallMs?(): number;
+  wallMs?: (() => number) | undefined;
 }
 
 const MAX_TIMER_MS = 2147483647;

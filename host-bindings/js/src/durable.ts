@@ -476,15 +476,15 @@ export interface CallStatus {
 
 export interface DurableExecutorOptions {
   /** Names this process in leases; unique per process (default: host, pid and a random suffix). */
-  owner?: string;
+  owner?: string | undefined;
   /** Calls run at once (default 16). */
-  concurrency?: number;
+  concurrency?: number | undefined;
   /** The longest sleep before looking at the store again, ms (default 1000). */
-  pollIntervalMs?: number;
+  pollIntervalMs?: number | undefined;
   /** How long a claim keeps calls out of other processes' due window until the core's answer is written, ms (default 5000). */
-  claimHoldMs?: number;
+  claimHoldMs?: number | undefined;
   /** Called after an attempt's outcome is known and before it is persisted. */
-  onAttemptDone?: (callId: number, attempt: number, outcome: Outcome) => void;
+  onAttemptDone?: ((callId: number, attempt: number, outcome: Outcome) => void) | undefined;
 }
 
 interface Registered {
@@ -549,7 +549,11 @@ export class DurableExecutor {
   }
 
   /** Register `fn` under `name`, run under `policy` (default: the name). `idempotent: false`: a call without a key is not retried after a failure or a crash. */
-  register(name: string, fn: DurableHandler, options: { policy?: string; idempotent?: boolean } = {}): void {
+  register(
+    name: string,
+    fn: DurableHandler,
+    options: { policy?: string | undefined; idempotent?: boolean | undefined } = {},
+  ): void {
     const policy = options.policy ?? name;
     this.#levee.policy(policy); // throws UnknownPolicyError now, not at run time
     this.#handlers.set(name, { fn, policy, idempotent: options.idempotent ?? true });
@@ -559,7 +563,7 @@ export class DurableExecutor {
   async submit(
     handler: string,
     payload: Uint8Array | string,
-    options: { idempotencyKey?: string; key?: string } = {},
+    options: { idempotencyKey?: string | undefined; key?: string | undefined } = {},
   ): Promise<number> {
     const reg = this.#handlers.get(handler);
     if (!reg) throw new Error(`no durable handler named \`${handler}\` is registered`);
@@ -651,7 +655,7 @@ export class DurableExecutor {
   }
 
   /** Claim and run due calls until `signal` aborts (or, with `untilIdle`, until no call is pending). */
-  async run(options: { signal?: AbortSignal; untilIdle?: boolean } = {}): Promise<void> {
+  async run(options: { signal?: AbortSignal | undefined; untilIdle?: boolean | undefined } = {}): Promise<void> {
     const { signal, untilIdle = false } = options;
     const stop = new AbortController();
     const onAbort = () => stop.abort();

@@ -29,11 +29,25 @@ export interface LeveeErrorDetails {
   /** The value of the last attempt, when it returned one the policy classified as a failure. */
   lastResult?: unknown;
   /** A retry-after hint from the core (an open breaker's remaining wait), in milliseconds. */
-  retryAfterMs?: number;
+  retryAfterMs?: number | undefined;
   /** Extra words for the message. */
-  detail?: string;
+  detail?: string | undefined;
   /** Fallbacks the policy's chain named that no function was registered for (they count as failed). */
-  unregistered?: readonly string[];
+  unregistered?: readonly string[] | undefined;
+  /** The error of the last fallback of the chain, when it ran and failed (the error's `cause`). */
+  fallbackError?: unknown;
+  /** That fallback's name. */
+  fallbackName?: string | undefined;
+}
+
+/** The words of a value thrown, for a message: `Name: message` for an Error. */
+function describeThrown(err: unknown): string {
+  if (err instanceof Error) return `${err.name}: ${err.message}`;
+  try {
+    return String(err);
+  } catch {
+    return typeof err;
+  }
 }
 
 /** The words every host uses for fallbacks named by a policy but never registered. */
@@ -97,7 +111,11 @@ export class UnknownPolicyError extends RangeError {
   }
 }
 
-/** A call that Levee gave up on (or refused), with the reason and the last error. */
+/**
+ * A call that Levee gave up on (or refused), with the reason and the last error. Its `cause` is
+ * the last attempt's error, or, when the call ended after a fallback that failed, that
+ * fallback's error (`fallbackError`; `lastError` stays the attempt's).
+ */
 export class LeveeError extends Error {
   override readonly name = 'LeveeError';
   readonly reason: FailureReason;
@@ -108,16 +126,25 @@ export class LeveeError extends Error {
   readonly retryAfterMs: number | undefined;
   /** Fallbacks the policy's chain named that no function was registered for. */
   readonly unregistered: readonly string[];
+  /** The error of the last fallback, when the call ended after it failed (then the `cause`). */
+  readonly fallbackError: unknown;
 
   constructor(reason: FailureReason, details: LeveeErrorDetails) {
     const unregistered = details.unregistered ?? [];
-    const words = [details.detail, unregistered.length > 0 ? unregisteredMessage(unregistered) : undefined];
+    const failed = details.fallbackError;
+    const words = [
+      details.detail,
+      failed !== undefined ? `fallback "${details.fallbackName ?? ''}" failed: ${describeThrown(failed)}` : undefined,
+      unregistered.length > 0 ? unregisteredMessage(unregistered) : undefined,
+    ];
     const said = words.filter((w) => w !== undefined && w !== '').join('; ');
     const tail = said ? `: ${said}` : '';
+    const cause = failed ?? details.lastError;
     super(
       `levee: policy "${details.policy}" gave up (${reason}) after ${details.attempts} attempt${details.attempts === 1 ? '' : 's'}${tail}`,
-      details.lastError !== undefined ? { cause: details.lastError } : undefined,
+      cause !== undefined ? { cause } : undefined,
     );
+    this.fallbackError = failed;
     this.reason = reason;
     this.policy = details.policy;
     this.attempts = details.attempts;
@@ -125,6 +152,37 @@ export class LeveeError extends Error {
     this.lastResult = details.lastResult;
     this.retryAfterMs = details.retryAfterMs;
     this.unregistered = unregistered;
+  }
+}
+
+/**
+ * The Levee was closed (`close()`): a call made after it, or a call in flight that needed the
+ * engine again (after an attempt that threw or timed out, to retry, to report a fallback that
+ * failed). No attempt starts after close. Its `cause` is the last attempt's (or fallback's) error.
+ * Not a `LeveeError`: closing is the program's doing, not a decision of the policy.
+ */
+export class LeveeClosedError extends Error {
+  override readonly name = 'LeveeClosedError';
+  /** The policy of the call the close ended, if one was in flight. */
+  readonly policy: string | undefined;
+  /** The attempts that call made. */
+  readonly attempts: number;
+  /** The error of its last attempt (or fallback), if it threw: the `cause`. */
+  readonly lastError: unknown;
+  /** The value of its last attempt, when it returned one. */
+  readonly lastResult: unknown;
+
+  constructor(policy?: string, attempts = 0, cause?: unknown, lastResult?: unknown) {
+    super(
+      policy === undefined
+        ? 'levee: this Levee was closed'
+        : `levee: this Levee was closed while a call of policy "${policy}" was in flight (after ${attempts} attempt${attempts === 1 ? '' : 's'}); no attempt starts after close`,
+      cause !== undefined ? { cause } : undefined,
+    );
+    this.policy = policy;
+    this.attempts = attempts;
+    this.lastError = cause;
+    this.lastResult = lastResult;
   }
 }
 
@@ -149,7 +207,14 @@ export class HttpStatusError extends Error {
   readonly retryAfter: string | null;
   readonly overloaded: boolean;
 
-  constructor(status: number, options: { retryAfter?: string | null; overloaded?: boolean; message?: string } = {}) {
+  constructor(
+    status: number,
+    options: {
+      retryAfter?: string | null | undefined;
+      overloaded?: boolean | undefined;
+      message?: string | undefined;
+    } = {},
+  ) {
     super(options.message ?? `HTTP status ${status}`);
     this.status = status;
     this.retryAfter = options.retryAfter ?? null;
@@ -163,7 +228,7 @@ export class GrpcStatusError extends Error {
   readonly code: number;
   readonly pushback: string | null;
 
-  constructor(code: number, options: { pushback?: string | null; message?: string } = {}) {
+  constructor(code: number, options: { pushback?: string | null | undefined; message?: string | undefined } = {}) {
     super(options.message ?? `gRPC status ${code}`);
     this.code = code;
     this.pushback = options.pushback ?? null;

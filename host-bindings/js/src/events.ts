@@ -86,7 +86,13 @@ type AnyListener = (event: unknown) => void;
 /** A listener registry with the shape of Node's EventEmitter (`on`, `off`, `once`). */
 export class Emitter {
   readonly #listeners = new Map<string, AnyListener[]>();
+  readonly #report: ObserverErrorHandler | undefined;
   #count = 0;
+
+  /** `report`: where a listener's error goes (default: `defaultObserverError`). */
+  constructor(report?: ObserverErrorHandler) {
+    this.#report = report;
+  }
 
   /** Whether anybody listens at all (the host skips building event objects otherwise). */
   get listening(): boolean {
@@ -133,11 +139,8 @@ export class Emitter {
       try {
         listener(event);
       } catch (err) {
-        // A listener's bug must not change the outcome of the call being decided: surface it
-        // the way an unhandled error in a callback surfaces, outside the call.
-        queueMicrotask(() => {
-          throw err;
-        });
+        // A listener's bug must not change the outcome of the call being decided: reported, ignored.
+        reportHookError(err, `listener of "${name}"`, this.#report);
       }
     }
   }
@@ -151,8 +154,8 @@ export type Attributes = Record<string, AttributeValue>;
 /**
  * Where a Levee's telemetry goes (docs/telemetry.md): events in the order the core recorded them,
  * counter increments, histogram samples (seconds) and gauge values, with the names and attributes
- * of the schema. A sink that throws is reported (as an uncaught error, outside the call) and
- * ignored: it never changes a call.
+ * of the schema. A sink that throws is reported (`LoadOptions.onObserverError`, by default on the
+ * console) and ignored: it never changes a call.
  */
 export interface TelemetrySink {
   event(name: string, attributes: Attributes): void;
@@ -179,11 +182,32 @@ export interface RetryInfo {
 
 export type RetryHook = (info: RetryInfo) => void;
 
-/** A sink's or hook's bug must not change a call: surface it outside the call, as a callback's would. */
-export function reportHookError(err: unknown): void {
-  queueMicrotask(() => {
-    throw err;
-  });
+/**
+ * Where the error of observer code goes (`LoadOptions.onObserverError`): `observer` says which
+ * (`onRetry hook of policy "http"`, `listener of "retry-scheduled"`, `telemetry sink`, ...).
+ */
+export type ObserverErrorHandler = (error: unknown, observer: string) => void;
+
+/** The default report of an observer's error: one line on the console (stderr in Node). */
+export function defaultObserverError(error: unknown, observer: string): void {
+  console.error(`levee: ${observer} threw (ignored: observer code never changes a call):`, error);
+}
+
+/**
+ * An observer's bug (a hook, listener, sink or trace callback that threw) must not change a call:
+ * it is reported to `report` and ignored; it never becomes an uncaught exception, and a `report`
+ * that throws in turn is ignored too.
+ */
+export function reportHookError(
+  err: unknown,
+  observer: string,
+  report: ObserverErrorHandler = defaultObserverError,
+): void {
+  try {
+    report(err, observer);
+  } catch {
+    // Nowhere left to report it: observer code never changes a call.
+  }
 }
 
 const BREAKER_NUMBER: Readonly<Record<BreakerState, number>> = Object.fromEntries(
@@ -234,9 +258,11 @@ export function eventAttributes(e: LeveeEvent): Attributes {
 /** The telemetry of one Levee, on its sink (every method a no-op when there is none). */
 export class Telemetry {
   readonly sink: TelemetrySink;
+  readonly #report: ObserverErrorHandler | undefined;
 
-  constructor(sink: TelemetrySink) {
+  constructor(sink: TelemetrySink, report?: ObserverErrorHandler) {
     this.sink = sink;
+    this.#report = report;
   }
 
   /** A core event and the metrics it drives. */
@@ -269,7 +295,7 @@ export class Telemetry {
           break;
       }
     } catch (err) {
-      reportHookError(err);
+      reportHookError(err, 'telemetry sink', this.#report);
     }
   }
 
@@ -281,7 +307,7 @@ export class Telemetry {
       this.sink.event(EVENT_ENGINE_FAULT, attrs);
       this.sink.add(METRIC_ENGINE_FAULTS, 1, { [ATTR_FAULT]: e.fault });
     } catch (err) {
-      reportHookError(err);
+      reportHookError(err, 'telemetry sink', this.#report);
     }
   }
 
@@ -292,7 +318,7 @@ export class Telemetry {
       this.sink.add(METRIC_ATTEMPTS, 1, attrs);
       this.sink.record(METRIC_ATTEMPT_DURATION, elapsedNs / 1e9, attrs);
     } catch (err) {
-      reportHookError(err);
+      reportHookError(err, 'telemetry sink', this.#report);
     }
   }
 
@@ -303,7 +329,7 @@ export class Telemetry {
       if (reason !== undefined) attrs[ATTR_REASON] = reason;
       this.sink.add(METRIC_CALLS, 1, attrs);
     } catch (err) {
-      reportHookError(err);
+      reportHookError(err, 'telemetry sink', this.#report);
     }
   }
 }
@@ -371,7 +397,11 @@ export class OpenTelemetrySink implements TelemetrySink {
    * `gaugeKey: false` drops `levee.key` from the breaker-state gauge too (one series per policy
    * instead of one per key: keys can number in the millions).
    */
-  constructor(meter: MeterLike, activeSpan?: () => SpanLike | undefined, options: { gaugeKey?: boolean } = {}) {
+  constructor(
+    meter: MeterLike,
+    activeSpan?: () => SpanLike | undefined,
+    options: { gaugeKey?: boolean | undefined } = {},
+  ) {
     this.#meter = meter;
     this.#activeSpan = activeSpan;
     this.#gaugeKey = options.gaugeKey ?? true;

@@ -14,15 +14,15 @@ import type { AttemptContext, FallbackFn, Levee, PolicyEntry, RetryPredicate } f
 
 export interface LeveeFetchOptions {
   /** The fetch to wrap (default: the global one). */
-  fetch?: typeof globalThis.fetch;
+  fetch?: typeof globalThis.fetch | undefined;
   /** The key of per-key state for a request (default: `httpKey(url)`, `host:port`, so each origin has its breaker). */
-  key?: (url: URL, request: Request) => string;
-  /** Fallbacks for these requests, by name; they return a Response. */
-  fallbacks?: Record<string, FallbackFn<Response>>;
+  key?: ((url: URL, request: Request) => string) | undefined;
+  /** Fallbacks for these requests, by name; they return a Response. Each gets the request as `ctx.request`. */
+  fallbacks?: Record<string, FallbackFn<Response>> | undefined;
   /** Called before the sleep of each retry of these requests (see `Levee.onRetry`). */
-  onRetry?: RetryHook;
+  onRetry?: RetryHook | undefined;
   /** A retry predicate for these requests (its `value` is the Response; see `Levee.retryIf`). */
-  retryIf?: RetryPredicate<Response>;
+  retryIf?: RetryPredicate<Response> | undefined;
 }
 
 /**
@@ -121,6 +121,7 @@ export function leveeFetch(
         discard: discardBody,
         acceptFallback: (value) => value instanceof Response,
         fallbacks: options.fallbacks,
+        request,
         onRetry: options.onRetry,
         retryIf: options.retryIf,
       });

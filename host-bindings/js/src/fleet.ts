@@ -113,25 +113,25 @@ export interface FleetState {
 
 export interface FleetOptions {
   /** This process's name in the shared state. Default `<host>-<pid>`. */
-  node?: string;
+  node?: string | undefined;
   /**
    * An ioredis client of your own (a `Redis`, or a `Cluster`: every script touches one key whose
    * entries share a hash tag). Its own timeouts and reconnection apply, and an operation slower than
    * the policy's `timeout` still sends the fleet local-only. The fleet does not close it.
    */
-  client?: Redis | Cluster;
+  client?: Redis | Cluster | undefined;
   /** More ioredis options for the client the fleet makes from the URL (timeouts and retries are the fleet's). */
-  redisOptions?: RedisOptions;
+  redisOptions?: RedisOptions | undefined;
   /** Receives every fleet event (as `on('event', ...)`). */
-  listener?: FleetListener;
+  listener?: FleetListener | undefined;
   /** Publish in the background (default true); false: call `sync` yourself. */
-  background?: boolean;
+  background?: boolean | undefined;
 }
 
 /** Options of `Fleet.run`: the Levee's, and the tokens the call takes from the fleet's rate limit. */
 export interface FleetRunOptions<T> extends RunOptions<T> {
   /** Tokens of the fleet rate limit this call takes (default 1; a lease serves only cost 1). */
-  cost?: number;
+  cost?: number | undefined;
 }
 
 type Reply = Array<number | Buffer>;
@@ -429,7 +429,7 @@ export class Fleet {
         try {
           listener(event);
         } catch (err) {
-          reportHookError(err);
+          reportHookError(err, `fleet listener of "${kind}"`);
         }
       }
     }

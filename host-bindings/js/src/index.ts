@@ -3,6 +3,7 @@
 import { readFile } from 'node:fs/promises';
 import { instantiate } from '../wasm/levee_policy.js';
 type ComponentExports = ReturnType<typeof instantiate>;
+import { PolicyLoadError } from './errors.js';
 import { Levee, loadSink, loadSpans, sinkOf } from './levee.js';
 import type { LoadOptions } from './levee.js';
 import { nodePlatform } from './platform-node.js';
@@ -26,9 +27,63 @@ export function instantiateComponent(): ComponentExports {
   return instantiate(nodePlatform.getCoreModule, {});
 }
 
-/** Load a policy document from a file. */
+/**
+ * Load a policy document from a file. A file that is not UTF-8 text is refused with a
+ * `PolicyLoadError` naming it and the line of the first bad byte (not loaded with replacement
+ * characters in its names).
+ */
 export async function loadFile(path: string | URL, options: LoadOptions = {}): Promise<Levee> {
-  return load(await readFile(path, 'utf8'), options);
+  const bytes = await readFile(path);
+  let text: string;
+  try {
+    text = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true }).decode(bytes);
+  } catch {
+    const at = firstInvalidUtf8(bytes);
+    let line = 1;
+    for (let i = 0; i < at; i++) if (bytes[i] === 0x0a) line++;
+    const name = path instanceof URL ? path.href : path;
+    throw new PolicyLoadError([
+      {
+        path: '',
+        message: `the file '${name}' is not valid UTF-8 (byte ${at}, line ${line}): a policy document is UTF-8 text`,
+      },
+    ]);
+  }
+  return load(text, options);
+}
+
+/** The offset of the first byte of `bytes` that is not part of well-formed UTF-8 (RFC 3629). */
+function firstInvalidUtf8(bytes: Uint8Array): number {
+  let i = 0;
+  while (i < bytes.length) {
+    const b = bytes[i]!;
+    let n: number;
+    let min: number;
+    if (b < 0x80) {
+      i++;
+      continue;
+    } else if (b >= 0xc2 && b <= 0xdf) {
+      n = 1;
+      min = 0x80;
+    } else if (b >= 0xe0 && b <= 0xef) {
+      n = 2;
+      min = 0x800;
+    } else if (b >= 0xf0 && b <= 0xf4) {
+      n = 3;
+      min = 0x10000;
+    } else {
+      return i;
+    }
+    let cp = b & (0x3f >> n);
+    for (let k = 1; k <= n; k++) {
+      const c = bytes[i + k];
+      if (c === undefined || (c & 0xc0) !== 0x80) return i;
+      cp = (cp << 6) | (c & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
+    i += n + 1;
+  }
+  return bytes.length;
 }
 
 export { Levee, sleep, startFlags } from './levee.js';
@@ -48,6 +103,7 @@ export type {
 export {
   GrpcStatusError,
   HttpStatusError,
+  LeveeClosedError,
   LeveeError,
   PolicyLoadError,
   UnknownPolicyError,
@@ -65,6 +121,7 @@ export type {
   LeveeEventName,
   Listener,
   MeterLike,
+  ObserverErrorHandler,
   RetryHook,
   RetryInfo,
   SpanLike,

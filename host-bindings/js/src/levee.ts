@@ -24,14 +24,15 @@ import {
 } from './driver.js';
 import type { Action } from './driver.js';
 import { GUARD_SNAPSHOT_INTERVAL_MS, REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY } from './constants.js';
-import { LeveeError, outcomeOfError } from './errors.js';
+import { LeveeClosedError, LeveeError, outcomeOfError } from './errors.js';
 import type { Outcome, Reason } from './errors.js';
-import { Emitter, OpenTelemetrySink, Telemetry, reportHookError } from './events.js';
+import { Emitter, OpenTelemetrySink, Telemetry, defaultObserverError, reportHookError } from './events.js';
 import type {
   CallResult,
   LeveeEventName,
   Listener,
   MeterLike,
+  ObserverErrorHandler,
   RetryHook,
   RetryInfo,
   SpanLike,
@@ -50,6 +51,9 @@ const HEDGE_WAIT_OVER: unique symbol = Symbol('levee.hedge-wait-over');
 
 /** The reason a parked call's sleep is aborted with when the core names it (a slot was granted to it). */
 const WOKEN: unique symbol = Symbol('levee.woken');
+
+/** The reason a call's sleep is aborted with when the Levee is closed. */
+const CLOSED: unique symbol = Symbol('levee.closed');
 
 export type { AttemptContext } from './attempt.js';
 export type { Clock } from './clock.js';
@@ -74,38 +78,45 @@ export interface FallbackContext {
   lastResult: unknown;
   /** The caller's signal, if any. */
   signal: AbortSignal | undefined;
+  /**
+   * The HTTP request of the call: `leveeFetch`'s (as built from its arguments, body unread), or
+   * the one `run` was given in its options; `undefined` otherwise.
+   */
+  request: Request | undefined;
 }
 
 export type FallbackFn<T = unknown> = (ctx: FallbackContext) => T | Promise<T>;
 
 export interface RunOptions<T> {
   /** A key for per-key state (breakers, buckets), e.g. a downstream host. Default "". */
-  key?: string;
+  key?: string | undefined;
   /** The caller's signal: aborting it cancels the call (attempt and sleeps). */
-  signal?: AbortSignal;
+  signal?: AbortSignal | undefined;
   /** The operation is idempotent (default true). When false the core retries it only with a key. */
-  idempotent?: boolean;
+  idempotent?: boolean | undefined;
   /**
    * The operation carries an idempotency key (so the core may retry it even if not idempotent):
    * `true`, or the key itself (an empty string counts as none).
    */
-  idempotencyKey?: boolean | string;
+  idempotencyKey?: boolean | string | undefined;
   /** The HTTP method of the operation, if it is one (the core knows which methods are idempotent). */
-  method?: string;
+  method?: string | undefined;
   /** Describe a value an attempt returned (e.g. an HTTP response); `undefined` means success. */
-  outcomeOf?: (value: T) => Outcome | undefined;
+  outcomeOf?: ((value: T) => Outcome | undefined) | undefined;
   /** Describe an error an attempt threw (default: `outcomeOfError`). */
-  errorOutcome?: (error: unknown) => Outcome | undefined;
+  errorOutcome?: ((error: unknown) => Outcome | undefined) | undefined;
   /** Fallbacks for this call, by name (they take precedence over those registered on the engine). */
-  fallbacks?: Record<string, FallbackFn<T>>;
+  fallbacks?: Record<string, FallbackFn<T>> | undefined;
   /** Called with a returned value that a retry supersedes (e.g. to free a response body). */
-  discard?: (value: T) => void;
+  discard?: ((value: T) => void) | undefined;
   /** Checks a fallback's value; a value it refuses counts as a failed fallback (e.g. not a Response). */
-  acceptFallback?: (value: unknown) => boolean;
+  acceptFallback?: ((value: unknown) => boolean) | undefined;
   /** Called before the sleep of each retry of this call (before the policy's hooks); see `Levee.onRetry`. */
-  onRetry?: RetryHook;
+  onRetry?: RetryHook | undefined;
   /** This call's retry predicate (it wins over the policy's, see `Levee.retryIf`). */
-  retryIf?: RetryPredicate<T>;
+  retryIf?: RetryPredicate<T> | undefined;
+  /** The HTTP request the call makes, for its fallbacks (`FallbackContext.request`); `leveeFetch` passes it. */
+  request?: Request | undefined;
 }
 
 /** What a retry predicate sees: the attempt's value, or the error it threw (a timeout's is a `TimeoutError`). */
@@ -130,52 +141,63 @@ export type RetryPredicate<T = unknown> = (result: AttemptResult<T>) => boolean 
 
 export interface LoadOptions {
   /** The seed of the core's PRNG (jitter). Default: from the OS random source. */
-  seed?: bigint | number;
+  seed?: bigint | number | undefined;
   /** Fallback functions, by the names the policies' chains use. */
-  fallbacks?: Record<string, FallbackFn>;
+  fallbacks?: Record<string, FallbackFn> | undefined;
   /**
    * Where telemetry goes (docs/telemetry.md): events, counters, histograms and the breaker gauge.
    * Default: the OpenTelemetry sink on `meter` (below); `null` for none.
    */
-  telemetry?: TelemetrySink | null;
+  telemetry?: TelemetrySink | null | undefined;
   /**
    * An OpenTelemetry meter for the default sink; default: `@opentelemetry/api`'s global meter
    * `levee` when the package is present (`load`; `loadSync` looks for none). `null`: no metrics.
    */
-  meter?: MeterLike | null;
+  meter?: MeterLike | null | undefined;
   /** `onRetry` hooks per policy name, called before the sleep of each retry (see `Levee.onRetry`). */
-  onRetry?: Record<string, RetryHook>;
+  onRetry?: Record<string, RetryHook> | undefined;
   /** Retry predicates per policy name (see `Levee.retryIf`). */
-  retryIf?: Record<string, RetryPredicate>;
+  retryIf?: Record<string, RetryPredicate> | undefined;
   /**
    * Spans `levee.call` and `levee.attempt` (docs/telemetry.md) on OpenTelemetry: pass the
    * `@opentelemetry/api` module, or `true` (with `load`, which imports it). Default: none.
    */
-  spans?: OpenTelemetryApiLike | boolean;
+  spans?: OpenTelemetryApiLike | boolean | undefined;
   /**
    * The clock of this Levee: every `now` it gives the core, the sleeps between attempts and the
    * attempts' timeouts. Default: the runtime's monotonic clock and the event loop's timers. Tests
    * pass a `VirtualClock` from `levee-resilience/testing`.
    */
-  clock?: Clock;
+  clock?: Clock | undefined;
   /**
    * How often (at most) the state is exported for trap recovery on the call path, in ms of the
    * Levee's clock. Default 1000, the rule of every host (docs/hosts.md, section 7). Whatever the
    * interval, the state is also exported whenever a breaker changes state, and after
    * `setBreakerState`, `reload` and `importState`, so a trap never forgets a trip.
    */
-  checkpointIntervalMs?: number;
+  checkpointIntervalMs?: number | undefined;
   /** jco's core instantiation hook (instrumentation, fault injection). */
-  instantiateCore?: InstantiateCore;
+  instantiateCore?: InstantiateCore | undefined;
   /**
    * Bound on the component's memory, in bytes (default 512 MiB, as in every host: see
    * docs/architecture.md, "Bounds on the guest"). Checked at each checkpoint; a component above
    * it is treated as faulty: re-instantiated with the last exported state. (A JavaScript engine
    * cannot interrupt a synchronous Wasm call, so this host bounds no guest call in time.)
    */
-  maxMemoryBytes?: number;
-  /** Called after every step of every call with the core's verdict (debugging, demos). */
-  trace?: (step: TraceStep) => void;
+  maxMemoryBytes?: number | undefined;
+  /**
+   * Called after every step of every call with the core's verdict (debugging, demos). Like every
+   * observer, one that throws is reported (`onObserverError`) and ignored.
+   */
+  trace?: ((step: TraceStep) => void) | undefined;
+  /**
+   * Where the errors of observer code go: `onRetry` hooks, `on()` listeners, the telemetry sink,
+   * the `trace` callback, retry predicates and `discard`. Such an error is reported here and
+   * ignored: it never changes a call, never reaches its caller and never becomes an uncaught
+   * exception. `observer` names the code that threw (`onRetry hook of policy "http"`). Default:
+   * one `console.error` line. One that throws in turn is ignored.
+   */
+  onObserverError?: ObserverErrorHandler | undefined;
 }
 
 /**
@@ -187,12 +209,17 @@ export class Levee {
   readonly #clock: Clock;
   readonly #now: () => bigint;
   readonly #fallbacks = new Map<string, FallbackFn>();
-  readonly #emitter = new Emitter();
+  readonly #emitter: Emitter;
+  readonly #observerError: ObserverErrorHandler;
   readonly #telemetry: Telemetry | undefined;
   readonly #retryHooks = new Map<string, RetryHook[]>();
   readonly #predicates = new Map<string, RetryPredicate>();
   readonly #spans: Spans | undefined;
+  /** The spans of the calls in progress (spans on), by call id: their events land on them. */
+  readonly #callSpans = new Map<bigint, CallSpan>();
   #closed = false;
+  /** The sleeps of calls between attempts (and their parks), which `close` ends. */
+  readonly #sleepers = new Set<AbortController>();
   #nextCall = 1;
 
   /** @internal Use `load` from `levee` (Node) or `levee/worker`. */
@@ -210,6 +237,8 @@ export class Levee {
       );
     }
     this.#spans = api === undefined ? undefined : new Spans(api);
+    this.#observerError = options.onObserverError ?? defaultObserverError;
+    this.#emitter = new Emitter(this.#observerError);
     const clock = options.clock;
     // The platform's clock is read directly: one call on the hot path, not two.
     this.#now = clock === undefined ? platform.now : () => clock.now();
@@ -225,10 +254,12 @@ export class Levee {
         checkpointNs: BigInt(Math.round((options.checkpointIntervalMs ?? GUARD_SNAPSHOT_INTERVAL_MS) * 1e6)),
         maxMemoryBytes: options.maxMemoryBytes ?? DEFAULT_MAX_MEMORY_BYTES,
         trace: options.trace,
+        report: this.#observerError,
+        withCall: this.#spans === undefined ? undefined : (call, fn) => this.#inCallSpan(call, fn),
         wallMs: wall === undefined ? Date.now : () => wall.call(clock),
       },
       this.#emitter,
-      (this.#telemetry = sink === undefined ? undefined : new Telemetry(sink)),
+      (this.#telemetry = sink === undefined ? undefined : new Telemetry(sink, this.#observerError)),
     );
     for (const [name, fn] of Object.entries(options.fallbacks ?? {})) this.#fallbacks.set(name, fn);
     for (const [name, hook] of Object.entries(options.onRetry ?? {})) this.onRetry(name, hook);
@@ -242,8 +273,9 @@ export class Levee {
     return this.#rt.policies;
   }
 
-  /** A policy by name (throws on an unknown name). */
+  /** A policy by name (throws on an unknown name, and `LeveeClosedError` after `close`). */
   policy(name: string): PolicyEntry {
+    if (this.#closed) throw new LeveeClosedError();
     const entry = this.#rt.byName.get(name);
     if (entry === undefined) throw this.#rt.unknown(name);
     return entry;
@@ -351,12 +383,19 @@ export class Levee {
   }
 
   /**
-   * Send any held-back success, stop the flush timer and release the component instance. The
-   * Levee must not be used afterwards.
+   * Send any held-back success, stop the flush timer and release the component instance: a
+   * graceful shutdown. A call in flight goes on until it next needs the engine: an attempt that
+   * is running finishes, and if it returned the call returns its value (a fallback that is
+   * running, likewise); otherwise, and for a call sleeping before a retry or waiting for a slot
+   * (woken at once), the call rejects with `LeveeClosedError`. No attempt starts after close, and
+   * nothing of it is an engine fault. Later calls, and the engine's state, reject or throw
+   * `LeveeClosedError`.
    */
   close(): void {
-    this.#rt.close();
+    if (this.#closed) return;
     this.#closed = true;
+    this.#rt.close();
+    for (const sleeper of [...this.#sleepers]) sleeper.abort(CLOSED);
   }
 
   [Symbol.dispose](): void {
@@ -407,7 +446,7 @@ export class Levee {
     const signal = options?.signal;
     // The caller's cancellation is JavaScript's own: the signal's reason (docs/hosts.md, section 5).
     if (signal?.aborted) return Promise.reject(signal.reason);
-    if (this.#closed) return Promise.reject(new Error('levee: this Levee was closed'));
+    if (this.#closed) return Promise.reject(new LeveeClosedError());
     const now = this.#now();
     if (now > rt.nextCheckpoint) {
       rt.flush();
@@ -452,7 +491,10 @@ export class Levee {
     gen: number,
   ): CallState<T> {
     const st = new CallState(fn, options, key, call, gen);
-    if (this.#spans !== undefined) st.span = this.#spans.call(p.name, key);
+    if (this.#spans !== undefined) {
+      st.span = this.#spans.call(p.name, key);
+      this.#callSpans.set(call, st.span);
+    }
     return st;
   }
 
@@ -521,6 +563,17 @@ export class Levee {
     }
     if (threw) st.lastError = err;
     else st.value = st.lastResult = value;
+    if (this.#closed) {
+      if (!threw) {
+        this.#ended(d, st, 'success');
+        return Promise.resolve(value as T);
+      }
+      try {
+        this.#closedEnd(d, st);
+      } catch (closed) {
+        return Promise.reject(closed);
+      }
+    }
     return this.#drive(d, st, this.#report(d, st, now, now - started, outcome), now);
   }
 
@@ -567,14 +620,41 @@ export class Levee {
   /** The call ended: `levee.calls`, and the end of its span. */
   #ended<T>(d: CallDriver, st: CallState<T>, result: CallResult, reason?: Reason): void {
     this.#telemetry?.call(d.policy.name, result, d.attempts > 1, reason);
-    st.span?.end(result, reason);
+    const span = st.span;
+    if (span !== undefined) {
+      // The span of a call a fallback ended says what triggered it (docs/telemetry.md, "Spans").
+      span.end(result, reason ?? (result === 'fallback' ? d.reason : undefined));
+      this.#callSpans.delete(st.call);
+    }
+  }
+
+  /** Deliver an event of call `call` in the context of its span, if it is still in progress. */
+  #inCallSpan(call: bigint, fn: () => void): void {
+    const span = this.#callSpans.get(call);
+    if (span === undefined) fn();
+    else span.run(fn);
+  }
+
+  /**
+   * The Levee was closed while the call ran and it needs the engine again: it ends with
+   * `LeveeClosedError` (a failure, without a reason of the core's), before any crossing.
+   */
+  #closedEnd<T>(d: CallDriver, st: CallState<T>): never {
+    this.#ended(d, st, 'failure');
+    throw new LeveeClosedError(d.policy.name, d.attempts, st.fallbackError ?? st.lastError, st.lastResult);
   }
 
   /**
    * The step loop, from verdict `v` (the answer of the driver's crossing, `undefined` when that
    * crossing trapped) on: the driver says what to do, this does it.
    */
-  async #drive<T>(d: CallDriver, st: CallState<T>, v: bigint | undefined, now: bigint): Promise<T> {
+  #drive<T>(d: CallDriver, st: CallState<T>, v: bigint | undefined, now: bigint): Promise<T> {
+    const steps = this.#steps(d, st, v, now);
+    // However the call ends (a describer that throws included), its span leaves the table.
+    return st.span === undefined ? steps : steps.finally(() => this.#callSpans.delete(st.call));
+  }
+
+  async #steps<T>(d: CallDriver, st: CallState<T>, v: bigint | undefined, now: bigint): Promise<T> {
     const rt = this.#rt;
     const clock = this.#clock;
     const p = d.policy;
@@ -590,11 +670,12 @@ export class Levee {
           rt.guestFault(d.fault as 'contract' | 'invalid', d.detail, d.op, p, st.key, st.call);
           act = d.recover(now);
         } else if (d.events) {
-          rt.drain();
+          rt.drain(st.call);
         }
       }
 
       if (act === ACT_ATTEMPT || act === ACT_DEGRADED) {
+        if (this.#closed) return this.#closedEnd(d, st);
         const degraded = act === ACT_DEGRADED;
         const timeoutNs = d.timeoutNs;
         const ctx = new Attempt(d.attempts, timeoutNs / 1e6, signal, clock);
@@ -640,23 +721,33 @@ export class Levee {
         } catch (err) {
           now = this.#now();
           ctx.dispose();
+          const cancelled = ctx.callerAborted || (signal?.aborted === true && !ctx.timedOut);
           if (span !== undefined) {
             const kind = ctx.timedOut ? 'timeout' : (options?.errorOutcome?.(err) ?? outcomeOfError(err)).kind;
-            CallSpan.endAttempt(span, signal?.aborted && !ctx.timedOut ? 'cancelled' : kind);
+            CallSpan.endAttempt(span, cancelled ? 'cancelled' : kind);
           }
-          if (signal?.aborted && !ctx.timedOut) {
-            // Cancelled by the caller: the attempt is not reported.
-            if (!degraded) rt.cancel(st.call, now, st.gen);
+          if (cancelled) {
+            // Cancelled by the caller, who has its answer at once; the attempt is not reported.
+            // What it holds in the core (its bulkhead slot) is its own until it has ended: the
+            // call is cancelled there once the attempt's promise settles (never, for a function
+            // that ignores its signal and never settles).
+            if (!degraded) {
+              const gen = st.gen;
+              void ctx.ended.then(() => rt.cancel(st.call, this.#now(), gen));
+            }
             this.#ended(d, st, 'cancelled');
-            throw signal.reason;
+            throw signal!.reason;
           }
           if (degraded) {
             this.#ended(d, st, 'failure');
             throw err;
           }
           if (ctx.timedOut) {
+            // Reported once the attempt has ended (its bulkhead slot is held until then), with the
+            // time it took (at least the timeout).
             outcome = { kind: 'timeout' };
-            elapsed = BigInt(timeoutNs);
+            elapsed = now - started;
+            if (elapsed < BigInt(timeoutNs)) elapsed = BigInt(timeoutNs);
           } else {
             outcome = options?.errorOutcome?.(err) ?? outcomeOfError(err);
             elapsed = now - started;
@@ -666,6 +757,15 @@ export class Levee {
           st.lastResult = undefined;
           st.value = undefined;
         }
+        if (this.#closed) {
+          // Closed while the attempt ran: what it returned (in time) is the call's answer, as
+          // what has happened stands; an error would need the engine, which is gone.
+          if (st.lastError === undefined && !ctx.timedOut) {
+            this.#ended(d, st, 'success');
+            return st.value as T;
+          }
+          return this.#closedEnd(d, st);
+        }
         v = this.#report(d, st, now, elapsed, outcome, callerFlags);
         continue;
       }
@@ -674,22 +774,33 @@ export class Levee {
         // The hedged attempts run until a command ends the call; its verdict (`undefined`: the
         // recovery path, with the attempt whose own result ends the call in `st`) goes on here.
         const end = await this.#hedged(d, st, now);
+        if (end.done) return end.value as T;
         v = end.verdict;
         now = end.now;
         continue;
       }
 
       if (act === ACT_SLEEP) {
+        if (this.#closed) return this.#closedEnd(d, st);
         if (d.retry) this.#onRetry(d, st);
+        // `close` ends the sleep (its own controller: a composite on a signal that lives as long
+        // as the Levee would pile up in it), as the caller's signal does.
+        const sleeper = new AbortController();
+        this.#sleepers.add(sleeper);
+        const under = signal === undefined ? sleeper.signal : AbortSignal.any([signal, sleeper.signal]);
         try {
-          if (d.park) await this.#park(d, st, signal);
-          else await clockWait(clock, d.sleepNs / 1e6, signal);
+          if (d.park) await this.#park(d, st, under);
+          else await clockWait(clock, d.sleepNs / 1e6, under);
         } catch (reason) {
+          if (reason === CLOSED) return this.#closedEnd(d, st);
           now = this.#now();
           rt.cancel(st.call, now, st.gen);
           this.#ended(d, st, 'cancelled');
           throw reason;
+        } finally {
+          this.#sleepers.delete(sleeper);
         }
+        if (this.#closed) return this.#closedEnd(d, st);
         now = this.#now();
         if (st.value !== undefined && options?.discard !== undefined) {
           options.discard(st.value);
@@ -705,6 +816,7 @@ export class Levee {
         let ok = false;
         const previous = st.fallbackError;
         st.fallbackError = undefined;
+        st.fallbackName = name;
         if (fb === undefined) {
           // Counted as failed; the error that ends the call names it (the attempt's error stands).
           if (!st.unregistered.includes(name)) st.unregistered.push(name);
@@ -719,6 +831,7 @@ export class Levee {
               lastResult: st.lastResult,
               fallbackError: previous,
               signal,
+              request: options?.request,
             });
             const fallbackValue = isThenable(r) ? await r : r;
             if (options?.acceptFallback !== undefined && !options.acceptFallback(fallbackValue)) {
@@ -731,6 +844,14 @@ export class Levee {
           } catch (err) {
             st.fallbackError = err;
           }
+        }
+        if (this.#closed) {
+          // Closed while the fallback ran: its value is the call's answer; a failure would need the engine.
+          if (ok) {
+            this.#ended(d, st, 'fallback');
+            return st.fallbackValue as T;
+          }
+          return this.#closedEnd(d, st);
         }
         now = this.#now();
         v = rt.reportFallback(p, st.key, st.call, now, ok, d.attempts);
@@ -780,6 +901,8 @@ export class Levee {
         lastResult: st.lastResult,
         retryAfterMs: d.hintNs > 0 ? d.hintNs / 1e6 : undefined,
         unregistered: st.unregistered,
+        fallbackError: st.fallbackError,
+        fallbackName: st.fallbackName,
       });
     }
   }
@@ -801,7 +924,7 @@ export class Levee {
     d: CallDriver,
     st: CallState<T>,
     now: bigint,
-  ): Promise<{ verdict: bigint | undefined; now: bigint }> {
+  ): Promise<{ verdict: bigint | undefined; now: bigint; done?: boolean; value?: T }> {
     const rt = this.#rt;
     const p = d.policy;
     const options = st.options;
@@ -857,12 +980,12 @@ export class Levee {
           options.discard(f.value);
         } catch (err) {
           // The call is over: nobody to hand the error to.
-          reportHookError(err);
+          reportHookError(err, `discard function of a call of policy "${p.name}"`, this.#observerError);
         }
       }
-      if (rt.generation !== st.gen) return;
+      if (rt.generation !== st.gen || rt.closed) return;
       const a = report(f, this.#now(), false);
-      if (a?.eventsPending) rt.drain();
+      if (a?.eventsPending) rt.drain(st.call);
     };
 
     const onClose = (f: Flight<T>, threw: boolean, value: T | undefined, error: unknown): void => {
@@ -926,7 +1049,11 @@ export class Levee {
     const cancelled = (): never => {
       phase = 2;
       abortAll(signal!.reason);
-      rt.cancel(st.call, this.#now(), st.gen);
+      // The caller has its answer at once; what the attempts hold in the core (their bulkhead
+      // slots) is theirs until each has ended: the call is cancelled there once they all have.
+      const open = flights.filter((f) => f !== undefined && !f.closed).map((f) => f.ctx.ended);
+      if (open.length === 0) rt.cancel(st.call, this.#now(), st.gen);
+      else void Promise.all(open).then(() => rt.cancel(st.call, this.#now(), st.gen));
       d.attempts = hd.started;
       this.#ended(d, st, 'cancelled');
       throw signal!.reason;
@@ -936,6 +1063,35 @@ export class Levee {
       st.value = f.threw ? undefined : f.value;
       st.lastResult = f.threw ? undefined : f.value;
       st.lastError = f.threw ? f.error : undefined;
+    };
+
+    // The Levee was closed while the call ran (`close`): no crossing, no attempt started. An
+    // attempt that has already returned is the call's answer (a success first); the others are
+    // aborted, and the call ends with `LeveeClosedError` (the last attempt's error as its cause).
+    const shut = (): { verdict: undefined; now: bigint; done: true; value: T } => {
+      phase = 2;
+      const succeeded = (f: Flight<T>): boolean => {
+        try {
+          return (options?.outcomeOf?.(f.value as T)?.kind ?? 'success') === 'success';
+        } catch {
+          return false;
+        }
+      };
+      const done = flights.filter((f) => f !== undefined && f.closed && !hd.cancelled.has(f.n));
+      const returned = done.filter((f) => !f.threw && !f.ctx.timedOut);
+      const ok = returned.find(succeeded) ?? returned[0];
+      abortAll(new LeveeClosedError(p.name, hd.started));
+      d.attempts = hd.started;
+      if (ok !== undefined) {
+        use(ok);
+        discardBut(ok);
+        this.#ended(d, st, 'success');
+        return { verdict: undefined, now: this.#now(), done: true, value: ok.value as T };
+      }
+      const last = done[done.length - 1];
+      if (last !== undefined) use(last);
+      discardBut(undefined);
+      return this.#closedEnd(d, st);
     };
 
     // The one recovery path (conformance/hosts/README.md, "A fault"): `failed`, a live attempt
@@ -990,6 +1146,10 @@ export class Levee {
       notify();
     };
     signal?.addEventListener('abort', onAbort, { once: true });
+    // `close` wakes the call's wait too.
+    const closing = new AbortController();
+    closing.signal.addEventListener('abort', notify, { once: true });
+    this.#sleepers.add(closing);
     try {
       launch(1, d.timeoutNs, now);
       d.op = 'hedge-step';
@@ -997,7 +1157,7 @@ export class Levee {
       let a = rt.hedgeStep(p, st.key, st.call, now, hd.started);
       for (;;) {
         if (a === undefined) return await recover(reported);
-        if (a.eventsPending) rt.drain();
+        if (a.eventsPending) rt.drain(st.call);
         const steps = hd.check(a, now);
         if (typeof steps === 'string') {
           rt.guestFault('contract', `${steps} (answered to ${d.op})`, d.op, p, st.key, st.call);
@@ -1085,6 +1245,7 @@ export class Levee {
           if (closed.length > 0 && flights.some((f) => f !== undefined && !f.closed)) await this.#clock.sleep(0);
         }
         if (signal?.aborted) return cancelled();
+        if (this.#closed) return shut();
         now = this.#now();
         reported = lowest(closed);
         if (reported !== undefined) {
@@ -1105,6 +1266,7 @@ export class Levee {
       throw err;
     } finally {
       signal?.removeEventListener('abort', onAbort);
+      this.#sleepers.delete(closing);
     }
   }
 
@@ -1123,7 +1285,8 @@ export class Levee {
     try {
       answer = predicate({ attempt, threw, error, value });
     } catch (err) {
-      reportHookError(err);
+      const whose = st.options?.retryIf !== undefined ? 'retryIf predicate of a call of' : 'retryIf predicate of';
+      reportHookError(err, `${whose} policy "${d.policy.name}"`, this.#observerError);
       return 0;
     }
     return answer === true ? REPORT_CALLER_RETRY : answer === false ? REPORT_CALLER_NO_RETRY : 0;
@@ -1147,7 +1310,8 @@ export class Levee {
       try {
         hook(info);
       } catch (err) {
-        reportHookError(err);
+        const whose = hook === own ? 'onRetry hook of a call of' : 'onRetry hook of';
+        reportHookError(err, `${whose} policy "${d.policy.name}"`, this.#observerError);
       }
     }
   }
@@ -1200,6 +1364,8 @@ class CallState<T> {
   fellBack = false;
   fallbackValue: T | undefined = undefined;
   fallbackError: unknown = undefined;
+  /** The name of the fallback that ran last. */
+  fallbackName = '';
   readonly unregistered: string[] = [];
   span: CallSpan | undefined = undefined;
 

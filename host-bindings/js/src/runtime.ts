@@ -24,9 +24,10 @@ import {
   START_NON_IDEMPOTENT,
   VERDICT_WAKES_BIT,
 } from './constants.js';
-import { PolicyLoadError, UnknownPolicyError } from './errors.js';
+import { LeveeClosedError, PolicyLoadError, UnknownPolicyError } from './errors.js';
 import type { Outcome } from './errors.js';
-import type { Emitter, EngineFaultEvent, LeveeEvent, Telemetry } from './events.js';
+import { reportHookError } from './events.js';
+import type { Emitter, EngineFaultEvent, LeveeEvent, ObserverErrorHandler, Telemetry } from './events.js';
 import { decodeVerdict } from './verdict.js';
 import type { Verdict } from './verdict.js';
 
@@ -110,6 +111,13 @@ export interface RuntimeOptions {
   checkpointNs: bigint;
   maxMemoryBytes: number;
   trace: ((step: TraceStep) => void) | undefined;
+  /** Where an error of the `trace` callback goes (it is ignored). */
+  report: ObserverErrorHandler;
+  /**
+   * Run the delivery of an event of call `call` (telemetry, listeners) in that call's context
+   * (its `levee.call` span, when spans are on); `undefined`: in the current context.
+   */
+  withCall: ((call: bigint, fn: () => void) => void) | undefined;
   /** Wall-clock milliseconds since the epoch (an HTTP-date in Retry-After is read against it). */
   wallMs: () => number;
 }
@@ -119,7 +127,9 @@ export interface RuntimeOptions {
  * sent (RFC 9110 methods are case-sensitive: `get` is not `GET`, and is code `METHOD_OTHER`).
  */
 export function startFlags(
-  options: { idempotent?: boolean; idempotencyKey?: boolean | string; method?: string } | undefined,
+  options:
+    | { idempotent?: boolean | undefined; idempotencyKey?: boolean | string | undefined; method?: string | undefined }
+    | undefined,
 ): number {
   if (options === undefined) return 0;
   let flags = 0;
@@ -224,6 +234,8 @@ export class Runtime {
   // The success held back to ride on the next `start` (DESIGN.md, "batching").
   // `holding` says whether there is one (a boolean: comparing BigInts costs a builtin call).
   holding = false;
+  /** `close` was called: the instance is released. */
+  closed = false;
   #heldCall = 0n;
   #heldAt = 0n;
   #heldElapsed = 0n;
@@ -389,6 +401,7 @@ export class Runtime {
 
   /** Replace the policies, keeping the state that still applies; on error nothing changes. */
   reload(document: string): void {
+    this.#shut();
     this.flush();
     try {
       this.#engine.reload(document);
@@ -409,6 +422,7 @@ export class Runtime {
   }
 
   importState(state: Uint8Array): void {
+    this.#shut();
     this.flush();
     try {
       this.#engine.importState(state);
@@ -421,14 +435,28 @@ export class Runtime {
   }
 
   close(): void {
+    if (this.closed) return;
     this.flush(); // a flush still scheduled then finds nothing held
+    this.closed = true;
     const dispose = (this.#engine as { [Symbol.dispose]?: () => void })[Symbol.dispose];
     if (typeof dispose === 'function') dispose.call(this.#engine);
     this.#healthy = false;
+    // Nothing is parked for good: each parked call wakes, and finds the Levee closed.
+    for (const wake of [...this.#parkers.values()]) wake();
+  }
+
+  /**
+   * After `close`, no crossing reaches the released instance (it would look like a fault and bring
+   * a fresh instance back): the call protocol's crossings throw `LeveeClosedError` (the public API
+   * checks first, and ends its calls with it), and a held-back success is dropped.
+   */
+  #shut(): void {
+    if (this.closed) throw new LeveeClosedError();
   }
 
   /** A crossing outside the call protocol (state, analysis): a trap recovers and is rethrown. */
   use<R>(phase: string, fn: (engine: Engine) => R): R {
+    this.#shut();
     this.flush();
     if (!this.#healthy) this.reinstantiate();
     try {
@@ -447,7 +475,7 @@ export class Runtime {
    * themselves; call it before reading state or events right after a success.
    */
   flush(): void {
-    if (!this.holding) return;
+    if (!this.holding || this.closed) return;
     const call = this.#heldCall;
     this.holding = false;
     this.#settled();
@@ -461,13 +489,21 @@ export class Runtime {
     if (this.parked !== 0 && (Number(v & 0x3fn) & VERDICT_WAKES_BIT) !== 0) this.#takeWakes();
     const trace = this.#trace;
     if (trace !== undefined) {
-      trace({ op: 'report', call, policy: '', attempts: 0, outcome: { kind: 'success' }, verdict: decodeVerdict(v) });
+      this.#traced(trace, {
+        op: 'report',
+        call,
+        policy: '',
+        attempts: 0,
+        outcome: { kind: 'success' },
+        verdict: decodeVerdict(v),
+      });
     }
-    if ((Number(v & 0x1fn) & 0x10) !== 0) this.drain();
+    if ((Number(v & 0x1fn) & 0x10) !== 0) this.drain(call);
   }
 
   /** Hold a success back: it rides on the next `start` (or a flush soon after). */
   hold(call: bigint, now: bigint, elapsed: bigint): void {
+    if (this.closed) return; // the call has its value; nothing to tell a released instance
     if (this.holding) this.flush();
     this.holding = true;
     this.#heldCall = call;
@@ -565,6 +601,7 @@ export class Runtime {
     callerFlags = 0,
   ): bigint | undefined {
     let v: bigint;
+    this.#shut();
     try {
       if (this.holding) this.flush();
       // The caller's predicate (REPORT_CALLER_RETRY / REPORT_CALLER_NO_RETRY), as the driver passes it.
@@ -589,6 +626,7 @@ export class Runtime {
   /** `hedge-step`: advance a hedged call to `now`; `undefined` after a trap. */
   hedgeStep(p: PolicyEntry, key: string, call: bigint, now: bigint, attempts: number): HedgeAnswer | undefined {
     let a: HedgeAnswer;
+    this.#shut();
     try {
       if (this.holding) this.flush();
       a = this.#engine.hedgeStep(call, now);
@@ -616,6 +654,7 @@ export class Runtime {
     attempts: number,
   ): HedgeAnswer | undefined {
     let a: HedgeAnswer;
+    this.#shut();
     try {
       if (this.holding) this.flush();
       const r = reportArgs(outcome, callerFlags);
@@ -644,6 +683,7 @@ export class Runtime {
   /** `acquire` before the next attempt; `undefined` after a fault. */
   acquire(p: PolicyEntry, key: string, call: bigint, now: bigint, attempts: number): bigint | undefined {
     let v: bigint;
+    this.#shut();
     try {
       if (this.holding) this.flush();
       v = this.#engine.acquire(call, now);
@@ -666,6 +706,7 @@ export class Runtime {
     attempts: number,
   ): bigint | undefined {
     let v: bigint;
+    this.#shut();
     try {
       if (this.holding) this.flush();
       v = this.#engine.reportFallback(call, now, ok);
@@ -680,7 +721,7 @@ export class Runtime {
 
   /** Abandon a call in the engine (the caller was cancelled), unless the engine already forgot it. */
   cancel(call: bigint, now: bigint, gen: number): void {
-    if (this.#generation !== gen) return;
+    if (this.#generation !== gen || this.closed) return;
     try {
       this.flush();
       this.#engine.cancel(call, now);
@@ -763,7 +804,16 @@ export class Runtime {
     if (attempt !== undefined) step.attempt = attempt;
     if (outcome !== undefined) step.outcome = outcome;
     if (verdict.kind === 'fallback') step.fallback = p.fallbacks[verdict.payload] ?? '';
-    this.#trace?.(step);
+    if (this.#trace !== undefined) this.#traced(this.#trace, step);
+  }
+
+  /** Show `step` to the `trace` callback: observer code, whose error is reported and ignored. */
+  #traced(trace: (step: TraceStep) => void, step: TraceStep): void {
+    try {
+      trace(step);
+    } catch (err) {
+      reportHookError(err, 'trace callback', this.#options.report);
+    }
   }
 
   #traceStep(
@@ -780,12 +830,17 @@ export class Runtime {
     if (outcome !== undefined) step.outcome = outcome;
     if (fallbackOk !== undefined) step.fallbackOk = fallbackOk;
     if (verdict.kind === 'fallback') step.fallback = p.fallbacks[verdict.payload] ?? '';
-    this.#trace?.(step);
+    if (this.#trace !== undefined) this.#traced(this.#trace, step);
   }
 
   // ---------------------------------------------------------------- events and snapshots
 
-  drain(): void {
+  /**
+   * Deliver the events the core queued. `call`: the call whose crossing queued them, which owns
+   * those of no call (a breaker transition its report caused) for `withCall`.
+   */
+  drain(call?: bigint): void {
+    if (this.closed) return;
     let events: Event[];
     try {
       events = this.#engine.drainEvents();
@@ -797,16 +852,22 @@ export class Runtime {
     const emitter = this.#emitter;
     const telemetry = this.#telemetry;
     const listening = emitter.listening;
+    const withCall = this.#options.withCall;
     for (const raw of events) {
       if (raw.kind === 'breaker-transition') transitions = true;
       if (!listening && telemetry === undefined) continue;
       const event = raw as LeveeEvent;
       event.policyName = this.policies[raw.policy]?.name ?? '';
-      telemetry?.event(event);
-      if (listening) {
-        emitter.emit('event', event);
-        emitter.emit(event.kind, event);
-      }
+      const deliver = (): void => {
+        telemetry?.event(event);
+        if (listening) {
+          emitter.emit('event', event);
+          emitter.emit(event.kind, event);
+        }
+      };
+      const owner = event.call !== 0n ? event.call : call;
+      if (withCall !== undefined && owner !== undefined) withCall(owner, deliver);
+      else deliver();
     }
     // A breaker that changed state is what a restarted instance most needs back.
     if (transitions) this.checkpoint(this.#now());
@@ -877,8 +938,13 @@ export class Runtime {
       restored = this.reinstantiate();
     }
     const event: EngineFaultEvent = { kind: 'engine-fault', fault, phase, error, restored, policyName, key, call };
-    this.#telemetry?.fault(event);
-    this.#emitter.emit('engine-fault', event);
+    const deliver = (): void => {
+      this.#telemetry?.fault(event);
+      this.#emitter.emit('engine-fault', event);
+    };
+    const withCall = this.#options.withCall;
+    if (withCall !== undefined && call !== undefined) withCall(call, deliver);
+    else deliver();
   }
 
   /** A fresh instance with the last exported state; false when that state could not come back. */

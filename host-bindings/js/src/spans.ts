@@ -90,6 +90,14 @@ export class CallSpan {
     return this.#tracer.startSpan(SPAN_ATTEMPT, { attributes }, this.#context);
   }
 
+  /**
+   * Run `fn` in the context of the call's span: the telemetry of the call's crossings (events go
+   * to the active span) lands on it, not on the caller's.
+   */
+  run<R>(fn: () => R): R {
+    return this.#api.context.with(this.#context, fn);
+  }
+
   /** Run `fn` in the context of an attempt's span. */
   within<R>(span: SpanHandle, fn: () => R): R {
     const api = this.#api;
@@ -102,7 +110,7 @@ export class CallSpan {
     span.end();
   }
 
-  /** End the call's span. */
+  /** End the call's span (`reason`: the core's, for a failure or the fallback that ended it). */
   end(result: string, reason: string | undefined): void {
     this.#span.setAttribute(ATTR_RESULT, result);
     if (reason !== undefined) this.#span.setAttribute(ATTR_REASON, reason);

@@ -23,16 +23,16 @@ export type { HedgeCommand } from './types.js';
 
 export interface VirtualClockOptions {
   /** The clock's time at creation, in nanoseconds. Default 0. */
-  start?: bigint;
+  start?: bigint | undefined;
   /** Wall-clock time (ms since the Unix epoch) at time 0 of this clock. Default 2026-01-01T00:00:00Z. */
-  wallStartMs?: number;
+  wallStartMs?: number | undefined;
   /**
    * Advance by itself: whenever the program is idle (its microtasks have run and two turns of the
    * event loop went by) and a timer of this clock is pending, time jumps to the earliest one and
    * fires it. Right for dependencies that are in-process (promises, virtual timers); an attempt
    * that waits on real I/O would see its timeout fire before the I/O completes. Default false.
    */
-  auto?: boolean;
+  auto?: boolean | undefined;
 }
 
 interface Timer {
@@ -224,9 +224,9 @@ export type FaultOp = 'start' | 'acquire' | 'report' | 'report-fallback' | 'hedg
  */
 export interface Fault {
   op: FaultOp;
-  nth?: number;
-  verdict?: bigint | number | string;
-  commands?: readonly HedgeCommand[];
+  nth?: number | undefined;
+  verdict?: bigint | number | string | undefined;
+  commands?: readonly HedgeCommand[] | undefined;
 }
 
 const FAULT_OPS: readonly FaultOp[] = ['start', 'acquire', 'report', 'report-fallback', 'hedge-step', 'report-attempt'];

@@ -50,6 +50,7 @@ export type {
 export {
   GrpcStatusError,
   HttpStatusError,
+  LeveeClosedError,
   LeveeError,
   PolicyLoadError,
   UnknownPolicyError,
@@ -63,6 +64,7 @@ export type {
   LeveeEventMap,
   LeveeEventName,
   MeterLike,
+  ObserverErrorHandler,
   RetryHook,
   RetryInfo,
   TelemetrySink,

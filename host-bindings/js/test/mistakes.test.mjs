@@ -96,3 +96,28 @@ test('a request that cannot be built (credentials in the URL) is refused as itse
   assert.equal(attempts, 0);
   assert.deepEqual(events, []);
 });
+
+test('loadFile refuses a file that is not UTF-8, naming it (issue 39)', async () => {
+  const { mkdtempSync, writeFileSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const dir = mkdtempSync(join(tmpdir(), 'levee-'));
+  const file = join(dir, 'latin1.yaml');
+  // A comment written in Latin-1: its \xe9 is no UTF-8 (decoded loosely, it loaded silently).
+  writeFileSync(file, Buffer.concat([Buffer.from('policies:\n  p: {} # caf'), Buffer.from([0xe9]), Buffer.from('\n')]));
+  await assert.rejects(loadFile(file), (err) => {
+    assert.ok(err instanceof PolicyLoadError, `${err}`);
+    assert.ok(err.message.includes(file), err.message);
+    assert.match(err.message, /not valid UTF-8/);
+    assert.match(err.message, /line 2/);
+    return true;
+  });
+  // A UTF-8 file loads, its name or not.
+  const good = join(dir, 'utf8.yaml');
+  writeFileSync(good, 'policies:\n  p: {} # café\n');
+  const levee = await loadFile(good, { meter: null });
+  assert.deepEqual(
+    levee.policies.map((p) => p.name),
+    ['p'],
+  );
+});

@@ -257,11 +257,13 @@ describe('run', () => {
   test('the per-attempt timeout aborts the attempt signal, even if the attempt ignores it', async () => {
     const levee = loadSync(DOC, { seed: 1n });
     const signals = [];
+    // It ignores its signal and answers at 80 ms: the call waits for it (it holds its bulkhead
+    // slot until it has ended, issue 39), and its answer is a timeout all the same.
     await assert.rejects(
       levee.run('timed', ({ signal, timeoutMs }) => {
         assert.equal(timeoutMs, 50);
         signals.push(signal);
-        return new Promise(() => {});
+        return new Promise((resolve) => setTimeout(() => resolve('too late'), 80));
       }),
       (err) => {
         assert.equal(err.reason, 'retries-exhausted');

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as otel from '@opentelemetry/api';
-import { leveeFetch, load, loadSync } from '../dist/index.js';
+import { OpenTelemetrySink, leveeFetch, load, loadSync } from '../dist/index.js';
 import { FaultInjector, VirtualClock } from '../dist/testing.js';
 
 const DOC = `
@@ -120,4 +120,90 @@ test('spans: true makes load() use @opentelemetry/api (no-op spans without an SD
   assert.equal(await levee.run('p', async () => 7), 7);
   assert.throws(() => loadSync(DOC, { spans: true }), /spans: true needs load/);
   assert.ok(typeof otel.trace.getTracer === 'function');
+});
+
+/** The recording API's spans with `addEvent`, and a sink that puts events on the active span. */
+function recordingApiWithEvents() {
+  const rec = recordingApi();
+  const startSpan = rec.api.trace.getTracer().startSpan;
+  rec.api.trace.getTracer = () => ({
+    startSpan(...args) {
+      const span = startSpan(...args);
+      span.events = [];
+      span.addEvent = (name, attributes) => span.events.push({ name, attributes });
+      span.isRecording = () => !span.ended;
+      return span;
+    },
+  });
+  return rec;
+}
+
+const noMeter = {
+  createCounter: () => ({ add() {} }),
+  createHistogram: () => ({ record() {} }),
+};
+
+test("events land on the call's span, not the caller's (issue 39)", async () => {
+  const { api, spans, active } = recordingApiWithEvents();
+  const clock = new VirtualClock({ auto: true });
+  const sink = new OpenTelemetrySink(noMeter, () => active()?.span);
+  const levee = loadSync(DOC, { seed: 1n, clock, spans: api, telemetry: sink });
+  // The caller's own span is active around the call.
+  const caller = api.trace.getTracer().startSpan('caller');
+  let n = 0;
+  const value = await api.context.with(api.trace.setSpan(undefined, caller), () =>
+    levee.run('p', () => {
+      if (++n < 2) throw Object.assign(new Error('once'), { name: 'Boom' });
+      return 'ok';
+    }),
+  );
+  assert.equal(value, 'ok');
+  const call = spans.find((s) => s.name === 'levee.call');
+  assert.deepEqual(
+    call.events.map((e) => e.name),
+    ['retry-scheduled'],
+  );
+  assert.equal(call.events[0].attributes['levee.attempt'], 1);
+  assert.deepEqual(caller.events, [], "nothing lands on the caller's span");
+});
+
+test('a call span ended by a fallback has its reason', async () => {
+  const { api, spans } = recordingApi();
+  const doc = `
+policies:
+  f:
+    attempts: 1
+    retry-on: ["error:*"]
+    fallbacks: [cached]
+`;
+  const levee = loadSync(doc, { seed: 1n, spans: api, meter: null, fallbacks: { cached: () => 'cached' } });
+  assert.equal(
+    await levee.run('f', () => {
+      throw new Error('down');
+    }),
+    'cached',
+  );
+  const call = spans.find((s) => s.name === 'levee.call');
+  assert.equal(call.attributes['levee.result'], 'fallback');
+  assert.equal(call.attributes['levee.reason'], 'retries-exhausted');
+});
+
+test("a breaker transition a call's report caused lands on that call's span", async () => {
+  const { api, spans, active } = recordingApiWithEvents();
+  const clock = new VirtualClock({ auto: true });
+  const sink = new OpenTelemetrySink(noMeter, () => active()?.span);
+  const doc = `
+policies:
+  b:
+    attempts: 1
+    retry-on: ["error:*"]
+    breaker: { minimum-calls: 1, failure-rate: 50, open-duration: 10s }
+`;
+  const levee = loadSync(doc, { seed: 1n, clock, spans: api, telemetry: sink });
+  await assert.rejects(levee.run('b', () => Promise.reject(new Error('down'))));
+  const call = spans.find((s) => s.name === 'levee.call');
+  assert.ok(
+    call.events.some((e) => e.name === 'breaker-transition' && e.attributes['levee.breaker.to'] === 'open'),
+    JSON.stringify(call.events.map((e) => e.name)),
+  );
 });

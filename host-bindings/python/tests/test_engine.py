@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -370,6 +373,31 @@ def test_fallback_chain_and_failure(engine: levee.Engine) -> None:
     engine.register_fallback("stale", broken)
     with pytest.raises(levee.FallbacksFailed):
         engine.policy("fallback").call(Flaky(ConnectionError(), ConnectionError()))
+
+
+def test_a_failed_fallback_says_why_in_the_final_error(engine: levee.Engine) -> None:
+    """Issue 39: the fallbacks' own failures appeared only in the logs. The final error's
+    `__cause__` is the last fallback's failure, `fallback_errors` lists each in chain order, and
+    the message names them; `last_error` stays the last attempt's error."""
+
+    def broken(ctx: levee.FallbackContext) -> str:
+        raise RuntimeError("cache down")
+
+    async def too_async(ctx: levee.FallbackContext) -> str:
+        return "never"
+
+    engine.register_fallback("cached", broken)
+    engine.register_fallback("stale", too_async)
+    with pytest.raises(levee.FallbacksFailed) as info:
+        engine.policy("fallback").call(Flaky(ConnectionError("down"), ConnectionError("down")))
+    err = info.value
+    assert isinstance(err.last_error, ConnectionError)
+    first, second = err.fallback_errors
+    assert isinstance(first, RuntimeError) and str(first) == "cache down"
+    assert isinstance(second, TypeError) and "async" in str(second)
+    assert err.__cause__ is second
+    assert "fallback 'cached' failed: RuntimeError: cache down" in str(err)
+    assert "fallback 'stale' failed: TypeError:" in str(err)
 
 
 async def test_async_fallback(engine: levee.Engine) -> None:
@@ -878,3 +906,395 @@ def test_opentelemetry_spans_per_call_and_attempt() -> None:
     failed = [s for s in exporter.get_finished_spans() if s.name == "levee.call"][-1]
     assert failed.status.status_code.name == "ERROR"
     assert dict(failed.attributes or {})["levee.reason"] == "retries-exhausted"
+
+
+# ---------------------------------------------------------------------------- observers
+
+
+def test_a_raising_trace_callback_is_reported_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 39: a tracer that raises must not reach the caller nor hold the bulkhead slot of
+    the call it traced (every later call was `BulkheadFull`, even a day later)."""
+    from levee.testing import VirtualClock
+
+    clock = VirtualClock()
+    doc = "policies:\n  p:\n    attempts: 2\n    backoff: { kind: constant, base: 1ms, jitter: none }\n" \
+        "    bulkhead: { max-concurrent: 1 }\n"  # fmt: skip
+    e = levee.loads(doc, seed=1, clock=clock)
+    e.trace = lambda step: [][0]
+    pol = e.policy("p")
+    with caplog.at_level(logging.ERROR, logger="levee"):
+        assert pol.call(lambda: "ok") == "ok"
+        assert pol.call(Flaky(ConnectionError(), value="retried")) == "retried"
+        with pytest.raises(levee.RetriesExhausted):
+            pol.call(Flaky(ConnectionError(), ConnectionError()))
+    assert any("trace" in r.getMessage() for r in caplog.records)
+    e.trace = None
+    assert pol.call(lambda: "free") == "free"  # the slot came back at once: no time passes
+
+
+# ---------------------------------------------------------------------------- fork
+
+
+def _in_child(body: Callable[[], bool], within: float = 20.0) -> int:
+    """Fork; the child runs `body` and exits 0 when it holds, 1 when not, 2 when it raised. The
+    parent returns the child's exit code, or -1 when the child is still running after `within`
+    seconds (it hangs: it is killed)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 2
+        try:
+            code = 0 if body() else 1
+        finally:
+            os._exit(code)
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -1
+
+
+def _tripped(e: levee.Engine) -> None:
+    for _ in range(4):
+        with pytest.raises(levee.CallFailed):
+            e.policy("breaker").call(Flaky(ConnectionError()))
+    assert e.breaker_state("breaker") is BreakerState.OPEN
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_fork_while_another_thread_is_inside_the_engine_keeps_the_child_working() -> None:
+    """Issue 39: a child forked while another thread held the engine's lock hung on it forever.
+    The child gets a lock and an instance of its own, and keeps the protection (the open breaker
+    of the last snapshot)."""
+    e = levee.Engine(DOC, seed=7)
+    _tripped(e)
+    inside, leave = threading.Event(), threading.Event()
+
+    def crossing() -> None:
+        with e._lock:  # another thread in the middle of a crossing
+            inside.set()
+            leave.wait(30)
+
+    t = threading.Thread(target=crossing)
+    t.start()
+    assert inside.wait(5)
+    try:
+
+        def child() -> bool:
+            with pytest.raises(levee.BreakerOpen):
+                e.policy("breaker").call(lambda: "through")
+            return e.policy("fast").call(lambda: "child") == "child"
+
+        code = _in_child(child)
+    finally:
+        leave.set()
+        t.join()
+    assert code == 0, "the child hung" if code < 0 else f"the child failed ({code})"
+    assert e.policy("fast").call(lambda: "parent") == "parent"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_fork_from_an_idle_parent_keeps_the_state_but_not_the_parents_calls() -> None:
+    """The child keeps the state (an open breaker) but not the calls the parent's threads have in
+    flight: their bulkhead slots belong to the parent, and would never come back in the child."""
+    e = levee.Engine(DOC + "  bh:\n    attempts: 1\n    bulkhead: { max-concurrent: 1 }\n", seed=7)
+    _tripped(e)
+    running, finish = threading.Event(), threading.Event()
+
+    def work() -> str:
+        running.set()
+        finish.wait(30)
+        return "parent"
+
+    t = threading.Thread(target=lambda: e.policy("bh").call(work))
+    t.start()
+    assert running.wait(5)
+    try:
+        with pytest.raises(levee.BulkheadFull):
+            e.policy("bh").call(lambda: "second")
+
+        def child() -> bool:
+            with pytest.raises(levee.BreakerOpen):
+                e.policy("breaker").call(lambda: "through")
+            return e.policy("bh").call(lambda: "child") == "child"
+
+        code = _in_child(child)
+    finally:
+        finish.set()
+        t.join()
+    assert code == 0, "the child hung" if code < 0 else f"the child failed ({code})"
+    assert e.policy("bh").call(lambda: "parent") == "parent"
+
+
+# ---------------------------------------------------------------------------- close
+
+
+def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def test_close_while_calls_run_is_a_graceful_shutdown(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 39: `close()` while calls ran was reported as an engine fault (a WARNING and an
+    ERROR `engine-fault`, the instance re-created) and a call whose attempt failed ran one more
+    attempt after the close. Now: no fault; an attempt that ends after the close stands as the
+    call's result when it succeeded, else the call ends with `EngineClosed` (its cause the
+    attempt's error); no attempt starts after the close, and a parked call is woken at once."""
+    e = levee.Engine(DOC + "  q:\n    attempts: 1\n    bulkhead: { max-concurrent: 1, queue: 1, queue-timeout: 20s }\n",
+                     seed=1)  # fmt: skip
+    started = threading.Semaphore(0)
+    release = threading.Event()
+    runs: list[str] = []
+
+    def work(name: str, fail: bool) -> str:
+        runs.append(name)
+        started.release()
+        release.wait(10)
+        if fail:
+            raise ConnectionError(f"{name} failed")
+        return name
+
+    reported = e.policy("fast", retry_if=lambda r: None)  # a handle whose success is reported at once
+    failing, out_f = _in_thread(lambda: e.policy("fast").call(work, "failing", True))
+    passing, out_p = _in_thread(lambda: reported.call(work, "passing", False))
+    holder, out_h = _in_thread(lambda: e.policy("q").call(work, "holder", False))
+    for _ in range(3):
+        assert started.acquire(timeout=5)
+    parked, out_q = _in_thread(lambda: e.policy("q").call(work, "parked", False))
+    for _ in range(200):
+        if e._parked:
+            break
+        time.sleep(0.01)
+    assert e._parked
+    with caplog.at_level(logging.WARNING, logger="levee"):
+        e.close()
+        parked.join(5)
+        assert not parked.is_alive(), "the parked call slept on after the close"
+        release.set()
+        for t in (failing, passing, holder):
+            t.join(10)
+    assert sorted(runs) == ["failing", "holder", "passing"]  # no attempt started after the close
+    assert isinstance(out_f.get("error"), levee.EngineClosed), out_f
+    assert isinstance(out_f["error"].__cause__, ConnectionError)
+    assert out_p == {"value": "passing"} and out_h == {"value": "holder"}
+    assert isinstance(out_q.get("error"), levee.EngineClosed), out_q
+    assert e.faults == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    with pytest.raises(levee.EngineClosed):
+        e.policy("fast").call(lambda: 1)
+    with pytest.raises(levee.EngineClosed):
+        e.policy("fast")
+
+
+async def test_close_while_an_async_call_sleeps_ends_it_without_a_fault(caplog: pytest.LogCaptureFixture) -> None:
+    from levee.testing import VirtualClock
+
+    clock = VirtualClock()
+    e = levee.loads("policies:\n  p:\n    attempts: 3\n    backoff: { kind: constant, base: 1s, jitter: none }\n",
+                    seed=1, clock=clock)  # fmt: skip
+    runs = 0
+
+    async def work() -> str:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            e.close()  # closed during the call: its retry never starts
+        raise ConnectionError("down")
+
+    with caplog.at_level(logging.WARNING, logger="levee"), pytest.raises(levee.EngineClosed) as info:
+        await e.policy("p").acall(work)
+    assert runs == 1 and e.faults == 0
+    assert isinstance(info.value.__cause__, ConnectionError)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_opentelemetry_events_land_on_the_call_span() -> None:
+    """Issue 39: a call's events went to the caller's span (or were lost), and a call span
+    ended by a fallback had no `levee.reason`. The events of a call are events of its
+    `levee.call` span, never the caller's."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from levee.telemetry import OpenTelemetrySink
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = levee.Engine(DOC, seed=7, telemetry=OpenTelemetrySink(tracer_provider=provider))
+    engine.register_fallback("cached", lambda ctx: "cached")
+    tracer = provider.get_tracer("the-app")
+    with tracer.start_as_current_span("caller"):
+        assert engine.policy("fast").call(Flaky(ConnectionError())) == "ok"
+        assert engine.policy("fallback").call(Flaky(ConnectionError(), ConnectionError())) == "cached"
+        engine.set_breaker_state("breaker", BreakerState.FORCED_OPEN)
+        with pytest.raises(levee.BreakerOpen):
+            engine.policy("breaker").call(lambda: "never")
+    spans = exporter.get_finished_spans()
+    (caller,) = [s for s in spans if s.name == "caller"]
+    assert [e.name for e in caller.events] == ["breaker-transition"]  # not a call's: the operator's
+    fast, fell_back, rejected = [s for s in spans if s.name == "levee.call"]
+    assert [e.name for e in fast.events] == ["retry-scheduled"]
+    assert dict(fast.events[0].attributes or {})["levee.attempt"] == 1
+    assert [e.name for e in fell_back.events] == ["retry-scheduled", "gave-up", "fallback-chosen"]
+    assert dict(fell_back.attributes or {})["levee.result"] == "fallback"
+    assert dict(fell_back.attributes or {})["levee.reason"] == "retries-exhausted"
+    assert [e.name for e in rejected.events] == ["rejected", "gave-up"]
+    assert dict(rejected.attributes or {})["levee.reason"] == "breaker-open"
+
+
+# ---------------------------------------------------------------------------- what a new user gets wrong
+
+
+def test_loads_takes_text_bytes_or_a_mapping_and_says_so_for_anything_else() -> None:
+    """Issue 39: bytes, a dict or None raised AttributeError ('... has no attribute encode')."""
+    text = "policies:\n  p:\n    attempts: 2\n"
+    assert levee.loads(text.encode()).policies == ["p"]
+    assert levee.loads(bytearray(text.encode())).policies == ["p"]
+    assert levee.loads({"policies": {"p": {"attempts": 2}}}).policy_info("p").max_attempts == 2
+    for bad in (None, 42, ["policies"]):
+        with pytest.raises(TypeError, match=r"a str \(YAML or JSON\), bytes \(UTF-8\) or a dict, not"):
+            levee.loads(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="JSON"):
+        levee.loads({"policies": {"p": {"attempts": object()}}})
+    with pytest.raises(levee.PolicyError, match="not UTF-8"):
+        levee.loads(b"policies:\n  p: {}\n# \xff\n")
+    e = levee.loads(text)
+    e.reload(b"policies:\n  q: {}\n")
+    assert e.policies == ["q"]
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    """Issue 39: a bare UnicodeDecodeError, without the file's name."""
+    f = tmp_path / "bad.yaml"
+    f.write_bytes(b"policies:\n  p:\n    attempts: 2 # caf\xe9\n")
+    with pytest.raises(levee.PolicyError) as info:
+        levee.load(f)
+    assert str(f) in str(info.value) and "not UTF-8" in str(info.value) and "byte 36" in str(info.value)
+
+
+def test_a_policy_a_reload_dropped_is_unknown_naming_the_remaining_ones() -> None:
+    """Issue 39: the error said "the document has no policies" while it still had `a`."""
+    e = levee.loads("policies:\n  a: {}\n  b: {}\n")
+    b = e.policy("b")
+    e.reload("policies:\n  a: {}\n")
+    with pytest.raises(levee.UnknownPolicy) as info:
+        b.call(lambda: 1)
+    assert "no policy named 'b'" in str(info.value) and "'a'" in str(info.value)
+    assert "no policies" not in str(info.value)
+
+
+def test_a_fallback_no_policy_names_is_refused(engine: levee.Engine) -> None:
+    """Issue 39: registering a fallback under a name no chain uses (a typo) was accepted."""
+    with pytest.raises(levee.UnknownFallback) as info:
+        engine.register_fallback("cachd", lambda ctx: "x")
+    assert "no policy names the fallback 'cachd' (did you mean 'cached'?)" in str(info.value)
+    assert "'stale'" in str(info.value)
+    with pytest.raises(levee.UnknownFallback):
+        engine.fallback("nowhere")(lambda ctx: "x")
+    engine.register_fallback("stale", lambda ctx: "fine")
+
+
+def test_a_key_that_is_not_a_string_is_refused(engine: levee.Engine) -> None:
+    """Issue 39: `key=42` was taken, and failed at the call with an AttributeError."""
+    with pytest.raises(TypeError, match="key must be a str or a function"):
+        engine.policy("fast", key=42)  # type: ignore[arg-type]
+
+
+def test_a_generator_function_is_not_decorated(engine: levee.Engine) -> None:
+    """Issue 39: a decorated generator function was accepted, and its body then ran outside the
+    policy (calling it only makes the generator)."""
+
+    def gen() -> Any:
+        yield 1
+
+    async def agen() -> Any:
+        yield 1
+
+    for fn in (gen, agen):
+        with pytest.raises(TypeError, match="generator"):
+            engine.policy("fast")(fn)
+
+
+async def test_an_async_timeout_says_which_attempt_and_after_how_long(engine: levee.Engine) -> None:
+    """Issue 39: async attempt timeouts read `TimeoutError: ` (asyncio's, with no message)."""
+    seen: list[str] = []
+
+    async def slow() -> None:
+        await asyncio.sleep(10)
+
+    pol = engine.policy("timed", on_retry=lambda info: seen.append(str(info.error)))
+    with pytest.raises(levee.RetriesExhausted) as info:
+        await pol.acall(slow)
+    assert seen == ["attempt 1 timed out after 50 ms"]
+    assert isinstance(info.value.last_error, TimeoutError)
+    assert str(info.value.last_error) == "attempt 2 timed out after 50 ms"
+    assert "last error: TimeoutError: attempt 2 timed out after 50 ms" in str(info.value)
+
+
+def test_a_call_that_cannot_start_ends_its_span() -> None:
+    """The call span is opened before `start` (so that its events land on it): a call that
+    cannot start (a policy a reload dropped, a closed engine) still ends it, as a failure."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from levee.telemetry import OpenTelemetrySink
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine = levee.loads("policies:\n  a: {}\n  b: {}\n", telemetry=OpenTelemetrySink(tracer_provider=provider))
+    a, b = engine.policy("a"), engine.policy("b")
+    engine.reload("policies:\n  a: {}\n")
+    with pytest.raises(levee.UnknownPolicy):
+        b.call(lambda: 1)
+    engine.close()
+    with pytest.raises(levee.EngineClosed):
+        a.call(lambda: 1)
+    spans = [s for s in exporter.get_finished_spans() if s.name == "levee.call"]
+    assert [dict(s.attributes or {})["levee.result"] for s in spans] == ["failure", "failure"]
+
+
+SLOW_RETRY = "policies:\n  p:\n    attempts: 3\n    backoff: { kind: constant, base: 10s, jitter: none }\n"
+
+
+def test_close_wakes_a_call_sleeping_before_its_retry() -> None:
+    """A call sleeping before a retry when the engine closes cannot retry any more: it ends with
+    `EngineClosed` at once instead of sleeping out its 10 s."""
+    e = levee.loads(SLOW_RETRY, seed=1)
+    t, out = _in_thread(lambda: e.policy("p").call(Flaky(ConnectionError("down"), value="never")))
+    time.sleep(0.3)  # the first attempt failed; the call sleeps 10 s
+    t0 = time.monotonic()
+    e.close()
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - t0 < 5
+    assert isinstance(out.get("error"), levee.EngineClosed), out
+    assert isinstance(out["error"].__cause__, ConnectionError)
+
+
+async def test_close_wakes_a_task_sleeping_before_its_retry() -> None:
+    e = levee.loads(SLOW_RETRY, seed=1)
+
+    async def down() -> str:
+        raise ConnectionError("down")
+
+    task = asyncio.ensure_future(e.policy("p").acall(down))
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    e.close()
+    with pytest.raises(levee.EngineClosed):
+        await asyncio.wait_for(task, 5)
+    assert time.monotonic() - t0 < 5

@@ -7,6 +7,7 @@ and sockets, the call leaving the engine's table once its cancelled attempts clo
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Any
@@ -504,3 +505,25 @@ def test_attempts_loop_reports_a_hedge_cancelled_before_it_ran() -> None:
     assert loop.result == 2
     assert numbers == [1, 2]  # #3 was started by the core, then cancelled before it ran
     assert _live_calls(engine) == 0, steps
+
+
+async def test_close_during_a_hedged_call_starts_no_hedge_and_is_no_fault(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 39 (graceful close): a hedged call in flight at `close()` starts no more attempts;
+    the one in flight gives the call its value; nothing is reported as a fault."""
+    clock = VirtualClock(0.0)
+    engine = levee.loads(A6, seed=1, clock=clock)
+    started = 0
+
+    @engine.policy("p")
+    async def dependency() -> str:
+        nonlocal started
+        started += 1
+        await clock.sleep_async(0.2)
+        engine.close()  # at 0.2 s, before the first hedge is due (0.5 s)
+        await clock.sleep_async(0.6)
+        return "first"
+
+    with caplog.at_level(logging.WARNING, logger="levee"):
+        assert await dependency() == "first"
+    assert started == 1 and engine.faults == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -247,6 +247,21 @@ def test_transport_fallback_of_the_wrong_type_counts_as_failed(engine: levee.Eng
     assert EventKind.FALLBACK_CHOSEN in kinds and EventKind.GAVE_UP in kinds
 
 
+def test_a_transport_fallback_of_the_wrong_type_is_the_cause_when_there_is_no_response(engine: levee.Engine) -> None:
+    """Issue 39: with no response to return, the error says the fallback gave the wrong type."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    engine.register_fallback("cached", lambda ctx: "not a response")
+    transport = LeveeTransport(engine, "fallback", transport=httpx.MockTransport(refuse))
+    with httpx.Client(transport=transport) as client, pytest.raises(levee.FallbacksFailed) as info:
+        client.get("http://127.0.0.1:9/refused")
+    cause = info.value.__cause__
+    assert isinstance(cause, TypeError) and "httpx.Response" in str(cause) and "str" in str(cause)
+    assert isinstance(info.value.last_error, httpx.ConnectError)
+
+
 # ------------------------------------------------------------------ what an attempt covers (docs/http.md, issue 14)
 
 BODY_DOC = """
@@ -321,3 +336,25 @@ async def test_async_a_body_that_cannot_be_replayed_is_sent_once(server: Server)
         r = await client.put(server.url("/aput"), content=body())
     assert r.status_code == 503
     assert len(server.hits("/aput")) == 1
+
+
+def test_sync_a_late_response_is_a_timeout_with_or_without_a_body() -> None:
+    """Issue 39: a response that arrives after the attempt's timeout is a timeout (a sync
+    transport cannot stop waiting, so it finds out after): the deadline it ran past fails the
+    call with `DeadlineExceeded`, as the async transport and JS do. A late response with no
+    body was returned as a success."""
+    from levee.testing import VirtualClock
+
+    for body in (b"late", b""):
+        clock = VirtualClock()
+        engine = levee.loads("policies:\n  p:\n    attempts: 3\n    deadline: 1s\n", seed=1, clock=clock)
+
+        def handler(request: httpx.Request, body: bytes = body, clock: VirtualClock = clock) -> httpx.Response:
+            clock.sleep(2)  # headers and body arrive 2 s after the request, past the deadline
+            return httpx.Response(200, content=body)
+
+        transport = LeveeTransport(engine, "p", transport=httpx.MockTransport(handler))
+        with httpx.Client(transport=transport) as client, pytest.raises(levee.DeadlineExceeded) as info:
+            client.get("http://127.0.0.1:9/late")
+        assert isinstance(info.value.last_error, httpx.TimeoutException), body
+        assert info.value.last_result is None, body

@@ -47,6 +47,7 @@ from .errors import (
     CallCancelled,
     CallFailed,
     DeadlineExceeded,
+    EngineClosed,
     FallbacksFailed,
     LeveeError,
     NonIdempotent,
@@ -57,6 +58,7 @@ from .errors import (
     RateLimited,
     RetriesExhausted,
     RetryAfterTooLong,
+    UnknownFallback,
     UnknownPolicy,
 )
 from .outcomes import Outcome, outcome_for_exception, outcome_for_response, outcome_for_result
@@ -89,6 +91,7 @@ __all__ = [
     "CallFailed",
     "CallInfo",
     "DeadlineExceeded",
+    "EngineClosed",
     "Engine",
     "Event",
     "EventKind",
@@ -112,6 +115,7 @@ __all__ = [
     "RetryPredicate",
     "RetryAfterTooLong",
     "TraceStep",
+    "UnknownFallback",
     "UnknownPolicy",
     "Verdict",
     "VerdictKind",

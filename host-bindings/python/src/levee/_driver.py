@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ._constants import REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY, VERDICT_RESERVED_MASK
 from ._events import logger
 from ._runtime import PARK_MASK, PARK_VERDICT, WAKES_BIT, _Fault
-from .errors import failure_for
+from .errors import EngineClosed, failure_for
 from .outcomes import Classifier, Outcome, outcome_for_exception, outcome_for_result
 from .telemetry import emit_attempt, emit_call
 from .types import OutcomeKind, Reason, Verdict
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from ._runtime import EngineRuntime, _PolicySlot
 
 ATTEMPT, WAIT, DONE, RETRY, FALLBACK, FAIL, INVALID, HEDGE = range(8)
+#: `_Call(span=)` not given: the call opens its span itself
+_OPEN: Any = object()
 _SLEEP = 8  # protocol action: sleep
 #: the highest attempt number a hedged call may start (Polly's preset: 1 + 10 hedges)
 MAX_HEDGED_ATTEMPTS = 11
@@ -114,6 +116,8 @@ class _Call:
         "deadline_at",
         "engine",
         "fallback_error",
+        "fallback_failures",
+        "fallback_reason",
         "fallback_value",
         "fell_back",
         "finished",
@@ -133,7 +137,8 @@ class _Call:
 
     def __init__(self, engine: EngineRuntime, slot: _PolicySlot, call: int, gen: int, started: int,
                  classify: Classifier | None, args: tuple[Any, ...], kwargs: dict[str, Any], key: str = "",
-                 on_retry: tuple[RetryHook, ...] = (), retry_if: RetryPredicate | None = None) -> None:  # fmt: skip
+                 on_retry: tuple[RetryHook, ...] = (), retry_if: RetryPredicate | None = None,
+                 span: Any = _OPEN) -> None:  # fmt: skip
         self.engine = engine
         #: the retry predicate (the handle's, else the policy's)
         self.retry_if = retry_if
@@ -153,14 +158,18 @@ class _Call:
         self.last: _AttemptResult | None = None
         self.fallback_value: Any = None
         self.fallback_error: BaseException | None = None
+        #: why each fallback that ran failed (its name, what it raised or what was wrong)
+        self.fallback_failures: list[tuple[str, BaseException]] = []
+        #: the reason of the fallback verdict (the call span's `levee.reason` when it falls back)
+        self.fallback_reason: Reason | None = None
         self.fell_back = False
         self.finished = False
         self.unregistered: tuple[str, ...] = ()
         self.on_retry = on_retry
         #: an HTTP integration's call (its attempt spans carry http.request.resend_count)
         self.http = False
-        spans = engine._spans
-        self.span: Any = spans.start_call(slot.info.name, key) if spans is not None else None
+        #: the call's span (`EngineRuntime._open_span`, opened before `start`)
+        self.span: Any = engine._open_span(slot, key) if span is _OPEN else span
 
     def outcome_of(self, value: Any, exc: BaseException | None, start: int, end: int, timeout: int) -> _AttemptResult:
         """Describe what an attempt did (never whether it was late: the core decides that from
@@ -185,16 +194,19 @@ class _Call:
             last_result=last.value if last is not None and last.exc is None else None,
             retry_after=hint_ns / 1e9 if hint_ns else None,
             unregistered=self.unregistered,
+            fallback_failures=self.fallback_failures,
         )
 
     def ended(self, result: str, reason: Reason | None = None) -> None:
-        """The call is over: `levee.calls` and the end of its span (docs/telemetry.md)."""
+        """The call is over: `levee.calls` and the end of its span (docs/telemetry.md); the span
+        of a call that fell back also says why (`levee.reason`), the counter does not."""
         self.finished = True
         spans = self.engine._spans
         if spans is not None and self.span is not None:
             span, self.span = self.span, None
+            why = reason or (self.fallback_reason if result == "fallback" else None)
             try:
-                spans.end_call(span, result, reason.wit if reason else None)
+                spans.end_call(span, result, why.wit if why else None)
             except Exception:
                 logger.exception("levee: telemetry sink %r failed", spans)
         sink = self.engine._sink
@@ -224,7 +236,7 @@ class _Call:
 
         try:
             eng._cross(self, op)
-        except _Fault:
+        except (_Fault, EngineClosed):
             pass
         if eng._parked:
             eng._unpark(call)
@@ -317,8 +329,9 @@ class _Call:
 
 
 class _HedgeStop(Exception):
-    """Internal: a hedged call left the core (a guest fault, recovered and reported). `attempt`
-    is the attempt whose own result stands (the one whose report faulted), or 0."""
+    """Internal: a hedged call left the core (a guest fault, recovered and reported, or the
+    engine was closed: `_Hedge.closed`). `attempt` is the attempt whose own result stands (the
+    one whose report faulted), or 0."""
 
     def __init__(self, attempt: int = 0) -> None:
         super().__init__(attempt)
@@ -347,6 +360,7 @@ class _Hedge:
     __slots__ = (
         "abandoned",
         "cancelled",
+        "closed",
         "end_attempt",
         "end_verdict",
         "fault_attempt",
@@ -382,6 +396,8 @@ class _Hedge:
         self.abandoned = False
         #: after a fault: the attempt whose own result stands (0: none, run a degraded one)
         self.fault_attempt = 0
+        #: the engine was closed during the call (not a fault: nothing degraded starts)
+        self.closed = False
         #: called with the value of an attempt whose result the call does not return (an HTTP
         #: integration closes the response)
         self.on_discard: Callable[[Any], None] | None = None
@@ -421,6 +437,9 @@ class _Hedge:
             raw = st.engine._cross_hedge(st, lambda c: c.hedge_step(call, now))
         except _Fault:
             raise _HedgeStop() from None
+        except EngineClosed:
+            self.closed = True
+            raise _HedgeStop() from None
         if st.engine._tracer is not None:
             st.engine._trace_hedge("hedge-step", st, 0, None, raw)
         return self.plan(raw, now, "hedge-step", 0)
@@ -457,6 +476,9 @@ class _Hedge:
             raw = eng._cross_hedge(st, lambda c: c.report_attempt(call, n, now, elapsed, o.kind, o.code, o.text,
                                                                   wall, flags))  # fmt: skip
         except _Fault:
+            raise _HedgeStop(n if live else 0) from None
+        except EngineClosed:
+            self.closed = True
             raise _HedgeStop(n if live else 0) from None
         if live and eng._sink is not None:
             try:
@@ -774,6 +796,8 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                 yield (HEDGE, h, 0)
                 v = h.finish()
                 op = "report"
+                if v < 0 and h.closed:
+                    return _closed(st, "report" if st.last is not None else "acquire")
                 if v < 0:  # a guest fault in the hedged section (recovered and reported)
                     if st.last is not None:
                         st.finished = True
@@ -801,13 +825,16 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                     return (yield from _degraded(st, op))
             elif kind == FALLBACK:
                 name = info.fallbacks[v >> 16]
-                ok, value = yield (FALLBACK, name, Reason.from_code((v >> 8) & 0xFF))
+                st.fallback_reason = Reason.from_code((v >> 8) & 0xFF)
+                ok, value = yield (FALLBACK, name, st.fallback_reason)
                 if ok:
                     st.fell_back = True
                     st.fallback_value = value
                     st.fallback_error = None
                 else:
                     st.fallback_error = value
+                    if isinstance(value, BaseException):
+                        st.fallback_failures.append((name, value))
                 op = "report-fallback"
                 try:
                     v = st.report_fallback(ok)
@@ -829,9 +856,36 @@ def _protocol(st: _Call, v: int) -> Generator[Action, Any, Any]:
                 reason = Reason.from_code((v >> 8) & 0xFF)
                 st.ended("failure", reason)
                 raise st.failure(reason, v >> 16)
+    except EngineClosed:
+        # the engine was closed during the call (a graceful shutdown, not a fault)
+        return _closed(st, op)
     except GeneratorExit:
         st.cancel()
         raise
+
+
+def _closed(st: _Call, op: str) -> Any:
+    """The end of a call whose crossing `op` found the engine closed: what has happened stands
+    and nothing more starts (README, "Closing"). An attempt that returned gives its value, a
+    fallback that returned gives its value; else `EngineClosed`, carrying the last attempt's (or
+    fallback's) error or result."""
+    last = st.last
+    if op == "report-fallback":
+        if st.fallback_error is None:
+            st.ended("fallback")
+            return st.fallback_value
+        st.ended("failure")
+        raise EngineClosed(policy=st.slot.info.name, attempts=st.attempts, last_error=st.fallback_error)
+    if op == "report" and last is not None and last.exc is None:
+        st.ended("success")
+        return last.value
+    st.ended("failure")
+    raise EngineClosed(
+        policy=st.slot.info.name,
+        attempts=st.attempts,
+        last_error=last.exc if last is not None else None,
+        last_result=last.value if last is not None and last.exc is None else None,
+    )
 
 
 def _fallback_context(st: _Call, name: str, reason: Reason) -> FallbackContext:

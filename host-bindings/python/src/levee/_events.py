@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from .telemetry import TelemetrySink, emit_event
 from .types import BreakerState, Event, EventKind
@@ -57,7 +58,13 @@ def describe(ev: Event) -> str:
     return f"engine fault, component re-instantiated: {ev.name}"
 
 
-def dispatch(events: list[Event], listeners: list[Listener], sink: TelemetrySink | None = None) -> None:
+def dispatch(events: list[Event], listeners: list[Listener], sink: TelemetrySink | None = None,
+             span: Any = None, call: int = 0) -> None:  # fmt: skip
+    """Deliver events. `span` is the span of call `call` (its sink's `start_call` token) when the
+    events come from that call's crossings: the events of that call, and those of no call (a
+    breaker transition its report caused), go to the sink's `call_event(span, ...)` when it has
+    one, so that they land on the call's span (docs/telemetry.md, "Spans")."""
+    call_event = getattr(sink, "call_event", None) if span is not None else None
     for ev in events:
         level = _LEVELS.get(ev.kind, logging.INFO)
         if ev.kind is EventKind.BREAKER_TRANSITION and ev.state_to in (BreakerState.OPEN, BreakerState.FORCED_OPEN):
@@ -66,7 +73,10 @@ def dispatch(events: list[Event], listeners: list[Listener], sink: TelemetrySink
             logger.log(level, "%s", describe(ev), extra={"levee_event": ev})
         if sink is not None:
             try:
-                emit_event(sink, ev)
+                if call_event is not None and ev.call in (0, call):
+                    emit_event(sink, ev, lambda name, attrs: call_event(span, name, attrs))
+                else:
+                    emit_event(sink, ev)
             except Exception:
                 logger.exception("levee: telemetry sink %r failed", sink)
         for listener in listeners:

@@ -117,7 +117,19 @@ def sleep_sync(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> None:
         else:
             eng._clock.sleep(ns / 1e9)
     elif _clock._waits[0]:
-        eng._clock.sleep(ns / 1e9)
+        if type(eng._clock) is not SystemClock:
+            eng._clock.sleep(ns / 1e9)
+            return
+        # woken early by `close()` only: the call cannot go on after it
+        sleeper = eng._sleeper()
+        if sleeper is None:
+            return
+        try:
+            ev = sleeper.event = threading.Event()
+            if not sleeper.woken:
+                ev.wait(ns / 1e9)
+        finally:
+            eng._awake(sleeper)
 
 
 async def sleep_async(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> None:
@@ -126,23 +138,35 @@ async def sleep_async(eng: EngineRuntime, ns: int, park: _Parker | int = 0) -> N
     if ns <= 0:
         return
     if park:
-        import asyncio
-
         assert isinstance(park, _Parker)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        park.loop = loop
-        park.fut = fut
-        if park.woken:
-            return
-        sleeper = asyncio.ensure_future(eng._clock.sleep_async(ns / 1e9))
-        try:
-            await asyncio.wait((sleeper, fut), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            fut.cancel()
+        await _sleep_or_wake(eng, ns, park)
     elif _clock._waits[0]:
-        await eng._clock.sleep_async(ns / 1e9)
+        # woken early by `close()` only: the call cannot go on after it
+        sleeper = eng._sleeper()
+        if sleeper is None:
+            return
+        try:
+            await _sleep_or_wake(eng, ns, sleeper)
+        finally:
+            eng._awake(sleeper)
+
+
+async def _sleep_or_wake(eng: EngineRuntime, ns: int, park: _Parker) -> None:
+    """Sleep `ns` on the engine's clock, or until `park` is woken, whichever comes first."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+    park.loop = loop
+    park.fut = fut
+    if park.woken:
+        return
+    sleeper = asyncio.ensure_future(eng._clock.sleep_async(ns / 1e9))
+    try:
+        await asyncio.wait((sleeper, fut), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sleeper.cancel()
+        fut.cancel()
 
 
 def attempt_timeout_cm(eng: EngineRuntime, ns: int) -> AbstractAsyncContextManager[Any]:
@@ -166,7 +190,10 @@ def _run_fallback_sync(st: _Call, name: str, reason: Reason) -> tuple[bool, Any]
         if inspect.iscoroutine(value):
             value.close()
         logger.warning("levee: fallback %r is async but the call is synchronous", name)
-        return False, None
+        return False, TypeError(
+            f"fallback {name!r} returned an awaitable ({type(value).__name__}): it is async but the call is "
+            "synchronous; register a synchronous function for a synchronous call"
+        )
     return True, value
 
 
@@ -199,8 +226,19 @@ def _attempt_sync(st: _Call, fn: Callable[..., Any], args: tuple[Any, ...], kwar
     return st.outcome_of(value, exc, start, now(), timeout)
 
 
+def timed_out(e: TimeoutError, number: int, timeout_ns: int) -> TimeoutError:
+    """The error of an asyncio attempt cut by its timeout: asyncio's `TimeoutError` has no
+    message, so the attempt's says which attempt and after how long (as JS's does)."""
+    if e.args:
+        return e
+    out = TimeoutError(f"attempt {number} timed out after {timeout_ns / 1e6:g} ms")
+    out.__context__ = e.__context__  # the cancellation asyncio turned into it
+    out.__suppress_context__ = e.__suppress_context__
+    return out.with_traceback(e.__traceback__)
+
+
 async def _attempt_async(st: _Call, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
-                         kwargs: dict[str, Any], timeout: int) -> _AttemptResult:  # fmt: skip
+                         kwargs: dict[str, Any], timeout: int, number: int = 0) -> _AttemptResult:  # fmt: skip
     eng = st.engine
     now = eng._now
     start = now()
@@ -215,7 +253,7 @@ async def _attempt_async(st: _Call, fn: Callable[..., Awaitable[Any]], args: tup
         except TimeoutError as e:
             exc = e
             if getattr(cm, "expired", lambda: True)():
-                return _AttemptResult(Outcome.timeout(), None, e, start, now())
+                return _AttemptResult(Outcome.timeout(), None, timed_out(e, number, timeout), start, now())
         except Exception as e:
             exc = e
         finally:
@@ -494,9 +532,9 @@ async def _drive_async(st: _Call, v: int, fn: Callable[..., Awaitable[Any]], arg
         while True:
             op = action[0]
             if op == ATTEMPT:
-                action = gen.send(await _attempt_async(st, fn, args, kwargs, action[2]))
+                action = gen.send(await _attempt_async(st, fn, args, kwargs, action[2], action[1]))
             elif op == HEDGE:
-                await run_hedge_async(action[1], lambda n, t: _attempt_async(st, fn, args, kwargs, t))
+                await run_hedge_async(action[1], lambda n, t: _attempt_async(st, fn, args, kwargs, t, n))
                 action = gen.send(None)
             elif op == _SLEEP:
                 await sleep_async(st.engine, action[1], action[2])

@@ -10,7 +10,8 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,7 +20,7 @@ from ._abi import ComponentFault, Core, LoadErrors, Runtime, event_from_raw
 from ._clock import SYSTEM, Clock, SystemClock
 from ._constants import GUARD_SNAPSHOT_INTERVAL_MS, VERDICT_WAKES_BIT
 from ._events import Listener, dispatch, logger
-from .errors import LeveeError, PolicyError, ProtocolError, UnknownPolicy
+from .errors import EngineClosed, LeveeError, PolicyError, ProtocolError, UnknownPolicy
 from .outcomes import Outcome
 from .telemetry import SpanSink, TelemetrySink, emit_attempt, emit_call
 from .types import BreakerState, Event, EventKind, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict
@@ -157,7 +158,7 @@ class EngineRuntime:
 
     def __init__(
         self,
-        document: str,
+        document: str | bytes | bytearray | Mapping[str, Any],
         *,
         seed: int | None = None,
         component: str | os.PathLike[str] | None = None,
@@ -165,7 +166,8 @@ class EngineRuntime:
         clock: Clock | None = None,
         telemetry: TelemetrySink | None = None,
     ) -> None:
-        """Load `document` (YAML or JSON text). `seed` fixes the jitter PRNG (default: from
+        """Load `document` (YAML or JSON text; UTF-8 bytes of it; or a dict, as JSON would
+        give it). `seed` fixes the jitter PRNG (default: from
         `os.urandom`). Raises `PolicyError` naming every invalid field.
 
         `clock` is the clock of every `now`, sleep and asyncio attempt timeout (default the
@@ -174,6 +176,7 @@ class EngineRuntime:
         `TelemetrySink`). `snapshot_interval` is the guard of docs/hosts.md section 7: at most
         one snapshot per interval of the engine's clock on the call path, besides the ones
         taken after every breaker transition."""
+        document = document_text(document)
         self._document = document
         #: the clock of every `now`, sleep and asyncio attempt timeout (`levee.testing.VirtualClock`
         #: in tests); the hot path is kept for the system clock only
@@ -208,6 +211,9 @@ class EngineRuntime:
         #: checked only for emptiness) while nobody is parked: the hot path pays one truth test
         self._parked: dict[int, _Parker] = {}
         self._park_lock = threading.Lock()
+        #: calls sleeping before a retry or a rate-limit wait: `close()` wakes them (they cannot
+        #: go on); under `_park_lock`
+        self._sleeping: set[_Parker] = set()
         self._tracer: Callable[[TraceStep], None] | None = None
         # whether calls take the one-crossing hot path (no tracer, the system clock)
         self._hot = type(self._clock) is SystemClock and self._spans is None
@@ -217,8 +223,54 @@ class EngineRuntime:
         self._closed = False
         #: how many times the component trapped and was re-instantiated
         self.faults = 0
+        _ENGINES.add(self)
 
     # -------------------------------------------------------------- internals
+
+    def _after_fork_in_child(self) -> None:
+        """In a child process just forked (the README, "Fork"): the only thread left
+        is the one that forked. Another thread of the parent may have been inside the engine: its
+        lock is then held forever, and the instance may be half-way through a crossing. The child
+        takes locks of its own and an instance of its own, with the state it inherited (exported
+        from the inherited instance when no crossing was under way, else the last snapshot, which
+        is taken after every breaker transition): protection is kept. The calls the parent's
+        threads have in flight belong to the parent (live calls are not state), so their
+        bulkhead slots and held-back successes stay there."""
+        busy = self._lock.locked()
+        self._lock = threading.Lock()
+        self._park_lock = threading.Lock()
+        self._parked = {}
+        self._sleeping = set()
+        if self._closed:
+            return
+        old = self._core
+        state = self._snapshot
+        if not busy and not old.dead:
+            try:
+                state = old.export_state()
+            except Exception as e:
+                logger.warning("levee: the state inherited by a forked child could not be exported (%s); "
+                               "the last snapshot is restored", e)  # fmt: skip
+        self._generation += 1
+        self._pending.clear()
+        try:
+            core = self._core_class(self._runtime, self._document, self._seed)
+            bad = core.import_state(state) if state is not None else None
+        except Exception as e:
+            logger.error("levee: the engine could not be re-instantiated in a forked child: %s", e)
+            return
+        if bad is not None:
+            logger.error("levee: a forked child could not restore the engine's state: %s", bad)
+        self._core = core
+        self._snapshot = state
+        if busy:
+            # half-way through a crossing of a thread that is gone: never touched again
+            _ABANDONED.append(old)
+        else:
+            try:
+                old.close()
+            except Exception:
+                pass
 
     def _make_core(self) -> Core:
         try:
@@ -330,10 +382,12 @@ class EngineRuntime:
         replaced, as after a trap) or `invalid` (the core does not know the call)."""
         events: list[Event] = []
         with self._lock:
+            if self._closed:
+                return  # the instance is gone on purpose: nothing to recover
             if fault == "invalid" or st.gen == self._generation:
                 self._recover_locked(ProtocolError(message), events, fault, st.slot.info.name, st.key, st.call)
         if events:
-            dispatch(events, self._listeners, self._sink)
+            dispatch(events, self._listeners, self._sink, st.span, st.call)
 
     def _maybe_snapshot_locked(self, now: int, out: list[Event]) -> None:
         if self._snapshot_every and now >= self._snapshot_due:
@@ -357,7 +411,17 @@ class EngineRuntime:
     def _trace(self, op: str, st: _Call, outcome: Outcome | None, v: int) -> None:
         tracer = self._tracer
         if tracer is not None:
-            tracer(TraceStep(op, st.call, st.slot.info.name, st.attempts, outcome, Verdict.unpack(v)))
+            self._call_tracer(tracer, TraceStep(op, st.call, st.slot.info.name, st.attempts, outcome,
+                                                Verdict.unpack(v)))  # fmt: skip
+
+    @staticmethod
+    def _call_tracer(tracer: Callable[[TraceStep], None], step: TraceStep) -> None:
+        """An observer: one that raises is reported and ignored (it never reaches the call, which
+        goes on, and so never keeps what the call holds)."""
+        try:
+            tracer(step)
+        except Exception:
+            logger.exception("levee: trace callback %r failed", tracer)
 
     def _trace_hedge(self, op: str, st: _Call, attempt: int, outcome: Outcome | None, commands: list[Any]) -> None:
         tracer = self._tracer
@@ -375,50 +439,73 @@ class EngineRuntime:
                     verdict = Verdict.unpack(val["verdict"])
             else:
                 text.append(f"{case} {val}")
-        tracer(TraceStep(op, st.call, st.slot.info.name, attempt, outcome, verdict, tuple(text) or ("-",)))
+        self._call_tracer(tracer, TraceStep(op, st.call, st.slot.info.name, attempt, outcome, verdict,
+                                            tuple(text) or ("-",)))  # fmt: skip
 
-    def _start(self, slot: _PolicySlot, key: str, flags: int) -> tuple[int, int, int, int]:
+    def _open_span(self, slot: _PolicySlot, key: str) -> Any:
+        """The `levee.call` span of a call about to start (None without a span sink), opened
+        before `start` so that the events of that crossing land on it."""
+        spans = self._spans
+        if spans is None:
+            return None
+        try:
+            return spans.start_call(slot.info.name, key)
+        except Exception:
+            logger.exception("levee: telemetry sink %r failed", spans)
+            return None
+
+    def _start(self, slot: _PolicySlot, key: str, flags: int, span: Any = None) -> tuple[int, int, int, int]:
         """`start` a call, settling the held-back success. Returns (call, generation, verdict,
-        now); the verdict is -1 when the guest trapped (recovered: the call ends degraded)."""
+        now); the verdict is -1 when the guest trapped (recovered: the call ends degraded).
+        `span` is the call's span (`_open_span`): ended here when the call cannot start."""
         events: list[Event] = []
-        with self._lock:
-            call = self._next_call
-            self._next_call = call + 1
-            core = self._core
-            now = self._now()  # the call's start: its deadline counts from here
-            try:
-                if self._closed:
-                    raise LeveeError("the engine is closed")
-                if core.dead:
-                    self._recover_locked(ComponentFault("the previous recovery failed"), events)
-                    core = self._core
+        try:
+            with self._lock:
+                call = self._next_call
+                self._next_call = call + 1
+                core = self._core
+                now = self._now()  # the call's start: its deadline counts from here
+                try:
+                    if self._closed:
+                        raise EngineClosed()
                     if core.dead:
-                        raise ComponentFault("the component is unavailable")
-                if slot.index < 0:
-                    raise UnknownPolicy(next(n for n, s in self._slots.items() if s is slot))
-                pending = self._pending
-                sc = sa = se = 0
-                if pending:
-                    if len(pending) > 1:
-                        self._flush_locked(events, keep=1)
-                    sc, sa, se, sg = pending.popleft()
-                    if sg != self._generation:
-                        sc = sa = se = 0
-                v = core.start(call, slot.index, key, flags, now, sc, sa, se)
-                if v & EVENTS_BIT:
-                    self._events_locked(v, events)
-                    if v & PARK_MASK == PARK_VERDICT:  # a queued wait always carries its event
-                        self._park_locked(call)
-                if v & WAKES_BIT:  # after the park: the core may name the call it just queued
-                    self._wakes_locked()
-            except ComponentFault as e:
-                if not core.dead:
-                    raise
-                self._recover_locked(e, events, "trap", slot.info.name, key, call)
-                v = -1
-            gen = self._generation
+                        self._recover_locked(ComponentFault("the previous recovery failed"), events)
+                        core = self._core
+                        if core.dead:
+                            raise ComponentFault("the component is unavailable")
+                    if slot.index < 0:
+                        raise UnknownPolicy(next(n for n, s in self._slots.items() if s is slot), self._names)
+                    pending = self._pending
+                    sc = sa = se = 0
+                    if pending:
+                        if len(pending) > 1:
+                            self._flush_locked(events, keep=1)
+                        sc, sa, se, sg = pending.popleft()
+                        if sg != self._generation:
+                            sc = sa = se = 0
+                    v = core.start(call, slot.index, key, flags, now, sc, sa, se)
+                    if v & EVENTS_BIT:
+                        self._events_locked(v, events)
+                        if v & PARK_MASK == PARK_VERDICT:  # a queued wait always carries its event
+                            self._park_locked(call)
+                    if v & WAKES_BIT:  # after the park: the core may name the call it just queued
+                        self._wakes_locked()
+                except ComponentFault as e:
+                    if not core.dead:
+                        raise
+                    self._recover_locked(e, events, "trap", slot.info.name, key, call)
+                    v = -1
+                gen = self._generation
+        except BaseException:
+            if span is not None:  # the call never started: its span ends here
+                try:
+                    assert self._spans is not None
+                    self._spans.end_call(span, "failure", None)
+                except Exception:
+                    logger.exception("levee: telemetry sink %r failed", self._spans)
+            raise
         if events:
-            dispatch(events, self._listeners, self._sink)
+            dispatch(events, self._listeners, self._sink, span, call)
         return call, gen, v, now
 
     def _cross(self, st: _Call, fn: Callable[[Core], int]) -> int:
@@ -427,6 +514,8 @@ class EngineRuntime:
         events: list[Event] = []
         try:
             with self._lock:
+                if self._closed:  # a graceful shutdown, not a fault: the driver ends the call
+                    raise EngineClosed()
                 if st.gen != self._generation:
                     self._recover_locked(
                         ProtocolError("the call's instance was replaced"), events, "invalid", st.slot.info.name,
@@ -450,7 +539,7 @@ class EngineRuntime:
                 return v
         finally:
             if events:
-                dispatch(events, self._listeners, self._sink)
+                dispatch(events, self._listeners, self._sink, st.span, st.call)
 
     def _cross_hedge(self, st: _Call, fn: Callable[[Core], tuple[list[Any], bool]]) -> list[Any]:
         """`_cross` for `hedge-step` and `report-attempt`, whose answer is a list of commands
@@ -458,6 +547,8 @@ class EngineRuntime:
         events: list[Event] = []
         try:
             with self._lock:
+                if self._closed:  # a graceful shutdown, not a fault: the driver ends the call
+                    raise EngineClosed()
                 if st.gen != self._generation:
                     self._recover_locked(
                         ProtocolError("the call's instance was replaced"), events, "invalid", st.slot.info.name,
@@ -481,7 +572,7 @@ class EngineRuntime:
                 return commands
         finally:
             if events:
-                dispatch(events, self._listeners, self._sink)
+                dispatch(events, self._listeners, self._sink, st.span, st.call)
 
     # -------------------------------------------------------------- the bulkhead queue
 
@@ -508,6 +599,21 @@ class EngineRuntime:
         for parker in woken:
             parker.wake()
 
+    def _sleeper(self) -> _Parker | None:
+        """A sleep before a retry or a rate-limit wait is about to start: its wake-up for
+        `close()` (None: the engine is closed already, do not sleep). `_awake` when it ends."""
+        sleeper = _Parker()
+        with self._park_lock:
+            self._sleeping.add(sleeper)
+        if self._closed:  # read after registering: a close in between has woken it, or is seen
+            self._awake(sleeper)
+            return None
+        return sleeper
+
+    def _awake(self, sleeper: _Parker) -> None:
+        with self._park_lock:
+            self._sleeping.discard(sleeper)
+
     def _parker(self, call: int) -> _Parker | None:
         """The parker of a call told to wait in the queue (None: already woken)."""
         parker = self._parked.get(call)
@@ -524,6 +630,8 @@ class EngineRuntime:
         events: list[Event] = []
         try:
             with self._lock:
+                if self._closed:
+                    return
                 core = self._core
                 try:
                     self._flush_locked(events)
@@ -563,7 +671,7 @@ class EngineRuntime:
             with self._lock:
                 core = self._core
                 if self._closed:
-                    raise LeveeError("the engine is closed")
+                    raise EngineClosed()
                 try:
                     if core.dead:
                         raise ComponentFault("the component is unavailable")
@@ -578,6 +686,51 @@ class EngineRuntime:
         finally:
             if events:
                 dispatch(events, self._listeners, self._sink)
+
+
+#: every live engine, for the fork handler
+_ENGINES: weakref.WeakSet[EngineRuntime] = weakref.WeakSet()
+#: instances a forked child inherited half-way through a crossing (kept, never dropped: their
+#: destructor would run on a store a vanished thread was using)
+_ABANDONED: list[Core] = []
+
+
+def _after_fork_in_child() -> None:
+    global _runtime_lock
+    _runtime_lock = threading.Lock()
+    for eng in list(_ENGINES):
+        try:
+            eng._after_fork_in_child()
+        except Exception:
+            logger.exception("levee: an engine could not be prepared for a forked child")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def document_text(document: object, source: str = "") -> str:
+    """A policy document as the text the core reads: a str as it is, bytes decoded as UTF-8, a
+    dict (what `json.load` or `yaml.safe_load` give) written as JSON. `source` names the file
+    the bytes came from, for the error."""
+    if isinstance(document, str):
+        return document
+    if isinstance(document, bytes | bytearray | memoryview):
+        try:
+            return bytes(document).decode("utf-8")
+        except UnicodeDecodeError as e:
+            where = f"{source} is" if source else "the document is"
+            raise PolicyError([LoadError("", f"{where} not UTF-8 text: {e.reason} at byte {e.start}")]) from None
+    if isinstance(document, Mapping):
+        import json
+
+        try:
+            return json.dumps(document)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"a policy document given as a dict must be what JSON can hold: {e}") from e
+    raise TypeError(
+        f"a policy document is a str (YAML or JSON), bytes (UTF-8) or a dict, not {type(document).__name__}"
+    )
 
 
 def _path_hint(document: str) -> list[LoadError]:

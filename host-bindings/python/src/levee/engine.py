@@ -12,7 +12,7 @@ import functools
 import inspect
 import os
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast
 
@@ -45,9 +45,10 @@ from ._io import (
     attempt_timeout_cm,
     sleep_async,
     sleep_sync,
+    timed_out,
 )
-from ._runtime import EngineRuntime, TraceStep, _PolicySlot, _runtime, component_path
-from .errors import LeveeError, PolicyError, UnknownPolicy
+from ._runtime import EngineRuntime, TraceStep, _PolicySlot, _runtime, component_path, document_text
+from .errors import EngineClosed, LeveeError, PolicyError, UnknownFallback, UnknownPolicy
 from .outcomes import _RESULT_IS_RESPONSE, Classifier, Outcome, outcome_for_result
 from .types import Analysis, BreakerState, CallInfo, DurableStep, Event, LoadError, PolicyInfo
 
@@ -104,12 +105,12 @@ class Engine(EngineRuntime):
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], **kwargs: Any) -> Engine:
-        """Load a policy document from a file (YAML or JSON)."""
-        return cls(Path(path).read_text(encoding="utf-8"), **kwargs)
+        """Load a policy document from a file (YAML or JSON, UTF-8)."""
+        return cls(document_text(Path(path).read_bytes(), os.fspath(path)), **kwargs)
 
     @classmethod
-    def from_string(cls, document: str, **kwargs: Any) -> Engine:
-        """Load a policy document from its text."""
+    def from_string(cls, document: str | bytes | bytearray | Mapping[str, Any], **kwargs: Any) -> Engine:
+        """Load a policy document from its text (or its UTF-8 bytes, or a dict)."""
         return cls(document, **kwargs)
 
     # -------------------------------------------------------------- public API
@@ -140,9 +141,13 @@ class Engine(EngineRuntime):
         decide); it wins over the policy's (`Engine.retry_if`). The core still applies pushback,
         idempotency, the attempts, Retry-After, the deadline and the budget.
         """
+        if self._closed:
+            raise EngineClosed()
         slot = self._slots.get(name)
         if slot is None or slot.index < 0:
             raise UnknownPolicy(name, self._names)
+        if not isinstance(key, str) and not callable(key):
+            raise TypeError(f"key must be a str or a function of the call's arguments, not {type(key).__name__}")
         flags = (0 if idempotent else 1) | (2 if idempotency_key else 0) | method_flags(method)
         return Policy(self, slot, key, flags, classify, on_retry, retry_if)
 
@@ -190,9 +195,10 @@ class Engine(EngineRuntime):
             raise UnknownPolicy(name, self._names)
         return slot.index
 
-    def reload(self, document: str) -> None:
+    def reload(self, document: str | bytes | bytearray | Mapping[str, Any]) -> None:
         """Replace the policies, keeping the state that still applies. On error (a
-        `PolicyError`) the engine is left as it was."""
+        `PolicyError`) the engine is left as it was. `document` is taken as `loads` takes it."""
+        document = document_text(document)
 
         def op(c: Core) -> list[LoadError] | None:
             errors = c.reload(document)
@@ -284,7 +290,12 @@ class Engine(EngineRuntime):
 
     def register_fallback(self, name: str, fn: Callable[[FallbackContext], Any]) -> None:
         """Register the function run when the policy's fallback chain names `name`. It gets a
-        `FallbackContext` and returns the call's value (an `async def` for async calls)."""
+        `FallbackContext` and returns the call's value (an `async def` for async calls). A name
+        no policy's chain names raises `UnknownFallback` (reload the document that names it
+        first)."""
+        known = list(dict.fromkeys(f for n in self._names for f in self._slots[n].info.fallbacks))
+        if name not in known:
+            raise UnknownFallback(name, known)
         self._fallbacks[name] = fn
 
     def fallback(self, name: str) -> Callable[[Callable[[FallbackContext], T]], Callable[[FallbackContext], T]]:
@@ -313,17 +324,28 @@ class Engine(EngineRuntime):
         self.close()
 
     def close(self) -> None:
-        """Flush and drop the component instance; the engine cannot be used afterwards."""
+        """Flush and drop the component instance; the engine cannot be used afterwards: a new call
+        raises `EngineClosed`. A graceful shutdown, never a fault: a call in flight keeps what has
+        happened (an attempt that returned gives its value) and starts nothing more (README,
+        "Closing"); one waiting in a bulkhead queue or sleeping before a retry is woken at once
+        and ends with `EngineClosed`."""
+        events: list[Event] = []
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             try:
-                events: list[Event] = []
                 self._flush_locked(events)
             except ComponentFault:
                 pass
             self._core.close()
+            with self._park_lock:
+                parked = [*self._parked.values(), *self._sleeping]
+                self._parked.clear()
+                self._sleeping.clear()
+        for parker in parked:
+            parker.wake()
+        self._emit(events)
 
 
 def load(path: str | os.PathLike[str], **kwargs: Any) -> Engine:
@@ -341,9 +363,10 @@ def load(path: str | os.PathLike[str], **kwargs: Any) -> Engine:
         raise
 
 
-def loads(document: str, **kwargs: Any) -> Engine:
+def loads(document: str | bytes | bytearray | Mapping[str, Any], **kwargs: Any) -> Engine:
     """Load a policy document from its text (YAML or JSON) into a new `Engine` (`load` reads a
-    file)."""
+    file). UTF-8 bytes of the text, and a dict (as `json.load` or `yaml.safe_load` give it),
+    are taken too; anything else raises `TypeError`."""
     return Engine.from_string(document, **kwargs)
 
 
@@ -392,10 +415,10 @@ class Policy:
         return hooks if self._on_retry is None else (*hooks, self._on_retry)
 
     def _state(self, call: int, gen: int, started: int, key: str, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> _Call:  # fmt: skip
+               kwargs: dict[str, Any], span: Any = None) -> _Call:  # fmt: skip
         slot = self._slot
         return _Call(self.engine, slot, call, gen, started, self._classify, args, kwargs, key, self._hooks(),
-                     self._retry_if or slot.retry_if)  # fmt: skip
+                     self._retry_if or slot.retry_if, span)  # fmt: skip
 
     # -------------------------------------------------------------- sync
 
@@ -407,7 +430,8 @@ class Policy:
         eng = self.engine
         slot = self._slot
         key = self._key if self._key_fn is None else self._key_for(args, kwargs)
-        call, gen, v, now = eng._start(slot, key, self._flags)
+        span = eng._open_span(slot, key) if eng._spans is not None else None
+        call, gen, v, now = eng._start(slot, key, self._flags, span)
         timeout = v >> 16
         tmax = slot.tmax
         if v & 0xFF1F == 0x100 and eng._hot and (not tmax or 0 < timeout <= tmax):
@@ -419,10 +443,10 @@ class Policy:
                 try:
                     value = fn(*args, **kwargs)
                 except Exception as e:
-                    st = self._state(call, gen, now, key, args, kwargs)
+                    st = self._state(call, gen, now, key, args, kwargs, span)
                     return cast(T, self._after_first(st, v, timeout, None, e, start, fn, args, kwargs))
                 except BaseException:
-                    self._state(call, gen, now, key, (), {}).cancel()
+                    self._state(call, gen, now, key, (), {}, span).cancel()
                     raise
                 finally:
                     _ATTEMPT_DEADLINE.reset(token)
@@ -430,10 +454,10 @@ class Policy:
                 try:
                     value = fn(*args, **kwargs)
                 except Exception as e:
-                    st = self._state(call, gen, now, key, args, kwargs)
+                    st = self._state(call, gen, now, key, args, kwargs, span)
                     return cast(T, self._after_first(st, v, timeout, None, e, start, fn, args, kwargs))
                 except BaseException:
-                    self._state(call, gen, now, key, (), {}).cancel()
+                    self._state(call, gen, now, key, (), {}, span).cancel()
                     raise
             end = _monotonic_ns()
             if (
@@ -450,9 +474,9 @@ class Policy:
                 if end >= eng._snapshot_due:
                     eng._snapshot_tick(end)
                 return value
-            st = self._state(call, gen, now, key, args, kwargs)
+            st = self._state(call, gen, now, key, args, kwargs, span)
             return cast(T, self._after_first(st, v, timeout, value, None, start, fn, args, kwargs))
-        st = self._state(call, gen, now, key, args, kwargs)
+        st = self._state(call, gen, now, key, args, kwargs, span)
         return cast(T, _drive_sync(st, v, fn, args, kwargs))
 
     def _after_first(self, st: _Call, v: int, timeout: int, value: Any, exc: BaseException | None, start: int,
@@ -467,7 +491,8 @@ class Policy:
         eng = self.engine
         slot = self._slot
         key = self._key if self._key_fn is None else self._key_for(args, kwargs)
-        call, gen, v, now = eng._start(slot, key, self._flags)
+        span = eng._open_span(slot, key) if eng._spans is not None else None
+        call, gen, v, now = eng._start(slot, key, self._flags, span)
         timeout = v >> 16
         tmax = slot.tmax
         if v & 0xFF1F == 0x100 and eng._hot and (not tmax or 0 < timeout <= tmax):
@@ -479,17 +504,20 @@ class Policy:
                     try:
                         import asyncio  # not at the top: see _clock.SystemClock
 
-                        async with asyncio.timeout(timeout / 1e9):
+                        cm = asyncio.timeout(timeout / 1e9)
+                        async with cm:
                             value = await fn(*args, **kwargs)
                     finally:
                         _ATTEMPT_DEADLINE.reset(token)
                 else:
                     value = await fn(*args, **kwargs)
             except Exception as e:
-                st = self._state(call, gen, now, key, args, kwargs)
+                if timeout and isinstance(e, TimeoutError) and cm.expired():
+                    e = timed_out(e, 1, timeout)
+                st = self._state(call, gen, now, key, args, kwargs, span)
                 return cast(T, await self._after_first_async(st, v, timeout, None, e, start, fn, args, kwargs))
             except BaseException:
-                self._state(call, gen, now, key, (), {}).cancel()
+                self._state(call, gen, now, key, (), {}, span).cancel()
                 raise
             end = _monotonic_ns()
             if (
@@ -506,9 +534,9 @@ class Policy:
                 if end >= eng._snapshot_due:
                     eng._snapshot_tick(end)
                 return value
-            st = self._state(call, gen, now, key, args, kwargs)
+            st = self._state(call, gen, now, key, args, kwargs, span)
             return cast(T, await self._after_first_async(st, v, timeout, value, None, start, fn, args, kwargs))
-        st = self._state(call, gen, now, key, args, kwargs)
+        st = self._state(call, gen, now, key, args, kwargs, span)
         return cast(T, await _drive_async(st, v, fn, args, kwargs))
 
     async def _after_first_async(self, st: _Call, v: int, timeout: int, value: Any, exc: BaseException | None,
@@ -520,7 +548,15 @@ class Policy:
     # -------------------------------------------------------------- decorator
 
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
-        """Decorate a function (or an `async def`) so every call runs under the policy."""
+        """Decorate a function (or an `async def`) so every call runs under the policy. A
+        generator function raises `TypeError`: calling it only makes the generator, so its
+        body would run outside the policy."""
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(
+                f"{getattr(fn, '__qualname__', fn)!r} is a generator function: calling it only makes the generator "
+                "and its body would run outside the policy; decorate a function that returns the values, or "
+                "use policy.attempts() around the iteration"
+            )
         if inspect.iscoroutinefunction(fn):
             afn = cast(Callable[P, Awaitable[Any]], fn)
             acall = self.acall
@@ -601,7 +637,8 @@ class Attempt:
                 await cm.__aexit__(et, exc, tb)
             except TimeoutError as e:
                 self._leave()
-                self._res = _AttemptResult(Outcome.timeout(), None, e, self._start, self._st.engine._now())
+                self._res = _AttemptResult(Outcome.timeout(), None, timed_out(e, self.number, self._ns), self._start,
+                                           self._st.engine._now())  # fmt: skip
                 return True
         return self.__exit__(et, exc, tb)
 
@@ -625,8 +662,9 @@ class Attempts:
         pol = self._policy
         eng = pol.engine
         key = pol._key_for((), {})
-        call, gen_no, v, now = eng._start(pol._slot, key, pol._flags)
-        st = pol._state(call, gen_no, now, key, (), {})
+        span = eng._open_span(pol._slot, key)
+        call, gen_no, v, now = eng._start(pol._slot, key, pol._flags, span)
+        st = pol._state(call, gen_no, now, key, (), {}, span)
         proto = _protocol(st, v)
         try:
             action = next(proto)
@@ -679,8 +717,9 @@ class AsyncAttempts:
         pol = self._policy
         eng = pol.engine
         key = pol._key_for((), {})
-        call, gen_no, v, now = eng._start(pol._slot, key, pol._flags)
-        st = pol._state(call, gen_no, now, key, (), {})
+        span = eng._open_span(pol._slot, key)
+        call, gen_no, v, now = eng._start(pol._slot, key, pol._flags, span)
+        st = pol._state(call, gen_no, now, key, (), {}, span)
         proto = _protocol(st, v)
         try:
             action = next(proto)

@@ -4,6 +4,7 @@ the last result (say, the last HTTP response)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .types import LoadError, Reason
@@ -15,6 +16,7 @@ __all__ = [
     "CallCancelled",
     "CallFailed",
     "DeadlineExceeded",
+    "EngineClosed",
     "FallbacksFailed",
     "LeveeError",
     "NonIdempotent",
@@ -25,6 +27,7 @@ __all__ = [
     "RateLimited",
     "RetriesExhausted",
     "RetryAfterTooLong",
+    "UnknownFallback",
     "UnknownPolicy",
 ]
 
@@ -72,6 +75,51 @@ def unknown_policy_message(name: str, known: list[str] | tuple[str, ...]) -> str
     return f"{msg}; the document's policies: {shown}{more}"
 
 
+class EngineClosed(LeveeError):
+    """The engine was closed (`Engine.close()`): no call starts and no attempt starts after it.
+    A call in flight at the close ends with this error when it would have needed the engine
+    again (to retry, to run a fallback after a failure); `last_error` (also the `__cause__`) and
+    `last_result` are its last attempt's, as in `CallFailed`. An attempt that succeeded, or a
+    fallback that returned, still gives the call its value."""
+
+    def __init__(self, *, policy: str = "", attempts: int = 0, last_error: BaseException | None = None,
+                 last_result: Any = None) -> None:  # fmt: skip
+        self.policy = policy
+        self.attempts = attempts
+        self.last_error = last_error
+        self.last_result = last_result
+        detail = "the engine is closed"
+        if policy:
+            detail += f"; the call of policy {policy!r} ended after {attempts} attempt(s)"
+        if last_error is not None:
+            detail += f"; last error: {type(last_error).__name__}: {last_error}"
+        elif last_result is not None:
+            detail += f"; last result: {last_result!r}"
+        super().__init__(detail)
+        self.__cause__ = last_error
+
+
+class UnknownFallback(LeveeError, KeyError):
+    """A fallback registered under a name no policy's chain names (most likely a typo). `name`
+    is the name given and `known` the fallback names the document's policies use."""
+
+    def __init__(self, name: str, known: list[str] | tuple[str, ...] = ()) -> None:
+        super().__init__(name)
+        self.name = name
+        self.known = tuple(known)
+
+    def __str__(self) -> str:
+        import difflib
+
+        msg = f"no policy names the fallback {self.name!r}"
+        close = difflib.get_close_matches(self.name, self.known, n=1)
+        if close:
+            msg += f" (did you mean {close[0]!r}?)"
+        if not self.known:
+            return msg + "; the document's policies have no fallbacks"
+        return msg + "; the document's fallbacks: " + ", ".join(repr(k) for k in self.known)
+
+
 class ProtocolError(LeveeError):
     """The engine answered something the contract rules out (an untrusted guest misbehaving)."""
 
@@ -83,7 +131,10 @@ class CallFailed(LeveeError):
     `last_error` (the last attempt's exception, or `None`), `last_result` (the last attempt's
     returned value, e.g. an HTTP response with status 503, or `None`), `retry_after` (seconds,
     a hint from a breaker or limiter, or `None`), `unregistered` (fallbacks the policy's
-    chain named that no function was registered for: they count as failed).
+    chain named that no function was registered for: they count as failed), `fallback_errors`
+    (why each fallback that ran failed, in chain order: what it raised, or a `TypeError` for a
+    value it could not give). When a fallback failed, the last one's error is the `__cause__`;
+    else the last attempt's error is.
     """
 
     def __init__(
@@ -96,8 +147,10 @@ class CallFailed(LeveeError):
         last_result: Any = None,
         retry_after: float | None = None,
         unregistered: tuple[str, ...] = (),
+        fallback_failures: Sequence[tuple[str, BaseException]] = (),
     ) -> None:
         self.reason = reason
+        self.fallback_errors = tuple(e for _, e in fallback_failures)
         self.unregistered = unregistered
         self.policy = policy
         self.attempts = attempts
@@ -113,6 +166,8 @@ class CallFailed(LeveeError):
             detail += f"; retry after {retry_after:.3f}s"
         if unregistered:
             detail += "; " + unregistered_message(unregistered)
+        for name, e in fallback_failures:
+            detail += f"; fallback {name!r} failed: {type(e).__name__}: {e}"
         super().__init__(detail)
 
 
@@ -199,6 +254,7 @@ def failure_for(
     last_result: Any,
     retry_after: float | None,
     unregistered: tuple[str, ...] = (),
+    fallback_failures: Sequence[tuple[str, BaseException]] = (),
 ) -> CallFailed:
     cls = _BY_REASON.get(reason, CallFailed)
     exc = cls(
@@ -209,6 +265,7 @@ def failure_for(
         last_result=last_result,
         retry_after=retry_after,
         unregistered=unregistered,
+        fallback_failures=fallback_failures,
     )
-    exc.__cause__ = last_error
+    exc.__cause__ = fallback_failures[-1][1] if fallback_failures else last_error
     return exc

@@ -50,9 +50,10 @@ from ._io import (
     run_hedge_sync,
     sleep_async,
     sleep_sync,
+    timed_out,
 )
 from .engine import Engine, Policy, method_flags
-from .errors import CallFailed
+from .errors import CallFailed, EngineClosed
 from .outcomes import outcome_for_exception, outcome_for_response
 
 __all__ = ["AsyncLeveeTransport", "LeveeTransport", "http_key", "request_flags"]
@@ -112,19 +113,27 @@ def _replayable(request: httpx.Request) -> bool:
 
 def _read_within(response: httpx.Response, timeout_ns: int, start: int, now: Callable[[], int]) -> None:
     """Read the body, cut at the attempt's timeout: the deadline is checked after every
-    chunk (a read that waits longer is bounded by the read timeout, at most the attempt's)."""
+    chunk (a read that waits longer is bounded by the read timeout, at most the attempt's) and
+    once the body has ended, so that a response that came late as a whole, body or not, is a
+    timeout as in the async transport, whose attempt is cancelled at its timeout (docs/hosts.md,
+    section 4: a host that cannot stop waiting finds out afterwards)."""
     if not timeout_ns:
         response.read()
         return
     end = start + timeout_ns
     chunks = []
+    late = False
     try:
         for chunk in response.iter_bytes():
             chunks.append(chunk)
-            if now() > end:
-                raise httpx.ReadTimeout("the response body did not arrive within the attempt's timeout")
+            if now() >= end:
+                late = True
+                break
+        late = late or now() >= end
+        if late:
+            raise httpx.ReadTimeout("the response did not arrive within the attempt's timeout")
     finally:
-        if now() > end or not response.is_stream_consumed:
+        if late or not response.is_stream_consumed:
             response.close()
     response._content = b"".join(chunks)  # as httpx's own read() keeps it
 
@@ -141,8 +150,9 @@ class _Base:
     def _begin(self, request: httpx.Request) -> tuple[_Call, int]:
         pol = self._policy
         key = self._key(request)
-        call, gen, v, now = self._engine._start(pol._slot, key, request_flags(request) | pol._flags)
-        st = pol._state(call, gen, now, key, (request,), {})
+        span = self._engine._open_span(pol._slot, key)
+        call, gen, v, now = self._engine._start(pol._slot, key, request_flags(request) | pol._flags, span)
+        st = pol._state(call, gen, now, key, (request,), {}, span)
         st.http = True
         if self._retry_if is not None:
             st.retry_if = self._retry_if
@@ -154,7 +164,8 @@ class _Base:
         if exc is not None:
             return _AttemptResult(outcome_for_exception(exc), None, exc, start, end)
         assert response is not None
-        # a late response is reported as it is, with its elapsed: the core decides it is a timeout
+        # a response past the attempt's timeout never gets here: the async transport stops waiting at
+        # the timeout, the sync one raises ReadTimeout once it has it (`_read_within`)
         return _AttemptResult(outcome_for_response(response), response, None, start, end)
 
 
@@ -196,7 +207,7 @@ class LeveeTransport(_Base, httpx.BaseTransport):
                     action = proto.send(_checked(action[1], *_run_fallback_sync(st, action[1], action[2])))
         except StopIteration as stop:
             return _as_response(stop.value)
-        except CallFailed as failed:
+        except (CallFailed, EngineClosed) as failed:
             if isinstance(failed.last_result, httpx.Response):
                 return failed.last_result
             raise
@@ -259,7 +270,7 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
                     action = proto.send(_checked(action[1], *await _run_fallback_async(st, action[1], action[2])))
         except StopIteration as stop:
             return _as_response(stop.value)
-        except CallFailed as failed:
+        except (CallFailed, EngineClosed) as failed:
             if isinstance(failed.last_result, httpx.Response):
                 return failed.last_result
             raise
@@ -273,10 +284,15 @@ class AsyncLeveeTransport(_Base, httpx.AsyncBaseTransport):
         try:
             if timeout:
                 scope = _AttemptScope(self._engine, start, timeout)
+                cm = attempt_timeout_cm(self._engine, timeout)
                 try:
-                    async with attempt_timeout_cm(self._engine, timeout):
+                    async with cm:
                         response = await self._transport.handle_async_request(request)
                         await response.aread()
+                except TimeoutError as e:
+                    if getattr(cm, "expired", lambda: True)():
+                        raise timed_out(e, number, timeout) from None
+                    raise
                 finally:
                     scope.close()
             else:
@@ -307,7 +323,9 @@ def _checked(name: str, ok: bool, value: Any) -> tuple[bool, Any]:
     """A fallback of a transport must give a response; anything else is a failed fallback."""
     if ok and not isinstance(value, httpx.Response):
         logger.warning("levee: fallback %r returned %r, not an httpx.Response: counted as failed", name, type(value))
-        return False, None
+        return False, TypeError(
+            f"fallback {name!r} of an httpx transport returned {type(value).__name__}, not an httpx.Response"
+        )
     return ok, value
 
 

@@ -12,7 +12,7 @@ listeners; the sink adds the metrics. Names and attributes are the generated con
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from . import _constants
@@ -74,7 +74,11 @@ class TelemetrySink(Protocol):
 class SpanSink(Protocol):
     """A sink that also makes spans (docs/telemetry.md, "Spans"): one per call and a child per
     attempt. An engine whose sink has these methods runs every call on the driver path, so that
-    each attempt gets its span (the one-crossing hot path has none)."""
+    each attempt gets its span (the one-crossing hot path has none).
+
+    A span sink may also have `call_event(span, name, attributes)`: the events of a call (and
+    those of no call its crossings caused, such as a breaker transition) then go there, with
+    the call's span, instead of to `event` (`OpenTelemetrySink` adds them to the span)."""
 
     def start_call(self, policy: str, key: str) -> Any: ...
 
@@ -119,10 +123,13 @@ def event_attributes(ev: Event) -> dict[str, AttributeValue]:
     return a
 
 
-def emit_event(sink: TelemetrySink, ev: Event) -> None:
-    """An event and the metrics it drives."""
+def emit_event(
+    sink: TelemetrySink, ev: Event, event: Callable[[str, Mapping[str, AttributeValue]], None] | None = None
+) -> None:
+    """An event and the metrics it drives; `event` delivers the event instead of `sink.event`
+    (a call's events to its span)."""
     attrs = event_attributes(ev)
-    sink.event(ev.kind.wit, attrs)
+    (event or sink.event)(ev.kind.wit, attrs)
     k = ev.kind
     pol = {ATTR_POLICY: ev.policy}
     if k is EventKind.RETRY_SCHEDULED:
@@ -161,10 +168,13 @@ def emit_call(sink: TelemetrySink, policy: str, result: str, retried: bool, reas
 
 
 class OpenTelemetrySink:
-    """The OpenTelemetry adapter (`pip install levee-resilience[otel]`): metrics on the meter
-    ``levee`` (a no-op until an SDK is configured), the spans `levee.call` and `levee.attempt`
-    on the tracer ``levee``, and events as events of the current span (the attempt's or the
-    call's). `spans=False` leaves spans out (calls then keep the one-crossing hot path)."""
+    """The OpenTelemetry adapter (`pip install levee-resilience[otel]`, which installs the API;
+    the SDK, `opentelemetry-sdk`, or a distribution that brings one, is what records and
+    exports): metrics on the meter ``levee`` and the spans `levee.call` and `levee.attempt` on
+    the tracer ``levee`` (no-ops until an SDK is configured). The events of a call are events of
+    its `levee.call` span; other events (an operator's `set_breaker_state`, and every event when
+    `spans=False`) are events of the current span, if one is recording. `spans=False` leaves
+    spans out (calls then keep the one-crossing hot path)."""
 
     _UNITS: ClassVar[dict[str, str]] = {
         METRIC_CALLS: "{call}",
@@ -211,6 +221,11 @@ class OpenTelemetrySink:
 
     def event(self, name: str, attributes: Mapping[str, AttributeValue]) -> None:
         span = self._trace.get_current_span()
+        if span.is_recording():
+            span.add_event(name, dict(attributes))
+
+    def call_event(self, span: Any, name: str, attributes: Mapping[str, AttributeValue]) -> None:
+        """An event of the call whose `levee.call` span is `span` (from `start_call`)."""
         if span.is_recording():
             span.add_event(name, dict(attributes))
 
