@@ -1,6 +1,7 @@
 package levee
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -91,6 +92,14 @@ func (e *Error) Error() string {
 func (e *Error) Is(target error) bool {
 	s := SentinelFor(e.Reason)
 	return s != nil && target == s
+}
+
+// Timeout says whether the call ended because a deadline passed: the policy's
+// (ReasonDeadline) or the caller's context deadline (a cancelled call whose Ctx is
+// context.DeadlineExceeded). So a *Error is a timeout for os.IsTimeout and for
+// url.Error.Timeout, whichever of an http.Client's two timeout signals cut the call.
+func (e *Error) Timeout() bool {
+	return e.Reason == ReasonDeadline || (e.Reason == ReasonCancelled && errors.Is(e.Ctx, context.DeadlineExceeded))
 }
 
 // Unwrap gives the last attempt's error, the fallback's error and the context's error.

@@ -141,7 +141,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		opts[n] = RetryIf(t.RetryIf)
 		n++
 	}
-	fbv, used, err := t.Policy.run(req.Context(), h, opts[:n])
+	ctx := req.Context()
+	if req.Cancel != nil {
+		// The legacy Request.Cancel channel (http.Client{Timeout} sets one around a
+		// RoundTripper it does not know, next to a context deadline, each on its own timer):
+		// folded into the call's context, and the attempts get only that context, so a
+		// caller's cancel reaches the attempt through the context the call checks, never as
+		// an attempt's "request canceled" error the core would count against the dependency.
+		var stop context.CancelFunc
+		ctx, stop = withCancelChan(ctx, req.Cancel)
+		defer stop()
+	}
+	fbv, used, err := t.Policy.run(ctx, h, opts[:n])
 	if used && err == nil {
 		h.discard()
 		if r, ok := fbv.(*http.Response); ok && r != nil {
@@ -215,6 +226,7 @@ func (h *httpAttempt) roundTrip(e *Engine, ctx context.Context, timeout time.Dur
 	}
 	r := h.req.WithContext(actx)
 	r.Body = body
+	r.Cancel = nil // the caller's Cancel is in ctx (RoundTrip): actx alone cuts the attempt
 	// A RoundTripper must not change the caller's request: the attempt gets its own headers.
 	r.Header = h.req.Header.Clone()
 	if r.Header == nil {
@@ -319,6 +331,22 @@ func (h *httpAttempt) discard() {
 		h.cancel()
 		h.cancel = nil
 	}
+}
+
+// errRequestCancel is the cause of a call whose Request.Cancel channel closed.
+var errRequestCancel = transportError("levee: the request was cancelled (its Request.Cancel channel closed)")
+
+// withCancelChan is ctx, also cancelled when ch closes (until stop is called).
+func withCancelChan(ctx context.Context, ch <-chan struct{}) (_ context.Context, stop context.CancelFunc) {
+	cctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-ch:
+			cancel(errRequestCancel)
+		case <-cctx.Done():
+		}
+	}()
+	return cctx, func() { cancel(context.Canceled) }
 }
 
 type cancelOnClose struct {
