@@ -39,6 +39,9 @@ type policyState struct {
 
 // Policy returns the named policy; an unknown name is an error.
 func (e *Engine) Policy(name string) (*Policy, error) {
+	if e == nil {
+		return nil, errNilEngine
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.policies == nil {
@@ -78,19 +81,39 @@ func (e *Engine) Policies() []string {
 	return names
 }
 
-// Name is the policy's name.
-func (p *Policy) Name() string { return p.name }
+// Name is the policy's name ("" for a nil policy).
+func (p *Policy) Name() string {
+	if p == nil {
+		return ""
+	}
+	return p.name
+}
 
-// Info is what the core says of the policy (its defaults filled in).
-func (p *Policy) Info() PolicyInfo { return p.st.Load().info }
+// Info is what the core says of the policy (its defaults filled in; zero for a nil policy).
+func (p *Policy) Info() PolicyInfo {
+	if p == nil {
+		return PolicyInfo{}
+	}
+	return p.st.Load().info
+}
 
-// Engine is the engine the policy belongs to.
-func (p *Policy) Engine() *Engine { return p.e }
+// Engine is the engine the policy belongs to (nil for a nil policy).
+func (p *Policy) Engine() *Engine {
+	if p == nil {
+		return nil
+	}
+	return p.e
+}
 
-// RegisterFallback registers (or replaces) a fallback by name for every call of the engine.
+// RegisterFallback registers (or replaces) a fallback by name for every call of the
+// engine; a nil f removes the name's fallback.
 func (e *Engine) RegisterFallback(name string, f Fallback) {
 	e.fbMu.Lock()
-	e.fbs[name] = f
+	if f == nil {
+		delete(e.fbs, name)
+	} else {
+		e.fbs[name] = f
+	}
 	e.fbMu.Unlock()
 }
 
@@ -177,12 +200,18 @@ func WithCallFallback(name string, f Fallback) CallOption {
 // otherwise a *Error (errors.Is it with the sentinel of its reason; errors.As
 // or errors.Is for the last attempt's error).
 func Do(ctx context.Context, p *Policy, fn func(ctx context.Context) error, opts ...CallOption) error {
+	if fn == nil {
+		return errNilFn
+	}
 	_, _, err := p.run(ctx, funcAttempt(fn), opts)
 	return err
 }
 
 // Do is Do(ctx, p, fn, opts...).
 func (p *Policy) Do(ctx context.Context, fn func(ctx context.Context) error, opts ...CallOption) error {
+	if fn == nil {
+		return errNilFn
+	}
 	_, _, err := p.run(ctx, funcAttempt(fn), opts)
 	return err
 }
@@ -191,6 +220,10 @@ func (p *Policy) Do(ctx context.Context, fn func(ctx context.Context) error, opt
 // returned when it succeeds; a fallback that returns anything but a T (or nil)
 // is reported to the core as failed.
 func DoValue[T any](ctx context.Context, p *Policy, fn func(ctx context.Context) (T, error), opts ...CallOption) (T, error) {
+	if fn == nil {
+		var zero T
+		return zero, errNilFn
+	}
 	a := &valueAttempt[T]{fn: fn}
 	fbv, used, err := p.run(ctx, a, opts)
 	if used && err == nil {
@@ -365,7 +398,11 @@ func validClass(s string) string {
 	return s
 }
 
-var errNilPolicy = errors.New("levee: the policy is nil (get one with Engine.Policy)")
+var (
+	errNilPolicy = nilArg("the policy is nil (get one with Engine.Policy)")
+	errNilFn     = nilArg("fn, the function to run, is nil")
+	errNilCtx    = nilArg("ctx is nil (use context.Background())")
+)
 
 // startCall starts a call, settling a held-back success on the same crossing,
 // and starts its driver d at the reading the call starts at; act is the
@@ -687,9 +724,17 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 	if p == nil {
 		return nil, false, errNilPolicy
 	}
+	if ctx == nil {
+		return nil, false, errNilCtx
+	}
 	var co callOpts
 	for i := range opts {
 		opts[i].apply(&co)
+	}
+	for name, f := range co.fallbacks {
+		if f == nil {
+			return nil, false, nilArg(fmt.Sprintf("WithCallFallback(%q, nil): the fallback is nil", name))
+		}
 	}
 	st := p.st.Load()
 	if !st.ok {
@@ -969,6 +1014,9 @@ type FallbackInfo struct {
 
 // FallbackContext returns the FallbackInfo of the fallback running under ctx.
 func FallbackContext(ctx context.Context) (FallbackInfo, bool) {
+	if ctx == nil {
+		return FallbackInfo{}, false
+	}
 	fi, ok := ctx.Value(fallbackKey{}).(FallbackInfo)
 	return fi, ok
 }
@@ -978,7 +1026,13 @@ type degradedKey struct{}
 // Degraded says whether the attempt running under ctx is the degraded attempt
 // of the recovery path (docs/hosts.md, section 3): the engine failed, and this
 // one attempt runs without the policy.
-func Degraded(ctx context.Context) bool { d, _ := ctx.Value(degradedKey{}).(bool); return d }
+func Degraded(ctx context.Context) bool {
+	if ctx == nil {
+		return false
+	}
+	d, _ := ctx.Value(degradedKey{}).(bool)
+	return d
+}
 
 // ownResult is the levee.result of a call that ends with its attempt's own
 // result: a success, or a response of the Transport, is a success.

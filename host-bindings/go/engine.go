@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,26 @@ type options struct {
 
 // Option configures Load.
 type Option func(*options)
+
+// check refuses the nil functions among the options (the error names the option).
+func (o *options) check() error {
+	for _, l := range o.listeners {
+		if l == nil {
+			return nilArg("WithListener(nil): the listener is nil")
+		}
+	}
+	names := make([]string, 0, len(o.fallbacks))
+	for name, f := range o.fallbacks {
+		if f == nil {
+			names = append(names, name)
+		}
+	}
+	if len(names) > 0 {
+		slices.Sort(names)
+		return nilArg(fmt.Sprintf("WithFallback(%q, nil): the fallback is nil", names[0]))
+	}
+	return nil
+}
 
 // WithSeed fixes the jitter seed (default: from the OS random source).
 func WithSeed(seed uint64) Option { return func(o *options) { o.seed = &seed } }
@@ -279,11 +300,20 @@ func (w *watch) close() {
 // Load parses, validates and fills defaults of a policy document (YAML or JSON)
 // in a new engine. An invalid document gives a LoadErrors error.
 func Load(ctx context.Context, document string, opts ...Option) (*Engine, error) {
+	if ctx == nil {
+		return nil, nilArg("Load: ctx is nil (use context.Background())")
+	}
 	e := &Engine{o: options{callLimit: DefaultGuestCallLimit, perByte: GuestTimePerByte, memoryPages: DefaultMemoryLimitPages,
 		snapEvery: DefaultSnapshotInterval},
 		doc: document, epoch: time.Now()}
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, nilArg("Load: an Option is nil")
+		}
 		opt(&e.o)
+	}
+	if err := e.o.check(); err != nil {
+		return nil, err
 	}
 	if err := documentUTF8(document); err != nil {
 		return nil, err
@@ -638,6 +668,12 @@ func (e *Engine) Seed() uint64 { return e.seed }
 // Close releases the guest. A held-back success is sent first and the events
 // still recorded are delivered.
 func (e *Engine) Close(ctx context.Context) error {
+	if e == nil {
+		return errNilEngine
+	}
+	if ctx == nil {
+		return nilArg("Close: ctx is nil (use context.Background())")
+	}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()

@@ -178,6 +178,14 @@ func unregisteredMessage(names []string) string {
 	return "fallbacks " + strings.Join(q, ", ") + " are named by the policy but not registered"
 }
 
+// ErrNilArgument is wrapped by the error for a nil argument of the public API (a
+// context, a function, a fallback, a listener, a request): the error names it.
+var ErrNilArgument = errors.New("levee: nil argument")
+
+func nilArg(what string) error { return fmt.Errorf("%w: %s", ErrNilArgument, what) }
+
+var errNilEngine = nilArg("the engine is nil (Load failed?)")
+
 // ErrUnknownPolicy is matched (errors.Is) by the error of Engine.Policy for a name
 // the document does not have.
 var ErrUnknownPolicy = errors.New("levee: unknown policy")

@@ -149,6 +149,65 @@ func TestTransportWithoutAPolicyIsAnError(t *testing.T) {
 	}
 }
 
+// Issue 39: a nil input of the public API is an error naming it, never a panic.
+func TestNilInputsAreErrorsNotPanics(t *testing.T) {
+	e := mustLoad(t, doDoc)
+	p := mustPolicy(t, e, "fast")
+	bg := context.Background()
+	var nilCtx context.Context
+	ok := func(context.Context) error { return nil }
+	check := func(what string, err error, mention string) {
+		t.Helper()
+		if !errors.Is(err, ErrNilArgument) || !strings.Contains(err.Error(), mention) {
+			t.Errorf("%s: %v, want ErrNilArgument naming %q", what, err, mention)
+		}
+	}
+	try := func(what string, f func() error, mention string) {
+		t.Helper()
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("panicked: %v", r)
+				}
+			}()
+			err = f()
+		}()
+		check(what, err, mention)
+	}
+	try("Do(ctx, p, nil)", func() error { return Do(bg, p, nil) }, "fn")
+	try("p.Do(ctx, nil)", func() error { return p.Do(bg, nil) }, "fn")
+	try("DoValue(ctx, p, nil)", func() error { _, err := DoValue[int](bg, p, nil); return err }, "fn")
+	try("Do(nil, p, fn)", func() error { return Do(nilCtx, p, ok) }, "ctx")
+	try("DoValue(nil, p, fn)", func() error {
+		_, err := DoValue(nilCtx, p, func(context.Context) (int, error) { return 1, nil })
+		return err
+	}, "ctx")
+	try("WithCallFallback(name, nil)", func() error { return Do(bg, p, ok, WithCallFallback("cached", nil)) }, "cached")
+	try("Load(nil, ...)", func() error { _, err := Load(nilCtx, doDoc); return err }, "ctx")
+	try("WithListener(nil)", func() error { _, err := Load(bg, doDoc, WithListener(nil)); return err }, "WithListener")
+	try("WithFallback(name, nil)", func() error { _, err := Load(bg, doDoc, WithFallback("cached", nil)); return err }, "cached")
+	try("Engine(nil).Policy", func() error { var ne *Engine; _, err := ne.Policy("fast"); return err }, "engine")
+	tr := &Transport{Policy: p}
+	try("RoundTrip(nil)", func() error { _, err := tr.RoundTrip(nil); return err }, "request")
+	try("RoundTrip(no URL)", func() error { _, err := tr.RoundTrip(&http.Request{Method: "GET"}); return err }, "URL")
+	// and the helpers that read a context or a URL answer for nil
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("a helper panicked on nil: %v", r)
+			}
+		}()
+		if _, ok := FallbackContext(nilCtx); ok || Degraded(nilCtx) || HTTPKey(nil) != "" {
+			t.Error("nil context or URL")
+		}
+		var np *Policy
+		if np.Name() != "" || np.Info().Name != "" || np.Engine() != nil {
+			t.Error("nil policy")
+		}
+	}()
+}
+
 func TestAnUnknownPolicyListsTheKnownOnes(t *testing.T) {
 	e := mustLoad(t, doDoc)
 	_, err := e.Policy("fsat")

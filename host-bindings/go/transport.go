@@ -56,6 +56,9 @@ type Transport struct {
 // userinfo, and the port always written (the scheme's default when the URL has
 // none: http 80, https 443, ws 80, wss 443).
 func HTTPKey(u *url.URL) string {
+	if u == nil {
+		return ""
+	}
 	host := u.Hostname()
 	if utf8.ValidString(host) { // invalid UTF-8 stays as it is, for the key check to refuse
 		host = strings.ToLower(host)
@@ -111,6 +114,15 @@ func (t *Transport) base() http.RoundTripper {
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req == nil {
+		return nil, nilArg("RoundTrip: the request is nil")
+	}
+	if req.URL == nil {
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, nilArg("RoundTrip: the request's URL is nil")
+	}
 	if t.Policy == nil {
 		if req.Body != nil {
 			_ = req.Body.Close() // a RoundTripper closes the body, even on an error
