@@ -117,6 +117,81 @@ func (e *Engine) RegisterFallback(name string, f Fallback) {
 	e.fbMu.Unlock()
 }
 
+// TypedFallback is a fallback that returns a T: the value of a call whose result is a T.
+// Of[T](p).Fallback checks at compile time that a call's fallback returns its result type
+// (failsafe-go's Fallback[R]); RegisterTypedFallback and WithTypedFallback register one on
+// the engine for the calls whose result is a T.
+type TypedFallback[T any] func(ctx context.Context, cause error) (T, error)
+
+// untyped is f as a Fallback (nil for a nil f).
+func (f TypedFallback[T]) untyped() Fallback {
+	if f == nil {
+		return nil
+	}
+	return func(ctx context.Context, cause error) (any, error) {
+		v, err := f(ctx, cause)
+		if err != nil {
+			return nil, err
+		}
+		return v, nil
+	}
+}
+
+// fbKey is the key of a typed fallback: its name and the result type it returns.
+type fbKey struct {
+	name string
+	t    reflect.Type
+}
+
+// RegisterTypedFallback registers (or replaces) f under name for the calls of e whose
+// result is a T: DoValue[T] and Of[T](p).Do, and the Transport's for T = *http.Response.
+// The engine keeps one fallback per name and result type, so one name can stand for an
+// HTTP response and for a DoValue's value at once; a typed fallback of a call's result type
+// wins over an untyped one (RegisterFallback), which serves the calls no typed one fits.
+// A nil f removes the name's fallback for T.
+func RegisterTypedFallback[T any](e *Engine, name string, f TypedFallback[T]) error {
+	if e == nil {
+		return errNilEngine
+	}
+	k := fbKey{name, reflect.TypeFor[T]()}
+	e.fbMu.Lock()
+	if f == nil {
+		delete(e.tfbs, k)
+	} else {
+		e.tfbs[k] = f.untyped()
+	}
+	e.fbMu.Unlock()
+	return nil
+}
+
+// Typed is the calls of a policy whose result is a T, with their own fallbacks checked
+// at compile time: a fallback must return a T, as the function must.
+//
+//	q, err := levee.Of[Quote](p).Fallback("cached", fromCache).Do(ctx, fetchQuote)
+type Typed[T any] struct {
+	p   *Policy
+	fbs []CallOption
+}
+
+// Of is the calls of p whose result is a T.
+func Of[T any](p *Policy) Typed[T] { return Typed[T]{p: p} }
+
+// Fallback returns t with f as the fallback of name for its calls (it wins over the
+// engine's, as WithCallFallback does); t itself is unchanged.
+func (t Typed[T]) Fallback(name string, f TypedFallback[T]) Typed[T] {
+	fbs := append(t.fbs[:len(t.fbs):len(t.fbs)], WithCallFallback(name, f.untyped()))
+	return Typed[T]{p: t.p, fbs: fbs}
+}
+
+// Do is DoValue(ctx, p, fn, opts...) with t's fallbacks (an option's fallback of the
+// same name wins).
+func (t Typed[T]) Do(ctx context.Context, fn func(ctx context.Context) (T, error), opts ...CallOption) (T, error) {
+	if len(t.fbs) > 0 {
+		opts = append(t.fbs[:len(t.fbs):len(t.fbs)], opts...)
+	}
+	return DoValue(ctx, t.p, fn, opts...)
+}
+
 // CallOption configures one call. Options are plain values (not closures), so
 // applying them costs no allocation.
 type CallOption struct {
@@ -263,6 +338,8 @@ type valueAttempt[T any] struct {
 	val T
 	ok  bool // the last attempt returned val without an error
 }
+
+func (a *valueAttempt[T]) resultType() reflect.Type { return reflect.TypeFor[T]() }
 
 func (a *valueAttempt[T]) checkFallback(v any) error {
 	if v == nil {
@@ -706,14 +783,63 @@ func (e *Engine) policyName(i uint32) string {
 	return fmt.Sprint(i)
 }
 
-func (e *Engine) fallback(name string, co *callOpts) Fallback {
+// fallback is the fallback of name for a call whose result is of type rt (nil: Do's,
+// which has none): the call's own, else the engine's typed for rt, else the engine's
+// untyped one. When none fits but the engine has typed ones of that name for other result
+// types, the error says so (the call counts it as a fallback that failed).
+func (e *Engine) fallback(name string, co *callOpts, rt reflect.Type) (Fallback, error) {
 	if f, ok := co.fallbacks[name]; ok {
-		return f
+		return f, nil
 	}
 	e.fbMu.RLock()
-	f := e.fbs[name]
-	e.fbMu.RUnlock()
-	return f
+	defer e.fbMu.RUnlock()
+	if rt != nil {
+		if f := e.tfbs[fbKey{name, rt}]; f != nil {
+			return f, nil
+		}
+	}
+	if f := e.fbs[name]; f != nil {
+		return f, nil
+	}
+	var types []string
+	for k := range e.tfbs {
+		if k.name == name {
+			types = append(types, k.t.String())
+		}
+	}
+	if len(types) == 0 {
+		return nil, nil
+	}
+	slices.Sort(types)
+	return nil, &fallbackTypeError{name: name, result: rt, registered: types}
+}
+
+// fallbackTypeError is the failure of a fallback registered only for other result types.
+type fallbackTypeError struct {
+	name       string
+	result     reflect.Type
+	registered []string
+}
+
+func (e *fallbackTypeError) Error() string {
+	call := "a call without a result (Do)"
+	if e.result != nil {
+		call = e.result.String()
+	}
+	return fmt.Sprintf("levee: fallback '%s' is registered for %s, not for %s", e.name, strings.Join(e.registered, ", "), call)
+}
+
+// resultTyper is an attempter whose calls have a result type (DoValue's T, the Transport's
+// *http.Response); a call of Do has none.
+type resultTyper interface {
+	resultType() reflect.Type
+}
+
+func resultTypeOf(a attempter) reflect.Type {
+	if rt, ok := a.(resultTyper); ok {
+		return rt.resultType()
+	}
+	return nil
 }
 
 func (c *callRun) ref() callRef { return callRef{c.call, c.st.index, c.co.key} }
@@ -733,7 +859,7 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 	}
 	for name, f := range co.fallbacks {
 		if f == nil {
-			return nil, false, nilArg(fmt.Sprintf("WithCallFallback(%q, nil): the fallback is nil", name))
+			return nil, false, nilArg(fmt.Sprintf("the call's fallback %q is nil (WithCallFallback, Typed.Fallback)", name))
 		}
 	}
 	st := p.st.Load()
@@ -903,7 +1029,8 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 		case actFallback:
 			ok := false
 			c.fbUnreg = false
-			if f := e.fallback(act.name, &c.co); f != nil {
+			f, mistyped := e.fallback(act.name, &c.co, resultTypeOf(a))
+			if f != nil {
 				fctx := context.WithValue(ctx, fallbackKey{}, FallbackInfo{Policy: c.p.name, Name: act.name,
 					Reason: act.reason, Attempts: d.attempts, Err: c.lastErr})
 				val, err := f(fctx, c.lastErr)
@@ -915,6 +1042,8 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 				} else {
 					c.fbErr = err
 				}
+			} else if mistyped != nil {
+				c.fbErr = mistyped // registered, but not for this call's result: a fallback that failed
 			} else {
 				c.fbUnreg = true
 				if !slices.Contains(c.unreg, act.name) {

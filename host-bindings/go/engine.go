@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -56,6 +57,7 @@ type options struct {
 	listeners   []Listener
 	logger      *slog.Logger
 	fallbacks   map[string]Fallback
+	typedFbs    map[fbKey]Fallback
 	trace       func(Step)
 	clock       Clock // nil: the machine's clock (the fast path)
 	tel         Telemetry
@@ -84,6 +86,11 @@ func (o *options) check() error {
 	if len(names) > 0 {
 		slices.Sort(names)
 		return nilArg(fmt.Sprintf("WithFallback(%q, nil): the fallback is nil", names[0]))
+	}
+	for k, f := range o.typedFbs {
+		if f == nil {
+			return nilArg(fmt.Sprintf("WithTypedFallback(%q, nil) for %v: the fallback is nil", k.name, k.t))
+		}
 	}
 	return nil
 }
@@ -167,6 +174,17 @@ func WithFallback(name string, f Fallback) Option {
 	}
 }
 
+// WithTypedFallback registers a fallback under the name a policy's fallback chain uses,
+// for the calls whose result is a T (see RegisterTypedFallback).
+func WithTypedFallback[T any](name string, f TypedFallback[T]) Option {
+	return func(o *options) {
+		if o.typedFbs == nil {
+			o.typedFbs = map[fbKey]Fallback{}
+		}
+		o.typedFbs[fbKey{name, reflect.TypeFor[T]()}] = f.untyped()
+	}
+}
+
 // Engine is one policy engine (policies plus their breaker, budget and limiter
 // state) running in one guest instance. It is safe for use by many goroutines:
 // guest calls are serialized by a mutex.
@@ -228,6 +246,7 @@ type Engine struct {
 	nextCall atomic.Uint64
 	fbMu     sync.RWMutex
 	fbs      map[string]Fallback
+	tfbs     map[fbKey]Fallback // the typed fallbacks, by name and result type
 }
 
 type heldSuccess struct {
@@ -328,6 +347,10 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 	e.fbs = map[string]Fallback{}
 	for k, v := range e.o.fallbacks {
 		e.fbs[k] = v
+	}
+	e.tfbs = map[fbKey]Fallback{}
+	for k, v := range e.o.typedFbs {
+		e.tfbs[k] = v
 	}
 	wasm := e.o.core
 	if wasm == nil {

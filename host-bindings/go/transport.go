@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,7 +33,8 @@ import (
 // When the policy gives up after a response, the last response is returned as
 // it is (a 503 is a response, not a transport error). When no response is left
 // (a rejection, a network error, a retry cut short), RoundTrip returns a *Error.
-// A fallback registered for a transport must return an *http.Response.
+// A fallback of a Transport's call must return an *http.Response: register it typed,
+// RegisterTypedFallback[*http.Response], to keep the name free for other result types.
 //
 // Every attempt carries its number in HeaderAttempt: the application decides the request's
 // retries, so a Levee filter in an Envoy on the way adds none (docs/envoy.md).
@@ -208,6 +210,8 @@ type httpAttempt struct {
 	lastErr error
 	n       int
 }
+
+func (h *httpAttempt) resultType() reflect.Type { return reflect.TypeFor[*http.Response]() }
 
 func (h *httpAttempt) checkFallback(v any) error {
 	if r, ok := v.(*http.Response); !ok || r == nil {

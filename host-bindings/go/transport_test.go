@@ -520,3 +520,29 @@ func TestIdempotencyHeaders(t *testing.T) {
 		}
 	}
 }
+
+// Issue 39: the same fallback name typed for the Transport's *http.Response and for a
+// DoValue's string: each call gets its own.
+func TestHTTPTypedFallbackBesideAnotherType(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(503) }))
+	defer srv.Close()
+	c, _, e := newClient(t, "fallback")
+	if err := RegisterTypedFallback(e, "stale", func(_ context.Context, _ error) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("stale")), Header: http.Header{}}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := RegisterTypedFallback(e, "stale", func(context.Context, error) (string, error) { return "stale string", nil }); err != nil {
+		t.Fatal(err)
+	}
+	resp, body, err := get(t, c, srv.URL)
+	if err != nil || resp.StatusCode != 200 || body != "stale" {
+		t.Fatalf("%v %q %v", resp, body, err)
+	}
+	s, err := DoValue(context.Background(), mustPolicy(t, e, "fallback"), func(context.Context) (string, error) {
+		return "", HTTPStatusError(503, "")
+	})
+	if err != nil || s != "stale string" {
+		t.Fatalf("%q %v", s, err)
+	}
+}
