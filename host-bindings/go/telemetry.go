@@ -52,6 +52,23 @@ func WithTelemetry(t Telemetry) Option {
 	}
 }
 
+// Instrument is one metric instrument of the schema (docs/telemetry.md): its name, its
+// kind ("counter", "histogram" or "gauge"), its unit (UCUM: "s", "{call}", "1") and its
+// description, as the contract's data (wit/constants.json) gives them.
+type Instrument struct {
+	Name, Kind, Unit, Description string
+}
+
+// Instruments lists the schema's metric instruments, for a sink that creates them up front
+// (the OpenTelemetry adapter, leveeotel, does).
+func Instruments() []Instrument {
+	out := make([]Instrument, len(cInstruments))
+	for i, in := range cInstruments {
+		out[i] = Instrument{Name: in[0], Kind: in[1], Unit: in[2], Description: in[3]}
+	}
+	return out
+}
+
 // WithoutBreakerKey drops `levee.key` from the `levee.breaker.state` gauge (keys
 // can number in the millions: one time series per downstream host).
 func WithoutBreakerKey() Option { return func(o *options) { o.noGaugeKey = true } }
