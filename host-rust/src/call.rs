@@ -710,6 +710,8 @@ impl<T: 'static, E: 'static> Slow<'_, T, E> {
         let mut fallback_err: Option<E> = None;
         // Fallbacks the chain named that nobody registered: they fail, and the error says so.
         let mut unregistered: Vec<String> = Vec::new();
+        // Fallbacks the chain named that are registered for other result types only.
+        let mut mistyped: Vec<crate::error::MistypedFallback> = Vec::new();
         loop {
             if !matches!(action, Action::Sleep { park: true, .. }) {
                 // Not (or no longer) waiting in the queue: the park is over.
@@ -834,9 +836,19 @@ impl<T: 'static, E: 'static> Slow<'_, T, E> {
                         .or_else(|| levee.registered_fallback::<T, E>(&name));
                     let ok = match fb {
                         None => {
-                            tracing::warn!(target: "levee", policy = %policy, fallback = %name, "no fallback registered under this name");
-                            if !unregistered.contains(&name) {
-                                unregistered.push(name);
+                            let types = levee.fallback_types(&name);
+                            if types.is_empty() {
+                                tracing::warn!(target: "levee", policy = %policy, fallback = %name, "no fallback registered under this name");
+                                if !unregistered.contains(&name) {
+                                    unregistered.push(name);
+                                }
+                            } else {
+                                let m =
+                                    crate::error::MistypedFallback { name, registered: types, call: crate::error::result_name::<T, E>() };
+                                tracing::warn!(target: "levee", policy = %policy, "{m}");
+                                if !mistyped.iter().any(|x| x.name == m.name) {
+                                    mistyped.push(m);
+                                }
                             }
                             false
                         }
@@ -890,6 +902,7 @@ impl<T: 'static, E: 'static> Slow<'_, T, E> {
                     guard.end("failure", Some(reason));
                     return finish_fail(reason, hint, policy, driver.attempts(), last, fallback_err).map_err(|mut e| {
                         e.unregistered = unregistered;
+                        e.mistyped = mistyped;
                         e.outcome = last_outcome;
                         e
                     });

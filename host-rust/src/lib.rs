@@ -61,7 +61,7 @@ pub use call::{Attempt, Attempted, BoxFuture, Call, FallbackContext, FallbackFn,
 #[cfg(feature = "tokio")]
 pub use call::{FaultOp, FaultPlan, RetryInfo};
 #[cfg(feature = "tokio")]
-pub use error::{LeveeError, LoadErrors, UnknownPolicy};
+pub use error::{LeveeError, LoadErrors, MistypedFallback, UnknownPolicy};
 #[cfg(feature = "tokio")]
 pub use handle::{Builder, Levee};
 #[cfg(feature = "tokio")]

@@ -270,6 +270,32 @@ async fn the_tower_layer_retries_an_http_service() {
     assert_eq!(seen.load(Ordering::SeqCst), 1);
 }
 
+/// Issue 39: one fallback name registered for the reqwest client's result and for a tower
+/// layer's: each integration runs its own (the second registration replaced the first, and
+/// the client then fell through to its last 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_fallback_name_serves_the_client_and_the_tower_layer() {
+    use tower::{Layer, ServiceExt};
+
+    let server = Server::start(|_, _| Resp::status(503)).await;
+    let l = levee();
+    l.register_fallback("cached", |_ctx| async { Ok::<_, reqwest::Error>(response(200, "cached for reqwest")) });
+    l.register_fallback("cached", |_ctx| async {
+        Ok::<_, std::io::Error>(http::Response::builder().status(200).body("cached for tower".to_string()).expect("response"))
+    });
+    let c = client(&l, "fb");
+    let resp = c.send(c.get(server.url("/a"))).await.expect("the reqwest fallback's response");
+    assert_eq!(resp.text().await.expect("a body"), "cached for reqwest");
+
+    let svc = tower::service_fn(|_req: http::Request<String>| async {
+        Ok::<_, std::io::Error>(http::Response::builder().status(503).body(String::new()).expect("response"))
+    });
+    let svc = levee::layer::LeveeLayer::new(l.clone(), "fb").expect("known").layer(svc);
+    let req = http::Request::builder().uri("http://svc.local/x").body(String::new()).expect("request");
+    let resp = svc.oneshot(req).await.expect("the tower fallback's response");
+    assert_eq!(resp.body(), "cached for tower");
+}
+
 // ---------------------------------------------------------------- what an attempt covers (docs/http.md)
 
 const BODY_DOC: &str = r#"
