@@ -632,6 +632,16 @@ fn notify(woken: Vec<Arc<Park>>) {
     }
 }
 
+/// Emit a call's pending events inside its `levee.call` span (docs/telemetry.md: the events of
+/// a call are on its span, so a `tracing` subscriber or an OpenTelemetry layer sees them there).
+#[inline]
+pub(crate) fn deliver(span: &tracing::Span, pending: Option<Pending<'_>>) {
+    if let Some(p) = pending {
+        let _in = span.enter();
+        drop(p);
+    }
+}
+
 /// Events and traps to emit once the lock is released.
 pub(crate) struct Pending<'a> {
     shared: &'a Shared,
