@@ -428,3 +428,34 @@ async fn fallbacks_are_kept_per_name_and_result_type() {
     assert!(msg.contains(", not for this call's Result<i64, "), "{msg}");
     assert!(!msg.contains("not registered"), "{msg}");
 }
+
+/// The README's paused-time example ("Testing with virtual time"), as written there.
+#[tokio::test(start_paused = true)] // tokio's `test-util` feature
+async fn retries_without_waiting() {
+    let levee = levee::Levee::builder()
+        .clock(levee::time::TokioClock::paused())
+        // `jitter: none`: with the default full jitter each delay is random in [0, 10 s]
+        .load("policies:\n  p: { attempts: 3, backoff: { kind: constant, base: 10s, jitter: none } }\n")
+        .unwrap();
+    let (start, real) = (tokio::time::Instant::now(), std::time::Instant::now());
+    let mut tries = 0;
+    let answer = levee
+        .call::<&str, std::io::Error>("p")
+        .run(|_attempt| {
+            tries += 1;
+            let n = tries;
+            async move {
+                if n < 3 {
+                    Err(std::io::ErrorKind::ConnectionRefused.into())
+                } else {
+                    Ok("up")
+                }
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!((answer, tries), ("up", 3));
+    // two retries, 10 s apart: the engine saw exactly 20 s pass, in next to no real time
+    assert_eq!(start.elapsed(), std::time::Duration::from_secs(20));
+    assert!(real.elapsed() < std::time::Duration::from_secs(5));
+}
