@@ -730,12 +730,12 @@ func (e *Engine) FlushContext(ctx context.Context) error {
 func (e *Engine) emit(ctx context.Context, evs []Event) {
 	if t := e.o.tel; t != nil {
 		for i := range evs {
-			e.telEvent(ctx, t, &evs[i])
+			e.observe(ctx, "a telemetry sink", evs[i].Kind, func() { e.telEvent(ctx, t, &evs[i]) })
 		}
 	}
 	for _, ev := range evs {
 		for _, l := range e.o.listeners {
-			l(ev)
+			e.observe(ctx, "a listener", ev.Kind, func() { l(ev) })
 		}
 		if lg := e.o.logger; lg != nil {
 			level := slog.LevelInfo
@@ -772,6 +772,18 @@ func (e *Engine) emit(ctx context.Context, evs []Event) {
 			lg.LogAttrs(ctx, level, "levee "+ev.Kind.String(), attrs...)
 		}
 	}
+}
+
+// observe runs observer code (a listener, the telemetry sink) for an event of kind k: a
+// panic is logged and ignored, so observer code never reaches the call (docs/hosts.md).
+func (e *Engine) observe(ctx context.Context, who string, k EventKind, f func()) {
+	defer func() {
+		if r := recover(); r != nil && e.o.logger != nil {
+			e.o.logger.LogAttrs(ctx, slog.LevelWarn, "levee: "+who+" panicked (ignored)",
+				slog.String("event", k.String()), slog.String("panic", fmt.Sprint(r)))
+		}
+	}()
+	f()
 }
 
 func (e *Engine) policyName(i uint32) string {

@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -321,4 +323,61 @@ func TestAFaultInAnalyzeNeverReopensATrippedBreaker(t *testing.T) {
 	if err := p.Do(context.Background(), func(context.Context) error { return nil }); !errors.Is(err, ErrBreakerOpen) {
 		t.Fatalf("the breaker came back closed: %v", err)
 	}
+}
+
+// panickySink is a telemetry sink whose Event panics.
+type panickySink struct{}
+
+func (panickySink) Event(context.Context, string, []slog.Attr)           { panic("sink event") }
+func (panickySink) Add(context.Context, string, int64, []slog.Attr)      {}
+func (panickySink) Record(context.Context, string, float64, []slog.Attr) {}
+func (panickySink) Gauge(context.Context, string, int64, []slog.Attr)    {}
+
+// Observer code never reaches the call (docs/hosts.md): a listener or a telemetry sink's
+// Event that panics is logged and ignored, and the listeners after it still get the event.
+func TestAPanickingListenerNeverReachesTheCall(t *testing.T) {
+	var logged strings.Builder
+	var seen atomic.Int64
+	e := mustLoad(t, doDoc,
+		WithLogger(slog.New(slog.NewTextHandler(&lockedWriter{w: &logged}, nil))),
+		WithListener(func(Event) { panic("listener") }),
+		WithListener(func(Event) { seen.Add(1) }),
+		WithTelemetry(panickySink{}))
+	n := 0
+	var err error
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("the call panicked: %v", r)
+			}
+		}()
+		err = Do(context.Background(), mustPolicy(t, e, "fast"), func(context.Context) error {
+			n++
+			if n == 1 {
+				return connErr // a retry: a retry-scheduled event
+			}
+			return nil
+		})
+	}()
+	if err != nil || n != 2 {
+		t.Fatalf("err %v (n=%d)", err, n)
+	}
+	if seen.Load() == 0 {
+		t.Fatal("the listener after the panicking one got no event")
+	}
+	if !strings.Contains(logged.String(), "panicked (ignored)") {
+		t.Fatalf("not logged: %s", logged.String())
+	}
+}
+
+// lockedWriter is a writer safe for the goroutines of an engine's calls.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
