@@ -969,7 +969,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 			o, aerr := a.attempt(e, actx, act.d)
 			t1 := e.Now()
 			now = t1
-			endAttemptSpan(span, o, aerr)
+			c.tel.endAttemptSpan(span, o, aerr)
 			if cerr := ctx.Err(); cerr != nil {
 				c.lastErr = aerr
 				return c.cancelled(cerr)
@@ -1126,7 +1126,7 @@ func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
 	default: // recoverDegraded: exactly one attempt, without the core
 		actx, span := c.tel.attemptSpan(context.WithValue(ctx, degradedKey{}, true), act.n, true)
 		o, err := c.a.attempt(e, actx, act.d)
-		endAttemptSpan(span, o, err)
+		c.tel.endAttemptSpan(span, o, err)
 		if cerr := ctx.Err(); cerr != nil {
 			c.lastErr = err
 			c.tel.end(cResults[3], d.attempts > 0, ReasonCancelled, cerr)

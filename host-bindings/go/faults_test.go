@@ -329,20 +329,43 @@ func TestAFaultInAnalyzeNeverReopensATrippedBreaker(t *testing.T) {
 type panickySink struct{}
 
 func (panickySink) Event(context.Context, string, []slog.Attr)           { panic("sink event") }
-func (panickySink) Add(context.Context, string, int64, []slog.Attr)      {}
+func (panickySink) Add(context.Context, string, int64, []slog.Attr)      { panic("sink add") }
 func (panickySink) Record(context.Context, string, float64, []slog.Attr) {}
 func (panickySink) Gauge(context.Context, string, int64, []slog.Attr)    {}
 
-// Observer code never reaches the call (docs/hosts.md): a listener or a telemetry sink's
-// Event that panics is logged and ignored, and the listeners after it still get the event.
+// panickyTracer is a sink that records spans, whose spans panic when they end (and whose
+// StartSpan panics for the attempts).
+type panickyTracer struct{ panickySink }
+
+type panickySpan struct{}
+
+func (panickySpan) SetAttributes(...slog.Attr) {}
+func (panickySpan) End(error)                  { panic("span end") }
+
+func (panickyTracer) StartSpan(ctx context.Context, name string, _ []slog.Attr) (context.Context, Span) {
+	if name == "levee.attempt" {
+		panic("start span")
+	}
+	return ctx, panickySpan{}
+}
+
+// Observer code never reaches the call (docs/hosts.md): a listener, or a telemetry sink (its
+// events, counters, spans), that panics is logged and ignored, and the listeners after it
+// still get the event.
 func TestAPanickingListenerNeverReachesTheCall(t *testing.T) {
+	for _, sink := range []Telemetry{panickySink{}, panickyTracer{}} {
+		t.Run(fmt.Sprintf("%T", sink), func(t *testing.T) { testPanickingObservers(t, sink) })
+	}
+}
+
+func testPanickingObservers(t *testing.T, sink Telemetry) {
 	var logged strings.Builder
 	var seen atomic.Int64
 	e := mustLoad(t, doDoc,
 		WithLogger(slog.New(slog.NewTextHandler(&lockedWriter{w: &logged}, nil))),
 		WithListener(func(Event) { panic("listener") }),
 		WithListener(func(Event) { seen.Add(1) }),
-		WithTelemetry(panickySink{}))
+		WithTelemetry(sink))
 	n := 0
 	var err error
 	func() {
