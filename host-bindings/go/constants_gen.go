@@ -117,5 +117,7 @@ var (
 		{"levee.breaker.transitions", "counter", "{transition}", "Circuit breaker transitions"},
 		{"levee.breaker.state", "gauge", "1", "Circuit breaker state (0 closed, 1 open, 2 half-open, 3 forced-open, 4 forced-closed, 5 disabled)"},
 		{"levee.engine.faults", "counter", "{fault}", "Guest faults the host recovered from"},
+		{"levee.keys.evicted", "counter", "{key}", "Keys at rest evicted to make room for a new key (key-evicted)"},
+		{"levee.keys.overflow", "counter", "{call}", "Calls whose key got no state of its own and shared the overflow entry (key-overflow)"},
 	}
 )

@@ -233,7 +233,7 @@ pub const METHODS: [(&str, u32); 9] =
 /// The default port of each URL scheme (the HTTP key is host:port).
 pub const DEFAULT_PORTS: [(&str, u16); 4] = [("http", 80), ("https", 443), ("ws", 80), ("wss", 443)];
 /// The metric instruments: (name, kind, unit, description), docs/telemetry.md.
-pub const INSTRUMENTS: [(&str, &str, &str, &str); 11] = [
+pub const INSTRUMENTS: [(&str, &str, &str, &str); 13] = [
     ("levee.calls", "counter", "{call}", "Calls that ended, by result"),
     ("levee.attempts", "counter", "{attempt}", "Attempts reported to the core, by outcome"),
     ("levee.attempt.duration", "histogram", "s", "Duration of the attempts reported to the core"),
@@ -250,4 +250,6 @@ pub const INSTRUMENTS: [(&str, &str, &str, &str); 11] = [
         "Circuit breaker state (0 closed, 1 open, 2 half-open, 3 forced-open, 4 forced-closed, 5 disabled)",
     ),
     ("levee.engine.faults", "counter", "{fault}", "Guest faults the host recovered from"),
+    ("levee.keys.evicted", "counter", "{key}", "Keys at rest evicted to make room for a new key (key-evicted)"),
+    ("levee.keys.overflow", "counter", "{call}", "Calls whose key got no state of its own and shared the overflow entry (key-overflow)"),
 ];
