@@ -1499,13 +1499,14 @@ scenario(
 )
 
 scenario(
-    "evicted-key-starts-fresh",
-    "An evicted key's open breaker is forgotten: the key starts fresh when it comes back.",
-    ["eviction", "keys", "breaker"],
+    "protected-key-is-never-evicted",
+    "A key whose breaker is open is never evicted: a new key overflows (key-overflow, levee.keys.overflow), and the open key stays open when it comes back (issue 41).",
+    ["eviction", "keys", "breaker", "issue-41: eviction never forgets protection"],
     doc(p={"attempts": 1, "keys": {"max": 1}, "breaker": BREAKER}),
     [call(boom(), key="a"), call(boom(), key="a", at=100 * MS), call(ok(), key="a", at=200 * MS),
      call(ok("b"), key="b", at=300 * MS), call(ok("a again"), key="a", at=400 * MS)],  # fmt: skip
-    all_of(lambda t: error(t[2], "breaker-open", 0, None), lambda t: value(t[3], "b"), lambda t: value(t[4], "a again")),
+    all_of(lambda t: error(t[2], "breaker-open", 0, None), lambda t: value(t[3], "b"), lambda t: has_event(t[3], "key-overflow"),
+           lambda t: error(t[4], "breaker-open", 0, None), lambda t: no_event(t[3], "key-evicted")),  # fmt: skip
 )
 
 # Telemetry and more deadline edges
