@@ -27,6 +27,8 @@ import {
   METRIC_ENGINE_FAULTS,
   METRIC_FALLBACKS,
   METRIC_HEDGES,
+  METRIC_KEYS_EVICTED,
+  METRIC_KEYS_OVERFLOW,
   METRIC_REJECTIONS,
   METRIC_RETRIES,
   METRIC_RETRY_DELAY,
@@ -75,6 +77,8 @@ export interface LeveeEventMap {
   'call-evicted': LeveeEvent;
   'permit-expired': LeveeEvent;
   'hedge-started': LeveeEvent;
+  /** Every key of the policy holds protection: a new key is decided against `levee:overflow` (`name`: its key). */
+  'key-overflow': LeveeEvent;
   'engine-fault': EngineFaultEvent;
 }
 
@@ -293,6 +297,12 @@ export class Telemetry {
         case 'hedge-started':
           sink.add(METRIC_HEDGES, 1, { [ATTR_POLICY]: policy });
           break;
+        case 'key-evicted':
+          sink.add(METRIC_KEYS_EVICTED, 1, { [ATTR_POLICY]: policy });
+          break;
+        case 'key-overflow':
+          sink.add(METRIC_KEYS_OVERFLOW, 1, { [ATTR_POLICY]: policy });
+          break;
       }
     } catch (err) {
       reportHookError(err, 'telemetry sink', this.#report);
@@ -373,6 +383,8 @@ const UNITS: Readonly<Record<string, string>> = {
   [METRIC_FALLBACKS]: '{fallback}',
   [METRIC_HEDGES]: '{attempt}',
   [METRIC_BREAKER_TRANSITIONS]: '{transition}',
+  [METRIC_KEYS_EVICTED]: '{key}',
+  [METRIC_KEYS_OVERFLOW]: '{call}',
   [METRIC_ENGINE_FAULTS]: '{fault}',
   [METRIC_ATTEMPT_DURATION]: 's',
   [METRIC_RETRY_DELAY]: 's',

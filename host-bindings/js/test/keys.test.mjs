@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { LeveeError, loadSync } from '../dist/index.js';
+import { RecordingSink } from '../dist/testing.js';
 
 const DOC = `
 policies:
@@ -97,6 +98,34 @@ test('the recovery snapshot is export-snapshot; export-state is only what the us
   const state = levee.exportState();
   assert.ok(state.length > 0);
   assert.equal(counts.get('export-state'), before + 1);
+});
+
+test('key-evicted and key-overflow: events to listeners and sink, and the key counters', async () => {
+  const sink = new RecordingSink();
+  const levee = loadSync(DOC, { seed: 1n, telemetry: sink });
+  const seen = [];
+  levee.on('key-evicted', (e) => seen.push(['key-evicted', e.key, e.name]));
+  levee.on('key-overflow', (e) => seen.push(['key-overflow', e.key, e.name]));
+  // keys.max 1: "a" at rest is evicted for "b".
+  await levee.run('one', () => 1, { key: 'a' });
+  await levee.run('one', () => 1, { key: 'b' });
+  levee.flush();
+  assert.deepEqual(seen, [['key-evicted', 'a', 'a']]);
+  // "b" holds protection (its breaker is open): "c" is decided against the overflow entry.
+  await openBreaker(levee, 'one', 'b');
+  await levee.run('one', () => 1, { key: 'c' });
+  levee.flush();
+  assert.deepEqual(seen.at(-1), ['key-overflow', 'levee:overflow', 'c']);
+  const adds = (name) => sink.entries.filter((e) => e.kind === 'add' && e.name === name);
+  assert.deepEqual(
+    adds('levee.keys.evicted').map((e) => [e.value, e.attributes]),
+    seen.filter((s) => s[0] === 'key-evicted').map(() => [1, { 'levee.policy': 'one' }]),
+  );
+  assert.deepEqual(
+    adds('levee.keys.overflow').map((e) => [e.value, e.attributes]),
+    seen.filter((s) => s[0] === 'key-overflow').map(() => [1, { 'levee.policy': 'one' }]),
+  );
+  assert.ok(sink.entries.some((e) => e.kind === 'event' && e.name === 'key-overflow'));
 });
 
 test('a state of any size comes back: 20,000 keys of 1,000 bytes, a trap, the breaker still open', async () => {
