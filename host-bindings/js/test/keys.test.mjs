@@ -4,7 +4,8 @@
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { LeveeError, loadSync } from '../dist/index.js';
+import { LeveeError, constants, loadSync } from '../dist/index.js';
+import { DurableExecutor } from '../dist/durable.js';
 import { RecordingSink } from '../dist/testing.js';
 
 const DOC = `
@@ -98,6 +99,38 @@ test('the recovery snapshot is export-snapshot; export-state is only what the us
   const state = levee.exportState();
   assert.ok(state.length > 0);
   assert.equal(counts.get('export-state'), before + 1);
+});
+
+test('a key longer than the bound is refused at every entry, naming its length and the bound', async () => {
+  const levee = loadSync(DOC, { seed: 1n, telemetry: null });
+  const bound = constants.GUARD_MAX_KEY_BYTES;
+  const expect = (bytes) => (err) => {
+    assert.ok(err instanceof RangeError, String(err));
+    assert.ok(!(err instanceof LeveeError));
+    assert.equal(
+      err.message,
+      `levee: key: ${bytes} bytes, longer than the ${bound} a key may be (docs/policy.md, Keys)`,
+    );
+    return true;
+  };
+  let ran = 0;
+  const fn = () => ++ran;
+  // At the bound: accepted (ASCII, and 2-byte characters counted as UTF-8 bytes).
+  assert.equal(await levee.run('tripwire', fn, { key: 'k'.repeat(bound) }), 1);
+  assert.equal(await levee.run('tripwire', fn, { key: 'é'.repeat(bound / 2) }), 2);
+  assert.equal(levee.breakerState('tripwire', 'k'.repeat(bound)), 'closed');
+  // One byte more: refused before the core, the function never runs.
+  await assert.rejects(levee.run('tripwire', fn, { key: 'k'.repeat(bound + 6) }), expect(bound + 6));
+  // 513 UTF-16 units, 1026 UTF-8 bytes; 257 astral characters, 1028 bytes.
+  await assert.rejects(levee.run('tripwire', fn, { key: 'é'.repeat(bound / 2 + 1) }), expect(bound + 2));
+  await assert.rejects(levee.run('tripwire', fn, { key: '😀'.repeat(bound / 4 + 1) }), expect(bound + 4));
+  assert.equal(ran, 2);
+  assert.throws(() => levee.breakerState('tripwire', 'k'.repeat(bound + 1)), expect(bound + 1));
+  assert.throws(() => levee.setBreakerState('tripwire', 'forced-open', 'k'.repeat(bound + 1)), expect(bound + 1));
+  // The durable executor: refused before the store is touched (this one has none).
+  const x = new DurableExecutor(levee, {});
+  x.register('job', () => undefined, { policy: 'tripwire' });
+  await assert.rejects(x.submit('job', 'payload', { key: 'k'.repeat(bound + 1) }), expect(bound + 1));
 });
 
 test('key-evicted and key-overflow: events to listeners and sink, and the key counters', async () => {
