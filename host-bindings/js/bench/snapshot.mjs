@@ -116,7 +116,7 @@ const json = process.argv.includes('--json');
 if (!json) {
   console.log(`node ${process.version}, T = ${seconds} s, one caller over k0..k999`);
   console.log(
-    '| snapshot | N | fill (s) | calls | vs N=1 | slowest call (ms) | calls > 10 ms | snapshots | slowest snapshot (ms) | export-state bytes | faults |',
+    `| snapshot | N | fill (s) | calls | vs N=${Math.min(...sizes)} | slowest call (ms) | calls > 10 ms | snapshots | slowest snapshot (ms) | export-state bytes | faults |`,
   );
   console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|');
 }
