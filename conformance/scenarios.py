@@ -941,16 +941,16 @@ vec("keys-too-long", "A key longer than 1024 bytes gets no state of its own: it 
     policy("attempts: 1"),
     [start(1, 0, key="k" * 1025, expect=attempt(1)), report(1, 1, "success"), drain()])
 
-vec("state-snapshot-keeps-protection", "The snapshot (export-snapshot) carries only keys holding protection, and a fresh engine that imports it decides them as the first did.", ["state", "keys"],
-    "policies:\n  p:\n" + "\n".join("    " + l for l in ("attempts: 1\nrate-limit: { rate: 1, per: 1h, burst: 2 }\nbudget: { kind: token, max-tokens: 4, token-ratio: 0.5 }\n" + BRK.split("\n", 1)[1]).strip().splitlines()) + "\n",
-    outcomes("FFFF", key="open") + [start(10, 10 * MS, key="spent"), report(10, 10 * MS + 1, "success"),
-                                    start(11, 10 * MS, key="spent"), report(11, 10 * MS + 1, "success"),
-                                    start(12, 10 * MS, key="rest"), report(12, 10 * MS + 1, "success"),
-                                    snapshot_import(),
-                                    breaker(20 * MS, key="open", expect="open"), start(13, 20 * MS, key="open", expect=fail("breaker-open")),
-                                    start(14, 20 * MS, key="spent", expect=fail("rate-limited")),
-                                    start(15, 20 * MS, key="rest", expect=attempt(1)), report(15, 20 * MS + 1, "success"),
-                                    start(16, 20 * MS, key="rest", expect=attempt(1)), drain()])
+vec("state-snapshot-keeps-protection", "The snapshot (export-snapshot) carries only keys holding protection: a fresh engine that imports it keeps an open breaker open and a spent limit spent, and a key at rest comes back fresh (its closed breaker's failures forgotten).", ["state", "keys"],
+    "policies:\n  p:\n" + "\n".join("    " + l for l in BRK.strip().splitlines()) + "\n"
+    "  r: { attempts: 1, rate-limit: { rate: 1, per: 1h, burst: 1 } }\n",
+    outcomes("FFFF", key="open") + outcomes("FFF", t0=10 * MS, first_call=10, key="rest") +
+    [start(20, 20 * MS, "r", key="spent", expect=attempt(1)), report(20, 20 * MS + 1, "success"),
+     snapshot_import(),
+     breaker(30 * MS, key="open", expect="open"), start(21, 30 * MS, key="open", expect=fail("breaker-open")),
+     start(22, 30 * MS, "r", key="spent", expect=fail("rate-limited")),
+     start(23, 30 * MS, key="rest", expect=attempt(1)), report(23, 30 * MS + 1, "http-status", code=503, elapsed=1),
+     breaker(31 * MS, key="rest", expect="closed"), drain()])
 
 vec("keys-errors", "keys.max must be at least 1.", ["keys", "errors"], policy("keys: { max: 0 }"), [])
 

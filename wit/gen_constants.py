@@ -95,6 +95,15 @@ def lists(c: dict[str, Any], enums: dict[str, list[str]]) -> list[tuple[str, lis
     return out
 
 
+def instruments(c: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The metric instruments as (name, kind, unit, description), in the order of the metrics."""
+    inst = c["telemetry"]["instruments"]
+    missing = [k for k in c["telemetry"]["metrics"] if k not in inst]
+    if missing or len(inst) != len(c["telemetry"]["metrics"]):
+        raise SystemExit(f"gen_constants: telemetry.instruments must describe every metric (missing: {', '.join(missing)})")
+    return [(name, inst[k]["kind"], inst[k]["unit"], inst[k]["description"]) for k, name in c["telemetry"]["metrics"].items()]
+
+
 def lit(v: Any) -> str:
     return json.dumps(v)
 
@@ -112,6 +121,11 @@ def python(c: dict[str, Any], enums: dict[str, list[str]]) -> str:
     lines.append("METHODS: Final[dict[str, int]] = {" + ", ".join(f"{lit(k)}: {v}" for k, v in c["methods"]["codes"].items()) + "}")
     lines.append("#: Default port of each URL scheme (the HTTP key is host:port).")
     lines.append("DEFAULT_PORTS: Final[dict[str, int]] = {" + ", ".join(f"{lit(k)}: {v}" for k, v in c["http"]["DEFAULT_PORTS"].items()) + "}")
+    lines.append("#: The metric instruments: (name, kind, unit, description), docs/telemetry.md.")
+    lines.append("INSTRUMENTS: Final[tuple[tuple[str, str, str, str], ...]] = (")
+    for row in instruments(c):
+        lines.append(f"    ({', '.join(lit(x) for x in row)}),")
+    lines.append(")")
     return "\n".join(lines) + "\n"
 
 
@@ -130,6 +144,11 @@ def typescript(c: dict[str, Any], enums: dict[str, list[str]]) -> str:
     lines.append("export const METHODS: Readonly<Record<string, number>> = Object.freeze({ " + ", ".join(f"{k}: {v}" for k, v in c["methods"]["codes"].items()) + " });")
     lines.append("/** Default port of each URL scheme (the HTTP key is host:port). */")
     lines.append("export const DEFAULT_PORTS: Readonly<Record<string, number>> = Object.freeze({ " + ", ".join(f"{k}: {v}" for k, v in c["http"]["DEFAULT_PORTS"].items()) + " });")
+    lines.append("/** The metric instruments: [name, kind, unit, description], docs/telemetry.md. */")
+    lines.append("export const INSTRUMENTS = [")
+    for row in instruments(c):
+        lines.append(f"  [{', '.join(lit(x) for x in row)}],")
+    lines.append("] as const;")
     return "\n".join(lines) + "\n"
 
 
@@ -146,6 +165,11 @@ def go(c: dict[str, Any], enums: dict[str, list[str]]) -> str:
     lines.append("\tcMethods = map[string]uint32{" + ", ".join(f"{lit(k)}: {v}" for k, v in c["methods"]["codes"].items()) + "}")
     lines.append("\t// cDefaultPorts: the default port of each URL scheme (the HTTP key is host:port).")
     lines.append("\tcDefaultPorts = map[string]string{" + ", ".join(f"{lit(k)}: {lit(str(v))}" for k, v in c["http"]["DEFAULT_PORTS"].items()) + "}")
+    lines.append("\t// cInstruments: the metric instruments, {name, kind, unit, description} (docs/telemetry.md).")
+    lines.append("\tcInstruments = [...][4]string{")
+    for row in instruments(c):
+        lines.append(f"\t\t{{{', '.join(lit(x) for x in row)}}},")
+    lines.append("\t}")
     lines.append(")")
     return "\n".join(lines) + "\n"
 
@@ -166,6 +190,9 @@ def rust(c: dict[str, Any], enums: dict[str, list[str]]) -> str:
     ports = c["http"]["DEFAULT_PORTS"]
     lines.append("/// The default port of each URL scheme (the HTTP key is host:port).")
     lines.append(f"pub const DEFAULT_PORTS: [(&str, u16); {len(ports)}] = [{', '.join(f'({lit(k)}, {v})' for k, v in ports.items())}];")
+    rows = instruments(c)
+    lines.append("/// The metric instruments: (name, kind, unit, description), docs/telemetry.md.")
+    lines.append(f"pub const INSTRUMENTS: [(&str, &str, &str, &str); {len(rows)}] = [{', '.join('(' + ', '.join(lit(x) for x in r) + ')' for r in rows)}];")
     return "\n".join(lines) + "\n"
 
 

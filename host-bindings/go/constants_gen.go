@@ -104,4 +104,20 @@ var (
 	cMethods = map[string]uint32{"GET": 1, "HEAD": 2, "POST": 3, "PUT": 4, "DELETE": 5, "PATCH": 6, "OPTIONS": 7, "TRACE": 8, "CONNECT": 9}
 	// cDefaultPorts: the default port of each URL scheme (the HTTP key is host:port).
 	cDefaultPorts = map[string]string{"http": "80", "https": "443", "ws": "80", "wss": "443"}
+	// cInstruments: the metric instruments, {name, kind, unit, description} (docs/telemetry.md).
+	cInstruments = [...][4]string{
+		{"levee.calls", "counter", "{call}", "Calls that ended, by result"},
+		{"levee.attempts", "counter", "{attempt}", "Attempts reported to the core, by outcome"},
+		{"levee.attempt.duration", "histogram", "s", "Duration of the attempts reported to the core"},
+		{"levee.retries", "counter", "{retry}", "Retries scheduled"},
+		{"levee.retry.delay", "histogram", "s", "Delays of the retries scheduled"},
+		{"levee.rejections", "counter", "{attempt}", "Attempts the core refused, by reason"},
+		{"levee.fallbacks", "counter", "{fallback}", "Fallbacks chosen"},
+		{"levee.hedges", "counter", "{attempt}", "Hedges started (attempts of hedged calls after the first)"},
+		{"levee.breaker.transitions", "counter", "{transition}", "Circuit breaker transitions"},
+		{"levee.breaker.state", "gauge", "1", "Circuit breaker state (0 closed, 1 open, 2 half-open, 3 forced-open, 4 forced-closed, 5 disabled)"},
+		{"levee.engine.faults", "counter", "{fault}", "Guest faults the host recovered from"},
+		{"levee.keys.evicted", "counter", "{key}", "Keys at rest evicted to make room for a new key (key-evicted)"},
+		{"levee.keys.overflow", "counter", "{call}", "Calls whose key got no state of its own and shared the overflow entry (key-overflow)"},
+	}
 )

@@ -39,6 +39,9 @@ type policyState struct {
 
 // Policy returns the named policy; an unknown name is an error.
 func (e *Engine) Policy(name string) (*Policy, error) {
+	if e == nil {
+		return nil, errNilEngine
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.policies == nil {
@@ -78,20 +81,115 @@ func (e *Engine) Policies() []string {
 	return names
 }
 
-// Name is the policy's name.
-func (p *Policy) Name() string { return p.name }
+// Name is the policy's name ("" for a nil policy).
+func (p *Policy) Name() string {
+	if p == nil {
+		return ""
+	}
+	return p.name
+}
 
-// Info is what the core says of the policy (its defaults filled in).
-func (p *Policy) Info() PolicyInfo { return p.st.Load().info }
+// Info is what the core says of the policy (its defaults filled in; zero for a nil policy).
+func (p *Policy) Info() PolicyInfo {
+	if p == nil {
+		return PolicyInfo{}
+	}
+	return p.st.Load().info
+}
 
-// Engine is the engine the policy belongs to.
-func (p *Policy) Engine() *Engine { return p.e }
+// Engine is the engine the policy belongs to (nil for a nil policy).
+func (p *Policy) Engine() *Engine {
+	if p == nil {
+		return nil
+	}
+	return p.e
+}
 
-// RegisterFallback registers (or replaces) a fallback by name for every call of the engine.
+// RegisterFallback registers (or replaces) a fallback by name for every call of the
+// engine; a nil f removes the name's fallback.
 func (e *Engine) RegisterFallback(name string, f Fallback) {
 	e.fbMu.Lock()
-	e.fbs[name] = f
+	if f == nil {
+		delete(e.fbs, name)
+	} else {
+		e.fbs[name] = f
+	}
 	e.fbMu.Unlock()
+}
+
+// TypedFallback is a fallback that returns a T: the value of a call whose result is a T.
+// Of[T](p).Fallback checks at compile time that a call's fallback returns its result type
+// (failsafe-go's Fallback[R]); RegisterTypedFallback and WithTypedFallback register one on
+// the engine for the calls whose result is a T.
+type TypedFallback[T any] func(ctx context.Context, cause error) (T, error)
+
+// untyped is f as a Fallback (nil for a nil f).
+func (f TypedFallback[T]) untyped() Fallback {
+	if f == nil {
+		return nil
+	}
+	return func(ctx context.Context, cause error) (any, error) {
+		v, err := f(ctx, cause)
+		if err != nil {
+			return nil, err
+		}
+		return v, nil
+	}
+}
+
+// fbKey is the key of a typed fallback: its name and the result type it returns.
+type fbKey struct {
+	name string
+	t    reflect.Type
+}
+
+// RegisterTypedFallback registers (or replaces) f under name for the calls of e whose
+// result is a T: DoValue[T] and Of[T](p).Do, and the Transport's for T = *http.Response.
+// The engine keeps one fallback per name and result type, so one name can stand for an
+// HTTP response and for a DoValue's value at once; a typed fallback of a call's result type
+// wins over an untyped one (RegisterFallback), which serves the calls no typed one fits.
+// A nil f removes the name's fallback for T.
+func RegisterTypedFallback[T any](e *Engine, name string, f TypedFallback[T]) error {
+	if e == nil {
+		return errNilEngine
+	}
+	k := fbKey{name, reflect.TypeFor[T]()}
+	e.fbMu.Lock()
+	if f == nil {
+		delete(e.tfbs, k)
+	} else {
+		e.tfbs[k] = f.untyped()
+	}
+	e.fbMu.Unlock()
+	return nil
+}
+
+// Typed is the calls of a policy whose result is a T, with their own fallbacks checked
+// at compile time: a fallback must return a T, as the function must.
+//
+//	q, err := levee.Of[Quote](p).Fallback("cached", fromCache).Do(ctx, fetchQuote)
+type Typed[T any] struct {
+	p   *Policy
+	fbs []CallOption
+}
+
+// Of is the calls of p whose result is a T.
+func Of[T any](p *Policy) Typed[T] { return Typed[T]{p: p} }
+
+// Fallback returns t with f as the fallback of name for its calls (it wins over the
+// engine's, as WithCallFallback does); t itself is unchanged.
+func (t Typed[T]) Fallback(name string, f TypedFallback[T]) Typed[T] {
+	fbs := append(t.fbs[:len(t.fbs):len(t.fbs)], WithCallFallback(name, f.untyped()))
+	return Typed[T]{p: t.p, fbs: fbs}
+}
+
+// Do is DoValue(ctx, p, fn, opts...) with t's fallbacks (an option's fallback of the
+// same name wins).
+func (t Typed[T]) Do(ctx context.Context, fn func(ctx context.Context) (T, error), opts ...CallOption) (T, error) {
+	if len(t.fbs) > 0 {
+		opts = append(t.fbs[:len(t.fbs):len(t.fbs)], opts...)
+	}
+	return DoValue(ctx, t.p, fn, opts...)
 }
 
 // CallOption configures one call. Options are plain values (not closures), so
@@ -177,12 +275,18 @@ func WithCallFallback(name string, f Fallback) CallOption {
 // otherwise a *Error (errors.Is it with the sentinel of its reason; errors.As
 // or errors.Is for the last attempt's error).
 func Do(ctx context.Context, p *Policy, fn func(ctx context.Context) error, opts ...CallOption) error {
+	if fn == nil {
+		return errNilFn
+	}
 	_, _, err := p.run(ctx, funcAttempt(fn), opts)
 	return err
 }
 
 // Do is Do(ctx, p, fn, opts...).
 func (p *Policy) Do(ctx context.Context, fn func(ctx context.Context) error, opts ...CallOption) error {
+	if fn == nil {
+		return errNilFn
+	}
 	_, _, err := p.run(ctx, funcAttempt(fn), opts)
 	return err
 }
@@ -191,6 +295,10 @@ func (p *Policy) Do(ctx context.Context, fn func(ctx context.Context) error, opt
 // returned when it succeeds; a fallback that returns anything but a T (or nil)
 // is reported to the core as failed.
 func DoValue[T any](ctx context.Context, p *Policy, fn func(ctx context.Context) (T, error), opts ...CallOption) (T, error) {
+	if fn == nil {
+		var zero T
+		return zero, errNilFn
+	}
 	a := &valueAttempt[T]{fn: fn}
 	fbv, used, err := p.run(ctx, a, opts)
 	if used && err == nil {
@@ -230,6 +338,8 @@ type valueAttempt[T any] struct {
 	val T
 	ok  bool // the last attempt returned val without an error
 }
+
+func (a *valueAttempt[T]) resultType() reflect.Type { return reflect.TypeFor[T]() }
 
 func (a *valueAttempt[T]) checkFallback(v any) error {
 	if v == nil {
@@ -365,7 +475,11 @@ func validClass(s string) string {
 	return s
 }
 
-var errNilPolicy = errors.New("levee: the policy is nil (get one with Engine.Policy)")
+var (
+	errNilPolicy = nilArg("the policy is nil (get one with Engine.Policy)")
+	errNilFn     = nilArg("fn, the function to run, is nil")
+	errNilCtx    = nilArg("ctx is nil (use context.Background())")
+)
 
 // startCall starts a call, settling a held-back success on the same crossing,
 // and starts its driver d at the reading the call starts at; act is the
@@ -616,12 +730,12 @@ func (e *Engine) FlushContext(ctx context.Context) error {
 func (e *Engine) emit(ctx context.Context, evs []Event) {
 	if t := e.o.tel; t != nil {
 		for i := range evs {
-			e.telEvent(ctx, t, &evs[i])
+			e.observe(ctx, "a telemetry sink", evs[i].Kind, func() { e.telEvent(ctx, t, &evs[i]) })
 		}
 	}
 	for _, ev := range evs {
 		for _, l := range e.o.listeners {
-			l(ev)
+			e.observe(ctx, "a listener", ev.Kind, func() { l(ev) })
 		}
 		if lg := e.o.logger; lg != nil {
 			level := slog.LevelInfo
@@ -660,6 +774,18 @@ func (e *Engine) emit(ctx context.Context, evs []Event) {
 	}
 }
 
+// observe runs observer code (a listener, the telemetry sink) for an event of kind k: a
+// panic is logged and ignored, so observer code never reaches the call (docs/hosts.md).
+func (e *Engine) observe(ctx context.Context, who string, k EventKind, f func()) {
+	defer func() {
+		if r := recover(); r != nil && e.o.logger != nil {
+			e.o.logger.LogAttrs(ctx, slog.LevelWarn, "levee: "+who+" panicked (ignored)",
+				slog.String("event", k.String()), slog.String("panic", fmt.Sprint(r)))
+		}
+	}()
+	f()
+}
+
 func (e *Engine) policyName(i uint32) string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -669,14 +795,63 @@ func (e *Engine) policyName(i uint32) string {
 	return fmt.Sprint(i)
 }
 
-func (e *Engine) fallback(name string, co *callOpts) Fallback {
+// fallback is the fallback of name for a call whose result is of type rt (nil: Do's,
+// which has none): the call's own, else the engine's typed for rt, else the engine's
+// untyped one. When none fits but the engine has typed ones of that name for other result
+// types, the error says so (the call counts it as a fallback that failed).
+func (e *Engine) fallback(name string, co *callOpts, rt reflect.Type) (Fallback, error) {
 	if f, ok := co.fallbacks[name]; ok {
-		return f
+		return f, nil
 	}
 	e.fbMu.RLock()
-	f := e.fbs[name]
-	e.fbMu.RUnlock()
-	return f
+	defer e.fbMu.RUnlock()
+	if rt != nil {
+		if f := e.tfbs[fbKey{name, rt}]; f != nil {
+			return f, nil
+		}
+	}
+	if f := e.fbs[name]; f != nil {
+		return f, nil
+	}
+	var types []string
+	for k := range e.tfbs {
+		if k.name == name {
+			types = append(types, k.t.String())
+		}
+	}
+	if len(types) == 0 {
+		return nil, nil
+	}
+	slices.Sort(types)
+	return nil, &fallbackTypeError{name: name, result: rt, registered: types}
+}
+
+// fallbackTypeError is the failure of a fallback registered only for other result types.
+type fallbackTypeError struct {
+	name       string
+	result     reflect.Type
+	registered []string
+}
+
+func (e *fallbackTypeError) Error() string {
+	call := "a call without a result (Do)"
+	if e.result != nil {
+		call = e.result.String()
+	}
+	return fmt.Sprintf("levee: fallback '%s' is registered for %s, not for %s", e.name, strings.Join(e.registered, ", "), call)
+}
+
+// resultTyper is an attempter whose calls have a result type (DoValue's T, the Transport's
+// *http.Response); a call of Do has none.
+type resultTyper interface {
+	resultType() reflect.Type
+}
+
+func resultTypeOf(a attempter) reflect.Type {
+	if rt, ok := a.(resultTyper); ok {
+		return rt.resultType()
+	}
+	return nil
 }
 
 func (c *callRun) ref() callRef { return callRef{c.call, c.st.index, c.co.key} }
@@ -687,9 +862,17 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 	if p == nil {
 		return nil, false, errNilPolicy
 	}
+	if ctx == nil {
+		return nil, false, errNilCtx
+	}
 	var co callOpts
 	for i := range opts {
 		opts[i].apply(&co)
+	}
+	for name, f := range co.fallbacks {
+		if f == nil {
+			return nil, false, nilArg(fmt.Sprintf("the call's fallback %q is nil (WithCallFallback, Typed.Fallback)", name))
+		}
 	}
 	st := p.st.Load()
 	if !st.ok {
@@ -786,7 +969,7 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 			o, aerr := a.attempt(e, actx, act.d)
 			t1 := e.Now()
 			now = t1
-			endAttemptSpan(span, o, aerr)
+			c.tel.endAttemptSpan(span, o, aerr)
 			if cerr := ctx.Err(); cerr != nil {
 				c.lastErr = aerr
 				return c.cancelled(cerr)
@@ -858,7 +1041,8 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 		case actFallback:
 			ok := false
 			c.fbUnreg = false
-			if f := e.fallback(act.name, &c.co); f != nil {
+			f, mistyped := e.fallback(act.name, &c.co, resultTypeOf(a))
+			if f != nil {
 				fctx := context.WithValue(ctx, fallbackKey{}, FallbackInfo{Policy: c.p.name, Name: act.name,
 					Reason: act.reason, Attempts: d.attempts, Err: c.lastErr})
 				val, err := f(fctx, c.lastErr)
@@ -870,6 +1054,8 @@ func (c *callRun) steps(ctx context.Context) (any, bool, error) {
 				} else {
 					c.fbErr = err
 				}
+			} else if mistyped != nil {
+				c.fbErr = mistyped // registered, but not for this call's result: a fallback that failed
 			} else {
 				c.fbUnreg = true
 				if !slices.Contains(c.unreg, act.name) {
@@ -940,7 +1126,7 @@ func (c *callRun) recover(ctx context.Context, act action) (any, bool, error) {
 	default: // recoverDegraded: exactly one attempt, without the core
 		actx, span := c.tel.attemptSpan(context.WithValue(ctx, degradedKey{}, true), act.n, true)
 		o, err := c.a.attempt(e, actx, act.d)
-		endAttemptSpan(span, o, err)
+		c.tel.endAttemptSpan(span, o, err)
 		if cerr := ctx.Err(); cerr != nil {
 			c.lastErr = err
 			c.tel.end(cResults[3], d.attempts > 0, ReasonCancelled, cerr)
@@ -969,6 +1155,9 @@ type FallbackInfo struct {
 
 // FallbackContext returns the FallbackInfo of the fallback running under ctx.
 func FallbackContext(ctx context.Context) (FallbackInfo, bool) {
+	if ctx == nil {
+		return FallbackInfo{}, false
+	}
 	fi, ok := ctx.Value(fallbackKey{}).(FallbackInfo)
 	return fi, ok
 }
@@ -978,7 +1167,13 @@ type degradedKey struct{}
 // Degraded says whether the attempt running under ctx is the degraded attempt
 // of the recovery path (docs/hosts.md, section 3): the engine failed, and this
 // one attempt runs without the policy.
-func Degraded(ctx context.Context) bool { d, _ := ctx.Value(degradedKey{}).(bool); return d }
+func Degraded(ctx context.Context) bool {
+	if ctx == nil {
+		return false
+	}
+	d, _ := ctx.Value(degradedKey{}).(bool)
+	return d
+}
 
 // ownResult is the levee.result of a call that ends with its attempt's own
 // result: a success, or a response of the Transport, is a success.

@@ -501,3 +501,68 @@ func TestFallbackContext(t *testing.T) {
 		t.Fatalf("FallbackInfo = %+v", got)
 	}
 }
+
+type quote struct{ price int }
+
+// Issue 39: typed fallbacks. Of[T] checks a call's fallbacks against its result type at
+// compile time (failsafe-go's Fallback[R]); the engine keeps one fallback per name and
+// result type, so the same name serves an HTTP call and a DoValue call each with its own.
+func TestTypedFallbacks(t *testing.T) {
+	ctx := context.Background()
+	e := mustLoad(t, doDoc, WithTypedFallback("cached", func(context.Context, error) (string, error) { return "at load", nil }))
+	fb := mustPolicy(t, e, "with-fallback")
+	failQuote := func(context.Context) (quote, error) { return quote{}, connErr }
+	// a call's own, typed: a fallback returning anything but a quote would not compile
+	q, err := Of[quote](fb).Fallback("cached", func(_ context.Context, cause error) (quote, error) {
+		if !errors.Is(cause, connErr) {
+			return quote{}, errors.New("cause lost")
+		}
+		return quote{7}, nil
+	}).Do(ctx, failQuote)
+	if err != nil || q.price != 7 {
+		t.Fatalf("Of[quote].Fallback: %v %v", q, err)
+	}
+	// the engine's, one per (name, result type): the second registration keeps the first
+	if err := RegisterTypedFallback(e, "cached", func(context.Context, error) (quote, error) { return quote{1}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if q, err = DoValue(ctx, fb, failQuote); err != nil || q.price != 1 {
+		t.Fatalf("typed quote fallback: %v %v", q, err)
+	}
+	s, err := DoValue(ctx, fb, func(context.Context) (string, error) { return "", connErr })
+	if err != nil || s != "at load" {
+		t.Fatalf("typed string fallback: %q %v", s, err)
+	}
+	// a call whose result no registration fits: the error says what is registered
+	_, err = DoValue(ctx, fb, func(context.Context) (int, error) { return 0, connErr })
+	want := "fallback 'cached' is registered for levee.quote, string, not for int"
+	if !errors.Is(err, ErrFallbacksFailed) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "not registered") {
+		t.Fatalf("err %v, want it to say %q", err, want)
+	}
+	err = Do(ctx, fb, func(context.Context) error { return connErr })
+	if !errors.Is(err, ErrFallbacksFailed) || !strings.Contains(err.Error(), "not for a call without a result (Do)") {
+		t.Fatalf("Do: %v", err)
+	}
+	// an untyped fallback serves every call no typed one fits; a typed one wins
+	e.RegisterFallback("cached", func(context.Context, error) (any, error) { return 99, nil })
+	if n, err := DoValue(ctx, fb, func(context.Context) (int, error) { return 0, connErr }); err != nil || n != 99 {
+		t.Fatalf("untyped: %v %v", n, err)
+	}
+	if q, err = DoValue(ctx, fb, failQuote); err != nil || q.price != 1 {
+		t.Fatalf("typed over untyped: %v %v", q, err)
+	}
+	if err := Do(ctx, fb, func(context.Context) error { return connErr }); err != nil {
+		t.Fatalf("Do with an untyped fallback: %v", err)
+	}
+	// a call's own untyped fallback still wins over the engine's typed one
+	q, err = DoValue(ctx, fb, failQuote, WithCallFallback("cached", func(context.Context, error) (any, error) { return quote{3}, nil }))
+	if err != nil || q.price != 3 {
+		t.Fatalf("call over engine: %v %v", q, err)
+	}
+	if err := RegisterTypedFallback[quote](e, "cached", nil); err != nil { // nil removes it
+		t.Fatal(err)
+	}
+	if _, err = DoValue(ctx, fb, failQuote); !strings.Contains(err.Error(), "not a levee.quote") {
+		t.Fatalf("after removing the typed one, the untyped one's int is refused: %v", err)
+	}
+}

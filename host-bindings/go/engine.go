@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,6 +57,7 @@ type options struct {
 	listeners   []Listener
 	logger      *slog.Logger
 	fallbacks   map[string]Fallback
+	typedFbs    map[fbKey]Fallback
 	trace       func(Step)
 	clock       Clock // nil: the machine's clock (the fast path)
 	tel         Telemetry
@@ -66,6 +69,31 @@ type options struct {
 
 // Option configures Load.
 type Option func(*options)
+
+// check refuses the nil functions among the options (the error names the option).
+func (o *options) check() error {
+	for _, l := range o.listeners {
+		if l == nil {
+			return nilArg("WithListener(nil): the listener is nil")
+		}
+	}
+	names := make([]string, 0, len(o.fallbacks))
+	for name, f := range o.fallbacks {
+		if f == nil {
+			names = append(names, name)
+		}
+	}
+	if len(names) > 0 {
+		slices.Sort(names)
+		return nilArg(fmt.Sprintf("WithFallback(%q, nil): the fallback is nil", names[0]))
+	}
+	for k, f := range o.typedFbs {
+		if f == nil {
+			return nilArg(fmt.Sprintf("WithTypedFallback(%q, nil) for %v: the fallback is nil", k.name, k.t))
+		}
+	}
+	return nil
+}
 
 // WithSeed fixes the jitter seed (default: from the OS random source).
 func WithSeed(seed uint64) Option { return func(o *options) { o.seed = &seed } }
@@ -146,6 +174,17 @@ func WithFallback(name string, f Fallback) Option {
 	}
 }
 
+// WithTypedFallback registers a fallback under the name a policy's fallback chain uses,
+// for the calls whose result is a T (see RegisterTypedFallback).
+func WithTypedFallback[T any](name string, f TypedFallback[T]) Option {
+	return func(o *options) {
+		if o.typedFbs == nil {
+			o.typedFbs = map[fbKey]Fallback{}
+		}
+		o.typedFbs[fbKey{name, reflect.TypeFor[T]()}] = f.untyped()
+	}
+}
+
 // Engine is one policy engine (policies plus their breaker, budget and limiter
 // state) running in one guest instance. It is safe for use by many goroutines:
 // guest calls are serialized by a mutex.
@@ -207,6 +246,7 @@ type Engine struct {
 	nextCall atomic.Uint64
 	fbMu     sync.RWMutex
 	fbs      map[string]Fallback
+	tfbs     map[fbKey]Fallback // the typed fallbacks, by name and result type
 }
 
 type heldSuccess struct {
@@ -279,11 +319,20 @@ func (w *watch) close() {
 // Load parses, validates and fills defaults of a policy document (YAML or JSON)
 // in a new engine. An invalid document gives a LoadErrors error.
 func Load(ctx context.Context, document string, opts ...Option) (*Engine, error) {
+	if ctx == nil {
+		return nil, nilArg("Load: ctx is nil (use context.Background())")
+	}
 	e := &Engine{o: options{callLimit: DefaultGuestCallLimit, perByte: GuestTimePerByte, memoryPages: DefaultMemoryLimitPages,
 		snapEvery: DefaultSnapshotInterval},
 		doc: document, epoch: time.Now()}
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, nilArg("Load: an Option is nil")
+		}
 		opt(&e.o)
+	}
+	if err := e.o.check(); err != nil {
+		return nil, err
 	}
 	if err := documentUTF8(document); err != nil {
 		return nil, err
@@ -298,6 +347,10 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 	e.fbs = map[string]Fallback{}
 	for k, v := range e.o.fallbacks {
 		e.fbs[k] = v
+	}
+	e.tfbs = map[fbKey]Fallback{}
+	for k, v := range e.o.typedFbs {
+		e.tfbs[k] = v
 	}
 	wasm := e.o.core
 	if wasm == nil {
@@ -638,6 +691,12 @@ func (e *Engine) Seed() uint64 { return e.seed }
 // Close releases the guest. A held-back success is sent first and the events
 // still recorded are delivered.
 func (e *Engine) Close(ctx context.Context) error {
+	if e == nil {
+		return errNilEngine
+	}
+	if ctx == nil {
+		return nilArg("Close: ctx is nil (use context.Background())")
+	}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()

@@ -1,6 +1,7 @@
 package levee
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -93,6 +94,14 @@ func (e *Error) Is(target error) bool {
 	return s != nil && target == s
 }
 
+// Timeout says whether the call ended because a deadline passed: the policy's
+// (ReasonDeadline) or the caller's context deadline (a cancelled call whose Ctx is
+// context.DeadlineExceeded). So a *Error is a timeout for os.IsTimeout and for
+// url.Error.Timeout, whichever of an http.Client's two timeout signals cut the call.
+func (e *Error) Timeout() bool {
+	return e.Reason == ReasonDeadline || (e.Reason == ReasonCancelled && errors.Is(e.Ctx, context.DeadlineExceeded))
+}
+
 // Unwrap gives the last attempt's error, the fallback's error and the context's error.
 func (e *Error) Unwrap() []error {
 	out := make([]error, 0, 3)
@@ -168,6 +177,14 @@ func unregisteredMessage(names []string) string {
 	}
 	return "fallbacks " + strings.Join(q, ", ") + " are named by the policy but not registered"
 }
+
+// ErrNilArgument is wrapped by the error for a nil argument of the public API (a
+// context, a function, a fallback, a listener, a request): the error names it.
+var ErrNilArgument = errors.New("levee: nil argument")
+
+func nilArg(what string) error { return fmt.Errorf("%w: %s", ErrNilArgument, what) }
+
+var errNilEngine = nilArg("the engine is nil (Load failed?)")
 
 // ErrUnknownPolicy is matched (errors.Is) by the error of Engine.Policy for a name
 // the document does not have.

@@ -76,3 +76,27 @@ func ExampleTransport() {
 	fmt.Println(resp.StatusCode, hits.Load())
 	// Output: 200 2
 }
+
+type Quote struct{ Price int }
+
+func ExampleOf() {
+	ctx := context.Background()
+	eng, err := levee.Load(ctx, `
+policies:
+  quotes:
+    attempts: 2
+    backoff: { kind: constant, base: 1ms, cap: 1ms, jitter: none }
+    fallbacks: [cached]
+`)
+	if err != nil {
+		panic(err)
+	}
+	defer eng.Close(ctx)
+	p, _ := eng.Policy("quotes")
+	fetchQuote := func(ctx context.Context) (Quote, error) { return Quote{}, levee.HTTPStatusError(503, "") }
+	// A fallback that did not return a Quote would not compile.
+	fromCache := func(ctx context.Context, cause error) (Quote, error) { return Quote{Price: 41}, nil }
+	q, err := levee.Of[Quote](p).Fallback("cached", fromCache).Do(ctx, fetchQuote)
+	fmt.Println(q.Price, err)
+	// Output: 41 <nil>
+}

@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,6 +151,65 @@ func TestTransportWithoutAPolicyIsAnError(t *testing.T) {
 	}
 }
 
+// Issue 39: a nil input of the public API is an error naming it, never a panic.
+func TestNilInputsAreErrorsNotPanics(t *testing.T) {
+	e := mustLoad(t, doDoc)
+	p := mustPolicy(t, e, "fast")
+	bg := context.Background()
+	var nilCtx context.Context
+	ok := func(context.Context) error { return nil }
+	check := func(what string, err error, mention string) {
+		t.Helper()
+		if !errors.Is(err, ErrNilArgument) || !strings.Contains(err.Error(), mention) {
+			t.Errorf("%s: %v, want ErrNilArgument naming %q", what, err, mention)
+		}
+	}
+	try := func(what string, f func() error, mention string) {
+		t.Helper()
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("panicked: %v", r)
+				}
+			}()
+			err = f()
+		}()
+		check(what, err, mention)
+	}
+	try("Do(ctx, p, nil)", func() error { return Do(bg, p, nil) }, "fn")
+	try("p.Do(ctx, nil)", func() error { return p.Do(bg, nil) }, "fn")
+	try("DoValue(ctx, p, nil)", func() error { _, err := DoValue[int](bg, p, nil); return err }, "fn")
+	try("Do(nil, p, fn)", func() error { return Do(nilCtx, p, ok) }, "ctx")
+	try("DoValue(nil, p, fn)", func() error {
+		_, err := DoValue(nilCtx, p, func(context.Context) (int, error) { return 1, nil })
+		return err
+	}, "ctx")
+	try("WithCallFallback(name, nil)", func() error { return Do(bg, p, ok, WithCallFallback("cached", nil)) }, "cached")
+	try("Load(nil, ...)", func() error { _, err := Load(nilCtx, doDoc); return err }, "ctx")
+	try("WithListener(nil)", func() error { _, err := Load(bg, doDoc, WithListener(nil)); return err }, "WithListener")
+	try("WithFallback(name, nil)", func() error { _, err := Load(bg, doDoc, WithFallback("cached", nil)); return err }, "cached")
+	try("Engine(nil).Policy", func() error { var ne *Engine; _, err := ne.Policy("fast"); return err }, "engine")
+	tr := &Transport{Policy: p}
+	try("RoundTrip(nil)", func() error { _, err := tr.RoundTrip(nil); return err }, "request")
+	try("RoundTrip(no URL)", func() error { _, err := tr.RoundTrip(&http.Request{Method: "GET"}); return err }, "URL")
+	// and the helpers that read a context or a URL answer for nil
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("a helper panicked on nil: %v", r)
+			}
+		}()
+		if _, ok := FallbackContext(nilCtx); ok || Degraded(nilCtx) || HTTPKey(nil) != "" {
+			t.Error("nil context or URL")
+		}
+		var np *Policy
+		if np.Name() != "" || np.Info().Name != "" || np.Engine() != nil {
+			t.Error("nil policy")
+		}
+	}()
+}
+
 func TestAnUnknownPolicyListsTheKnownOnes(t *testing.T) {
 	e := mustLoad(t, doDoc)
 	_, err := e.Policy("fsat")
@@ -262,4 +323,84 @@ func TestAFaultInAnalyzeNeverReopensATrippedBreaker(t *testing.T) {
 	if err := p.Do(context.Background(), func(context.Context) error { return nil }); !errors.Is(err, ErrBreakerOpen) {
 		t.Fatalf("the breaker came back closed: %v", err)
 	}
+}
+
+// panickySink is a telemetry sink whose Event panics.
+type panickySink struct{}
+
+func (panickySink) Event(context.Context, string, []slog.Attr)           { panic("sink event") }
+func (panickySink) Add(context.Context, string, int64, []slog.Attr)      { panic("sink add") }
+func (panickySink) Record(context.Context, string, float64, []slog.Attr) {}
+func (panickySink) Gauge(context.Context, string, int64, []slog.Attr)    {}
+
+// panickyTracer is a sink that records spans, whose spans panic when they end (and whose
+// StartSpan panics for the attempts).
+type panickyTracer struct{ panickySink }
+
+type panickySpan struct{}
+
+func (panickySpan) SetAttributes(...slog.Attr) {}
+func (panickySpan) End(error)                  { panic("span end") }
+
+func (panickyTracer) StartSpan(ctx context.Context, name string, _ []slog.Attr) (context.Context, Span) {
+	if name == "levee.attempt" {
+		panic("start span")
+	}
+	return ctx, panickySpan{}
+}
+
+// Observer code never reaches the call (docs/hosts.md): a listener, or a telemetry sink (its
+// events, counters, spans), that panics is logged and ignored, and the listeners after it
+// still get the event.
+func TestAPanickingListenerNeverReachesTheCall(t *testing.T) {
+	for _, sink := range []Telemetry{panickySink{}, panickyTracer{}} {
+		t.Run(fmt.Sprintf("%T", sink), func(t *testing.T) { testPanickingObservers(t, sink) })
+	}
+}
+
+func testPanickingObservers(t *testing.T, sink Telemetry) {
+	var logged strings.Builder
+	var seen atomic.Int64
+	e := mustLoad(t, doDoc,
+		WithLogger(slog.New(slog.NewTextHandler(&lockedWriter{w: &logged}, nil))),
+		WithListener(func(Event) { panic("listener") }),
+		WithListener(func(Event) { seen.Add(1) }),
+		WithTelemetry(sink))
+	n := 0
+	var err error
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("the call panicked: %v", r)
+			}
+		}()
+		err = Do(context.Background(), mustPolicy(t, e, "fast"), func(context.Context) error {
+			n++
+			if n == 1 {
+				return connErr // a retry: a retry-scheduled event
+			}
+			return nil
+		})
+	}()
+	if err != nil || n != 2 {
+		t.Fatalf("err %v (n=%d)", err, n)
+	}
+	if seen.Load() == 0 {
+		t.Fatal("the listener after the panicking one got no event")
+	}
+	if !strings.Contains(logged.String(), "panicked (ignored)") {
+		t.Fatalf("not logged: %s", logged.String())
+	}
+}
+
+// lockedWriter is a writer safe for the goroutines of an engine's calls.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

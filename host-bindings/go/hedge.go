@@ -220,7 +220,7 @@ func (r *hedgeRun) start(n int, timeout time.Duration, now uint64) {
 			}()
 			sctx, span := tel.attemptSpan(actx, n, false)
 			res.o, res.err, res.res = ha.hedged(e, sctx, timeout, n)
-			endAttemptSpan(span, res.o, res.err)
+			tel.endAttemptSpan(span, res.o, res.err)
 		}()
 		res.t1 = e.Now()
 		r.closed(res)

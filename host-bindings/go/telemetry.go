@@ -52,6 +52,23 @@ func WithTelemetry(t Telemetry) Option {
 	}
 }
 
+// Instrument is one metric instrument of the schema (docs/telemetry.md): its name, its
+// kind ("counter", "histogram" or "gauge"), its unit (UCUM: "s", "{call}", "1") and its
+// description, as the contract's data (wit/constants.json) gives them.
+type Instrument struct {
+	Name, Kind, Unit, Description string
+}
+
+// Instruments lists the schema's metric instruments, for a sink that creates them up front
+// (the OpenTelemetry adapter, leveeotel, does).
+func Instruments() []Instrument {
+	out := make([]Instrument, len(cInstruments))
+	for i, in := range cInstruments {
+		out[i] = Instrument{Name: in[0], Kind: in[1], Unit: in[2], Description: in[3]}
+	}
+	return out
+}
+
 // WithoutBreakerKey drops `levee.key` from the `levee.breaker.state` gauge (keys
 // can number in the millions: one time series per downstream host).
 func WithoutBreakerKey() Option { return func(o *options) { o.noGaugeKey = true } }
@@ -169,6 +186,16 @@ type callTel struct {
 	span   Span
 	pol    []slog.Attr // levee.policy alone
 	http   bool
+	lg     *slog.Logger // where a panic of the sink is reported
+}
+
+// recovered reports a panic of the sink (what it was doing) and ignores it: observer code
+// never reaches the call (docs/hosts.md). Deferred by every method that calls the sink.
+func (c *callTel) recovered(what string) {
+	if r := recover(); r != nil && c.lg != nil {
+		c.lg.Warn("levee: a telemetry sink panicked in "+what+" (ignored)", slog.String("policy", c.policy),
+			slog.String("panic", fmt.Sprint(r)))
+	}
 }
 
 func (e *Engine) startCallTel(ctx context.Context, policy, key string, http bool) (context.Context, *callTel) {
@@ -176,12 +203,20 @@ func (e *Engine) startCallTel(ctx context.Context, policy, key string, http bool
 	if t == nil {
 		return ctx, nil
 	}
-	c := &callTel{ctx: ctx, t: t, tr: e.o.tracer, policy: policy, key: key, http: http, pol: []slog.Attr{slog.String(cAttrPolicy, policy)}}
+	c := &callTel{ctx: ctx, t: t, tr: e.o.tracer, policy: policy, key: key, http: http, pol: []slog.Attr{slog.String(cAttrPolicy, policy)},
+		lg: e.o.logger}
 	if c.tr != nil {
-		ctx, c.span = c.tr.StartSpan(ctx, cSpanCall, []slog.Attr{slog.String(cAttrPolicy, policy), slog.String(cAttrKey, key)})
-		c.ctx = ctx
+		if sctx, span := c.startSpan(ctx, cSpanCall, []slog.Attr{slog.String(cAttrPolicy, policy), slog.String(cAttrKey, key)}); sctx != nil {
+			ctx, c.span, c.ctx = sctx, span, sctx
+		}
 	}
 	return ctx, c
+}
+
+// startSpan is the tracer's StartSpan; a panic gives no span (nil, nil).
+func (c *callTel) startSpan(ctx context.Context, name string, attrs []slog.Attr) (sctx context.Context, span Span) {
+	defer c.recovered("StartSpan")
+	return c.tr.StartSpan(ctx, name, attrs)
 }
 
 // attemptSpan starts the span of attempt n (degraded: of the recovery path).
@@ -196,13 +231,18 @@ func (c *callTel) attemptSpan(ctx context.Context, n int, degraded bool) (contex
 	if degraded {
 		attrs = append(attrs, slog.Bool(cAttrDegraded, true))
 	}
-	return c.tr.StartSpan(ctx, cSpanAttempt, attrs)
+	if sctx, span := c.startSpan(ctx, cSpanAttempt, attrs); sctx != nil {
+		return sctx, span
+	}
+	return ctx, nil
 }
 
-func endAttemptSpan(s Span, o Outcome, err error) {
+// endAttemptSpan ends the span of an attempt with its outcome.
+func (c *callTel) endAttemptSpan(s Span, o Outcome, err error) {
 	if s == nil {
 		return
 	}
+	defer c.recovered("a span")
 	s.SetAttributes(slog.String(cAttrOutcome, o.Kind.String()))
 	if o.Kind == OutcomeSuccess {
 		err = nil
@@ -215,6 +255,7 @@ func (c *callTel) reported(o OutcomeKind, elapsed uint64) {
 	if c == nil {
 		return
 	}
+	defer c.recovered("Add or Record")
 	attrs := []slog.Attr{slog.String(cAttrOutcome, o.String()), slog.String(cAttrPolicy, c.policy)}
 	c.t.Add(c.ctx, cMetricAttempts, 1, attrs)
 	c.t.Record(c.ctx, cMetricAttemptDuration, secs(elapsed), attrs)
@@ -225,6 +266,7 @@ func (c *callTel) end(result string, retried bool, reason Reason, err error) {
 	if c == nil {
 		return
 	}
+	defer c.recovered("the call's end")
 	attrs := make([]slog.Attr, 0, 4)
 	attrs = append(attrs, slog.String(cAttrPolicy, c.policy))
 	if result == "failure" && reason != ReasonNone {

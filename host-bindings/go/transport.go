@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,7 +33,8 @@ import (
 // When the policy gives up after a response, the last response is returned as
 // it is (a 503 is a response, not a transport error). When no response is left
 // (a rejection, a network error, a retry cut short), RoundTrip returns a *Error.
-// A fallback registered for a transport must return an *http.Response.
+// A fallback of a Transport's call must return an *http.Response: register it typed,
+// RegisterTypedFallback[*http.Response], to keep the name free for other result types.
 //
 // Every attempt carries its number in HeaderAttempt: the application decides the request's
 // retries, so a Levee filter in an Envoy on the way adds none (docs/envoy.md).
@@ -56,6 +58,9 @@ type Transport struct {
 // userinfo, and the port always written (the scheme's default when the URL has
 // none: http 80, https 443, ws 80, wss 443).
 func HTTPKey(u *url.URL) string {
+	if u == nil {
+		return ""
+	}
 	host := u.Hostname()
 	if utf8.ValidString(host) { // invalid UTF-8 stays as it is, for the key check to refuse
 		host = strings.ToLower(host)
@@ -111,6 +116,15 @@ func (t *Transport) base() http.RoundTripper {
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req == nil {
+		return nil, nilArg("RoundTrip: the request is nil")
+	}
+	if req.URL == nil {
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, nilArg("RoundTrip: the request's URL is nil")
+	}
 	if t.Policy == nil {
 		if req.Body != nil {
 			_ = req.Body.Close() // a RoundTripper closes the body, even on an error
@@ -141,7 +155,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		opts[n] = RetryIf(t.RetryIf)
 		n++
 	}
-	fbv, used, err := t.Policy.run(req.Context(), h, opts[:n])
+	ctx := req.Context()
+	if req.Cancel != nil {
+		// The legacy Request.Cancel channel (http.Client{Timeout} sets one around a
+		// RoundTripper it does not know, next to a context deadline, each on its own timer):
+		// folded into the call's context, and the attempts get only that context, so a
+		// caller's cancel reaches the attempt through the context the call checks, never as
+		// an attempt's "request canceled" error the core would count against the dependency.
+		var stop context.CancelFunc
+		ctx, stop = withCancelChan(ctx, req.Cancel)
+		defer stop()
+	}
+	fbv, used, err := t.Policy.run(ctx, h, opts[:n])
 	if used && err == nil {
 		h.discard()
 		if r, ok := fbv.(*http.Response); ok && r != nil {
@@ -186,6 +211,8 @@ type httpAttempt struct {
 	n       int
 }
 
+func (h *httpAttempt) resultType() reflect.Type { return reflect.TypeFor[*http.Response]() }
+
 func (h *httpAttempt) checkFallback(v any) error {
 	if r, ok := v.(*http.Response); !ok || r == nil {
 		return errFallbackNotResponse
@@ -215,6 +242,7 @@ func (h *httpAttempt) roundTrip(e *Engine, ctx context.Context, timeout time.Dur
 	}
 	r := h.req.WithContext(actx)
 	r.Body = body
+	r.Cancel = nil // the caller's Cancel is in ctx (RoundTrip): actx alone cuts the attempt
 	// A RoundTripper must not change the caller's request: the attempt gets its own headers.
 	r.Header = h.req.Header.Clone()
 	if r.Header == nil {
@@ -319,6 +347,22 @@ func (h *httpAttempt) discard() {
 		h.cancel()
 		h.cancel = nil
 	}
+}
+
+// errRequestCancel is the cause of a call whose Request.Cancel channel closed.
+var errRequestCancel = transportError("levee: the request was cancelled (its Request.Cancel channel closed)")
+
+// withCancelChan is ctx, also cancelled when ch closes (until stop is called).
+func withCancelChan(ctx context.Context, ch <-chan struct{}) (_ context.Context, stop context.CancelFunc) {
+	cctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-ch:
+			cancel(errRequestCancel)
+		case <-cctx.Done():
+		}
+	}()
+	return cctx, func() { cancel(context.Canceled) }
 }
 
 type cancelOnClose struct {

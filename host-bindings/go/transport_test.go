@@ -215,6 +215,88 @@ func TestHTTPPerAttemptTimeout(t *testing.T) {
 	}
 }
 
+// A caller's timeout is never the dependency's failure: http.Client{Timeout} around the
+// Transport (the usual idiom) cuts a request through both the request's context and its
+// legacy Cancel channel, from two timers; whichever fires first, every call must end as
+// cancelled, none be reported to the core as a failure (none may open the breaker).
+func TestHTTPClientTimeoutIsACancel(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(2 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	var reports atomic.Int64
+	var mu sync.Mutex
+	var reported []Outcome
+	tr := WithTrace(func(s Step) {
+		if s.Op == "report" {
+			reports.Add(1)
+			mu.Lock()
+			reported = append(reported, s.Outcome)
+			mu.Unlock()
+		}
+	})
+	c, rec, _ := newClient(t, "breaker", tr)
+	c.Timeout = 5 * time.Millisecond
+	for i := 0; i < 100; i++ {
+		// (net/http rewraps the error of a call it timed out as text: the reason is in it)
+		_, err := c.Get(srv.URL)
+		var ue *url.Error
+		if !errors.As(err, &ue) || !ue.Timeout() || !strings.Contains(err.Error(), ReasonCancelled.String()) {
+			t.Fatalf("call %d: %v, want a cancelled call", i, err)
+		}
+	}
+	if n := reports.Load(); n != 0 || rec.count(EventBreakerTransition) != 0 {
+		t.Fatalf("%d calls cut by the client's timeout were reported to the core (%v); transitions %d",
+			n, reported, rec.count(EventBreakerTransition))
+	}
+	// What the README recommends instead: a context deadline keeps the *Error in the chain.
+	c.Timeout = 0
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+	_, err := c.Do(req)
+	var le *Error
+	if !errors.Is(err, ErrCancelled) || !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &le) || !le.Timeout() {
+		t.Fatalf("a context deadline: %v", err)
+	}
+	if reports.Load() != 0 {
+		t.Fatalf("a call cut by its context deadline was reported to the core")
+	}
+}
+
+// A request cancelled through its legacy Cancel channel alone is a cancelled call too.
+func TestHTTPRequestCancelChannelIsACancel(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(2 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	var reports atomic.Int64
+	c, rec, _ := newClient(t, "breaker", WithTrace(func(s Step) {
+		if s.Op == "report" {
+			reports.Add(1)
+		}
+	}))
+	for i := 0; i < 10; i++ {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		ch := make(chan struct{})
+		req.Cancel = ch //nolint:staticcheck // the legacy channel is what is tested
+		time.AfterFunc(5*time.Millisecond, func() { close(ch) })
+		_, err := c.Do(req)
+		if !errors.Is(err, ErrCancelled) {
+			t.Fatalf("call %d: %v, want a cancelled call", i, err)
+		}
+	}
+	if reports.Load() != 0 || rec.count(EventBreakerTransition) != 0 {
+		t.Fatalf("%d cancelled calls reported to the core", reports.Load())
+	}
+}
+
 func TestHTTPConnectionErrorRetried(t *testing.T) {
 	srv := httptest.NewServer(http.NotFoundHandler())
 	url := srv.URL
@@ -436,5 +518,31 @@ func TestIdempotencyHeaders(t *testing.T) {
 		if got := hasIdempotencyKey(c.h); got != c.want {
 			t.Errorf("hasIdempotencyKey(%v) = %v", c.h, got)
 		}
+	}
+}
+
+// Issue 39: the same fallback name typed for the Transport's *http.Response and for a
+// DoValue's string: each call gets its own.
+func TestHTTPTypedFallbackBesideAnotherType(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(503) }))
+	defer srv.Close()
+	c, _, e := newClient(t, "fallback")
+	if err := RegisterTypedFallback(e, "stale", func(_ context.Context, _ error) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("stale")), Header: http.Header{}}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := RegisterTypedFallback(e, "stale", func(context.Context, error) (string, error) { return "stale string", nil }); err != nil {
+		t.Fatal(err)
+	}
+	resp, body, err := get(t, c, srv.URL)
+	if err != nil || resp.StatusCode != 200 || body != "stale" {
+		t.Fatalf("%v %q %v", resp, body, err)
+	}
+	s, err := DoValue(context.Background(), mustPolicy(t, e, "fallback"), func(context.Context) (string, error) {
+		return "", HTTPStatusError(503, "")
+	})
+	if err != nil || s != "stale string" {
+		t.Fatalf("%q %v", s, err)
 	}
 }

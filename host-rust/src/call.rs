@@ -16,7 +16,7 @@ use crate::handle::Levee;
 use crate::outcome::{IntoOutcome, Outcome};
 use crate::park::Parker;
 use crate::raw::Trap;
-use crate::runtime::{crossing, Held, Injected, Shared, Started};
+use crate::runtime::{crossing, deliver, Held, Injected, Shared, Started};
 use crate::telemetry;
 use crate::time::{EngineClock, Timer};
 
@@ -272,6 +272,7 @@ impl Guard<'_> {
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
         if self.live {
+            let _in = self.span.enter(); // the cancel's events are the call's
             self.shared.cancel(self.call);
             self.span.record("levee.result", "cancelled");
             telemetry::call(&*self.shared.telemetry, self.policy, "cancelled", self.attempts > 1, None);
@@ -539,11 +540,11 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
             let action = match verdict {
                 Ok(v) => {
                     shared.step("start", started, call, policy, None, Some(v));
-                    drop(pending);
+                    deliver(&guard.span, pending);
                     driver.next(v, started, Crossing::Start)
                 }
                 Err(t) => {
-                    drop(pending);
+                    deliver(&guard.span, pending);
                     trap = Some(t);
                     driver.trapped(Crossing::Start, shared.now())
                 }
@@ -710,6 +711,8 @@ impl<T: 'static, E: 'static> Slow<'_, T, E> {
         let mut fallback_err: Option<E> = None;
         // Fallbacks the chain named that nobody registered: they fail, and the error says so.
         let mut unregistered: Vec<String> = Vec::new();
+        // Fallbacks the chain named that are registered for other result types only.
+        let mut mistyped: Vec<crate::error::MistypedFallback> = Vec::new();
         loop {
             if !matches!(action, Action::Sleep { park: true, .. }) {
                 // Not (or no longer) waiting in the queue: the park is over.
@@ -750,11 +753,11 @@ impl<T: 'static, E: 'static> Slow<'_, T, E> {
                         Ok(v) => {
                             shared.step("report", now, call, policy, Some(&outcome), Some(v));
                             telemetry::attempt(&*shared.telemetry, policy, outcome.kind_name(), elapsed);
-                            drop(pending);
+                            deliver(&guard.span, pending);
                             driver.next(v, now, Crossing::Report)
                         }
                         Err(t) => {
-                            drop(pending);
+                            deliver(&guard.span, pending);
                             trap = Some(t);
                             driver.trapped(Crossing::Report, now)
                         }
@@ -810,11 +813,11 @@ impl<T: 'static, E: 'static> Slow<'_, T, E> {
                     action = match r {
                         Ok(v) => {
                             shared.step("acquire", now, call, policy, None, Some(v));
-                            drop(pending);
+                            deliver(&guard.span, pending);
                             driver.next(v, now, Crossing::Acquire)
                         }
                         Err(t) => {
-                            drop(pending);
+                            deliver(&guard.span, pending);
                             trap = Some(t);
                             driver.trapped(Crossing::Acquire, now)
                         }
@@ -834,9 +837,19 @@ impl<T: 'static, E: 'static> Slow<'_, T, E> {
                         .or_else(|| levee.registered_fallback::<T, E>(&name));
                     let ok = match fb {
                         None => {
-                            tracing::warn!(target: "levee", policy = %policy, fallback = %name, "no fallback registered under this name");
-                            if !unregistered.contains(&name) {
-                                unregistered.push(name);
+                            let types = levee.fallback_types(&name);
+                            if types.is_empty() {
+                                tracing::warn!(target: "levee", policy = %policy, fallback = %name, "no fallback registered under this name");
+                                if !unregistered.contains(&name) {
+                                    unregistered.push(name);
+                                }
+                            } else {
+                                let m =
+                                    crate::error::MistypedFallback { name, registered: types, call: crate::error::result_name::<T, E>() };
+                                tracing::warn!(target: "levee", policy = %policy, "{m}");
+                                if !mistyped.iter().any(|x| x.name == m.name) {
+                                    mistyped.push(m);
+                                }
                             }
                             false
                         }
@@ -859,11 +872,11 @@ impl<T: 'static, E: 'static> Slow<'_, T, E> {
                     action = match r {
                         Ok(v) => {
                             shared.step("report-fallback", now, call, policy, None, Some(v));
-                            drop(pending);
+                            deliver(&guard.span, pending);
                             driver.next(v, now, Crossing::ReportFallback)
                         }
                         Err(t) => {
-                            drop(pending);
+                            deliver(&guard.span, pending);
                             trap = Some(t);
                             driver.trapped(Crossing::ReportFallback, now)
                         }
@@ -890,6 +903,7 @@ impl<T: 'static, E: 'static> Slow<'_, T, E> {
                     guard.end("failure", Some(reason));
                     return finish_fail(reason, hint, policy, driver.attempts(), last, fallback_err).map_err(|mut e| {
                         e.unregistered = unregistered;
+                        e.mistyped = mistyped;
                         e.outcome = last_outcome;
                         e
                     });
@@ -900,6 +914,7 @@ impl<T: 'static, E: 'static> Slow<'_, T, E> {
                         if fault == telemetry::Fault::Contract {
                             shared.reinstantiate(call);
                         }
+                        let _in = guard.span.enter(); // the call's `engine-fault` event
                         shared.fault(fault, policy, key, call);
                     }
                     // The engine no longer has the call (or never will again).

@@ -158,6 +158,16 @@ impl Client {
             out.fault = e.fault;
             out.invalid = e.invalid;
             out.known_policies = e.known_policies;
+            out.unregistered = e.unregistered;
+            // The call runs with an error type of its own: its fallbacks are the reqwest ones.
+            out.mistyped = e
+                .mistyped
+                .into_iter()
+                .map(|mut m| {
+                    m.call = crate::error::result_name::<::reqwest::Response, ::reqwest::Error>();
+                    m
+                })
+                .collect();
             out.last = e.last.and_then(|a| a.0);
             out.outcome = e.outcome;
             out.fallback_error = e.fallback_error.and_then(|a| a.0);

@@ -41,6 +41,32 @@ pub struct LeveeError<E> {
     pub unregistered: Vec<String>,
     /// With `invalid` = `unknown-policy`: the names the document does have.
     pub known_policies: Vec<String>,
+    /// Fallbacks the policy's chain named that are registered only for other result types
+    /// than this call's (they count as failed; the message names the types).
+    pub mistyped: Vec<MistypedFallback>,
+}
+
+/// A fallback registered under the name a policy's chain uses, but only for result types
+/// other than the call's ([`crate::Levee::register_fallback`] keys by name and type).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MistypedFallback {
+    /// The fallback's name.
+    pub name: String,
+    /// The result types it is registered for (`Result<T, E>`, by `std::any::type_name`).
+    pub registered: Vec<String>,
+    /// The call's result type.
+    pub call: String,
+}
+
+impl fmt::Display for MistypedFallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "fallback '{}' is registered for {}, not for this call's {}", self.name, self.registered.join(", "), self.call)
+    }
+}
+
+/// `Result<T, E>` by the names of `T` and `E` (`std::any::type_name`).
+pub(crate) fn result_name<T, E>() -> String {
+    format!("Result<{}, {}>", std::any::type_name::<T>(), std::any::type_name::<E>())
 }
 
 /// What every host says of fallbacks named by a policy but never registered.
@@ -68,6 +94,7 @@ impl<E> LeveeError<E> {
             invalid: None,
             unregistered: Vec::new(),
             known_policies: Vec::new(),
+            mistyped: Vec::new(),
         }
     }
 
@@ -102,6 +129,7 @@ impl<E> LeveeError<E> {
             invalid: self.invalid,
             unregistered: self.unregistered,
             known_policies: self.known_policies,
+            mistyped: self.mistyped,
         }
     }
 }
@@ -121,6 +149,7 @@ impl<E: fmt::Debug> fmt::Debug for LeveeError<E> {
             .field("invalid", &self.invalid)
             .field("unregistered", &self.unregistered)
             .field("known_policies", &self.known_policies)
+            .field("mistyped", &self.mistyped)
             .finish()
     }
 }
@@ -146,6 +175,9 @@ impl<E: fmt::Display> fmt::Display for LeveeError<E> {
         }
         if !self.unregistered.is_empty() {
             write!(f, "; {}", unregistered_message(&self.unregistered))?;
+        }
+        for m in &self.mistyped {
+            write!(f, "; {m}")?;
         }
         if let Some(t) = &self.trap {
             write!(f, "; {t}")?;

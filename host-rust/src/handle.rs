@@ -2,7 +2,7 @@
 //! are described and run by [`crate::Call`]; the engine behind the handle is
 //! [`crate::runtime`], the protocol [`crate::driver`].
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
@@ -13,10 +13,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use levee_core::{BreakerState, Event, LoadError, PolicyInfo};
 
 use crate::call::{BoxFuture, Call, FallbackContext, FallbackFn, RetryFn, RetryInfo};
+use crate::error::result_name;
 use crate::error::{LeveeError, LoadErrors};
 use crate::outcome::IntoOutcome;
 use crate::raw::{Backend, Limits, RawEngine};
-use crate::runtime::{Core, ListenFn, Policies, Shared, Step, TraceFn};
+use crate::runtime::{Core, ListenFn, Policies, Registered, Shared, Step, TraceFn};
 use crate::telemetry::{Standard, Telemetry};
 use crate::time::{Clock, EngineClock};
 use crate::Attempt;
@@ -322,7 +323,12 @@ impl Levee {
     }
 
     /// Register a fallback by name for calls returning `Result<T, E>` (a call's own
-    /// [`Call::fallback`] wins over this).
+    /// [`Call::fallback`] wins over this). The registry keeps one fallback per name **and**
+    /// result type: `stale` for the reqwest [`crate::client::Client`]'s
+    /// `Result<reqwest::Response, reqwest::Error>` and `stale` for a tower layer's response
+    /// live side by side, and registering again for the same type replaces only that one. A
+    /// call of a type no registration of the name fits fails that fallback, and its error's
+    /// [`LeveeError::mistyped`] names the types registered.
     pub fn register_fallback<T, E, F, Fut>(&self, name: &str, f: F)
     where
         T: 'static,
@@ -332,12 +338,28 @@ impl Levee {
     {
         let boxed: FallbackFn<T, E> = Arc::new(move |ctx| -> BoxFuture<'static, Result<T, E>> { Box::pin(f(ctx)) });
         let any: Arc<dyn Any + Send + Sync> = Arc::new(boxed);
-        self.shared.fallbacks.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), any);
+        let entry = Registered { f: any, result: result_name::<T, E>() };
+        self.shared.fallbacks.lock().unwrap_or_else(|p| p.into_inner()).insert((name.to_string(), TypeId::of::<FallbackFn<T, E>>()), entry);
+    }
+
+    /// Remove the fallback registered under `name` for calls returning `Result<T, E>`; whether
+    /// there was one.
+    pub fn unregister_fallback<T: 'static, E: 'static>(&self, name: &str) -> bool {
+        let mut map = self.shared.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
+        map.remove(&(name.to_string(), TypeId::of::<FallbackFn<T, E>>())).is_some()
     }
 
     pub(crate) fn registered_fallback<T: 'static, E: 'static>(&self, name: &str) -> Option<FallbackFn<T, E>> {
         let map = self.shared.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(name).and_then(|a| a.downcast_ref::<FallbackFn<T, E>>()).cloned()
+        map.get(&(name.to_string(), TypeId::of::<FallbackFn<T, E>>())).and_then(|r| r.f.downcast_ref::<FallbackFn<T, E>>()).cloned()
+    }
+
+    /// The result types `name` is registered for, sorted (for the error of a call of another).
+    pub(crate) fn fallback_types(&self, name: &str) -> Vec<String> {
+        let map = self.shared.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut types: Vec<String> = map.iter().filter(|((n, _), _)| n == name).map(|(_, r)| r.result.clone()).collect();
+        types.sort();
+        types
     }
 
     /// Start describing a call under a named policy.

@@ -42,7 +42,7 @@ use crate::driver::{Action, Crossing, Driver, Recovery};
 use crate::handle::Levee;
 use crate::outcome::Outcome;
 use crate::raw::{RawEngine, Trap};
-use crate::runtime::Shared;
+use crate::runtime::{deliver, Shared};
 use crate::telemetry::{self, Fault};
 use crate::time::Sleep;
 
@@ -309,7 +309,15 @@ fn end_verdict(commands: &[HedgeCommand]) -> Option<Verdict> {
 }
 
 /// Report attempt `number` of `call`, cancelled and now closed, at `now`.
-fn report_closed(shared: &Shared, policy: &str, call: u64, number: u32, begin: u64, now: u64) -> Result<Vec<HedgeCommand>, Trap> {
+fn report_closed(
+    shared: &Shared,
+    span: &tracing::Span,
+    policy: &str,
+    call: u64,
+    number: u32,
+    begin: u64,
+    now: u64,
+) -> Result<Vec<HedgeCommand>, Trap> {
     let cancelled = Outcome::error(CANCELLED);
     let (k, code, text, flags) = cancelled.parts();
     let (r, pending) =
@@ -317,7 +325,7 @@ fn report_closed(shared: &Shared, policy: &str, call: u64, number: u32, begin: u
     if let Ok(commands) = &r {
         shared.step("report-attempt", now, call, policy, None, end_verdict(commands));
     }
-    drop(pending);
+    deliver(span, pending);
     r
 }
 
@@ -372,7 +380,7 @@ where
                 Ok((commands, false))
             }
         });
-        drop(pending);
+        deliver(self.h.span, pending);
         r
     }
 
@@ -472,11 +480,11 @@ where
             // No runtime to wait on: the core hears of them now.
             let h = &self.h;
             for c in self.closing.drain(..) {
-                let _ = report_closed(h.shared, h.policy, h.call, c.number, c.begin, h.shared.now());
+                let _ = report_closed(h.shared, h.span, h.policy, h.call, c.number, c.begin, h.shared.now());
             }
             return;
         };
-        let (levee, policy, call) = (self.h.levee.clone(), self.h.policy.to_string(), self.h.call);
+        let (levee, policy, call, span) = (self.h.levee.clone(), self.h.policy.to_string(), self.h.call, self.h.span.clone());
         let mut closing = std::mem::take(&mut self.closing);
         drop(rt.spawn(async move {
             while !closing.is_empty() {
@@ -486,7 +494,7 @@ where
                 .await;
                 let c = closing.swap_remove(i);
                 let shared = &*levee.shared;
-                let _ = report_closed(shared, &policy, call, c.number, c.begin, shared.now());
+                let _ = report_closed(shared, &span, &policy, call, c.number, c.begin, shared.now());
             }
         }));
     }
@@ -507,7 +515,10 @@ where
         if fault == Fault::Contract {
             h.shared.reinstantiate(h.call);
         }
-        h.shared.fault(fault, h.policy, h.key, h.call);
+        {
+            let _in = h.span.enter(); // the call's `engine-fault` event
+            h.shared.fault(fault, h.policy, h.key, h.call);
+        }
         let finished = match stands {
             Some(f) => Some(f),
             None if !self.running.is_empty() => {

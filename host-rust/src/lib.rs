@@ -11,8 +11,9 @@
 //!   named policy and returns a [`LeveeError`] when the policy gives up. A policy with `hedge`
 //!   runs several attempts of the closure at once, as the core commands (README, "Hedging";
 //!   [`AttemptLease`]).
-//! - [`tower`] (feature `tower`): a `tower::Layer` for `http` services.
-//! - [`reqwest`] (feature `reqwest`): a client wrapper and a `reqwest-middleware` middleware.
+//! - [`layer`] (feature `tower`): a `tower::Layer` for `http` services.
+//! - [`client`] (feature `reqwest`): a `reqwest` client wrapper and a `reqwest-middleware`
+//!   middleware.
 //! - [`fleet`] (feature `fleet-redis`): breaker evidence, retry budgets and rate limits shared
 //!   by every process of a fleet through Redis (redis-rs), the hot path kept local.
 //! - [`telemetry`]: the schema of docs/telemetry.md, to `tracing` and the `metrics` facade by
@@ -61,7 +62,7 @@ pub use call::{Attempt, Attempted, BoxFuture, Call, FallbackContext, FallbackFn,
 #[cfg(feature = "tokio")]
 pub use call::{FaultOp, FaultPlan, RetryInfo};
 #[cfg(feature = "tokio")]
-pub use error::{LeveeError, LoadErrors, UnknownPolicy};
+pub use error::{LeveeError, LoadErrors, MistypedFallback, UnknownPolicy};
 #[cfg(feature = "tokio")]
 pub use handle::{Builder, Levee};
 #[cfg(feature = "tokio")]

@@ -4,7 +4,7 @@
 //! restores its last snapshot, see [`crate::raw`]), and the emission of events outside the
 //! lock. Nothing here decides anything: [`crate::driver`] turns verdicts into actions.
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -301,6 +301,13 @@ pub(crate) struct Started<'a> {
     pub(crate) parker: Option<Parker<'a>>,
 }
 
+/// A fallback registered for one result type: a boxed `FallbackFn<T, E>`, and the name of
+/// `Result<T, E>` for the error of a call of another type.
+pub(crate) struct Registered {
+    pub(crate) f: Arc<dyn Any + Send + Sync>,
+    pub(crate) result: String,
+}
+
 /// Everything a handle shares between its clones.
 pub(crate) struct Shared {
     core: Mutex<Core>,
@@ -309,7 +316,8 @@ pub(crate) struct Shared {
     parked: Parked,
     pub(crate) clock: EngineClock,
     pub(crate) traps: AtomicU64,
-    pub(crate) fallbacks: Mutex<HashMap<String, Arc<dyn Any + Send + Sync>>>,
+    /// The registered fallbacks, by name and result type (`Levee::register_fallback`).
+    pub(crate) fallbacks: Mutex<HashMap<(String, TypeId), Registered>>,
     trace: Option<TraceFn>,
     listener: Option<ListenFn>,
     pub(crate) telemetry: Arc<dyn Telemetry>,
@@ -621,6 +629,16 @@ impl Shared {
 fn notify(woken: Vec<Arc<Park>>) {
     for p in woken {
         p.notify();
+    }
+}
+
+/// Emit a call's pending events inside its `levee.call` span (docs/telemetry.md: the events of
+/// a call are on its span, so a `tracing` subscriber or an OpenTelemetry layer sees them there).
+#[inline]
+pub(crate) fn deliver(span: &tracing::Span, pending: Option<Pending<'_>>) {
+    if let Some(p) = pending {
+        let _in = span.enter();
+        drop(p);
     }
 }
 

@@ -3,11 +3,16 @@
 //! [`crate::constants`].
 //!
 //! A [`Telemetry`] sink receives them ([`crate::Builder::telemetry`]). The default sink,
-//! [`Standard`], turns events into `tracing` events (target `levee`) and the instruments into
-//! the `metrics` facade (`levee.calls`, `levee.attempts`, `levee.attempt.duration`,
-//! `levee.retries`, `levee.retry.delay`, `levee.rejections`, `levee.fallbacks`,
-//! `levee.breaker.transitions`, `levee.breaker.state`, `levee.engine.faults`), which an
-//! OpenTelemetry or Prometheus exporter of `metrics` publishes.
+//! [`Standard`], turns events into `tracing` events (target `levee`, one field per attribute,
+//! inside the call's `levee.call` span) and the instruments into the `metrics` facade
+//! (`levee.calls`, `levee.attempts`, `levee.attempt.duration`, `levee.retries`,
+//! `levee.retry.delay`, `levee.rejections`, `levee.fallbacks`, `levee.hedges`,
+//! `levee.breaker.transitions`, `levee.breaker.state`, `levee.engine.faults`), described to
+//! the recorder with the units and descriptions of the contract
+//! ([`crate::constants::INSTRUMENTS`]), which an OpenTelemetry or Prometheus exporter of
+//! `metrics` publishes (seconds, `# HELP`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use levee_core::{Event, EventKind};
 
@@ -80,22 +85,150 @@ impl Default for Standard {
 
 /// Whether a `metrics` recorder is installed (locally or globally): the facade's stand-in is
 /// its zero-sized no-op recorder. Labels are built only then, so that a process without a
-/// recorder pays no allocation per call.
+/// recorder pays no allocation per call. The first time a recorder is seen, the instruments
+/// are described to it.
 #[inline]
 fn recording() -> bool {
-    metrics::with_recorder(|r| std::mem::size_of_val(r) != 0)
+    let id =
+        metrics::with_recorder(
+            |r| if std::mem::size_of_val(r) == 0 { 0 } else { (r as *const dyn metrics::Recorder).cast::<()>() as usize },
+        );
+    if id == 0 {
+        return false;
+    }
+    if DESCRIBED.load(Ordering::Relaxed) != id {
+        DESCRIBED.store(id, Ordering::Relaxed);
+        describe();
+    }
+    true
+}
+
+/// The recorder the instruments were last described to (its address; 0: none yet).
+static DESCRIBED: AtomicUsize = AtomicUsize::new(0);
+
+/// The unit of the `metrics` facade for a unit of the contract (UCUM): `s` is seconds, an
+/// annotation (`{call}`, `{attempt}`, ...) a count, and `1` (the breaker state) none.
+fn unit_of(unit: &str) -> Option<metrics::Unit> {
+    match unit {
+        "s" => Some(metrics::Unit::Seconds),
+        u if u.starts_with('{') => Some(metrics::Unit::Count),
+        _ => None,
+    }
+}
+
+/// Describe every instrument of the schema to the installed `metrics` recorder: its unit and
+/// description, from the contract ([`k::INSTRUMENTS`]). [`Standard`] does it when it first
+/// records to a recorder; call it yourself to have the descriptions before any call.
+pub fn describe() {
+    metrics::with_recorder(|r| {
+        for (name, kind, unit, help) in k::INSTRUMENTS {
+            let (name, unit, help) = (metrics::KeyName::from_const_str(name), unit_of(unit), metrics::SharedString::const_str(help));
+            match kind {
+                "histogram" => r.describe_histogram(name, unit, help),
+                "gauge" => r.describe_gauge(name, unit, help),
+                _ => r.describe_counter(name, unit, help),
+            }
+        }
+    });
 }
 
 fn labels(attributes: &Attributes<'_>) -> Vec<metrics::Label> {
     attributes.iter().map(|(n, v)| metrics::Label::new(*n, v.to_string())).collect()
 }
 
+/// An event's attributes as `tracing` fields: one field per attribute of the schema, named as
+/// the contract names it (`levee.policy`, ...), absent when the event has no such attribute.
+#[derive(Default)]
+struct EventFields<'a> {
+    policy: Option<&'a str>,
+    key: Option<&'a str>,
+    call: Option<i64>,
+    attempt: Option<i64>,
+    delay: Option<f64>,
+    reason: Option<&'a str>,
+    from: Option<&'a str>,
+    to: Option<&'a str>,
+    fallback: Option<&'a str>,
+    budget_level: Option<i64>,
+    fault: Option<&'a str>,
+    /// Attributes of no field above (none today; kept, not dropped).
+    other: Vec<(&'static str, Value<'a>)>,
+}
+
+impl<'a> EventFields<'a> {
+    fn of(attributes: &Attributes<'a>) -> Self {
+        let mut f = EventFields::default();
+        for &(name, v) in attributes {
+            match (name, v) {
+                (k::ATTR_POLICY, Value::Str(s)) => f.policy = Some(s),
+                (k::ATTR_KEY, Value::Str(s)) => f.key = Some(s),
+                (k::ATTR_CALL, Value::Int(i)) => f.call = Some(i),
+                (k::ATTR_ATTEMPT, Value::Int(i)) => f.attempt = Some(i),
+                (k::ATTR_DELAY, Value::Float(x)) => f.delay = Some(x),
+                (k::ATTR_REASON, Value::Str(s)) => f.reason = Some(s),
+                (k::ATTR_BREAKER_FROM, Value::Str(s)) => f.from = Some(s),
+                (k::ATTR_BREAKER_TO, Value::Str(s)) => f.to = Some(s),
+                (k::ATTR_FALLBACK, Value::Str(s)) => f.fallback = Some(s),
+                (k::ATTR_BUDGET_LEVEL, Value::Int(i)) => f.budget_level = Some(i),
+                (k::ATTR_FAULT, Value::Str(s)) => f.fault = Some(s),
+                _ => f.other.push((name, v)),
+            }
+        }
+        f
+    }
+}
+
+/// Whether two strings are equal, at compile time.
+#[allow(clippy::indexing_slicing)] // `i` < both lengths
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+// `tracing` takes an event's field names as written in the macro (below): the build fails
+// unless they are still the contract's attribute names (wit/constants.json).
+const _: () = assert!(
+    same(k::ATTR_POLICY, "levee.policy")
+        && same(k::ATTR_KEY, "levee.key")
+        && same(k::ATTR_CALL, "levee.call")
+        && same(k::ATTR_ATTEMPT, "levee.attempt")
+        && same(k::ATTR_DELAY, "levee.delay")
+        && same(k::ATTR_REASON, "levee.reason")
+        && same(k::ATTR_BREAKER_FROM, "levee.breaker.from")
+        && same(k::ATTR_BREAKER_TO, "levee.breaker.to")
+        && same(k::ATTR_FALLBACK, "levee.fallback")
+        && same(k::ATTR_BUDGET_LEVEL, "levee.budget.level")
+        && same(k::ATTR_FAULT, "levee.fault"),
+    "an event field of Standard::event is not the contract's attribute name"
+);
+
 impl Telemetry for Standard {
     fn event(&self, name: &str, attributes: &Attributes<'_>) {
+        // One field per attribute, named as the contract names it (checked above at build time).
+        let f = EventFields::of(attributes);
+        let other = (!f.other.is_empty()).then(|| tracing::field::debug(Fields(f.other.as_slice())));
+        macro_rules! levee_event {
+            ($level:ident, $message:literal) => {
+                tracing::$level!(target: "levee", event = name, levee.policy = f.policy, levee.key = f.key, levee.call = f.call,
+                    levee.attempt = f.attempt, levee.delay = f.delay, levee.reason = f.reason, levee.breaker.from = f.from,
+                    levee.breaker.to = f.to, levee.fallback = f.fallback, levee.budget.level = f.budget_level, levee.fault = f.fault,
+                    attributes = other, $message)
+            };
+        }
         if name == k::EVENT_ENGINE_FAULT {
-            tracing::error!(target: "levee", event = name, attributes = ?Fields(attributes), "policy engine fault; the call finishes degraded");
+            levee_event!(error, "policy engine fault; the call finishes degraded");
         } else {
-            tracing::debug!(target: "levee", event = name, attributes = ?Fields(attributes), "levee event");
+            levee_event!(debug, "levee event");
         }
     }
 

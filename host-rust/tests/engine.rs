@@ -390,3 +390,72 @@ async fn an_unregistered_fallback_is_named_in_the_error() {
     let msg = err.to_string();
     assert!(msg.contains("fallbacks 'cached', 'stale' are named by the policy but not registered"), "{msg}");
 }
+
+async fn refused<T>() -> Result<T, std::io::Error> {
+    Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+}
+
+/// Issue 39: the registry keeps one fallback per name and result type. Registering `stale`
+/// for a second type kept the first one only until now: the second replaced it, and a call
+/// of the first type then said "named by the policy but not registered".
+#[tokio::test]
+async fn fallbacks_are_kept_per_name_and_result_type() {
+    let doc = "policies:\n  up:\n    attempts: 1\n    fallbacks: [stale]\n";
+    let l = Levee::builder().backend(Backend::Wasm).seed(1).load(doc).expect("loads");
+    l.register_fallback("stale", |_ctx| async { Ok::<u32, std::io::Error>(7) });
+    l.register_fallback("stale", |_ctx| async { Ok::<String, std::io::Error>("stale".to_string()) });
+    let n = l.call::<u32, std::io::Error>("up").run(|_| refused()).await.expect("the u32 fallback");
+    assert_eq!(n, 7);
+    let s = l.call::<String, std::io::Error>("up").run(|_| refused()).await.expect("the String fallback");
+    assert_eq!(s, "stale");
+    // Registering again for a type replaces that type's only.
+    l.register_fallback("stale", |_ctx| async { Ok::<u32, std::io::Error>(8) });
+    assert_eq!(l.call::<u32, std::io::Error>("up").run(|_| refused()).await.expect("the new u32 fallback"), 8);
+    assert_eq!(l.call::<String, std::io::Error>("up").run(|_| refused()).await.expect("still there"), "stale");
+
+    // A call whose result type none was registered for: the error names what is registered.
+    let err = l.call::<i64, std::io::Error>("up").run(|_| refused()).await.expect_err("no i64 fallback");
+    assert_eq!(err.reason, Reason::FallbacksFailed);
+    assert!(err.unregistered.is_empty(), "{err:?}");
+    assert_eq!(err.mistyped.len(), 1, "{err:?}");
+    let m = &err.mistyped[0];
+    assert_eq!(m.name, "stale");
+    assert_eq!(m.registered.len(), 2, "{m:?}");
+    assert!(m.registered.iter().any(|t| t.contains("u32")) && m.registered.iter().any(|t| t.contains("String")), "{m:?}");
+    assert!(m.call.contains("i64"), "{m:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("fallback 'stale' is registered for Result<"), "{msg}");
+    assert!(msg.contains(", not for this call's Result<i64, "), "{msg}");
+    assert!(!msg.contains("not registered"), "{msg}");
+}
+
+/// The README's paused-time example ("Testing with virtual time"), as written there.
+#[tokio::test(start_paused = true)] // tokio's `test-util` feature
+async fn retries_without_waiting() {
+    let levee = levee::Levee::builder()
+        .clock(levee::time::TokioClock::paused())
+        // `jitter: none`: with the default full jitter each delay is random in [0, 10 s]
+        .load("policies:\n  p: { attempts: 3, backoff: { kind: constant, base: 10s, jitter: none } }\n")
+        .unwrap();
+    let (start, real) = (tokio::time::Instant::now(), std::time::Instant::now());
+    let mut tries = 0;
+    let answer = levee
+        .call::<&str, std::io::Error>("p")
+        .run(|_attempt| {
+            tries += 1;
+            let n = tries;
+            async move {
+                if n < 3 {
+                    Err(std::io::ErrorKind::ConnectionRefused.into())
+                } else {
+                    Ok("up")
+                }
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!((answer, tries), ("up", 3));
+    // two retries, 10 s apart: the engine saw exactly 20 s pass, in next to no real time
+    assert_eq!(start.elapsed(), std::time::Duration::from_secs(20));
+    assert!(real.elapsed() < std::time::Duration::from_secs(5));
+}

@@ -742,7 +742,9 @@ fn _infallible(_: Infallible) {}
 /// could register one of the crate's callsites with no subscriber of their own, and tracing
 /// caches that "never" for every thread (with one dispatcher registered, a callsite's interest
 /// is the registering thread's default's). Spans of other threads get an id and are not kept.
-struct Spans(Mutex<Vec<String>>, std::sync::atomic::AtomicU64, std::thread::ThreadId);
+/// Also the `levee` events of that thread, each with the name of the span it was in
+/// (`Spans::3`), and the stack of spans entered (`Spans::4`).
+struct Spans(Mutex<Vec<String>>, std::sync::atomic::AtomicU64, std::thread::ThreadId, Mutex<Vec<String>>, Mutex<Vec<u64>>);
 
 /// The ids given to spans of other threads start here (never an index of `Spans::0`).
 const OTHER_THREADS: u64 = 1 << 62;
@@ -777,16 +779,46 @@ impl tracing::Subscriber for Spans {
         }
     }
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {}
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if std::thread::current().id() != self.2 || event.metadata().target() != "levee" {
+            return;
+        }
+        let within = match self.4.lock().unwrap().last() {
+            Some(&id) if id < OTHER_THREADS => {
+                self.0.lock().unwrap().get(id as usize - 1).map(|l| l.split(' ').next().unwrap_or("").to_string()).unwrap_or_default()
+            }
+            _ => "(no span)".to_string(),
+        };
+        let mut line = format!("in {within}:");
+        event.record(&mut Fields(&mut line));
+        self.3.lock().unwrap().push(line);
+    }
+    fn enter(&self, id: &tracing::span::Id) {
+        if std::thread::current().id() == self.2 {
+            self.4.lock().unwrap().push(id.into_u64());
+        }
+    }
+    fn exit(&self, id: &tracing::span::Id) {
+        if std::thread::current().id() == self.2 {
+            let mut stack = self.4.lock().unwrap();
+            if let Some(i) = stack.iter().rposition(|s| *s == id.into_u64()) {
+                stack.remove(i);
+            }
+        }
+    }
 }
 
 /// A call span with its result, and an attempt span per attempt with its outcome; HTTP attempts
 /// after the first carry `http.request.resend_count`.
 #[test]
 fn calls_and_attempts_are_spans() {
-    let spans = Arc::new(Spans(Mutex::default(), std::sync::atomic::AtomicU64::new(0), std::thread::current().id()));
+    let spans = Arc::new(Spans(
+        Mutex::default(),
+        std::sync::atomic::AtomicU64::new(0),
+        std::thread::current().id(),
+        Mutex::default(),
+        Mutex::default(),
+    ));
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
     tracing::subscriber::set_global_default(spans.clone()).unwrap();
     rt.block_on(async {
@@ -815,4 +847,12 @@ fn calls_and_attempts_are_spans() {
         "levee.attempt levee.attempt=2 http.request.resend_count=1 levee.outcome=\"http-status\"",
     ];
     assert_eq!(got, want);
+    // Issue 39: each event is in its call's `levee.call` span, one field per attribute (the
+    // contract's names), not one Debug-formatted `attributes` field outside any span.
+    let events = spans.3.lock().unwrap().clone();
+    let want = [
+        "in levee.call: message=levee event event=\"retry-scheduled\" levee.policy=\"p\" levee.key=\"\" levee.call=1 levee.attempt=1 levee.delay=1.0",
+        "in levee.call: message=levee event event=\"retry-scheduled\" levee.policy=\"p\" levee.key=\"svc.test:80\" levee.call=2 levee.attempt=1 levee.delay=1.0",
+    ];
+    assert_eq!(events, want);
 }

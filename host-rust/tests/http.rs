@@ -270,6 +270,55 @@ async fn the_tower_layer_retries_an_http_service() {
     assert_eq!(seen.load(Ordering::SeqCst), 1);
 }
 
+/// Issue 39: one fallback name registered for the reqwest client's result and for a tower
+/// layer's: each integration runs its own (the second registration replaced the first, and
+/// the client then fell through to its last 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_fallback_name_serves_the_client_and_the_tower_layer() {
+    use tower::{Layer, ServiceExt};
+
+    let server = Server::start(|_, _| Resp::status(503)).await;
+    let l = levee();
+    l.register_fallback("cached", |_ctx| async { Ok::<_, reqwest::Error>(response(200, "cached for reqwest")) });
+    l.register_fallback("cached", |_ctx| async {
+        Ok::<_, std::io::Error>(http::Response::builder().status(200).body("cached for tower".to_string()).expect("response"))
+    });
+    let c = client(&l, "fb");
+    let resp = c.send(c.get(server.url("/a"))).await.expect("the reqwest fallback's response");
+    assert_eq!(resp.text().await.expect("a body"), "cached for reqwest");
+
+    let svc = tower::service_fn(|_req: http::Request<String>| async {
+        Ok::<_, std::io::Error>(http::Response::builder().status(503).body(String::new()).expect("response"))
+    });
+    let svc = levee::layer::LeveeLayer::new(l.clone(), "fb").expect("known").layer(svc);
+    let req = http::Request::builder().uri("http://svc.local/x").body(String::new()).expect("request");
+    let resp = svc.oneshot(req).await.expect("the tower fallback's response");
+    assert_eq!(resp.body(), "cached for tower");
+}
+
+/// Issue 39: every instrument is described to the `metrics` recorder with the unit and the
+/// description of the contract (`wit/constants.json`, generated as `INSTRUMENTS`), so that a
+/// Prometheus exporter publishes seconds and `# HELP`. There was no `describe_*` call at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_instrument_is_described_from_the_contract() {
+    let rec = recorder();
+    let l = levee();
+    let r = l.call::<u8, std::io::Error>("flaky").key("describe").run(|_| async { Ok(1) }).await;
+    assert_eq!(r.expect("a success"), 1);
+    assert_eq!(levee::constants::INSTRUMENTS.len(), levee::constants::INSTRUMENTS.iter().filter(|i| i.0.starts_with("levee.")).count());
+    for (name, kind, unit, help) in levee::constants::INSTRUMENTS {
+        let (got_kind, got_unit, got_help) = rec.description(name).unwrap_or_else(|| panic!("{name} was never described"));
+        let want_unit = match unit {
+            "s" => Some(metrics::Unit::Seconds),
+            "1" => None,
+            _ => Some(metrics::Unit::Count),
+        };
+        assert_eq!((got_kind, got_unit, got_help.as_str()), (kind, want_unit, help), "{name}");
+    }
+    let (_, unit, _) = rec.description(levee::constants::METRIC_ATTEMPT_DURATION).expect("described");
+    assert_eq!(unit, Some(metrics::Unit::Seconds));
+}
+
 // ---------------------------------------------------------------- what an attempt covers (docs/http.md)
 
 const BODY_DOC: &str = r#"

@@ -52,21 +52,6 @@ type Telemetry struct {
 	gauges   map[string]metric.Int64Gauge
 }
 
-// the instruments of docs/telemetry.md: name, unit, description
-var instruments = []struct{ name, unit, desc, kind string }{
-	{"levee.calls", "{call}", "Calls that ended, by result", "counter"},
-	{"levee.attempts", "{attempt}", "Attempts reported to the core, by outcome", "counter"},
-	{"levee.attempt.duration", "s", "Duration of the attempts reported to the core", "histogram"},
-	{"levee.retries", "{retry}", "Retries scheduled", "counter"},
-	{"levee.retry.delay", "s", "Delays of the retries scheduled", "histogram"},
-	{"levee.rejections", "{attempt}", "Attempts the core refused, by reason", "counter"},
-	{"levee.fallbacks", "{fallback}", "Fallbacks chosen", "counter"},
-	{"levee.hedges", "{attempt}", "Hedges started (attempts of hedged calls after the first)", "counter"},
-	{"levee.breaker.transitions", "{transition}", "Circuit breaker transitions", "counter"},
-	{"levee.breaker.state", "1", "Circuit breaker state (0 closed, 1 open, 2 half-open, 3 forced-open, 4 forced-closed, 5 disabled)", "gauge"},
-	{"levee.engine.faults", "{fault}", "Guest faults the host recovered from", "counter"},
-}
-
 // New builds the adapter; instruments that the meter refuses are skipped (the
 // OpenTelemetry API never fails a caller over telemetry).
 func New(opts ...Option) *Telemetry {
@@ -84,19 +69,20 @@ func New(opts ...Option) *Telemetry {
 		tracer:   c.tp.Tracer(ScopeName, trace.WithInstrumentationVersion(levee.Version)),
 		counters: map[string]metric.Int64Counter{}, hists: map[string]metric.Float64Histogram{},
 		gauges: map[string]metric.Int64Gauge{}}
-	for _, in := range instruments {
-		switch in.kind {
+	// the instruments of docs/telemetry.md, from the contract's data (wit/constants.json)
+	for _, in := range levee.Instruments() {
+		switch in.Kind {
 		case "counter":
-			if i, err := t.meter.Int64Counter(in.name, metric.WithUnit(in.unit), metric.WithDescription(in.desc)); err == nil {
-				t.counters[in.name] = i
+			if i, err := t.meter.Int64Counter(in.Name, metric.WithUnit(in.Unit), metric.WithDescription(in.Description)); err == nil {
+				t.counters[in.Name] = i
 			}
 		case "histogram":
-			if i, err := t.meter.Float64Histogram(in.name, metric.WithUnit(in.unit), metric.WithDescription(in.desc)); err == nil {
-				t.hists[in.name] = i
+			if i, err := t.meter.Float64Histogram(in.Name, metric.WithUnit(in.Unit), metric.WithDescription(in.Description)); err == nil {
+				t.hists[in.Name] = i
 			}
 		case "gauge":
-			if i, err := t.meter.Int64Gauge(in.name, metric.WithUnit(in.unit), metric.WithDescription(in.desc)); err == nil {
-				t.gauges[in.name] = i
+			if i, err := t.meter.Int64Gauge(in.Name, metric.WithUnit(in.Unit), metric.WithDescription(in.Description)); err == nil {
+				t.gauges[in.Name] = i
 			}
 		}
 	}

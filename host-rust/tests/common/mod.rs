@@ -159,11 +159,16 @@ pub fn dead_port() -> u16 {
     port
 }
 
+/// What `describe_*` said of an instrument: its kind, unit and description.
+pub type Description = (&'static str, Option<metrics::Unit>, String);
+
 /// Counters and gauges recorded in memory, by name and sorted labels.
 #[derive(Default)]
 pub struct Recorder {
     counters: Mutex<HashMap<String, Arc<AtomicU64>>>,
     gauges: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    /// What `describe_*` said of each instrument: its kind, unit and description.
+    descriptions: Mutex<HashMap<String, Description>>,
 }
 
 fn key_name(key: &metrics::Key) -> String {
@@ -173,9 +178,15 @@ fn key_name(key: &metrics::Key) -> String {
 }
 
 impl metrics::Recorder for Recorder {
-    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_counter(&self, name: metrics::KeyName, unit: Option<metrics::Unit>, help: metrics::SharedString) {
+        self.describe("counter", name, unit, help);
+    }
+    fn describe_gauge(&self, name: metrics::KeyName, unit: Option<metrics::Unit>, help: metrics::SharedString) {
+        self.describe("gauge", name, unit, help);
+    }
+    fn describe_histogram(&self, name: metrics::KeyName, unit: Option<metrics::Unit>, help: metrics::SharedString) {
+        self.describe("histogram", name, unit, help);
+    }
     fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
         let c = self.counters.lock().expect("counters").entry(key_name(key)).or_default().clone();
         metrics::Counter::from_arc(c)
@@ -190,6 +201,13 @@ impl metrics::Recorder for Recorder {
 }
 
 impl Recorder {
+    fn describe(&self, kind: &'static str, name: metrics::KeyName, unit: Option<metrics::Unit>, help: metrics::SharedString) {
+        self.descriptions.lock().expect("descriptions").insert(name.as_str().to_string(), (kind, unit, help.to_string()));
+    }
+    /// What `describe_*` said of `name`: its kind, unit and description.
+    pub fn description(&self, name: &str) -> Option<Description> {
+        self.descriptions.lock().expect("descriptions").get(name).cloned()
+    }
     /// The counter `name{labels}` (labels sorted, `k=v` joined by commas).
     pub fn counter(&self, name: &str) -> u64 {
         self.counters.lock().expect("counters").get(name).map(|c| c.load(Ordering::Relaxed)).unwrap_or(0)
