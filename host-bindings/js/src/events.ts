@@ -19,6 +19,7 @@ import {
   ATTR_RETRIED,
   BREAKER_STATES,
   EVENT_ENGINE_FAULT,
+  INSTRUMENTS,
   METRIC_ATTEMPTS,
   METRIC_ATTEMPT_DURATION,
   METRIC_BREAKER_STATE,
@@ -375,21 +376,15 @@ export interface SpanLike {
   isRecording(): boolean;
 }
 
-const UNITS: Readonly<Record<string, string>> = {
-  [METRIC_CALLS]: '{call}',
-  [METRIC_ATTEMPTS]: '{attempt}',
-  [METRIC_RETRIES]: '{retry}',
-  [METRIC_REJECTIONS]: '{attempt}',
-  [METRIC_FALLBACKS]: '{fallback}',
-  [METRIC_HEDGES]: '{attempt}',
-  [METRIC_BREAKER_TRANSITIONS]: '{transition}',
-  [METRIC_KEYS_EVICTED]: '{key}',
-  [METRIC_KEYS_OVERFLOW]: '{call}',
-  [METRIC_ENGINE_FAULTS]: '{fault}',
-  [METRIC_ATTEMPT_DURATION]: 's',
-  [METRIC_RETRY_DELAY]: 's',
-  [METRIC_BREAKER_STATE]: '1',
-};
+/** Each instrument's unit and description, as the contract gives them (`INSTRUMENTS`). */
+const OPTIONS: ReadonlyMap<string, { unit: string; description: string }> = new Map(
+  INSTRUMENTS.map(([name, , unit, description]) => [name, { unit, description }]),
+);
+
+/** The options an instrument is created with (none for a name the contract does not have). */
+function instrumentOptions(name: string): { unit?: string; description?: string } {
+  return OPTIONS.get(name) ?? {};
+}
 
 /**
  * The OpenTelemetry adapter: the schema's instruments on `meter` (with `@opentelemetry/api`
@@ -427,7 +422,7 @@ export class OpenTelemetrySink implements TelemetrySink {
   add(counter: string, value: number, attributes: Attributes): void {
     let c = this.#counters.get(counter);
     if (c === undefined) {
-      c = this.#meter.createCounter(counter, { unit: UNITS[counter] ?? '' });
+      c = this.#meter.createCounter(counter, instrumentOptions(counter));
       this.#counters.set(counter, c);
     }
     c.add(value, attributes);
@@ -436,7 +431,7 @@ export class OpenTelemetrySink implements TelemetrySink {
   record(histogram: string, value: number, attributes: Attributes): void {
     let h = this.#histograms.get(histogram);
     if (h === undefined) {
-      h = this.#meter.createHistogram(histogram, { unit: UNITS[histogram] ?? '' });
+      h = this.#meter.createHistogram(histogram, instrumentOptions(histogram));
       this.#histograms.set(histogram, h);
     }
     h.record(value, attributes);
@@ -444,7 +439,7 @@ export class OpenTelemetrySink implements TelemetrySink {
 
   gauge(gauge: string, value: number, attributes: Attributes): void {
     if (!this.#gauges.has(gauge)) {
-      this.#gauges.set(gauge, this.#meter.createGauge?.(gauge, { unit: UNITS[gauge] ?? '' }));
+      this.#gauges.set(gauge, this.#meter.createGauge?.(gauge, instrumentOptions(gauge)));
     }
     let attrs = attributes;
     if (!this.#gaugeKey && ATTR_KEY in attrs) {
