@@ -16,3 +16,5 @@ node --test --test-concurrency=1 test/
 # production-load harness, smoke size (the full run: node --expose-gc bench/load.mjs, see docs/performance.md)
 node bench/load.mjs --levels 1,200 --rounds 3 --single 5
 node bench/coldstart.mjs
+# snapshots at many keys, smoke size (the full run: node --expose-gc bench/snapshot.mjs, see docs/performance.md)
+node bench/snapshot.mjs --sizes 1000,20000 --seconds 0.5 --snapshot export-snapshot

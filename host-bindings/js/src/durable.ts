@@ -30,7 +30,7 @@ import { hostname } from 'node:os';
 import { randomBytes } from 'node:crypto';
 
 import type { Outcome } from './errors.js';
-import { outcomeOfError } from './errors.js';
+import { checkKey, outcomeOfError } from './errors.js';
 import type { Levee } from './levee.js';
 import type { DurableAction, DurableStep, OutcomeKind } from '../wasm/interfaces/levee-policy-types.js';
 
@@ -567,6 +567,7 @@ export class DurableExecutor {
   ): Promise<number> {
     const reg = this.#handlers.get(handler);
     if (!reg) throw new Error(`no durable handler named \`${handler}\` is registered`);
+    checkKey(options.key ?? '');
     const engine = this.#levee.engine;
     const index = engine.policyIndex(reg.policy);
     if (index === undefined)

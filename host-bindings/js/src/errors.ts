@@ -2,7 +2,7 @@
 // The host states facts (a status, a header, an error's class); it never decides what is retryable.
 
 import type { LoadError, Reason } from '../wasm/interfaces/levee-policy-types.js';
-import { HTTP_TLS_CERTIFICATE_CLASS, HTTP_UNNAMED_ERROR_CLASS } from './constants.js';
+import { GUARD_MAX_KEY_BYTES, HTTP_TLS_CERTIFICATE_CLASS, HTTP_UNNAMED_ERROR_CLASS } from './constants.js';
 
 /** Why a call failed: always one of the core's reasons (docs/hosts.md, section 5). */
 export type FailureReason = Reason;
@@ -96,6 +96,42 @@ function editDistance(a: string, b: string): number {
     prev = cur;
   }
   return prev[b.length]!;
+}
+
+/** The UTF-8 length of `s` as the component receives it (a lone surrogate is U+FFFD, 3 bytes). */
+function utf8Length(s: string): number {
+  let n = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x80) n += 1;
+    else if (c < 0x800) n += 2;
+    else if (c >= 0xd800 && c < 0xdc00 && i + 1 < s.length && (s.charCodeAt(i + 1) & 0xfc00) === 0xdc00) {
+      n += 4;
+      i++;
+    } else n += 3;
+  }
+  return n;
+}
+
+/**
+ * The error for a key longer than `GUARD_MAX_KEY_BYTES` UTF-8 bytes (docs/policy.md, "Keys"),
+ * `undefined` for any other key. The core would decide such a key against the shared overflow
+ * entry without a word: the host refuses it first. A key of at most a third of the bound in
+ * UTF-16 units (3 UTF-8 bytes at most each) costs one comparison.
+ */
+export function keyError(key: string): RangeError | undefined {
+  if (key.length * 3 <= GUARD_MAX_KEY_BYTES) return undefined;
+  const bytes = utf8Length(key);
+  if (bytes <= GUARD_MAX_KEY_BYTES) return undefined;
+  return new RangeError(
+    `levee: key: ${bytes} bytes, longer than the ${GUARD_MAX_KEY_BYTES} a key may be (docs/policy.md, Keys)`,
+  );
+}
+
+/** Throw `keyError(key)`, if any: every public entry that takes a key (run, breaker state, fleet, durable). */
+export function checkKey(key: string): void {
+  const err = keyError(key);
+  if (err !== undefined) throw err;
 }
 
 /** A policy name the document does not have: thrown when the name is given (`policy`, `run`, `leveeFetch`). */

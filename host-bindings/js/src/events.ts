@@ -19,6 +19,7 @@ import {
   ATTR_RETRIED,
   BREAKER_STATES,
   EVENT_ENGINE_FAULT,
+  INSTRUMENTS,
   METRIC_ATTEMPTS,
   METRIC_ATTEMPT_DURATION,
   METRIC_BREAKER_STATE,
@@ -27,6 +28,8 @@ import {
   METRIC_ENGINE_FAULTS,
   METRIC_FALLBACKS,
   METRIC_HEDGES,
+  METRIC_KEYS_EVICTED,
+  METRIC_KEYS_OVERFLOW,
   METRIC_REJECTIONS,
   METRIC_RETRIES,
   METRIC_RETRY_DELAY,
@@ -75,6 +78,8 @@ export interface LeveeEventMap {
   'call-evicted': LeveeEvent;
   'permit-expired': LeveeEvent;
   'hedge-started': LeveeEvent;
+  /** Every key of the policy holds protection: a new key is decided against `levee:overflow` (`name`: its key). */
+  'key-overflow': LeveeEvent;
   'engine-fault': EngineFaultEvent;
 }
 
@@ -293,6 +298,12 @@ export class Telemetry {
         case 'hedge-started':
           sink.add(METRIC_HEDGES, 1, { [ATTR_POLICY]: policy });
           break;
+        case 'key-evicted':
+          sink.add(METRIC_KEYS_EVICTED, 1, { [ATTR_POLICY]: policy });
+          break;
+        case 'key-overflow':
+          sink.add(METRIC_KEYS_OVERFLOW, 1, { [ATTR_POLICY]: policy });
+          break;
       }
     } catch (err) {
       reportHookError(err, 'telemetry sink', this.#report);
@@ -365,19 +376,15 @@ export interface SpanLike {
   isRecording(): boolean;
 }
 
-const UNITS: Readonly<Record<string, string>> = {
-  [METRIC_CALLS]: '{call}',
-  [METRIC_ATTEMPTS]: '{attempt}',
-  [METRIC_RETRIES]: '{retry}',
-  [METRIC_REJECTIONS]: '{attempt}',
-  [METRIC_FALLBACKS]: '{fallback}',
-  [METRIC_HEDGES]: '{attempt}',
-  [METRIC_BREAKER_TRANSITIONS]: '{transition}',
-  [METRIC_ENGINE_FAULTS]: '{fault}',
-  [METRIC_ATTEMPT_DURATION]: 's',
-  [METRIC_RETRY_DELAY]: 's',
-  [METRIC_BREAKER_STATE]: '1',
-};
+/** Each instrument's unit and description, as the contract gives them (`INSTRUMENTS`). */
+const OPTIONS: ReadonlyMap<string, { unit: string; description: string }> = new Map(
+  INSTRUMENTS.map(([name, , unit, description]) => [name, { unit, description }]),
+);
+
+/** The options an instrument is created with (none for a name the contract does not have). */
+function instrumentOptions(name: string): { unit?: string; description?: string } {
+  return OPTIONS.get(name) ?? {};
+}
 
 /**
  * The OpenTelemetry adapter: the schema's instruments on `meter` (with `@opentelemetry/api`
@@ -415,7 +422,7 @@ export class OpenTelemetrySink implements TelemetrySink {
   add(counter: string, value: number, attributes: Attributes): void {
     let c = this.#counters.get(counter);
     if (c === undefined) {
-      c = this.#meter.createCounter(counter, { unit: UNITS[counter] ?? '' });
+      c = this.#meter.createCounter(counter, instrumentOptions(counter));
       this.#counters.set(counter, c);
     }
     c.add(value, attributes);
@@ -424,7 +431,7 @@ export class OpenTelemetrySink implements TelemetrySink {
   record(histogram: string, value: number, attributes: Attributes): void {
     let h = this.#histograms.get(histogram);
     if (h === undefined) {
-      h = this.#meter.createHistogram(histogram, { unit: UNITS[histogram] ?? '' });
+      h = this.#meter.createHistogram(histogram, instrumentOptions(histogram));
       this.#histograms.set(histogram, h);
     }
     h.record(value, attributes);
@@ -432,7 +439,7 @@ export class OpenTelemetrySink implements TelemetrySink {
 
   gauge(gauge: string, value: number, attributes: Attributes): void {
     if (!this.#gauges.has(gauge)) {
-      this.#gauges.set(gauge, this.#meter.createGauge?.(gauge, { unit: UNITS[gauge] ?? '' }));
+      this.#gauges.set(gauge, this.#meter.createGauge?.(gauge, instrumentOptions(gauge)));
     }
     let attrs = attributes;
     if (!this.#gaugeKey && ATTR_KEY in attrs) {

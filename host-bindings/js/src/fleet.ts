@@ -36,7 +36,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
 
 import type { AttemptContext, Levee, PolicyEntry, RunOptions } from './levee.js';
-import { LeveeError } from './errors.js';
+import { LeveeError, checkKey, keyError } from './errors.js';
 import { reportHookError } from './events.js';
 import { isComponentError } from './runtime.js';
 
@@ -355,6 +355,8 @@ export class Fleet {
     const plan = this.#plans.get(policy);
     if (plan === undefined) return this.levee.run(policy, fn, options);
     const key = options?.key ?? '';
+    const tooLong = keyError(key);
+    if (tooLong !== undefined) return Promise.reject(tooLong);
     if (plan.strict) return this.#strict(plan, key, fn, options);
     if (plan.sharesState) this.#touch(plan, key);
     if (plan.rateInterval === 0 || !this.#up) return this.levee.run(plan.entry, fn, options);
@@ -376,9 +378,10 @@ export class Fleet {
   /**
    * Publish this process's evidence for a policy and key and apply the fleet's state now. Resolves
    * false when the store did not answer (the fleet is then local-only) or the policy has no fleet
-   * section; never rejects.
+   * section; rejects only a key longer than the bound (a RangeError, as every entry that takes a key).
    */
   async sync(policy: string, key = ''): Promise<boolean> {
+    checkKey(key);
     const plan = this.#plans.get(policy);
     if (plan === undefined || !this.#up) return false;
     return this.#syncSafe(plan, key);
@@ -389,6 +392,7 @@ export class Fleet {
    * error, and with an Error naming what is wrong when the core refuses the bytes.
    */
   async inspect(policy: string, key = ''): Promise<FleetState | undefined> {
+    checkKey(key);
     const plan = this.#plans.get(policy);
     if (plan === undefined) throw new TypeError(`levee fleet: policy "${policy}" has no fleet section`);
     const raw = await this.#client.leveeFleetStateBuffer(plan.keyPrefix + key + '}:s', '', '', 0);

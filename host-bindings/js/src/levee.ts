@@ -23,8 +23,13 @@ import {
   CallDriver,
 } from './driver.js';
 import type { Action } from './driver.js';
-import { GUARD_SNAPSHOT_INTERVAL_MS, REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY } from './constants.js';
-import { LeveeClosedError, LeveeError, outcomeOfError } from './errors.js';
+import {
+  GUARD_MAX_KEY_BYTES,
+  GUARD_SNAPSHOT_INTERVAL_MS,
+  REPORT_CALLER_NO_RETRY,
+  REPORT_CALLER_RETRY,
+} from './constants.js';
+import { LeveeClosedError, LeveeError, checkKey, keyError, outcomeOfError } from './errors.js';
 import type { Outcome, Reason } from './errors.js';
 import { Emitter, OpenTelemetrySink, Telemetry, defaultObserverError, reportHookError } from './events.js';
 import type {
@@ -333,12 +338,14 @@ export class Levee {
   /** The breaker state of a policy and key (an open breaker whose wait has passed reads half-open). */
   breakerState(policy: string, key = ''): BreakerState | undefined {
     const index = this.policy(policy).index;
+    checkKey(key);
     return this.#rt.use('breaker-state', (e) => e.breakerState(index, key, this.#now()));
   }
 
   /** Force a breaker state (forced-open, forced-closed, disabled); `closed` returns to normal. */
   setBreakerState(policy: string, state: BreakerState, key = ''): void {
     const index = this.policy(policy).index;
+    checkKey(key);
     this.#rt.use('set-breaker-state', (e) => e.setBreakerState(index, key, state, this.#now()));
     // A breaker changed state: a trap from here on must restore it as it now is.
     this.#rt.checkpoint(this.#now());
@@ -453,6 +460,10 @@ export class Levee {
       rt.checkpoint(now);
     }
     const key = options?.key ?? '';
+    if (key.length * 3 > GUARD_MAX_KEY_BYTES) {
+      const err = keyError(key);
+      if (err !== undefined) return Promise.reject(err);
+    }
     const call = BigInt(this.#nextCall++);
     if (!rt.healthy && !rt.reinstantiate()) {
       // No instance to ask: the recovery path, as after a trap at `start`.

@@ -258,7 +258,7 @@ export class Runtime {
     this.#flushUrgent = false;
     this.flush();
   };
-  // Trap recovery: the last exported state.
+  // Trap recovery: the last snapshot (`export-snapshot`), or the last state the user exported or imported.
   #lastState: Uint8Array | undefined;
   nextCheckpoint: bigint;
   #memories: WebAssembly.Memory[] = [];
@@ -282,7 +282,7 @@ export class Runtime {
     this.#instantiateFresh();
     this.#readPolicies();
     this.nextCheckpoint = now() + options.checkpointNs;
-    this.#lastState = this.#engine.exportState();
+    this.#lastState = this.#engine.exportSnapshot();
   }
 
   /** Counts the instances: it changes whenever the component is replaced. */
@@ -888,10 +888,12 @@ export class Runtime {
       );
       return;
     }
+    // The recovery snapshot (docs/hosts.md, section 7): only the keys holding protection, so its
+    // cost follows them, not the size of the key table (the full `export-state` is the user's).
     try {
-      this.#lastState = this.#engine.exportState();
+      this.#lastState = this.#engine.exportSnapshot();
     } catch (err) {
-      this.#recover(err, 'export-state', '');
+      this.#recover(err, 'export-snapshot', '');
     }
   }
 

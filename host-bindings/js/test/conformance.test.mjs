@@ -238,8 +238,10 @@ function replay(component, vector) {
               };
         break;
       }
-      case 'export_import': {
-        const state = engine.exportState();
+      case 'export_import':
+      case 'snapshot_import': {
+        // snapshot_import: the bytes of export-snapshot (only the keys holding protection).
+        const state = s.op === 'snapshot_import' ? engine.exportSnapshot() : engine.exportState();
         const fresh = Engine.load(vector.document, seed);
         fresh.importState(state);
         engine = fresh;

@@ -17,6 +17,7 @@ import {
   sleep,
   startFlags,
   instantiateComponent,
+  constants,
 } from '../dist/index.js';
 import { recordEvents } from './helpers.mjs';
 
@@ -563,6 +564,28 @@ describe('metrics', () => {
       'levee.result': 'success',
       'levee.retried': true,
     });
+  });
+
+  test("each instrument has the contract's unit and description (INSTRUMENTS)", async () => {
+    const made = new Map();
+    const instrument = (name, options) => {
+      made.set(name, options);
+      return { add: () => undefined, record: () => undefined };
+    };
+    const meter = { createCounter: instrument, createHistogram: instrument, createGauge: instrument };
+    const doc =
+      'policies:\n  k:\n    attempts: 1\n    keys: { max: 1 }\n    breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 1h }\n';
+    const levee = loadSync(doc, { seed: 1n, meter });
+    const down = () => Promise.reject(new FlakyError('x'));
+    await levee.run('k', () => 1, { key: 'a' });
+    await levee.run('k', () => 1, { key: 'b' }); // evicts a
+    for (let i = 0; i < 2; i++) await assert.rejects(levee.run('k', down, { key: 'b' }));
+    await levee.run('k', () => 1, { key: 'c' }); // overflows: b holds protection
+    levee.flush();
+    assert.ok(made.has('levee.keys.evicted') && made.has('levee.keys.overflow'), [...made.keys()].join());
+    for (const [name, , unit, description] of constants.INSTRUMENTS) {
+      if (made.has(name)) assert.deepEqual(made.get(name), { unit, description }, name);
+    }
   });
 
   test('the breaker gauge carries the key, unless the sink is told to drop it', async () => {

@@ -5,7 +5,7 @@
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { LeveeError, loadSync } from '../dist/index.js';
+import { LeveeError, PolicyLoadError, loadSync } from '../dist/index.js';
 import { FaultInjector, VirtualClock } from '../dist/testing.js';
 
 const DOC = `
@@ -180,8 +180,10 @@ test('a component whose memory outgrows the bound is replaced, its state restore
   }
   assert.equal(levee.breakerState('guarded'), 'open');
   assert.equal(faults.length, 0);
-  // A 12 MiB key makes the guest grow its memory past the bound; the next checkpoint sees it.
-  assert.equal(await levee.run('plain', () => 1, { key: 'k'.repeat(12 * 1024 * 1024) }), 1);
+  // 12 MiB of bytes to import (refused: no state) make the guest grow its memory past the bound,
+  // as they are copied in; the next checkpoint sees it. (A key that long is refused by the host.)
+  assert.throws(() => levee.importState(new Uint8Array(12 * 1024 * 1024)), PolicyLoadError);
+  assert.equal(faults.length, 0);
   assert.equal(await levee.run('plain', () => 1), 1);
   assert.equal(faults.length, 1);
   assert.equal(faults[0].phase, 'memory-limit');
