@@ -261,7 +261,12 @@ impl Reader<'_> {
                     }
                     // Directives come before the first `---`: `%YAML 1.1` would ask for other
                     // rules (`yes` a boolean, `010` octal), `%TAG` only serves tags.
-                    if let Some(line) = self.text.lines().take(at.0.saturating_sub(1)).position(|l| l.starts_with('%')).filter(|_| explicit)
+                    if let Some(line) = self
+                        .text
+                        .lines()
+                        .take(at.0.saturating_sub(1))
+                        .position(|l| l.trim_start_matches('\u{feff}').starts_with('%'))
+                        .filter(|_| explicit)
                     {
                         return Err(invalid((line + 1, 1), "YAML directives (%YAML, %TAG) are not supported"));
                     }
@@ -686,6 +691,8 @@ mod tests {
             "a: &x 1\nb: *x\n",
             "a: !!str 1\n",
             "%YAML 1.1\n---\na: 1\n",
+            "\u{feff}%YAML 1.1\n---\na: 1\n",
+            "# c\n%TAG !e! tag:e.com,2000:\n---\na: 1\n",
             "? [a]\n: 1\n",
             "1: a\n",
             ": a\n",
