@@ -345,20 +345,9 @@ impl Reader<'_> {
     }
 
     /// A key given twice in one mapping is one error at its second place (not a silent choice
-    /// of one of the values). Sorting, not comparing every pair: a document may hold 4096
-    /// policies.
+    /// of one of the values).
     fn check_keys(&self, entries: &[(String, Value)], places: &[Place]) -> Result<(), LoadError> {
-        let mut order: Vec<usize> = (0..entries.len()).collect();
-        order.sort_by(|&a, &b| entries.get(a).map(|e| &e.0).cmp(&entries.get(b).map(|e| &e.0)).then(a.cmp(&b)));
-        let mut second: Option<(usize, usize)> = None;
-        for pair in order.windows(2) {
-            if let [a, b] = *pair {
-                if entries.get(a).map(|e| &e.0) == entries.get(b).map(|e| &e.0) && second.is_none_or(|(s, _)| b < s) {
-                    second = Some((b, a));
-                }
-            }
-        }
-        let Some((dup, first)) = second else {
+        let Some((dup, first)) = first_duplicate(entries) else {
             return Ok(());
         };
         let key = entries.get(dup).map(|e| e.0.as_str()).unwrap_or_default();
@@ -376,6 +365,107 @@ impl Reader<'_> {
             &join(&path, key),
             format!("invalid document at line {line}, column {col}: `{key}` is given twice (first at line {first_line}, column {first_col}); keep one"),
         ))
+    }
+}
+
+/// The first key given twice in a mapping, as (second place, first place): sorting, not
+/// comparing every pair, since a document may hold 4096 policies.
+fn first_duplicate(entries: &[(String, Value)]) -> Option<(usize, usize)> {
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| entries.get(a).map(|e| &e.0).cmp(&entries.get(b).map(|e| &e.0)).then(a.cmp(&b)));
+    let mut second: Option<(usize, usize)> = None;
+    for pair in order.windows(2) {
+        if let [a, b] = *pair {
+            if entries.get(a).map(|e| &e.0) == entries.get(b).map(|e| &e.0) && second.is_none_or(|(s, _)| b < s) {
+                second = Some((b, a));
+            }
+        }
+    }
+    second
+}
+
+/// Parse a JSON text of at most `limit` bytes: exported engine state, which the core writes
+/// itself ([`to_json`]). serde_json reads it: several times faster than the YAML parser on
+/// large states, and it allocates each string once (the YAML parser's intermediate strings
+/// made the component's allocator slow down more than linearly on states of thousands of
+/// keys). A key given twice is refused, as in documents.
+pub fn parse_json_limited(text: &str, limit: usize) -> Result<Value, LoadError> {
+    if text.len() > limit {
+        return Err(LoadError::new("", format!("the document is {} bytes; the limit is {limit}", text.len())));
+    }
+    let mut reader = serde_json::Deserializer::from_str(text);
+    let value = serde::Deserializer::deserialize_any(&mut reader, JsonValue)
+        .and_then(|v| reader.end().map(|()| v))
+        .map_err(|e| invalid((e.line(), e.column()), &json_message(&e)))?;
+    Ok(value)
+}
+
+/// serde_json's message without its own " at line L column C".
+fn json_message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(i) => text.get(..i).unwrap_or_default().to_string(),
+        None => text,
+    }
+}
+
+/// Builds a [`Value`] from serde_json's callbacks.
+struct JsonValue;
+
+impl<'de> serde::de::Visitor<'de> for JsonValue {
+    type Value = Value;
+    fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Int(i128::from(v)))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Int(i128::from(v)))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::Str(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::Str(v))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(JsonSeed)? {
+            items.push(item);
+        }
+        Ok(Value::List(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut entries: Vec<(String, Value)> = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = map.next_value_seed(JsonSeed)?;
+            entries.push((key, value));
+        }
+        if let Some((dup, _)) = first_duplicate(&entries) {
+            let key = entries.get(dup).map(|e| e.0.as_str()).unwrap_or_default();
+            return Err(serde::de::Error::custom(format!("`{key}` is given twice")));
+        }
+        Ok(Value::Map(entries))
+    }
+}
+
+/// [`JsonValue`] for the items of lists and mappings.
+struct JsonSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for JsonSeed {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(JsonValue)
     }
 }
 
@@ -723,6 +813,21 @@ mod tests {
         // Two empty documents are several documents; a null key is not a name.
         assert!(parse("---\n---\n").is_err_and(|e| e.message.contains("several documents")));
         assert!(parse(": x\n").is_err_and(|e| e.message.contains("a key must be text")));
+    }
+
+    #[test]
+    fn exported_state_is_read_as_json() {
+        let v = parse_json_limited(r#"{"a": [1, -2, 0.25, "x\u0001", null, true], "b": {"c": 18446744073709551615}}"#, 100);
+        assert_eq!(
+            v.as_ref().ok().map(to_json),
+            Some(r#"{"a":[1,-2,0.25,"x\u0001",null,true],"b":{"c":18446744073709551615}}"#.to_string())
+        );
+        let e = parse_json_limited("{\"a\": 1,\n \"a\": 2}", 100).err().map(|e| e.message);
+        assert_eq!(e.as_deref(), Some("invalid document at line 2, column 8: `a` is given twice"));
+        assert!(parse_json_limited("{} x", 100)
+            .is_err_and(|e| e.message.starts_with("invalid document at line 1, column 4: trailing characters")));
+        assert!(parse_json_limited("{\"a\": 1}", 3).is_err_and(|e| e.message.contains("the limit is 3")));
+        assert!(parse_json_limited(&"[".repeat(100_000), 1 << 20).is_err());
     }
 
     #[test]
