@@ -2,7 +2,9 @@
 //! that names the field path of every error.
 //!
 //! Documents are read by `saphyr-parser`, a YAML 1.2 event parser that passes the YAML test
-//! suite; JSON is read through it too (YAML 1.2 is a superset of JSON). On top of its events
+//! suite; a JSON document is read through it too (YAML 1.2 is a superset of JSON), while
+//! exported engine state, JSON the core writes, is read by serde_json ([`parse_json_limited`]).
+//! On top of the parser's events
 //! the reader builds the tree, resolves plain scalars by the YAML 1.2 core schema, keeps the
 //! limits ([`MAX_DOCUMENT_BYTES`], [`MAX_DEPTH`]) and refuses, with a line and column, what a
 //! policy never needs and what two readers could read two ways: anchors and aliases, tags,
