@@ -4,9 +4,8 @@
 //! Documents are read by `saphyr-parser`, a YAML 1.2 event parser that passes the YAML test
 //! suite; a JSON document is read through it too (YAML 1.2 is a superset of JSON), while
 //! exported engine state, JSON the core writes, is read by serde_json ([`parse_json_limited`]).
-//! On top of the parser's events
-//! the reader builds the tree, resolves plain scalars by the YAML 1.2 core schema, keeps the
-//! limits ([`MAX_DOCUMENT_BYTES`], [`MAX_DEPTH`]) and refuses, with a line and column, what a
+//! On top of the parser's events the reader builds the tree, resolves plain scalars by the
+//! YAML 1.2 core schema, keeps the limits ([`MAX_DOCUMENT_BYTES`], [`MAX_DEPTH`]) and refuses, with a line and column, what a
 //! policy never needs and what two readers could read two ways: anchors and aliases, tags,
 //! directives, several documents, keys that are not text, a key given twice, numbers it cannot
 //! hold exactly and integers with a leading zero. Whatever it accepts, it reads as YAML 1.2
