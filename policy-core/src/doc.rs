@@ -1,23 +1,24 @@
 //! The policy document as a plain tree, parsed from YAML or JSON, a JSON writer, and a reader
 //! that names the field path of every error.
 //!
-//! The parser reads the YAML a policy document needs, and JSON (as YAML flow syntax):
-//! block mappings and sequences by indentation, flow collections `[...]` and `{...}` (which
-//! may span lines), plain, single-quoted and double-quoted scalars, comments, and one
-//! optional `---` marker. It refuses, with a line and column, what a policy never needs and
-//! a reader could misread: anchors, aliases, tags, block scalars (`|`, `>`), several
-//! documents. It is small on purpose: it keeps the component far below its size budget and
-//! has no recursion deeper than [`MAX_DEPTH`].
+//! Documents are read by `saphyr-parser`, a YAML 1.2 event parser that passes the YAML test
+//! suite; a JSON document is read through it too (YAML 1.2 is a superset of JSON), while
+//! exported engine state, JSON the core writes, is read by serde_json ([`parse_json_limited`]).
+//! On top of the parser's events the reader builds the tree, resolves plain scalars by the
+//! YAML 1.2 core schema, keeps the limits ([`MAX_DOCUMENT_BYTES`], [`MAX_DEPTH`]) and refuses, with a line and column, what a
+//! policy never needs and what two readers could read two ways: anchors and aliases, tags,
+//! directives, several documents, keys that are not text, a key given twice, numbers it cannot
+//! hold exactly and integers with a leading zero. Whatever it accepts, it reads as YAML 1.2
+//! does (`policy-core/tests/yaml_test_suite.rs` runs it over every case of the suite). The
+//! parser keeps its state on the heap, not in recursion, and the reader stops at the first
+//! node deeper than [`MAX_DEPTH`].
+
+use saphyr_parser::{Event, Parser, ScalarStyle};
 
 use crate::error::LoadError;
 
 /// Largest document accepted (bytes).
 pub const MAX_DOCUMENT_BYTES: usize = 1 << 20;
-/// Largest exported state accepted by `import-state` (bytes): the state of about 60,000 keys
-/// with a small breaker window. It is far above [`MAX_DOCUMENT_BYTES`] because the state of
-/// more than about 4,000 keys is larger than any policy document, and a host restores it after
-/// a trap.
-pub const MAX_STATE_BYTES: usize = 16 << 20;
 /// Deepest nesting accepted.
 pub const MAX_DEPTH: usize = 64;
 
@@ -217,509 +218,315 @@ pub fn parse_limited(text: &str, limit: usize) -> Result<Value, LoadError> {
     if text.len() > limit {
         return Err(LoadError::new("", format!("the document is {} bytes; the limit is {limit}", text.len())));
     }
-    let mut p = Parser { chars: text.chars().collect(), pos: 0, line: 1, col: 1, path: Vec::new() };
-    p.skip_document_start()?;
-    let value = p.block(0, 0)?;
-    p.skip_blank();
-    if p.at("---") || p.at("...") {
-        return Err(p.err("the YAML stream holds several documents; put every policy in one document"));
-    }
-    if p.peek().is_some() {
-        return Err(p.err("unexpected text here (is the indentation consistent?)"));
-    }
-    Ok(value)
+    Reader { text, stack: Vec::new(), root: None, documents: 0 }.read()
 }
 
-struct Parser {
-    chars: Vec<char>,
-    pos: usize,
-    line: usize,
-    col: usize,
-    /// Keys and list positions from the root to the node being read (for error paths).
-    path: Vec<String>,
+/// A line and a column, both from 1.
+type Place = (usize, usize);
+
+fn invalid((line, col): Place, message: &str) -> LoadError {
+    LoadError::new("", format!("invalid document at line {line}, column {col}: {message}"))
 }
 
-/// The keys of one mapping as they are read, with where each starts, so that a key given
-/// twice is one error at its second place (not a silent choice of one of the values).
-struct Keys(Vec<(usize, usize)>);
+/// A collection being read.
+enum Open {
+    List(Vec<Value>),
+    /// The entries so far, where each key starts, and the key whose value comes next.
+    Map(Vec<(String, Value)>, Vec<Place>, Option<String>),
+}
 
-impl Keys {
-    /// Check the keys of a finished mapping (sorting, not comparing every pair: a document
-    /// may hold 4096 policies).
-    fn check(&self, entries: &[(String, Value)], p: &Parser) -> Result<(), LoadError> {
-        let mut order: Vec<usize> = (0..entries.len()).collect();
-        order.sort_by(|&a, &b| entries.get(a).map(|e| &e.0).cmp(&entries.get(b).map(|e| &e.0)).then(a.cmp(&b)));
-        let mut second: Option<(usize, usize)> = None;
-        for pair in order.windows(2) {
-            if let [a, b] = *pair {
-                if entries.get(a).map(|e| &e.0) == entries.get(b).map(|e| &e.0) && second.is_none_or(|(s, _)| b < s) {
-                    second = Some((b, a));
+/// Builds the tree from the parser's events, refusing what a policy never needs.
+struct Reader<'a> {
+    text: &'a str,
+    stack: Vec<Open>,
+    root: Option<Value>,
+    documents: usize,
+}
+
+impl Reader<'_> {
+    fn read(mut self) -> Result<Value, LoadError> {
+        let mut parser = Parser::new_from_str(self.text);
+        while let Some(next) = parser.next_event() {
+            let (event, span) = next.map_err(|e| invalid((e.marker().line(), e.marker().col() + 1), e.info()))?;
+            let at = (span.start.line(), span.start.col() + 1);
+            match event {
+                Event::DocumentStart(explicit) => {
+                    self.documents += 1;
+                    if self.documents > 1 {
+                        return Err(invalid(at, "the YAML stream holds several documents; put every policy in one document"));
+                    }
+                    // Directives come before the first `---`: `%YAML 1.1` would ask for other
+                    // rules (`yes` a boolean, `010` octal), `%TAG` only serves tags.
+                    if let Some(line) = self
+                        .text
+                        .lines()
+                        .take(at.0.saturating_sub(1))
+                        .position(|l| l.trim_start_matches('\u{feff}').starts_with('%'))
+                        .filter(|_| explicit)
+                    {
+                        return Err(invalid((line + 1, 1), "YAML directives (%YAML, %TAG) are not supported"));
+                    }
+                }
+                Event::Alias(_) => return Err(invalid(at, ANCHORS)),
+                Event::Scalar(text, style, anchor, tag) => {
+                    refuse_properties(anchor, tag.is_some(), at)?;
+                    if let Some(Open::Map(_, places, key @ None)) = self.stack.last_mut() {
+                        let name = match style {
+                            ScalarStyle::Plain => match plain(&text).map_err(|m| invalid(at, &m))? {
+                                Value::Str(s) => s,
+                                Value::Null => return Err(invalid(at, "a key must be text: this key is empty (YAML reads it as null)")),
+                                other => {
+                                    return Err(invalid(
+                                        at,
+                                        &format!(
+                                            "a key must be text: YAML reads `{text}` as {} (quote it if it is a name)",
+                                            other.type_name()
+                                        ),
+                                    ))
+                                }
+                            },
+                            _ => text.into_owned(),
+                        };
+                        places.push(at);
+                        *key = Some(name);
+                    } else {
+                        let value = match style {
+                            ScalarStyle::Plain => plain(&text).map_err(|m| invalid(at, &m))?,
+                            _ => Value::Str(text.into_owned()),
+                        };
+                        self.add(value);
+                    }
+                }
+                Event::SequenceStart(anchor, ref tag) | Event::MappingStart(anchor, ref tag) => {
+                    refuse_properties(anchor, tag.is_some(), at)?;
+                    if let Some(Open::Map(_, _, None)) = self.stack.last() {
+                        return Err(invalid(at, "a key must be text, not a list or a mapping"));
+                    }
+                    if self.stack.len() > MAX_DEPTH {
+                        return Err(invalid(at, &format!("the document nests deeper than {MAX_DEPTH} levels")));
+                    }
+                    let open = if matches!(event, Event::SequenceStart(..)) {
+                        Open::List(Vec::new())
+                    } else {
+                        Open::Map(Vec::new(), Vec::new(), None)
+                    };
+                    self.stack.push(open);
+                }
+                Event::SequenceEnd | Event::MappingEnd => match self.stack.pop() {
+                    Some(Open::List(items)) => self.add(Value::List(items)),
+                    Some(Open::Map(entries, places, _)) => {
+                        self.check_keys(&entries, &places)?;
+                        self.add(Value::Map(entries));
+                    }
+                    None => {}
+                },
+                Event::StreamEnd => break,
+                Event::StreamStart | Event::DocumentEnd | Event::Nothing => {}
+            }
+        }
+        Ok(self.root.take().unwrap_or(Value::Null))
+    }
+
+    /// A finished node: the root, an item, or the value of the pending key.
+    fn add(&mut self, value: Value) {
+        match self.stack.last_mut() {
+            None => self.root = Some(value),
+            Some(Open::List(items)) => items.push(value),
+            Some(Open::Map(entries, _, key)) => {
+                if let Some(k) = key.take() {
+                    entries.push((k, value));
                 }
             }
         }
-        let Some((dup, first)) = second else {
+    }
+
+    /// A key given twice in one mapping is one error at its second place (not a silent choice
+    /// of one of the values).
+    fn check_keys(&self, entries: &[(String, Value)], places: &[Place]) -> Result<(), LoadError> {
+        let Some((dup, first)) = first_duplicate(entries) else {
             return Ok(());
         };
         let key = entries.get(dup).map(|e| e.0.as_str()).unwrap_or_default();
-        let (line, col) = self.0.get(dup).copied().unwrap_or((0, 0));
-        let (first_line, first_col) = self.0.get(first).copied().unwrap_or((0, 0));
+        let (line, col) = places.get(dup).copied().unwrap_or((0, 0));
+        let (first_line, first_col) = places.get(first).copied().unwrap_or((0, 0));
+        // The path of the mapping: what holds it, down from the root, then the key.
         let mut path = String::new();
-        for part in p.path.iter().map(String::as_str).chain([key]) {
-            path = if part.starts_with('[') { format!("{path}{part}") } else { join(&path, part) };
+        for open in &self.stack {
+            match open {
+                Open::List(items) => path = format!("{path}[{}]", items.len()),
+                Open::Map(_, _, k) => path = join(&path, k.as_deref().unwrap_or_default()),
+            }
         }
         Err(LoadError::new(
-            &path,
-            format!(
-                "invalid document at line {line}, column {col}: `{key}` is given twice (first at line {first_line}, column {first_col}); keep one"
-            ),
+            &join(&path, key),
+            format!("invalid document at line {line}, column {col}: `{key}` is given twice (first at line {first_line}, column {first_col}); keep one"),
         ))
     }
 }
 
-impl Parser {
-    fn peek(&self) -> Option<char> {
-        self.chars.get(self.pos).copied()
-    }
-    fn peek_at(&self, offset: usize) -> Option<char> {
-        self.chars.get(self.pos + offset).copied()
-    }
-    fn at(&self, s: &str) -> bool {
-        s.chars().enumerate().all(|(i, c)| self.peek_at(i) == Some(c))
-    }
-    fn bump(&mut self) -> Option<char> {
-        let c = self.peek()?;
-        self.pos += 1;
-        if c == '\n' {
-            self.line += 1;
-            self.col = 1;
-        } else {
-            self.col += 1;
+/// The first key given twice in a mapping, as (second place, first place): sorting, not
+/// comparing every pair, since a document may hold 4096 policies.
+fn first_duplicate(entries: &[(String, Value)]) -> Option<(usize, usize)> {
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| entries.get(a).map(|e| &e.0).cmp(&entries.get(b).map(|e| &e.0)).then(a.cmp(&b)));
+    let mut second: Option<(usize, usize)> = None;
+    for pair in order.windows(2) {
+        if let [a, b] = *pair {
+            if entries.get(a).map(|e| &e.0) == entries.get(b).map(|e| &e.0) && second.is_none_or(|(s, _)| b < s) {
+                second = Some((b, a));
+            }
         }
-        Some(c)
     }
-    fn err(&self, message: &str) -> LoadError {
-        LoadError::new("", format!("invalid document at line {}, column {}: {message}", self.line, self.col))
-    }
+    second
+}
 
-    /// Skip spaces and tabs on the current line.
-    fn skip_spaces(&mut self) {
-        while matches!(self.peek(), Some(' ') | Some('\t')) {
-            self.bump();
-        }
+/// Parse a JSON text of at most `limit` bytes: exported engine state, which the core writes
+/// itself ([`to_json`]). serde_json reads it: several times faster than the YAML parser on
+/// large states, and it allocates each string once (the YAML parser's intermediate strings
+/// made the component's allocator slow down more than linearly on states of thousands of
+/// keys). A key given twice is refused, as in documents.
+pub fn parse_json_limited(text: &str, limit: usize) -> Result<Value, LoadError> {
+    if text.len() > limit {
+        return Err(LoadError::new("", format!("the document is {} bytes; the limit is {limit}", text.len())));
     }
-    /// Skip a comment to the end of the line.
-    fn skip_comment(&mut self) {
-        if self.peek() == Some('#') {
-            while !matches!(self.peek(), None | Some('\n')) {
-                self.bump();
-            }
-        }
-    }
-    /// Skip blank lines, comments and whitespace up to the next content.
-    fn skip_blank(&mut self) {
-        loop {
-            self.skip_spaces();
-            self.skip_comment();
-            match self.peek() {
-                Some('\n') | Some('\r') => {
-                    self.bump();
-                }
-                _ => return,
-            }
-        }
-    }
-    fn skip_document_start(&mut self) -> Result<(), LoadError> {
-        if self.peek() == Some('\u{feff}') {
-            self.bump();
-        }
-        self.skip_blank();
-        if self.at("%") {
-            return Err(self.err("YAML directives are not supported"));
-        }
-        if self.at("---") && matches!(self.peek_at(3), None | Some(' ') | Some('\n') | Some('\r')) {
-            for _ in 0..3 {
-                self.bump();
-            }
-        }
-        Ok(())
-    }
+    let mut reader = serde_json::Deserializer::from_str(text);
+    let value = serde::Deserializer::deserialize_any(&mut reader, JsonValue)
+        .and_then(|v| reader.end().map(|()| v))
+        .map_err(|e| invalid((e.line(), e.column()), &json_message(&e)))?;
+    Ok(value)
+}
 
-    /// Column (0-based) of the next content, after blank lines; None at the end.
-    fn next_indent(&mut self) -> Option<usize> {
-        self.skip_blank();
-        self.peek()?;
-        Some(self.col - 1)
-    }
-
-    /// A block node whose lines are indented at least `min`.
-    fn block(&mut self, min: usize, depth: usize) -> Result<Value, LoadError> {
-        if depth > MAX_DEPTH {
-            return Err(self.err(&format!("the document nests deeper than {MAX_DEPTH} levels")));
-        }
-        let Some(indent) = self.next_indent() else {
-            return Ok(Value::Null);
-        };
-        if indent < min {
-            return Ok(Value::Null);
-        }
-        if self.is_sequence_entry() {
-            return self.sequence(indent, depth);
-        }
-        if self.starts_mapping_entry()? {
-            return self.mapping(indent, depth);
-        }
-        let v = self.inline(depth)?;
-        self.end_of_line()?;
-        Ok(v)
-    }
-
-    fn is_sequence_entry(&self) -> bool {
-        self.peek() == Some('-') && matches!(self.peek_at(1), None | Some(' ') | Some('\n') | Some('\r') | Some('\t'))
-    }
-
-    /// Whether the line from here reads `key: ...` (outside quotes and brackets).
-    fn starts_mapping_entry(&self) -> Result<bool, LoadError> {
-        let mut i = self.pos;
-        let first = self.chars.get(i).copied();
-        if matches!(first, Some('[') | Some('{')) {
-            return Ok(false);
-        }
-        if let Some(q @ ('"' | '\'')) = first {
-            // A quoted key is a key only when `:` follows the closing quote.
-            i += 1;
-            while let Some(c) = self.chars.get(i).copied() {
-                i += 1;
-                if c == q {
-                    if q == '\'' && self.chars.get(i) == Some(&'\'') {
-                        i += 1;
-                        continue;
-                    }
-                    break;
-                }
-                if c == '\\' && q == '"' {
-                    i += 1;
-                }
-                if c == '\n' {
-                    return Ok(false);
-                }
-            }
-            while self.chars.get(i) == Some(&' ') {
-                i += 1;
-            }
-            return Ok(self.chars.get(i) == Some(&':'));
-        }
-        while let Some(c) = self.chars.get(i).copied() {
-            match c {
-                '\n' | '\r' => return Ok(false),
-                '#' if i > self.pos && matches!(self.chars.get(i - 1), Some(' ') | Some('\t')) => return Ok(false),
-                ':' if matches!(self.chars.get(i + 1).copied(), None | Some(' ') | Some('\n') | Some('\r') | Some('\t')) => {
-                    return Ok(true)
-                }
-                _ => i += 1,
-            }
-        }
-        Ok(false)
-    }
-
-    fn end_of_line(&mut self) -> Result<(), LoadError> {
-        self.skip_spaces();
-        self.skip_comment();
-        match self.peek() {
-            None | Some('\n') | Some('\r') => Ok(()),
-            Some(_) => Err(self.err("unexpected text after the value")),
-        }
-    }
-
-    fn mapping(&mut self, indent: usize, depth: usize) -> Result<Value, LoadError> {
-        let mut entries: Vec<(String, Value)> = Vec::new();
-        let mut keys = Keys(Vec::new());
-        loop {
-            keys.0.push((self.line, self.col));
-            let key = self.key()?;
-            self.path.push(key.clone());
-            self.skip_spaces();
-            if self.bump() != Some(':') {
-                return Err(self.err("expected `:` after the key"));
-            }
-            self.skip_spaces();
-            self.skip_comment();
-            let value = if matches!(self.peek(), None | Some('\n') | Some('\r')) {
-                // The value is on the following lines: deeper, or a sequence at this indent.
-                match self.next_indent() {
-                    Some(i) if i > indent => self.block(i, depth + 1)?,
-                    Some(i) if i == indent && self.is_sequence_entry() => self.sequence(i, depth + 1)?,
-                    _ => Value::Null,
-                }
-            } else {
-                let v = self.inline(depth + 1)?;
-                self.end_of_line()?;
-                v
-            };
-            self.path.pop();
-            entries.push((key, value));
-            match self.next_indent() {
-                Some(i) if i == indent && !self.is_sequence_entry() => continue,
-                Some(i) if i > indent => return Err(self.err("this line is indented more than the mapping it belongs to")),
-                _ => {
-                    keys.check(&entries, self)?;
-                    return Ok(Value::Map(entries));
-                }
-            }
-        }
-    }
-
-    fn key(&mut self) -> Result<String, LoadError> {
-        match self.peek() {
-            Some('"') | Some('\'') => self.quoted(),
-            _ => {
-                let mut key = String::new();
-                while let Some(c) = self.peek() {
-                    if c == ':' && matches!(self.peek_at(1), None | Some(' ') | Some('\n') | Some('\r') | Some('\t')) {
-                        break;
-                    }
-                    if c == '\n' {
-                        break;
-                    }
-                    key.push(c);
-                    self.bump();
-                }
-                let key = key.trim_end().to_string();
-                if key.starts_with(['&', '*', '!', '?']) {
-                    return Err(self.err("anchors, aliases, tags and complex keys are not supported"));
-                }
-                Ok(key)
-            }
-        }
-    }
-
-    fn sequence(&mut self, indent: usize, depth: usize) -> Result<Value, LoadError> {
-        let mut items = Vec::new();
-        loop {
-            self.path.push(format!("[{}]", items.len()));
-            self.bump(); // '-'
-            self.skip_spaces();
-            self.skip_comment();
-            let item = if matches!(self.peek(), None | Some('\n') | Some('\r')) {
-                match self.next_indent() {
-                    Some(i) if i > indent => self.block(i, depth + 1)?,
-                    _ => Value::Null,
-                }
-            } else {
-                // `- key: value` opens a mapping indented at the item's text.
-                let item_indent = self.col - 1;
-                if self.is_sequence_entry() {
-                    self.sequence(item_indent, depth + 1)?
-                } else if self.starts_mapping_entry()? {
-                    self.mapping(item_indent, depth + 1)?
-                } else {
-                    let v = self.inline(depth + 1)?;
-                    self.end_of_line()?;
-                    v
-                }
-            };
-            self.path.pop();
-            items.push(item);
-            match self.next_indent() {
-                Some(i) if i == indent && self.is_sequence_entry() => continue,
-                Some(i) if i > indent => return Err(self.err("this line is indented more than the list it belongs to")),
-                _ => return Ok(Value::List(items)),
-            }
-        }
-    }
-
-    /// A value on one line (or a flow collection spanning lines).
-    fn inline(&mut self, depth: usize) -> Result<Value, LoadError> {
-        match self.peek() {
-            Some('[') | Some('{') => self.flow(depth),
-            Some('"') | Some('\'') => self.quoted().map(Value::Str),
-            Some('&') | Some('*') | Some('!') => Err(self.err("anchors, aliases and tags are not supported")),
-            Some('|') | Some('>') => Err(self.err("block scalars (| and >) are not supported")),
-            _ => {
-                let mut text = String::new();
-                while let Some(c) = self.peek() {
-                    if c == '\n' || c == '\r' || (c == '#' && text.ends_with([' ', '\t'])) {
-                        break;
-                    }
-                    if c == ':' && matches!(self.peek_at(1), None | Some(' ') | Some('\n')) {
-                        return Err(self.err("a mapping cannot start here (use a new line, or quote the text)"));
-                    }
-                    text.push(c);
-                    self.bump();
-                }
-                Ok(plain(text.trim()))
-            }
-        }
-    }
-
-    fn skip_flow_blank(&mut self) {
-        loop {
-            match self.peek() {
-                Some(' ') | Some('\t') | Some('\n') | Some('\r') => {
-                    self.bump();
-                }
-                Some('#') => self.skip_comment(),
-                _ => return,
-            }
-        }
-    }
-
-    fn flow(&mut self, depth: usize) -> Result<Value, LoadError> {
-        if depth > MAX_DEPTH {
-            return Err(self.err(&format!("the document nests deeper than {MAX_DEPTH} levels")));
-        }
-        let open = self.bump();
-        let close = if open == Some('[') { ']' } else { '}' };
-        let mut items = Vec::new();
-        let mut entries: Vec<(String, Value)> = Vec::new();
-        let mut keys = Keys(Vec::new());
-        loop {
-            self.skip_flow_blank();
-            if self.peek() == Some(close) {
-                self.bump();
-                break;
-            }
-            if close == ']' {
-                self.path.push(format!("[{}]", items.len()));
-                items.push(self.flow_value(depth)?);
-                self.path.pop();
-            } else {
-                keys.0.push((self.line, self.col));
-                let key = match self.flow_value(depth)? {
-                    Value::Str(s) => s,
-                    Value::Int(i) => i.to_string(),
-                    Value::Bool(b) => b.to_string(),
-                    Value::Null => String::new(),
-                    _ => return Err(self.err("mapping keys must be plain scalars")),
-                };
-                self.skip_flow_blank();
-                self.path.push(key.clone());
-                let value = if self.peek() == Some(':') {
-                    self.bump();
-                    self.skip_flow_blank();
-                    if matches!(self.peek(), Some(',') | Some('}')) {
-                        Value::Null
-                    } else {
-                        self.flow_value(depth)?
-                    }
-                } else {
-                    Value::Null
-                };
-                self.path.pop();
-                entries.push((key, value));
-            }
-            self.skip_flow_blank();
-            match self.bump() {
-                Some(',') => continue,
-                Some(c) if c == close => break,
-                None => return Err(self.err(&format!("the document ends before `{close}`"))),
-                Some(c) => return Err(self.err(&format!("expected `,` or `{close}`, found `{c}`"))),
-            }
-        }
-        if close == ']' {
-            return Ok(Value::List(items));
-        }
-        keys.check(&entries, self)?;
-        Ok(Value::Map(entries))
-    }
-
-    fn flow_value(&mut self, depth: usize) -> Result<Value, LoadError> {
-        match self.peek() {
-            Some('[') | Some('{') => self.flow(depth + 1),
-            Some('"') | Some('\'') => self.quoted().map(Value::Str),
-            None => Err(self.err("the document ends inside a collection")),
-            Some('&') | Some('*') | Some('!') => Err(self.err("anchors, aliases and tags are not supported")),
-            _ => {
-                let mut text = String::new();
-                while let Some(c) = self.peek() {
-                    let ends_key = c == ':' && matches!(self.peek_at(1), None | Some(' ') | Some('\n') | Some(',') | Some(']') | Some('}'));
-                    if matches!(c, ',' | ']' | '}' | '[' | '{' | '\n' | '\r') || ends_key || (c == '#' && text.ends_with(' ')) {
-                        break;
-                    }
-                    text.push(c);
-                    self.bump();
-                }
-                if text.trim().is_empty() {
-                    return Err(self.err("expected a value"));
-                }
-                Ok(plain(text.trim()))
-            }
-        }
-    }
-
-    fn quoted(&mut self) -> Result<String, LoadError> {
-        let q = self.bump();
-        let mut out = String::new();
-        loop {
-            match self.bump() {
-                None => return Err(self.err("the document ends inside a quoted string")),
-                Some('\'') if q == Some('\'') => {
-                    if self.peek() == Some('\'') {
-                        self.bump();
-                        out.push('\'');
-                    } else {
-                        return Ok(out);
-                    }
-                }
-                Some('"') if q == Some('"') => return Ok(out),
-                Some('\\') if q == Some('"') => {
-                    let c = self.bump().ok_or_else(|| self.err("the document ends inside an escape"))?;
-                    match c {
-                        'n' => out.push('\n'),
-                        't' => out.push('\t'),
-                        'r' => out.push('\r'),
-                        '0' => out.push('\0'),
-                        'b' => out.push('\u{8}'),
-                        'f' => out.push('\u{c}'),
-                        '/' | '\\' | '"' | '\'' | ' ' => out.push(c),
-                        'u' => {
-                            let mut code = 0u32;
-                            for _ in 0..4 {
-                                let d = self.bump().and_then(|d| d.to_digit(16)).ok_or_else(|| self.err("\\u needs four hex digits"))?;
-                                code = code * 16 + d;
-                            }
-                            out.push(char::from_u32(code).unwrap_or('\u{fffd}'));
-                        }
-                        other => return Err(self.err(&format!("unknown escape `\\{other}`"))),
-                    }
-                }
-                Some(c) => out.push(c),
-            }
-        }
+/// serde_json's message without its own " at line L column C".
+fn json_message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(i) => text.get(..i).unwrap_or_default().to_string(),
+        None => text,
     }
 }
 
-/// Resolve a plain scalar (YAML 1.2 core schema).
-fn plain(text: &str) -> Value {
+/// Builds a [`Value`] from serde_json's callbacks.
+struct JsonValue;
+
+impl<'de> serde::de::Visitor<'de> for JsonValue {
+    type Value = Value;
+    fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Int(i128::from(v)))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Int(i128::from(v)))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::Str(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::Str(v))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(JsonSeed)? {
+            items.push(item);
+        }
+        Ok(Value::List(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut entries: Vec<(String, Value)> = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = map.next_value_seed(JsonSeed)?;
+            entries.push((key, value));
+        }
+        if let Some((dup, _)) = first_duplicate(&entries) {
+            let key = entries.get(dup).map(|e| e.0.as_str()).unwrap_or_default();
+            return Err(serde::de::Error::custom(format!("`{key}` is given twice")));
+        }
+        Ok(Value::Map(entries))
+    }
+}
+
+/// [`JsonValue`] for the items of lists and mappings.
+struct JsonSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for JsonSeed {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(JsonValue)
+    }
+}
+
+const ANCHORS: &str = "anchors and aliases are not supported: write the value out where it is used";
+
+/// Anchors (`&a`) and tags (`!t`) on a node are refused.
+fn refuse_properties(anchor: usize, tagged: bool, at: Place) -> Result<(), LoadError> {
+    if anchor != 0 {
+        return Err(invalid(at, ANCHORS));
+    }
+    if tagged {
+        return Err(invalid(at, "tags are not supported: remove the `!...` (a value's type comes from how it is written)"));
+    }
+    Ok(())
+}
+
+/// Resolve a plain scalar by the YAML 1.2 core schema (spec 10.3.2). A number the reader
+/// cannot hold exactly, and an integer with a leading zero (octal to YAML 1.1 tools, decimal
+/// to YAML 1.2), are refused rather than read otherwise.
+fn plain(text: &str) -> Result<Value, String> {
     match text {
-        "" | "~" | "null" | "Null" | "NULL" => return Value::Null,
-        "true" | "True" | "TRUE" => return Value::Bool(true),
-        "false" | "False" | "FALSE" => return Value::Bool(false),
-        ".inf" | "+.inf" | ".Inf" | "+.Inf" => return Value::Float(f64::INFINITY),
-        "-.inf" | "-.Inf" => return Value::Float(f64::NEG_INFINITY),
-        ".nan" | ".NaN" => return Value::Float(f64::NAN),
+        "" | "~" | "null" | "Null" | "NULL" => return Ok(Value::Null),
+        "true" | "True" | "TRUE" => return Ok(Value::Bool(true)),
+        "false" | "False" | "FALSE" => return Ok(Value::Bool(false)),
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => return Ok(Value::Float(f64::INFINITY)),
+        "-.inf" | "-.Inf" | "-.INF" => return Ok(Value::Float(f64::NEG_INFINITY)),
+        ".nan" | ".NaN" | ".NAN" => return Ok(Value::Float(f64::NAN)),
         _ => {}
     }
-    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
-    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-        if let Ok(i) = text.parse::<i128>() {
-            return Value::Int(i);
+    let inexact = || {
+        format!("the number `{text}` cannot be read exactly (Levee reads integers of up to 38 digits and decimals of up to 15 significant digits with exponents up to 22)")
+    };
+    let unsigned = text.strip_prefix(['-', '+']).unwrap_or(text);
+    let (radix, digits) = if let Some(octal) = text.strip_prefix("0o") {
+        (8, octal)
+    } else if let Some(hex) = text.strip_prefix("0x") {
+        (16, hex)
+    } else {
+        (10, unsigned)
+    };
+    if !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix)) {
+        if radix == 10 && digits.len() > 1 && digits.starts_with('0') {
+            return Err(format!(
+                "`{text}` is an integer with a leading zero: YAML 1.1 tools read it as octal, YAML 1.2 as decimal; remove the zero (or write 0o{} for octal)",
+                digits.trim_start_matches('0')
+            ));
         }
+        let magnitude = i128::from_str_radix(digits, radix).map_err(|_| inexact())?;
+        return Ok(Value::Int(if text.starts_with('-') { -magnitude } else { magnitude }));
     }
-    if let Some(hex) = text.strip_prefix("0x") {
-        if let Ok(i) = i128::from_str_radix(hex, 16) {
-            return Value::Int(i);
-        }
+    // [-+]? ( \. [0-9]+ | [0-9]+ ( \. [0-9]* )? ) ( [eE] [-+]? [0-9]+ )?
+    let decimal = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
+        Some((m, e)) => (m, Some(e.strip_prefix(['-', '+']).unwrap_or(e))),
+        None => (unsigned, None),
+    };
+    let float = match mantissa.split_once('.') {
+        Some(("", frac)) => decimal(frac),
+        Some((int, frac)) => decimal(int) && (frac.is_empty() || decimal(frac)),
+        None => decimal(mantissa),
+    } && exponent.is_none_or(decimal);
+    if float {
+        return parse_number(text).map(Value::Float).ok_or_else(inexact);
     }
-    let numeric = !digits.is_empty()
-        && digits.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+'))
-        && digits.bytes().any(|b| b.is_ascii_digit())
-        && digits.as_bytes().first().is_some_and(|b| b.is_ascii_digit() || *b == b'.');
-    if numeric {
-        if let Some(x) = parse_number(text) {
-            return Value::Float(x);
-        }
-    }
-    Value::Str(text.to_string())
+    Ok(Value::Str(text.to_string()))
 }
 
 /// Parse a decimal number exactly when it can be (Clinger's fast path: at most 15
@@ -740,7 +547,10 @@ pub fn parse_number(text: &str) -> Option<f64> {
         return None;
     }
     let digits = format!("{int_part}{frac_part}");
-    let digits = digits.trim_start_matches('0');
+    let significant = digits.trim_start_matches('0').trim_end_matches('0');
+    // Zeros at the end scale by ten: 1500000000000000000000.0 is 15 * 10^20.
+    let zeros = digits.len() - digits.trim_end_matches('0').len();
+    let digits = significant;
     if !digits.bytes().all(|b| b.is_ascii_digit()) || !int_part.bytes().chain(frac_part.bytes()).all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -748,7 +558,11 @@ pub fn parse_number(text: &str) -> Option<f64> {
         return None;
     }
     let mantissa = if digits.is_empty() { 0 } else { digits.parse::<u64>().ok()? };
-    let power = exponent.checked_sub(i32::try_from(frac_part.len()).ok()?)?;
+    let power = exponent.checked_sub(i32::try_from(frac_part.len()).ok()?)?.checked_add(if digits.is_empty() {
+        0
+    } else {
+        i32::try_from(zeros).ok()?
+    })?;
     const POW10: [f64; 23] =
         [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22];
     let scale = *POW10.get(power.unsigned_abs() as usize)?;
@@ -929,12 +743,27 @@ mod tests {
 
     #[test]
     fn scalars() {
-        assert_eq!(plain("250ms"), Value::Str("250ms".into()));
-        assert_eq!(plain("-3"), Value::Int(-3));
-        assert_eq!(plain("1.5"), Value::Float(1.5));
-        assert_eq!(plain("1e3"), Value::Float(1000.0));
-        assert_eq!(plain("http:503"), Value::Str("http:503".into()));
-        assert_eq!(plain("18446744073709551615").as_u64(), Some(u64::MAX));
+        assert_eq!(plain("250ms"), Ok(Value::Str("250ms".into())));
+        assert_eq!(plain("-3"), Ok(Value::Int(-3)));
+        assert_eq!(plain("1.5"), Ok(Value::Float(1.5)));
+        assert_eq!(plain("1e3"), Ok(Value::Float(1000.0)));
+        assert_eq!(plain("http:503"), Ok(Value::Str("http:503".into())));
+        assert_eq!(plain("18446744073709551615").ok().and_then(|v| v.as_u64()), Some(u64::MAX));
+        // The whole core schema: octal, hex, every spelling of infinity; signs only where
+        // the schema has them.
+        assert_eq!(plain("0o17"), Ok(Value::Int(15)));
+        assert_eq!(plain("0x1F"), Ok(Value::Int(31)));
+        assert_eq!(plain("-0x1F"), Ok(Value::Str("-0x1F".into())));
+        assert_eq!(plain("+.INF"), Ok(Value::Float(f64::INFINITY)));
+        assert_eq!(plain("1."), Ok(Value::Float(1.0)));
+        assert_eq!(plain("1500000000000000000000.0"), Ok(Value::Float(1.5e21)));
+        assert_eq!(plain("1.2.3"), Ok(Value::Str("1.2.3".into())));
+        // What the reader cannot hold exactly, or YAML 1.1 reads otherwise, is refused.
+        assert!(plain("1e400").is_err_and(|m| m.contains("cannot be read exactly")));
+        assert!(plain("0.12345678901234567").is_err());
+        assert!(plain("1234567890123456789012345678901234567890").is_err());
+        assert!(plain("010").is_err_and(|m| m.contains("leading zero")));
+        assert_eq!(plain("0"), Ok(Value::Int(0)));
         assert_eq!(ok("a: 'it''s'\nb: \"tab\\tA\\u0042\"\n").get("b"), Some(&Value::Str("tab\tAB".into())));
     }
 
@@ -946,13 +775,55 @@ mod tests {
             "{\"a\" 1}",
             "--- a\n--- b\n",
             "a: &x 1\nb: *x\n",
-            "a: |\n  text\n",
+            "a: !!str 1\n",
+            "%YAML 1.1\n---\na: 1\n",
+            "\u{feff}%YAML 1.1\n---\na: 1\n",
+            "# c\n%TAG !e! tag:e.com,2000:\n---\na: 1\n",
+            "? [a]\n: 1\n",
+            "1: a\n",
+            ": a\n",
+            "a:\n\tb: 1\n",
             "a: b: c\n",
             "a:\n  b: 1\n   c: 2\n",
             "\"unterminated",
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn reads_what_issue_45_found_misread_as_yaml_does() {
+        // A quoted string over two lines folds the break and the indentation to one space.
+        assert_eq!(ok("foo: \"bar\n  baz\"\n").get("foo"), Some(&Value::Str("bar baz".into())));
+        assert_eq!(ok("foo: 'bar\n\n  baz'\n").get("foo"), Some(&Value::Str("bar\nbaz".into())));
+        // A tab after `---` separates; a comment needs a space before `#`.
+        assert_eq!(ok("---\tscalar\n"), Value::Str("scalar".into()));
+        assert_eq!(ok("this is #not a: key\n"), Value::Str("this is".into()));
+        assert_eq!(ok("{ ? explicit: entry }\n").get("explicit"), Some(&Value::Str("entry".into())));
+        assert_eq!(ok("a: |\n  two\n  lines\n").get("a"), Some(&Value::Str("two\nlines\n".into())));
+        // What YAML refuses is refused: a comment without a space, `\'` in double quotes, a
+        // bare `-` in a flow list, document markers inside quotes, tabs as indentation.
+        for bad in ["[a]#x\n", "a: \"it\\'s\"\n", "[-]\n", "\"a\n---\nb\"\n", "a:\n\tb: 1\n", "- a\n\t- b\n"] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        // Two empty documents are several documents; a null key is not a name.
+        assert!(parse("---\n---\n").is_err_and(|e| e.message.contains("several documents")));
+        assert!(parse(": x\n").is_err_and(|e| e.message.contains("a key must be text")));
+    }
+
+    #[test]
+    fn exported_state_is_read_as_json() {
+        let v = parse_json_limited(r#"{"a": [1, -2, 0.25, "x\u0001", null, true], "b": {"c": 18446744073709551615}}"#, 100);
+        assert_eq!(
+            v.as_ref().ok().map(to_json),
+            Some(r#"{"a":[1,-2,0.25,"x\u0001",null,true],"b":{"c":18446744073709551615}}"#.to_string())
+        );
+        let e = parse_json_limited("{\"a\": 1,\n \"a\": 2}", 100).err().map(|e| e.message);
+        assert_eq!(e.as_deref(), Some("invalid document at line 2, column 8: `a` is given twice"));
+        assert!(parse_json_limited("{} x", 100)
+            .is_err_and(|e| e.message.starts_with("invalid document at line 1, column 4: trailing characters")));
+        assert!(parse_json_limited("{\"a\": 1}", 3).is_err_and(|e| e.message.contains("the limit is 3")));
+        assert!(parse_json_limited(&"[".repeat(100_000), 1 << 20).is_err());
     }
 
     #[test]

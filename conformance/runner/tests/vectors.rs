@@ -81,7 +81,7 @@ fn the_component_has_zero_imports_and_fits_the_size_budget() {
     assert_eq!(levee_conformance::component::component_imports().ok(), Some(0));
     assert_eq!(levee_build::count_imports(levee_conformance::component::COMPONENT).ok(), Some(0));
     let size = levee_conformance::component::COMPONENT.len();
-    assert!(size <= 400 * 1024, "the component is {size} bytes; the budget is 400 KiB");
+    assert!(size <= 512 * 1024, "the component is {size} bytes; the budget is 512 KiB (docs/performance.md)");
 }
 
 #[test]
