@@ -1432,3 +1432,17 @@ def test_every_event_kind_is_described_as_itself() -> None:
         )  # fmt: skip
         text = describe(ev)
         assert ("engine fault" in text) == (kind is EventKind.ENGINE_FAULT), (kind, text)
+
+
+def test_the_work_bound_of_a_long_running_engine_never_wraps_the_fuel() -> None:
+    # The keyed starts since the last export or import count towards the bound of a crossing
+    # that walks the state; the recovery snapshot no longer resets them, so after enough calls
+    # the bound passes 2^64, which the store's fuel (a u64) would wrap to almost nothing.
+    from levee._abi import CALL_UNITS, UNITS_PER_BYTE
+
+    engine = levee.loads(KEYED_BREAKER, seed=1)
+    _fill_keys(engine, 100)  # an export of more than the 8,384 units the wrapped bound leaves
+    engine._core.keyed_starts = 0
+    engine._core.state_bytes = -(-((1 << 64) - CALL_UNITS) // UNITS_PER_BYTE)  # the bound just past 2^64
+    assert len(engine.export_state()) > 0
+    assert engine.faults == 0

@@ -69,8 +69,10 @@ MEMORY_LIMIT = GUARD_GUEST_MEMORY_BYTES
 
 
 def work_units(size_bytes: int) -> int:
-    """The budget of a crossing that walks `size_bytes` of document or state."""
-    return CALL_UNITS + UNITS_PER_BYTE * max(0, size_bytes)
+    """The budget of a crossing that walks `size_bytes` of document or state (at most 2^62: the
+    store's fuel is a u64, and the keyed starts counted since the last export or import, which
+    the recovery snapshot no longer resets, grow for as long as the engine runs)."""
+    return min(CALL_UNITS + UNITS_PER_BYTE * max(0, size_bytes), 1 << 62)
 
 
 _V = ffi.wasmtime_component_val_t
