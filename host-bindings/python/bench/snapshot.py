@@ -3,11 +3,18 @@
 One policy with a breaker and room for 10^6 keys; N keys filled with a successful call each
 (k0..k{N-1}), then the breaker of key "open" opened (a snapshot is due: taken on the transition
 and then at most once a second of the engine's clock on the call path, docs/hosts.md section 7).
-Then one caller cycles over k0..k999 for T seconds of real time, counting calls and timing the
-slowest (and the 99.9th percentile); `snap us` is one snapshot's own cost (the median of 21
-taken after the run). `open` says whether the breaker of "open" is still open
-at the end. Each N gets an engine of its own; the figures are side by side, with the calls' ratio
-to N=1.
+Then one caller cycles over k0..k999 for T seconds of real time. Each N gets an engine of its
+own; the figures are side by side:
+
+- `calls` and its ratio to N=1; `calls/cpu-s` and its ratio: calls per second of the caller's
+  own CPU time (on a shared machine the wall-clock ratio is mostly the other processes' load);
+- `slowest ms` and `p99.9 ms`: the slowest call, and the 99.9th percentile;
+- `snapshot B` and `snap us`: the last snapshot's size, and one snapshot's own cost (the median
+  of 21 taken after the run);
+- `evicted`: keys evicted while the caller ran (with N = 10^6 the table is full once "open" is
+  added: the first cycle makes each of its keys again, evicting the least recently used, then
+  none; N = 999999 leaves room for "open");
+- `faults`, and `open`: whether the breaker of "open" is still open at the end.
 
     python bench/snapshot.py                        # N = 1, 10^5, 10^6; T = 3 s
     python bench/snapshot.py --n 1,1000,20000 --seconds 0.5 --check   # the smoke run of ci.sh
@@ -65,11 +72,19 @@ def run(n: int, seconds: float, snapshot: str) -> dict[str, Any]:
             opened.call(_fail)
         except (levee.RetriesExhausted, ConnectionError):  # ConnectionError: a degraded call (a fault)
             pass
+    evictions = [0]
+
+    def count(ev: levee.Event) -> None:
+        if ev.kind is levee.EventKind.KEY_EVICTED:
+            evictions[0] += 1
+
+    engine.add_listener(count)
     handles = [engine.policy("p", key=f"k{i}").call for i in range(min(n, 1000))]
     m = len(handles)
     calls = 0
     times: list[int] = []
     clock = time.perf_counter_ns
+    cpu = time.thread_time()
     end = clock() + int(seconds * 1e9)
     now = clock()
     while now < end:
@@ -78,6 +93,7 @@ def run(n: int, seconds: float, snapshot: str) -> dict[str, Any]:
         times.append(after - now)
         now = after
         calls += 1
+    cpu = time.thread_time() - cpu
     times.sort()
     # one snapshot's own cost, as the call path pays it (median of 21, under the engine's lock)
     took: list[int] = []
@@ -92,8 +108,10 @@ def run(n: int, seconds: float, snapshot: str) -> dict[str, Any]:
         "n": n,
         "fill_s": fill,
         "calls": calls,
+        "cpu_rate": calls / cpu,
         "slowest_ms": times[-1] / 1e6,
         "p999_ms": times[int(len(times) * 0.999)] / 1e6,
+        "evicted": evictions[0],
         "open": engine.breaker_state("p", "open") is levee.BreakerState.OPEN,
         "snapshot_bytes": len(engine._snapshot or b""),
         "snapshot_us": took[len(took) // 2] / 1e3 if took else float("nan"),
@@ -118,16 +136,19 @@ def main() -> None:
     bad = []
     ns = [int(x) for x in args.n.split(",")]
     print(f"snapshot with {args.snapshot}, T = {args.seconds} s, one caller over k0..k999")
-    print(f"{'N':>9} {'fill s':>8} {'calls':>9} {'ratio':>6} {'slowest ms':>11} {'p99.9 ms':>9} {'snapshot B':>11} "
-          f"{'snap us':>8} {'faults':>6} {'open':>5}")  # fmt: skip
+    print(f"{'N':>9} {'fill s':>8} {'calls':>9} {'ratio':>6} {'calls/cpu-s':>11} {'ratio':>6} {'slowest ms':>11} "
+          f"{'p99.9 ms':>9} {'snapshot B':>11} {'snap us':>8} {'evicted':>8} {'faults':>6} {'open':>5}")  # fmt: skip
     base = 0
+    base_rate = 0.0
     for n in ns:
         r = run(n, args.seconds, args.snapshot)
         base = base or r["calls"]
+        base_rate = base_rate or r["cpu_rate"]
         stopped = " (snapshots stopped)" if r["snapshots_stopped"] else ""
-        print(f"{r['n']:>9} {r['fill_s']:>8.1f} {r['calls']:>9} {r['calls'] / base:>6.2f} {r['slowest_ms']:>11.2f} "
-              f"{r['p999_ms']:>9.3f} {r['snapshot_bytes']:>11} {r['snapshot_us']:>8.0f} {r['faults']:>6} "
-              f"{r['open']!s:>5}{stopped}",
+        print(f"{r['n']:>9} {r['fill_s']:>8.1f} {r['calls']:>9} {r['calls'] / base:>6.2f} {r['cpu_rate']:>11.0f} "
+              f"{r['cpu_rate'] / base_rate:>6.2f} {r['slowest_ms']:>11.2f} "
+              f"{r['p999_ms']:>9.3f} {r['snapshot_bytes']:>11} {r['snapshot_us']:>8.0f} {r['evicted']:>8} "
+              f"{r['faults']:>6} {r['open']!s:>5}{stopped}",
               flush=True)  # fmt: skip
         if r["faults"] or not r["open"]:
             bad.append(n)
