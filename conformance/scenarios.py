@@ -318,6 +318,16 @@ vec("backoff-decorrelated-jitter-mismatch", "decorrelated jitter goes only with 
 vec("backoff-decorrelated-kind-other-jitter", "The decorrelated kind has its own jitter: another jitter is refused with a message that does not tell to use the kind it already has.", ["errors", "jitter"],
     policy("backoff: { kind: decorrelated, jitter: full }"), [])
 
+vec("backoff-default-cap-follows-constant-base", "A constant backoff above the default cap (20s) loads without a cap: the default cap follows the base, so 30s is waited every time.", ["backoff", "defaults"],
+    policy("attempts: 3\nbackoff: { kind: constant, base: 30s, jitter: none }"),
+    expo_steps([30 * S, 30 * S]))
+
+vec("backoff-default-cap-below-growing-base", "A growing backoff whose base is above the default cap (20s) and has no cap is refused with a message that says the cap is the default, not one the user wrote.", ["backoff", "errors", "defaults"],
+    "policies:\n  a: { backoff: { base: 30s } }\n  b: { backoff: { kind: linear, base: 1m } }\n  c: { backoff: { kind: decorrelated, base: 21s } }\n  d: { backoff: { base: 30s, cap: 30s } }\n", [],
+    load_errors=[{"path": f"policies.{p}.backoff.cap",
+                  "message": f"is not written and its default (20s) is below base ({base}): the {kind} kind grows from base up to cap, so write a cap of at least {base}"}
+                 for p, kind, base in (("a", "exponential", "30s"), ("b", "linear", "1m"), ("c", "decorrelated", "21s"))])
+
 vec("backoff-errors", "Bad backoff fields are each named: unknown kind (with a suggestion), multiplier below 1, cap below base, unknown field.", ["errors", "backoff"],
     "policies:\n  a: { backoff: { kind: exponentail } }\n  b: { backoff: { multiplier: 0.5 } }\n  c: { backoff: { base: 2s, cap: 1s } }\n  d: { backoff: { jiter: full } }\n  e: { backoff: { jitter: proportional, jitter-ratio: 2 } }\n", [])
 
@@ -439,6 +449,45 @@ pb_vec("pushback-valid", "grpc-retry-pushback-ms: 1500 delays the retry by 1.5 s
 pb_vec("pushback-negative-stops", "A negative pushback means do not retry (gRPC A6).", "-1", fail("pushback"))
 pb_vec("pushback-unparseable-stops", "An unparseable pushback means do not retry.", "abc", fail("pushback"))
 pb_vec("pushback-over-cap", "A pushback above the cap gives up.", "400000", fail("retry-after-too-long"))
+
+# gRPC A6: "For subsequent retries, the delay period will be reset to the initialBackoff
+# setting" after a pushback (grpc-go numRetriesSincePushback, grpc-java
+# RetriableStreamTest.pushback). Levee does the same after any server-directed delay.
+A6_BACKOFF = "attempts: 6\nbackoff: { base: 100s, multiplier: 2, cap: 700s, jitter: none }"
+
+
+def restart_steps(kind, code, told):
+    steps, t = [start(1, 0, expect=attempt(1))], 0
+    for n, (text, delay) in enumerate([(told, S), (told, S), ("", 100 * S), ("", 200 * S), ("", 400 * S)], start=1):
+        t += MS
+        steps.append(report(1, t, kind, code=code, text=text, expect=retry(delay)))
+        t += delay
+        steps.append(acquire(1, t, expect=attempt(n + 1)))
+    steps += [report(1, t + MS, kind, code=code, expect=fail("retries-exhausted")), drain()]
+    return steps
+
+
+vec("pushback-restarts-backoff", "After a server pushback the next plain retries restart at the initial backoff (gRPC A6, grpc-go numRetriesSincePushback): two 1 s pushbacks, then 100 s, 200 s, 400 s, not 400 s, 700 s, 700 s.",
+    ["pushback", "grpc", "backoff", "anchor"], policy(A6_BACKOFF), restart_steps("grpc-status", 14, "1000"))
+
+vec("retry-after-restarts-backoff", "A Retry-After restarts the backoff as a pushback does: two Retry-After: 1, then 100 s, 200 s, 400 s.",
+    ["retry-after", "backoff"], policy(A6_BACKOFF), restart_steps("http-status", 503, "1"))
+
+# Seed 7's first two draws, each from U(10ms, 30ms) (the first two draws of
+# jitter-decorrelated-seeded's stream; without the restart the second would be drawn from
+# U(10ms, min(1s, 3 x 5s)) and be 285_963_717).
+RESTART_DECORRELATED = (24_011_530, 15_575_024)
+
+vec("pushback-restarts-decorrelated", "After a server delay the decorrelated recurrence starts again at base (U(10ms, 30ms)), not at 3 x the server's delay; a server-directed retry draws no jitter.",
+    ["pushback", "backoff", "jitter", "prng"], policy("attempts: 4\nbackoff: { kind: decorrelated, base: 10ms, cap: 1s }"), [
+        start(1, 0),
+        report(1, MS, "grpc-status", code=14, text="", expect=retry(RESTART_DECORRELATED[0])),
+        acquire(1, S),
+        report(1, S + MS, "grpc-status", code=14, text="5000", expect=retry(5 * S)),
+        acquire(1, 7 * S),
+        report(1, 7 * S + MS, "grpc-status", code=14, text="", expect=retry(RESTART_DECORRELATED[1])),
+        drain(),
+    ], seed=7)
 
 # --------------------------------------------------------------------------------------
 # Budgets
@@ -700,11 +749,41 @@ vec("breaker-failure-on-custom", "failure-on decides what counts: here 404s coun
 vec("breaker-4xx-not-failures-by-default", "Client errors do not count against the dependency by default.", ["breaker", "defaults"],
     policy(BRK), sum([[start(i, i), report(i, i, "http-status", code=404)] for i in range(1, 6)], []) + [breaker(10, expect="closed")])
 
-vec("breaker-in-retry-loop", "Every retry passes the breaker: when it opens mid-call, the call stops with breaker-open.", ["breaker", "retry"],
-    policy("attempts: 5\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1m }\n" + NOJ), [
-        start(1, 0), report(1, 1, "timeout", expect=retry()), acquire(1, 100 * MS + 1, expect=attempt(2)),
-        report(1, 100 * MS + 2, "timeout", expect=retry()), acquire(1, 200 * MS + 2, expect=fail("breaker-open")), drain(),
+BRK_LOOP = "attempts: 5\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1m }\n" + NOJ
+
+vec("breaker-in-retry-loop", "Every retry passes the breaker: when another call opens it during a call's backoff, the retry is rejected with breaker-open.", ["breaker", "retry"],
+    policy(BRK_LOOP), [
+        start(1, 0), report(1, 1, "timeout", expect=retry(100 * MS)),
+        start(2, 2), report(2, 3, "timeout", expect=fail("breaker-open", 60 * S)),
+        acquire(1, 100 * MS + 1, expect=fail("breaker-open", 60 * S - 100 * MS + 2)), drain(),
     ])
+
+vec("breaker-open-no-retry-into-it", "A failure that leaves the breaker open past the retry's start ends the call now with breaker-open (the time it stays open as the hint), or takes its breaker-open fallback, instead of a sleep that can only end in a rejection; a forced-open breaker does the same with hint 0.", ["breaker", "retry", "fallback"],
+    "policies:\n"
+    "  p: { attempts: 5, breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1m }, backoff: { kind: constant, base: 100ms, jitter: none } }\n"
+    "  f: { attempts: 5, breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1m }, backoff: { kind: constant, base: 100ms, jitter: none }, fallbacks: [{ name: cached, on: [breaker-open] }] }\n", [
+        start(1, 0), report(1, 1, "timeout", expect=retry(100 * MS)), acquire(1, 100 * MS + 1, expect=attempt(2)),
+        report(1, 100 * MS + 2, "timeout", expect=fail("breaker-open", 60 * S)),
+        start(2, 0, policy="f"), report(2, 1, "timeout", expect=retry(100 * MS)), acquire(2, 100 * MS + 1, expect=attempt(2)),
+        report(2, 100 * MS + 2, "timeout", expect=fb(0, "breaker-open")), fallback(2, 100 * MS + 3, True, expect=DONE),
+        start(3, 0, key="k"), force("forced-open", 1, key="k", expect={"ok": None}),
+        report(3, 2, "timeout", expect=fail("breaker-open", 0)),
+        drain(),
+    ])
+
+vec("breaker-open-retry-when-half-open-by-then", "A retry that starts when the breaker's open duration is over (here a Retry-After of exactly the open duration) is scheduled: the breaker is half-open then and admits it as a trial.", ["breaker", "retry", "retry-after"],
+    policy("attempts: 5\nbreaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1s, half-open-permits: 1 }\n" + NOJ), [
+        start(1, 0), report(1, 1, "http-status", code=503, expect=retry(100 * MS)), acquire(1, 100 * MS + 1, expect=attempt(2)),
+        report(1, 100 * MS + 2, "http-status", code=503, text="1", expect=retry(S)),
+        breaker(S + 100 * MS + 1, expect="open"),
+        acquire(1, S + 100 * MS + 2, expect=attempt(3)), breaker(S + 100 * MS + 2, expect="half-open"),
+        report(1, S + 100 * MS + 3, expect=DONE), breaker(S + 100 * MS + 3, expect="closed"), drain(),
+    ])
+
+vec("breaker-reset-clears-a-closed-window", "An operator's closed on a CLOSED breaker clears its window (resilience4j reset()): after S S, a reset and F F F, a count window of 4 with minimum 4 calls holds 3 calls and stays closed; a fourth failure opens it. No transition event for closed -> closed.", ["breaker", "operator"],
+    policy(BRK), outcomes("SS") + [force("closed", 10 * MS, expect={"ok": None})] + outcomes("FFF", t0=10 * MS, first_call=10) +
+    [breaker(20 * MS, expect="closed"), start(20, 20 * MS, expect=attempt(1)), report(20, 20 * MS + 1, "http-status", code=503, elapsed=1),
+     breaker(21 * MS, expect="open"), drain()])
 
 vec("breaker-forced-open", "forced-open rejects every call until an operator sets closed.", ["breaker", "operator"],
     policy(BRK), [force("forced-open", 0, expect={"ok": None}), start(1, 1, expect=fail("breaker-open", 0)), breaker(2, expect="forced-open"),
@@ -822,14 +901,56 @@ vec("fallback-errors", "Fallback errors: a duplicate name, a misspelt trigger, a
 # Keys
 # --------------------------------------------------------------------------------------
 
-vec("keys-evict-lru", "With keys.max 2, a third key evicts the least recently used idle key.", ["keys"],
+vec("keys-evict-lru", "With keys.max 2, a third key evicts the least recently used key at rest: the key whose breaker is open is kept, and stays open.", ["keys"],
     policy("attempts: 1\nkeys: { max: 2 }\n" + BRK.split("\n", 1)[1]),
     outcomes("FFFF", key="a") + [start(10, S, key="b"), report(10, S, "success"), start(11, S, key="c", expect=attempt(1)), drain(),
-                                 breaker(2 * S, key="a", expect="closed")])
+                                 breaker(2 * S, key="a", expect="open"), start(12, 2 * S, key="a", expect=fail("breaker-open"))])
 
 vec("keys-busy-keys-survive", "A key with an attempt in flight is evicted only after idle ones.", ["keys"],
     policy("attempts: 1\nkeys: { max: 2 }\nbulkhead: { max-concurrent: 1 }"),
     [start(1, 0, key="a"), start(2, 1, key="b"), report(2, 2, "success"), start(3, 3, key="c"), start(4, 4, key="a", expect=fail("bulkhead-full")), drain()])
+
+def snapshot_import():
+    return {"op": "snapshot_import"}
+
+
+HOUR = 3600 * S
+RATE_HOUR = "attempts: 1\nrate-limit: { rate: 1, per: 1h, burst: 1 }\nkeys: { max: 2 }"
+
+vec("keys-evict-keeps-spent-limit", "A key whose rate limit is spent is never evicted to make room: churning other keys cannot reset it (anticapture PR #2148).", ["keys", "rate-limit"],
+    policy(RATE_HOUR),
+    [start(1, 0, key="a", expect=attempt(1)), report(1, 1, "success"),
+     start(2, 2, key="b", expect=attempt(1)), report(2, 3, "success"),
+     start(3, 4, key="c", expect=attempt(1)), report(3, 5, "success"),
+     start(4, 6, key="d", expect=fail("rate-limited")),
+     start(5, 7, key="a", expect=fail("rate-limited")), drain()])
+
+vec("keys-evict-once-protection-ends", "A guarded key whose protection ended by itself (its limiter's debt repaid) is evicted for a new key.", ["keys", "rate-limit"],
+    policy("attempts: 1\nrate-limit: { rate: 10, per: 1s, burst: 1 }\nkeys: { max: 2 }"),
+    [start(1, 0, key="a"), report(1, 1, "success"), start(2, 2, key="b"), report(2, 3, "success"),
+     start(3, 50 * MS, key="c", expect=attempt(1)), report(3, 50 * MS + 1, "success"),
+     start(4, 300 * MS, key="d", expect=attempt(1)), report(4, 300 * MS + 1, "success"), drain()])
+
+vec("keys-overflow-shares-state", "When every key holds protection, a new key is decided against one shared overflow entry, never looser than a fresh key; an operator cannot force a key with no state of its own.", ["keys", "breaker"],
+    policy("attempts: 1\nkeys: { max: 1 }\n" + BRK.split("\n", 1)[1]),
+    outcomes("FFFF", key="a") + outcomes("FFFF", t0=10 * MS, first_call=10, key="b") +
+    [start(20, 30 * MS, key="c", expect=fail("breaker-open")), breaker(30 * MS, key="a", expect="open"),
+     breaker(30 * MS, key="levee:overflow", expect="open"), force("forced-closed", 30 * MS, key="c"), drain()])
+
+vec("keys-too-long", "A key longer than 1024 bytes gets no state of its own: it is decided against the overflow entry, and the event names its first 1024 bytes.", ["keys"],
+    policy("attempts: 1"),
+    [start(1, 0, key="k" * 1025, expect=attempt(1)), report(1, 1, "success"), drain()])
+
+vec("state-snapshot-keeps-protection", "The snapshot (export-snapshot) carries only keys holding protection: a fresh engine that imports it keeps an open breaker open and a spent limit spent, and a key at rest comes back fresh (its closed breaker's failures forgotten).", ["state", "keys"],
+    "policies:\n  p:\n" + "\n".join("    " + l for l in BRK.strip().splitlines()) + "\n"
+    "  r: { attempts: 1, rate-limit: { rate: 1, per: 1h, burst: 1 } }\n",
+    outcomes("FFFF", key="open") + outcomes("FFF", t0=10 * MS, first_call=10, key="rest") +
+    [start(20, 20 * MS, "r", key="spent", expect=attempt(1)), report(20, 20 * MS + 1, "success"),
+     snapshot_import(),
+     breaker(30 * MS, key="open", expect="open"), start(21, 30 * MS, key="open", expect=fail("breaker-open")),
+     start(22, 30 * MS, "r", key="spent", expect=fail("rate-limited")),
+     start(23, 30 * MS, key="rest", expect=attempt(1)), report(23, 30 * MS + 1, "http-status", code=503, elapsed=1),
+     breaker(31 * MS, key="rest", expect="closed"), drain()])
 
 vec("keys-errors", "keys.max must be at least 1.", ["keys", "errors"], policy("keys: { max: 0 }"), [])
 
@@ -1087,6 +1208,16 @@ vec("durable-retry-after", "A Retry-After of 7 s sets the wait; one above the ca
     ["durable", "retry-after"], DCONST + "    retry-after: { cap: 60s }\n",
     [d_begin(W0), d_step(W0), d_out(W0, "http-status", 503, "7", expect=ok("wait", wait=7 * S)),
      d_step(W0 + 7 * S), d_out(W0 + 7 * S, "http-status", 429, "120", expect=ok("dead", reason="retry-after-too-long"))])
+
+vec("durable-pushback-restarts-backoff", "A durable call restarts its backoff after a server-directed delay as a plain call does (gRPC A6): two 1 s pushbacks, then 100 s, 200 s, 400 s; the record keeps where the backoff restarted.",
+    ["durable", "pushback", "backoff"], "policies:\n  p:\n    " + A6_BACKOFF.replace("\n", "\n    ") + "\n", [
+        d_begin(W0), d_step(W0),
+        d_out(W0, "grpc-status", 14, "1000", expect=ok("wait", wait=S)), d_step(W0 + S),
+        d_out(W0 + S, "grpc-status", 14, "1000", expect=ok("wait", wait=S)), d_step(W0 + 2 * S),
+        d_out(W0 + 2 * S, "grpc-status", 14, "", expect=ok("wait", wait=100 * S)), d_step(W0 + 102 * S),
+        d_out(W0 + 102 * S, "grpc-status", 14, "", expect=ok("wait", wait=200 * S)), d_inspect(), d_step(W0 + 302 * S),
+        d_out(W0 + 302 * S, "grpc-status", 14, "", expect=ok("wait", wait=400 * S)),
+    ])
 
 vec("durable-retry-after-http-date", "An HTTP-date Retry-After is read against the record's wall clock.",
     ["durable", "retry-after"], DCONST,
@@ -1680,6 +1811,16 @@ vec("hedge-fallback", "A hedged call that fails takes the policy's fallback chai
         info(1),
         hreport(1, 1, 17 * MS, kind="timeout", elapsed=17 * MS, expect=cmds()),
         info(1),
+    ])
+
+vec("hedge-no-wait-into-an-open-breaker", "A hedge due while the breaker stays open is not waited for: the second attempt's failure opens the breaker, its 300 ms pushback would delay the next hedge into the open breaker, and with nothing in flight the call fails for breaker-open at once.",
+    ["hedge", "breaker", "retry-after"], policy("breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, open-duration: 1m }\nhedge: { attempts: 3, delay: 500ms, non-fatal: [\"grpc:unavailable\"] }\n"), [
+        start(1, 0, expect=hedged()),
+        hreport(1, 1, 100 * MS, kind="grpc-status", code=UNAVAILABLE, text="300", elapsed=100 * MS, expect=cmds(hw(300 * MS))),
+        hstep(1, 400 * MS, expect=cmds(hs(2), hw(500 * MS))),
+        hreport(1, 2, 450 * MS, kind="grpc-status", code=UNAVAILABLE, text="300", elapsed=50 * MS, expect=cmds(hend(2, fail("breaker-open")))),
+        info(1, expect=None),
+        drain(),
     ])
 
 vec("hedge-breaker-counts-attempts", "Every hedged attempt that ends counts in the breaker: two failing attempts of one call open it, and the next call is rejected (breaker-open).",

@@ -8,10 +8,13 @@
 #   dist/levee_resilience-V-py3-none-any.whl, dist/levee_resilience-V.tar.gz   (PyPI)
 #   dist/levee-resilience-V.tgz                                                 (npm)
 #   dist/levee-core-V.crate, dist/levee-resilience-V.crate                      (crates.io)
-#   dist/goproxy/               the Go module in the GOPROXY on-disk layout (module zip format)
+#   dist/goproxy/               the Go modules in the GOPROXY on-disk layout (module zip format):
+#                               host-bindings/go and its nested modules (durable, fleet), each
+#                               requiring the root module at this version, with no `replace`
+#   dist/levee-envoy-filter-V.wasm  the Envoy proxy-wasm filter (docs/envoy.md)
 #   dist/SHA256SUMS
 #
-#   release/dist.sh [component python npm crates go]   (default: all, into a clean dist/)
+#   release/dist.sh [component python npm crates go envoy]   (default: all, into a clean dist/)
 #
 # LEVEE_DIST_VERIFY=0 skips `cargo package`'s verification build of levee-resilience (a debug
 # build of wasmtime and the rest, 5-10 minutes on 2 cores). `./dev test` sets it: its install
@@ -46,7 +49,7 @@ LEVEE_WASM_DIR="$wasm_dir" bash release/go-core.sh --check
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 parts=("$@")
 if [ ${#parts[@]} -eq 0 ]; then
-  parts=(component python npm crates go)
+  parts=(component python npm crates go envoy)
   rm -rf "$out"
 fi
 mkdir -p "$out/component/wit"
@@ -120,13 +123,44 @@ crates() {
   rm -rf host-rust/wasm
 }
 
+# The nested Go modules under host-bindings/go that users install (`go get MODULE@vV`), and the
+# one that is not published: bench is the benchmark harness (docs/performance.md).
+go_nested=(durable fleet)
+go_unpublished=(bench)
+
 go_proxy() {
   # The module's tracked files as they are in the working tree (what a tag would publish).
   mkdir -p "$work/gomod"
   git ls-files -z --cached --others --exclude-standard host-bindings/go | tar --null -T - -cf - | tar -xf - -C "$work/gomod"
   (cd release/gomodproxy && go build -o "$work/gomodproxy" .)
-  "$work/gomodproxy" -module "$work/gomod/host-bindings/go" -version "v$version" -out "$out/goproxy" \
-    -time "$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)"
+  local when rootmod sub found
+  when="$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)"
+  rootmod="$(cd host-bindings/go && go list -m)"
+  # Every nested module is published or said not to be: a new one is not forgotten.
+  for found in $(cd host-bindings/go && git ls-files '*/go.mod' | xargs -n1 dirname | LC_ALL=C sort); do
+    case " ${go_nested[*]} ${go_unpublished[*]} " in *" $found "*) ;; *)
+      echo "dist: host-bindings/go/$found is a Go module neither published nor listed in go_unpublished" >&2; return 1 ;;
+    esac
+  done
+  "$work/gomodproxy" -module "$work/gomod/host-bindings/go" -version "v$version" -out "$out/goproxy" -time "$when"
+  for sub in "${go_nested[@]}"; do
+    # In the repository a nested module builds against the root next to it (`replace ../`, at
+    # v0.0.0); published, it requires the root module of the same release.
+    (cd "$work/gomod/host-bindings/go/$sub" && go mod edit -dropreplace="$rootmod" -require="$rootmod@v$version")
+    if grep -q '^replace' "$work/gomod/host-bindings/go/$sub/go.mod"; then
+      echo "dist: host-bindings/go/$sub/go.mod keeps a replace directive" >&2
+      return 1
+    fi
+    "$work/gomodproxy" -module "$work/gomod/host-bindings/go/$sub" -version "v$version" -out "$out/goproxy" -time "$when"
+  done
+}
+
+envoy_filter() {
+  rustup target add wasm32-wasip1 >/dev/null
+  cargo build -q --release --target wasm32-wasip1 -p levee-proxy-wasm
+  local target_dir
+  target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+  cp "$target_dir/wasm32-wasip1/release/levee_proxy_wasm.wasm" "$out/levee-envoy-filter-$version.wasm"
 }
 
 t0=$(date +%s)
@@ -137,7 +171,8 @@ for part in "${parts[@]}"; do
     npm) timed "npm tarball" npm_tarball ;;
     crates) timed "crates (cargo package$([ "${LEVEE_DIST_VERIFY:-1}" = 1 ] && echo ", verified"))" crates ;;
     go) timed "go module proxy" go_proxy ;;
-    *) echo "dist: unknown part '$part' (component python npm crates go)" >&2; exit 2 ;;
+    envoy) timed "envoy filter" envoy_filter ;;
+    *) echo "dist: unknown part '$part' (component python npm crates go envoy)" >&2; exit 2 ;;
   esac
 done
 (cd "$out" && find . -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort | xargs sha256sum >SHA256SUMS)

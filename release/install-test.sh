@@ -142,6 +142,18 @@ install_go() {
   norust go vet .
   norust go run . "$base/install-go" >out.txt
   check go "$dir/app/out.txt" install-go
+  # Every nested module, each in a fresh module of its own: it resolves from dist/ alone (the
+  # root module at this version, no replace) and every package of it builds.
+  local sub
+  for sub in durable fleet; do
+    mkdir -p "$dir/$sub" && cd "$dir/$sub"
+    norust go mod init "example.com/use-$sub" >/dev/null 2>&1
+    norust go get "$mod/$sub@v$version"
+    grep -q "$mod/$sub v$version" go.mod && grep -q "$mod v$version" go.mod
+    ! grep -q '^replace' go.mod
+    norust go build "$mod/$sub/..."
+    say "go: $mod/$sub@v$version installs and builds"
+  done
 }
 
 install_rust() {

@@ -27,6 +27,10 @@ fn open(store: &Path) -> Result<Connection, String> {
     }
     let c = Connection::open(store).map_err(|e| format!("{}: {e}", store.display()))?;
     c.busy_timeout(std::time::Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    // SQLite opens any file lazily: compile a statement of the shared schema now, so that a
+    // file that is not a store is named in the error (not a bare "file is not a database" or
+    // "no such table" at the first query).
+    c.prepare(statement("list")?).map_err(|e| format!("{}: not a store of durable calls ({e})", store.display()))?;
     Ok(c)
 }
 

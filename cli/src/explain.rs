@@ -1,7 +1,8 @@
 //! `levee explain`: replay a trace of (time, outcome) through the engine and print every
 //! decision with its reason. The trace format is documented in `docs/cli.md`.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use serde_json::Value;
 
@@ -144,6 +145,19 @@ enum CallState {
     Fallback,
 }
 
+/// A step of the replay, due at a time: the trace's lines are replayed in the order their
+/// steps happen (by time, then by line), not in file order, so that overlapping calls see
+/// the engine's state as it was at their own times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    /// Start the line: acquire its attempt (or report its fallback's result).
+    Begin,
+    /// Acquire again after a `wait` verdict.
+    Acquire,
+    /// Report the line's outcome; its attempt ran under `timeout`.
+    Report { timeout: u64 },
+}
+
 /// Replays a trace and prints (text or JSON lines).
 struct Replay<'a> {
     eng: Engine,
@@ -155,7 +169,13 @@ struct Replay<'a> {
     clock: u64,
     out: &'a mut Vec<String>,
     lines: &'a [Line],
-    pos: usize,
+    /// Per call id, the positions of its lines not yet finished, in file order.
+    pending: BTreeMap<u64, VecDeque<usize>>,
+    /// Steps due: (time, line position, step).
+    due: BinaryHeap<Reverse<(u64, usize, Step)>>,
+    /// A call's first line without `at` starts when the line before it in the file has been
+    /// replayed (the latest time seen then): previous line's position -> its position.
+    after: BTreeMap<usize, usize>,
 }
 
 fn outcome_text(kind: OutcomeKind, code: i32, text: &str) -> String {
@@ -175,7 +195,68 @@ fn outcome_text(kind: OutcomeKind, code: i32, text: &str) -> String {
 impl Replay<'_> {
     /// Whether the trace's next line for `call` says how its fallback went.
     fn fallback_line_follows(&self, call: u64) -> bool {
-        self.lines.iter().skip(self.pos + 1).find(|l| l.call == call).is_some_and(|l| matches!(l.what, What::Fallback(_)))
+        self.pending.get(&call).and_then(|q| q.get(1)).and_then(|p| self.lines.get(*p)).is_some_and(|l| matches!(l.what, What::Fallback(_)))
+    }
+
+    fn schedule(&mut self, at: u64, pos: usize, step: Step) {
+        // Never before what has been replayed: time does not go back.
+        self.due.push(Reverse((at.max(self.clock), pos, step)));
+    }
+
+    /// The line at `pos` is replayed: schedule the next line of its call, and a new call's
+    /// first line that waited for it.
+    fn finish(&mut self, pos: usize) {
+        let Some(call) = self.lines.get(pos).map(|l| l.call) else { return };
+        let next = self.pending.get_mut(&call).and_then(|q| {
+            q.pop_front();
+            q.front().copied()
+        });
+        if let Some(n) = next {
+            let at = match (self.lines.get(n).and_then(|l| l.at), self.calls.get(&call)) {
+                (Some(at), _) => at,
+                (None, Some(CallState::Acquire { earliest })) => *earliest,
+                (None, _) => self.clock,
+            };
+            self.schedule(at, n, Step::Begin);
+        }
+        if let Some(n) = self.after.remove(&pos) {
+            self.schedule(self.clock, n, Step::Begin);
+        }
+    }
+
+    fn not_run(&mut self, line: &Line, input: &str) {
+        let c = line.call;
+        let msg = format!("line {}: `{input}` not run: the engine refused the attempt", line.number);
+        if self.json {
+            self.out.push(serde_json::json!({"line": line.number, "call": c, "op": "skip", "input": input, "note": msg}).to_string());
+        } else {
+            self.out.push(format!("{:>10}  {}", "", self.style.dim(&format!("({msg})"))));
+        }
+    }
+
+    /// Run every step in time order.
+    fn run(&mut self) -> Result<(), String> {
+        let lines = self.lines;
+        let mut previous: Option<usize> = None;
+        for (pos, l) in lines.iter().enumerate() {
+            let q = self.pending.entry(l.call).or_default();
+            q.push_back(pos);
+            if q.len() == 1 {
+                match (l.at, previous) {
+                    (None, Some(p)) => {
+                        self.after.insert(p, pos);
+                    }
+                    (at, _) => self.schedule(at.unwrap_or(0), pos, Step::Begin),
+                }
+            }
+            previous = Some(pos);
+        }
+        while let Some(Reverse((at, pos, step))) = self.due.pop() {
+            let Some(line) = lines.get(pos) else { continue };
+            self.clock = self.clock.max(at);
+            self.step(line, pos, at, step)?;
+        }
+        Ok(())
     }
 
     /// The engine chose a fallback: wait for the trace's `fallback` line, or assume it worked.
@@ -241,61 +322,14 @@ impl Replay<'_> {
         }
     }
 
-    /// Ask the engine for an attempt (start or acquire), following `wait` verdicts.
-    /// Returns the attempt verdict and its time, or `None` when the call ended or fell back.
-    fn obtain_attempt(&mut self, line: &Line, key: &str, flags: u32) -> Option<(Verdict, u64)> {
+    /// One step of a line, at `now`.
+    fn step(&mut self, line: &Line, pos: usize, now: u64, step: Step) -> Result<(), String> {
         let c = line.call;
-        let (mut v, mut now, mut note) = match self.calls.get(&c).copied() {
-            None => {
-                let now = line.at.unwrap_or(self.clock);
-                let v = self.eng.start(c, self.policy, key, flags, now, 0, 0, 0);
-                (v, now, String::new())
-            }
-            Some(CallState::Acquire { earliest }) => {
-                let now = line.at.unwrap_or(earliest);
-                let note = if now < earliest {
-                    format!("the trace retries at {}, before the delay ends at {}", human(now), human(earliest))
-                } else {
-                    String::new()
-                };
-                let v = self.eng.acquire(c, now);
-                (v, now, note)
-            }
-            Some(CallState::Fallback) => return None,
-        };
-        let mut op = if self.calls.contains_key(&c) { "acquire" } else { "start" };
-        loop {
-            self.clock = self.clock.max(now);
-            self.emit(line.number, now, c, op, "", v, &note);
-            note.clear();
-            match v.kind() {
-                Some(VerdictKind::Attempt) => return Some((v, now)),
-                Some(VerdictKind::Wait) => {
-                    now = now.saturating_add(v.payload());
-                    op = "acquire";
-                    v = self.eng.acquire(c, now);
-                }
-                Some(VerdictKind::Fallback) => {
-                    self.on_fallback(line.number, c, now);
-                    return None;
-                }
-                _ => {
-                    self.calls.remove(&c);
-                    return None;
-                }
-            }
-        }
-    }
-
-    fn line(&mut self, line: &Line) -> Result<(), String> {
-        let c = line.call;
-        match &line.what {
+        let (kind, code, text, elapsed, wall_secs, overloaded, key, flags) = match &line.what {
             What::Fallback(ok) => {
                 if !matches!(self.calls.get(&c), Some(CallState::Fallback)) {
                     return Err(format!("trace line {}: call {c} has no fallback pending", line.number));
                 }
-                let now = line.at.unwrap_or(self.clock);
-                self.clock = self.clock.max(now);
                 let v = self.eng.report_fallback(c, now, *ok);
                 self.emit(line.number, now, c, "report_fallback", if *ok { "ok" } else { "failed" }, v, "");
                 match v.kind() {
@@ -304,33 +338,19 @@ impl Replay<'_> {
                         self.calls.remove(&c);
                     }
                 }
-                Ok(())
+                self.finish(pos);
+                return Ok(());
             }
             What::Outcome { kind, code, text, elapsed, wall_secs, overloaded, key, flags } => {
-                if let Some(CallState::Fallback) = self.calls.get(&c) {
-                    return Err(format!(
-                        "trace line {}: call {c} waits for its fallback's result: give a {{\"fallback\": \"ok\"}} line first",
-                        line.number
-                    ));
-                }
-                let input = outcome_text(*kind, *code, text);
-                let Some((attempt, started)) = self.obtain_attempt(line, key, *flags) else {
-                    let msg = format!("line {}: `{input}` not run: the engine refused the attempt", line.number);
-                    if self.json {
-                        self.out.push(
-                            serde_json::json!({"line": line.number, "call": c, "op": "skip", "input": input, "note": msg}).to_string(),
-                        );
-                    } else {
-                        self.out.push(format!("{:>10}  {}", "", self.style.dim(&format!("({msg})"))));
-                    }
-                    return Ok(());
-                };
-                let timeout = attempt.payload();
-                let took = elapsed.unwrap_or(if *kind == OutcomeKind::Timeout { timeout } else { 0 });
-                let now = started.saturating_add(took);
-                self.clock = self.clock.max(now);
-                let v = self.eng.report(c, now, took, *kind, *code, text, *wall_secs, u32::from(*overloaded));
-                let note = if timeout > 0 && took > timeout && *kind != OutcomeKind::Timeout {
+                (*kind, *code, text, *elapsed, *wall_secs, *overloaded, key, *flags)
+            }
+        };
+        let input = outcome_text(kind, code, text);
+        let (v, op, note) = match step {
+            Step::Report { timeout } => {
+                let took = elapsed.unwrap_or(if kind == OutcomeKind::Timeout { timeout } else { 0 });
+                let v = self.eng.report(c, now, took, kind, code, text, wall_secs, u32::from(overloaded));
+                let note = if timeout > 0 && took > timeout && kind != OutcomeKind::Timeout {
                     format!("the attempt took {} but its timeout was {}: a host would have reported a timeout", human(took), human(timeout))
                 } else {
                     String::new()
@@ -345,9 +365,49 @@ impl Replay<'_> {
                         self.calls.remove(&c);
                     }
                 }
-                Ok(())
+                self.finish(pos);
+                return Ok(());
+            }
+            Step::Begin => match self.calls.get(&c).copied() {
+                None => (self.eng.start(c, self.policy, key, flags, now, 0, 0, 0), "start", String::new()),
+                Some(CallState::Acquire { earliest }) => {
+                    let asked = line.at.unwrap_or(earliest);
+                    let note = if asked < earliest {
+                        format!("the trace retries at {}, before the delay ends at {}", human(asked), human(earliest))
+                    } else {
+                        String::new()
+                    };
+                    (self.eng.acquire(c, now), "acquire", note)
+                }
+                Some(CallState::Fallback) => {
+                    return Err(format!(
+                        "trace line {}: call {c} waits for its fallback's result: give a {{\"fallback\": \"ok\"}} line first",
+                        line.number
+                    ));
+                }
+            },
+            Step::Acquire => (self.eng.acquire(c, now), "acquire", String::new()),
+        };
+        self.emit(line.number, now, c, op, "", v, &note);
+        match v.kind() {
+            Some(VerdictKind::Attempt) => {
+                let timeout = v.payload();
+                let took = elapsed.unwrap_or(if kind == OutcomeKind::Timeout { timeout } else { 0 });
+                self.schedule(now.saturating_add(took), pos, Step::Report { timeout });
+                return Ok(());
+            }
+            Some(VerdictKind::Wait) => {
+                self.schedule(now.saturating_add(v.payload()), pos, Step::Acquire);
+                return Ok(());
+            }
+            Some(VerdictKind::Fallback) => self.on_fallback(line.number, c, now),
+            _ => {
+                self.calls.remove(&c);
             }
         }
+        self.not_run(line, &input);
+        self.finish(pos);
+        Ok(())
     }
 }
 
@@ -368,7 +428,9 @@ pub fn replay(document: &str, policy: Option<&str>, seed: u64, trace: &[Line], j
         clock: 0,
         out: &mut out,
         lines: trace,
-        pos: 0,
+        pending: BTreeMap::new(),
+        due: BinaryHeap::new(),
+        after: BTreeMap::new(),
     };
     r.policy = match policy {
         Some(name) => engine::policy_named(&mut r.eng, name)?,
@@ -385,10 +447,7 @@ pub fn replay(document: &str, policy: Option<&str>, seed: u64, trace: &[Line], j
             if info.deadline == 0 { "none".into() } else { human(info.deadline) },
         )));
     }
-    for (pos, line) in trace.iter().enumerate() {
-        r.pos = pos;
-        r.line(line)?;
-    }
+    r.run()?;
     let left: Vec<(u64, CallState)> = r.calls.iter().map(|(k, v)| (*k, *v)).collect();
     for (c, st) in left {
         let msg = match st {

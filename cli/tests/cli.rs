@@ -181,6 +181,30 @@ fn explain_outage_opens_the_breaker_and_falls_back() {
 }
 
 #[test]
+fn explain_replays_overlapping_calls_in_time_order() {
+    let o = levee(&["explain", &path("tests/data/overlap.yaml"), "--trace", &path("tests/data/overlap.jsonl"), "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let steps = json_lines(&o);
+    let times: Vec<u64> = steps.iter().filter_map(|s| s["at"].as_u64()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "time never goes back: {times:?}");
+    const MS: u64 = 1_000_000;
+    let of = |call: u64, op: &str| steps.iter().find(|s| s["call"] == call && s["op"] == op).unwrap_or_else(|| panic!("call {call} {op}"));
+    // Call 2 starts at 100 ms, before the breaker opened: it is admitted and succeeds.
+    assert_eq!((of(2, "start")["at"].as_u64(), of(2, "start")["verdict"]["kind"].as_str()), (Some(100 * MS), Some("attempt")));
+    assert_eq!(of(2, "report")["verdict"]["kind"], "done");
+    // The breaker opens at 570 ms, on call 3's failure; call 4 then finds it open.
+    let opened = steps
+        .iter()
+        .find(|s| s["events"].as_array().is_some_and(|e| e.iter().any(|e| e["kind"] == "breaker-transition" && e["state_to"] == "open")))
+        .expect("the breaker opens");
+    assert_eq!((opened["call"].as_u64(), opened["at"].as_u64()), (Some(3), Some(570 * MS)));
+    assert_eq!(of(4, "start")["reason"], "breaker-open");
+    let text = stdout(&levee(&["explain", &path("tests/data/overlap.yaml"), "--trace", &path("tests/data/overlap.jsonl")]));
+    let order: Vec<&str> = text.lines().filter_map(|l| l.trim_start().strip_prefix("t=")).collect();
+    assert!(order.first().is_some_and(|l| l.starts_with("0 ")) && order.get(3).is_some_and(|l| l.contains("call 2")), "{text}");
+}
+
+#[test]
 fn explain_rejects_bad_traces_with_the_line_number() {
     let o = levee(&["explain", &path("examples/checkout.yaml"), "--trace", &path("tests/data/bad-trace.jsonl")]);
     assert_eq!(o.status.code(), Some(1));
@@ -259,6 +283,13 @@ fn simulations_repeat_with_the_same_seed() {
     assert!(strip[..10].chars().all(|c| c == '.'), "{strip}");
     assert!(strip[12..38].contains('O'), "{strip}");
     assert!(strip[50..].chars().all(|c| c == '.'), "{strip}");
+    // Every second in which the breaker went half-open shows it, however short the trial.
+    let transitions = a["runs"][0]["layers"][0]["transitions"].as_array().unwrap();
+    let half: Vec<u64> = transitions.iter().filter(|t| t[2] == "half-open").map(|t| t[0].as_u64().unwrap() / 1_000_000_000).collect();
+    assert!(!half.is_empty(), "{transitions:?}");
+    for s in half {
+        assert_eq!(strip.as_bytes()[s as usize], b'h', "second {s} in {strip}");
+    }
 }
 
 #[test]

@@ -74,3 +74,30 @@ fn list_show_cancel_and_retry_a_store() {
     assert!(!missing.status.success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_file_that_is_not_a_store_is_named_in_the_error() {
+    let dir = std::env::temp_dir().join(format!("levee-cli-notadb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let notadb = dir.join("notadb");
+    std::fs::write(&notadb, "this is not an SQLite file, it is long enough to have a header of a hundred bytes or more..........\n")
+        .unwrap();
+    // An SQLite database without the durable-call table.
+    let empty = dir.join("empty.db");
+    Connection::open(&empty).unwrap().execute_batch("CREATE TABLE other (x INTEGER);").unwrap();
+    for file in [&notadb, &empty] {
+        for args in [vec!["list"], vec!["show"], vec!["cancel"]] {
+            let mut a = vec!["durable"];
+            a.extend(args.iter().copied());
+            a.push(file.to_str().unwrap());
+            if args[0] != "list" {
+                a.push("1");
+            }
+            let o = levee(&a);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success(), "{a:?}");
+            assert!(err.contains(file.to_str().unwrap()) && err.contains("not a store of durable calls"), "{a:?}: {err}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

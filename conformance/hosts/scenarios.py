@@ -565,11 +565,12 @@ scenario(
 
 scenario(
     "breaker-open-mid-retries",
-    "A breaker that opens during a call's retries rejects its next attempt: breaker-open after 2 attempts.",
-    ["breaker", "retry"],
+    "A breaker that a call's own failure opens, and that stays open past its next retry, ends the call at once: breaker-open after 2 attempts and one sleep, with no retry scheduled into it (issue 39).",
+    ["breaker", "retry", "issue-39: no retry into an open breaker"],
     doc(p={"attempts": 4, "backoff": CONST, "retry-on": ["error:Boom"], "breaker": BREAKER}),
     [call(boom(), boom(), ok())],
     all_of(lambda t: error(t[0], "breaker-open", 2, "error:Boom"), lambda t: n_attempts(t[0], 2),
+           lambda t: sleeps(t[0], 100 * MS), lambda t: no_event(t[0], "rejected"),
            lambda t: has_event(t[0], "breaker-transition", levee_breaker_to="open")),  # fmt: skip
 )
 

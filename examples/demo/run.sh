@@ -3,20 +3,31 @@
 # 127.0.0.1, run the same policy through every Levee host that exists, and print their
 # decisions side by side. Every host meets 503, 429 (Retry-After: 1), 503, then 200.
 #
-#   examples/demo/run.sh [-v] [HOST ...]     HOST: rust python js go (default: all)
+#   examples/demo/run.sh [-v] [--plan] [HOST ...]   HOST: python js go rust (default: all, in that order)
 #
 # A host whose demo.sh is missing, or that fails, is skipped with a note. -v also prints
-# each host's own output. Each host gets LEVEE_DEMO_TIMEOUT seconds (default 900: a first
-# run may build the host). The server stops with this script (and by itself when idle).
+# each host's own output; --plan prints the hosts in the order they would run, and exits.
+# The hosts that need no build of wasmtime run first, so that a first run shows results in
+# seconds; Rust runs last, its build's progress on the terminal (a first build compiles
+# wasmtime: minutes). Each host gets LEVEE_DEMO_TIMEOUT seconds (default 900). The server
+# stops with this script (and by itself when idle).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/../.." && pwd))"
 export LEVEE_WASM_DIR="${LEVEE_WASM_DIR:-$root/target/levee}"
 policy="$here/policy.yaml"
 verbose=0
-if [ "${1:-}" = "-v" ]; then verbose=1; shift; fi
+plan=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -v) verbose=1; shift ;;
+    --plan) plan=1; shift ;;
+    *) break ;;
+  esac
+done
 hosts=("$@")
-[ ${#hosts[@]} -gt 0 ] || hosts=(rust python js go)
+[ ${#hosts[@]} -gt 0 ] || hosts=(python js go rust)
+if [ "$plan" = 1 ]; then echo "${hosts[*]}"; exit 0; fi
 limit="${LEVEE_DEMO_TIMEOUT:-900}"
 # One jitter seed for every host: the same policy, seed and trace give the same delays.
 seed="${LEVEE_DEMO_SEED:-1}"
@@ -57,6 +68,7 @@ for host in "${hosts[@]}"; do
     continue
   fi
   if [ "$host" = rust ]; then
+    bold "build rust: examples/rust-reqwest (progress below; a first build compiles wasmtime, minutes on 2 cores)"
     # Build before the run, with progress on the terminal (demo.sh's output is captured).
     if ! bash "$root/examples/rust-reqwest/build.sh" >/dev/null; then
       bold "skip rust: the build failed"

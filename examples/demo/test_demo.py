@@ -59,6 +59,14 @@ go result error: gave up
 
 
 class FlakyServer(unittest.TestCase):
+    def test_the_fast_hosts_run_first_and_rust_last(self) -> None:
+        # A newcomer's first `./dev demo` shows results within a minute: Python, JS and Go
+        # need no build of wasmtime; the Rust host's first build takes minutes, so it goes last.
+        out = subprocess.run(["bash", os.path.join(HERE, "run.sh"), "--plan"], capture_output=True, text=True, check=True).stdout
+        self.assertEqual(out.split(), ["python", "js", "go", "rust"])
+        out = subprocess.run(["bash", os.path.join(HERE, "run.sh"), "--plan", "rust", "go"], capture_output=True, text=True, check=True).stdout
+        self.assertEqual(out.split(), ["rust", "go"])
+
     def test_sequence_per_client(self) -> None:
         with tempfile.TemporaryDirectory() as d:
             port_file = os.path.join(d, "port")

@@ -44,7 +44,8 @@
 //! | 100 | 8 | FNV-1a 64 of the policy's definition (its JSON with every default) |
 //! | 108 | 8 | last error: at |
 //! | 116 | 4 | last error: attempt (0 = no error yet) |
-//! | 120 | .. | six strings, each a u16 length and UTF-8 bytes: policy name (1-128), key (<= 4096), idempotency key (<= 1024), lease owner (<= 256), last error class (<= 256), last error message (<= 4096) |
+//! | 120 | 4 | attempts started when the last server-directed delay was used (0 = none): the backoff restarts there |
+//! | 124 | .. | six strings, each a u16 length and UTF-8 bytes: policy name (1-128), key (<= 4096), idempotency key (<= 1024), lease owner (<= 256), last error class (<= 256), last error message (<= 4096) |
 //! | end-8 | 8 | FNV-1a 64 of every byte before it |
 //!
 //! Integers are little-endian. Arithmetic on counts and times saturates.
@@ -53,7 +54,7 @@ use crate::doc::{obj, to_json, Value};
 use crate::engine::Engine;
 use crate::error::LoadError;
 use crate::policy::Policy;
-use crate::retry::{self, Decision, Failure};
+use crate::retry::{self, BackoffState, Decision, Failure};
 use crate::retry_after::ServerDelay;
 use crate::rng::Rng;
 use crate::time::SECOND;
@@ -62,7 +63,7 @@ use crate::types::{OutcomeKind, Reason};
 /// The record format version this core writes and reads.
 pub const VERSION: u8 = 1;
 const MAGIC: &[u8; 4] = b"LVDR";
-const FIXED: usize = 120;
+const FIXED: usize = 124;
 const LIMITS: [(&str, usize); 6] =
     [("policy", 128), ("key", 4096), ("idempotency-key", 1024), ("lease-owner", 256), ("error-class", 256), ("error-message", 4096)];
 
@@ -227,8 +228,11 @@ pub struct Record {
     pub last_seen: u64,
     /// When the lease expires (0 = none).
     pub lease_until: u64,
-    /// The previous retry delay (decorrelated backoff).
+    /// The previous retry delay (decorrelated backoff; 0 after a server-directed delay).
     pub prev_delay: u64,
+    /// Attempts started when the last server-directed delay was used (0 = none): the backoff
+    /// counts its retries from there (`crate::retry::BackoffState`).
+    pub backoff_from: u32,
     /// The jitter generator's position.
     pub rng: [u64; 4],
     /// FNV-1a 64 of the policy definition the record last ran under.
@@ -357,6 +361,7 @@ impl Record {
             policy_hash: r.u64()?,
             error_at: r.u64()?,
             error_attempt: r.u32()?,
+            backoff_from: r.u32()?,
             policy: String::new(),
             key: String::new(),
             idempotency_key: String::new(),
@@ -405,6 +410,7 @@ impl Record {
         out.extend_from_slice(&self.policy_hash.to_le_bytes());
         out.extend_from_slice(&self.error_at.to_le_bytes());
         out.extend_from_slice(&self.error_attempt.to_le_bytes());
+        out.extend_from_slice(&self.backoff_from.to_le_bytes());
         for (s, (_, limit)) in strings.iter().zip(LIMITS) {
             // Lengths are checked where strings enter; a longer one is cut at a char boundary.
             let s = truncate(s, limit);
@@ -453,6 +459,7 @@ impl Record {
             ("lease-owner", self.lease_owner.as_str().into()),
             ("lease-until", self.lease_until.into()),
             ("prev-delay", self.prev_delay.into()),
+            ("backoff-from", self.backoff_from.into()),
             ("rng", Value::List(self.rng.iter().map(|w| hex(*w)).collect())),
             ("last-error", last_error),
         ]))
@@ -554,6 +561,7 @@ impl Engine {
             last_seen: wall_now,
             lease_until: 0,
             prev_delay: 0,
+            backoff_from: 0,
             rng,
             policy_hash: hash,
             error_at: 0,
@@ -611,8 +619,16 @@ impl Engine {
                 if !rec.idempotent() {
                     return Ok(dead(rec, DurableReason::UnknownOutcome, changed));
                 }
-                let failure =
-                    Failure { stop: false, retryable: true, idempotent: true, attempts: rec.attempts, server: None, now, deadline: None };
+                let failure = Failure {
+                    stop: false,
+                    retryable: true,
+                    idempotent: true,
+                    attempts: rec.attempts,
+                    server: None,
+                    now,
+                    deadline: None,
+                    open_until: None,
+                };
                 schedule(rec, p, failure, changed)
             }
             State::Scheduled => {
@@ -691,6 +707,8 @@ impl Engine {
             },
             now,
             deadline: None,
+            // A durable call passes no breaker.
+            open_until: None,
         };
         schedule(rec, p, failure, changed)
     }
@@ -724,6 +742,7 @@ impl Engine {
         rec.attempts = 0;
         rec.crashes = 0;
         rec.prev_delay = 0;
+        rec.backoff_from = 0;
         rec.next_at = now;
         rec.deadline_at = p.deadline.map_or(0, |d| now.saturating_add(d));
         Ok(answer(rec, Action::Wait, 0, 0, changed))
@@ -747,13 +766,14 @@ fn held_by(rec: &Record, owner: &str) -> Result<(), LoadError> {
 /// ladder, `crate::retry::decide`, with the record's deadline and no budget).
 fn schedule(mut rec: Record, p: &Policy, mut failure: Failure, changed: bool) -> Result<DurableStep, LoadError> {
     failure.deadline = (rec.deadline_at != 0).then_some(rec.deadline_at);
-    let (attempts, prev) = (rec.attempts, rec.prev_delay);
+    let (attempts, mut backoff) = (rec.attempts, BackoffState { prev: rec.prev_delay, from: rec.backoff_from });
     let mut rng = Rng::from_state(rec.rng);
-    let decision = retry::decide(p.attempts, &p.retry_after, failure, || p.backoff.delay(attempts, prev, &mut rng), || Ok(()));
+    let decision = retry::decide(p.attempts, &p.retry_after, failure, || backoff.delay(&p.backoff, attempts, &mut rng), || Ok(()));
     rec.rng = rng.state();
     let reason = match decision {
         Decision::Retry(delay) => {
-            rec.prev_delay = delay;
+            backoff.retried(&failure, delay);
+            (rec.prev_delay, rec.backoff_from) = (backoff.prev, backoff.from);
             rec.state = State::Scheduled;
             rec.next_at = failure.now.saturating_add(delay);
             return Ok(answer(rec, Action::Wait, delay, 0, changed));

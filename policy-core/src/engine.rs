@@ -28,8 +28,8 @@ use crate::types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Rea
 /// Most live calls an engine tracks; starting one more evicts the one started longest ago
 /// (event `call-evicted`; its next step answers `invalid`, unknown call).
 ///
-/// Why 2^17: a live call costs 189 bytes (`cargo bench -p levee-benches --bench memory`), so
-/// a full table is 24.8 MB, which a guest's linear memory holds next to its keys under the
+/// Why 2^17: a live call costs 199 bytes (`cargo bench -p levee-benches --bench memory`), so
+/// a full table is 26.1 MB, which a guest's linear memory holds next to its keys under the
 /// hosts' memory limits. The bound exists for a host that leaks calls (never reports or
 /// cancels them): the engine stays bounded. Production load is far below it (the scaling
 /// benchmarks run 60,000 calls in flight at the cost of one), and since every table
@@ -222,7 +222,8 @@ struct Call {
     attempts: u32,
     phase: Phase,
     last_reason: Reason,
-    prev_delay: u64,
+    /// Where the call's backoff stands (see `retry::BackoffState`).
+    backoff: retry::BackoffState,
     reserved_at: Option<u64>,
     /// A hedged call's attempts (boxed: most calls are not hedged).
     hedge: Option<Box<Hedged>>,
@@ -990,7 +991,7 @@ impl Engine {
                 attempts: 0,
                 phase: Phase::Ready,
                 last_reason: Reason::None,
-                prev_delay: 0,
+                backoff: retry::BackoffState::default(),
                 reserved_at: None,
                 hedge: None,
                 ticket: Ticket::None,
@@ -1456,6 +1457,9 @@ impl Engine {
         };
         let method = (c.flags >> 8) & 0xF;
         let idempotent = c.flags & FLAG_IDEMPOTENCY_KEY != 0 || (c.flags & FLAG_NON_IDEMPOTENT == 0 && p.method_idempotent(method));
+        // The key's state was touched by this report already: found again without a touch.
+        let ks = keys.get_mut(c.key_at).map(|(_, ks)| ks);
+        let open_until = ks.as_ref().and_then(|ks| ks.breaker.as_ref()).and_then(|b| b.rejects_until());
         let failure = Failure {
             stop,
             retryable,
@@ -1467,15 +1471,15 @@ impl Engine {
             },
             now,
             deadline: c.deadline,
+            open_until,
         };
-        let (attempts, prev, rng) = (c.attempts, c.prev_delay, &mut self.rng);
-        // The key's state was touched by this report already: found again without a touch.
-        let budget = keys.get_mut(c.key_at).and_then(|(_, ks)| ks.budget.as_mut());
+        let (attempts, state, rng) = (c.attempts, c.backoff, &mut self.rng);
+        let budget = ks.and_then(|ks| ks.budget.as_mut());
         let decision = retry::decide(
             p.attempts,
             &p.retry_after,
             failure,
-            || p.backoff.delay(attempts, prev, rng),
+            || state.delay(&p.backoff, attempts, rng),
             || match (&p.budget, budget) {
                 (Some(cfg), Some(b)) => match b.try_retry(cfg, now) {
                     (true, _) => Ok(()),
@@ -1486,7 +1490,7 @@ impl Engine {
         );
         match decision {
             Decision::Retry(delay) => {
-                c.prev_delay = delay;
+                c.backoff.retried(&failure, delay);
                 let mut e = Event::new(now, EventKind::RetryScheduled, pi as u32, &c.key);
                 e.call = call;
                 e.attempt = c.attempts;
@@ -1598,6 +1602,9 @@ impl Engine {
             }
             _ => None,
         };
+        // Read before `admit` borrows the key: admitting a hedge only ever moves an open
+        // breaker whose time is up to half-open, which this bound already allows.
+        let open_until = ks.breaker.as_ref().and_then(Breaker::rejects_until);
         let mut out = Vec::new();
         let (deadline, flags) = (c.deadline, c.flags);
         let mut admit = |attempt: u32| -> Result<u64, Reason> {
@@ -1620,11 +1627,19 @@ impl Engine {
         // host's wait never passes the deadline). The call goes on with the attempts in flight
         // (a non-fatal failure still sends the next hedge at once), or, when none is left,
         // fails for the deadline.
-        if let (Some(d), Some(hedge::Command::Wait { until })) = (deadline, out.last()) {
-            if *until >= d {
+        // So is a hedge due while the key's breaker still rejects every attempt (open past that
+        // time, or forced open): no wait ends in that refusal; with nothing in flight the call
+        // fails for `breaker-open` now, as a plain call's retry does.
+        if let Some(hedge::Command::Wait { until }) = out.last() {
+            let stop = match (deadline, open_until) {
+                (Some(d), _) if *until >= d => Some(Reason::Deadline),
+                (_, Some(open)) if *until < open => Some(Reason::BreakerOpen),
+                _ => None,
+            };
+            if let Some(reason) = stop {
                 out.pop();
                 if machine.in_flight().next().is_none() {
-                    machine.stop(Reason::Deadline);
+                    machine.stop(reason);
                     machine.step(now, &mut admit, &mut out);
                 }
             }

@@ -13,6 +13,9 @@
 //! cas-retries: 8                # compare-and-swap mismatches before failing open
 //! ```
 //!
+//! or, for the filter's second place, among a cluster's upstream HTTP filters (once per
+//! attempt, before the router decides on a retry), `role: upstream` alone: see [`Plugin`].
+//!
 //! Everything is validated at configure time; every error names its field path (the
 //! document's own paths under `document.`).
 
@@ -67,7 +70,40 @@ pub struct FilterConfig {
     pub cas_retries: u32,
 }
 
-const FIELDS: &[&str] = &["document", "policy", "key", "fallbacks", "cas-retries"];
+/// What a plugin configuration makes of the filter.
+#[derive(Clone, Debug)]
+pub enum Plugin {
+    /// The request filter before the router (`role: downstream`, the default): it decides.
+    Downstream(Box<FilterConfig>),
+    /// An upstream HTTP filter of a cluster (`role: upstream`): it sees each attempt's
+    /// response before the router and marks an overloaded one so that the router never
+    /// retries it ([`crate::envoy::attempt_response_marks`]). It holds no policy.
+    Upstream,
+}
+
+const FIELDS: &[&str] = &["document", "policy", "key", "fallbacks", "cas-retries", "role"];
+const ROLES: &str = "expected downstream (the request filter, the default) or upstream (a cluster's upstream HTTP filter)";
+
+/// Parse and validate a plugin configuration, in either role.
+pub fn parse_plugin(text: &str) -> Result<Plugin, Vec<LoadError>> {
+    let root = doc::parse(text).map_err(|e| vec![e])?;
+    match root.get("role") {
+        None => {}
+        Some(r) => match r.as_str() {
+            Some("downstream") => {}
+            Some("upstream") => {
+                let mut errors = Vec::new();
+                if let Some(mut f) = Fields::new("", &root, &mut errors) {
+                    f.take("role");
+                    f.finish(&["role"], &mut errors);
+                }
+                return if errors.is_empty() { Ok(Plugin::Upstream) } else { Err(errors) };
+            }
+            _ => return Err(vec![err("role", ROLES)]),
+        },
+    }
+    parse(text).map(|c| Plugin::Downstream(Box::new(c)))
+}
 
 fn err(path: &str, msg: impl Into<String>) -> LoadError {
     LoadError::new(path, msg)
@@ -115,6 +151,11 @@ pub fn parse(text: &str) -> Result<FilterConfig, Vec<LoadError>> {
             }
         }
         fallback_map = f.take("fallbacks");
+        if let Some(v) = f.take("role") {
+            if v.as_str() != Some("downstream") {
+                errors.push(err("role", ROLES));
+            }
+        }
     }
     if let Some(f) = top {
         f.finish(FIELDS, &mut errors);
@@ -289,5 +330,18 @@ fallbacks:
         let e = errors("document: { policies: { p: { fallbacks: [{ name: f, on: [breaker-open] }] } } }");
         assert!(e.iter().any(|e| e.starts_with("fallbacks.f: is required")), "{e:?}");
         assert!(!errors("{not json").is_empty());
+    }
+
+    #[test]
+    fn the_upstream_role_takes_no_policy() {
+        assert!(matches!(parse_plugin("role: upstream"), Ok(Plugin::Upstream)));
+        assert!(matches!(parse_plugin("role: downstream\ndocument: { policies: { p: {} } }"), Ok(Plugin::Downstream(_))));
+        assert!(matches!(parse_plugin("policies: { p: {} }"), Ok(Plugin::Downstream(_))));
+        let paths = |text: &str| match parse_plugin(text) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.into_iter().map(|e| e.path).collect::<Vec<_>>(),
+        };
+        assert_eq!(paths("role: upstream\ndocument: { policies: { p: {} } }"), vec!["document"]);
+        assert_eq!(paths("role: sideways"), vec!["role"]);
     }
 }

@@ -5,6 +5,7 @@
 //! is retriable when the core would retry it), so the filter and the printed route cannot
 //! disagree with the document.
 
+use crate::headers::Headers;
 use levee_core::backoff::Kind;
 use levee_core::classify::{Observed, Rule};
 use levee_core::{OutcomeKind, Policy};
@@ -12,6 +13,19 @@ use levee_core::{OutcomeKind, Policy};
 /// gRPC statuses the router can retry on by name (`x-envoy-retry-grpc-on`), by code.
 const GRPC_RETRY_ON: [(i32, &str); 5] =
     [(1, "cancelled"), (4, "deadline-exceeded"), (8, "resource-exhausted"), (13, "internal"), (14, "unavailable")];
+
+/// The response header Envoy's router never retries on (unless the route's `retry_on` has
+/// `envoy-ratelimited`, which no mapping here writes). Since Envoy 1.20 the router no longer
+/// looks at `x-envoy-overloaded`: this is the one mark a response can carry that keeps it
+/// from being retried, however the route retries statuses.
+pub const NO_RETRY: (&str, &str) = ("x-envoy-ratelimited", "true");
+
+/// What the filter in its upstream role adds to one attempt's response: [`NO_RETRY`] on a
+/// response marked `x-envoy-overloaded` that lacks it, so that the router returns an
+/// overloaded answer at once (Levee's rule for every layer: overload is never retried).
+pub fn attempt_response_marks(response: &Headers) -> Option<(&'static str, &'static str)> {
+    (response.get("x-envoy-overloaded").is_some() && response.get(NO_RETRY.0).is_none()).then_some(NO_RETRY)
+}
 
 /// The router's view of a policy's classification.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,17 +42,27 @@ pub struct RetryOn {
 
 fn status_retried(p: &Policy, code: u16) -> bool {
     let o = Observed { kind: OutcomeKind::HttpStatus, code: i32::from(code), class: "", has_pushback: false };
-    p.retry_on.matches(&o) && !p.never_retry.matches(&o)
+    retried_rules(p).matches(&o) && !p.never_retry.matches(&o)
 }
 
-/// The router tokens for a policy's `retry-on` and `never-retry`.
+/// The rules the router's retries follow: `retry-on`, or for a hedged policy `hedge.non-fatal`
+/// (the failures after which the next hedge is sent).
+fn retried_rules(p: &Policy) -> &levee_core::classify::Rules {
+    match &p.hedge {
+        Some(h) => &h.non_fatal,
+        None => &p.retry_on,
+    }
+}
+
+/// The router tokens for a policy's `retry-on` (a hedged policy's `hedge.non-fatal`) and
+/// `never-retry`.
 pub fn retry_on(p: &Policy) -> RetryOn {
     let mut http = Vec::new();
     let mut grpc = Vec::new();
     let mut unmapped = Vec::new();
     let status_codes: Vec<u16> = (400..=599).filter(|c| status_retried(p, *c)).collect();
     let not_retried = |kind| !p.never_retry.matches(&Observed { kind, code: 0, class: "", has_pushback: false });
-    for rule in &p.retry_on.0 {
+    for rule in &retried_rules(p).0 {
         match rule {
             // `reset` covers no response at all: disconnect, reset and the per-try timeout.
             Rule::Timeout if not_retried(OutcomeKind::Timeout) => http.push("reset"),
@@ -81,6 +105,65 @@ fn duration(ns: u64) -> String {
     }
 }
 
+/// The router's `per_try_timeout`: the attempt timeout, or for a hedged policy the hedge delay
+/// (Envoy hedges when an attempt has run that long, without ending it; the `envoy` preset's
+/// delay is the attempt timeout). A delay of 0 has no per-try form: none.
+fn per_try_timeout(p: &Policy) -> Option<u64> {
+    match &p.hedge {
+        Some(h) => Some(h.delay).filter(|d| *d > 0),
+        None => p.attempt_timeout,
+    }
+}
+
+/// The router's `num_retries`: `attempts - 1`, or for a hedged policy `hedge.attempts - 1`.
+pub fn num_retries(p: &Policy) -> u32 {
+    match &p.hedge {
+        Some(h) => h.attempts.saturating_sub(1),
+        None => p.attempts.saturating_sub(1),
+    }
+}
+
+/// What Envoy's hedging cannot express of a hedged policy.
+fn hedge_notes(p: &Policy, h: &levee_core::hedge::HedgeCfg, notes: &mut Vec<String>) {
+    use levee_core::hedge::Preset;
+    let name = match h.preset {
+        Preset::Grpc => "grpc",
+        Preset::Polly => "polly",
+        Preset::Failsafe => "failsafe",
+        Preset::Envoy => "envoy",
+    };
+    if h.delay == 0 {
+        notes.push(
+            "hedge.delay 0 (every attempt at once) has no Envoy equivalent (HedgePolicy.initial_requests is not implemented): \
+             Envoy sends the next attempt only after a retriable failure"
+                .into(),
+        );
+    }
+    match h.preset {
+        Preset::Envoy => {}
+        Preset::Failsafe => notes.push(format!(
+            "hedge.preset {name}: hedges go by time only in Levee; Envoy also sends the next one after a retriable failure (after retry_back_off)"
+        )),
+        Preset::Grpc | Preset::Polly => notes.push(format!(
+            "hedge.preset {name}: a non-fatal failure sends the next hedge after retry_back_off ({}), not at once",
+            duration(HEDGE_BACKOFF)
+        )),
+    }
+    if h.preset == Preset::Polly {
+        notes.push("hedge.preset polly: when every attempt fails, Envoy returns the last failure, not the primary's".into());
+    }
+    if let (Some(t), true) = (p.attempt_timeout, h.preset != Preset::Envoy) {
+        notes.push(format!(
+            "attempt-timeout {} is not enforced per attempt: when hedging, Envoy's per_try_timeout is the hedge delay and ends no attempt",
+            duration(t)
+        ));
+    }
+}
+
+/// A hedged policy's `retry_back_off`: the shortest Envoy takes (the next hedge after a
+/// non-fatal failure is sent at once in Levee).
+const HEDGE_BACKOFF: u64 = 1_000_000;
+
 /// The request headers that say what [`route_yaml`] says for the policy (the router merges
 /// them with the route's retry policy), so that a route without it still retries as the
 /// policy says: the same for every request.
@@ -96,13 +179,22 @@ pub fn request_headers(p: &Policy, retry_on: &RetryOn) -> Vec<(&'static str, Str
     if !retry_on.grpc.is_empty() {
         h.push(("x-envoy-retry-grpc-on", retry_on.grpc.join(",")));
     }
-    if let Some(t) = p.attempt_timeout {
+    if let Some(t) = per_try_timeout(p) {
         h.push(("x-envoy-upstream-rq-per-try-timeout-ms", ms_ceil(t).to_string()));
+    }
+    if p.hedge.is_some() {
+        h.push(("x-envoy-hedge-on-per-try-timeout", "true".to_string()));
     }
     if let Some(d) = p.deadline {
         h.push(("x-envoy-upstream-rq-timeout-ms", ms_ceil(d).to_string()));
     }
     h
+}
+
+/// What Envoy cannot express of a policy: the `# note:` lines of [`route_yaml`], which the
+/// filter also logs as warnings when it loads the policy.
+pub fn notes(p: &Policy) -> Vec<String> {
+    route_yaml(p).lines().filter_map(|l| l.strip_prefix("# note: ")).map(str::to_string).collect()
 }
 
 /// The route's `retry_policy` (and route `timeout`) matching a policy, as Envoy YAML under a
@@ -115,19 +207,31 @@ pub fn route_yaml(p: &Policy) -> String {
     out.push_str("# The levee filter sets x-envoy-max-retries per request from what the retry budget leaves.\n");
     match p.deadline {
         Some(d) => out.push_str(&format!("timeout: {}\n", duration(d))),
-        None => out.push_str("timeout: 0s  # the policy has no deadline\n"),
+        // No `timeout: 0s`: that would turn off Envoy's default route timeout.
+        None => notes.push("the policy has no deadline: Envoy's default route timeout (15s) applies".into()),
+    }
+    if let Some(h) = &p.hedge {
+        out.push_str("hedge_policy:\n  hedge_on_per_try_timeout: true\n");
+        hedge_notes(p, h, &mut notes);
     }
     out.push_str("retry_policy:\n");
     let mut tokens = r.http.clone();
     tokens.extend(r.grpc.iter().copied());
     out.push_str(&format!("  retry_on: \"{}\"\n", tokens.join(",")));
-    out.push_str(&format!("  num_retries: {}\n", p.attempts.saturating_sub(1)));
-    if let Some(t) = p.attempt_timeout {
+    out.push_str(&format!("  num_retries: {}\n", num_retries(p)));
+    if let Some(t) = per_try_timeout(p) {
         out.push_str(&format!("  per_try_timeout: {}\n", duration(t)));
     }
     if !r.status_codes.is_empty() {
         let codes: Vec<String> = r.status_codes.iter().map(u16::to_string).collect();
         out.push_str(&format!("  retriable_status_codes: [{}]\n", codes.join(", ")));
+    }
+    if p.hedge.is_some() {
+        // Hedged calls are never retried: the backoff does not apply, a failed hedge's
+        // successor goes at once.
+        out.push_str("  retry_back_off:\n");
+        out.push_str(&format!("    base_interval: {}\n    max_interval: {}\n", duration(HEDGE_BACKOFF), duration(HEDGE_BACKOFF)));
+        return finish_route(out, p, &r, notes);
     }
     let b = &p.backoff;
     // Envoy's backoff is exponential, multiplier 2, full jitter, capped at max_interval.
@@ -146,6 +250,10 @@ pub fn route_yaml(p: &Policy) -> String {
     if b.jitter.name() != "full" {
         notes.push(format!("backoff.jitter {} is full jitter in Envoy", b.jitter.name()));
     }
+    finish_route(out, p, &r, notes)
+}
+
+fn finish_route(mut out: String, p: &Policy, r: &RetryOn, mut notes: Vec<String>) -> String {
     if p.retry_after.honor {
         out.push_str("  rate_limited_retry_back_off:\n");
         out.push_str("    reset_headers:\n");
@@ -186,6 +294,52 @@ mod tests {
         let r = retry_on(&p);
         assert!(r.status_codes.contains(&500) && !r.status_codes.contains(&501) && r.status_codes.contains(&599));
         assert_eq!(r.http, vec!["retriable-status-codes"]);
+    }
+
+    #[test]
+    fn an_overloaded_attempt_is_marked_for_the_router_not_to_retry_it() {
+        let h = |pairs: &[(&str, &str)]| Headers::new(crate::headers::serialize(pairs));
+        assert_eq!(attempt_response_marks(&h(&[(":status", "503"), ("x-envoy-overloaded", "true")])), Some(NO_RETRY));
+        assert_eq!(attempt_response_marks(&h(&[(":status", "503")])), None);
+        assert_eq!(
+            attempt_response_marks(&h(&[(":status", "503"), ("x-envoy-overloaded", "true"), ("x-envoy-ratelimited", "true")])),
+            None
+        );
+    }
+
+    #[test]
+    fn no_deadline_keeps_envoys_route_timeout() {
+        let y = route_yaml(&policy(r#"{"policies": {"p": {}}}"#));
+        // `timeout: 0s` would turn off Envoy's default 15 s route timeout.
+        assert!(!y.lines().any(|l| l.starts_with("timeout:")), "{y}");
+        assert!(y.contains("# note: the policy has no deadline: Envoy's default route timeout (15s) applies"), "{y}");
+    }
+
+    #[test]
+    fn hedging_maps_to_envoys_hedge_policy() {
+        let p = policy(r#"{"policies": {"p": {"hedge": {"attempts": 3, "delay": "100ms"}}}}"#);
+        let y = route_yaml(&p);
+        for want in [
+            "hedge_policy:\n  hedge_on_per_try_timeout: true\n",
+            "num_retries: 2\n",
+            "per_try_timeout: 0.1s\n",
+            "# note: hedge.preset grpc: a non-fatal failure sends the next hedge after",
+        ] {
+            assert!(y.contains(want), "{want:?} in\n{y}");
+        }
+        let h = request_headers(&p, &retry_on(&p));
+        assert!(h.contains(&("x-envoy-hedge-on-per-try-timeout", "true".into())), "{h:?}");
+        // The filter warns of the same at configure time.
+        assert!(notes(&p).iter().any(|n| n.starts_with("hedge.preset grpc:")), "{:?}", notes(&p));
+        assert!(h.contains(&("x-envoy-upstream-rq-per-try-timeout-ms", "100".into())), "{h:?}");
+        // The envoy preset is Envoy's own: no note but the budget's.
+        let p = policy(r#"{"policies": {"p": {"attempt-timeout": "50ms", "hedge": {"preset": "envoy", "attempts": 2}}}}"#);
+        let y = route_yaml(&p);
+        assert!(y.contains("per_try_timeout: 0.05s\n") && y.contains("num_retries: 1\n") && !y.contains("hedge.preset"), "{y}");
+        // What Envoy cannot do: every attempt at once, a per-attempt timeout besides the delay.
+        let y = route_yaml(&policy(r#"{"policies": {"p": {"attempt-timeout": "1s", "hedge": {"delay": "0s"}}}}"#));
+        assert!(y.contains("# note: hedge.delay 0"), "{y}");
+        assert!(y.contains("# note: attempt-timeout"), "{y}");
     }
 
     #[test]

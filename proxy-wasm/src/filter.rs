@@ -239,6 +239,8 @@ impl Worker {
 #[derive(Default)]
 pub(crate) struct Root {
     worker: Option<Rc<RefCell<Worker>>>,
+    /// `role: upstream`: a cluster's upstream filter, which only marks overloaded attempts.
+    upstream: bool,
 }
 
 /// This worker's number among the VM's workers: a shared counter, taken with CAS.
@@ -267,9 +269,21 @@ impl RootContext for Root {
                 return false;
             }
         };
-        match config::parse(text) {
-            Ok(cfg) => {
+        match config::parse_plugin(text) {
+            Ok(config::Plugin::Upstream) => {
+                self.upstream = true;
+                log(LogLevel::Info, "levee: upstream role: overloaded attempts are marked x-envoy-ratelimited (never retried)");
+                true
+            }
+            Ok(config::Plugin::Downstream(cfg)) => {
+                let cfg = *cfg;
                 let info = cfg.engine.policy_info(cfg.policy);
+                // What the router cannot do as the policy says (hedging, backoff kinds, ...).
+                if let Some(p) = cfg.engine.policy(cfg.policy) {
+                    for n in crate::envoy::notes(p) {
+                        log(LogLevel::Warn, &format!("levee: policy `{}`: {n}", p.name));
+                    }
+                }
                 let metrics = METRICS.iter().map(|m| host::define_metric(&format!("levee.{m}"))).collect();
                 #[cfg(feature = "bench-shadow")]
                 let shadow = match config::parse(text) {
@@ -305,12 +319,29 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        if self.upstream {
+            return Some(Box::new(Attempt));
+        }
         let worker = self.worker.clone()?;
         Some(Box::new(Request { worker, call: None, local: false, path: None, authority: None }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+/// One attempt, seen by the filter in its upstream role.
+struct Attempt;
+
+impl Context for Attempt {}
+
+impl HttpContext for Attempt {
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if let Some((name, value)) = crate::envoy::attempt_response_marks(&host::headers(MapType::HttpResponseHeaders)) {
+            host::set_header(MapType::HttpResponseHeaders, name, value);
+        }
+        Action::Continue
     }
 }
 

@@ -25,10 +25,10 @@
 use std::collections::HashMap;
 
 use levee_core::classify::Rule;
-use levee_core::{Engine, OutcomeKind, Reason, Verdict, VerdictKind};
+use levee_core::{Engine, HedgeCommand, OutcomeKind, Reason, Verdict, VerdictKind};
 
 use crate::config::{FallbackAction, FilterConfig};
-use crate::envoy::{ms_ceil, request_headers, retry_on, RetryOn};
+use crate::envoy::{ms_ceil, request_headers, retry_on, RetryOn, NO_RETRY};
 
 /// `report` flag of the WIT: the response is marked overloaded (`x-envoy-overloaded`).
 const FLAG_OVERLOADED: u32 = 1;
@@ -146,8 +146,10 @@ pub struct Call {
     /// The key's bytes the admission ran on: the call is made again from them when an
     /// operation on it must be undone.
     admitted_on: Vec<u8>,
-    /// Retries the router was allowed.
+    /// Retries (for a hedged policy, hedges) the router was allowed.
     pub max_retries: u32,
+    /// The policy hedges: the core's call runs hedged attempts (`report_attempt`).
+    hedged: bool,
     done: bool,
 }
 
@@ -277,7 +279,7 @@ impl Gate {
         let static_headers = policy.as_ref().map(|p| request_headers(p, &retry_on)).unwrap_or_default();
         let prefix = format!("levee:{}:", policy.as_ref().map(|p| p.name.as_str()).unwrap_or(""));
         let max_keys = policy.as_ref().map(|p| p.max_keys).unwrap_or(1).min(65_536);
-        let max_retries = policy.as_ref().map(|p| p.attempts.saturating_sub(1)).unwrap_or(0);
+        let max_retries = policy.as_ref().map(crate::envoy::num_retries).unwrap_or(0);
         let probe = probe_outcome(&cfg, &retry_on);
         // The engine holds no key yet: this is a fresh key's state (the same for every name).
         let fresh = cfg.engine.export_key(cfg.policy, "").unwrap_or_default();
@@ -457,8 +459,18 @@ impl Gate {
             |e, bytes| {
                 let mut v = e.start(id, pi, key, flags, now, 0, 0, 0);
                 let mut left = 0;
-                if let (true, Some((kind, code))) = (is(v, VerdictKind::Attempt), probe) {
-                    left = retries_left(e, id, now, kind, code, max);
+                let probed = match (v.kind(), probe) {
+                    (Some(VerdictKind::Attempt), Some((kind, code))) => {
+                        left = retries_left(e, id, now, kind, code, max);
+                        true
+                    }
+                    (Some(VerdictKind::Hedge), _) if app_attempt.is_none() => {
+                        left = hedges_left(e, id, now, max);
+                        true
+                    }
+                    _ => false,
+                };
+                if probed {
                     // The replay changed the key and ended the call: both are made again from
                     // the bytes read, exactly as the first `start` made them.
                     e.cancel(id, now);
@@ -483,9 +495,11 @@ impl Gate {
                 return (Admit::FailOpen(f), None);
             }
         };
-        let mut call = Call { id, key: key.to_string(), flags, started: now, admitted_on: bytes, max_retries: 0, done: false };
+        let hedged = is(v, VerdictKind::Hedge);
+        let mut call = Call { id, key: key.to_string(), flags, started: now, admitted_on: bytes, max_retries: 0, hedged, done: false };
         match v.kind() {
-            Some(VerdictKind::Attempt) => {
+            // A hedged call's first attempt is the request; the router sends the hedges.
+            Some(VerdictKind::Attempt | VerdictKind::Hedge) => {
                 self.stats.admitted += 1;
                 call.max_retries = left;
                 let mut headers = Vec::with_capacity(self.static_headers.len() + 1);
@@ -514,10 +528,11 @@ impl Gate {
     }
 
     /// The local answer to a rejection: 429 for a rate limit, else 503 marked overloaded;
-    /// Retry-After from the core's hint.
+    /// Retry-After from the core's hint. Both carry [`NO_RETRY`], so that an Envoy in front
+    /// (whatever its route retries) never retries them.
     pub fn rejection(&self, reason: Reason, hint_ns: u64) -> Reply {
         let status = if reason == Reason::RateLimited { 429 } else { 503 };
-        let mut headers = vec![("x-levee-reason", reason.name().to_string())];
+        let mut headers = vec![("x-levee-reason", reason.name().to_string()), (NO_RETRY.0, NO_RETRY.1.to_string())];
         if status == 503 {
             headers.push(("x-envoy-overloaded", "true".to_string()));
         }
@@ -597,10 +612,19 @@ impl Gate {
         let (id, per) = (call.id, elapsed / u64::from(attempts));
         let pi = self.cfg.policy;
         let (key, admitted_on, start_flags, started) = (call.key.as_str(), call.admitted_on.as_slice(), call.flags, call.started);
+        let hedged = call.hedged;
         let result = self.with_key(
             store,
             key,
             |e, _| {
+                if hedged {
+                    // The router's attempts, in order: each before the last failed retriably
+                    // when the last did (as for retries), and a non-fatal failure is what
+                    // sends the next hedge; else the first attempt carries the result (the
+                    // router cancelled the others when it came).
+                    let reports = if retriable_final { attempts } else { 1 };
+                    return Ok(replay_hedged(e, id, now, per, reports, final_code, r.retry_after, wall_secs, flags));
+                }
                 let mut live = true;
                 for _ in 1..attempts {
                     let Some((kind, code)) = earlier else { break };
@@ -688,6 +712,65 @@ fn retries_left(e: &mut Engine, id: u64, now: u64, kind: OutcomeKind, code: i32,
     n
 }
 
+/// How many hedges the router may send now: the hedges the core would start, stepping its
+/// hedge delays from `now` (the deadline, the breaker, the budget and the limits all answer),
+/// at most `max`. Asked of the call itself, which this ends: the caller makes it again.
+fn hedges_left(e: &mut Engine, id: u64, now: u64, max: u32) -> u32 {
+    let mut t = now;
+    let mut n = 0u32;
+    for _ in 0..=max {
+        let mut wait = None;
+        for c in e.hedge_step(id, t) {
+            match c {
+                HedgeCommand::Start { .. } => n += 1,
+                HedgeCommand::Wait { delay } => wait = Some(delay),
+                HedgeCommand::End { .. } => return n.min(max),
+                HedgeCommand::Cancel { .. } => {}
+            }
+        }
+        match wait {
+            Some(d) if n < max && d > 0 => t = t.saturating_add(d),
+            _ => break,
+        }
+    }
+    n.min(max)
+}
+
+/// Feed a hedged request's attempts to the core: `reports` attempts, each with the final
+/// status (an attempt the core does not start, because its hedging stopped, is not
+/// reported). The call's verdict (`done` when the router answered and the core would still
+/// go on: the router is done with this request).
+#[allow(clippy::too_many_arguments)]
+fn replay_hedged(
+    e: &mut Engine,
+    id: u64,
+    now: u64,
+    per: u64,
+    reports: u32,
+    code: i32,
+    retry_after: &str,
+    wall_secs: u64,
+    flags: u32,
+) -> Verdict {
+    let mut attempt = 1;
+    for left in (0..reports).rev() {
+        let mut next = None;
+        for c in e.report_attempt(id, attempt, now, per, OutcomeKind::HttpStatus, code, retry_after, wall_secs, flags) {
+            match c {
+                HedgeCommand::End { verdict, .. } => return verdict,
+                HedgeCommand::Start { attempt: a, .. } => next = Some(a),
+                HedgeCommand::Cancel { .. } | HedgeCommand::Wait { .. } => {}
+            }
+        }
+        match next {
+            Some(a) if left > 0 => attempt = a,
+            _ => break,
+        }
+    }
+    e.cancel(id, now);
+    Verdict::new(VerdictKind::Done, 0, 0)
+}
+
 /// Put a call back as its admission made it (in flight on its first attempt): end it, and
 /// `start` it again on the bytes the admission ran on, at the admission's `now`.
 fn remake(e: &mut Engine, pi: u32, id: u64, key: &str, flags: u32, started: u64, admitted_on: &[u8]) -> bool {
@@ -699,7 +782,7 @@ fn remake(e: &mut Engine, pi: u32, id: u64, key: &str, flags: u32, started: u64,
     if e.has_events() {
         e.drain_events();
     }
-    is(v, VerdictKind::Attempt)
+    is(v, VerdictKind::Attempt) || is(v, VerdictKind::Hedge)
 }
 
 #[cfg(test)]
@@ -775,6 +858,8 @@ mod tests {
         let Admit::Reply(r) = adm else { panic!("{adm:?}") };
         assert_eq!(r.status, 503);
         assert!(r.headers.contains(&("x-envoy-overloaded", "true".into())));
+        // An Envoy in front never retries it, whatever its route's retry policy.
+        assert!(r.headers.contains(&("x-envoy-ratelimited", "true".into())));
         assert!(r.headers.contains(&("retry-after", "2".into())), "{:?}", r.headers);
         // After the open duration one trial goes through (on either worker) and closes it.
         let (adm, call) = b.admit(&store, 3 * S + 1, "c", "GET", None);
@@ -785,6 +870,26 @@ mod tests {
         b.complete(&store, 3 * S + 3, &mut c, &Response { status: 200, attempts: 1, ..Default::default() }, 3);
         let (adm, _) = a.admit(&store, 3 * S + 4, "c", "GET", None);
         assert!(matches!(adm, Admit::Forward(_)), "closed again: {adm:?}");
+    }
+
+    #[test]
+    fn a_hedged_policy_lets_the_router_hedge_and_feeds_the_result_back() {
+        let store = Shared::default();
+        let doc = "policies: { p: { hedge: { attempts: 3, delay: 100ms }, breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 10s } } }";
+        let mut g = gate(doc, 1);
+        for i in 0..2 {
+            let (adm, call) = g.admit(&store, S + i, "k", "GET", None);
+            let Admit::Forward(h) = adm else { panic!("a hedged request is admitted, not failed open: {adm:?}") };
+            assert!(h.contains(&("x-envoy-max-retries", "2".into())), "{h:?}");
+            assert!(h.contains(&("x-envoy-hedge-on-per-try-timeout", "true".into())), "{h:?}");
+            let mut c = call.expect("call");
+            assert_eq!(g.complete(&store, S + i + 1, &mut c, &Response { status: 500, attempts: 3, ..Default::default() }, 1), None);
+        }
+        assert_eq!(g.stats.state_fail_open, 0);
+        // The two failed requests opened the breaker: the next is answered locally.
+        let (adm, _) = g.admit(&store, 2 * S, "k", "GET", None);
+        assert!(matches!(&adm, Admit::Reply(r) if r.status == 503), "{adm:?}");
+        assert_eq!(g.config().engine.live_calls(), 0);
     }
 
     #[test]

@@ -57,6 +57,19 @@ FALLBACK = {
 }
 # The application retries (3 attempts), the proxy would too (3 attempts).
 CROSS = {"policies": {"cross": {"attempts": 3, "backoff": {"base": "5ms", "cap": "10ms"}, "retry-on": ["http:503"]}}}
+# A breaker that stays open through the test: its 503s are the filter's own rejections.
+SHED = {
+    "policies": {
+        "shed": {
+            "attempts": 1,
+            "breaker": {"window": {"kind": "count", "size": 2}, "minimum-calls": 2, "failure-rate": 50, "open-duration": "60s"},
+        }
+    }
+}
+# An outer Envoy's route, from `levee envoy-config`: retries 429 and 5xx, backoff only.
+OUTER = {"policies": {"outer": {"attempts": 3, "backoff": {"base": "10ms", "cap": "50ms"}, "retry-after": {"honor": False}}}}
+# Hedged: a second attempt 100 ms after the first, unless the first has answered.
+HEDGE = {"policies": {"hedge": {"hedge": {"attempts": 2, "delay": "100ms"}, "deadline": "5s"}}}
 BAD = {"document": {"policies": {"p": {"atempts": 3, "backoff": {"base": "250"}}}}}
 
 
@@ -115,6 +128,33 @@ def listener(name: str, port: int, cluster: str, plugin: dict[str, Any] | None, 
           - name: envoy.filters.http.router
             typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
 """
+
+
+def upstream_filter(wasm: str) -> str:
+    """The filter in its upstream role among a cluster's upstream HTTP filters: it marks each
+    overloaded attempt so that the router never retries it."""
+    return f"""
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http_protocol_options: {{}}}}
+        http_filters:
+        - name: envoy.filters.http.wasm
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+            config:
+              name: levee-upstream
+              root_id: levee-upstream
+              failure_policy: FAIL_OPEN
+              configuration:
+                "@type": type.googleapis.com/google.protobuf.StringValue
+                value: "role: upstream"
+              vm_config:
+                vm_id: levee-upstream
+                runtime: envoy.wasm.runtime.v8
+                code: {{local: {{filename: {wasm}}}}}
+        - name: envoy.filters.http.upstream_codec
+          typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec}}"""
 
 
 def cluster(name: str, port: int, extra: str = "") -> str:
@@ -201,7 +241,7 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     server, state = upstream.start()
     up = int(server.server_address[1])
-    ports = {n: free_port() for n in ["retry", "headers", "breaker", "rate", "trap", "fallback", "cross"]}
+    ports = {n: free_port() for n in ["retry", "headers", "breaker", "rate", "trap", "fallback", "cross", "shed", "outer-shed", "outer-rate", "hedge"]}
     listeners = "".join(
         [
             listener("retry", ports["retry"], "upstream", RETRY, wasm, "levee", route_retry_policy(cli, workdir, "retry", RETRY)),
@@ -211,9 +251,18 @@ def main() -> int:
             listener("fallback", ports["fallback"], "upstream", FALLBACK, wasm, "levee", route_retry_policy(cli, workdir, "fallback", FALLBACK)),
             listener("cross", ports["cross"], "upstream", CROSS, wasm, "levee", route_retry_policy(cli, workdir, "cross", CROSS)),
             listener("trap", ports["trap"], "upstream", RETRY, trap_wasm, "levee-trap", route_retry_policy(cli, workdir, "trap", RETRY)),
+            listener("shed", ports["shed"], "upstream", SHED, wasm, "levee", route_retry_policy(cli, workdir, "shed", SHED)),
+            listener("hedge", ports["hedge"], "upstream", HEDGE, wasm, "levee", route_retry_policy(cli, workdir, "hedge", HEDGE)),
+            # An outer proxy in front of the levee listeners, without the filter, retrying as
+            # `levee envoy-config` says.
+            listener("outer-shed", ports["outer-shed"], "inner-shed", None, wasm, "levee", route_retry_policy(cli, workdir, "outer", OUTER)),
+            listener("outer-rate", ports["outer-rate"], "inner-rate", None, wasm, "levee", route_retry_policy(cli, workdir, "outer", OUTER)),
         ]
     )
-    config = "static_resources:\n  listeners:" + listeners + "  clusters:" + cluster("upstream", up) + cluster("spare", up)
+    config = (
+        "static_resources:\n  listeners:" + listeners + "  clusters:" + cluster("upstream", up, upstream_filter(wasm)) + cluster("spare", up)
+        + cluster("inner-shed", ports["shed"]) + cluster("inner-rate", ports["rate"])
+    )
     # The fallback cluster's calls go to /fallback: the filter keeps the request's path, so
     # the test asks for /fallback-able paths through a rewrite-free upstream instead.
     envoy = Envoy(envoy_bin, config, workdir, "main")
@@ -233,6 +282,37 @@ def main() -> int:
         check(status == 503 and n == "3", f"at most 3 attempts reach the upstream ({n}), then the 503 is returned ({status})")
         status, _, h = get(ports["headers"], "/flaky?id=r3&fail=2")
         check(status == 200 and h.get("x-envoy-attempt-count") == "3", f"on a route with no retry_policy the filter's headers alone make the router retry (status {status}, attempts {h.get('x-envoy-attempt-count')})")
+
+        print("== overload is never retried by the router")
+        for listener_name in ("retry", "headers"):
+            status, _, h = get(ports[listener_name], f"/overloaded?id=ov-{listener_name}")
+            _, n, _ = get(up, f"/_ctl/count?id=ov-{listener_name}")
+            check(
+                status == 503 and h.get("x-envoy-attempt-count") == "1" and n == "1",
+                f"behind the filter ({listener_name}), an upstream's 503 marked x-envoy-overloaded is not retried "
+                f"(status {status}, attempts {h.get('x-envoy-attempt-count')}, upstream saw {n})",
+            )
+        for _ in range(2):
+            get(ports["shed"], "/flaky?id=shed&fail=99")
+        status, _, h = get(ports["outer-shed"], "/flaky?id=shed&fail=99")
+        check(
+            status == 503 and h.get("x-levee-reason") == "breaker-open" and h.get("x-envoy-attempt-count") == "1",
+            f"an outer Envoy with envoy-config's retry policy does not retry the filter's 503 "
+            f"(status {status}, {h.get('x-levee-reason')}, attempts {h.get('x-envoy-attempt-count')})",
+        )
+
+        print("== hedging: the router sends a hedge after hedge.delay, the first answer wins")
+        t0 = time.monotonic()
+        status, body, h = get(ports["hedge"], "/slowfirst?id=hedge&ms=1500")
+        took = time.monotonic() - t0
+        _, n, _ = get(up, "/_ctl/count?id=hedge")
+        check(
+            status == 200 and body == "fast\n" and h.get("x-envoy-attempt-count") == "2" and n == "2" and took < 1.0,
+            f"the hedge answered first ({status} {body.strip()!r}, attempts {h.get('x-envoy-attempt-count')}, upstream saw {n}, {took:.2f} s)",
+        )
+        hedge_route = route_retry_policy(cli, workdir, "hedge", HEDGE)
+        check("hedge_on_per_try_timeout: true" in hedge_route and "num_retries: 1" in hedge_route, f"envoy-config maps the hedge:\n{hedge_route}")
+        check("levee: policy `hedge`: hedge.preset grpc:" in envoy.log.read_text(), "the filter warns in Envoy's log of what the router cannot do of the hedge")
 
         print("== Retry-After honoured by the router (rate_limited_retry_back_off from levee envoy-config)")
         t0 = time.monotonic()
@@ -269,6 +349,11 @@ def main() -> int:
         check(all(w > 0 for w in workers), f"both workers took connections: {workers}")
         status, _, h = get(ports["rate"], "/ok?id=rate")
         check(status == 429 and h.get("retry-after", "0").isdigit() and int(h.get("retry-after", "0")) >= 1, f"429 carries Retry-After: {h.get('retry-after')}")
+        status, _, h = get(ports["outer-rate"], "/ok?id=rate")
+        check(
+            status == 429 and h.get("x-envoy-attempt-count") == "1",
+            f"an outer Envoy with envoy-config's retry policy does not retry the filter's 429 (status {status}, attempts {h.get('x-envoy-attempt-count')})",
+        )
 
         print("== fallback to a cluster when the breaker is open (key: a header)")
         for _ in range(2):

@@ -3,6 +3,8 @@
 Paths (query parameters in brackets):
   /ok                          200
   /flaky?id=X&fail=N[&ra=S]    the first N requests for X answer 503 (with Retry-After: S), then 200
+  /overloaded?id=X             503 marked `x-envoy-overloaded: true` (a shedding upstream)
+  /slowfirst?id=X&ms=N         the first request for X answers 200 after N ms, later ones at once
   /down                        503 while down (POST /_ctl/down?on=0|1 switches; starts down)
   /fallback                    200 "from the fallback cluster"
   /_ctl/count?id=X             requests seen for X (for /down and /ok: the path), as text
@@ -77,6 +79,20 @@ class Handler(BaseHTTPRequestHandler):
                 self.answer(503, "flaky\n", extra)
             else:
                 self.answer(200, "recovered\n")
+            return
+        if url.path == "/slowfirst":
+            if s.seen(q["id"], hdrs) == 1:
+                time.sleep(int(q["ms"]) / 1000)
+                try:
+                    self.answer(200, "slow\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the router cancelled this attempt when the hedge won
+            else:
+                self.answer(200, "fast\n")
+            return
+        if url.path == "/overloaded":
+            s.seen(q["id"], hdrs)
+            self.answer(503, "shedding\n", {"x-envoy-overloaded": "true"})
             return
         if url.path == "/down":
             s.seen(q.get("id", "/down"), hdrs)

@@ -331,12 +331,28 @@ fn bucket_add(v: &mut Vec<u64>, t: u64) {
     }
 }
 
+/// Which state a bucket shows when the breaker was in several during it: half-open first (a
+/// trial lasts milliseconds, and a second that opened again after it would otherwise hide it),
+/// then open, then closed.
 fn severity(s: Option<BreakerState>) -> u8 {
     match s {
         None => 0,
         Some(BreakerState::Closed) | Some(BreakerState::Disabled) | Some(BreakerState::ForcedClosed) => 1,
-        Some(BreakerState::HalfOpen) => 2,
-        Some(BreakerState::Open) | Some(BreakerState::ForcedOpen) => 3,
+        Some(BreakerState::Open) | Some(BreakerState::ForcedOpen) => 2,
+        Some(BreakerState::HalfOpen) => 3,
+    }
+}
+
+/// The breaker was in state `s` at `t`: its bucket shows the most telling state seen in it.
+fn mark_breaker(v: &mut Vec<Option<BreakerState>>, t: u64, s: Option<BreakerState>) {
+    let i = (t / BUCKET) as usize;
+    if v.len() <= i {
+        v.resize(i + 1, None);
+    }
+    if let Some(slot) = v.get_mut(i) {
+        if severity(s) > severity(*slot) {
+            *slot = s;
+        }
     }
 }
 
@@ -363,7 +379,11 @@ impl World<'_> {
             match e.kind {
                 EventKind::BudgetRefused => st.budget_refusals += 1,
                 EventKind::Rejected => st.rejections += 1,
-                EventKind::BreakerTransition => st.transitions.push((e.at, e.state_from, e.state_to)),
+                EventKind::BreakerTransition => {
+                    // Between two samples (every 100 ms) a half-open trial may come and go.
+                    mark_breaker(&mut st.breaker, e.at, Some(e.state_to));
+                    st.transitions.push((e.at, e.state_from, e.state_to));
+                }
                 _ => {}
             }
         }
@@ -516,14 +536,7 @@ impl World<'_> {
             let (Some(eng), Some(p)) = (self.engines.get_mut(layer), self.policy.get(layer)) else { continue };
             let s = eng.breaker_state(*p, "", now);
             let Some(st) = self.run.layers.get_mut(layer) else { continue };
-            if st.breaker.len() <= i {
-                st.breaker.resize(i + 1, None);
-            }
-            if let Some(slot) = st.breaker.get_mut(i) {
-                if severity(s) > severity(*slot) {
-                    *slot = s;
-                }
-            }
+            mark_breaker(&mut st.breaker, now, s);
         }
     }
 

@@ -46,8 +46,21 @@ pub fn render(title: &str, y_label: &str, bucket_secs: f64, series: &[Series], b
     let plot_w = w - left - right;
     let x = |i: f64| left + plot_w * i / n as f64;
     let max = series.iter().flat_map(|s| s.values.iter().copied()).fold(0.0f64, f64::max);
-    let ymax = nice_ceiling(max);
-    let y = |v: f64| top + plot_h - plot_h * v / ymax;
+    let min_positive = series.iter().flat_map(|s| s.values.iter().copied()).filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
+    // Values that span more than LOG_SPAN (a run without a budget next to one with it) share
+    // the bottom pixel on a linear scale: then the scale is log10(1 + v), and says so.
+    let log = min_positive.is_finite() && max / min_positive >= LOG_SPAN;
+    let ymax = if log { 10f64.powf(max.log10().ceil()) } else { nice_ceiling(max) };
+    let y = |v: f64| {
+        let f = if log { (1.0 + v.max(0.0)).log10() / (1.0 + ymax).log10() } else { v / ymax };
+        top + plot_h - plot_h * f
+    };
+    let y_label = if log { format!("{y_label} (log scale)") } else { y_label.to_string() };
+    let ticks: Vec<f64> = if log {
+        std::iter::once(0.0).chain((0..=ymax.log10().round() as i32).map(|k| 10f64.powi(k))).collect()
+    } else {
+        (0..=4).map(|k| ymax * f64::from(k) / 4.0).collect()
+    };
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -61,8 +74,7 @@ pub fn render(title: &str, y_label: &str, bucket_secs: f64, series: &[Series], b
         let _ = writeln!(o, r##"<text x="{:.1}" y="{:.1}" fill="#b91c1c">{}</text>"##, xa + 4.0, top + 14.0, esc(label));
     }
     // Axes and grid.
-    for k in 0..=4 {
-        let v = ymax * k as f64 / 4.0;
+    for v in ticks {
         let yy = y(v);
         let _ = writeln!(o, r##"<line x1="{left}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#e5e7eb"/>"##, left + plot_w);
         let _ = writeln!(o, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, left - 6.0, yy + 4.0, fmt_num(v));
@@ -89,7 +101,7 @@ pub fn render(title: &str, y_label: &str, bucket_secs: f64, series: &[Series], b
         o,
         r#"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
         top + plot_h / 2.0,
-        esc(y_label)
+        esc(&y_label)
     );
     // Lines.
     for (k, s) in series.iter().enumerate() {
@@ -165,6 +177,9 @@ pub fn stack(parts: &[String]) -> String {
     o
 }
 
+/// Largest over smallest positive value above which the chart's scale is logarithmic.
+const LOG_SPAN: f64 = 50.0;
+
 fn fmt_num(v: f64) -> String {
     if v == v.trunc() {
         format!("{}", v as i64)
@@ -202,6 +217,29 @@ mod tests {
         assert!(svg.contains("<title>open</title>"));
         assert_eq!(nice_ceiling(27.0), 50.0);
         assert_eq!(nice_ceiling(2700.0), 5000.0);
+    }
+
+    /// The y of each point of the first polyline.
+    fn ys(svg: &str) -> Vec<f64> {
+        let pts = svg.split_once("points=\"").and_then(|(_, r)| r.split_once('"')).map(|(p, _)| p).unwrap_or_default();
+        pts.split(' ').filter_map(|p| p.split_once(',')).filter_map(|(_, y)| y.parse().ok()).collect()
+    }
+
+    #[test]
+    fn small_values_stay_apart_under_large_ones() {
+        // 3000 calls/s without a budget, 3 and 1 with one: on a linear scale 3 and 1 are both on
+        // the axis. The scale is logarithmic when the values span that much, and says so.
+        let s = vec![
+            Series { name: "x".into(), color: "#000", values: vec![1.0, 3.0, 3000.0] },
+            Series { name: "y".into(), color: "#111", values: vec![0.0, 1.0, 1.0] },
+        ];
+        let svg = render("t", "calls/s", 1.0, &s, &[], &[]);
+        let y = ys(&svg);
+        assert!(y[0] - y[1] > 20.0, "1 and 3 are {} px apart: {y:?}", y[0] - y[1]);
+        assert!(svg.contains("(log scale)"), "{svg}");
+        // Values of one magnitude keep the linear scale.
+        let lin = render("t", "calls/s", 1.0, &[Series { name: "x".into(), color: "#000", values: vec![10.0, 20.0] }], &[], &[]);
+        assert!(!lin.contains("log scale"));
     }
 
     #[test]

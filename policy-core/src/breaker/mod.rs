@@ -478,6 +478,18 @@ impl Breaker {
         }
     }
 
+    /// When this breaker will next admit an attempt, if it rejects every attempt until then:
+    /// an open breaker until its open duration ends (it is half-open from then on), a forced-open
+    /// one until an operator changes it (`u64::MAX`). `None` when an attempt may pass now or
+    /// later for reasons not yet known (closed, half-open trials, forced-closed, disabled).
+    pub fn rejects_until(&self) -> Option<u64> {
+        match self.state {
+            S::Open => Some(self.open_until),
+            S::ForcedOpen => Some(u64::MAX),
+            _ => None,
+        }
+    }
+
     fn advance(&mut self, now: u64) -> u64 {
         self.last_now = self.last_now.max(now);
         self.last_now
@@ -600,15 +612,19 @@ impl Breaker {
         }
     }
 
-    /// An operator sets a state: forced-open, forced-closed, disabled, or closed (back to normal).
+    /// An operator sets a state: forced-open, forced-closed, disabled, or closed (back to
+    /// normal with a fresh window, resilience4j's `reset()`: also when it is closed already,
+    /// so that the outcomes recorded before the reset never trip it).
     pub fn force(&mut self, cfg: &BreakerCfg, to: S, now: u64, transitions: &mut Vec<(S, S)>) -> Result<(), String> {
         let now = self.advance(now);
         match to {
             S::ForcedOpen | S::ForcedClosed | S::Disabled | S::Closed => {
-                if to == S::Closed && self.state != S::Closed {
+                if to == S::Closed {
                     let from = self.state;
                     *self = Breaker { epoch: self.epoch, last_now: now, ..cfg.fresh() };
-                    transitions.push((from, S::Closed));
+                    if from != S::Closed {
+                        transitions.push((from, S::Closed));
+                    }
                     return Ok(());
                 }
                 self.enter(cfg, to, now, transitions);

@@ -223,9 +223,15 @@ pub(crate) fn parse(f: &mut Fields<'_>, errors: &mut Vec<LoadError>) -> Backoff 
             _ => errors.push(LoadError::new(&b.path_of("multiplier"), format!("must be a number from 1 to 1000, found {}", describe(m)))),
         }
     }
-    if let Some(cap) = opt_duration(&mut b, "cap", errors, false) {
-        out.cap = cap;
-    }
+    // Written (a cap that is not a duration is an error of its own, and written too).
+    let before = errors.len();
+    let cap_written = match opt_duration(&mut b, "cap", errors, false) {
+        Some(cap) => {
+            out.cap = cap;
+            true
+        }
+        None => errors.len() > before,
+    };
     if let Some(j) = b.take("jitter") {
         let jp = b.path_of("jitter");
         if let Some(jitter) = choose(&jp, j, &Jitter::ALL.map(|j| (j.name(), j)), errors) {
@@ -255,11 +261,23 @@ pub(crate) fn parse(f: &mut Fields<'_>, errors: &mut Vec<LoadError>) -> Backoff 
                 .push(LoadError::new(&b.path_of("jitter-ratio"), format!("must be a number above 0 and at most 1, found {}", describe(r)))),
         }
     }
+    if !cap_written && out.kind == Kind::Constant {
+        // The default cap follows a constant base: it only bounds the jitter there.
+        out.cap = out.cap.max(out.base);
+    }
     if out.cap < out.base {
-        errors.push(LoadError::new(
-            &b.path_of("cap"),
-            format!("({}) must not be below base ({})", format_duration(out.cap), format_duration(out.base)),
-        ));
+        let message = if cap_written {
+            format!("({}) must not be below base ({})", format_duration(out.cap), format_duration(out.base))
+        } else {
+            format!(
+                "is not written and its default ({}) is below base ({}): the {} kind grows from base up to cap, so write a cap of at least {}",
+                format_duration(out.cap),
+                format_duration(out.base),
+                out.kind.name(),
+                format_duration(out.base)
+            )
+        };
+        errors.push(LoadError::new(&b.path_of("cap"), message));
     }
     b.finish(FIELDS, errors);
     out

@@ -208,6 +208,46 @@ pub struct Failure {
     pub now: u64,
     /// The call's absolute deadline, if it has one.
     pub deadline: Option<u64>,
+    /// The breaker the next attempt needs rejects every attempt before this time, if it is
+    /// open now (`u64::MAX`: forced open, until an operator says otherwise).
+    pub open_until: Option<u64>,
+}
+
+/// Where a call's backoff stands between its retries.
+///
+/// A server-directed delay (a Retry-After or a gRPC pushback that the ladder used) restarts
+/// the backoff: the next retry that the backoff times is its first again, as gRPC A6 says of
+/// pushback ("for subsequent retries, the delay period will be reset to the `initialBackoff`
+/// setting"; grpc-go's `numRetriesSincePushback`), and the decorrelated recurrence starts
+/// again from `base`. The server's wait did the backing off; the backoff's exponent does not
+/// grow on top of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackoffState {
+    /// The previous backoff delay of this call (decorrelated), 0 before the first and after
+    /// a server-directed delay.
+    pub prev: u64,
+    /// Attempts started when the last server-directed delay was used (0: none yet).
+    pub from: u32,
+}
+
+impl BackoffState {
+    /// The backoff's delay after `attempts` attempts (the n-th retry counted since the last
+    /// server-directed delay), drawing jitter from `rng`.
+    #[inline]
+    pub fn delay(&self, b: &backoff::Backoff, attempts: u32, rng: &mut crate::rng::Rng) -> u64 {
+        b.delay(attempts.saturating_sub(self.from), self.prev, rng)
+    }
+
+    /// Record the retry the ladder scheduled after `f`: a server-directed delay restarts the
+    /// backoff, a backoff delay is the next one's `prev`.
+    #[inline]
+    pub fn retried(&mut self, f: &Failure, delay: u64) {
+        if f.server.is_some() {
+            *self = BackoffState { prev: 0, from: f.attempts };
+        } else {
+            self.prev = delay;
+        }
+    }
 }
 
 /// The ladder's answer.
@@ -236,7 +276,11 @@ pub enum Decision {
 ///    or the cap, as `over-cap` says), else the backoff's (`backoff` is drawn only here, so
 ///    the jitter stream moves only when a backoff delay is used);
 /// 6. the retry would start at or after the deadline: `deadline`;
-/// 7. the budget refuses (`budget` is asked only here, last, so that it pays only for retries
+/// 7. the breaker the next attempt needs is open and still will be when the retry starts (its
+///    open duration ends after the delay, or an operator forced it open): `breaker-open`, with
+///    the time it stays open as the hint (0 when forced), decided now rather than after a sleep
+///    that can only end in that rejection;
+/// 8. the budget refuses (`budget` is asked only here, last, so that it pays only for retries
 ///    that would otherwise happen): `budget`.
 #[inline]
 pub fn decide(
@@ -272,6 +316,12 @@ pub fn decide(
             return stop(Reason::Deadline);
         }
     }
+    if let Some(until) = f.open_until {
+        if f.now.saturating_add(delay) < until {
+            let hint = if until == u64::MAX { 0 } else { until - f.now };
+            return Decision::Stop { reason: Reason::BreakerOpen, hint };
+        }
+    }
     match budget() {
         Ok(()) => Decision::Retry(delay),
         Err(level) => Decision::Refused(level),
@@ -282,7 +332,8 @@ pub fn decide(
 mod tests {
     use super::*;
 
-    const BASE: Failure = Failure { stop: false, retryable: true, idempotent: true, attempts: 1, server: None, now: 1_000, deadline: None };
+    const BASE: Failure =
+        Failure { stop: false, retryable: true, idempotent: true, attempts: 1, server: None, now: 1_000, deadline: None, open_until: None };
 
     #[test]
     fn the_ladder_table() {
@@ -310,6 +361,13 @@ mod tests {
             (Failure { deadline: Some(1_051), ..BASE }, &dflt, true, Decision::Retry(50), true, true),
             (Failure { server: Some(cap + 1), deadline: Some(1_000 + cap), ..BASE }, &clamp, true, stop(Reason::Deadline), false, false),
             (Failure { now: u64::MAX, deadline: Some(u64::MAX), ..BASE }, &dflt, true, stop(Reason::Deadline), true, false),
+            // A breaker open past the retry's start ends the call now; one that is half-open
+            // by then does not (its trials decide); the deadline is checked first.
+            (Failure { open_until: Some(1_051), ..BASE }, &dflt, true, Decision::Stop { reason: Reason::BreakerOpen, hint: 51 }, true, false),
+            (Failure { open_until: Some(1_050), ..BASE }, &dflt, true, Decision::Retry(50), true, true),
+            (Failure { open_until: Some(u64::MAX), ..BASE }, &dflt, true, Decision::Stop { reason: Reason::BreakerOpen, hint: 0 }, true, false),
+            (Failure { open_until: Some(u64::MAX), deadline: Some(1_050), ..BASE }, &dflt, true, stop(Reason::Deadline), true, false),
+            (Failure { server: Some(7), open_until: Some(1_008), ..BASE }, &dflt, true, Decision::Stop { reason: Reason::BreakerOpen, hint: 8 }, false, false),
             // The budget is asked last.
             (BASE, &dflt, false, Decision::Refused(-1), true, true),
         ];
