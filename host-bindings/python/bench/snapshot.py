@@ -10,7 +10,8 @@ own; the figures are side by side:
   own CPU time (on a shared machine the wall-clock ratio is mostly the other processes' load);
 - `slowest ms` and `p99.9 ms`: the slowest call, and the 99.9th percentile;
 - `snapshot B` and `snap us`: the last snapshot's size, and one snapshot's own cost (the median
-  of 21 taken after the run);
+  of 21 taken after the run); `taken` and `max us`: the snapshots the call path took while the
+  caller ran, and the slowest of them;
 - `evicted`: keys evicted while the caller ran (with N = 10^6 the table is full once "open" is
   added: the first cycle makes each of its keys again, evicting the least recently used, then
   none; N = 999999 leaves room for "open");
@@ -44,11 +45,30 @@ policies:
 """
 
 
-class _StateCore(Core):
+#: how long each recovery snapshot took (ns), while the caller runs
+_TAKEN: list[int] = []
+
+
+class _TimedCore(Core):
+    """A core that times its recovery snapshots."""
+
+    def export_snapshot(self) -> bytes:
+        t = time.perf_counter_ns()
+        try:
+            return super().export_snapshot()
+        finally:
+            _TAKEN.append(time.perf_counter_ns() - t)
+
+
+class _StateCore(_TimedCore):
     """A core whose recovery snapshot is the whole state (`export-state`), as before issue 41."""
 
     def export_snapshot(self) -> bytes:
-        return self.export_state()
+        t = time.perf_counter_ns()
+        try:
+            return self.export_state()
+        finally:
+            _TAKEN.append(time.perf_counter_ns() - t)
 
 
 def _fail() -> None:
@@ -57,9 +77,9 @@ def _fail() -> None:
 
 def run(n: int, seconds: float, snapshot: str) -> dict[str, Any]:
     engine = levee.Engine(POLICY, seed=1, snapshot_interval=0 if snapshot == "none" else 1.0)
-    if snapshot == "export-state":
-        engine._core_class = _StateCore
-        engine._core.__class__ = _StateCore
+    cls = _StateCore if snapshot == "export-state" else _TimedCore
+    engine._core_class = cls
+    engine._core.__class__ = cls
     t0 = time.perf_counter()
     for i in range(n):
         engine.policy("p", key=f"k{i}").call(int)
@@ -84,6 +104,7 @@ def run(n: int, seconds: float, snapshot: str) -> dict[str, Any]:
     calls = 0
     times: list[int] = []
     clock = time.perf_counter_ns
+    _TAKEN.clear()
     cpu = time.thread_time()
     end = clock() + int(seconds * 1e9)
     now = clock()
@@ -94,6 +115,7 @@ def run(n: int, seconds: float, snapshot: str) -> dict[str, Any]:
         now = after
         calls += 1
     cpu = time.thread_time() - cpu
+    on_path = list(_TAKEN)  # the snapshots the call path took while the caller ran
     times.sort()
     # one snapshot's own cost, as the call path pays it (median of 21, under the engine's lock)
     took: list[int] = []
@@ -115,6 +137,8 @@ def run(n: int, seconds: float, snapshot: str) -> dict[str, Any]:
         "open": engine.breaker_state("p", "open") is levee.BreakerState.OPEN,
         "snapshot_bytes": len(engine._snapshot or b""),
         "snapshot_us": took[len(took) // 2] / 1e3 if took else float("nan"),
+        "on_path": len(on_path),
+        "on_path_max_us": max(on_path) / 1e3 if on_path else float("nan"),
         "faults": engine.faults,
         "snapshots_stopped": engine._snapshots_stopped,
     }
@@ -137,7 +161,8 @@ def main() -> None:
     ns = [int(x) for x in args.n.split(",")]
     print(f"snapshot with {args.snapshot}, T = {args.seconds} s, one caller over k0..k999")
     print(f"{'N':>9} {'fill s':>8} {'calls':>9} {'ratio':>6} {'calls/cpu-s':>11} {'ratio':>6} {'slowest ms':>11} "
-          f"{'p99.9 ms':>9} {'snapshot B':>11} {'snap us':>8} {'evicted':>8} {'faults':>6} {'open':>5}")  # fmt: skip
+          f"{'p99.9 ms':>9} {'snapshot B':>11} {'snap us':>8} {'taken':>5} {'max us':>8} {'evicted':>8} "
+          f"{'faults':>6} {'open':>5}")  # fmt: skip
     base = 0
     base_rate = 0.0
     for n in ns:
@@ -147,7 +172,8 @@ def main() -> None:
         stopped = " (snapshots stopped)" if r["snapshots_stopped"] else ""
         print(f"{r['n']:>9} {r['fill_s']:>8.1f} {r['calls']:>9} {r['calls'] / base:>6.2f} {r['cpu_rate']:>11.0f} "
               f"{r['cpu_rate'] / base_rate:>6.2f} {r['slowest_ms']:>11.2f} "
-              f"{r['p999_ms']:>9.3f} {r['snapshot_bytes']:>11} {r['snapshot_us']:>8.0f} {r['evicted']:>8} "
+              f"{r['p999_ms']:>9.3f} {r['snapshot_bytes']:>11} {r['snapshot_us']:>8.0f} {r['on_path']:>5} "
+              f"{r['on_path_max_us']:>8.0f} {r['evicted']:>8} "
               f"{r['faults']:>6} {r['open']!s:>5}{stopped}",
               flush=True)  # fmt: skip
         if r["faults"] or not r["open"]:
