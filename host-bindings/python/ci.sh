@@ -46,6 +46,8 @@ echo "== pytest"
 "$VPY" -m pytest -q -p no:cacheprovider tests
 echo "== benchmark (short)"
 "$VPY" bench/bench.py --quick
+echo "== snapshots at many keys (smoke size; the full run: python bench/snapshot.py)"
+"$VPY" bench/snapshot.py --n 1,1000,20000 --seconds 0.5 --check
 echo "== production-load harness (smoke size; the full run: python bench/load.py)"
 "$VPY" bench/load.py --levels 1,200 --rounds 3 --single 5
 d="$(mktemp -d)"; LEVEE_CACHE_DIR="$d" "$VPY" bench/coldstart.py; LEVEE_CACHE_DIR="$d" "$VPY" bench/coldstart.py; rm -rf "$d"

@@ -190,8 +190,9 @@ class Runner:
                 "amplification": an.amplification,
                 "amplification_with_budget": an.amplification_with_budget,
             }
-        if op == "export_import":
-            state = c.export_state()
+        if op in ("export_import", "snapshot_import"):
+            # snapshot_import: the bytes of export-snapshot (only the keys holding protection)
+            state = c.export_state() if op == "export_import" else c.export_snapshot()
             fresh = Core(_runtime(None), self.vector["document"], int(self.vector["seed"]))
             bad = fresh.import_state(state)
             assert bad is None, f"import_state of an export failed: {bad}"

@@ -25,6 +25,7 @@ from levee import (
     Verdict,
     VerdictKind,
 )
+from levee.testing import inject_fault
 
 DOC = """
 policies:
@@ -865,19 +866,25 @@ def test_a_fault_in_analyze_never_reopens_a_tripped_breaker() -> None:
     assert engine.breaker_state("b") is BreakerState.OPEN
 
 
-def test_a_state_too_large_for_wasmtime_py_stops_snapshots_instead_of_faulting_each_time() -> None:
+def test_a_snapshot_too_large_for_wasmtime_py_stops_snapshots_instead_of_faulting_each_time() -> None:
     engine = levee.loads(
         "policies:\n  p:\n" + BREAKER_BODY + "    keys: { max: 1000000 }\n", seed=1, snapshot_interval=0
     )
-    for i in range(16_000):  # about 4 MB of state: above what wasmtime-py lifts in one call
-        engine.policy("p", key=f"host-{i}").call(lambda: None)
+    engine._snapshots_stopped = True  # no snapshot while the breakers open (each would walk them all)
+    for i in range(4_500):  # about 4.6 MB of open breakers: above what wasmtime-py lifts in one call
+        with pytest.raises(levee.RetriesExhausted):
+            engine.policy("p", key=f"host-{i}".ljust(1000, "x")).call(Flaky(ConnectionError()))
+        with pytest.raises(levee.RetriesExhausted):
+            engine.policy("p", key=f"host-{i}".ljust(1000, "x")).call(Flaky(ConnectionError()))
+    assert engine.breaker_state("p", "host-9".ljust(1000, "x")) is BreakerState.OPEN
+    engine._snapshots_stopped = False
     engine._snapshot_every = 1
     engine._snapshot_due = 0
     for _ in range(3):
         engine.policy("p").call(lambda: None)
         engine._snapshot_due = 0
     assert engine._snapshots_stopped
-    assert engine.faults == 1  # the first export faulted; none after
+    assert engine.faults == 1  # the first snapshot faulted; none after
 
 
 def test_opentelemetry_spans_per_call_and_attempt() -> None:
@@ -1298,3 +1305,144 @@ async def test_close_wakes_a_task_sleeping_before_its_retry() -> None:
     with pytest.raises(levee.EngineClosed):
         await asyncio.wait_for(task, 5)
     assert time.monotonic() - t0 < 5
+
+
+# ---------------------------------------------------------------------------- keys never forget protection (issue 41)
+
+KEYED_BREAKER = "policies:\n  p:\n" + BREAKER_BODY.replace("60s", "1h") + "    keys: { max: 1000000 }\n"
+
+
+def _fill_keys(engine: levee.Engine, n: int, width: int = 0) -> None:
+    """`n` keys at rest (one successful call each), each `width` bytes or more."""
+    for i in range(n):
+        engine.policy("p", key=f"k{i}".ljust(width, "x")).call(lambda: None)
+
+
+def test_the_recovery_snapshot_holds_only_the_keys_holding_protection() -> None:
+    engine = levee.loads(KEYED_BREAKER, seed=1, snapshot_interval=0)
+    _fill_keys(engine, 2000)
+    _trip(engine, "p", key="open")  # the transition takes the snapshot
+    snapshot = engine._snapshot
+    assert snapshot is not None
+    # export-snapshot, not export-state: its size follows the protected key, not the 2,001 keys
+    assert len(snapshot) * 20 < len(engine.export_state())
+    inject_fault(engine, "start")
+    assert engine.policy("p", key="k1").call(lambda: "unguarded") == "unguarded"
+    assert engine.faults == 1
+    assert engine.breaker_state("p", "open") is BreakerState.OPEN
+    with pytest.raises(levee.BreakerOpen):
+        engine.policy("p", key="open").call(lambda: None)
+
+
+def test_snapshots_at_many_keys_at_rest_never_fault() -> None:
+    # 16,000 keys at rest, about 4 MB of state: as export-state, above what wasmtime-py lifts
+    # from the guest in one call, the snapshot used to fault and snapshots stopped.
+    engine = levee.loads(KEYED_BREAKER, seed=1, snapshot_interval=0)
+    _fill_keys(engine, 16_000)
+    engine._snapshot_every = 1
+    for _ in range(3):
+        engine._snapshot_due = 0
+        engine.policy("p").call(lambda: None)
+    assert not engine._snapshots_stopped
+    assert engine._snapshot is not None
+    assert engine.faults == 0
+
+
+def test_a_trap_at_twenty_thousand_long_keys_keeps_an_open_breaker() -> None:
+    # issue 41: 20,000 keys of ~1,000 bytes (about 20 MB of state) and one open breaker (1h);
+    # a trap restores the snapshot, and the breaker is still open.
+    engine = levee.loads(KEYED_BREAKER, seed=1, snapshot_interval=0)
+    _fill_keys(engine, 20_000, width=1000)
+    _trip(engine, "p", key="open")
+    engine._snapshot_every = 1
+    engine._snapshot_due = 0
+    engine.policy("p", key="k7".ljust(1000, "x")).call(lambda: None)  # a periodic snapshot too
+    assert engine.faults == 0
+    inject_fault(engine, "start")
+    assert engine.policy("p", key="k1".ljust(1000, "x")).call(lambda: "unguarded") == "unguarded"
+    assert engine.faults == 1
+    f = Flaky(value="x")
+    with pytest.raises(levee.BreakerOpen):
+        engine.policy("p", key="open").call(f)
+    assert f.calls == 0
+
+
+def test_a_key_longer_than_the_bound_is_refused_at_every_entry(engine: levee.Engine) -> None:
+    from levee._constants import GUARD_MAX_KEY_BYTES
+
+    long = "\u00e9" * (GUARD_MAX_KEY_BYTES // 2 + 3)  # 1030 bytes in UTF-8, 515 characters
+    fits = "\u00e9" * (GUARD_MAX_KEY_BYTES // 2)  # exactly the bound
+    msg = f"key: {GUARD_MAX_KEY_BYTES + 6} bytes, longer than the {GUARD_MAX_KEY_BYTES} a key may be"
+    with pytest.raises(ValueError, match=msg):
+        engine.policy("breaker", key=long)
+    by_arg = engine.policy("breaker", key=lambda k: k)
+    f = Flaky(value=1)
+    with pytest.raises(ValueError, match=msg):
+        by_arg.call(f, long)
+    with pytest.raises(ValueError, match=msg):
+        asyncio.run(by_arg.acall(_async_value, long))
+    with pytest.raises(ValueError, match=msg):
+        for _ in engine.policy("breaker", key=lambda: long).attempts():
+            pass
+    assert f.calls == 0
+    with pytest.raises(ValueError, match=msg):
+        engine.breaker_state("breaker", long)
+    with pytest.raises(ValueError, match=msg):
+        engine.set_breaker_state("breaker", BreakerState.FORCED_OPEN, long)
+    with pytest.raises(ValueError, match=msg):
+        engine.durable_begin("breaker", long, "", 0, 0)
+    assert by_arg.call(f, fits) == 1
+    assert engine.breaker_state("breaker", fits) is BreakerState.CLOSED
+    assert engine.faults == 0
+
+
+async def _async_value(key: str) -> str:
+    return key
+
+
+def test_key_eviction_and_overflow_are_events_and_counted() -> None:
+    from levee.testing import RecordingSink
+
+    sink = RecordingSink()
+    engine = levee.loads(KEYED_BREAKER.replace("1000000", "1"), seed=1, telemetry=sink)
+    events: list[Event] = []
+    engine.add_listener(events.append)
+    engine.policy("p", key="a").call(lambda: None)
+    engine.policy("p", key="b").call(lambda: None)  # "a" is at rest: evicted
+    _trip(engine, "p", key="c")  # evicts "b"; "c" now holds protection
+    assert engine.policy("p", key="d").call(lambda: "d") == "d"  # no key at rest: the overflow entry
+    evicted = [e for e in events if e.kind is EventKind.KEY_EVICTED]
+    assert [e.name for e in evicted] == ["a", "b"]
+    (overflow,) = [e for e in events if e.kind is EventKind.KEY_OVERFLOW]
+    assert (overflow.key, overflow.name, overflow.policy) == ("levee:overflow", "d", "p")
+    assert engine.breaker_state("p", "c") is BreakerState.OPEN  # never evicted
+    counters = sink.counters()
+    assert counters["levee.keys.evicted{levee.policy=p}"] == 2
+    assert counters["levee.keys.overflow{levee.policy=p}"] == 1
+    assert ("key-overflow", {"levee.policy": "p", "levee.key": "d"}) in sink.events()
+
+
+def test_every_event_kind_is_described_as_itself() -> None:
+    from levee._events import describe
+
+    for kind in EventKind:
+        ev = Event(
+            at=0, kind=kind, policy="p", policy_index=0, key="k", call=1, attempt=2, reason=Reason.NONE,
+            duration=0, state_from=BreakerState.CLOSED, state_to=BreakerState.OPEN, name="n", value=0,
+        )  # fmt: skip
+        text = describe(ev)
+        assert ("engine fault" in text) == (kind is EventKind.ENGINE_FAULT), (kind, text)
+
+
+def test_the_work_bound_of_a_long_running_engine_never_wraps_the_fuel() -> None:
+    # The keyed starts since the last export or import count towards the bound of a crossing
+    # that walks the state; the recovery snapshot no longer resets them, so after enough calls
+    # the bound passes 2^64, which the store's fuel (a u64) would wrap to almost nothing.
+    from levee._abi import CALL_UNITS, UNITS_PER_BYTE
+
+    engine = levee.loads(KEYED_BREAKER, seed=1)
+    _fill_keys(engine, 100)  # an export of more than the 8,384 units the wrapped bound leaves
+    engine._core.keyed_starts = 0
+    engine._core.state_bytes = -(-((1 << 64) - CALL_UNITS) // UNITS_PER_BYTE)  # the bound just past 2^64
+    assert len(engine.export_state()) > 0
+    assert engine.faults == 0

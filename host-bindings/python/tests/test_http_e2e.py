@@ -358,3 +358,14 @@ def test_sync_a_late_response_is_a_timeout_with_or_without_a_body() -> None:
             client.get("http://127.0.0.1:9/late")
         assert isinstance(info.value.last_error, httpx.TimeoutException), body
         assert info.value.last_result is None, body
+
+
+def test_a_key_longer_than_the_bound_is_refused_before_the_request(engine: levee.Engine, server: Server) -> None:
+    from levee._constants import GUARD_MAX_KEY_BYTES
+
+    server.script("/long", Reply(200))
+    long = "h" * (GUARD_MAX_KEY_BYTES + 1)
+    with httpx.Client(transport=LeveeTransport(engine, "http", key=lambda request: long)) as client:
+        with pytest.raises(ValueError, match=f"key: {GUARD_MAX_KEY_BYTES + 1} bytes, longer than the"):
+            client.get(server.url("/long"))
+    assert server.seen == []

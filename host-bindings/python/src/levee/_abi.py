@@ -69,8 +69,10 @@ MEMORY_LIMIT = GUARD_GUEST_MEMORY_BYTES
 
 
 def work_units(size_bytes: int) -> int:
-    """The budget of a crossing that walks `size_bytes` of document or state."""
-    return CALL_UNITS + UNITS_PER_BYTE * max(0, size_bytes)
+    """The budget of a crossing that walks `size_bytes` of document or state (at most 2^62: the
+    store's fuel is a u64, and the keyed starts counted since the last export or import, which
+    the recovery snapshot no longer resets, grow for as long as the engine runs)."""
+    return min(CALL_UNITS + UNITS_PER_BYTE * max(0, size_bytes), 1 << 62)
 
 
 _V = ffi.wasmtime_component_val_t
@@ -345,6 +347,7 @@ class Core:
             "[method]engine.breaker-state",
             "[method]engine.set-breaker-state",
             "[method]engine.export-state",
+            "[method]engine.export-snapshot",
             "[method]engine.import-state",
             "[method]engine.durable-begin",
             "[method]engine.durable-step",
@@ -781,6 +784,13 @@ class Core:
         out = bytes(self._slow("export-state", work=self.state_work()))
         self.state_bytes, self.keyed_starts = len(out), 0
         return out
+
+    def export_snapshot(self) -> bytes:
+        """`export-snapshot`: the keys holding protection only, in the format of `export-state`
+        (the recovery snapshot, docs/hosts.md section 7). Its work is bounded as an export's:
+        it walks at most the whole state. The bytes say nothing of the keys at rest, so the
+        size of the state (`state_bytes`) is left as it was."""
+        return bytes(self._slow("export-snapshot", work=self.state_work()))
 
     def import_state(self, state: bytes) -> LoadError | None:
         tag, val = self._slow("import-state", _Args(1).bytes_list(0, state), work=len(state) + self.state_work())

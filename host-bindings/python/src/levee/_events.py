@@ -27,6 +27,7 @@ _LEVELS = {
     EventKind.BUDGET_REFUSED: logging.INFO,
     EventKind.FALLBACK_CHOSEN: logging.INFO,
     EventKind.BREAKER_TRANSITION: logging.INFO,
+    EventKind.KEY_OVERFLOW: logging.INFO,  # one per call while the table overflows: the metric counts them
     EventKind.ENGINE_FAULT: logging.ERROR,
 }
 
@@ -55,6 +56,11 @@ def describe(ev: Event) -> str:
         return f"unfinished call evicted ({where})"
     if k is EventKind.PERMIT_EXPIRED:
         return f"half-open permit expired unreported ({where})"
+    if k is EventKind.HEDGE_STARTED:
+        return f"hedge attempt {ev.attempt} started ({where})"
+    if k is EventKind.KEY_OVERFLOW:
+        return (f"every key holds protection: key {ev.name!r} is decided against the shared entry "
+                f"{ev.key!r} ({where})")  # fmt: skip
     return f"engine fault, component re-instantiated: {ev.name}"
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._abi import ComponentFault, Core, LoadErrors, Runtime, event_from_raw
 from ._clock import SYSTEM, Clock, SystemClock
-from ._constants import GUARD_SNAPSHOT_INTERVAL_MS, VERDICT_WAKES_BIT
+from ._constants import GUARD_MAX_KEY_BYTES, GUARD_SNAPSHOT_INTERVAL_MS, VERDICT_WAKES_BIT
 from ._events import Listener, dispatch, logger
 from .errors import EngineClosed, LeveeError, PolicyError, ProtocolError, UnknownPolicy
 from .outcomes import Outcome
@@ -38,6 +38,20 @@ WAKES_BIT = VERDICT_WAKES_BIT
 #: queue and is parked (docs/policy.md, "The queue"); `v & PARK_MASK == PARK_VERDICT`
 PARK_MASK = 0xFF0F
 PARK_VERDICT = 0x0701
+
+
+def check_key(key: str) -> str:
+    """`key`, when the core may take it: a key longer than `GUARD_MAX_KEY_BYTES` (UTF-8) is
+    refused here, before the core, which would decide it against the shared overflow entry
+    (docs/policy.md, "Keys"). A str of at most a quarter of the bound in characters fits
+    whatever it holds (UTF-8 takes at most 4 bytes a character), so most keys cost one `len`."""
+    if len(key) > GUARD_MAX_KEY_BYTES // 4:
+        n = len(key.encode("utf-8", "surrogatepass"))
+        if n > GUARD_MAX_KEY_BYTES:
+            raise ValueError(
+                f"key: {n} bytes, longer than the {GUARD_MAX_KEY_BYTES} a key may be (docs/policy.md, Keys)"
+            )
+    return key
 
 
 class _Parker:
@@ -312,21 +326,23 @@ class EngineRuntime:
                 self._snapshot_locked(out)
 
     def _snapshot_locked(self, out: list[Event]) -> None:
-        """Take the snapshot a recovery restores (held-back successes are sent first)."""
+        """Take the snapshot a recovery restores (held-back successes are sent first): the
+        keys holding protection only (`export-snapshot`, docs/hosts.md section 7), so that its
+        cost follows them, not the number of keys at rest."""
         if self._snapshots_stopped:
             return
         self._flush_locked(out)
         try:
-            self._snapshot = self._core.export_state()
+            self._snapshot = self._core.export_snapshot()
         except ComponentFault as e:
             if "too much data" in str(e):
-                # wasmtime-py cannot lift a state this large (docs/architecture.md, "Bounds on
-                # the guest"): every later export would fault the same way. Stop snapshots
-                # rather than fault every second; a trap restores the last one taken.
+                # wasmtime-py cannot lift a snapshot this large (docs/architecture.md, "Bounds on
+                # the guest"): every later one would fault the same way. Stop snapshots rather
+                # than fault every second; a trap restores the last one taken.
                 self._snapshots_stopped = True
                 logger.error(
-                    "levee: the engine state is too large for wasmtime-py to export (%s); snapshots "
-                    "stop, and a trap will restore the state of the last one",
+                    "levee: the keys holding protection are too many for wasmtime-py to export (%s); "
+                    "snapshots stop, and a trap will restore the state of the last one",
                     e,
                 )
             raise
@@ -460,6 +476,7 @@ class EngineRuntime:
         `span` is the call's span (`_open_span`): ended here when the call cannot start."""
         events: list[Event] = []
         try:
+            check_key(key)
             with self._lock:
                 call = self._next_call
                 self._next_call = call + 1

@@ -47,7 +47,7 @@ from ._io import (
     sleep_sync,
     timed_out,
 )
-from ._runtime import EngineRuntime, TraceStep, _PolicySlot, _runtime, component_path, document_text
+from ._runtime import EngineRuntime, TraceStep, _PolicySlot, _runtime, check_key, component_path, document_text
 from .errors import EngineClosed, LeveeError, PolicyError, UnknownFallback, UnknownPolicy
 from .outcomes import _RESULT_IS_RESPONSE, Classifier, Outcome, outcome_for_result
 from .types import Analysis, BreakerState, CallInfo, DurableStep, Event, LoadError, PolicyInfo
@@ -148,6 +148,8 @@ class Engine(EngineRuntime):
             raise UnknownPolicy(name, self._names)
         if not isinstance(key, str) and not callable(key):
             raise TypeError(f"key must be a str or a function of the call's arguments, not {type(key).__name__}")
+        if isinstance(key, str):
+            check_key(key)  # a key function's keys are checked at each call's start
         flags = (0 if idempotent else 1) | (2 if idempotency_key else 0) | method_flags(method)
         return Policy(self, slot, key, flags, classify, on_retry, retry_if)
 
@@ -214,11 +216,13 @@ class Engine(EngineRuntime):
 
     def breaker_state(self, name: str, key: str = "") -> BreakerState | None:
         """The breaker state of a policy and key now (`None` when the policy has no breaker)."""
+        check_key(key)
         idx = self._index(name)
         return self._locked_op(lambda c: c.breaker_state(idx, key, self._now()))
 
     def set_breaker_state(self, name: str, state: BreakerState, key: str = "") -> None:
         """Force a breaker state (an operator's switch); `CLOSED` returns to normal operation."""
+        check_key(key)
         idx = self._index(name)
         err = self._locked_op(
             lambda c: c.set_breaker_state(idx, key, state, self._now()), snapshot_if=lambda r: r is None
@@ -249,6 +253,7 @@ class Engine(EngineRuntime):
     def durable_begin(
         self, policy: str, key: str, idempotency_key: str, flags: int, wall_now: int
     ) -> DurableStep | LoadError:
+        check_key(key)
         idx = self._index(policy)
         return self._locked_op(lambda c: c.durable_begin(idx, key, idempotency_key, flags, wall_now))
 

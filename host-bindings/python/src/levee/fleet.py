@@ -50,6 +50,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from ._runtime import check_key
 from .engine import Engine, Policy
 from .errors import RateLimited
 from .types import LoadError, Reason
@@ -199,6 +200,7 @@ class Fleet:
 
     def call(self, name: str, fn: Callable[..., T], /, *args: Any, key: str = "", cost: int = 1, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` under the named policy and key, with the fleet's state."""
+        check_key(key)
         plan = self.plans.get(name)
         if plan is not None:
             self._touch(name, key)
@@ -213,6 +215,7 @@ class Fleet:
     def sync(self, name: str, key: str = "") -> bool:
         """Publish this process's evidence for one policy and key and apply the fleet's
         state now; False when the store did not answer (the fleet is then local-only)."""
+        check_key(key)
         plan = self.plans.get(name)
         if plan is None or not self._up:
             return False
@@ -228,6 +231,7 @@ class Fleet:
 
     def inspect(self, name: str, key: str = "") -> dict[str, Any] | None:
         """The key's shared state as the core reads it (None when there is none)."""
+        check_key(key)
         plan = self.plans[name]
         raw = self._state(keys=[plan.key_prefix + key + "}:s"], args=["", b"", 0])
         data = bytes(raw[3]) if len(raw) > 3 else b""

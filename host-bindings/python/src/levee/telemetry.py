@@ -34,6 +34,8 @@ METRIC_BREAKER_TRANSITIONS = "levee.breaker.transitions"
 METRIC_BREAKER_STATE = "levee.breaker.state"
 METRIC_ENGINE_FAULTS = "levee.engine.faults"
 METRIC_HEDGES = _constants.METRIC_HEDGES
+METRIC_KEYS_EVICTED = _constants.METRIC_KEYS_EVICTED
+METRIC_KEYS_OVERFLOW = _constants.METRIC_KEYS_OVERFLOW
 ATTR_POLICY = "levee.policy"
 ATTR_KEY = "levee.key"
 ATTR_CALL = "levee.call"
@@ -116,7 +118,8 @@ def event_attributes(ev: Event) -> dict[str, AttributeValue]:
         a[ATTR_REASON] = ev.reason.wit
     elif k is EventKind.HEDGE_STARTED:
         a[ATTR_ATTEMPT] = ev.attempt
-    elif k is EventKind.KEY_EVICTED:
+    elif k is EventKind.KEY_EVICTED or k is EventKind.KEY_OVERFLOW:
+        # the key evicted; the key that got no entry of its own (not the shared `levee:overflow`)
         a[ATTR_KEY] = ev.name or ev.key
     elif k is EventKind.ENGINE_FAULT:
         a[ATTR_FAULT] = ev.fault
@@ -148,6 +151,10 @@ def emit_event(
         sink.gauge(METRIC_BREAKER_STATE, _BREAKER_NUMBER[ev.state_to], {ATTR_POLICY: ev.policy, ATTR_KEY: ev.key})
     elif k is EventKind.HEDGE_STARTED:
         sink.add(METRIC_HEDGES, 1, pol)
+    elif k is EventKind.KEY_EVICTED:
+        sink.add(METRIC_KEYS_EVICTED, 1, pol)
+    elif k is EventKind.KEY_OVERFLOW:
+        sink.add(METRIC_KEYS_OVERFLOW, 1, pol)
     elif k is EventKind.ENGINE_FAULT:
         sink.add(METRIC_ENGINE_FAULTS, 1, {ATTR_FAULT: ev.fault})
 
@@ -185,6 +192,8 @@ class OpenTelemetrySink:
         METRIC_BREAKER_TRANSITIONS: "{transition}",
         METRIC_ENGINE_FAULTS: "{fault}",
         METRIC_HEDGES: "{attempt}",
+        METRIC_KEYS_EVICTED: "{key}",
+        METRIC_KEYS_OVERFLOW: "{call}",
         METRIC_ATTEMPT_DURATION: "s",
         METRIC_RETRY_DELAY: "s",
         METRIC_BREAKER_STATE: "1",

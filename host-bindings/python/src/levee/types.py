@@ -111,6 +111,9 @@ class EventKind(_WitEnum):
     CALL_EVICTED = "call-evicted"
     PERMIT_EXPIRED = "permit-expired"
     HEDGE_STARTED = "hedge-started"
+    #: every key holds protection: a new key was decided against the shared entry
+    #: `levee:overflow` (`key`); `name` is the caller's key (docs/policy.md, "Keys")
+    KEY_OVERFLOW = "key-overflow"
     ENGINE_FAULT = "engine-fault"
 
 

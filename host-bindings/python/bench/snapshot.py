@@ -1,0 +1,186 @@
+"""Snapshots at many keys (issue 41): what the recovery snapshot costs the call path.
+
+One policy with a breaker and room for 10^6 keys; N keys filled with a successful call each
+(k0..k{N-1}), then the breaker of key "open" opened (a snapshot is due: taken on the transition
+and then at most once a second of the engine's clock on the call path, docs/hosts.md section 7).
+Then one caller cycles over k0..k999 for T seconds of real time. Each N gets an engine of its
+own; the figures are side by side:
+
+- `calls` and its ratio to N=1; `calls/cpu-s` and its ratio: calls per second of the caller's
+  own CPU time (on a shared machine the wall-clock ratio is mostly the other processes' load);
+- `slowest ms` and `p99.9 ms`: the slowest call, and the 99.9th percentile;
+- `snapshot B` and `snap us`: the last snapshot's size, and one snapshot's own cost (the median
+  of 21 taken after the run); `taken` and `max us`: the snapshots the call path took while the
+  caller ran, and the slowest of them;
+- `evicted`: keys evicted while the caller ran (with N = 10^6 the table is full once "open" is
+  added: the first cycle makes each of its keys again, evicting the least recently used, then
+  none; N = 999999 leaves room for "open");
+- `faults`, and `open`: whether the breaker of "open" is still open at the end.
+
+    python bench/snapshot.py                        # N = 1, 10^5, 10^6; T = 3 s
+    python bench/snapshot.py --n 1,1000,20000 --seconds 0.5 --check   # the smoke run of ci.sh
+    python bench/snapshot.py --with export-state    # the snapshot as it was before: the whole state
+
+`--with export-state` takes the recovery snapshot with `export-state` (the host before issue 41)
+instead of `export-snapshot`, to compare on one component; `--with none` takes no periodic
+snapshot (only the one of the transition): what the table's size costs without any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from typing import Any
+
+import levee
+from levee._abi import Core
+
+POLICY = """
+policies:
+  p:
+    attempts: 1
+    breaker: { window: { kind: count, size: 4 }, minimum-calls: 2, open-duration: 1h }
+    keys: { max: 1000000 }
+"""
+
+
+#: how long each recovery snapshot took (ns), while the caller runs
+_TAKEN: list[int] = []
+
+
+class _TimedCore(Core):
+    """A core that times its recovery snapshots."""
+
+    def export_snapshot(self) -> bytes:
+        t = time.perf_counter_ns()
+        try:
+            return super().export_snapshot()
+        finally:
+            _TAKEN.append(time.perf_counter_ns() - t)
+
+
+class _StateCore(_TimedCore):
+    """A core whose recovery snapshot is the whole state (`export-state`), as before issue 41."""
+
+    def export_snapshot(self) -> bytes:
+        t = time.perf_counter_ns()
+        try:
+            return self.export_state()
+        finally:
+            _TAKEN.append(time.perf_counter_ns() - t)
+
+
+def _fail() -> None:
+    raise ConnectionError("down")
+
+
+def run(n: int, seconds: float, snapshot: str) -> dict[str, Any]:
+    engine = levee.Engine(POLICY, seed=1, snapshot_interval=0 if snapshot == "none" else 1.0)
+    cls = _StateCore if snapshot == "export-state" else _TimedCore
+    engine._core_class = cls
+    engine._core.__class__ = cls
+    t0 = time.perf_counter()
+    for i in range(n):
+        engine.policy("p", key=f"k{i}").call(int)
+    fill = time.perf_counter() - t0
+    opened = engine.policy("p", key="open")
+    for _ in range(4):
+        if engine.breaker_state("p", "open") is levee.BreakerState.OPEN:
+            break
+        try:
+            opened.call(_fail)
+        except (levee.RetriesExhausted, ConnectionError):  # ConnectionError: a degraded call (a fault)
+            pass
+    evictions = [0]
+
+    def count(ev: levee.Event) -> None:
+        if ev.kind is levee.EventKind.KEY_EVICTED:
+            evictions[0] += 1
+
+    engine.add_listener(count)
+    handles = [engine.policy("p", key=f"k{i}").call for i in range(min(n, 1000))]
+    m = len(handles)
+    calls = 0
+    times: list[int] = []
+    clock = time.perf_counter_ns
+    _TAKEN.clear()
+    cpu = time.thread_time()
+    end = clock() + int(seconds * 1e9)
+    now = clock()
+    while now < end:
+        handles[calls % m](int)
+        after = clock()
+        times.append(after - now)
+        now = after
+        calls += 1
+    cpu = time.thread_time() - cpu
+    on_path = list(_TAKEN)  # the snapshots the call path took while the caller ran
+    times.sort()
+    # one snapshot's own cost, as the call path pays it (median of 21, under the engine's lock)
+    took: list[int] = []
+    if not engine._snapshots_stopped:
+        with engine._lock:
+            for _ in range(21):
+                t = clock()
+                engine._core.export_snapshot()
+                took.append(clock() - t)
+        took.sort()
+    out = {
+        "n": n,
+        "fill_s": fill,
+        "calls": calls,
+        "cpu_rate": calls / cpu,
+        "slowest_ms": times[-1] / 1e6,
+        "p999_ms": times[int(len(times) * 0.999)] / 1e6,
+        "evicted": evictions[0],
+        "open": engine.breaker_state("p", "open") is levee.BreakerState.OPEN,
+        "snapshot_bytes": len(engine._snapshot or b""),
+        "snapshot_us": took[len(took) // 2] / 1e3 if took else float("nan"),
+        "on_path": len(on_path),
+        "on_path_max_us": max(on_path) / 1e3 if on_path else float("nan"),
+        "faults": engine.faults,
+        "snapshots_stopped": engine._snapshots_stopped,
+    }
+    engine.close()
+    del engine, handles
+    gc.collect()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", default="1,100000,1000000", help="key counts, comma-separated")
+    ap.add_argument("--seconds", type=float, default=3.0, help="T: how long the caller runs at each N")
+    ap.add_argument(
+        "--with", dest="snapshot", choices=("export-snapshot", "export-state", "none"), default="export-snapshot"
+    )
+    ap.add_argument("--check", action="store_true", help="exit 1 if a run faulted or lost the open breaker (CI)")
+    args = ap.parse_args()
+    bad = []
+    ns = [int(x) for x in args.n.split(",")]
+    print(f"snapshot with {args.snapshot}, T = {args.seconds} s, one caller over k0..k999")
+    print(f"{'N':>9} {'fill s':>8} {'calls':>9} {'ratio':>6} {'calls/cpu-s':>11} {'ratio':>6} {'slowest ms':>11} "
+          f"{'p99.9 ms':>9} {'snapshot B':>11} {'snap us':>8} {'taken':>5} {'max us':>8} {'evicted':>8} "
+          f"{'faults':>6} {'open':>5}")  # fmt: skip
+    base = 0
+    base_rate = 0.0
+    for n in ns:
+        r = run(n, args.seconds, args.snapshot)
+        base = base or r["calls"]
+        base_rate = base_rate or r["cpu_rate"]
+        stopped = " (snapshots stopped)" if r["snapshots_stopped"] else ""
+        print(f"{r['n']:>9} {r['fill_s']:>8.1f} {r['calls']:>9} {r['calls'] / base:>6.2f} {r['cpu_rate']:>11.0f} "
+              f"{r['cpu_rate'] / base_rate:>6.2f} {r['slowest_ms']:>11.2f} "
+              f"{r['p999_ms']:>9.3f} {r['snapshot_bytes']:>11} {r['snapshot_us']:>8.0f} {r['on_path']:>5} "
+              f"{r['on_path_max_us']:>8.0f} {r['evicted']:>8} "
+              f"{r['faults']:>6} {r['open']!s:>5}{stopped}",
+              flush=True)  # fmt: skip
+        if r["faults"] or not r["open"]:
+            bad.append(n)
+    if args.check and bad:
+        raise SystemExit(f"snapshot.py: a fault, or the breaker of 'open' lost, at N = {bad}")
+
+
+if __name__ == "__main__":
+    main()
