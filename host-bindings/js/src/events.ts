@@ -251,6 +251,8 @@ export function eventAttributes(e: LeveeEvent): Attributes {
       a[ATTR_REASON] = e.reason;
       break;
     case 'key-evicted':
+    case 'key-overflow':
+      // The key evicted, or the caller's key that got no entry of its own (docs/telemetry.md).
       a[ATTR_KEY] = e.name !== '' ? e.name : e.key;
       break;
     case 'hedge-started':
