@@ -167,7 +167,10 @@ policies:
 			e.in.fusedStart = nil
 		}
 		var vs []Verdict
-		keys := []string{"a", "b.example.com", strings.Repeat("k", 100), strings.Repeat("z", 5000), "ü-ключ", "a"}
+		// a key of MaxKeyBytes (the longest with state of its own), and one past the
+		// scratch buffer (maxScratch), which the core decides against its overflow entry
+		keys := []string{"a", "b.example.com", strings.Repeat("k", 100), strings.Repeat("z", MaxKeyBytes),
+			strings.Repeat("y", maxScratch+1), "ü-ключ", "a"}
 		now := uint64(1000)
 		for i, k := range keys {
 			for j := 0; j < 3; j++ {
@@ -200,8 +203,12 @@ policies:
 	keys := map[string]bool{}
 	for _, ev := range e1 {
 		keys[ev.Key] = true
+		if ev.Kind == EventKeyOverflow {
+			keys[ev.Key+" "+ev.Name] = true
+		}
 	}
-	if !keys["ü-ключ"] || !keys[strings.Repeat("z", 5000)] {
+	// the overflow event names the key's first MaxKeyBytes (docs/policy.md, Keys)
+	if !keys["ü-ключ"] || !keys[strings.Repeat("z", MaxKeyBytes)] || !keys["levee:overflow "+strings.Repeat("y", MaxKeyBytes)] {
 		t.Fatalf("keys lost: %v", keys)
 	}
 }

@@ -75,6 +75,7 @@ const (
 	fnBreakerState
 	fnSetBreakerState
 	fnExportState
+	fnExportSnapshot
 	fnImportState
 	fnDurableBegin
 	fnDurableStep
@@ -123,11 +124,12 @@ var sigs = [nFuncs]*funcSig{
 	fnBreakerState: method("breaker-state", ts(tU32, tString, tU64), ts(optionOf(tBreakerState))),
 	fnSetBreakerState: method("set-breaker-state", ts(tU32, tString, tBreakerState, tU64),
 		ts(resultOf(nil, tString))),
-	fnExportState:  method("export-state", nil, ts(listOf(tU8))),
-	fnImportState:  method("import-state", ts(listOf(tU8)), ts(resultOf(nil, tLoadError))),
-	fnDurableBegin: method("durable-begin", ts(tU32, tString, tString, tU32, tU64), ts(resultOf(tDurableStep, tLoadError))),
-	fnDurableStep:  method("durable-step", ts(listOf(tU8), tString, tU64, tU64), ts(resultOf(tDurableStep, tLoadError))),
-	fnDurableRenew: method("durable-renew", ts(listOf(tU8), tString, tU64, tU64), ts(resultOf(tDurableStep, tLoadError))),
+	fnExportState:    method("export-state", nil, ts(listOf(tU8))),
+	fnExportSnapshot: method("export-snapshot", nil, ts(listOf(tU8))),
+	fnImportState:    method("import-state", ts(listOf(tU8)), ts(resultOf(nil, tLoadError))),
+	fnDurableBegin:   method("durable-begin", ts(tU32, tString, tString, tU32, tU64), ts(resultOf(tDurableStep, tLoadError))),
+	fnDurableStep:    method("durable-step", ts(listOf(tU8), tString, tU64, tU64), ts(resultOf(tDurableStep, tLoadError))),
+	fnDurableRenew:   method("durable-renew", ts(listOf(tU8), tString, tU64, tU64), ts(resultOf(tDurableStep, tLoadError))),
 	fnDurableOutcome: method("durable-outcome", ts(listOf(tU8), tString, tU64, tU64, tOutcomeKind, tS32, tString, tString, tU32),
 		ts(resultOf(tDurableStep, tLoadError))),
 	fnDurableCancel:  method("durable-cancel", ts(listOf(tU8), tU64), ts(resultOf(tDurableStep, tLoadError))),
@@ -772,10 +774,20 @@ func (in *instance) setBreakerState(ctx context.Context, rep, policy uint32, key
 }
 
 func (in *instance) exportState(ctx context.Context, rep uint32) ([]byte, error) {
-	if err := in.call(ctx, fnExportState, uint64(rep)); err != nil {
+	return in.exportBytes(ctx, fnExportState, rep)
+}
+
+// exportSnapshot is export-state restricted to the keys that hold protection (the
+// recovery snapshot): same format, readable by import-state.
+func (in *instance) exportSnapshot(ctx context.Context, rep uint32) ([]byte, error) {
+	return in.exportBytes(ctx, fnExportSnapshot, rep)
+}
+
+func (in *instance) exportBytes(ctx context.Context, fn int, rep uint32) ([]byte, error) {
+	if err := in.call(ctx, fn, uint64(rep)); err != nil {
 		return nil, err
 	}
-	v, err := in.liftRet(ctx, fnExportState)
+	v, err := in.liftRet(ctx, fn)
 	if err != nil {
 		return nil, err
 	}

@@ -28,5 +28,7 @@ go vet ./...
 go test -run '^$' -bench . -benchtime 20000x -count 1 ./...
 # production-load harness, smoke size (the full run: go run ./load, see docs/performance.md)
 go run ./load -levels 1,200 -rounds 3 -single 5
+# the recovery snapshot at many keys, smoke size (the full run: go run ./snapshot, see docs/performance.md)
+go run ./snapshot -n 1000,20000 -t 500ms
 # cold start, smoke (an empty cache, then warm)
 d="$(mktemp -d)"; go build -o "$d/coldstart" ./coldstart; LEVEE_CACHE_DIR="$d" "$d/coldstart"; LEVEE_CACHE_DIR="$d" "$d/coldstart"; rm -rf "$d"

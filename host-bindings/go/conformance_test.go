@@ -269,9 +269,14 @@ func runVector(t *testing.T, path string) {
 				got = map[string]any{"worst_attempts": a.WorstAttempts, "worst_latency": a.WorstLatency,
 					"amplification": a.Amplification, "amplification_with_budget": a.AmplificationWithBudget}
 			}
-		case "export_import":
+		case "export_import", "snapshot_import":
 			var st []byte
-			if st, err = e.ExportState(); err != nil {
+			if op == "snapshot_import" {
+				st, err = e.ExportSnapshot()
+			} else {
+				st, err = e.ExportState()
+			}
+			if err != nil {
 				break
 			}
 			_ = e.Close(ctx)
@@ -400,7 +405,7 @@ func runVector(t *testing.T, path string) {
 		if err != nil {
 			t.Fatalf("step %d (%s): %v", n, op, err)
 		}
-		if op == "cancel" || op == "export_import" {
+		if op == "cancel" || op == "export_import" || op == "snapshot_import" {
 			continue
 		}
 		if !hasExpect {

@@ -569,15 +569,19 @@ func (e *Engine) snapshotLocked(now uint64) {
 	if e.in == nil {
 		return
 	}
+	// The recovery snapshot is export-snapshot: only the keys that hold protection, so
+	// its cost follows them, not the size of the key table. It is bounded as
+	// export-state is (it may walk no more than the whole state), and it leaves the
+	// measure of the whole state (stateBytes, keyedCalls) alone: a snapshot is smaller
+	// than the state the next export-state walks.
 	ctx := e.enterWork(e.stateWork())
-	b, err := e.in.exportState(ctx, e.rep)
+	b, err := e.in.exportSnapshot(ctx, e.rep)
 	e.leave()
 	if err != nil {
 		_ = e.faultLocked(err)
 		return
 	}
 	e.snap, e.snapAt = b, now
-	e.stateBytes, e.keyedCalls = len(b), 0
 }
 
 // step is a crossing of a call Do drives, asked at now; act is the driver's
@@ -878,7 +882,7 @@ func (p *Policy) run(ctx context.Context, a attempter, opts []CallOption) (fbVal
 	if !st.ok {
 		return nil, false, fmt.Errorf("levee: policy %q is gone after a reload", p.name)
 	}
-	if err := keyUTF8(co.key); err != nil {
+	if err := CheckKey(co.key); err != nil {
 		return nil, false, err
 	}
 	if err := ctx.Err(); err != nil {

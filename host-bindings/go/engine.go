@@ -934,7 +934,7 @@ func (e *Engine) DrainEvents() (evs []Event, err error) {
 
 // BreakerState reads a breaker's state at now.
 func (e *Engine) BreakerState(policy uint32, key string, now uint64) (s BreakerState, ok bool, err error) {
-	if err := keyUTF8(key); err != nil {
+	if err := CheckKey(key); err != nil {
 		return 0, false, err
 	}
 	err = e.op(false, func(ctx context.Context, in *instance) error {
@@ -949,7 +949,7 @@ func (e *Engine) BreakerState(policy uint32, key string, now uint64) (s BreakerS
 
 // SetBreakerState forces a breaker state; the guest's refusal comes back as msg with ok false.
 func (e *Engine) SetBreakerState(policy uint32, key string, state BreakerState, now uint64) (msg string, ok bool, err error) {
-	if err := keyUTF8(key); err != nil {
+	if err := CheckKey(key); err != nil {
 		return "", false, err
 	}
 	err = e.op(false, func(ctx context.Context, in *instance) error {
@@ -1012,6 +1012,29 @@ func (e *Engine) ImportState(state []byte) error {
 // reaches the guest.
 var ErrInvalidUTF8 = errors.New("levee: not valid UTF-8")
 
+// ErrKeyTooLong is wrapped by the error for a key longer than MaxKeyBytes: the core
+// would decide it against the shared overflow entry, so the host refuses it first.
+var ErrKeyTooLong = errors.New("levee: key too long")
+
+// MaxKeyBytes is the longest key (in UTF-8 bytes) a call, a breaker, a durable call or
+// a fleet may name (docs/policy.md, Keys; the GUARDS of wit/constants.json).
+const MaxKeyBytes = cGuardMaxKeyBytes
+
+// CheckKey returns the error the entries that take a caller's key (Do, the Transport,
+// BreakerState, SetBreakerState, the durable executor, the fleet) give for this key, nil
+// when it may be used: longer than MaxKeyBytes (ErrKeyTooLong), or not UTF-8
+// (ErrInvalidUTF8). The crossings of the WIT itself (Start, DurableBegin, FleetMerge,
+// FleetApply) check only UTF-8 and hand a longer key to the core, which decides it
+// against its overflow entry (the conformance vectors drive them).
+func CheckKey(key string) error {
+	if len(key) > MaxKeyBytes {
+		return fmt.Errorf("%w: key: %d bytes, longer than the %d a key may be (docs/policy.md, Keys)",
+			ErrKeyTooLong, len(key), MaxKeyBytes)
+	}
+	return keyUTF8(key)
+}
+
+// keyUTF8 refuses a key that is not UTF-8 (no WIT string may be).
 func keyUTF8(key string) error {
 	if utf8.ValidString(key) {
 		return nil

@@ -36,3 +36,15 @@ func HedgeAttemptOf(ctx context.Context) int {
 	n, _ := ctx.Value(hedgeAttemptKey{}).(int)
 	return n
 }
+
+// ExportSnapshot is export-snapshot (the recovery snapshot's bytes: the keys that hold
+// protection), for the conformance runner's snapshot_import.
+func (e *Engine) ExportSnapshot() (b []byte, err error) {
+	err = e.op(false, func(ctx context.Context, in *instance) error {
+		e.leave()
+		ctx = e.enterWork(e.stateWork())
+		b, err = in.exportSnapshot(ctx, e.rep)
+		return err
+	})
+	return b, err
+}

@@ -171,7 +171,13 @@ func (e *Engine) telEvent(ctx context.Context, t Telemetry, ev *Event) {
 		attrs = append(attrs, slog.String(cAttrFault, ev.Fault))
 		t.Event(ctx, name, attrs)
 		t.Add(ctx, cMetricEngineFaults, 1, []slog.Attr{slog.String(cAttrFault, ev.Fault)})
-	default: // key-evicted, call-evicted, permit-expired
+	case EventKeyEvicted:
+		t.Event(ctx, name, attrs)
+		t.Add(ctx, cMetricKeysEvicted, 1, pol)
+	case EventKeyOverflow: // levee.key is the overflow entry's (docs/policy.md, Keys)
+		t.Event(ctx, name, attrs)
+		t.Add(ctx, cMetricKeysOverflow, 1, pol)
+	default: // call-evicted, permit-expired
 		t.Event(ctx, name, attrs)
 	}
 }

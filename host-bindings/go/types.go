@@ -81,6 +81,10 @@ const (
 	EventPermitExpired
 	// EventHedgeStarted: a hedged call started another attempt (Attempt is its number, 2 for the first hedge).
 	EventHedgeStarted
+	// EventKeyOverflow: every key held protection, so this call's key (Name) got no
+	// state of its own and was decided against the shared overflow entry (Key is
+	// "levee:overflow"; docs/policy.md, Keys).
+	EventKeyOverflow
 	// EventEngineFault is not a WIT case: the Go host reports with it that the
 	// guest trapped (or broke the Canonical ABI) and was re-instantiated.
 	EventEngineFault EventKind = 255

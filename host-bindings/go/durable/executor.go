@@ -189,6 +189,9 @@ func (x *Executor) Submit(ctx context.Context, handler string, payload []byte, i
 
 // SubmitKeyed is Submit with the policy's key (the key of its per-key state, as for Do).
 func (x *Executor) SubmitKeyed(ctx context.Context, handler string, payload []byte, idempotencyKey, key string) (int64, error) {
+	if err := levee.CheckKey(key); err != nil {
+		return 0, err
+	}
 	r, ok := x.handler(handler)
 	if !ok {
 		return 0, fmt.Errorf("levee durable: no durable handler named `%s` is registered", handler)

@@ -280,3 +280,19 @@ func TestRegisterNeedsAPolicyAndSubmitAHandler(t *testing.T) {
 		t.Fatalf("submit to no handler: %v", err)
 	}
 }
+
+// A key longer than levee.MaxKeyBytes is refused before anything is stored, as Do refuses it.
+func TestAKeyTooLongIsRefused(t *testing.T) {
+	x, _, ctx := setup(t)
+	if err := x.Register("send", func(context.Context, []byte, Call) ([]byte, error) { return nil, nil }, WithPolicy("quick")); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("k", levee.MaxKeyBytes+1)
+	if _, err := x.SubmitKeyed(ctx, "send", nil, "k-1", long); !errors.Is(err, levee.ErrKeyTooLong) ||
+		!strings.Contains(err.Error(), fmt.Sprintf("key: %d bytes", levee.MaxKeyBytes+1)) {
+		t.Fatalf("submit with a key of %d bytes: %v", len(long), err)
+	}
+	if _, err := x.SubmitKeyed(ctx, "send", nil, "k-2", long[:levee.MaxKeyBytes]); err != nil {
+		t.Fatalf("submit with a key of %d bytes: %v", levee.MaxKeyBytes, err)
+	}
+}

@@ -266,6 +266,9 @@ func (f *Fleet) Close() error {
 // rate limit first (a *levee.Error with ReasonRateLimited when it rejects),
 // then the engine's policy.
 func (f *Fleet) Do(ctx context.Context, policy, key string, fn func(ctx context.Context) error, opts ...levee.CallOption) error {
+	if err := levee.CheckKey(key); err != nil {
+		return err
+	}
 	p := f.plans[policy]
 	if p == nil {
 		pol, err := f.e.Policy(policy)
@@ -291,7 +294,7 @@ func (f *Fleet) Do(ctx context.Context, policy, key string, fn func(ctx context.
 // fleet's state now; false when the store did not answer (then local-only).
 func (f *Fleet) Sync(policy, key string) bool {
 	p := f.plans[policy]
-	if p == nil || !f.up.Load() {
+	if p == nil || !f.up.Load() || levee.CheckKey(key) != nil { // a key Do refuses has nothing to publish
 		return false
 	}
 	if err := f.sync(p, key); err != nil {
@@ -303,6 +306,9 @@ func (f *Fleet) Sync(policy, key string) bool {
 
 // Inspect returns a key's shared state as the core's JSON ("" when none).
 func (f *Fleet) Inspect(ctx context.Context, policy, key string) (string, error) {
+	if err := levee.CheckKey(key); err != nil {
+		return "", err
+	}
 	p := f.plans[policy]
 	if p == nil {
 		return "", fmt.Errorf("levee fleet: policy %q has no fleet section", policy)
