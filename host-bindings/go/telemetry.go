@@ -123,7 +123,11 @@ func (e *Engine) telEvent(ctx context.Context, t Telemetry, ev *Event) {
 	policy := e.policyName(ev.Policy)
 	name := ev.Kind.String()
 	attrs := make([]slog.Attr, 0, 6)
-	attrs = append(attrs, slog.String(cAttrPolicy, policy), slog.String(cAttrKey, ev.Key))
+	key := ev.Key
+	if ev.Kind == EventKeyOverflow {
+		key = ev.Name // the caller's key, not the shared entry's (docs/telemetry.md)
+	}
+	attrs = append(attrs, slog.String(cAttrPolicy, policy), slog.String(cAttrKey, key))
 	if ev.Call != 0 {
 		attrs = append(attrs, slog.Uint64(cAttrCall, ev.Call))
 	}
@@ -174,7 +178,7 @@ func (e *Engine) telEvent(ctx context.Context, t Telemetry, ev *Event) {
 	case EventKeyEvicted:
 		t.Event(ctx, name, attrs)
 		t.Add(ctx, cMetricKeysEvicted, 1, pol)
-	case EventKeyOverflow: // levee.key is the overflow entry's (docs/policy.md, Keys)
+	case EventKeyOverflow:
 		t.Event(ctx, name, attrs)
 		t.Add(ctx, cMetricKeysOverflow, 1, pol)
 	default: // call-evicted, permit-expired
