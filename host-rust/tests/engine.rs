@@ -459,3 +459,28 @@ async fn retries_without_waiting() {
     assert_eq!(start.elapsed(), std::time::Duration::from_secs(20));
     assert!(real.elapsed() < std::time::Duration::from_secs(5));
 }
+
+/// The recovery snapshot is `export-snapshot` (issue 41): the keys holding protection only,
+/// so its cost follows them, not the table; a recovery from it keeps every open breaker.
+#[test]
+fn the_recovery_snapshot_holds_the_protected_keys_only() {
+    let doc = format!("policies:\n  p:\n{BREAKER_BODY}    keys: {{ max: 1000000 }}\n");
+    let mut e = RawEngine::load_with(Backend::Wasm, &doc, 1, Limits::default()).expect("loads");
+    for i in 0..1000u64 {
+        e.try_start(i + 1, 0, &format!("host-{i}"), 0, 1_000 + i, 0, 0, 0).expect("no trap");
+        e.try_report(i + 1, 1_100 + i, 10, OutcomeKind::Success, 0, "", 0, 0).expect("no trap");
+    }
+    for i in 0..2u64 {
+        e.try_start(5_000 + i, 0, "open", 0, 10_000 + i, 0, 0, 0).expect("no trap");
+        e.try_report(5_000 + i, 10_100 + i, 10, OutcomeKind::ConnectionError, 0, "", 0, 0).expect("no trap");
+    }
+    assert!(e.drain_events().iter().any(|ev| ev.state_to == BreakerState::Open));
+    let snapshot = e.snapshot().expect("the transition took a snapshot").to_vec();
+    assert_eq!(snapshot, e.export_snapshot());
+    let state = e.export_state();
+    assert!(snapshot.len() * 10 < state.len(), "snapshot {} bytes, state {}", snapshot.len(), state.len());
+    e.set_limits(starved());
+    assert!(e.try_policy_count().is_err());
+    e.set_limits(Limits::default());
+    assert_eq!(e.breaker_state(0, "open", 20_000), Some(BreakerState::Open));
+}
