@@ -460,6 +460,76 @@ async fn retries_without_waiting() {
     assert!(real.elapsed() < std::time::Duration::from_secs(5));
 }
 
+/// Counters as a telemetry sink saw them: (name, attributes) -> total.
+#[derive(Default)]
+struct Counters(std::sync::Mutex<Vec<(String, Vec<(String, String)>, u64)>>);
+
+impl Counters {
+    fn total(&self, name: &str) -> u64 {
+        self.0.lock().unwrap().iter().filter(|(n, _, _)| n == name).map(|(_, _, v)| v).sum()
+    }
+    fn attributes(&self, name: &str) -> Vec<Vec<(String, String)>> {
+        self.0.lock().unwrap().iter().filter(|(n, _, _)| n == name).map(|(_, a, _)| a.clone()).collect()
+    }
+}
+
+struct CountingSink(Arc<Counters>, Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>);
+
+impl levee::Telemetry for CountingSink {
+    fn event(&self, name: &str, attributes: &levee::telemetry::Attributes<'_>) {
+        let key = attributes.iter().find(|(n, _)| *n == levee::constants::ATTR_KEY).map(|(_, v)| v.to_string());
+        self.1.lock().unwrap().push((name.to_string(), key));
+    }
+    fn add(&self, counter: &'static str, value: u64, attributes: &levee::telemetry::Attributes<'_>) {
+        let a = attributes.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        self.0 .0.lock().unwrap().push((counter.to_string(), a, value));
+    }
+    fn record(&self, _histogram: &'static str, _value: f64, _attributes: &levee::telemetry::Attributes<'_>) {}
+    fn gauge(&self, _gauge: &'static str, _value: f64, _attributes: &levee::telemetry::Attributes<'_>) {}
+}
+
+/// `key-evicted` and `key-overflow` (issue 41) are events of their own, each counted per policy
+/// (`levee.keys.evicted`, `levee.keys.overflow`): a key at rest is evicted for a new one; when
+/// every key holds protection, a new key is decided against the shared overflow entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_evictions_and_overflows_are_events_and_counted() {
+    for backend in [Backend::Wasm, Backend::Native] {
+        let counters = Arc::new(Counters::default());
+        let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let doc = format!("policies:\n  b:\n{BREAKER_BODY}    keys: {{ max: 1 }}\n");
+        let l =
+            Levee::builder().backend(backend).seed(1).telemetry(CountingSink(counters.clone(), events.clone())).load(&doc).expect("loads");
+        // "a" at rest is evicted for "b".
+        for key in ["a", "b"] {
+            l.call::<u32, std::io::Error>("b").key(key).run(|_| async { Ok(1) }).await.expect("runs");
+        }
+        assert_eq!(counters.total(levee::constants::METRIC_KEYS_EVICTED), 1, "{backend}");
+        // "b" trips (its breaker holds protection): "c" overflows.
+        for _ in 0..2 {
+            let r = l
+                .call::<u32, std::io::Error>("b")
+                .key("b")
+                .run(|_| async { Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) })
+                .await;
+            assert!(r.is_err());
+        }
+        assert_eq!(l.breaker_state("b", "b"), Some(BreakerState::Open), "{backend}");
+        l.call::<u32, std::io::Error>("b").key("c").run(|_| async { Ok(1) }).await.expect("runs on the overflow entry");
+        assert_eq!(counters.total(levee::constants::METRIC_KEYS_OVERFLOW), 1, "{backend}");
+        assert_eq!(counters.total(levee::constants::METRIC_KEYS_EVICTED), 1, "{backend}");
+        for name in [levee::constants::METRIC_KEYS_EVICTED, levee::constants::METRIC_KEYS_OVERFLOW] {
+            let policy = (levee::constants::ATTR_POLICY.to_string(), "b".to_string());
+            assert_eq!(counters.attributes(name), vec![vec![policy]], "{backend} {name}");
+        }
+        let events = events.lock().unwrap().clone();
+        let evicted = levee::constants::EVENT_KINDS[levee::core::EventKind::KeyEvicted as usize];
+        let overflow = levee::constants::EVENT_KINDS[levee::core::EventKind::KeyOverflow as usize];
+        assert!(events.contains(&(evicted.to_string(), Some("a".to_string()))), "{backend}: {events:?}");
+        // The overflow event names the caller's key.
+        assert!(events.contains(&(overflow.to_string(), Some("c".to_string()))), "{backend}: {events:?}");
+    }
+}
+
 /// The recovery snapshot is `export-snapshot` (issue 41): the keys holding protection only,
 /// so its cost follows them, not the table; a recovery from it keeps every open breaker.
 #[test]
