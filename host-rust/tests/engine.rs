@@ -530,6 +530,39 @@ async fn key_evictions_and_overflows_are_events_and_counted() {
     }
 }
 
+/// A key longer than the bound (in UTF-8 bytes) is refused before the engine, at every entry
+/// that takes one, with its length and the bound; a key of exactly the bound runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_longer_than_the_bound_is_refused() {
+    let max = levee::constants::GUARD_MAX_KEY_BYTES as usize;
+    let doc = format!("policies:\n  b:\n{BREAKER_BODY}");
+    let l = Levee::builder().seed(1).load(&doc).expect("loads");
+    // 'é' is two bytes: max/2 + 1 of them are max + 2 bytes.
+    for long in ["k".repeat(max + 1), "é".repeat(max / 2 + 1)] {
+        let runs = AtomicU32::new(0);
+        let err = l
+            .call::<u32, std::io::Error>("b")
+            .key(long.as_str())
+            .run(|_| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok(1) }
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        assert_eq!(err.key_too_long, Some(levee::KeyTooLong { bytes: long.len() }));
+        let text = err.to_string();
+        assert!(text.contains(&format!("key: {} bytes, longer than the {max} a key may be", long.len())), "{text}");
+        let set = l.set_breaker_state("b", &long, BreakerState::ForcedOpen).expect_err("refused");
+        assert!(set.contains(&format!("key: {} bytes", long.len())), "{set}");
+        assert_eq!(l.breaker_state("b", &long), None);
+    }
+    let exact = "k".repeat(max);
+    assert_eq!(l.call::<u32, std::io::Error>("b").key(exact.as_str()).run(|_| async { Ok(1) }).await.expect("runs"), 1);
+    l.set_breaker_state("b", &exact, BreakerState::ForcedOpen).expect("a key of the bound is a key");
+    assert_eq!(l.breaker_state("b", &exact), Some(BreakerState::ForcedOpen));
+}
+
 /// The recovery snapshot is `export-snapshot` (issue 41): the keys holding protection only,
 /// so its cost follows them, not the table; a recovery from it keeps every open breaker.
 #[test]
