@@ -587,3 +587,37 @@ fn the_recovery_snapshot_holds_the_protected_keys_only() {
     e.set_limits(Limits::default());
     assert_eq!(e.breaker_state(0, "open", 20_000), Some(BreakerState::Open));
 }
+
+/// Restore at any size (issue 41): 20,000 keys of ~1,000 bytes and one open breaker; the
+/// whole state exports and imports within its bounds, and a trap after it recovers with the
+/// breaker still open (the next call on its key is rejected).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_state_exports_imports_and_survives_a_trap() {
+    let doc = "policies:\n  p:\n    attempts: 1\n    breaker: { window: { kind: count, size: 4 }, minimum-calls: 2, open-duration: 1h }\n    keys: { max: 1000000 }\n";
+    let l = Levee::builder().backend(Backend::Wasm).seed(1).load(doc).expect("loads");
+    let pad = "x".repeat(990);
+    for i in 0..20_000 {
+        let key = format!("{pad}{i:05}");
+        l.call::<u32, std::io::Error>("p").key(key).run(|_| async { Ok(1) }).await.expect("runs");
+    }
+    for _ in 0..2 {
+        let r = l
+            .call::<u32, std::io::Error>("p")
+            .key("open")
+            .run(|_| async { Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) })
+            .await;
+        assert!(r.is_err());
+    }
+    assert_eq!(l.breaker_state("p", "open"), Some(BreakerState::Open));
+    let state = l.export_state();
+    assert!(state.len() > 20_000 * 990, "{} bytes", state.len());
+    l.import_state(&state).expect("the whole state imports");
+    assert_eq!(l.traps(), 0);
+    l.with_raw(|r| r.set_limits(starved()));
+    let r = l.call::<u32, std::io::Error>("p").run(|_| async { Ok(7) }).await;
+    l.with_raw(|r| r.set_limits(Limits::default()));
+    assert_eq!(r.expect("the faulted call runs once"), 7);
+    assert!(l.traps() >= 1);
+    let err = l.call::<u32, std::io::Error>("p").key("open").run(|_| async { Ok(1) }).await.expect_err("still open");
+    assert_eq!(err.reason, Reason::BreakerOpen, "{err:?}");
+}
