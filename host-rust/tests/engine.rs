@@ -462,7 +462,13 @@ async fn retries_without_waiting() {
 
 /// Counters as a telemetry sink saw them: (name, attributes) -> total.
 #[derive(Default)]
-struct Counters(std::sync::Mutex<Vec<(String, Vec<(String, String)>, u64)>>);
+struct Counters(std::sync::Mutex<Vec<Added>>);
+
+/// One counter increment: its name, attributes (name, value) and value.
+type Added = (String, Vec<(String, String)>, u64);
+
+/// The events a sink saw: name and `levee.key`.
+type SeenEvents = Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>;
 
 impl Counters {
     fn total(&self, name: &str) -> u64 {
@@ -473,7 +479,7 @@ impl Counters {
     }
 }
 
-struct CountingSink(Arc<Counters>, Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>);
+struct CountingSink(Arc<Counters>, SeenEvents);
 
 impl levee::Telemetry for CountingSink {
     fn event(&self, name: &str, attributes: &levee::telemetry::Attributes<'_>) {
