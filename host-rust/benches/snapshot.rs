@@ -69,7 +69,7 @@ async fn run(n: usize, seconds: f64, old: bool) -> Run {
         if t >= end {
             break;
         }
-        let key = keys[calls as usize % keys.len()].as_str();
+        let key = keys.get(calls as usize % keys.len()).map_or("k0", String::as_str);
         if old && t.duration_since(last_snapshot) >= Duration::from_secs(1) {
             // The periodic snapshot as it was: the whole state, on the call that crossed the second.
             last_snapshot = t;
