@@ -506,6 +506,11 @@ impl<'a, T: 'static, E: 'static> Call<'a, T, E> {
         async move {
             let shared = &*levee.shared;
             let key = key.as_str();
+            if let Err(e) = crate::error::KeyTooLong::check(key) {
+                let mut err = LeveeError::new(Reason::None, policy);
+                err.key_too_long = Some(e);
+                return Err(err);
+            }
             let started = shared.now();
 
             // Start (settling a held-back success first), in one guest call.

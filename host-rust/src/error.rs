@@ -44,7 +44,39 @@ pub struct LeveeError<E> {
     /// Fallbacks the policy's chain named that are registered only for other result types
     /// than this call's (they count as failed; the message names the types).
     pub mistyped: Vec<MistypedFallback>,
+    /// The call's key was longer than a key may be: refused before the engine saw it.
+    pub key_too_long: Option<KeyTooLong>,
 }
+
+/// A key longer than [`crate::constants::GUARD_MAX_KEY_BYTES`] UTF-8 bytes, refused by the host
+/// at every entry that takes a key (docs/policy.md, "Keys"): one that reached the engine would
+/// be decided against the shared overflow entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyTooLong {
+    /// The key's length in bytes.
+    pub bytes: usize,
+}
+
+impl KeyTooLong {
+    /// The bound on a key, in UTF-8 bytes.
+    pub const MAX: usize = crate::constants::GUARD_MAX_KEY_BYTES as usize;
+
+    /// `Ok` for a key within the bound.
+    pub fn check(key: &str) -> Result<(), KeyTooLong> {
+        if key.len() > Self::MAX {
+            return Err(KeyTooLong { bytes: key.len() });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for KeyTooLong {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "key: {} bytes, longer than the {} a key may be (docs/policy.md, Keys)", self.bytes, Self::MAX)
+    }
+}
+
+impl std::error::Error for KeyTooLong {}
 
 /// A fallback registered under the name a policy's chain uses, but only for result types
 /// other than the call's ([`crate::Levee::register_fallback`] keys by name and type).
@@ -95,6 +127,7 @@ impl<E> LeveeError<E> {
             unregistered: Vec::new(),
             known_policies: Vec::new(),
             mistyped: Vec::new(),
+            key_too_long: None,
         }
     }
 
@@ -130,6 +163,7 @@ impl<E> LeveeError<E> {
             unregistered: self.unregistered,
             known_policies: self.known_policies,
             mistyped: self.mistyped,
+            key_too_long: self.key_too_long,
         }
     }
 }
@@ -150,12 +184,16 @@ impl<E: fmt::Debug> fmt::Debug for LeveeError<E> {
             .field("unregistered", &self.unregistered)
             .field("known_policies", &self.known_policies)
             .field("mistyped", &self.mistyped)
+            .field("key_too_long", &self.key_too_long)
             .finish()
     }
 }
 
 impl<E: fmt::Display> fmt::Display for LeveeError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(k) = &self.key_too_long {
+            return write!(f, "levee: policy `{}`: {k}", self.policy);
+        }
         if self.invalid == Some(InvalidCode::UnknownPolicy) {
             return write!(f, "levee: {}", UnknownPolicy::new(&self.policy, self.known_policies.clone()));
         }

@@ -269,8 +269,10 @@ impl Levee {
         })
     }
 
-    /// Breaker state of a policy and key (`None`: no such policy, or it has no breaker).
+    /// Breaker state of a policy and key (`None`: no such policy, or it has no breaker, or
+    /// the key is longer than a key may be, [`crate::KeyTooLong`]).
     pub fn breaker_state(&self, policy: &str, key: &str) -> Option<BreakerState> {
+        crate::KeyTooLong::check(key).ok()?;
         let now = self.shared.now();
         let mut core = self.shared.lock();
         core.flush();
@@ -282,6 +284,7 @@ impl Levee {
 
     /// Force a breaker state (an operator's switch).
     pub fn set_breaker_state(&self, policy: &str, key: &str, state: BreakerState) -> Result<(), String> {
+        crate::KeyTooLong::check(key).map_err(|e| e.to_string())?;
         let now = self.shared.now();
         let mut core = self.shared.lock();
         core.flush();

@@ -62,7 +62,7 @@ pub use call::{Attempt, Attempted, BoxFuture, Call, FallbackContext, FallbackFn,
 #[cfg(feature = "tokio")]
 pub use call::{FaultOp, FaultPlan, RetryInfo};
 #[cfg(feature = "tokio")]
-pub use error::{LeveeError, LoadErrors, MistypedFallback, UnknownPolicy};
+pub use error::{KeyTooLong, LeveeError, LoadErrors, MistypedFallback, UnknownPolicy};
 #[cfg(feature = "tokio")]
 pub use handle::{Builder, Levee};
 #[cfg(feature = "tokio")]

@@ -11,7 +11,7 @@
 //! process; epochs cost far less per call than fuel, which doubled the cost of a call here)
 //! and the store's memory by `StoreLimits` ([`Limits::memory_bytes`]), by the rule every host
 //! follows (`docs/architecture.md`, "Bounds on the guest"): a call whose work does not depend
-//! on the size of anything gets [`Limits::call_ticks`]; `load`, `reload`, `export-state` and
+//! on the size of anything gets [`Limits::call_ticks`]; `load`, `reload`, `export-state`, `export-snapshot` and
 //! `import-state` get [`Limits::load_ticks`] plus one tick for every
 //! [`Limits::bytes_per_tick`] bytes of document and state they walk. When a guest call traps
 //! (interrupted, out of bounds, a malformed answer such as a verdict of unknown kind):
@@ -150,7 +150,7 @@ pub struct Limits {
     /// is interrupted: it traps within `call_ticks` to `call_ticks + 1` ticks. 0 interrupts
     /// every call at once (the trap tests use it). Default 100 (1 s).
     pub call_ticks: u64,
-    /// Epoch ticks for `load`, `reload`, `export-state` and `import-state` before their
+    /// Epoch ticks for `load`, `reload`, `export-state`, `export-snapshot` and `import-state` before their
     /// share by size (see `bytes_per_tick`). Default 100 (1 s).
     pub load_ticks: u64,
     /// Those calls get one tick more for every `bytes_per_tick` bytes they walk: the
@@ -319,7 +319,7 @@ impl RawEngine {
     pub fn checkpoint(&mut self) -> Result<(), Trap> {
         #[cfg(feature = "wasm")]
         if let Inner::Wasm(_) = self.inner {
-            let bytes = self.try_export_state()?;
+            let bytes = self.try_export_snapshot()?;
             self.snapshot = Some(bytes);
         }
         Ok(())
@@ -608,6 +608,16 @@ impl RawEngine {
         Ok(bytes)
     }
 
+    /// `export-snapshot`, fallible: the state of the keys holding protection only (what a
+    /// recovery must not forget), in the format of `export-state`, readable by `import-state`.
+    /// Its guest call gets the bound of `export-state` (by the whole state's bytes), though its
+    /// cost follows the protected keys.
+    pub fn try_export_snapshot(&mut self) -> Result<Vec<u8>, Trap> {
+        #[cfg_attr(not(feature = "wasm"), allow(unused_variables))]
+        let work = self.state_work();
+        op!(self, "export-snapshot", |n| n.export_snapshot(), |w| w.export_snapshot(work))
+    }
+
     /// `import-state`, fallible (the outer `Result` is the trap). A success takes a snapshot.
     pub fn try_import_state(&mut self, state: &[u8]) -> Result<Result<(), LoadError>, Trap> {
         #[cfg_attr(not(feature = "wasm"), allow(unused_variables))]
@@ -739,6 +749,11 @@ impl RawEngine {
     /// The whole engine state as versioned bytes.
     pub fn export_state(&mut self) -> Vec<u8> {
         self.try_export_state().unwrap_or_default()
+    }
+
+    /// The state of the keys holding protection (see [`RawEngine::try_export_snapshot`]).
+    pub fn export_snapshot(&mut self) -> Vec<u8> {
+        self.try_export_snapshot().unwrap_or_default()
     }
 
     /// Restore exported state.
@@ -1092,6 +1107,11 @@ pub(crate) mod wasm {
         /// `state` is the size of the state held (see `Limits::bytes_per_tick`).
         pub(crate) fn export_state(&mut self, state: usize) -> Result<Vec<u8>, String> {
             call!(self, work(state), call_export_state())
+        }
+
+        /// `state` as for `export_state`.
+        pub(crate) fn export_snapshot(&mut self, state: usize) -> Result<Vec<u8>, String> {
+            call!(self, work(state), call_export_snapshot())
         }
 
         pub(crate) fn import_state(&mut self, bytes: &[u8], state: usize) -> Result<Result<(), LoadError>, String> {

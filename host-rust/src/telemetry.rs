@@ -7,7 +7,8 @@
 //! inside the call's `levee.call` span) and the instruments into the `metrics` facade
 //! (`levee.calls`, `levee.attempts`, `levee.attempt.duration`, `levee.retries`,
 //! `levee.retry.delay`, `levee.rejections`, `levee.fallbacks`, `levee.hedges`,
-//! `levee.breaker.transitions`, `levee.breaker.state`, `levee.engine.faults`), described to
+//! `levee.breaker.transitions`, `levee.breaker.state`, `levee.engine.faults`, `levee.keys.evicted`,
+//! `levee.keys.overflow`), described to
 //! the recorder with the units and descriptions of the contract
 //! ([`crate::constants::INSTRUMENTS`]), which an OpenTelemetry or Prometheus exporter of
 //! `metrics` publishes (seconds, `# HELP`).
@@ -299,9 +300,11 @@ pub(crate) fn emit(sink: &dyn Telemetry, e: &Event, policy: &str) {
         EventKind::FallbackChosen => vec![(k::ATTR_FALLBACK, Value::Str(&e.name)), (k::ATTR_REASON, Value::Str(reason))],
         EventKind::RateLimitWait => vec![attempt, (k::ATTR_DELAY, Value::Float(delay))],
         EventKind::HedgeStarted => vec![attempt],
-        EventKind::KeyEvicted | EventKind::CallEvicted | EventKind::PermitExpired => Vec::new(),
+        EventKind::KeyEvicted | EventKind::KeyOverflow | EventKind::CallEvicted | EventKind::PermitExpired => Vec::new(),
     };
-    let key = if e.kind == EventKind::KeyEvicted { e.name.as_str() } else { e.key.as_str() };
+    // A key eviction names the evicted key; a key overflow the caller's key (its `key` is the
+    // shared overflow entry, `levee:overflow`).
+    let key = if matches!(e.kind, EventKind::KeyEvicted | EventKind::KeyOverflow) { e.name.as_str() } else { e.key.as_str() };
     let mut attrs: Vec<(&'static str, Value<'_>)> = vec![base[0], (k::ATTR_KEY, Value::Str(key))];
     attrs.extend(call);
     attrs.extend(own);
@@ -313,6 +316,9 @@ pub(crate) fn emit(sink: &dyn Telemetry, e: &Event, policy: &str) {
             sink.record(k::METRIC_RETRY_DELAY, delay, &[p]);
         }
         EventKind::HedgeStarted => sink.add(k::METRIC_HEDGES, 1, &[p]),
+        // Per policy only, as every counter here (a key on a counter is a series per key).
+        EventKind::KeyEvicted => sink.add(k::METRIC_KEYS_EVICTED, 1, &[p]),
+        EventKind::KeyOverflow => sink.add(k::METRIC_KEYS_OVERFLOW, 1, &[p]),
         EventKind::Rejected => sink.add(k::METRIC_REJECTIONS, 1, &[p, (k::ATTR_REASON, Value::Str(reason))]),
         EventKind::FallbackChosen => {
             sink.add(k::METRIC_FALLBACKS, 1, &[(k::ATTR_FALLBACK, Value::Str(&e.name)), p, (k::ATTR_REASON, Value::Str(reason))])

@@ -163,6 +163,9 @@ macro_rules! target {
             fn export_state(&mut self) -> Vec<u8> {
                 self.0.try_export_state().unwrap_or_else(|t| panic!("{t}"))
             }
+            fn export_snapshot(&mut self) -> Vec<u8> {
+                self.0.try_export_snapshot().unwrap_or_else(|t| panic!("{t}"))
+            }
             fn import_state(&mut self, bytes: &[u8]) -> Result<(), (String, String)> {
                 self.0.try_import_state(bytes).unwrap_or_else(|t| panic!("{t}")).map_err(|e| (e.path, e.message))
             }

@@ -459,3 +459,171 @@ async fn retries_without_waiting() {
     assert_eq!(start.elapsed(), std::time::Duration::from_secs(20));
     assert!(real.elapsed() < std::time::Duration::from_secs(5));
 }
+
+/// Counters as a telemetry sink saw them: (name, attributes) -> total.
+#[derive(Default)]
+struct Counters(std::sync::Mutex<Vec<Added>>);
+
+/// One counter increment: its name, attributes (name, value) and value.
+type Added = (String, Vec<(String, String)>, u64);
+
+/// The events a sink saw: name and `levee.key`.
+type SeenEvents = Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>;
+
+impl Counters {
+    fn total(&self, name: &str) -> u64 {
+        self.0.lock().unwrap().iter().filter(|(n, _, _)| n == name).map(|(_, _, v)| v).sum()
+    }
+    fn attributes(&self, name: &str) -> Vec<Vec<(String, String)>> {
+        self.0.lock().unwrap().iter().filter(|(n, _, _)| n == name).map(|(_, a, _)| a.clone()).collect()
+    }
+}
+
+struct CountingSink(Arc<Counters>, SeenEvents);
+
+impl levee::Telemetry for CountingSink {
+    fn event(&self, name: &str, attributes: &levee::telemetry::Attributes<'_>) {
+        let key = attributes.iter().find(|(n, _)| *n == levee::constants::ATTR_KEY).map(|(_, v)| v.to_string());
+        self.1.lock().unwrap().push((name.to_string(), key));
+    }
+    fn add(&self, counter: &'static str, value: u64, attributes: &levee::telemetry::Attributes<'_>) {
+        let a = attributes.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        self.0 .0.lock().unwrap().push((counter.to_string(), a, value));
+    }
+    fn record(&self, _histogram: &'static str, _value: f64, _attributes: &levee::telemetry::Attributes<'_>) {}
+    fn gauge(&self, _gauge: &'static str, _value: f64, _attributes: &levee::telemetry::Attributes<'_>) {}
+}
+
+/// `key-evicted` and `key-overflow` (issue 41) are events of their own, each counted per policy
+/// (`levee.keys.evicted`, `levee.keys.overflow`): a key at rest is evicted for a new one; when
+/// every key holds protection, a new key is decided against the shared overflow entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_evictions_and_overflows_are_events_and_counted() {
+    for backend in [Backend::Wasm, Backend::Native] {
+        let counters = Arc::new(Counters::default());
+        let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let doc = format!("policies:\n  b:\n{BREAKER_BODY}    keys: {{ max: 1 }}\n");
+        let l =
+            Levee::builder().backend(backend).seed(1).telemetry(CountingSink(counters.clone(), events.clone())).load(&doc).expect("loads");
+        // "a" at rest is evicted for "b".
+        for key in ["a", "b"] {
+            l.call::<u32, std::io::Error>("b").key(key).run(|_| async { Ok(1) }).await.expect("runs");
+        }
+        assert_eq!(counters.total(levee::constants::METRIC_KEYS_EVICTED), 1, "{backend}");
+        // "b" trips (its breaker holds protection): "c" overflows.
+        for _ in 0..2 {
+            let r = l
+                .call::<u32, std::io::Error>("b")
+                .key("b")
+                .run(|_| async { Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) })
+                .await;
+            assert!(r.is_err());
+        }
+        assert_eq!(l.breaker_state("b", "b"), Some(BreakerState::Open), "{backend}");
+        l.call::<u32, std::io::Error>("b").key("c").run(|_| async { Ok(1) }).await.expect("runs on the overflow entry");
+        assert_eq!(counters.total(levee::constants::METRIC_KEYS_OVERFLOW), 1, "{backend}");
+        assert_eq!(counters.total(levee::constants::METRIC_KEYS_EVICTED), 1, "{backend}");
+        for name in [levee::constants::METRIC_KEYS_EVICTED, levee::constants::METRIC_KEYS_OVERFLOW] {
+            let policy = (levee::constants::ATTR_POLICY.to_string(), "b".to_string());
+            assert_eq!(counters.attributes(name), vec![vec![policy]], "{backend} {name}");
+        }
+        let events = events.lock().unwrap().clone();
+        let evicted = levee::constants::EVENT_KINDS[levee::core::EventKind::KeyEvicted as usize];
+        let overflow = levee::constants::EVENT_KINDS[levee::core::EventKind::KeyOverflow as usize];
+        assert!(events.contains(&(evicted.to_string(), Some("a".to_string()))), "{backend}: {events:?}");
+        // The overflow event names the caller's key.
+        assert!(events.contains(&(overflow.to_string(), Some("c".to_string()))), "{backend}: {events:?}");
+    }
+}
+
+/// A key longer than the bound (in UTF-8 bytes) is refused before the engine, at every entry
+/// that takes one, with its length and the bound; a key of exactly the bound runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_longer_than_the_bound_is_refused() {
+    let max = levee::constants::GUARD_MAX_KEY_BYTES as usize;
+    let doc = format!("policies:\n  b:\n{BREAKER_BODY}");
+    let l = Levee::builder().seed(1).load(&doc).expect("loads");
+    // 'é' is two bytes: max/2 + 1 of them are max + 2 bytes.
+    for long in ["k".repeat(max + 1), "é".repeat(max / 2 + 1)] {
+        let runs = AtomicU32::new(0);
+        let err = l
+            .call::<u32, std::io::Error>("b")
+            .key(long.as_str())
+            .run(|_| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok(1) }
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        assert_eq!(err.key_too_long, Some(levee::KeyTooLong { bytes: long.len() }));
+        let text = err.to_string();
+        assert!(text.contains(&format!("key: {} bytes, longer than the {max} a key may be", long.len())), "{text}");
+        let set = l.set_breaker_state("b", &long, BreakerState::ForcedOpen).expect_err("refused");
+        assert!(set.contains(&format!("key: {} bytes", long.len())), "{set}");
+        assert_eq!(l.breaker_state("b", &long), None);
+    }
+    let exact = "k".repeat(max);
+    assert_eq!(l.call::<u32, std::io::Error>("b").key(exact.as_str()).run(|_| async { Ok(1) }).await.expect("runs"), 1);
+    l.set_breaker_state("b", &exact, BreakerState::ForcedOpen).expect("a key of the bound is a key");
+    assert_eq!(l.breaker_state("b", &exact), Some(BreakerState::ForcedOpen));
+}
+
+/// The recovery snapshot is `export-snapshot` (issue 41): the keys holding protection only,
+/// so its cost follows them, not the table; a recovery from it keeps every open breaker.
+#[test]
+fn the_recovery_snapshot_holds_the_protected_keys_only() {
+    let doc = format!("policies:\n  p:\n{BREAKER_BODY}    keys: {{ max: 1000000 }}\n");
+    let mut e = RawEngine::load_with(Backend::Wasm, &doc, 1, Limits::default()).expect("loads");
+    for i in 0..1000u64 {
+        e.try_start(i + 1, 0, &format!("host-{i}"), 0, 1_000 + i, 0, 0, 0).expect("no trap");
+        e.try_report(i + 1, 1_100 + i, 10, OutcomeKind::Success, 0, "", 0, 0).expect("no trap");
+    }
+    for i in 0..2u64 {
+        e.try_start(5_000 + i, 0, "open", 0, 10_000 + i, 0, 0, 0).expect("no trap");
+        e.try_report(5_000 + i, 10_100 + i, 10, OutcomeKind::ConnectionError, 0, "", 0, 0).expect("no trap");
+    }
+    assert!(e.drain_events().iter().any(|ev| ev.state_to == BreakerState::Open));
+    let snapshot = e.snapshot().expect("the transition took a snapshot").to_vec();
+    assert_eq!(snapshot, e.export_snapshot());
+    let state = e.export_state();
+    assert!(snapshot.len() * 10 < state.len(), "snapshot {} bytes, state {}", snapshot.len(), state.len());
+    e.set_limits(starved());
+    assert!(e.try_policy_count().is_err());
+    e.set_limits(Limits::default());
+    assert_eq!(e.breaker_state(0, "open", 20_000), Some(BreakerState::Open));
+}
+
+/// Restore at any size (issue 41): 20,000 keys of ~1,000 bytes and one open breaker; the
+/// whole state exports and imports within its bounds, and a trap after it recovers with the
+/// breaker still open (the next call on its key is rejected).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_state_exports_imports_and_survives_a_trap() {
+    let doc = "policies:\n  p:\n    attempts: 1\n    breaker: { window: { kind: count, size: 4 }, minimum-calls: 2, open-duration: 1h }\n    keys: { max: 1000000 }\n";
+    let l = Levee::builder().backend(Backend::Wasm).seed(1).load(doc).expect("loads");
+    let pad = "x".repeat(990);
+    for i in 0..20_000 {
+        let key = format!("{pad}{i:05}");
+        l.call::<u32, std::io::Error>("p").key(key).run(|_| async { Ok(1) }).await.expect("runs");
+    }
+    for _ in 0..2 {
+        let r = l
+            .call::<u32, std::io::Error>("p")
+            .key("open")
+            .run(|_| async { Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) })
+            .await;
+        assert!(r.is_err());
+    }
+    assert_eq!(l.breaker_state("p", "open"), Some(BreakerState::Open));
+    let state = l.export_state();
+    assert!(state.len() > 20_000 * 990, "{} bytes", state.len());
+    l.import_state(&state).expect("the whole state imports");
+    assert_eq!(l.traps(), 0);
+    l.with_raw(|r| r.set_limits(starved()));
+    let r = l.call::<u32, std::io::Error>("p").run(|_| async { Ok(7) }).await;
+    l.with_raw(|r| r.set_limits(Limits::default()));
+    assert_eq!(r.expect("the faulted call runs once"), 7);
+    assert!(l.traps() >= 1);
+    let err = l.call::<u32, std::io::Error>("p").key("open").run(|_| async { Ok(1) }).await.expect_err("still open");
+    assert_eq!(err.reason, Reason::BreakerOpen, "{err:?}");
+}

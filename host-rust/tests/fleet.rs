@@ -220,3 +220,26 @@ async fn a_ratio_budget_is_shared_one_engines_deposits_pay_anothers_retries() {
     fa.close().await;
     fb.close().await;
 }
+
+/// A key longer than the bound (issue 41) is refused before the fleet's store sees it: no
+/// rate-limit token or record is written under it, and the call fails as a local call does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Redis: LEVEE_FLEET_REDIS=host:port (fleet/tests/run.sh runs it)"]
+async fn a_key_longer_than_the_bound_never_reaches_the_store() {
+    let url = redis_url();
+    flush(&url);
+    let levee = Levee::from_str(DOC).unwrap();
+    let (f, _) = fleet(&levee, "rust-a", &url).await;
+    assert!(f.is_up());
+    let long = "q".repeat(levee::constants::GUARD_MAX_KEY_BYTES as usize + 1);
+    for policy in ["strict", "dep", "count"] {
+        let e = f.run(policy, &long, |_| async { Ok::<_, std::io::Error>(()) }).await.unwrap_err();
+        assert_eq!(e.key_too_long, Some(levee::KeyTooLong { bytes: long.len() }), "{policy}");
+    }
+    assert!(!f.sync("count", &long).await);
+    let c = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = c.get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*qqqq*").query(&mut conn).unwrap();
+    assert!(keys.is_empty(), "{} store keys name the long key", keys.len());
+    f.close().await;
+}

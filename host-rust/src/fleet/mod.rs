@@ -505,7 +505,11 @@ impl Fleet {
 
     /// Publish this process's evidence for a policy and key and apply the fleet's state now;
     /// false when there is nothing to publish or the store did not answer (then local-only).
+    /// A key longer than the bound ([`crate::KeyTooLong`]) publishes nothing (false).
     pub async fn sync(&self, policy: &str, key: &str) -> bool {
+        if crate::KeyTooLong::check(key).is_err() {
+            return false;
+        }
         let Some(plan) = self.inner.plans.get(policy) else { return false };
         if !self.is_up() {
             return false;
@@ -593,6 +597,12 @@ impl<'a, T: 'static, E: 'static> FleetCall<'a, T, E> {
         Fut: Future<Output = Result<T, E>>,
     {
         let FleetCall { fleet, policy, key, call } = self;
+        // Refused before the store sees the key (its rate-limit token and records are named by it).
+        if let Err(k) = crate::KeyTooLong::check(&key) {
+            let mut e = LeveeError::new(Reason::None, policy);
+            e.key_too_long = Some(k);
+            return Err(e);
+        }
         let inner = &*fleet.inner;
         let Some(plan) = inner.plans.get(policy) else { return call.key(key).run_classified(classify, f).await };
         if plan.background() {
