@@ -91,8 +91,8 @@ impl Engine {
         if !trimmed.starts_with('{') {
             return Err(LoadError::new("", "not Levee state: expected a JSON object"));
         }
-        let doc = doc::parse_json_limited(text, MAX_STATE_BYTES)
-            .map_err(|e| LoadError::new("", format!("not Levee state: {}", e.message)))?;
+        let doc =
+            doc::parse_json_limited(text, MAX_STATE_BYTES).map_err(|e| LoadError::new("", format!("not Levee state: {}", e.message)))?;
         let obj = &doc;
         if obj.get("format").and_then(Value::as_str) != Some(FORMAT) {
             return Err(LoadError::new("format", "not Levee state (format is not \"levee-state\")"));
