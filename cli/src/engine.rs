@@ -126,7 +126,10 @@ pub fn describe_event(e: &core::Event) -> String {
         K::BreakerTransition => format!("breaker {} -> {}", e.state_from, e.state_to),
         K::FallbackChosen => format!("fallback `{}` chosen ({})", e.name, e.reason),
         K::RateLimitWait => format!("rate limiter: wait {}", human(e.duration)),
-        K::KeyEvicted => format!("state of key `{}` evicted (key bound reached)", e.name),
+        K::KeyEvicted => format!("state of key `{}` evicted (key bound reached; it was at rest)", e.name),
+        K::KeyOverflow => {
+            format!("key `{}` got no state of its own (every key holds protection): decided against `{}`", e.name, e.key)
+        }
         K::CallEvicted => format!("unfinished call {} evicted", e.call),
         K::PermitExpired => format!("half-open permit of call {} expired unreported", e.call),
         K::HedgeStarted => format!("hedge: attempt {} started", e.attempt),
