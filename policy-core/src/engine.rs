@@ -1420,9 +1420,6 @@ impl Engine {
             record_outcome(p, ks, call, (kind, code, text), wall_secs, flags, elapsed, now, &mut self.events, pi, &c.key);
         if success {
             let key_at = c.key_at;
-            if slot {
-                refile(keys, p, key_at, now);
-            }
             self.calls.delete(at);
             if slot {
                 self.grant_at(pi, key_at);
@@ -1438,7 +1435,6 @@ impl Engine {
         }
         let key_at = c.key_at;
         if slot {
-            refile(keys, p, key_at, now);
             self.grant_at(pi, key_at);
         }
         self.retry_decision(at, server, stop, retryable, now)
