@@ -8,6 +8,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from .gen_flaky import ensure as _ensure_flaky
+
+# the gRPC tests' messages, generated from grpc/flaky.proto before any test module imports them
+_ensure_flaky()
+
 
 @dataclass
 class Reply:

@@ -55,10 +55,46 @@ _ATTEMPT_CLOCK: contextvars.ContextVar[Callable[[], int]] = contextvars.ContextV
 )
 
 
+class _CancelEvent(threading.Event):
+    """A synchronous hedged attempt's cancel flag, which also runs the callbacks an integration
+    registered (`on_attempt_cancel`): a gRPC attempt cancels its call, so the server sees the
+    cancellation even though the attempt's thread cannot be aborted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], Any]] = []
+        self._callbacks_lock = threading.Lock()
+
+    def on_set(self, fn: Callable[[], Any]) -> None:
+        with self._callbacks_lock:
+            if not self.is_set():
+                self._callbacks.append(fn)
+                return
+        fn()
+
+    def set(self) -> None:
+        with self._callbacks_lock:
+            super().set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:
+                logger.exception("levee: a cancel callback of a hedged attempt failed")
+
+
 # Set in a synchronous hedged attempt's thread: the core cancelled it (it cannot be aborted).
-_ATTEMPT_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+_ATTEMPT_CANCEL: contextvars.ContextVar[_CancelEvent | None] = contextvars.ContextVar(
     "levee_attempt_cancel", default=None
 )
+
+
+def on_attempt_cancel(fn: Callable[[], Any]) -> None:
+    """Run `fn()` when the core cancels the synchronous hedged attempt in progress (at once if
+    it already has); nothing outside such an attempt (asyncio attempts are cancelled as tasks)."""
+    ev = _ATTEMPT_CANCEL.get()
+    if ev is not None:
+        ev.on_set(fn)
 
 
 def attempt_cancelled() -> bool:
@@ -404,7 +440,7 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
     done: queue.SimpleQueue[tuple[int, _AttemptResult]] = queue.SimpleQueue()
     system = type(eng._clock) is SystemClock
 
-    cancels: dict[int, threading.Event] = {}
+    cancels: dict[int, _CancelEvent] = {}
 
     def worker(n: int, timeout: int, ctx: contextvars.Context) -> None:
         try:
@@ -420,7 +456,7 @@ def run_hedge_sync(h: _Hedge, run: Callable[[int, int], _AttemptResult]) -> None
     def launch(n: int, timeout: int) -> None:
         h.begin(n, timeout)
         ctx = contextvars.copy_context()
-        ev = cancels[n] = threading.Event()
+        ev = cancels[n] = _CancelEvent()
         ctx.run(_ATTEMPT_CANCEL.set, ev)
         th = threading.Thread(target=worker, args=(n, timeout, ctx), name=f"levee-hedge-{st.call}-{n}",
                               daemon=True)  # fmt: skip
