@@ -125,6 +125,20 @@ def test_with_call_and_future_return_the_winning_call(engine: levee.Engine, flak
         assert fut.result().attempt == 1
 
 
+def test_grpcios_own_intercept_channel(engine: levee.Engine, flaky: FlakyServer) -> None:
+    """Without levee.grpc.intercept_channel, grpcio runs `__call__`'s attempts to their end: the
+    retries are the same."""
+    channel = grpc.insecure_channel(flaky.target, options=lg.NO_RETRY_OPTIONS)
+    client = Client(grpc.intercept_channel(channel, lg.LeveeClientInterceptor(engine, "grpc", target=flaky.target)))
+    s = _script()
+    with channel:
+        reply, call = client.unary.with_call(Request(script=s, steps=[Step(code=UNAVAILABLE), Step()]))
+        with pytest.raises(grpc.RpcError) as err:
+            client.unary(Request(script=_script(), steps=[Step(code=INVALID_ARGUMENT)]))
+    assert reply.attempt == 2 and call.code() == grpc.StatusCode.OK
+    assert isinstance(err.value, grpc.Call) and err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_invalid_argument_is_not_retried(engine: levee.Engine, flaky: FlakyServer) -> None:
     client, ch = _sync(engine, flaky.target, "grpc")
     s = _script()

@@ -31,3 +31,12 @@ def test_the_virtual_time_example_runs_as_written(tmp_path: Path) -> None:
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 passed" in out.stdout, out.stdout
+
+
+def test_the_grpc_example_runs_as_written(tmp_path: Path) -> None:
+    """Issue 43: the README's gRPC example is a complete program."""
+    (tmp_path / "grpc_example.py").write_text(_block_after("### gRPC"))
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    out = subprocess.run([sys.executable, str(tmp_path / "grpc_example.py")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr

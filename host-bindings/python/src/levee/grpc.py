@@ -48,6 +48,8 @@ response stream: an iterable of messages).
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -68,7 +70,7 @@ from ._io import (
 from .engine import Engine, Policy
 from .errors import CallFailed, EngineClosed, LeveeError
 from .outcomes import Outcome, outcome_for_exception
-from .types import Reason
+from .types import PolicyInfo, Reason
 
 __all__ = [
     "NO_RETRY_OPTIONS",
@@ -118,6 +120,7 @@ else:
     _StreamUnaryMultiCallable = grpc.StreamUnaryMultiCallable
     _UnaryStreamCall = grpc.aio.UnaryStreamCall
 
+_monotonic_ns = time.monotonic_ns
 _OK = Outcome.grpc(0)
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
 _CANCELLED = grpc.StatusCode.CANCELLED.value[0]
@@ -275,6 +278,59 @@ class _Details(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
+class _Started:
+    """A call `start` answered: the verdict `v`, and what its `_Call` needs."""
+
+    __slots__ = ("call", "caller_end", "gen", "key", "now", "pol", "span", "v")
+
+    def __init__(self, pol: Policy, key: str, span: Any, call: int, gen: int, v: int, now: int,
+                 caller_end: int | None) -> None:  # fmt: skip
+        self.pol = pol
+        self.key = key
+        self.span = span
+        self.call = call
+        self.gen = gen
+        self.v = v
+        self.now = now
+        self.caller_end = caller_end
+
+    def state(self, request: Any) -> _Call:
+        return self.pol._state(self.call, self.gen, self.now, self.key, (request,), {}, self.span)
+
+    def hot(self) -> int:
+        """The timeout (ns) of attempt 1 when it may run on the hot path (a plain first attempt
+        within the contract, on the system clock, no trace, no spans): its success is then held
+        back and reported by the next crossing, as `Policy.call` does. -1 otherwise."""
+        v = self.v
+        eng = self.pol.engine
+        if v & 0xFF1F != 0x100 or not eng._hot:
+            return -1
+        timeout = v >> 16
+        tmax = self.pol._slot.tmax
+        if tmax and not 0 < timeout <= tmax:
+            return -1
+        return timeout
+
+    def hold(self, start: int, end: int, timeout: int) -> bool:
+        """Hold back attempt 1's success (one crossing for the call), when the contract allows:
+        not late, and no classifier or predicate of the handle or policy must see it."""
+        pol = self.pol
+        slot = pol._slot
+        if (timeout and end - start >= timeout) or not pol._holdable or slot.retry_if is not None:
+            return False
+        if self.caller_end is not None and end >= self.caller_end:
+            return False
+        eng = pol.engine
+        eng._pending.append((self.call, end, end - start, self.gen))
+        if eng._parked:  # calls wait in a bulkhead queue: settle, so the slot is granted now
+            eng._settle_parked()
+        if eng._sink is not None:
+            eng._count_success(slot, end - start)
+        if end >= eng._snapshot_due:
+            eng._snapshot_tick(end)
+        return True
+
+
 class _Base:
     def __init__(self, engine: Engine, policy: PolicyChoice, target: str | None, key: KeyFunction | None) -> None:
         if target is None and key is None:
@@ -295,6 +351,7 @@ class _Base:
         self._policies: dict[str, Policy] = {}
         self._target_key = grpc_key(target) if target is not None else ""
         self._key = key
+        self._hedging: dict[str, tuple[PolicyInfo, bool]] = {}
 
     def _policy_for(self, method: str) -> Policy:
         if self._fixed is not None:
@@ -308,7 +365,8 @@ class _Base:
                 self._policies[method] = p
         return p
 
-    def _begin(self, details: Any, request: Any, replayable: bool) -> tuple[_Call, int, int | None]:
+    def _start(self, details: Any, replayable: bool) -> _Started:
+        """`start` the call of an RPC (its `_Call` is made only when the protocol runs)."""
         method: Any = details.method
         if isinstance(method, bytes):
             method = method.decode("utf-8", "replace")
@@ -316,12 +374,25 @@ class _Base:
         eng = pol.engine
         key = str(self._key(details)) if self._key is not None else self._target_key
         flags = pol._flags | (0 if replayable else START_NON_IDEMPOTENT)
-        span = eng._open_span(pol._slot, key)
+        span = eng._open_span(pol._slot, key) if eng._spans is not None else None
         call, gen, v, now = eng._start(pol._slot, key, flags, span)
-        st = pol._state(call, gen, now, key, (request,), {}, span)
         timeout = details.timeout
         caller_end = now + int(timeout * 1e9) if timeout is not None else None
-        return st, v, caller_end
+        return _Started(pol, key, span, call, gen, v, now, caller_end)
+
+    def _begin(self, details: Any, request: Any, replayable: bool) -> tuple[_Call, int, int | None]:
+        s = self._start(details, replayable)
+        return s.state(request), s.v, s.caller_end
+
+    def _hedges(self, method: str) -> bool:
+        """Whether the policy of `method` hedges (read from its document, again after a reload)."""
+        pol = self._policy_for(method)
+        info = pol._slot.info
+        seen = self._hedging.get(pol.name)
+        if seen is None or seen[0] is not info:
+            hedges = json.loads(pol.engine.policy_json(pol.name)).get("hedge") is not None
+            seen = self._hedging[pol.name] = (info, hedges)
+        return seen[1]
 
     @staticmethod
     def _past(st: _Call, caller_end: int | None, delay: int) -> bool:
@@ -571,14 +642,37 @@ class LeveeClientInterceptor(
 
     def _unary(self, continuation: Callable[[grpc.ClientCallDetails, Any], Any], details: grpc.ClientCallDetails,
                request: Any, requests: Callable[[], Any], replayable: bool) -> Any:  # fmt: skip
-        st, v, caller_end = self._begin(details, request, replayable)
-        proto = _protocol(st, v)
+        started = self._start(details, replayable)
+        caller_end = started.caller_end
+        first: _AttemptResult | None = None
+        timeout = started.hot()
+        if timeout >= 0:
+            start = _monotonic_ns()
+            d = _Details(details, _seconds(timeout, caller_end, start), details.metadata)
+            try:
+                call = continuation(d, requests())
+                exc = call.exception()
+            except Exception as e:
+                call, exc = None, e
+            except BaseException:
+                started.state(request).cancel()
+                raise
+            end = _monotonic_ns()
+            if exc is None and started.hold(start, end, timeout):
+                return call
+            first = _AttemptResult(_outcome(exc), call, exc, start, end)
+        st = started.state(request)
+        if first is not None:
+            self._ended(st, caller_end, first.end)
+        proto = _protocol(st, started.v)
 
         def attempt(n: int, timeout: int) -> _AttemptResult:
             return self._attempt(st, continuation, details, requests, n, timeout, caller_end)
 
         try:
             action = next(proto)
+            if first is not None:
+                action = proto.send(first)
             while True:
                 op = action[0]
                 if op == ATTEMPT:
@@ -739,42 +833,47 @@ def _iterable_fallback(ok: bool, value: Any) -> tuple[bool, Any]:
 # ---------------------------------------------------------------------------- intercept_channel
 
 
-class _UnaryUnary(_UnaryUnaryMultiCallable):
-    """`__call__` and `with_call` through `future()`: each attempt's continuation is then a
-    cancellable future (grpcio's `__call__` runs it to its end)."""
+class _Cancellable:
+    """A unary multicallable of `intercept_channel`: a call whose policy hedges goes through
+    `future()`, so that each attempt's continuation is a cancellable future (grpcio's `__call__`
+    and `with_call` run it to its end); any other call takes grpcio's cheaper blocking path."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, method: str, levee: list[LeveeClientInterceptor]) -> None:
         self._inner = inner
+        self._method = method
+        self._levee = levee
 
-    def __call__(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._inner.future(request, *args, **kwargs).result()
+    def _hedged(self) -> bool:
+        return any(i._hedges(self._method) for i in self._levee)
 
-    def with_call(self, request: Any, *args: Any, **kwargs: Any) -> tuple[Any, grpc.Call]:
-        call = self._inner.future(request, *args, **kwargs)
-        return call.result(), call
+    def __call__(self, request: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if self._hedged():
+            return self._inner.future(request, *args, **kwargs).result()
+        return self._inner(request, *args, **kwargs)
 
-    def future(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+    def with_call(self, request: Any, /, *args: Any, **kwargs: Any) -> tuple[Any, grpc.Call]:
+        if self._hedged():
+            call = self._inner.future(request, *args, **kwargs)
+            return call.result(), call
+        result: tuple[Any, grpc.Call] = self._inner.with_call(request, *args, **kwargs)
+        return result
+
+    def future(self, request: Any, /, *args: Any, **kwargs: Any) -> Any:
         return self._inner.future(request, *args, **kwargs)
 
 
-class _StreamUnary(_StreamUnaryMultiCallable):
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+class _UnaryUnary(_Cancellable, _UnaryUnaryMultiCallable):  # type: ignore[misc]  # grpcio's signatures, *args
+    pass
 
-    def __call__(self, request_iterator: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._inner.future(request_iterator, *args, **kwargs).result()
 
-    def with_call(self, request_iterator: Any, *args: Any, **kwargs: Any) -> tuple[Any, grpc.Call]:
-        call = self._inner.future(request_iterator, *args, **kwargs)
-        return call.result(), call
-
-    def future(self, request_iterator: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._inner.future(request_iterator, *args, **kwargs)
+class _StreamUnary(_Cancellable, _StreamUnaryMultiCallable):  # type: ignore[misc]
+    pass
 
 
 class _Channel(grpc.Channel):
-    def __init__(self, inner: grpc.Channel) -> None:
+    def __init__(self, inner: grpc.Channel, levee: list[LeveeClientInterceptor]) -> None:
         self._inner = inner
+        self._levee = levee
 
     def subscribe(self, callback: Callable[[grpc.ChannelConnectivity], None], try_to_connect: bool = False) -> None:
         self._inner.subscribe(callback, try_to_connect)
@@ -783,13 +882,13 @@ class _Channel(grpc.Channel):
         self._inner.unsubscribe(callback)
 
     def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _UnaryUnary(self._inner.unary_unary(method, *args, **kwargs))
+        return _UnaryUnary(self._inner.unary_unary(method, *args, **kwargs), method, self._levee)
 
     def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._inner.unary_stream(method, *args, **kwargs)
 
     def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _StreamUnary(self._inner.stream_unary(method, *args, **kwargs))
+        return _StreamUnary(self._inner.stream_unary(method, *args, **kwargs), method, self._levee)
 
     def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._inner.stream_stream(method, *args, **kwargs)
@@ -805,10 +904,12 @@ class _Channel(grpc.Channel):
 
 
 def intercept_channel(channel: grpc.Channel, *interceptors: Any) -> grpc.Channel:
-    """`grpc.intercept_channel(channel, *interceptors)`, whose unary calls run through
-    `future()`, so that every attempt a `LeveeClientInterceptor` starts can be cancelled (a
-    hedged call's losers: the server sees the cancellation). The calls behave as grpcio's."""
-    return _Channel(grpc.intercept_channel(channel, *interceptors))
+    """`grpc.intercept_channel(channel, *interceptors)`, whose unary calls under a hedging
+    policy run through `future()`, so that every attempt a `LeveeClientInterceptor` starts can
+    be cancelled (a hedged call's losers: the server sees the cancellation). The calls behave
+    as grpcio's."""
+    levee = [i for i in interceptors if isinstance(i, LeveeClientInterceptor)]
+    return _Channel(grpc.intercept_channel(channel, *interceptors), levee)
 
 
 # ---------------------------------------------------------------------------- grpc.aio
@@ -909,14 +1010,42 @@ class _AsyncCore(_Base):
 
     async def _unary(self, continuation: Callable[..., Any], details: grpc.aio.ClientCallDetails, request: Any,
                      requests: Callable[[], Any], replayable: bool) -> Any:  # fmt: skip
-        st, v, caller_end = self._begin(details, request, replayable)
-        proto = _protocol(st, v)
+        started = self._start(details, replayable)
+        caller_end = started.caller_end
+        first: _AttemptResult | None = None
+        timeout = started.hot()
+        if timeout >= 0:
+            start = _monotonic_ns()
+            d = _aio_details(details, _seconds(timeout, caller_end, start), 1)
+            try:
+                call = await continuation(d, requests())
+                exc: BaseException | None = None
+                try:
+                    await call
+                except asyncio.CancelledError:
+                    call.cancel()
+                    raise
+                except Exception as e:
+                    exc = e
+            except BaseException:
+                started.state(request).cancel()
+                raise
+            end = _monotonic_ns()
+            if exc is None and started.hold(start, end, timeout):
+                return call
+            first = _AttemptResult(_outcome(exc), call, exc, start, end)
+        st = started.state(request)
+        if first is not None:
+            self._ended(st, caller_end, first.end)
+        proto = _protocol(st, started.v)
 
         async def attempt(n: int, timeout: int) -> _AttemptResult:
             return await self._attempt(st, continuation, details, requests, n, timeout, caller_end)
 
         try:
             action = next(proto)
+            if first is not None:
+                action = proto.send(first)
             while True:
                 op = action[0]
                 if op == ATTEMPT:
