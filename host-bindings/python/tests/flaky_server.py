@@ -174,6 +174,10 @@ class Client:
         self.server_stream = channel.unary_stream(path + "ServerStream", Request.SerializeToString, Reply.FromString)
         self.client_stream = channel.stream_unary(path + "ClientStream", Request.SerializeToString, Reply.FromString)
         self.stats = channel.unary_unary(path + "Stats", StatsRequest.SerializeToString, StatsReply.FromString)
+        self.bidi = channel.stream_stream(path + "ServerStream", Request.SerializeToString, Reply.FromString)
+        # the proto has no bidi method: ServerStream called as a bidi stream that sends one request
+        # (the wire does not tell the two apart), for the stream-stream interceptor
+        self.bidi = channel.stream_stream(path + "ServerStream", Request.SerializeToString, Reply.FromString)
 
 
 class AioClient:
@@ -185,3 +189,4 @@ class AioClient:
         self.server_stream = channel.unary_stream(path + "ServerStream", Request.SerializeToString, Reply.FromString)
         self.client_stream = channel.stream_unary(path + "ClientStream", Request.SerializeToString, Reply.FromString)
         self.stats = channel.unary_unary(path + "Stats", StatsRequest.SerializeToString, StatsReply.FromString)
+        self.bidi = channel.stream_stream(path + "ServerStream", Request.SerializeToString, Reply.FromString)

@@ -315,6 +315,25 @@ def test_an_unbuffered_client_stream_is_sent_once(engine: levee.Engine, flaky: F
     assert flaky.script(s).started == 1
 
 
+def test_a_bidi_stream_is_retried_before_its_first_message_when_buffered(
+    engine: levee.Engine, flaky: FlakyServer
+) -> None:
+    client, ch = _sync(engine, flaky.target, "grpc")
+    s, t = _script(), _script()
+    steps = [Step(code=UNAVAILABLE), Step(messages=2)]
+
+    def once() -> Iterator[Request]:
+        yield Request(script=t, steps=steps)
+
+    with ch:
+        replies = list(client.bidi(lg.buffered([Request(script=s, steps=steps)])))
+        with pytest.raises(grpc.RpcError) as err:
+            list(client.bidi(once()))
+    assert [r.attempt for r in replies] == [2, 2]
+    assert isinstance(err.value, grpc.Call) and err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert flaky.script(t).started == 1  # an unbuffered request stream is sent once
+
+
 def test_policy_and_key_functions(engine: levee.Engine, flaky: FlakyServer) -> None:
     seen: list[str] = []
 
@@ -495,3 +514,17 @@ async def test_aio_client_streams(engine: levee.Engine, flaky: FlakyServer) -> N
             await client.client_stream(requests())
     assert reply.attempt == 2 and reply.received == 2
     assert flaky.script(t).started == 1  # an unbuffered request stream is sent once
+
+
+async def test_aio_bidi_stream(engine: levee.Engine, flaky: FlakyServer) -> None:
+    client, ch = _aio(engine, flaky.target, "grpc")
+    s, t = _script(), _script()
+    async with ch:
+        steps = [Step(code=UNAVAILABLE), Step(messages=2)]
+        replies = [r async for r in client.bidi(lg.buffered([Request(script=s, steps=steps)]))]
+        got: list[Reply] = []
+        with pytest.raises(grpc.aio.AioRpcError):
+            async for r in client.bidi(lg.buffered([Request(script=t, steps=[Step(messages=1, code=UNAVAILABLE)])])):
+                got.append(r)
+    assert [r.attempt for r in replies] == [2, 2]
+    assert [r.attempt for r in got] == [1] and flaky.script(t).started == 1

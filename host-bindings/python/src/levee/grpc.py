@@ -114,11 +114,13 @@ if TYPE_CHECKING:
     _UnaryUnaryMultiCallable = grpc.UnaryUnaryMultiCallable[Any, Any]
     _StreamUnaryMultiCallable = grpc.StreamUnaryMultiCallable[Any, Any]
     _UnaryStreamCall = grpc.aio.UnaryStreamCall[Any, Any]
+    _StreamStreamCall = grpc.aio.StreamStreamCall[Any, Any]
 else:
     _Future = grpc.Future
     _UnaryUnaryMultiCallable = grpc.UnaryUnaryMultiCallable
     _StreamUnaryMultiCallable = grpc.StreamUnaryMultiCallable
     _UnaryStreamCall = grpc.aio.UnaryStreamCall
+    _StreamStreamCall = grpc.aio.StreamStreamCall
 
 _monotonic_ns = time.monotonic_ns
 _OK = Outcome.grpc(0)
@@ -999,6 +1001,23 @@ class _AioStream(_UnaryStreamCall):
             await call.wait_for_connection()
 
 
+class _AioBidi(_AioStream, _StreamStreamCall):
+    """`_AioStream` for a bidi call (grpc.aio wraps anything else in an iterator without a call).
+    grpc.aio's own call object takes the caller's `write()`s and hands them to the interceptor
+    as the request iterator; these forward to the attempt in flight."""
+
+    async def write(self, request: Any) -> None:
+        call = self._call
+        if call is None:
+            raise grpc.aio.UsageError("the call has not started yet")
+        await call.write(request)
+
+    async def done_writing(self) -> None:
+        call = self._call
+        if call is not None:
+            await call.done_writing()
+
+
 class _AsyncCore(_Base):
     """What the four `grpc.aio` interceptors share (grpc.aio takes one class per kind)."""
 
@@ -1260,8 +1279,9 @@ class AsyncLeveeStreamStreamInterceptor(_AsyncCore, grpc.aio.StreamStreamClientI
     async def intercept_stream_stream(self, continuation: Callable[..., Any], client_call_details: Any,
                                       request_iterator: Any) -> Any:  # fmt: skip
         requests, replayable = _requests(request_iterator)
-        stream = _AioStream()
-        return self._stream(stream, continuation, client_call_details, request_iterator, requests, replayable)
+        stream = _AioBidi()
+        stream._gen = self._stream(stream, continuation, client_call_details, request_iterator, requests, replayable)
+        return stream
 
 
 def aio_interceptors(engine: Engine, policy: PolicyChoice, *, target: str | None = None,
