@@ -227,8 +227,10 @@ def _seconds(timeout_ns: int, caller_end: int | None, now: int) -> float | None:
 
 
 def _failure_status(failed: LeveeError) -> grpc.StatusCode:
+    """The status of a call that ends with no RpcError to give back: a rejection's, UNAVAILABLE
+    for a closed engine, else UNKNOWN (the attempts failed locally, say in a serializer)."""
     if isinstance(failed, CallFailed):
-        return REJECTION_STATUS.get(failed.reason, grpc.StatusCode.UNAVAILABLE)
+        return REJECTION_STATUS.get(failed.reason, grpc.StatusCode.UNKNOWN)
     return grpc.StatusCode.UNAVAILABLE
 
 
