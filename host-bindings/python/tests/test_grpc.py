@@ -276,6 +276,14 @@ def test_a_server_stream_is_not_retried_after_its_first_message(engine: levee.En
     assert flaky.script(s).started == 1  # committed to the first attempt (A6)
 
 
+def test_a_server_stream_fallback_gives_the_messages(engine: levee.Engine, flaky: FlakyServer) -> None:
+    engine.register_fallback("cached", lambda ctx: [Reply(attempt=98), Reply(attempt=99)])
+    client, ch = _sync(engine, flaky.target, "fallback")
+    with ch:
+        replies = list(client.server_stream(Request(script=_script(), steps=[Step(code=UNAVAILABLE)])))
+    assert [r.attempt for r in replies] == [98, 99]
+
+
 def test_a_server_stream_cancelled_by_the_caller(engine: levee.Engine, flaky: FlakyServer) -> None:
     client, ch = _sync(engine, flaky.target, "grpc")
     s = _script()

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import grpc.aio
 
-from ._constants import START_NON_IDEMPOTENT
+from ._constants import HTTP_PUSHBACK_TRAILER, START_NON_IDEMPOTENT
 from ._driver import _SLEEP, ATTEMPT, HEDGE, _AttemptResult, _Call, _protocol, hedge_serial
 from ._io import (
     _run_fallback_async,
@@ -97,7 +97,7 @@ NO_RETRY_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.enable_retries", 0),)
 #: The request metadata of attempts after the first (gRPC A6): the attempts already sent.
 PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"
 #: The trailer whose raw value goes to the core with the status (docs/policy.md).
-PUSHBACK = "grpc-retry-pushback-ms"
+PUSHBACK = HTTP_PUSHBACK_TRAILER
 #: The status a call gets when the core rejected it with no answer to give back.
 REJECTION_STATUS: dict[Reason, grpc.StatusCode] = {
     Reason.RATE_LIMITED: grpc.StatusCode.RESOURCE_EXHAUSTED,
