@@ -32,9 +32,9 @@ Streams (A6's commit rule): a call with a response stream is retried only until 
 response message arrives; from then on the attempt is committed, its messages go to the caller
 and its end, OK or not, is reported as final (a failure is never retried). A call with a request
 stream is retried only when its requests are buffered: pass `buffered([...])` (or a `list` or
-`tuple`) of messages; any other iterator is sent once, as a non-idempotent call (the core admits it and counts its
-outcome, but never resends it). A streaming call under a hedging policy runs its attempts one
-after another, never two streams at once.
+`tuple`) of messages; any other iterator is sent once, as a non-idempotent call (the core admits
+it and counts its outcome, but never resends it). A streaming call under a hedging policy runs
+its attempts one after another, never two streams at once.
 
 Hedged unary calls run their attempts concurrently and cancel the losers (the server sees the
 cancellation): under `grpc.aio` always; with sync grpcio when the channel is wrapped by this
