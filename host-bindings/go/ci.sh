@@ -26,6 +26,11 @@ go test -race -count=1 ./...
 # the gRPC interceptors, a nested module (grpc/): generated code current, vet, and the tests
 # against a real gRPC server on 127.0.0.1 (gofmt -l above covers it)
 (cd grpc && go mod download && bash gen.sh --check && go vet ./... && go test -race -count=1 ./...)
+# the README's gRPC example (example/main.go), and the gRPC benchmark compiles (run by hand:
+# cd grpc/bench && go run ., see docs/perf/go.md)
+example="$(cd grpc && go run ./example)"
+grep -qx 'status: SERVING' <<<"$example" || { echo "ci.sh: the gRPC example printed: $example" >&2; exit 1; }
+(cd grpc/bench && go mod download && go vet ./...)
 cd bench
 go mod download
 go vet ./...

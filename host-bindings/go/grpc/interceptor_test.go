@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -470,5 +472,29 @@ func TestFallbackAndPolicyPerMethod(t *testing.T) {
 	var none leveegrpc.Interceptor
 	if err := none.Unary(context.Background(), "/x/y", nil, nil, nil, nil); !errors.Is(err, leveegrpc.ErrNoPolicy) {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// The README's gRPC example is example/main.go (ci.sh runs it).
+func TestReadmeExample(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const marker = "<!-- grpc-example: grpc/example/main.go -->\n```go\n"
+	_, after, ok := strings.Cut(string(readme), marker)
+	if !ok {
+		t.Fatal("README.md: no gRPC example marker")
+	}
+	block, _, ok := strings.Cut(after, "```\n")
+	if !ok {
+		t.Fatal("README.md: the gRPC example block is not closed")
+	}
+	src, err := os.ReadFile("example/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if block != string(src) {
+		t.Fatal("README.md's gRPC example differs from example/main.go: copy the file into the block")
 	}
 }
