@@ -46,6 +46,14 @@ type Interceptor struct {
 	Key func(ctx context.Context, method string, cc *grpc.ClientConn, opts []grpc.CallOption) string
 	// OnRetry is called before the sleep of each retry (see levee.OnRetry).
 	OnRetry func(levee.RetryInfo)
+
+	last atomic.Pointer[authority] // the authority of the channel seen last
+}
+
+// authority is a channel's default key, kept: its target does not change.
+type authority struct {
+	cc  *grpc.ClientConn
+	key string
 }
 
 // UnaryClientInterceptor is (&Interceptor{Policy: p}).Unary.
@@ -81,18 +89,37 @@ func (i *Interceptor) policy(method string) *levee.Policy {
 	return i.Policy
 }
 
-// callOptions are the options of the Levee call of a gRPC call.
-func (i *Interceptor) callOptions(ctx context.Context, method string, cc *grpc.ClientConn, opts []grpc.CallOption) []levee.CallOption {
+// callOptions writes the options of the Levee call of a gRPC call into o and returns them.
+func (i *Interceptor) callOptions(o *[2]levee.CallOption, ctx context.Context, method string, cc *grpc.ClientConn, opts []grpc.CallOption) []levee.CallOption {
 	var key string
-	if i.Key != nil {
+	switch {
+	case i.Key != nil:
 		key = i.Key(ctx, method, cc, opts)
-	} else {
+	case hasAuthority(opts):
 		key = Authority(cc, opts...)
+	default:
+		if a := i.last.Load(); a != nil && a.cc == cc {
+			key = a.key
+		} else {
+			key = Authority(cc)
+			i.last.Store(&authority{cc: cc, key: key})
+		}
 	}
+	o[0] = levee.WithKey(key)
 	if i.OnRetry != nil {
-		return []levee.CallOption{levee.WithKey(key), levee.OnRetry(i.OnRetry)}
+		o[1] = levee.OnRetry(i.OnRetry)
+		return o[:2]
 	}
-	return []levee.CallOption{levee.WithKey(key)}
+	return o[:1]
+}
+
+func hasAuthority(opts []grpc.CallOption) bool {
+	for _, o := range opts {
+		if _, ok := o.(grpc.AuthorityOverrideCallOption); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // Authority is the :authority a call on cc sends when the channel sets none of its own: the
@@ -134,7 +161,7 @@ func (i *Interceptor) Unary(ctx context.Context, method string, req, reply any, 
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	u := &unaryCall{method: method, req: req, cc: cc, invoker: invoker, opts: opts, replies: replies{reply: reply}}
-	v, err := levee.DoValue(ctx, p, u.attempt, i.callOptions(ctx, method, cc, opts)...)
+	v, err := levee.DoValue(ctx, p, u.attempt, i.callOptions(&u.lopts, ctx, method, cc, opts)...)
 	u.replies.settle()
 	if err != nil {
 		return statusError(err)
@@ -149,6 +176,7 @@ type unaryCall struct {
 	cc      *grpc.ClientConn
 	invoker grpc.UnaryInvoker
 	opts    []grpc.CallOption
+	lopts   [2]levee.CallOption
 	sent    atomic.Int32 // attempts started
 	replies replies
 }

@@ -36,8 +36,8 @@ func (i *Interceptor) Stream(ctx context.Context, desc *grpc.StreamDesc, cc *grp
 		}
 		return streamer(ctx, desc, cc, method, opts...)
 	}
-	s := &streamCall{ctx: ctx, desc: desc, cc: cc, method: method, streamer: streamer, opts: opts, p: p,
-		lopts: i.callOptions(ctx, method, cc, opts)}
+	s := &streamCall{ctx: ctx, desc: desc, cc: cc, method: method, streamer: streamer, opts: opts, p: p}
+	s.lopts = i.callOptions(&s.lo, ctx, method, cc, opts)
 	if desc.ClientStreams {
 		a, err := s.run(ctx, nil)
 		if err != nil {
@@ -57,6 +57,7 @@ type streamCall struct {
 	streamer grpc.Streamer
 	opts     []grpc.CallOption
 	p        *levee.Policy
+	lo       [2]levee.CallOption
 	lopts    []levee.CallOption
 	// the requests of a server-streaming call, sent again on every attempt
 	sends  []any
