@@ -44,14 +44,14 @@ policies:
     breaker: { window: { kind: count, size: 2 }, minimum-calls: 2, failure-rate: 50, open-duration: 60s }
   hedged:
     attempt-timeout: 5s
-    hedge: { attempts: 2, delay: 30ms }
+    hedge: { attempts: 2, delay: 100ms }
   deadline:
     attempts: 2
     attempt-timeout: 200ms
     backoff: { kind: constant, base: 1ms, cap: 1ms, jitter: none }
   timeout:
     attempts: 2
-    attempt-timeout: 50ms
+    attempt-timeout: 500ms
     backoff: { kind: constant, base: 1ms, cap: 1ms, jitter: none }
   fallback:
     attempts: 1
@@ -431,12 +431,21 @@ func TestCallerCancellation(t *testing.T) {
 	c := dial(t, s, &leveegrpc.Interceptor{Policy: e.policy("retry")})
 	name := script(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	time.AfterFunc(30*time.Millisecond, cancel)
+	pc := plain(t, s)
+	go func() {
+		defer cancel() // once the server has the attempt (at most 2s from now)
+		for range 200 {
+			if st, err := pc.Stats(context.Background(), &pb.StatsRequest{Script: name}); err == nil && st.GetStarted() == 1 {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
 	_, err := c.Unary(ctx, &pb.Request{Script: name, Steps: []*pb.Step{{DelayMs: 5000}}})
 	if status.Code(err) != codes.Canceled || !errors.Is(err, levee.ErrCancelled) {
 		t.Fatalf("err %v: want CANCELED with ErrCancelled", err)
 	}
-	st := stats(t, plain(t, s), name, func(st *pb.StatsReply) bool { return st.GetCancelled() == 1 })
+	st := stats(t, pc, name, func(st *pb.StatsReply) bool { return st.GetCancelled() == 1 })
 	if st.GetStarted() != 1 {
 		t.Fatalf("server saw %v: a cancelled call is not retried", st)
 	}

@@ -7,7 +7,7 @@
 // (getrusage) over a round, divided by its calls; the contenders take turns, round after
 // round, in one run, and the table gives each one's median round.
 //
-//	go run .                       # 7 rounds of 20,000 calls each
+//	go run .                       # 21 rounds of 5,000 calls each
 //	go run . -rounds 3 -calls 2000 # the CI smoke run
 package main
 
@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -77,9 +78,11 @@ type contender struct {
 }
 
 func main() {
-	rounds := flag.Int("rounds", 7, "rounds (each contender once per round)")
-	calls := flag.Int("calls", 20000, "calls per contender per round")
+	rounds := flag.Int("rounds", 21, "rounds (each contender once per round)")
+	calls := flag.Int("calls", 5000, "calls per contender per round")
 	child := flag.Bool("serve", false, "run the server (internal)")
+	only := flag.String("only", "", "run only the contenders whose name has this prefix")
+	profile := flag.String("cpuprofile", "", "write a CPU profile of the rounds to this file")
 	flag.Parse()
 	if *child {
 		serve()
@@ -127,6 +130,12 @@ func main() {
 		{name: "failsafe-go (failsafegrpc)", client: dial(grpc.WithDisableRetry(), grpc.WithUnaryInterceptor(failsafegrpc.NewUnaryClientInterceptor[*pb.Reply](rp)))},
 		{name: "grpc built-in retry (service config)", client: dial(grpc.WithDefaultServiceConfig(serviceConfig))},
 	}
+	if *only != "" {
+		cs = slices.DeleteFunc(cs, func(c *contender) bool { return !strings.HasPrefix(c.name, *only) })
+		if len(cs) == 0 {
+			fail(fmt.Errorf("no contender named %q...", *only))
+		}
+	}
 	req := &pb.Request{Script: "bench", Payload: []byte("0123456789abcdef")}
 	run := func(c *contender, n int) {
 		for range n {
@@ -137,6 +146,16 @@ func main() {
 	}
 	for _, c := range cs {
 		run(c, max(*calls/10, 100)) // warm: connections, caches
+	}
+	if *profile != "" {
+		f, err := os.Create(*profile)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	var ms runtime.MemStats
 	for range *rounds {
