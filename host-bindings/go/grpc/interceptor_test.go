@@ -507,3 +507,54 @@ func TestReadmeExample(t *testing.T) {
 		t.Fatal("README.md's gRPC example differs from example/main.go: copy the file into the block")
 	}
 }
+
+func TestAuthority(t *testing.T) {
+	for target, want := range map[string]string{
+		"dns:///Example.com:8443": "Example.com:8443",
+		"example.com:443":         "example.com:443",
+		"127.0.0.1:50051":         "127.0.0.1:50051",
+		"passthrough:///[::1]:80": "[::1]:80",
+		":50051":                  "localhost:50051",
+	} {
+		cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := leveegrpc.Authority(cc); got != want {
+			t.Errorf("Authority(%q) = %q, want %q", target, got, want)
+		}
+		if got := leveegrpc.Authority(cc, grpc.CallAuthority("other:1")); got != "other:1" {
+			t.Errorf("Authority(%q, CallAuthority) = %q", target, got)
+		}
+		_ = cc.Close()
+	}
+}
+
+func TestKeyFunctionAndHeaderCommit(t *testing.T) {
+	e, s := newEnv(t), startServer(t)
+	i := &leveegrpc.Interceptor{Policy: e.policy("retry"),
+		Key: func(_ context.Context, method string, _ *grpc.ClientConn, _ []grpc.CallOption) string {
+			return "svc" + method
+		}}
+	c := dial(t, s, i)
+	name := script(t)
+	// Header before any message: the stream commits at its headers (attempt 2's, after attempt 1 failed)
+	st, err := c.ServerStream(context.Background(), &pb.Request{Script: name, Steps: []*pb.Step{step(codes.Unavailable), {Messages: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Header(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := st.Recv()
+	if err != nil || r.GetAttempt() != 2 {
+		t.Fatalf("reply %v, err %v: want attempt 2's message", r, err)
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("err %v, want io.EOF", err)
+	}
+	ev := e.rec.of(levee.EventRetryScheduled)
+	if len(ev) != 1 || ev[0].Key != "svc"+pb.Flaky_ServerStream_FullMethodName {
+		t.Fatalf("retries %v: want one, keyed by the Key function", ev)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
 )
 
 // Stream is the grpc.StreamClientInterceptor. A stream is one call under the policy, and an
@@ -149,7 +150,17 @@ func (s *streamCall) attempt(actx context.Context) (any, error) {
 			_ = cs.CloseSend()
 		}
 		if s.first == nil {
-			if _, err := cs.Header(); err != nil {
+			// grpc's Header returns no headers and no error for a stream that has ended (its
+			// status, an error or OK, is RecvMsg's, which reads no message from it)
+			md, err := cs.Header()
+			if err == nil && md == nil {
+				err = cs.RecvMsg(new(emptypb.Empty))
+			}
+			switch {
+			case err == nil:
+			case errors.Is(err, io.EOF):
+				a.eof = true
+			default:
 				return fail(err, cs.Trailer())
 			}
 		} else {

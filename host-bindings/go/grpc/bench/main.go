@@ -8,7 +8,7 @@
 // round, in one run, and the table gives each one's median round.
 //
 //	go run .                       # 21 rounds of 5,000 calls each
-//	go run . -rounds 3 -calls 2000 # the CI smoke run
+//	go run . -rounds 3 -calls 2000 # a quick look
 package main
 
 import (
