@@ -558,3 +558,31 @@ func TestKeyFunctionAndHeaderCommit(t *testing.T) {
 		t.Fatalf("retries %v: want one, keyed by the Key function", ev)
 	}
 }
+
+func TestHedgedServerStream(t *testing.T) {
+	e, s := newEnv(t), startServer(t)
+	c := dial(t, s, &leveegrpc.Interceptor{Policy: e.policy("hedged")})
+	name := script(t)
+	st, err := c.ServerStream(context.Background(), &pb.Request{Script: name, Steps: []*pb.Step{{DelayMs: 5000, Messages: 1}, {Messages: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint32
+	for {
+		r, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.GetAttempt())
+	}
+	if len(got) != 2 || got[0] != 2 || got[1] != 2 {
+		t.Fatalf("messages from attempts %v, want the hedge's two", got)
+	}
+	ss := stats(t, plain(t, s), name, func(st *pb.StatsReply) bool { return st.GetCancelled() == 1 })
+	if ss.GetStarted() != 2 || ss.GetFinished() != 1 {
+		t.Fatalf("server saw %v: want the first attempt cancelled", ss)
+	}
+}
