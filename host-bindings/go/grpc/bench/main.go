@@ -163,7 +163,7 @@ func main() {
 			runtime.GC()
 			runtime.ReadMemStats(&ms)
 			m0, t0 := ms.Mallocs, cpu()
-			run(c, *calls)
+			pprof.Do(ctx, pprof.Labels("contender", c.name), func(context.Context) { run(c, *calls) })
 			t1 := cpu()
 			runtime.ReadMemStats(&ms)
 			c.cpu = append(c.cpu, (t1-t0)/time.Duration(*calls))
