@@ -80,7 +80,9 @@ type contender struct {
 func main() {
 	rounds := flag.Int("rounds", 21, "rounds (each contender once per round)")
 	calls := flag.Int("calls", 5000, "calls per contender per round")
-	child := flag.Bool("serve", false, "run the server (internal)")
+	warm := flag.Int("warm", 500, "calls of each contender before the rounds")
+	child := flag.Bool("serve", false, "run the server, print its address, stop when stdin closes")
+	server := flag.String("addr", "", "the address of a server started with -serve (default: start one)")
 	only := flag.String("only", "", "run only the contenders whose name has this prefix")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of the rounds to this file")
 	flag.Parse()
@@ -88,21 +90,23 @@ func main() {
 		serve()
 		return
 	}
-	self, err := os.Executable()
-	if err != nil {
-		fail(err)
-	}
-	cmd := exec.Command(self, "-serve")
-	cmd.Stderr = os.Stderr
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		fail(err)
-	}
-	defer func() { _ = stdin.Close(); _ = cmd.Wait() }()
-	addr, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		fail(err)
+	addr := *server
+	if addr == "" {
+		self, err := os.Executable()
+		if err != nil {
+			fail(err)
+		}
+		cmd := exec.Command(self, "-serve")
+		cmd.Stderr = os.Stderr
+		stdin, _ := cmd.StdinPipe()
+		stdout, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			fail(err)
+		}
+		_ = stdin // the server stops when this process exits and its stdin closes
+		if addr, err = bufio.NewReader(stdout).ReadString('\n'); err != nil {
+			fail(err)
+		}
 	}
 	addr = strings.TrimSpace(addr)
 
@@ -145,7 +149,7 @@ func main() {
 		}
 	}
 	for _, c := range cs {
-		run(c, max(*calls/10, 100)) // warm: connections, caches
+		run(c, *warm) // warm: connections, caches
 	}
 	if *profile != "" {
 		f, err := os.Create(*profile)
