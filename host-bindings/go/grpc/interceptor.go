@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Interceptor runs the calls of a gRPC client under a policy. Its methods Unary and Stream
@@ -160,7 +161,7 @@ func (i *Interceptor) Unary(ctx context.Context, method string, req, reply any, 
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	u := &unaryCall{method: method, req: req, cc: cc, invoker: invoker, opts: opts, replies: replies{reply: reply}}
+	u := &unaryCall{method: method, req: req, cc: cc, invoker: invoker, opts: opts, replies: replies{reply: reply, maker: makerOf(reply)}}
 	v, err := levee.DoValue(ctx, p, u.attempt, i.callOptions(&u.lopts, ctx, method, cc, opts)...)
 	u.replies.settle()
 	if err != nil {
@@ -245,6 +246,7 @@ func attemptError(actx context.Context, err error, trailer metadata.MD) error {
 // an attempt is in flight); the call adopts the winner's once no attempt writes the caller's.
 type replies struct {
 	reply any
+	maker maker
 	mu    sync.Mutex
 	held  bool          // an attempt is writing reply
 	free  chan struct{} // closed when it is done (made by a waiter)
@@ -259,7 +261,7 @@ func (r *replies) take() (msg any, own bool, err error) {
 		return r.reply, true, nil
 	}
 	r.mu.Unlock()
-	m, err := newLike(r.reply)
+	m, err := r.maker.make()
 	return m, false, err
 }
 
@@ -309,16 +311,30 @@ func (e errNotCopyable) Error() string {
 	return "leveegrpc: a reply of type " + e.t.String() + " cannot be made anew for a concurrent attempt (not a pointer)"
 }
 
-// newLike is a new, empty message of reply's type.
-func newLike(reply any) (any, error) {
-	if m, ok := reply.(proto.Message); ok {
-		return m.ProtoReflect().New().Interface(), nil
+// maker makes new, empty messages of one type. It is taken from the caller's message on the
+// caller's goroutine, before any attempt runs: an attempt never reads the caller's message,
+// which another attempt (or, once the call is over, the caller) may be writing.
+type maker struct {
+	mt protoreflect.MessageType // a proto message's
+	t  reflect.Type             // another pointer type's
+}
+
+func makerOf(m any) maker {
+	if pm, ok := m.(proto.Message); ok && pm != nil {
+		return maker{mt: pm.ProtoReflect().Type()}
 	}
-	t := reflect.TypeOf(reply)
-	if t == nil || t.Kind() != reflect.Pointer {
-		return nil, levee.ClassError("ReplyNotCopyable", errNotCopyable{t})
+	return maker{t: reflect.TypeOf(m)}
+}
+
+// make is a new, empty message.
+func (k maker) make() (any, error) {
+	if k.mt != nil {
+		return k.mt.New().Interface(), nil
 	}
-	return reflect.New(t.Elem()).Interface(), nil
+	if k.t == nil || k.t.Kind() != reflect.Pointer {
+		return nil, levee.ClassError("ReplyNotCopyable", errNotCopyable{k.t})
+	}
+	return reflect.New(k.t.Elem()).Interface(), nil
 }
 
 func sameRef(a, b any) bool {

@@ -62,8 +62,9 @@ type streamCall struct {
 	lopts    []levee.CallOption
 	// the requests of a server-streaming call, sent again on every attempt
 	sends  []any
-	closed bool // CloseSend was called
-	first  any  // a message of the response type (nil: commit at the headers)
+	closed bool  // CloseSend was called
+	first  bool  // commit at the first message (false: at the headers)
+	maker  maker // of the response messages
 	sent   atomic.Int32
 	mu     sync.Mutex
 	over   bool             // the call has ended: a stream committed later is closed
@@ -90,7 +91,9 @@ func (c valuesOf) Value(k any) any { return c.values.Value(k) }
 // run runs the call; first is a message of the response type (nil: commit at the stream's
 // opening for a client stream, at its headers for a server stream).
 func (s *streamCall) run(ctx context.Context, first any) (*streamAttempt, error) {
-	s.first = first
+	if first != nil {
+		s.first, s.maker = true, makerOf(first)
+	}
 	v, err := levee.DoValue(ctx, s.p, s.attempt, s.lopts...)
 	s.mu.Lock()
 	s.over = true
@@ -149,7 +152,7 @@ func (s *streamCall) attempt(actx context.Context) (any, error) {
 		if s.closed {
 			_ = cs.CloseSend()
 		}
-		if s.first == nil {
+		if !s.first {
 			// grpc's Header returns no headers and no error for a stream that has ended (its
 			// status, an error or OK, is RecvMsg's, which reads no message from it)
 			md, err := cs.Header()
@@ -164,7 +167,7 @@ func (s *streamCall) attempt(actx context.Context) (any, error) {
 				return fail(err, cs.Trailer())
 			}
 		} else {
-			msg, err := newLike(s.first)
+			msg, err := s.maker.make()
 			if err != nil {
 				return fail(err, nil)
 			}
