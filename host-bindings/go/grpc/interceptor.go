@@ -188,12 +188,12 @@ func (u *unaryCall) attempt(ctx context.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if own {
+		defer u.replies.release() // also when the invoker panics (settle would wait forever)
+	}
 	var trailer metadata.MD
 	opts := append(u.opts[:len(u.opts):len(u.opts)], grpc.Trailer(&trailer))
 	err = u.invoker(attemptContext(ctx, n), u.method, u.req, msg, u.cc, opts...)
-	if own {
-		u.replies.release()
-	}
 	if err != nil {
 		return nil, attemptError(ctx, err, trailer)
 	}
