@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI of the Go host: checks that the committed core module is a fresh build's, then gofmt,
-# go vet, go test -race (unit, conformance, end-to-end) and a short benchmark run.
+# go vet, go test -race (unit, conformance, end-to-end; the gRPC module's too) and a short
+# benchmark run.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/../.." && pwd))"
@@ -22,6 +23,14 @@ fi
 go vet ./...
 go vet -tags levee_noembed ./...
 go test -race -count=1 ./...
+# the gRPC interceptors, a nested module (grpc/): generated code current, vet, and the tests
+# against a real gRPC server on 127.0.0.1 (gofmt -l above covers it)
+(cd grpc && go mod download && bash gen.sh --check && go vet ./... && go test -race -count=1 ./...)
+# the README's gRPC example (example/main.go), and the gRPC benchmark compiles (run by hand:
+# cd grpc/bench && go run ., see docs/perf/go.md)
+example="$(cd grpc && go run ./example)"
+grep -qx 'status: SERVING' <<<"$example" || { echo "ci.sh: the gRPC example printed: $example" >&2; exit 1; }
+(cd grpc/bench && go mod download && go vet ./...)
 cd bench
 go mod download
 go vet ./...

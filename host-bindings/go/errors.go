@@ -155,6 +155,10 @@ func HTTPStatusError(code int, retryAfter string) error {
 	return &outcomeError{o: Outcome{Kind: OutcomeHTTPStatus, Code: int32(code), Text: retryAfter}}
 }
 
+// TrailerPushback is the gRPC trailing-metadata key whose raw value GRPCStatusError takes
+// (grpc-retry-pushback-ms; the core parses it).
+const TrailerPushback = cHttpPushbackTrailer
+
 // GRPCStatusError is an error for a gRPC status, with the raw grpc-retry-pushback-ms ("" if absent).
 func GRPCStatusError(code int, pushback string) error {
 	return &outcomeError{o: Outcome{Kind: OutcomeGRPCStatus, Code: int32(code), Text: pushback}}
