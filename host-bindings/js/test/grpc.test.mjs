@@ -3,6 +3,11 @@
 // counts and order, and on lower bounds that hold however slow the machine is.
 
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { after, before, test } from 'node:test';
 import grpc from '@grpc/grpc-js';
 import { GrpcStatusError, LeveeError, load } from '../dist/index.js';
@@ -327,4 +332,23 @@ test('the key: the target authority, a call host, or a function of the call', as
   await unary(c, { script: script('key') });
   assert.deepEqual(keys, ['/levee.flaky.v1.Flaky/Unary']);
   assert.equal(levee.breakerState('breaker', 'fixed'), 'closed');
+});
+
+test("the README's gRPC example runs as written", async () => {
+  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
+  const marker = readme.indexOf('<!-- readme-test: grpc-example.mjs -->');
+  assert.ok(marker >= 0, 'the marker of the example');
+  const block = /```js\n([\s\S]*?)```/.exec(readme.slice(marker));
+  assert.ok(block !== null, 'the fenced block after the marker');
+  // Inside the package, so that `levee-resilience` resolves to this package (self-reference).
+  const dir = mkdtempSync(fileURLToPath(new URL('../.readme-', import.meta.url)));
+  try {
+    const file = join(dir, 'grpc-example.mjs');
+    writeFileSync(file, block[1]);
+    const proto = fileURLToPath(new URL('../../../grpc/flaky.proto', import.meta.url));
+    const { stdout } = await promisify(execFile)(process.execPath, [file, server.address, proto]);
+    assert.equal(stdout.trim(), 'answered by attempt 3 (previous attempts: 2)');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
