@@ -73,6 +73,12 @@ policies:
       'grpc.enable_retries': 0,
       interceptors: [leveeInterceptor(levee, 'retry', { target: address })],
     }),
+    // grpc-js's interceptor machinery alone: an interceptor that passes every call through.
+    'pass-through interceptor': new Flaky(address, insecure, {
+      ...own,
+      'grpc.enable_retries': 0,
+      interceptors: [(options, nextCall) => new grpc.InterceptingCall(nextCall(options))],
+    }),
     'levee+breaker': new Flaky(address, insecure, {
       ...own,
       'grpc.enable_retries': 0,
@@ -107,8 +113,13 @@ policies:
   // Warm up each case (connection, JIT).
   for (const c of Object.values(clients)) await round(c, Math.min(CALLS, 1000));
   const results = Object.fromEntries(Object.keys(clients).map((k) => [k, []]));
+  // Each round starts with the next case, so no case always runs first or after the same one.
+  const names = Object.keys(clients);
   for (let r = 0; r < ROUNDS; r++) {
-    for (const [name, c] of Object.entries(clients)) results[name].push(await round(c, CALLS));
+    for (let i = 0; i < names.length; i++) {
+      const name = names[(r + i) % names.length];
+      results[name].push(await round(clients[name], CALLS));
+    }
   }
   const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
   const rows = Object.entries(results).map(([name, rs]) => ({

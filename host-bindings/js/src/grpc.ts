@@ -410,9 +410,16 @@ class LeveeCall implements CallInterface {
         },
       });
       // One message at a time: grpc-js's call takes the next write once the last one is done.
+      // The last one is followed by the half-close at once, as grpc-js's own unary call does (one
+      // write with the end of the stream).
       const sent = this.#sent;
       const send = (i: number): void => {
-        if (i === sent.length) return call.halfClose();
+        if (i >= sent.length - 1) {
+          const last = sent[i];
+          if (last !== undefined) call.sendMessageWithContext(last[0], last[1]);
+          call.halfClose();
+          return;
+        }
         const [context, message] = sent[i]!;
         call.sendMessageWithContext({ ...context, callback: () => send(i + 1) }, message);
       };
