@@ -140,6 +140,65 @@ policies:
       );
     }
   }
+
+  // The interceptors' own CPU, without grpc-js's channel or the network: a call below the
+  // interceptor that answers OK on the next microtask (what is left is the interceptor's work).
+  const def = { path: '/levee.flaky.v1.Flaky/Unary', requestStream: false, responseStream: false };
+  const below = () => {
+    let listener;
+    return {
+      start: (_md, l) => (listener = l),
+      sendMessageWithContext: () => undefined,
+      sendMessage: () => undefined,
+      startRead: () => undefined,
+      halfClose: () =>
+        queueMicrotask(() => {
+          listener.onReceiveMetadata(new grpc.Metadata());
+          listener.onReceiveMessage({});
+          listener.onReceiveStatus({ code: 0, details: '', metadata: new grpc.Metadata() });
+        }),
+      cancelWithStatus: () => undefined,
+      getPeer: () => 'stub',
+      getAuthContext: () => null,
+    };
+  };
+  const bare = {
+    'pass-through interceptor': (options, nextCall) => new grpc.InterceptingCall(nextCall(options)),
+    levee: leveeInterceptor(levee, 'retry', { target: address }),
+    'levee+breaker': leveeInterceptor(levee, 'breaker', { target: address }),
+  };
+  const once = (interceptor) =>
+    new Promise((resolve) => {
+      const call = interceptor({ method_definition: def }, below);
+      call.start(new grpc.Metadata(), { onReceiveStatus: resolve });
+      call.sendMessage(request);
+      call.halfClose();
+    });
+  const bareResults = Object.fromEntries(Object.keys(bare).map((k) => [k, []]));
+  const bareNames = Object.keys(bare);
+  const BARE_CALLS = CALLS * 5;
+  for (const i of Object.values(bare)) for (let j = 0; j < BARE_CALLS; j++) await once(i);
+  for (let r = 0; r < ROUNDS; r++) {
+    for (let k = 0; k < bareNames.length; k++) {
+      const name = bareNames[(r + k) % bareNames.length];
+      const cpu0 = process.cpuUsage();
+      for (let j = 0; j < BARE_CALLS; j++) await once(bare[name]);
+      const cpu = process.cpuUsage(cpu0);
+      bareResults[name].push((cpu.user + cpu.system) / BARE_CALLS);
+    }
+  }
+  const bareRows = Object.entries(bareResults).map(([name, rs]) => ({ name, cpuUs: median(rs) }));
+  if (args.includes('--json')) {
+    console.log(JSON.stringify({ interceptorOnly: bareRows }));
+  } else {
+    console.log(
+      `\nthe interceptor alone (no channel, no network), ${BARE_CALLS} calls x ${ROUNDS} rounds, median round`,
+    );
+    console.log('| interceptor | CPU per call |');
+    console.log('|---|---:|');
+    for (const r of bareRows) console.log(`| ${r.name} | ${r.cpuUs.toFixed(1)} us |`);
+  }
+
   for (const c of Object.values(clients)) c.close();
   levee.close();
   child.send('stop');
