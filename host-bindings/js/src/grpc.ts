@@ -165,8 +165,14 @@ const hedged = new WeakMap<PolicyEntry, boolean>();
 function hedges(levee: Levee, entry: PolicyEntry): boolean {
   let h = hedged.get(entry);
   if (h === undefined) {
-    const json = JSON.parse(levee.policyJson(entry.name)) as { hedge?: unknown };
-    h = json.hedge !== undefined && json.hedge !== null;
+    let json: { hedge?: unknown } | null;
+    try {
+      json = JSON.parse(levee.policyJson(entry.name)) as { hedge?: unknown } | null;
+    } catch {
+      // No answer from the engine (it is being recovered): asked again on the next call.
+      return false;
+    }
+    h = json !== null && typeof json === 'object' && json.hedge !== undefined && json.hedge !== null;
     hedged.set(entry, h);
   }
   return h;
