@@ -30,6 +30,9 @@ import type { WorkerLoadOptions } from '../../dist/worker.js';
 import type { FleetOptions, FleetRunOptions } from '../../dist/fleet.js';
 import { DurableExecutor } from '../../dist/durable.js';
 import type { DurableExecutorOptions, Store } from '../../dist/durable.js';
+import { leveeInterceptor } from '../../dist/grpc.js';
+import type { GrpcCallInfo, LeveeGrpcOptions } from '../../dist/grpc.js';
+import type { Interceptor } from '@grpc/grpc-js';
 
 declare function maybe<T>(): T | undefined;
 
@@ -97,6 +100,13 @@ const fleetOptions: FleetOptions = {
 };
 const fleetRun: FleetRunOptions<number> = { key, signal, cost: maybe<number>() };
 
+const grpcOptions: LeveeGrpcOptions = {
+  target: maybe<string>(),
+  key: maybe<(call: GrpcCallInfo) => string>(),
+  onRetry: maybe<RetryHook>(),
+  clientStreams: maybe<'buffer' | 'pass'>(),
+};
+
 const durableOptions: DurableExecutorOptions = {
   owner: maybe<string>(),
   concurrency: maybe<number>(),
@@ -127,5 +137,9 @@ export async function use(store: Store): Promise<void> {
   const executor = new DurableExecutor(levee, store, durableOptions);
   executor.register('h', async () => 'done', { policy: maybe<string>(), idempotent: maybe<boolean>() });
   await executor.run({ signal, untilIdle: maybe<boolean>() });
-  void [clock, workerOptions, fleetOptions, fleetRun];
+  const interceptors: Interceptor[] = [
+    leveeInterceptor(levee, 'p', grpcOptions),
+    leveeInterceptor(levee, (call) => (call.method.endsWith('/Stats') ? 'q' : 'p'), { target: key }),
+  ];
+  void [clock, workerOptions, fleetOptions, fleetRun, interceptors];
 }
