@@ -72,6 +72,9 @@ def flat(c: dict[str, Any]) -> list[tuple[str, Any]]:
             items.append((f"HTTP_{k}", v))
     for k, v in c["guards"].items():
         items.append((f"GUARD_{k}", v))
+    for k, v in c["grpc"].items():
+        if k != "about" and isinstance(v, (str, int)):
+            items.append((f"GRPC_{k}", v))
     for k, v in c["cache"].items():
         if isinstance(v, int):
             items.append((f"CACHE_{k}", v))
@@ -121,6 +124,8 @@ def python(c: dict[str, Any], enums: dict[str, list[str]]) -> str:
     lines.append("METHODS: Final[dict[str, int]] = {" + ", ".join(f"{lit(k)}: {v}" for k, v in c["methods"]["codes"].items()) + "}")
     lines.append("#: Default port of each URL scheme (the HTTP key is host:port).")
     lines.append("DEFAULT_PORTS: Final[dict[str, int]] = {" + ", ".join(f"{lit(k)}: {v}" for k, v in c["http"]["DEFAULT_PORTS"].items()) + "}")
+    lines.append("#: The gRPC status of a call the core ended with this reason and no attempt's status (docs/grpc.md).")
+    lines.append("GRPC_REJECTED_STATUS: Final[dict[str, int]] = {" + ", ".join(f"{lit(k)}: {v}" for k, v in c["grpc"]["REJECTED_STATUS"].items()) + "}")
     lines.append("#: The metric instruments: (name, kind, unit, description), docs/telemetry.md.")
     lines.append("INSTRUMENTS: Final[tuple[tuple[str, str, str, str], ...]] = (")
     for row in instruments(c):
@@ -144,6 +149,8 @@ def typescript(c: dict[str, Any], enums: dict[str, list[str]]) -> str:
     lines.append("export const METHODS: Readonly<Record<string, number>> = Object.freeze({ " + ", ".join(f"{k}: {v}" for k, v in c["methods"]["codes"].items()) + " });")
     lines.append("/** Default port of each URL scheme (the HTTP key is host:port). */")
     lines.append("export const DEFAULT_PORTS: Readonly<Record<string, number>> = Object.freeze({ " + ", ".join(f"{k}: {v}" for k, v in c["http"]["DEFAULT_PORTS"].items()) + " });")
+    lines.append("/** The gRPC status of a call the core ended with this reason and no attempt's status (docs/grpc.md). */")
+    lines.append("export const GRPC_REJECTED_STATUS: Readonly<Record<string, number>> = Object.freeze({ " + ", ".join(f"{lit(k)}: {v}" for k, v in c["grpc"]["REJECTED_STATUS"].items()) + " });")
     lines.append("/** The metric instruments: [name, kind, unit, description], docs/telemetry.md. */")
     lines.append("export const INSTRUMENTS = [")
     for row in instruments(c):
@@ -165,6 +172,8 @@ def go(c: dict[str, Any], enums: dict[str, list[str]]) -> str:
     lines.append("\tcMethods = map[string]uint32{" + ", ".join(f"{lit(k)}: {v}" for k, v in c["methods"]["codes"].items()) + "}")
     lines.append("\t// cDefaultPorts: the default port of each URL scheme (the HTTP key is host:port).")
     lines.append("\tcDefaultPorts = map[string]string{" + ", ".join(f"{lit(k)}: {lit(str(v))}" for k, v in c["http"]["DEFAULT_PORTS"].items()) + "}")
+    lines.append("\t// cGrpcRejectedStatus: the gRPC status of a call the core ended with this reason and no attempt's status (docs/grpc.md).")
+    lines.append("\tcGrpcRejectedStatus = map[string]uint32{" + ", ".join(f"{lit(k)}: {v}" for k, v in c["grpc"]["REJECTED_STATUS"].items()) + "}")
     lines.append("\t// cInstruments: the metric instruments, {name, kind, unit, description} (docs/telemetry.md).")
     lines.append("\tcInstruments = [...][4]string{")
     for row in instruments(c):
@@ -190,6 +199,9 @@ def rust(c: dict[str, Any], enums: dict[str, list[str]]) -> str:
     ports = c["http"]["DEFAULT_PORTS"]
     lines.append("/// The default port of each URL scheme (the HTTP key is host:port).")
     lines.append(f"pub const DEFAULT_PORTS: [(&str, u16); {len(ports)}] = [{', '.join(f'({lit(k)}, {v})' for k, v in ports.items())}];")
+    rejected = c["grpc"]["REJECTED_STATUS"]
+    lines.append("/// The gRPC status of a call the core ended with this reason and no attempt's status (docs/grpc.md).")
+    lines.append(f"pub const GRPC_REJECTED_STATUS: [(&str, u32); {len(rejected)}] = [{', '.join(f'({lit(k)}, {v})' for k, v in rejected.items())}];")
     rows = instruments(c)
     lines.append("/// The metric instruments: (name, kind, unit, description), docs/telemetry.md.")
     lines.append(f"pub const INSTRUMENTS: [(&str, &str, &str, &str); {len(rows)}] = [{', '.join('(' + ', '.join(lit(x) for x in r) + ')' for r in rows)}];")

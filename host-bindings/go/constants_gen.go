@@ -54,6 +54,8 @@ const (
 	cGuardGuestMemoryBytes      = 536870912
 	cGuardSnapshotIntervalMs    = 1000
 	cGuardMaxKeyBytes           = 1024
+	cGrpcPreviousAttemptsHeader = "grpc-previous-rpc-attempts"
+	cGrpcRejectedStatusOther    = 2
 	cCachePruneAfterSecs        = 2592000
 	cEventEngineFault           = "engine-fault"
 	cMetricCalls                = "levee.calls"
@@ -104,6 +106,8 @@ var (
 	cMethods = map[string]uint32{"GET": 1, "HEAD": 2, "POST": 3, "PUT": 4, "DELETE": 5, "PATCH": 6, "OPTIONS": 7, "TRACE": 8, "CONNECT": 9}
 	// cDefaultPorts: the default port of each URL scheme (the HTTP key is host:port).
 	cDefaultPorts = map[string]string{"http": "80", "https": "443", "ws": "80", "wss": "443"}
+	// cGrpcRejectedStatus: the gRPC status of a call the core ended with this reason and no attempt's status (docs/grpc.md).
+	cGrpcRejectedStatus = map[string]uint32{"rate-limited": 8, "bulkhead-full": 8, "budget": 8, "breaker-open": 14, "deadline": 4, "cancelled": 1}
 	// cInstruments: the metric instruments, {name, kind, unit, description} (docs/telemetry.md).
 	cInstruments = [...][4]string{
 		{"levee.calls", "counter", "{call}", "Calls that ended, by result"},

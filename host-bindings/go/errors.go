@@ -159,6 +159,24 @@ func HTTPStatusError(code int, retryAfter string) error {
 // (grpc-retry-pushback-ms; the core parses it).
 const TrailerPushback = cHttpPushbackTrailer
 
+// GRPCAttemptHeader is HeaderAttempt as gRPC metadata (lower case): every attempt's number.
+const GRPCAttemptHeader = cHttpAttemptHeader
+
+// GRPCPreviousAttemptsHeader is gRPC A6's metadata of every attempt after the first: the
+// number of attempts already sent for the call (wit/constants.json, docs/grpc.md).
+const GRPCPreviousAttemptsHeader = cGrpcPreviousAttemptsHeader
+
+// GRPCRejectedStatus is the gRPC status code of a call the core ended with reason r and no
+// attempt's status to give back: RESOURCE_EXHAUSTED for a rate limit, a full bulkhead or a
+// spent budget, UNAVAILABLE for an open breaker, DEADLINE_EXCEEDED for the policy's deadline,
+// CANCELLED, and UNKNOWN for any other reason (wit/constants.json, the same in every host).
+func GRPCRejectedStatus(r Reason) uint32 {
+	if code, ok := cGrpcRejectedStatus[r.String()]; ok {
+		return code
+	}
+	return cGrpcRejectedStatusOther
+}
+
 // GRPCStatusError is an error for a gRPC status, with the raw grpc-retry-pushback-ms ("" if absent).
 func GRPCStatusError(code int, pushback string) error {
 	return &outcomeError{o: Outcome{Kind: OutcomeGRPCStatus, Code: int32(code), Text: pushback}}

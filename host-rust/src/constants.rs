@@ -102,6 +102,10 @@ pub const GUARD_GUEST_MEMORY_BYTES: u32 = 536870912;
 pub const GUARD_SNAPSHOT_INTERVAL_MS: u32 = 1000;
 /// `GUARD_MAX_KEY_BYTES` of the contract.
 pub const GUARD_MAX_KEY_BYTES: u32 = 1024;
+/// `GRPC_PREVIOUS_ATTEMPTS_HEADER` of the contract.
+pub const GRPC_PREVIOUS_ATTEMPTS_HEADER: &str = "grpc-previous-rpc-attempts";
+/// `GRPC_REJECTED_STATUS_OTHER` of the contract.
+pub const GRPC_REJECTED_STATUS_OTHER: u32 = 2;
 /// `CACHE_PRUNE_AFTER_SECS` of the contract.
 pub const CACHE_PRUNE_AFTER_SECS: u32 = 2592000;
 /// `EVENT_ENGINE_FAULT` of the contract.
@@ -232,6 +236,9 @@ pub const METHODS: [(&str, u32); 9] =
     [("GET", 1), ("HEAD", 2), ("POST", 3), ("PUT", 4), ("DELETE", 5), ("PATCH", 6), ("OPTIONS", 7), ("TRACE", 8), ("CONNECT", 9)];
 /// The default port of each URL scheme (the HTTP key is host:port).
 pub const DEFAULT_PORTS: [(&str, u16); 4] = [("http", 80), ("https", 443), ("ws", 80), ("wss", 443)];
+/// The gRPC status of a call the core ended with this reason and no attempt's status (docs/grpc.md).
+pub const GRPC_REJECTED_STATUS: [(&str, u32); 6] =
+    [("rate-limited", 8), ("bulkhead-full", 8), ("budget", 8), ("breaker-open", 14), ("deadline", 4), ("cancelled", 1)];
 /// The metric instruments: (name, kind, unit, description), docs/telemetry.md.
 pub const INSTRUMENTS: [(&str, &str, &str, &str); 13] = [
     ("levee.calls", "counter", "{call}", "Calls that ended, by result"),

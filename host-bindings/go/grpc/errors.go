@@ -30,14 +30,6 @@ func (e *Error) GRPCStatus() *status.Status { return e.st }
 // Unwrap is the *levee.Error.
 func (e *Error) Unwrap() error { return e.cause }
 
-// rejectionCodes is the status of a call refused with a reason and no attempt's status.
-var rejectionCodes = map[levee.Reason]codes.Code{
-	levee.ReasonRateLimited:  codes.ResourceExhausted,
-	levee.ReasonBulkheadFull: codes.ResourceExhausted,
-	levee.ReasonBreakerOpen:  codes.Unavailable,
-	levee.ReasonDeadline:     codes.DeadlineExceeded,
-}
-
 // grpcStatus is the status carried by err's chain, if any.
 func grpcStatus(err error) (*status.Status, bool) {
 	var gs interface{ GRPCStatus() *status.Status }
@@ -67,11 +59,8 @@ func statusError(err error) error {
 	if st, ok := grpcStatus(le.FallbackErr); ok {
 		return &Error{st: st, cause: le}
 	}
-	code, ok := rejectionCodes[le.Reason]
-	if !ok {
-		code = codes.Unknown
-	}
-	return &Error{st: status.New(code, le.Error()), cause: le}
+	// The status of a refusal is the contract's (levee.GRPCRejectedStatus), the same in every host.
+	return &Error{st: status.New(codes.Code(levee.GRPCRejectedStatus(le.Reason)), le.Error()), cause: le}
 }
 
 // unwrapOutcome is the gRPC error under an attempt's outcomeError.

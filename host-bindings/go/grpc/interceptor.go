@@ -74,10 +74,10 @@ var ErrNoPolicy = errors.New("leveegrpc: the Interceptor has no Policy (set Inte
 const (
 	// MetadataAttempt is levee.HeaderAttempt as gRPC metadata: the attempt number (1 on the
 	// first), so that a Levee filter in an Envoy on the way adds no retries (docs/envoy.md).
-	MetadataAttempt = "x-levee-attempt"
+	MetadataAttempt = levee.GRPCAttemptHeader
 	// MetadataPreviousAttempts is gRPC A6's count of the attempts already sent for this call,
 	// on every attempt after the first.
-	MetadataPreviousAttempts = "grpc-previous-rpc-attempts"
+	MetadataPreviousAttempts = levee.GRPCPreviousAttemptsHeader
 )
 
 // policy is the policy of a call to method (nil: the call runs without Levee).

@@ -50,6 +50,8 @@ export const GUARD_GUEST_WORK_UNITS_PER_BYTE = 20000;
 export const GUARD_GUEST_MEMORY_BYTES = 536870912;
 export const GUARD_SNAPSHOT_INTERVAL_MS = 1000;
 export const GUARD_MAX_KEY_BYTES = 1024;
+export const GRPC_PREVIOUS_ATTEMPTS_HEADER = "grpc-previous-rpc-attempts";
+export const GRPC_REJECTED_STATUS_OTHER = 2;
 export const CACHE_PRUNE_AFTER_SECS = 2592000;
 export const EVENT_ENGINE_FAULT = "engine-fault";
 export const METRIC_CALLS = "levee.calls";
@@ -99,6 +101,8 @@ export const RESULTS = ["success", "fallback", "failure", "cancelled"] as const;
 export const METHODS: Readonly<Record<string, number>> = Object.freeze({ GET: 1, HEAD: 2, POST: 3, PUT: 4, DELETE: 5, PATCH: 6, OPTIONS: 7, TRACE: 8, CONNECT: 9 });
 /** Default port of each URL scheme (the HTTP key is host:port). */
 export const DEFAULT_PORTS: Readonly<Record<string, number>> = Object.freeze({ http: 80, https: 443, ws: 80, wss: 443 });
+/** The gRPC status of a call the core ended with this reason and no attempt's status (docs/grpc.md). */
+export const GRPC_REJECTED_STATUS: Readonly<Record<string, number>> = Object.freeze({ "rate-limited": 8, "bulkhead-full": 8, "budget": 8, "breaker-open": 14, "deadline": 4, "cancelled": 1 });
 /** The metric instruments: [name, kind, unit, description], docs/telemetry.md. */
 export const INSTRUMENTS = [
   ["levee.calls", "counter", "{call}", "Calls that ended, by result"],

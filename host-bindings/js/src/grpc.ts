@@ -7,7 +7,13 @@
 
 import { InterceptingCall, Metadata, status as Status } from '@grpc/grpc-js';
 import type { Interceptor, InterceptorOptions, InterceptingListener, NextCall, StatusObject } from '@grpc/grpc-js';
-import { HTTP_PUSHBACK_TRAILER } from './constants.js';
+import {
+  GRPC_PREVIOUS_ATTEMPTS_HEADER,
+  GRPC_REJECTED_STATUS,
+  GRPC_REJECTED_STATUS_OTHER,
+  HTTP_ATTEMPT_HEADER,
+  HTTP_PUSHBACK_TRAILER,
+} from './constants.js';
 import { GrpcStatusError, LeveeClosedError, LeveeError, outcomeOfError } from './errors.js';
 import type { FailureReason, Outcome } from './errors.js';
 import type { RetryHook } from './events.js';
@@ -22,22 +28,21 @@ type MessageContext = Parameters<CallInterface['sendMessageWithContext']>[0];
  * gRPC A6: the metadata that tells the server how many attempts of this call were sent before
  * this one (on attempts after the first; absent on the first).
  */
-export const PREVIOUS_ATTEMPTS_HEADER = 'grpc-previous-rpc-attempts';
+export const PREVIOUS_ATTEMPTS_HEADER = GRPC_PREVIOUS_ATTEMPTS_HEADER;
+
+/** Every attempt's number (1 on the first), for a Levee filter on the way (docs/envoy.md). */
+export const ATTEMPT_HEADER = HTTP_ATTEMPT_HEADER;
 
 /**
  * The gRPC status a call ends with when the core refused it with no attempt status to show
  * (docs/grpc.md): a local rate limit or a full bulkhead is RESOURCE_EXHAUSTED, an open breaker
  * UNAVAILABLE, the policy's deadline DEADLINE_EXCEEDED. Any other reason without an attempt
- * status is UNKNOWN. The `LeveeError` is the `cause` of the `ServiceError` the caller gets.
+ * status is UNKNOWN. The table is the contract's (wit/constants.json `grpc.REJECTED_STATUS`), the
+ * same in every host. The `LeveeError` is the `cause` of the `ServiceError` the caller gets.
  */
-export const REJECTION_STATUS: Readonly<Partial<Record<FailureReason, Status>>> = Object.freeze({
-  'rate-limited': Status.RESOURCE_EXHAUSTED,
-  'bulkhead-full': Status.RESOURCE_EXHAUSTED,
-  budget: Status.RESOURCE_EXHAUSTED,
-  'breaker-open': Status.UNAVAILABLE,
-  deadline: Status.DEADLINE_EXCEEDED,
-  cancelled: Status.CANCELLED,
-});
+export const REJECTION_STATUS: Readonly<Partial<Record<FailureReason, Status>>> = Object.freeze(
+  GRPC_REJECTED_STATUS as Partial<Record<FailureReason, Status>>,
+);
 
 /** What a key function and a policy function see of a call. */
 export interface GrpcCallInfo {
@@ -127,7 +132,7 @@ function statusOfError(err: unknown): StatusObject {
     return withCause({ code: Status.DEADLINE_EXCEEDED, details: last.message, metadata: new Metadata() }, cause);
   }
   let code: Status = Status.UNKNOWN;
-  if (err instanceof LeveeError) code = REJECTION_STATUS[err.reason] ?? Status.UNKNOWN;
+  if (err instanceof LeveeError) code = REJECTION_STATUS[err.reason] ?? (GRPC_REJECTED_STATUS_OTHER as Status);
   else if (err instanceof LeveeClosedError) code = Status.UNAVAILABLE;
   const details = err instanceof Error ? err.message : String(err);
   return withCause({ code, details, metadata: new Metadata() }, cause);
@@ -366,6 +371,7 @@ class LeveeCall implements CallInterface {
       const deadline = Math.min(own, this.#deadline);
       const ownDeadline = own < this.#deadline;
       const metadata = this.#metadata.clone();
+      metadata.set(ATTEMPT_HEADER, String(ctx.attempt));
       if (ctx.attempt > 1) metadata.set(PREVIOUS_ATTEMPTS_HEADER, String(ctx.attempt - 1));
       const call = this.#nextCall({ ...this.#options, deadline });
       const flight = new Flight(call);

@@ -54,6 +54,8 @@ GUARD_GUEST_WORK_UNITS_PER_BYTE: Final[int] = 20000
 GUARD_GUEST_MEMORY_BYTES: Final[int] = 536870912
 GUARD_SNAPSHOT_INTERVAL_MS: Final[int] = 1000
 GUARD_MAX_KEY_BYTES: Final[int] = 1024
+GRPC_PREVIOUS_ATTEMPTS_HEADER: Final[str] = "grpc-previous-rpc-attempts"
+GRPC_REJECTED_STATUS_OTHER: Final[int] = 2
 CACHE_PRUNE_AFTER_SECS: Final[int] = 2592000
 EVENT_ENGINE_FAULT: Final[str] = "engine-fault"
 METRIC_CALLS: Final[str] = "levee.calls"
@@ -103,6 +105,8 @@ RESULTS: Final[tuple[str, ...]] = ("success", "fallback", "failure", "cancelled"
 METHODS: Final[dict[str, int]] = {"GET": 1, "HEAD": 2, "POST": 3, "PUT": 4, "DELETE": 5, "PATCH": 6, "OPTIONS": 7, "TRACE": 8, "CONNECT": 9}
 #: Default port of each URL scheme (the HTTP key is host:port).
 DEFAULT_PORTS: Final[dict[str, int]] = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+#: The gRPC status of a call the core ended with this reason and no attempt's status (docs/grpc.md).
+GRPC_REJECTED_STATUS: Final[dict[str, int]] = {"rate-limited": 8, "bulkhead-full": 8, "budget": 8, "breaker-open": 14, "deadline": 4, "cancelled": 1}
 #: The metric instruments: (name, kind, unit, description), docs/telemetry.md.
 INSTRUMENTS: Final[tuple[tuple[str, str, str, str], ...]] = (
     ("levee.calls", "counter", "{call}", "Calls that ended, by result"),

@@ -56,7 +56,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import grpc.aio
 
-from ._constants import HTTP_PUSHBACK_TRAILER, START_NON_IDEMPOTENT
+from ._constants import (
+    GRPC_PREVIOUS_ATTEMPTS_HEADER,
+    GRPC_REJECTED_STATUS,
+    GRPC_REJECTED_STATUS_OTHER,
+    HTTP_ATTEMPT_HEADER,
+    HTTP_PUSHBACK_TRAILER,
+    REASONS,
+    START_NON_IDEMPOTENT,
+)
 from ._driver import _SLEEP, ATTEMPT, HEDGE, _AttemptResult, _Call, _protocol, hedge_serial
 from ._io import (
     _run_fallback_async,
@@ -74,6 +82,7 @@ from .types import PolicyInfo, Reason
 
 __all__ = [
     "NO_RETRY_OPTIONS",
+    "ATTEMPT_HEADER",
     "PREVIOUS_ATTEMPTS",
     "PUSHBACK",
     "REJECTION_STATUS",
@@ -95,17 +104,16 @@ __all__ = [
 #: retry each of its attempts again (`grpc.insecure_channel(target, options=NO_RETRY_OPTIONS)`).
 NO_RETRY_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.enable_retries", 0),)
 #: The request metadata of attempts after the first (gRPC A6): the attempts already sent.
-PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"
+PREVIOUS_ATTEMPTS = GRPC_PREVIOUS_ATTEMPTS_HEADER
+#: The request metadata of every attempt: its number (1 on the first), for a Levee filter on the way.
+ATTEMPT_HEADER = HTTP_ATTEMPT_HEADER
 #: The trailer whose raw value goes to the core with the status (docs/policy.md).
 PUSHBACK = HTTP_PUSHBACK_TRAILER
-#: The status a call gets when the core rejected it with no answer to give back.
+#: The status a call gets when the core rejected it with no answer to give back (the contract's
+#: table, the same in every host: wit/constants.json `grpc.REJECTED_STATUS`).
+_STATUS_BY_CODE: dict[int, grpc.StatusCode] = {s.value[0]: s for s in grpc.StatusCode}
 REJECTION_STATUS: dict[Reason, grpc.StatusCode] = {
-    Reason.RATE_LIMITED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Reason.BULKHEAD_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Reason.BUDGET: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Reason.BREAKER_OPEN: grpc.StatusCode.UNAVAILABLE,
-    Reason.DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
-    Reason.CANCELLED: grpc.StatusCode.CANCELLED,
+    Reason(REASONS.index(name)): _STATUS_BY_CODE[code] for name, code in GRPC_REJECTED_STATUS.items()
 }
 
 # grpcio's classes are generic in its type stubs only
@@ -206,13 +214,12 @@ def _committed(subject: Any) -> bool | None:
 
 
 def _metadata(metadata: Any, number: int) -> list[tuple[str, Any]] | None:
-    """The request metadata of attempt `number`: the caller's, with `grpc-previous-rpc-attempts`
-    on attempts after the first."""
-    pairs = [(k, v) for k, v in (metadata or ()) if k != PREVIOUS_ATTEMPTS]
+    """The request metadata of attempt `number`: the caller's, with its number
+    (`x-levee-attempt`) and, on attempts after the first, `grpc-previous-rpc-attempts`."""
+    pairs = [(k, v) for k, v in (metadata or ()) if k not in (PREVIOUS_ATTEMPTS, ATTEMPT_HEADER)]
+    pairs.append((ATTEMPT_HEADER, str(number)))
     if number > 1:
         pairs.append((PREVIOUS_ATTEMPTS, str(number - 1)))
-    elif metadata is None:
-        return None
     return pairs
 
 
@@ -230,7 +237,7 @@ def _failure_status(failed: LeveeError) -> grpc.StatusCode:
     """The status of a call that ends with no RpcError to give back: a rejection's, UNAVAILABLE
     for a closed engine, else UNKNOWN (the attempts failed locally, say in a serializer)."""
     if isinstance(failed, CallFailed):
-        return REJECTION_STATUS.get(failed.reason, grpc.StatusCode.UNKNOWN)
+        return REJECTION_STATUS.get(failed.reason, _STATUS_BY_CODE[GRPC_REJECTED_STATUS_OTHER])
     return grpc.StatusCode.UNAVAILABLE
 
 
