@@ -23,6 +23,7 @@ use crate::rate::Gcra;
 use crate::retry::retry_after::{parse_pushback, parse_retry_after, ServerDelay};
 use crate::retry::{self, Decision, Failure};
 use crate::rng::Rng;
+use crate::scope::{Scope, Scopes};
 use crate::types::{BreakerState, Event, EventKind, InvalidCode, OutcomeKind, Reason, Verdict, VerdictKind};
 
 /// Most live calls an engine tracks; starting one more evicts the one started longest ago
@@ -116,6 +117,57 @@ impl KeyState {
             buffer.clear();
             *ring = buffer;
         }
+    }
+}
+
+/// The state one call decides against: each strategy's from the call's key, or, for a
+/// strategy of `scope: policy`, from the policy's shared entry (`crate::scope`).
+pub(crate) struct View<'a> {
+    pub(crate) breaker: &'a mut Option<Breaker>,
+    pub(crate) limiter: &'a mut Option<Gcra>,
+    pub(crate) budget: &'a mut Option<BudgetState>,
+    pub(crate) adaptive: &'a mut Option<Box<Limit>>,
+    pub(crate) queue: &'a mut Option<Box<Queue>>,
+    /// Attempts in flight, counted with the concurrency limit.
+    pub(crate) in_flight: &'a mut u32,
+}
+
+impl<'a> View<'a> {
+    /// Every strategy from one entry.
+    #[inline(always)]
+    fn own(s: &'a mut KeyState) -> Self {
+        View {
+            breaker: &mut s.breaker,
+            limiter: &mut s.limiter,
+            budget: &mut s.budget,
+            adaptive: &mut s.adaptive,
+            queue: &mut s.queue,
+            in_flight: &mut s.in_flight,
+        }
+    }
+
+    /// Each strategy from the key's entry or the shared one, by its scope.
+    fn split(own: &'a mut KeyState, shared: &'a mut KeyState, s: &Scopes) -> Self {
+        let limit = s.limit == Scope::Policy;
+        View {
+            breaker: if s.breaker == Scope::Policy { &mut shared.breaker } else { &mut own.breaker },
+            limiter: if s.rate_limit == Scope::Policy { &mut shared.limiter } else { &mut own.limiter },
+            budget: if s.budget == Scope::Policy { &mut shared.budget } else { &mut own.budget },
+            adaptive: if limit { &mut shared.adaptive } else { &mut own.adaptive },
+            queue: if limit { &mut shared.queue } else { &mut own.queue },
+            in_flight: if limit { &mut shared.in_flight } else { &mut own.in_flight },
+        }
+    }
+}
+
+/// The key whose state a strategy of `scope` decides with for a call's `key`: the key
+/// itself, or the shared entry's `""`. Events of that state (a breaker's transitions) and
+/// lookups by key name it.
+#[inline]
+pub(crate) fn state_key(scope: Scope, key: &str) -> &str {
+    match scope {
+        Scope::Key => key,
+        Scope::Policy => "",
     }
 }
 
@@ -257,6 +309,10 @@ pub(crate) const BUSY: usize = 1;
 pub(crate) const GUARD: usize = 2;
 /// See [`REST`].
 pub(crate) const OVERFLOW: usize = 3;
+/// The policy's shared entry, the key `""`, when the policy has a strategy of `scope: policy`
+/// (`crate::scope`): that strategy's state for every key. Never evicted, and not counted
+/// against `keys.max`.
+pub(crate) const SHARED: usize = 4;
 
 /// The key whose state new keys share when the table is full and no key may be evicted
 /// without forgetting protection. A caller's own key of this name is that shared state too.
@@ -273,7 +329,7 @@ pub const MAX_KEY_BYTES: usize = 1024;
 const GUARD_PROBES: usize = 8;
 
 /// One policy's per-key state.
-pub(crate) type Keys = Table<Arc<str>, KeyState, 4>;
+pub(crate) type Keys = Table<Arc<str>, KeyState, 5>;
 /// The live calls, on one list in the order they started (the oldest is evicted first).
 type Calls = Table<u64, Call, 1>;
 
@@ -402,6 +458,7 @@ pub(crate) fn refile(keys: &mut Keys, p: &Policy, at: u32, now: u64) {
     };
     match keys.list_of(at) {
         Some(OVERFLOW) | None => {}
+        Some(SHARED) if p.scopes.any() => {}
         Some(list) if list == want => {}
         Some(_) => keys.move_to_back(at, want),
     }
@@ -429,6 +486,9 @@ fn victim(keys: &mut Keys, p: &Policy, now: u64) -> Option<u32> {
 /// room (see [`victim`]); when none may go, the new key is decided against the shared
 /// overflow entry (event `key-overflow`), never looser than a fresh key of its own.
 fn key_position(keys: &mut Keys, p: &Policy, policy: usize, key: &str, tick: u64, now: u64, events: &mut VecDeque<Event>) -> u32 {
+    if key.is_empty() && p.scopes.any() {
+        return shared_position(keys, p, tick);
+    }
     if let Some(i) = keys.find_recent(key) {
         return i;
     }
@@ -438,7 +498,7 @@ fn key_position(keys: &mut Keys, p: &Policy, policy: usize, key: &str, tick: u64
     if key.len() > MAX_KEY_BYTES {
         return overflow_for(keys, p, policy, key, tick, now, events);
     }
-    if keys.len() - keys.list_len(OVERFLOW) >= p.max_keys as usize {
+    if keys.len() - keys.list_len(OVERFLOW) - keys.list_len(SHARED) >= p.max_keys as usize {
         match victim(keys, p, now) {
             Some(i) => {
                 // The victim's entry becomes the new key's, in place.
@@ -469,6 +529,47 @@ fn overflow_for(keys: &mut Keys, p: &Policy, policy: usize, key: &str, tick: u64
     e.name = key.get(..end).unwrap_or_default().into();
     push_event(events, e);
     overflow_position(keys, p, tick)
+}
+
+/// Index of the policy's shared entry (see [`SHARED`]), made when absent. The key `""` may
+/// already be on another list (imported, or kept over a reload that gave the policy its
+/// first `scope: policy`): it then moves to the shared list, with what it holds.
+#[inline]
+fn shared_position(keys: &mut Keys, p: &Policy, tick: u64) -> u32 {
+    match keys.front(SHARED) {
+        Some(i) => i,
+        None => make_shared(keys, p, tick),
+    }
+}
+
+#[cold]
+fn make_shared(keys: &mut Keys, p: &Policy, tick: u64) -> u32 {
+    match keys.find("") {
+        Some(i) => {
+            keys.move_to_back(i, SHARED);
+            i
+        }
+        None => keys.insert(Arc::from(""), KeyState::fresh(p, tick), SHARED),
+    }
+}
+
+/// The state a call of the key at `at` decides with (see [`View`]); nothing is touched.
+#[inline(always)]
+fn view_of<'a>(keys: &'a mut Keys, p: &Policy, at: u32, tick: u64) -> Option<View<'a>> {
+    if p.scopes.any() {
+        return split_view(keys, p, at, tick);
+    }
+    keys.get_mut(at).map(|(_, s)| View::own(s))
+}
+
+#[inline(never)]
+fn split_view<'a>(keys: &'a mut Keys, p: &Policy, at: u32, tick: u64) -> Option<View<'a>> {
+    let shared = shared_position(keys, p, tick);
+    if shared == at {
+        return keys.get_mut(at).map(|(_, s)| View::own(s));
+    }
+    let (own, shared) = keys.get2_mut(at, shared)?;
+    Some(View::split(own, shared, &p.scopes))
 }
 
 /// Index of the overflow entry, made when absent.
@@ -524,16 +625,27 @@ fn call_key_state<'a>(
     tick: &mut u64,
     now: u64,
     events: &mut VecDeque<Event>,
-) -> Option<&'a mut KeyState> {
+) -> Option<View<'a>> {
     *tick = tick.wrapping_add(1);
     let t = *tick;
     if !keys.get(*at).is_some_and(|(k, _)| name.is(k)) {
         relocate_key(keys, p, policy, name, at, t, now, events);
     }
     touch(keys, *at);
+    if p.scopes.any() {
+        return touched_split_view(keys, p, *at, t);
+    }
     let (_, state) = keys.get_mut(*at)?;
     state.last_used = t;
-    Some(state)
+    Some(View::own(state))
+}
+
+#[inline(never)]
+fn touched_split_view<'a>(keys: &'a mut Keys, p: &Policy, at: u32, tick: u64) -> Option<View<'a>> {
+    if let Some((_, state)) = keys.get_mut(at) {
+        state.last_used = tick;
+    }
+    split_view(keys, p, at, tick)
 }
 
 #[cold]
@@ -612,7 +724,7 @@ pub(crate) fn observe<'t>(p: &Policy, kind: OutcomeKind, code: i32, text: &'t st
 #[inline(always)]
 fn record_outcome<'t>(
     p: &Policy,
-    ks: &mut KeyState,
+    ks: &mut View<'_>,
     call: u64,
     (kind, code, text): (OutcomeKind, i32, &'t str),
     wall_secs: u64,
@@ -634,7 +746,7 @@ fn record_outcome<'t>(
         let slow = elapsed >= cfg.slow_call_duration;
         let mut t = Vec::new();
         b.record(cfg, call, now, failure, slow, &mut t);
-        transition_events(events, &t, &[], now, policy, key);
+        transition_events(events, &t, &[], now, policy, state_key(p.scopes.breaker, key));
     }
     if success {
         if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
@@ -673,7 +785,7 @@ fn may_resend(p: &Policy, flags: u32) -> bool {
 fn admit_hedge(
     p: &Policy,
     cfg: &hedge::HedgeCfg,
-    ks: &mut KeyState,
+    ks: &mut View<'_>,
     deadline: Option<u64>,
     flags: u32,
     now: u64,
@@ -691,18 +803,18 @@ fn admit_hedge(
     if let (Some(bc), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
         let (mut t, mut expired) = (Vec::new(), Vec::new());
         let check = b.check(bc, now, &mut t, &mut expired);
-        transition_events(events, &t, &expired, now, policy, key);
+        transition_events(events, &t, &expired, now, policy, state_key(p.scopes.breaker, key));
         if check != (Check::Allow { permit: false }) {
             return Err(Reason::BreakerOpen);
         }
     }
     if let Some(bh) = &p.bulkhead {
-        if !bh.admits(ks.in_flight) || ks.queue.as_ref().is_some_and(|q| !q.is_clear()) {
+        if !bh.admits(*ks.in_flight) || ks.queue.as_ref().is_some_and(|q| !q.is_clear()) {
             return Err(Reason::BulkheadFull);
         }
     }
     if let (Some(ac), Some(lim)) = (&p.concurrency, ks.adaptive.as_deref()) {
-        if ks.in_flight >= lim.current(ac) {
+        if *ks.in_flight >= lim.current(ac) {
             return Err(Reason::BulkheadFull);
         }
     }
@@ -733,7 +845,7 @@ fn admit_hedge(
     }
     let slot = p.bulkhead.is_some() || p.concurrency.is_some();
     if slot {
-        ks.in_flight = ks.in_flight.saturating_add(1);
+        *ks.in_flight = ks.in_flight.saturating_add(1);
     }
     let per_try = if cfg.preset == Preset::Envoy { None } else { p.attempt_timeout };
     Ok(Held { open: true, permit: false, slot, timeout: deadline::attempt_timeout(per_try, deadline, now) })
@@ -746,7 +858,7 @@ fn admit_hedge(
 fn close_attempt(
     p: &Policy,
     cfg: &hedge::HedgeCfg,
-    ks: &mut KeyState,
+    ks: &mut View<'_>,
     call: u64,
     h: Held,
     live: bool,
@@ -759,9 +871,9 @@ fn close_attempt(
     let (kind, code, text) = late_is_timeout(h.timeout, o.elapsed, o.kind, o.code, o.text);
     if h.slot {
         if let (true, Some(ac), Some(lim)) = (live, &p.concurrency, ks.adaptive.as_deref_mut()) {
-            observe_limit(ac, lim, kind, o.elapsed, ks.in_flight, now);
+            observe_limit(ac, lim, kind, o.elapsed, *ks.in_flight, now);
         }
-        ks.in_flight = ks.in_flight.saturating_sub(1);
+        *ks.in_flight = ks.in_flight.saturating_sub(1);
     }
     if !live {
         if h.permit {
@@ -971,12 +1083,14 @@ impl Engine {
         let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
-        let Some((key_at, key_arc, ks)) = named_key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events) else {
+        let Some((key_at, key_arc, _)) = named_key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         let key = CallKey::of(key_arc);
-        if let (Some(cfg), Some(b)) = (&p.budget, ks.budget.as_mut()) {
-            b.on_call(cfg, now);
+        if let (Some(cfg), Some(ks)) = (&p.budget, view_of(keys, p, key_at, self.tick)) {
+            if let Some(b) = ks.budget.as_mut() {
+                b.on_call(cfg, now);
+            }
         }
         let deadline = deadline::starting_at(p.deadline, now);
         let slot = self.calls.insert(
@@ -1031,7 +1145,12 @@ impl Engine {
                 keys.find(&*c.key)
             }
         });
-        let queue = key_at.and_then(|at| self.keys.get_mut(pi)?.get_mut(at)?.1.queue.as_deref_mut());
+        let tick = self.tick;
+        let view = match (key_at, self.policies.get(pi), self.keys.get_mut(pi)) {
+            (Some(at), Some(p), Some(keys)) => view_of(keys, p, at, tick),
+            _ => None,
+        };
+        let queue = view.and_then(|v| v.queue.as_deref_mut());
         let gave_up = match queue {
             Some(q) => q.leave(&mut self.calls, i),
             None => {
@@ -1050,10 +1169,11 @@ impl Engine {
     /// `bulkhead`): after anything that lowers its attempts in flight or gives a grant up.
     #[inline]
     fn grant_at(&mut self, pi: usize, key_at: u32) {
-        let Some(bh) = self.policies.get(pi).and_then(|p| p.bulkhead.as_ref()) else { return };
-        let Some((_, ks)) = self.keys.get_mut(pi).and_then(|k| k.get_mut(key_at)) else { return };
+        let Some(p) = self.policies.get(pi) else { return };
+        let Some(bh) = p.bulkhead.as_ref() else { return };
+        let Some(ks) = self.keys.get_mut(pi).and_then(|k| view_of(k, p, key_at, self.tick)) else { return };
         if let Some(q) = ks.queue.as_deref_mut() {
-            bh.grant(q, &mut self.calls, ks.in_flight, &mut self.wakes);
+            bh.grant(q, &mut self.calls, *ks.in_flight, &mut self.wakes);
         }
     }
 
@@ -1089,7 +1209,7 @@ impl Engine {
         let Some(ks) = call_key_state(keys, p, c.policy, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
             return;
         };
-        ks.in_flight = ks.in_flight.saturating_sub(slots);
+        *ks.in_flight = ks.in_flight.saturating_sub(slots);
         if permit {
             if let Some(b) = ks.breaker.as_mut() {
                 b.give_back(call);
@@ -1153,7 +1273,7 @@ impl Engine {
         if let (Some(cfg), Some(b)) = (&p.breaker, ks.breaker.as_mut()) {
             let (mut t, mut expired) = (Vec::new(), Vec::new());
             let check = b.check(cfg, now, &mut t, &mut expired);
-            transition_events(&mut self.events, &t, &expired, now, pi, &c.key);
+            transition_events(&mut self.events, &t, &expired, now, pi, state_key(p.scopes.breaker, &c.key));
             match check {
                 Check::Allow { permit: p } => permit = p,
                 Check::Reject(hint) => return self.reject_at(slot, Reason::BreakerOpen, hint, now),
@@ -1163,7 +1283,7 @@ impl Engine {
         let bulkhead = p.bulkhead.is_some() || p.concurrency.is_some();
         if let Some(bh) = &p.bulkhead {
             if bh.queue == 0 {
-                if !bh.admits(ks.in_flight) {
+                if !bh.admits(*ks.in_flight) {
                     return self.reject_at(slot, Reason::BulkheadFull, 0, now);
                 }
             } else {
@@ -1172,14 +1292,14 @@ impl Engine {
                     self.queue_ids += 1;
                     Box::new(Queue::new(self.queue_ids))
                 });
-                let admit = bh.admit(queue, &mut self.calls, slot, ks.in_flight, now, deadline);
+                let admit = bh.admit(queue, &mut self.calls, slot, *ks.in_flight, now, deadline);
                 if admit == Admit::Slot {
                     // Taken at the commit below; if the call stops short of it, the slot
                     // (a grant it used up) is granted again.
                     self.regrant = Some((pi, key_at));
                 } else if let Admit::Wait(_) = admit {
                     // A newcomer behind a grant with more free: granted at once.
-                    bh.grant(queue, &mut self.calls, ks.in_flight, &mut self.wakes);
+                    bh.grant(queue, &mut self.calls, *ks.in_flight, &mut self.wakes);
                 }
                 let Some((_, again)) = self.calls.get_mut(slot) else {
                     return self.finish(Verdict::invalid(InvalidCode::UnknownCall));
@@ -1201,7 +1321,7 @@ impl Engine {
             }
         }
         if let (Some(cfg), Some(lim)) = (&p.concurrency, ks.adaptive.as_deref()) {
-            if ks.in_flight >= lim.current(cfg) {
+            if *ks.in_flight >= lim.current(cfg) {
                 return self.reject_at(slot, Reason::BulkheadFull, 0, now);
             }
         }
@@ -1263,7 +1383,7 @@ impl Engine {
             }
         }
         if bulkhead {
-            ks.in_flight = ks.in_flight.saturating_add(1);
+            *ks.in_flight = ks.in_flight.saturating_add(1);
         }
         c.attempts = c.attempts.saturating_add(1);
         if let Some(h) = &p.hedge {
@@ -1406,18 +1526,18 @@ impl Engine {
         };
         c.phase = Phase::Ready;
         let now = c.observe(now);
-        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+        let Some(mut ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         self.touched = Some((pi, c.key_at, now));
         if slot {
             if let (Some(cfg), Some(lim)) = (&p.concurrency, ks.adaptive.as_deref_mut()) {
-                observe_limit(cfg, lim, kind, elapsed, ks.in_flight, now);
+                observe_limit(cfg, lim, kind, elapsed, *ks.in_flight, now);
             }
-            ks.in_flight = ks.in_flight.saturating_sub(1);
+            *ks.in_flight = ks.in_flight.saturating_sub(1);
         }
         let (server, observed, success) =
-            record_outcome(p, ks, call, (kind, code, text), wall_secs, flags, elapsed, now, &mut self.events, pi, &c.key);
+            record_outcome(p, &mut ks, call, (kind, code, text), wall_secs, flags, elapsed, now, &mut self.events, pi, &c.key);
         if success {
             let key_at = c.key_at;
             self.calls.delete(at);
@@ -1454,7 +1574,7 @@ impl Engine {
         let method = (c.flags >> 8) & 0xF;
         let idempotent = c.flags & FLAG_IDEMPOTENCY_KEY != 0 || (c.flags & FLAG_NON_IDEMPOTENT == 0 && p.method_idempotent(method));
         // The key's state was touched by this report already: found again without a touch.
-        let ks = keys.get_mut(c.key_at).map(|(_, ks)| ks);
+        let ks = view_of(keys, p, c.key_at, self.tick);
         let open_until = ks.as_ref().and_then(|ks| ks.breaker.as_ref()).and_then(|b| b.rejects_until());
         let failure = Failure {
             stop,
@@ -1587,14 +1707,14 @@ impl Engine {
         if closing.is_none() && machine.is_over() {
             return Vec::new();
         }
-        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+        let Some(mut ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
             return self.hedge_invalid(InvalidCode::UnknownPolicy);
         };
         // The attempt that closed, first: what it frees is free for the next hedge.
         let reported = match (closing, &outcome) {
             (Some(h), Some(o)) => {
                 let live = machine.is_in_flight(o.attempt);
-                Some((o.attempt, close_attempt(p, cfg, ks, call, h, live, o, now, &mut self.events, pi, &c.key)))
+                Some((o.attempt, close_attempt(p, cfg, &mut ks, call, h, live, o, now, &mut self.events, pi, &c.key)))
             }
             _ => None,
         };
@@ -1604,7 +1724,7 @@ impl Engine {
         let mut out = Vec::new();
         let (deadline, flags) = (c.deadline, c.flags);
         let mut admit = |attempt: u32| -> Result<u64, Reason> {
-            let h = admit_hedge(p, cfg, ks, deadline, flags, now, &mut self.events, pi, &c.key, (call, attempt))?;
+            let h = admit_hedge(p, cfg, &mut ks, deadline, flags, now, &mut self.events, pi, &c.key, (call, attempt))?;
             if let Some(slot) = held.get_mut(attempt as usize) {
                 *slot = h;
             }
@@ -1719,6 +1839,7 @@ impl Engine {
     pub fn breaker_state(&self, policy: u32, key: &str, now: u64) -> Option<BreakerState> {
         let p = self.policy(policy)?;
         p.breaker.as_ref()?;
+        let key = state_key(p.scopes.breaker, key);
         let state = self
             .keys
             .get(policy as usize)
@@ -1738,6 +1859,8 @@ impl Engine {
         let Some(cfg) = &p.breaker else {
             return Err(format!("policy `{}` has no breaker", p.name));
         };
+        // A breaker of `scope: policy` is the same one for every key.
+        let key = state_key(p.scopes.breaker, key);
         let Some((at, _, _)) = named_key_state(keys, p, pi, key, &mut self.tick, now, &mut self.events) else {
             return Err(format!("no state for key `{key}`"));
         };
@@ -1772,24 +1895,30 @@ impl Engine {
 
     /// In-flight attempts of a policy and key (for invariants and metrics).
     pub fn in_flight(&self, policy: u32, key: &str) -> u32 {
+        let Some(p) = self.policy(policy) else { return 0 };
+        let key = state_key(p.scopes.limit, key);
         self.keys.get(policy as usize).and_then(|k| key_state(k, key)).map(|s| s.in_flight).unwrap_or(0)
     }
 
     /// Half-open trial permits issued and not yet reported, expired or given back, of a
     /// policy and key (for invariants and metrics).
     pub fn breaker_trials(&self, policy: u32, key: &str) -> Option<u32> {
+        let key = state_key(self.policy(policy)?.scopes.breaker, key);
         let b = key_state(self.keys.get(policy as usize)?, key)?.breaker.as_ref()?;
         Some(b.trials.get().permits.len() as u32)
     }
 
     /// Token-throttling level in milli-tokens of a policy and key, if it has one.
     pub fn budget_tokens(&self, policy: u32, key: &str) -> Option<i64> {
+        let key = state_key(self.policy(policy)?.scopes.budget, key);
         key_state(self.keys.get(policy as usize)?, key)?.budget.as_ref()?.tokens()
     }
 
     /// Rate-limit tokens available at `now` for a policy and key, if it has a limiter.
     pub fn rate_tokens(&self, policy: u32, key: &str, now: u64) -> Option<u64> {
-        let cfg = self.policy(policy)?.rate_limit.as_ref()?;
+        let p = self.policy(policy)?;
+        let cfg = p.rate_limit.as_ref()?;
+        let key = state_key(p.scopes.rate_limit, key);
         let fresh = cfg.fresh();
         let g = key_state(self.keys.get(policy as usize)?, key).and_then(|s| s.limiter.as_ref()).unwrap_or(&fresh);
         Some(g.tokens(cfg, now))
@@ -1798,7 +1927,9 @@ impl Engine {
     /// The adaptive concurrency limit attempts of a policy and key are admitted under now,
     /// if the policy has one.
     pub fn concurrency_limit(&self, policy: u32, key: &str) -> Option<u32> {
-        let cfg = self.policy(policy)?.concurrency.as_ref()?;
+        let p = self.policy(policy)?;
+        let cfg = p.concurrency.as_ref()?;
+        let key = state_key(p.scopes.limit, key);
         let fresh = cfg.fresh();
         let lim = key_state(self.keys.get(policy as usize)?, key).and_then(|s| s.adaptive.as_deref()).unwrap_or(&fresh);
         Some(lim.current(cfg))

@@ -35,6 +35,7 @@ pub mod rate;
 mod read;
 pub mod retry;
 pub mod rng;
+pub mod scope;
 mod share;
 pub mod state;
 mod table;

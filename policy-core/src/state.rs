@@ -16,7 +16,7 @@
 use crate::breaker::Breaker;
 use crate::budget::BudgetState;
 use crate::doc::{self, obj, Value};
-use crate::engine::{holds_protection, refile, Engine, KeyState, Keys, BUSY, GUARD, OVERFLOW, OVERFLOW_KEY, REST};
+use crate::engine::{holds_protection, refile, Engine, KeyState, Keys, BUSY, GUARD, OVERFLOW, OVERFLOW_KEY, REST, SHARED};
 use crate::error::LoadError;
 use crate::policy::Policy;
 use crate::rate::Gcra;
@@ -46,7 +46,7 @@ impl Engine {
     pub fn export_snapshot(&self) -> Vec<u8> {
         self.export_keys(|p, keys| {
             let mut out = Vec::new();
-            for list in [GUARD, BUSY, OVERFLOW] {
+            for list in [GUARD, BUSY, OVERFLOW, SHARED] {
                 let mut at = keys.front(list);
                 while let Some(i) = at {
                     at = keys.next(i);
@@ -136,11 +136,17 @@ impl Engine {
             // file them least recently used first, each on its list. A name given twice keeps
             // its most recent entry.
             let mut overflow = None;
+            let mut shared = None;
             let mut ranked: Vec<(bool, String, KeyState)> = Vec::with_capacity(parsed.len());
             for (k, st) in parsed {
                 if k == OVERFLOW_KEY {
                     if overflow.as_ref().is_none_or(|o: &KeyState| st.last_used > o.last_used) {
                         overflow = Some(st);
+                    }
+                } else if k.is_empty() && p.scopes.any() {
+                    // The policy's shared entry (`scope: policy`): kept, on its own list.
+                    if shared.as_ref().is_none_or(|o: &KeyState| st.last_used > o.last_used) {
+                        shared = Some(st);
                     }
                 } else {
                     ranked.push((holds_protection(p, &st, 0), k, st));
@@ -161,6 +167,9 @@ impl Engine {
             }
             if let Some(st) = overflow {
                 target.insert(std::sync::Arc::from(OVERFLOW_KEY), st, OVERFLOW);
+            }
+            if let Some(st) = shared {
+                target.insert(std::sync::Arc::from(""), st, SHARED);
             }
         }
         self.keys = new_keys;

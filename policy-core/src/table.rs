@@ -135,6 +135,18 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
         self.node_mut(i)?.entry.as_mut().map(|(k, v)| (&*k, v))
     }
 
+    /// The values of two different entries at once (`None` when `a == b` or either is free).
+    pub(crate) fn get2_mut(&mut self, a: u32, b: u32) -> Option<(&mut V, &mut V)> {
+        if a == b {
+            return None;
+        }
+        let (lo, hi) = (a.min(b) as usize, a.max(b) as usize);
+        let (left, right) = self.nodes.split_at_mut(hi);
+        let x = left.get_mut(lo)?.entry.as_mut().map(|(_, v)| v)?;
+        let y = right.first_mut()?.entry.as_mut().map(|(_, v)| v)?;
+        Some(if a < b { (x, y) } else { (y, x) })
+    }
+
     /// The list an entry is on.
     pub(crate) fn list_of(&self, i: u32) -> Option<usize> {
         let n = self.node(i)?;

@@ -172,6 +172,15 @@ pub fn parse(text: &str) -> Result<FilterConfig, Vec<LoadError>> {
             None
         }
     };
+    // The filter shares each key's state between Envoy's workers under compare-and-swap, one
+    // key per request: a state of `scope: policy` would stay per worker, and N workers would
+    // admit N times what the policy says.
+    if let Some(p) = policy.and_then(|i| engine.policy(i)).filter(|p| p.scopes.any()) {
+        errors.push(err(
+            "policy",
+            format!("policy `{}` has a strategy of `scope: policy`, which the filter cannot share between Envoy's workers yet: use `scope: key`", p.name),
+        ));
+    }
     let mut fallbacks = Vec::new();
     if let Some(info) = policy.and_then(|i| engine.policy_info(i)) {
         let mut actions = fallback_map.and_then(|v| Fields::new("fallbacks", v, &mut errors));
@@ -330,6 +339,14 @@ fallbacks:
         let e = errors("document: { policies: { p: { fallbacks: [{ name: f, on: [breaker-open] }] } } }");
         assert!(e.iter().any(|e| e.starts_with("fallbacks.f: is required")), "{e:?}");
         assert!(!errors("{not json").is_empty());
+    }
+
+    #[test]
+    fn a_policy_of_scope_policy_is_refused_with_its_reason() {
+        // Shared between workers per key, a state of the policy would admit once per worker.
+        let e = errors("document: { policies: { p: { rate-limit: { rate: 5, scope: policy } } } }");
+        assert!(e.iter().any(|e| e.starts_with("policy:") && e.contains("scope: policy")), "{e:?}");
+        assert!(errors("document: { policies: { p: { rate-limit: { rate: 5, scope: key } } } }").is_empty());
     }
 
     #[test]

@@ -5,6 +5,7 @@ use super::Policy;
 use crate::classify;
 use crate::doc::{obj, Value};
 use crate::fallback;
+use crate::scope::Scope;
 use crate::time::format_duration;
 
 /// A policy with every default filled in, as a JSON tree (durations in their text form).
@@ -37,6 +38,20 @@ pub fn policy_to_json(p: &Policy) -> Value {
     }
     if let (Value::Map(entries), Some(h)) = (&mut out, &p.hedge) {
         entries.push(("hedge".to_string(), h.to_json()));
+    }
+    // `scope` is written only where it is `policy`, for the same reason.
+    let s = &p.scopes;
+    for (field, scope) in
+        [("breaker", s.breaker), ("rate-limit", s.rate_limit), ("budget", s.budget), ("bulkhead", s.limit), ("concurrency", s.limit)]
+    {
+        if scope != Scope::Policy {
+            continue;
+        }
+        if let Value::Map(entries) = &mut out {
+            if let Some((_, Value::Map(section))) = entries.iter_mut().find(|(k, _)| k == field) {
+                section.push(("scope".to_string(), scope.name().into()));
+            }
+        }
     }
     out
 }

@@ -41,7 +41,9 @@ use crate::retry::{
     self,
     backoff::{self, Backoff},
 };
+use crate::scope::{self, Scope, Scopes};
 use crate::time::SECOND;
+use std::borrow::Cow;
 
 /// The policy with every default filled in, as JSON text.
 pub fn to_json(p: &Policy) -> String {
@@ -93,6 +95,8 @@ pub struct Policy {
     /// Hedged attempts (default none). A hedged call is never retried: `attempts` must be
     /// left out (it is 1). See [`crate::hedge`].
     pub hedge: Option<HedgeCfg>,
+    /// What each stateful strategy's state is kept for (default: each key). See [`crate::scope`].
+    pub scopes: Scopes,
 }
 
 /// Durable calls (records that survive a restart; see `crate::durable`).
@@ -212,6 +216,16 @@ pub fn parse_document(text: &str) -> Result<Vec<Policy>, Vec<LoadError>> {
     }
 }
 
+/// A stateful strategy's section, if the policy has it: its path, its `scope` (into `scope`),
+/// and the rest of it, for the strategy to parse.
+fn section<'v>(f: &mut Fields<'v>, field: &str, scope: &mut Scope, errors: &mut Vec<LoadError>) -> Option<(String, Cow<'v, Value>)> {
+    let v = f.take(field)?;
+    let path = f.path_of(field);
+    let (s, rest) = scope::split(&path, v, errors);
+    *scope = s;
+    Some((path, rest))
+}
+
 fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError>) -> Option<Policy> {
     let before = errors.len();
     let mut f = Fields::new(path, body, errors)?;
@@ -224,17 +238,23 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
     let never_retry = classify::parse_rules(&mut f, "never-retry", classify::DEFAULT_NEVER_RETRY, errors);
     let idempotent_methods = classify::parse_methods(&mut f, errors);
     let retry_after = RetryAfterCfg::parse(&mut f, errors);
-    let budget = f.take("budget").and_then(|v| budget::parse(&f.path_of("budget"), v, errors));
-    let breaker = f.take("breaker").and_then(|v| breaker::parse(&f.path_of("breaker"), v, errors));
-    let rate_limit = f.take("rate-limit").and_then(|v| rate::parse(&f.path_of("rate-limit"), v, errors));
-    let bulkhead = f.take("bulkhead").and_then(|v| bulkhead::parse(&f.path_of("bulkhead"), v, errors));
+    // Each stateful strategy's `scope` is read once (`crate::scope`); the strategy parses the rest.
+    let mut scopes = Scopes::default();
+    let budget = section(&mut f, "budget", &mut scopes.budget, errors).and_then(|(path, v)| budget::parse(&path, &v, errors));
+    let breaker = section(&mut f, "breaker", &mut scopes.breaker, errors).and_then(|(path, v)| breaker::parse(&path, &v, errors));
+    let rate_limit = section(&mut f, "rate-limit", &mut scopes.rate_limit, errors).and_then(|(path, v)| rate::parse(&path, &v, errors));
+    let bulkhead = section(&mut f, "bulkhead", &mut scopes.limit, errors).and_then(|(path, v)| bulkhead::parse(&path, &v, errors));
     if matches!(budget, Some(BudgetCfg::AwsAdaptive(_))) && rate_limit.is_some() {
         errors.push(LoadError::new(
             &f.path_of("budget"),
             "`aws-adaptive` is a client rate limiter of its own: a policy with it has no `rate-limit`",
         ));
     }
-    let concurrency = f.take("concurrency").and_then(|v| adaptive::parse(&f.path_of("concurrency"), v, errors));
+    let mut limit = Scope::Key;
+    let concurrency = section(&mut f, "concurrency", &mut limit, errors).and_then(|(path, v)| adaptive::parse(&path, &v, errors));
+    if concurrency.is_some() {
+        scopes.limit = limit;
+    }
     if bulkhead.is_some() && concurrency.is_some() {
         errors.push(LoadError::new(
             &f.path_of("concurrency"),
@@ -245,6 +265,12 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
     let max_keys = parse_keys(&mut f, errors);
     let durable = DurableCfg::parse(&mut f, errors);
     let fleet = f.take("fleet").and_then(|v| crate::fleet::parse(&f.path_of("fleet"), v, &breaker, &budget, errors));
+    if fleet.is_some() && scopes.any() {
+        errors.push(LoadError::new(
+            &f.path_of("fleet"),
+            "state shared across processes is kept per key: a policy with `scope: policy` has no `fleet` section yet",
+        ));
+    }
     let hedge = f.take("hedge").and_then(|v| hedge::parse(&f.path_of("hedge"), v, attempt_timeout, errors));
     if let (true, Some(field)) = (hedged, retries_written) {
         errors.push(LoadError::new(
@@ -279,6 +305,7 @@ fn parse_policy(name: &str, path: &str, body: &Value, errors: &mut Vec<LoadError
         durable,
         fleet,
         hedge,
+        scopes,
     })
 }
 
