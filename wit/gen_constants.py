@@ -72,6 +72,9 @@ def flat(c: dict[str, Any]) -> list[tuple[str, Any]]:
             items.append((f"HTTP_{k}", v))
     for k, v in c["guards"].items():
         items.append((f"GUARD_{k}", v))
+    for k, v in c["texts"].items():
+        if k != "about":
+            items.append((f"TEXT_{k}", v))
     for k, v in c["cache"].items():
         if isinstance(v, int):
             items.append((f"CACHE_{k}", v))

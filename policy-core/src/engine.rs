@@ -268,6 +268,10 @@ pub const OVERFLOW_KEY: &str = "levee:overflow";
 /// to export and import again.
 pub const MAX_KEY_BYTES: usize = 1024;
 
+/// Most bytes one page of a paged export carries (`export-state-page`; wit/constants.json,
+/// `STATE_PAGE_BYTES`): what one crossing copies, whatever the state's size.
+pub const STATE_PAGE_BYTES: usize = 1 << 20;
+
 /// Most keys of the guarded list looked at for one eviction (each one still protected moves
 /// to the back of the list), so that making a key costs the same at any number of keys.
 const GUARD_PROBES: usize = 8;
@@ -313,6 +317,8 @@ pub struct Engine {
     /// The key an `acquire` or `report` is changing, `(policy, index, now)`: filed by what it
     /// holds once the operation is over (see [`refile`]).
     touched: Option<(usize, u32, u64)>,
+    /// A paged export or import in progress (`state::Pages`).
+    pub(crate) pages: crate::state::Pages,
 }
 
 pub(crate) fn push_event(events: &mut VecDeque<Event>, e: Event) {
@@ -821,6 +827,7 @@ impl Engine {
             queue_ids: 0,
             regrant: None,
             touched: None,
+            pages: Default::default(),
         }
     }
 
