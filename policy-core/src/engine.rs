@@ -413,6 +413,20 @@ pub(crate) fn refile(keys: &mut Keys, p: &Policy, at: u32, now: u64) {
     }
 }
 
+/// File the key an `acquire` or `report` changed (see `file_touched`): to the most recent end of
+/// the list its state now calls for. Its touch for the LRU was left to here (`call_key_state`
+/// with `touch_now` false), so one move does both, and its node is read once. The overflow
+/// entry stays on its list.
+#[inline]
+fn file_at_back(keys: &mut Keys, p: &Policy, at: u32, now: u64) {
+    let want = match keys.get_on_list(at) {
+        Some((OVERFLOW, _)) => OVERFLOW,
+        Some((_, s)) => list_for(p, s, now),
+        None => return,
+    };
+    keys.move_to_back(at, want);
+}
+
 /// The key to evict for a new one at `now`, if one may go: the least recently used key at
 /// rest, else the first of a few guarded keys whose protection has ended by itself. The
 /// guarded keys looked at and still protected move to the back of their list.
@@ -530,13 +544,16 @@ fn call_key_state<'a>(
     tick: &mut u64,
     now: u64,
     events: &mut VecDeque<Event>,
+    touch_now: bool,
 ) -> Option<&'a mut KeyState> {
     *tick = tick.wrapping_add(1);
     let t = *tick;
     if !keys.get(*at).is_some_and(|(k, _)| name.is(k)) {
         relocate_key(keys, p, policy, name, at, t, now, events);
     }
-    touch(keys, *at);
+    if touch_now {
+        touch(keys, *at);
+    }
     let (_, state) = keys.get_mut(*at)?;
     state.last_used = t;
     Some(state)
@@ -1093,7 +1110,7 @@ impl Engine {
         }
         let now = c.observe(now);
         let (Some(p), Some(keys)) = (self.policies.get(c.policy), self.keys.get_mut(c.policy)) else { return };
-        let Some(ks) = call_key_state(keys, p, c.policy, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+        let Some(ks) = call_key_state(keys, p, c.policy, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events, true) else {
             return;
         };
         ks.in_flight = ks.in_flight.saturating_sub(slots);
@@ -1150,7 +1167,8 @@ impl Engine {
             // Cannot happen through `report`; kept so that no path exceeds the maximum.
             return self.end_at(slot, Reason::RetriesExhausted, 0, now);
         }
-        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+        // Its touch is left to `file_touched`, which files it once the operation is over.
+        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events, false) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         self.touched = Some((pi, c.key_at, now));
@@ -1376,7 +1394,7 @@ impl Engine {
     fn file_touched(&mut self) {
         if let Some((pi, at, now)) = self.touched.take() {
             if let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) {
-                refile(keys, p, at, now);
+                file_at_back(keys, p, at, now);
             }
         }
     }
@@ -1413,7 +1431,8 @@ impl Engine {
         };
         c.phase = Phase::Ready;
         let now = c.observe(now);
-        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+        // Its touch is left to `file_touched`, which files it once the operation is over.
+        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events, false) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         self.touched = Some((pi, c.key_at, now));
@@ -1594,7 +1613,7 @@ impl Engine {
         if closing.is_none() && machine.is_over() {
             return Vec::new();
         }
-        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events, true) else {
             return self.hedge_invalid(InvalidCode::UnknownPolicy);
         };
         // The attempt that closed, first: what it frees is free for the next hedge.
