@@ -783,14 +783,15 @@ impl Reader {
     /// The header and the entries read, once the document is complete.
     #[allow(clippy::type_complexity)]
     fn finish(mut self) -> Result<([u64; 4], u64, Vec<(usize, Vec<(Arc<str>, KeyState)>)>), LoadError> {
-        if self.peek().is_some() {
-            return Err(self.unexpected("the end of the document"));
-        }
+        let end = self.base + self.buf.len() as u64;
         if self.at == At::Start {
             return Err(not_state("expected a JSON object"));
         }
         if self.at != At::Done {
-            return Err(not_state(format!("the document ends early, at byte {}", self.base + self.pos as u64)));
+            return Err(not_state(format!("the document ends early, at byte {end}")));
+        }
+        if self.peek().is_some() {
+            return Err(self.unexpected("the end of the document"));
         }
         let (words, tick) = read_header(self.format.as_ref(), self.version.as_ref(), self.rng.as_ref(), self.tick.as_ref())?;
         if !self.policies_seen {
