@@ -867,7 +867,9 @@ def test_a_fault_in_analyze_never_reopens_a_tripped_breaker() -> None:
     assert engine.breaker_state("b") is BreakerState.OPEN
 
 
-def test_a_snapshot_too_large_for_wasmtime_py_stops_snapshots_instead_of_faulting_each_time() -> None:
+def test_a_snapshot_larger_than_one_crossing_goes_by_pages() -> None:
+    # issue 41: 4.6 MB of open breakers faulted in one crossing and snapshots stopped; by pages
+    # they are taken every time, and a trap restores every open breaker.
     engine = levee.loads(
         "policies:\n  p:\n" + BREAKER_BODY + "    keys: { max: 1000000 }\n", seed=1, snapshot_interval=0
     )
@@ -884,8 +886,13 @@ def test_a_snapshot_too_large_for_wasmtime_py_stops_snapshots_instead_of_faultin
     for _ in range(3):
         engine.policy("p").call(lambda: None)
         engine._snapshot_due = 0
-    assert engine._snapshots_stopped
-    assert engine.faults == 1  # the first snapshot faulted; none after
+    assert not engine._snapshots_stopped
+    assert engine.faults == 0
+    assert engine._snapshot is not None and len(engine._snapshot) > 4_500_000
+    inject_fault(engine, "start")
+    assert engine.policy("p").call(lambda: "unguarded") == "unguarded"
+    assert engine.faults == 1
+    assert engine.breaker_state("p", "host-4499".ljust(1000, "x")) is BreakerState.OPEN
 
 
 def test_opentelemetry_spans_per_call_and_attempt() -> None:
