@@ -984,7 +984,9 @@ export function exportPages(engine: Engine, snapshot: boolean): Uint8Array {
     const page = engine.exportStatePage(cursor, snapshot);
     const n = page.bytes.length;
     if (n > GUARD_STATE_PAGE_BYTES || (page.next !== 0n && (n === 0 || page.next !== cursor + BigInt(n)))) {
-      throw new Error(`levee: export-state-page broke the contract: ${n} bytes from cursor ${cursor}, next ${page.next}`);
+      throw new Error(
+        `levee: export-state-page broke the contract: ${n} bytes from cursor ${cursor}, next ${page.next}`,
+      );
     }
     pages.push(page.bytes);
     total += n;
