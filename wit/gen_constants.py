@@ -75,6 +75,9 @@ def flat(c: dict[str, Any]) -> list[tuple[str, Any]]:
     for k, v in c["grpc"].items():
         if k != "about" and isinstance(v, (str, int)):
             items.append((f"GRPC_{k}", v))
+    for k, v in c["texts"].items():
+        if k != "about":
+            items.append((f"TEXT_{k}", v))
     for k, v in c["cache"].items():
         if isinstance(v, int):
             items.append((f"CACHE_{k}", v))

@@ -73,16 +73,21 @@ func TestSignatures(t *testing.T) {
 		results []flatType
 		retptr  bool
 	}{
-		fnLoad:           {[]flatType{fI32, fI32, fI64}, []flatType{fI32}, true},
-		fnPolicyCount:    {[]flatType{fI32}, []flatType{fI32}, false},
-		fnStart:          {[]flatType{fI32, fI64, fI32, fI32, fI32, fI32, fI64, fI64, fI64, fI64}, []flatType{fI64}, false},
-		fnReport:         {[]flatType{fI32, fI64, fI64, fI64, fI32, fI32, fI32, fI32, fI64, fI32}, []flatType{fI64}, false},
-		fnCancel:         {[]flatType{fI32, fI64, fI64}, nil, false},
-		fnBreakerState:   {[]flatType{fI32, fI32, fI32, fI32, fI64}, []flatType{fI32}, true},
-		fnImportState:    {[]flatType{fI32, fI32, fI32}, []flatType{fI32}, true},
-		fnReportFallback: {[]flatType{fI32, fI64, fI64, fI32}, []flatType{fI64}, false},
-		fnID:             {[]flatType{fI32}, []flatType{fI32}, false},
-		fnStartUnkeyed:   {[]flatType{fI32, fI64, fI32, fI32, fI64, fI64, fI64, fI64}, []flatType{fI64}, false},
+		fnLoad:         {[]flatType{fI32, fI32, fI64}, []flatType{fI32}, true},
+		fnPolicyCount:  {[]flatType{fI32}, []flatType{fI32}, false},
+		fnStart:        {[]flatType{fI32, fI64, fI32, fI32, fI32, fI32, fI64, fI64, fI64, fI64}, []flatType{fI64}, false},
+		fnReport:       {[]flatType{fI32, fI64, fI64, fI64, fI32, fI32, fI32, fI32, fI64, fI32}, []flatType{fI64}, false},
+		fnCancel:       {[]flatType{fI32, fI64, fI64}, nil, false},
+		fnBreakerState: {[]flatType{fI32, fI32, fI32, fI32, fI64}, []flatType{fI32}, true},
+		fnImportState:  {[]flatType{fI32, fI32, fI32}, []flatType{fI32}, true},
+		// state-page {list<u8>, u64} is three flat values: returned through a pointer
+		fnExportStatePage:  {[]flatType{fI32, fI64, fI32}, []flatType{fI32}, true},
+		fnImportStateBegin: {[]flatType{fI32}, nil, false},
+		fnImportStatePage:  {[]flatType{fI32, fI32, fI32}, []flatType{fI32}, true},
+		fnImportStateEnd:   {[]flatType{fI32}, []flatType{fI32}, true},
+		fnReportFallback:   {[]flatType{fI32, fI64, fI64, fI32}, []flatType{fI64}, false},
+		fnID:               {[]flatType{fI32}, []flatType{fI32}, false},
+		fnStartUnkeyed:     {[]flatType{fI32, fI64, fI32, fI32, fI64, fI64, fI64, fI64}, []flatType{fI64}, false},
 	}
 	for fn, w := range want {
 		s := sigs[fn]

@@ -26,6 +26,7 @@ var (
 		"attempt", tU32, "reason", tReason, "duration", tU64, "state-from", tBreakerState,
 		"state-to", tBreakerState, "name", tString, "value", tS64)
 	tLoadError  = recordOf("load-error", "path", tString, "message", tString)
+	tStatePage  = recordOf("state-page", "bytes", listOf(tU8), "next", tU64)
 	tPolicyInfo = recordOf("policy-info", "name", tString, "max-attempts", tU32,
 		"attempt-timeout", tU64, "deadline", tU64, "fallbacks", listOf(tString))
 	tCallInfo = recordOf("call-info", "policy", tU32, "key", tString, "attempts", tU32,
@@ -77,6 +78,10 @@ const (
 	fnExportState
 	fnExportSnapshot
 	fnImportState
+	fnExportStatePage
+	fnImportStateBegin
+	fnImportStatePage
+	fnImportStateEnd
 	fnDurableBegin
 	fnDurableStep
 	fnDurableRenew
@@ -124,12 +129,16 @@ var sigs = [nFuncs]*funcSig{
 	fnBreakerState: method("breaker-state", ts(tU32, tString, tU64), ts(optionOf(tBreakerState))),
 	fnSetBreakerState: method("set-breaker-state", ts(tU32, tString, tBreakerState, tU64),
 		ts(resultOf(nil, tString))),
-	fnExportState:    method("export-state", nil, ts(listOf(tU8))),
-	fnExportSnapshot: method("export-snapshot", nil, ts(listOf(tU8))),
-	fnImportState:    method("import-state", ts(listOf(tU8)), ts(resultOf(nil, tLoadError))),
-	fnDurableBegin:   method("durable-begin", ts(tU32, tString, tString, tU32, tU64), ts(resultOf(tDurableStep, tLoadError))),
-	fnDurableStep:    method("durable-step", ts(listOf(tU8), tString, tU64, tU64), ts(resultOf(tDurableStep, tLoadError))),
-	fnDurableRenew:   method("durable-renew", ts(listOf(tU8), tString, tU64, tU64), ts(resultOf(tDurableStep, tLoadError))),
+	fnExportState:      method("export-state", nil, ts(listOf(tU8))),
+	fnExportSnapshot:   method("export-snapshot", nil, ts(listOf(tU8))),
+	fnImportState:      method("import-state", ts(listOf(tU8)), ts(resultOf(nil, tLoadError))),
+	fnExportStatePage:  method("export-state-page", ts(tU64, tBool), ts(tStatePage)),
+	fnImportStateBegin: method("import-state-begin", nil, nil),
+	fnImportStatePage:  method("import-state-page", ts(listOf(tU8)), ts(resultOf(nil, tLoadError))),
+	fnImportStateEnd:   method("import-state-end", nil, ts(resultOf(nil, tLoadError))),
+	fnDurableBegin:     method("durable-begin", ts(tU32, tString, tString, tU32, tU64), ts(resultOf(tDurableStep, tLoadError))),
+	fnDurableStep:      method("durable-step", ts(listOf(tU8), tString, tU64, tU64), ts(resultOf(tDurableStep, tLoadError))),
+	fnDurableRenew:     method("durable-renew", ts(listOf(tU8), tString, tU64, tU64), ts(resultOf(tDurableStep, tLoadError))),
 	fnDurableOutcome: method("durable-outcome", ts(listOf(tU8), tString, tU64, tU64, tOutcomeKind, tS32, tString, tString, tU32),
 		ts(resultOf(tDurableStep, tLoadError))),
 	fnDurableCancel:  method("durable-cancel", ts(listOf(tU8), tU64), ts(resultOf(tDurableStep, tLoadError))),
@@ -773,39 +782,81 @@ func (in *instance) setBreakerState(ctx context.Context, rep, policy uint32, key
 	return "", true, nil
 }
 
+// exportState is export-state, page by page (exportPages).
 func (in *instance) exportState(ctx context.Context, rep uint32) ([]byte, error) {
-	return in.exportBytes(ctx, fnExportState, rep)
+	return in.exportPages(ctx, rep, false)
 }
 
 // exportSnapshot is export-state restricted to the keys that hold protection (the
-// recovery snapshot): same format, readable by import-state.
+// recovery snapshot): same format, readable by import-state. Page by page.
 func (in *instance) exportSnapshot(ctx context.Context, rep uint32) ([]byte, error) {
-	return in.exportBytes(ctx, fnExportSnapshot, rep)
+	return in.exportPages(ctx, rep, true)
 }
 
-func (in *instance) exportBytes(ctx context.Context, fn int, rep uint32) ([]byte, error) {
-	if err := in.call(ctx, fn, uint64(rep)); err != nil {
-		return nil, err
+// exportPages calls export-state-page from cursor 0 until the document is complete:
+// each crossing copies at most cGuardStatePageBytes and the guest never holds the
+// whole document (docs/hosts.md, "State of any size"). The caller holds the engine's
+// lock across the pages. A page over its bound, or a cursor that does not move on by
+// the page's bytes, breaks the contract: a trap, recovered from as one.
+func (in *instance) exportPages(ctx context.Context, rep uint32, snapshot bool) ([]byte, error) {
+	var out []byte
+	var cursor uint64
+	flag := uint64(0)
+	if snapshot {
+		flag = 1
 	}
-	v, err := in.liftRet(ctx, fn)
-	if err != nil {
-		return nil, err
+	for {
+		if err := in.call(ctx, fnExportStatePage, uint64(rep), cursor, flag); err != nil {
+			return nil, err
+		}
+		v, err := in.liftRet(ctx, fnExportStatePage)
+		if err != nil {
+			return nil, err
+		}
+		f := v.([]any)
+		page, _ := f[0].([]byte)
+		next, _ := f[1].(uint64)
+		n := uint64(len(page))
+		if n > cGuardStatePageBytes || (next != 0 && (n == 0 || next != cursor+n)) {
+			return nil, trapf("export-state-page broke the contract: %d bytes from cursor %d, next %d", n, cursor, next)
+		}
+		out = append(out, page...)
+		if next == 0 {
+			return out, nil
+		}
+		cursor = next
 	}
-	return v.([]byte), nil
 }
 
+// importState is import-state-begin, the state in pages of at most
+// cGuardStatePageBytes (import-state-page), import-state-end: a state of any size;
+// on a *LoadError nothing changed.
 func (in *instance) importState(ctx context.Context, rep uint32, state []byte) (*LoadError, error) {
-	if len(state) > math.MaxInt32 {
-		return nil, fmt.Errorf("levee: state of %d bytes is too long", len(state))
-	}
-	p, n, err := in.lowerBytes(ctx, "", state)
-	if err != nil {
+	if err := in.call(ctx, fnImportStateBegin, uint64(rep)); err != nil {
 		return nil, err
 	}
-	if err := in.call(ctx, fnImportState, uint64(rep), uint64(p), uint64(n)); err != nil {
+	for at := 0; at < len(state); at += cGuardStatePageBytes {
+		page := state[at:min(at+cGuardStatePageBytes, len(state))]
+		p, n, err := in.lowerBytes(ctx, "", page)
+		if err != nil {
+			return nil, err
+		}
+		if err := in.call(ctx, fnImportStatePage, uint64(rep), uint64(p), uint64(n)); err != nil {
+			return nil, err
+		}
+		if lerr, err := in.liftLoadResult(ctx, fnImportStatePage); lerr != nil || err != nil {
+			return lerr, err
+		}
+	}
+	if err := in.call(ctx, fnImportStateEnd, uint64(rep)); err != nil {
 		return nil, err
 	}
-	v, err := in.liftRet(ctx, fnImportState)
+	return in.liftLoadResult(ctx, fnImportStateEnd)
+}
+
+// liftLoadResult lifts the result<_, load-error> of fn.
+func (in *instance) liftLoadResult(ctx context.Context, fn int) (*LoadError, error) {
+	v, err := in.liftRet(ctx, fn)
 	if err != nil {
 		return nil, err
 	}

@@ -54,8 +54,10 @@ const (
 	cGuardGuestMemoryBytes      = 536870912
 	cGuardSnapshotIntervalMs    = 1000
 	cGuardMaxKeyBytes           = 1024
+	cGuardStatePageBytes        = 1048576
 	cGrpcPreviousAttemptsHeader = "grpc-previous-rpc-attempts"
 	cGrpcRejectedStatusOther    = 2
+	cTextKeyTooLong             = "key: {bytes} bytes, longer than the {max} a key may be (docs/policy.md, Keys)"
 	cCachePruneAfterSecs        = 2592000
 	cEventEngineFault           = "engine-fault"
 	cMetricCalls                = "levee.calls"

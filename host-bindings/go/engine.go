@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1028,8 +1029,8 @@ const MaxKeyBytes = cGuardMaxKeyBytes
 // against its overflow entry (the conformance vectors drive them).
 func CheckKey(key string) error {
 	if len(key) > MaxKeyBytes {
-		return fmt.Errorf("%w: key: %d bytes, longer than the %d a key may be (docs/policy.md, Keys)",
-			ErrKeyTooLong, len(key), MaxKeyBytes)
+		text := strings.NewReplacer("{bytes}", strconv.Itoa(len(key)), "{max}", strconv.Itoa(MaxKeyBytes)).Replace(cTextKeyTooLong)
+		return fmt.Errorf("%w: %s", ErrKeyTooLong, text)
 	}
 	return keyUTF8(key)
 }

@@ -175,3 +175,38 @@ func TestKeyEvictionAndOverflowAreCounted(t *testing.T) {
 		t.Errorf("%s = %d (%d key-overflow events): %v", cMetricKeysOverflow, got, rec.count(EventKeyOverflow), sink.counts)
 	}
 }
+
+// State larger than import-state takes in one crossing (64 MiB) goes out and back in by
+// pages (docs/hosts.md, "State of any size"): 70,000 keys of about 1,000 bytes.
+func TestStateAboveOneCrossingGoesByPages(t *testing.T) {
+	if testing.Short() {
+		t.Skip("70,000 keys of 1,000 bytes")
+	}
+	rec := &recorder{}
+	e := mustLoad(t, keysDoc, WithListener(rec.listen))
+	p := mustPolicy(t, e, "p")
+	fillKeys(t, p, 70_000, strings.Repeat("x", 990))
+	trip(t, p, "open")
+	state, err := e.ExportState()
+	if ev, ok := rec.find(EventEngineFault); ok {
+		t.Fatalf("engine fault: %+v", ev)
+	}
+	if err != nil || len(state) <= 64<<20 {
+		t.Fatalf("export of 70,000 keys: %d bytes, %v", len(state), err)
+	}
+	other := mustLoad(t, keysDoc)
+	if err := other.ImportState(state); err != nil {
+		t.Fatalf("import of %d bytes: %v", len(state), err)
+	}
+	if s, ok, err := other.BreakerState(0, "open", other.Now()); err != nil || !ok || s != BreakerOpen {
+		t.Fatalf("the imported breaker of key open: %v %v %v", s, ok, err)
+	}
+	// an import that stops early changes nothing
+	var le *LoadError
+	if err := other.ImportState(state[:3<<20]); !errors.As(err, &le) || !strings.Contains(le.Message, "ends early") {
+		t.Fatalf("a truncated import: %v", err)
+	}
+	if s, _, _ := other.BreakerState(0, "open", other.Now()); s != BreakerOpen {
+		t.Fatalf("after a failed import the breaker of key open is %v", s)
+	}
+}

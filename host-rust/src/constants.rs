@@ -102,10 +102,14 @@ pub const GUARD_GUEST_MEMORY_BYTES: u32 = 536870912;
 pub const GUARD_SNAPSHOT_INTERVAL_MS: u32 = 1000;
 /// `GUARD_MAX_KEY_BYTES` of the contract.
 pub const GUARD_MAX_KEY_BYTES: u32 = 1024;
+/// `GUARD_STATE_PAGE_BYTES` of the contract.
+pub const GUARD_STATE_PAGE_BYTES: u32 = 1048576;
 /// `GRPC_PREVIOUS_ATTEMPTS_HEADER` of the contract.
 pub const GRPC_PREVIOUS_ATTEMPTS_HEADER: &str = "grpc-previous-rpc-attempts";
 /// `GRPC_REJECTED_STATUS_OTHER` of the contract.
 pub const GRPC_REJECTED_STATUS_OTHER: u32 = 2;
+/// `TEXT_KEY_TOO_LONG` of the contract.
+pub const TEXT_KEY_TOO_LONG: &str = "key: {bytes} bytes, longer than the {max} a key may be (docs/policy.md, Keys)";
 /// `CACHE_PRUNE_AFTER_SECS` of the contract.
 pub const CACHE_PRUNE_AFTER_SECS: u32 = 2592000;
 /// `EVENT_ENGINE_FAULT` of the contract.

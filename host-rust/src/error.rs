@@ -72,7 +72,8 @@ impl KeyTooLong {
 
 impl fmt::Display for KeyTooLong {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "key: {} bytes, longer than the {} a key may be (docs/policy.md, Keys)", self.bytes, Self::MAX)
+        let text = crate::constants::TEXT_KEY_TOO_LONG.replace("{bytes}", &self.bytes.to_string()).replace("{max}", &Self::MAX.to_string());
+        f.write_str(&text)
     }
 }
 

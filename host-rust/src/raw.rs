@@ -1104,18 +1104,52 @@ pub(crate) mod wasm {
             call!(self, call_ticks, call_set_breaker_state(policy, key, state_in(s), now))
         }
 
-        /// `state` is the size of the state held (see `Limits::bytes_per_tick`).
+        /// `state` is the size of the state held (see `Limits::bytes_per_tick`). Page by page
+        /// (`export_pages`).
         pub(crate) fn export_state(&mut self, state: usize) -> Result<Vec<u8>, String> {
-            call!(self, work(state), call_export_state())
+            self.export_pages(false, state)
         }
 
         /// `state` as for `export_state`.
         pub(crate) fn export_snapshot(&mut self, state: usize) -> Result<Vec<u8>, String> {
-            call!(self, work(state), call_export_snapshot())
+            self.export_pages(true, state)
         }
 
+        /// `export-state-page` from cursor 0 until the document is complete: each crossing
+        /// copies at most `GUARD_STATE_PAGE_BYTES`, and the guest never holds the document
+        /// (docs/hosts.md, "State of any size"). The caller holds the engine (`&mut self`) across
+        /// the pages. A page over its bound, or a cursor that does not move on by the page's
+        /// bytes, breaks the contract: an error, recovered from as a trap.
+        fn export_pages(&mut self, snapshot: bool, state: usize) -> Result<Vec<u8>, String> {
+            let mut out = Vec::new();
+            let mut cursor = 0u64;
+            loop {
+                let page = call!(self, work(state.saturating_add(out.len())), call_export_state_page(cursor, snapshot))?;
+                let n = page.bytes.len();
+                if n > crate::constants::GUARD_STATE_PAGE_BYTES as usize
+                    || (page.next != 0 && (n == 0 || page.next != cursor.saturating_add(n as u64)))
+                {
+                    return Err(format!("export-state-page broke the contract: {n} bytes from cursor {cursor}, next {}", page.next));
+                }
+                out.extend_from_slice(&page.bytes);
+                if page.next == 0 {
+                    return Ok(out);
+                }
+                cursor = page.next;
+            }
+        }
+
+        /// `import-state-begin`, the bytes in pages of at most `GUARD_STATE_PAGE_BYTES`
+        /// (`import-state-page`), `import-state-end`: a state of any size, and on error
+        /// nothing changes.
         pub(crate) fn import_state(&mut self, bytes: &[u8], state: usize) -> Result<Result<(), LoadError>, String> {
-            Ok(call!(self, work(bytes.len().saturating_add(state)), call_import_state(bytes))?.map_err(load_error))
+            call!(self, call_ticks, call_import_state_begin())?;
+            for page in bytes.chunks(crate::constants::GUARD_STATE_PAGE_BYTES as usize) {
+                if let Err(e) = call!(self, work(page.len()), call_import_state_page(page))? {
+                    return Ok(Err(load_error(e)));
+                }
+            }
+            Ok(call!(self, work(bytes.len().saturating_add(state)), call_import_state_end())?.map_err(load_error))
         }
 
         pub(crate) fn reload(&mut self, doc: &str, state: usize) -> Result<Result<(), Vec<LoadError>>, String> {

@@ -627,3 +627,60 @@ async fn a_large_state_exports_imports_and_survives_a_trap() {
     let err = l.call::<u32, std::io::Error>("p").key("open").run(|_| async { Ok(1) }).await.expect_err("still open");
     assert_eq!(err.reason, Reason::BreakerOpen, "{err:?}");
 }
+
+/// Keys of `GUARD_MAX_KEY_BYTES` the guest holds within its memory bound with room to spare
+/// (docs/hosts.md, "State of any size").
+const LONG_KEYS: u64 = 200_000;
+
+/// `n` keys of `len` bytes (at least 8) at rest, one call each, and one breaker ("open") open.
+fn fill(e: &mut RawEngine, n: u64, len: usize) {
+    for i in 0..n {
+        let key = format!("{i:0>len$}");
+        e.try_start(i + 1, 0, &key, 0, 1_000 + i, 0, 0, 0).expect("no trap");
+        e.try_report(i + 1, 1_000 + i, 10, OutcomeKind::Success, 0, "", 0, 0).expect("no trap");
+    }
+    for i in 0..2u64 {
+        e.try_start(n + 10 + i, 0, "open", 0, 1_000 + n + i, 0, 0, 0).expect("no trap");
+        e.try_report(n + 10 + i, 1_000 + n + i, 10, OutcomeKind::ConnectionError, 0, "", 0, 0).expect("no trap");
+    }
+    assert_eq!(e.breaker_state(0, "open", 1_000 + n + 5), Some(BreakerState::Open));
+}
+
+/// Export and import at a million short keys (issue 41): about 250 MB of state, which trapped
+/// against the guest's 512 MiB when the guest built the whole document; page by page it never
+/// holds it, in either direction.
+#[test]
+fn a_million_keys_export_and_import() {
+    let doc = "policies:\n  p:\n    attempts: 1\n    breaker: { window: { kind: count, size: 4 }, minimum-calls: 2, open-duration: 1h }\n    keys: { max: 1000000 }\n";
+    let limits = Limits { checkpoint_interval: 0, ..Limits::default() };
+    let mut e = RawEngine::load_with(Backend::Wasm, doc, 1, limits).expect("loads");
+    fill(&mut e, 999_999, 8);
+    let state = e.try_export_state().expect("the export of a million keys");
+    assert!(state.len() > 200 << 20, "{} bytes", state.len());
+    let mut other = RawEngine::load_with(Backend::Wasm, doc, 2, limits).expect("loads");
+    other.try_import_state(&state).expect("no trap").expect("a million keys import");
+    assert_eq!(other.breaker_state(0, "open", 2_000_000), Some(BreakerState::Open));
+    assert_eq!(other.try_export_state().expect("no trap"), state);
+    assert_eq!((e.traps(), other.traps()), (0, 0));
+}
+
+/// `keys.max: 1000000` with as many keys of the longest length as the guest holds
+/// (`LONG_KEYS`, issue 41): the whole state exports, a trap recovers, and the open breaker
+/// stays open.
+#[test]
+fn at_a_million_keys_bound_long_keys_export_trap_and_keep_an_open_breaker() {
+    let doc = "policies:\n  p:\n    attempts: 1\n    breaker: { window: { kind: count, size: 4 }, minimum-calls: 2, open-duration: 1h }\n    keys: { max: 1000000 }\n";
+    let max = levee::constants::GUARD_MAX_KEY_BYTES as usize;
+    let mut e = RawEngine::load_with(Backend::Wasm, doc, 1, Limits::default()).expect("loads");
+    fill(&mut e, LONG_KEYS, max);
+    let state = e.try_export_state().expect("the export of the long keys");
+    assert!(state.len() as u64 > LONG_KEYS * max as u64, "{} bytes", state.len());
+    e.set_limits(starved());
+    assert!(e.try_policy_count().is_err());
+    e.set_limits(Limits::default());
+    assert_eq!(e.traps(), 1);
+    assert!(e.last_trap().is_some_and(|t| t.to_string().contains("restored")), "{:?}", e.last_trap());
+    assert_eq!(e.breaker_state(0, "open", 5_000_000), Some(BreakerState::Open));
+    let v = e.try_start(9_000_000, 0, "open", 0, 5_000_000, 0, 0, 0).expect("no trap");
+    assert_eq!(v.kind(), Some(VerdictKind::Fail), "the open breaker rejects");
+}

@@ -70,6 +70,10 @@ async fn a_dead_store_leaves_every_call_local() {
     assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
     assert!(!f.sync("count", "k").await);
     assert!(f.inspect("count", "k").await.is_err());
+    // A key longer than the bound (issue 41) is refused before the store, whatever its state.
+    let long = "q".repeat(levee::constants::GUARD_MAX_KEY_BYTES as usize + 1);
+    let e = f.inspect("count", &long).await.unwrap_err();
+    assert!(matches!(&e, levee::fleet::FleetError::KeyTooLong(k) if k.bytes == long.len()), "{e}");
     assert_eq!(f.publications(), 0);
     // The local breaker still works while the fleet is down.
     for _ in 0..20 {

@@ -324,6 +324,10 @@ pub const OVERFLOW_KEY: &str = "levee:overflow";
 /// to export and import again.
 pub const MAX_KEY_BYTES: usize = 1024;
 
+/// Most bytes one page of a paged export carries (`export-state-page`; wit/constants.json,
+/// `STATE_PAGE_BYTES`): what one crossing copies, whatever the state's size.
+pub const STATE_PAGE_BYTES: usize = 1 << 20;
+
 /// Most keys of the guarded list looked at for one eviction (each one still protected moves
 /// to the back of the list), so that making a key costs the same at any number of keys.
 const GUARD_PROBES: usize = 8;
@@ -369,6 +373,8 @@ pub struct Engine {
     /// The key an `acquire` or `report` is changing, `(policy, index, now)`: filed by what it
     /// holds once the operation is over (see [`refile`]).
     touched: Option<(usize, u32, u64)>,
+    /// A paged export or import in progress (`state::Pages`).
+    pub(crate) pages: crate::state::Pages,
 }
 
 pub(crate) fn push_event(events: &mut VecDeque<Event>, e: Event) {
@@ -462,6 +468,21 @@ pub(crate) fn refile(keys: &mut Keys, p: &Policy, at: u32, now: u64) {
         Some(list) if list == want => {}
         Some(_) => keys.move_to_back(at, want),
     }
+}
+
+/// File the key an `acquire` or `report` changed (see `file_touched`): to the most recent end of
+/// the list its state now calls for. Its touch for the LRU was left to here (`call_key_state`
+/// with `touch_now` false), so one move does both, and its node is read once. The overflow
+/// entry and the policy's shared entry stay on their lists.
+#[inline]
+fn file_at_back(keys: &mut Keys, p: &Policy, at: u32, now: u64) {
+    let want = match keys.get_on_list(at) {
+        Some((OVERFLOW, _)) => OVERFLOW,
+        Some((SHARED, _)) if p.scopes.any() => SHARED,
+        Some((_, s)) => list_for(p, s, now),
+        None => return,
+    };
+    keys.move_to_back(at, want);
 }
 
 /// The key to evict for a new one at `now`, if one may go: the least recently used key at
@@ -625,13 +646,16 @@ fn call_key_state<'a>(
     tick: &mut u64,
     now: u64,
     events: &mut VecDeque<Event>,
+    touch_now: bool,
 ) -> Option<View<'a>> {
     *tick = tick.wrapping_add(1);
     let t = *tick;
     if !keys.get(*at).is_some_and(|(k, _)| name.is(k)) {
         relocate_key(keys, p, policy, name, at, t, now, events);
     }
-    touch(keys, *at);
+    if touch_now {
+        touch(keys, *at);
+    }
     if p.scopes.any() {
         return touched_split_view(keys, p, *at, t);
     }
@@ -933,6 +957,7 @@ impl Engine {
             queue_ids: 0,
             regrant: None,
             touched: None,
+            pages: Default::default(),
         }
     }
 
@@ -1206,7 +1231,7 @@ impl Engine {
         }
         let now = c.observe(now);
         let (Some(p), Some(keys)) = (self.policies.get(c.policy), self.keys.get_mut(c.policy)) else { return };
-        let Some(ks) = call_key_state(keys, p, c.policy, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+        let Some(ks) = call_key_state(keys, p, c.policy, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events, true) else {
             return;
         };
         *ks.in_flight = ks.in_flight.saturating_sub(slots);
@@ -1263,7 +1288,8 @@ impl Engine {
             // Cannot happen through `report`; kept so that no path exceeds the maximum.
             return self.end_at(slot, Reason::RetriesExhausted, 0, now);
         }
-        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+        // Its touch is left to `file_touched`, which files it once the operation is over.
+        let Some(ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events, false) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         self.touched = Some((pi, c.key_at, now));
@@ -1489,7 +1515,7 @@ impl Engine {
     fn file_touched(&mut self) {
         if let Some((pi, at, now)) = self.touched.take() {
             if let (Some(p), Some(keys)) = (self.policies.get(pi), self.keys.get_mut(pi)) {
-                refile(keys, p, at, now);
+                file_at_back(keys, p, at, now);
             }
         }
     }
@@ -1526,7 +1552,8 @@ impl Engine {
         };
         c.phase = Phase::Ready;
         let now = c.observe(now);
-        let Some(mut ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+        // Its touch is left to `file_touched`, which files it once the operation is over.
+        let Some(mut ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events, false) else {
             return self.finish(Verdict::invalid(InvalidCode::UnknownPolicy));
         };
         self.touched = Some((pi, c.key_at, now));
@@ -1707,7 +1734,7 @@ impl Engine {
         if closing.is_none() && machine.is_over() {
             return Vec::new();
         }
-        let Some(mut ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events) else {
+        let Some(mut ks) = call_key_state(keys, p, pi, &mut c.key, &mut c.key_at, &mut self.tick, now, &mut self.events, true) else {
             return self.hedge_invalid(InvalidCode::UnknownPolicy);
         };
         // The attempt that closed, first: what it frees is free for the next hedge.

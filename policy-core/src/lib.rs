@@ -47,7 +47,7 @@ pub use retry::{backoff, retry_after};
 pub use analysis::Analysis;
 pub use engine::{
     CallInfo, Engine, PolicyInfo, FLAG_CALLER_NO_RETRY, FLAG_CALLER_RETRY, FLAG_IDEMPOTENCY_KEY, FLAG_NON_IDEMPOTENT, FLAG_OVERLOADED,
-    MAX_KEY_BYTES, MAX_LIVE_CALLS, MAX_PENDING_EVENTS, OVERFLOW_KEY,
+    MAX_KEY_BYTES, MAX_LIVE_CALLS, MAX_PENDING_EVENTS, OVERFLOW_KEY, STATE_PAGE_BYTES,
 };
 pub use error::LoadError;
 pub use hedge::HedgeCommand;

@@ -147,6 +147,13 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
         Some(if a < b { (x, y) } else { (y, x) })
     }
 
+    /// The list an entry is on, and its value: one read of the node.
+    #[inline]
+    pub(crate) fn get_on_list(&self, i: u32) -> Option<(usize, &V)> {
+        let n = self.node(i)?;
+        n.entry.as_ref().map(|(_, v)| (usize::from(n.list), v))
+    }
+
     /// The list an entry is on.
     pub(crate) fn list_of(&self, i: u32) -> Option<usize> {
         let n = self.node(i)?;

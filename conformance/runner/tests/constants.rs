@@ -90,4 +90,5 @@ fn enumerations_agree_with_the_wit() {
 fn key_bound_agrees() {
     let c = constants();
     assert_eq!(at(&c, &["guards", "MAX_KEY_BYTES"]).as_u64(), Some(levee_core::MAX_KEY_BYTES as u64));
+    assert_eq!(at(&c, &["guards", "STATE_PAGE_BYTES"]).as_u64(), Some(levee_core::STATE_PAGE_BYTES as u64));
 }

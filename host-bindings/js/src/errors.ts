@@ -2,7 +2,12 @@
 // The host states facts (a status, a header, an error's class); it never decides what is retryable.
 
 import type { LoadError, Reason } from '../wasm/interfaces/levee-policy-types.js';
-import { GUARD_MAX_KEY_BYTES, HTTP_TLS_CERTIFICATE_CLASS, HTTP_UNNAMED_ERROR_CLASS } from './constants.js';
+import {
+  GUARD_MAX_KEY_BYTES,
+  HTTP_TLS_CERTIFICATE_CLASS,
+  HTTP_UNNAMED_ERROR_CLASS,
+  TEXT_KEY_TOO_LONG,
+} from './constants.js';
 
 /** Why a call failed: always one of the core's reasons (docs/hosts.md, section 5). */
 export type FailureReason = Reason;
@@ -123,9 +128,8 @@ export function keyError(key: string): RangeError | undefined {
   if (key.length * 3 <= GUARD_MAX_KEY_BYTES) return undefined;
   const bytes = utf8Length(key);
   if (bytes <= GUARD_MAX_KEY_BYTES) return undefined;
-  return new RangeError(
-    `levee: key: ${bytes} bytes, longer than the ${GUARD_MAX_KEY_BYTES} a key may be (docs/policy.md, Keys)`,
-  );
+  const text = TEXT_KEY_TOO_LONG.replace('{bytes}', String(bytes)).replace('{max}', String(GUARD_MAX_KEY_BYTES));
+  return new RangeError(`levee: ${text}`);
 }
 
 /** Throw `keyError(key)`, if any: every public entry that takes a key (run, breaker state, fleet, durable). */

@@ -15,6 +15,7 @@ import type {
 } from '../wasm/interfaces/levee-policy-types.js';
 import {
   GUARD_GUEST_MEMORY_BYTES,
+  GUARD_STATE_PAGE_BYTES,
   KIND_HEDGE,
   METHODS,
   METHOD_OTHER,
@@ -282,7 +283,7 @@ export class Runtime {
     this.#instantiateFresh();
     this.#readPolicies();
     this.nextCheckpoint = now() + options.checkpointNs;
-    this.#lastState = this.#engine.exportSnapshot();
+    this.#lastState = exportPages(this.#engine, true);
   }
 
   /** Counts the instances: it changes whenever the component is replaced. */
@@ -416,7 +417,7 @@ export class Runtime {
   }
 
   exportState(): Uint8Array {
-    const state = this.use('export-state', (e) => e.exportState());
+    const state = this.use('export-state', (e) => exportPages(e, false));
     this.#lastState = state;
     return state;
   }
@@ -425,7 +426,7 @@ export class Runtime {
     this.#shut();
     this.flush();
     try {
-      this.#engine.importState(state);
+      importPages(this.#engine, state);
     } catch (err) {
       const errors = loadErrors(err);
       if (errors) throw new PolicyLoadError(errors);
@@ -891,7 +892,7 @@ export class Runtime {
     // The recovery snapshot (docs/hosts.md, section 7): only the keys holding protection, so its
     // cost follows them, not the size of the key table (the full `export-state` is the user's).
     try {
-      this.#lastState = this.#engine.exportSnapshot();
+      this.#lastState = exportPages(this.#engine, true);
     } catch (err) {
       this.#recover(err, 'export-snapshot', '');
     }
@@ -960,12 +961,59 @@ export class Runtime {
     this.#healthy = true;
     if (this.#lastState === undefined) return false;
     try {
-      this.#engine.importState(this.#lastState);
+      importPages(this.#engine, this.#lastState);
       return true;
     } catch {
       return false;
     }
   }
+}
+
+/**
+ * `export-state-page` from cursor 0 until the document is complete (`snapshot`: of
+ * `export-snapshot`): each crossing copies at most `GUARD_STATE_PAGE_BYTES` and the guest never
+ * holds the whole document (docs/hosts.md, "State of any size"). Synchronous, so nothing runs on
+ * the engine between the pages. A page over its bound, or a cursor that does not move on by the
+ * page's bytes, breaks the contract: thrown, and recovered from as a trap.
+ */
+export function exportPages(engine: Engine, snapshot: boolean): Uint8Array {
+  const pages: Uint8Array[] = [];
+  let cursor = 0n;
+  let total = 0;
+  for (;;) {
+    const page = engine.exportStatePage(cursor, snapshot);
+    const n = page.bytes.length;
+    if (n > GUARD_STATE_PAGE_BYTES || (page.next !== 0n && (n === 0 || page.next !== cursor + BigInt(n)))) {
+      throw new Error(
+        `levee: export-state-page broke the contract: ${n} bytes from cursor ${cursor}, next ${page.next}`,
+      );
+    }
+    pages.push(page.bytes);
+    total += n;
+    if (page.next === 0n) break;
+    cursor = page.next;
+  }
+  if (pages.length === 1 && pages[0] !== undefined) return pages[0];
+  const out = new Uint8Array(total);
+  let at = 0;
+  for (const p of pages) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
+/**
+ * `import-state-begin`, the state in pages of at most `GUARD_STATE_PAGE_BYTES`
+ * (`import-state-page`), `import-state-end`: a state of any size; on error (thrown as
+ * `import-state` throws it) nothing changes.
+ */
+export function importPages(engine: Engine, state: Uint8Array): void {
+  engine.importStateBegin();
+  for (let at = 0; at < state.length; at += GUARD_STATE_PAGE_BYTES) {
+    engine.importStatePage(state.subarray(at, at + GUARD_STATE_PAGE_BYTES));
+  }
+  engine.importStateEnd();
 }
 
 /** What `reportArgs` answers; one object, reused, so that a report allocates nothing for it. */

@@ -83,8 +83,9 @@ test('the recovery snapshot is export-snapshot; export-state is only what the us
   const levee = loadSync(DOC, { seed: 1n, instantiateCore: hook, telemetry: null });
   counts.clear();
   await openBreaker(levee, 'tripwire', 'a'); // a transition: the host snapshots
-  assert.ok((counts.get('export-snapshot') ?? 0) >= 1, `crossings: ${[...counts]}`);
-  assert.equal(counts.get('export-state') ?? 0, 0, 'no export-state on the recovery path');
+  // export-snapshot, page by page (export-state-page with its snapshot flag)
+  assert.ok((counts.get('export-state-page') ?? 0) >= 1, `crossings: ${[...counts]}`);
+  assert.equal(counts.get('export-state') ?? 0, 0, 'no whole export-state on the recovery path');
   // The snapshot brings the open breaker back after a trap.
   trap.needle = 'engine.start';
   trap.times = 1;
@@ -94,11 +95,12 @@ test('the recovery snapshot is export-snapshot; export-state is only what the us
   assert.equal(faults.length, 1);
   assert.equal(faults[0].restored, true);
   assert.equal(levee.breakerState('tripwire', 'a'), 'open');
-  // The user's own export is the whole state, exactly export-state.
-  const before = counts.get('export-state') ?? 0;
+  // The user's own export is the whole state, by pages too.
+  const before = counts.get('export-state-page') ?? 0;
   const state = levee.exportState();
   assert.ok(state.length > 0);
-  assert.equal(counts.get('export-state'), before + 1);
+  assert.ok(counts.get('export-state-page') > before);
+  assert.equal(counts.get('export-state') ?? 0, 0);
 });
 
 test('a key longer than the bound is refused at every entry, naming its length and the bound', async () => {
@@ -193,4 +195,24 @@ test('a state of any size comes back: 20,000 keys of 1,000 bytes, a trap, the br
   assert.equal(await fresh.run('many', () => 2, { key: 'other' }), 2);
   assert.equal(fresh.breakerState('many', 'open'), 'open');
   assert.equal(fresh.breakerState('many', `7:`.padEnd(1000, 'x')), 'closed');
+});
+
+test('state above what import-state takes in one crossing goes out and back in by pages', async () => {
+  const { counts, hook } = instrument();
+  const levee = loadSync(DOC, { seed: 1n, instantiateCore: hook, telemetry: null });
+  const N = 70_000; // about 70 MB, above import-state's 64 MiB
+  for (let i = 0; i < N; i++) await levee.run('many', () => 1, { key: `${i}:`.padEnd(1000, 'x') });
+  await openBreaker(levee, 'many', 'open');
+  counts.clear();
+  const state = levee.exportState();
+  assert.ok(state.length > 64 * 1024 * 1024, `${state.length} bytes`);
+  const pages = counts.get('export-state-page') ?? 0;
+  assert.ok(pages >= Math.ceil(state.length / constants.GUARD_STATE_PAGE_BYTES), `${pages} pages`);
+  assert.equal(counts.get('export-state') ?? 0, 0);
+  const other = loadSync(DOC, { seed: 2n, instantiateCore: hook, telemetry: null });
+  other.importState(state);
+  assert.equal(other.breakerState('many', 'open'), 'open');
+  // An import that stops early is refused and changes nothing.
+  assert.throws(() => other.importState(state.subarray(0, 3 * 1024 * 1024)), /ends early/);
+  assert.equal(other.breakerState('many', 'open'), 'open');
 });

@@ -78,6 +78,9 @@ pub enum DurableError {
     Core(LoadError),
     /// The engine faulted (see [`crate::raw`]); it restored itself.
     Engine(Trap),
+    /// The key is longer than the bound (docs/policy.md, "Keys"): refused before the core and
+    /// the store, as every entry that takes a key.
+    KeyTooLong(crate::KeyTooLong),
 }
 
 impl fmt::Display for DurableError {
@@ -89,6 +92,7 @@ impl fmt::Display for DurableError {
             DurableError::UnknownPolicy(p) => write!(f, "levee durable: {p}"),
             DurableError::Core(e) => write!(f, "levee durable: {e}"),
             DurableError::Engine(t) => write!(f, "levee durable: {t}"),
+            DurableError::KeyTooLong(k) => write!(f, "levee durable: {k}"),
         }
     }
 }
@@ -97,6 +101,7 @@ impl std::error::Error for DurableError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             DurableError::Store(e) => Some(&**e),
+            DurableError::KeyTooLong(k) => Some(k),
             _ => None,
         }
     }
@@ -468,6 +473,7 @@ impl Executor {
         idempotency_key: Option<&str>,
         key: &str,
     ) -> Result<i64, DurableError> {
+        crate::KeyTooLong::check(key).map_err(DurableError::KeyTooLong)?;
         let reg = self.registered(handler).ok_or_else(|| DurableError::UnknownHandler(handler.to_string()))?;
         let idem = idempotency_key.filter(|k| !k.is_empty());
         let now = self.inner.store.now().await?;

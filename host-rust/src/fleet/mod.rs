@@ -124,6 +124,9 @@ pub enum FleetError {
     Store(String),
     /// The store holds bytes the core refused.
     BadState(LoadError),
+    /// The key is longer than the bound (docs/policy.md, "Keys"): refused before the store, as
+    /// every entry that takes a key.
+    KeyTooLong(crate::KeyTooLong),
 }
 
 impl fmt::Display for FleetError {
@@ -135,6 +138,7 @@ impl fmt::Display for FleetError {
             FleetError::NoFleet(p) => write!(f, "levee fleet: policy '{p}' has no fleet section"),
             FleetError::Store(m) => write!(f, "levee fleet: the store: {m}"),
             FleetError::BadState(e) => write!(f, "levee fleet: the store's bytes: {}: {}", e.path, e.message),
+            FleetError::KeyTooLong(k) => write!(f, "levee fleet: {k}"),
         }
     }
 }
@@ -525,6 +529,7 @@ impl Fleet {
 
     /// A key's shared state as the core's JSON (`None` when the store holds none).
     pub async fn inspect(&self, policy: &str, key: &str) -> Result<Option<String>, FleetError> {
+        crate::KeyTooLong::check(key).map_err(FleetError::KeyTooLong)?;
         let plan = self.inner.plans.get(policy).ok_or_else(|| FleetError::NoFleet(policy.to_string()))?;
         let reply = self
             .inner

@@ -391,6 +391,23 @@ impl GuestEngine for EngineResource {
         self.get_mut().import_state(&state).map_err(load_error)
     }
 
+    fn export_state_page(&self, cursor: u64, snapshot: bool) -> wit::StatePage {
+        let page = self.get_mut().export_state_page(cursor, snapshot);
+        wit::StatePage { bytes: page.bytes, next: page.next }
+    }
+
+    fn import_state_begin(&self) {
+        self.get_mut().import_state_begin()
+    }
+
+    fn import_state_page(&self, bytes: Vec<u8>) -> Result<(), wit::LoadError> {
+        self.get_mut().import_state_page(&bytes).map_err(load_error)
+    }
+
+    fn import_state_end(&self) -> Result<(), wit::LoadError> {
+        self.get_mut().import_state_end().map_err(load_error)
+    }
+
     fn durable_begin(
         &self,
         policy: u32,

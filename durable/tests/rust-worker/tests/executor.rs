@@ -444,3 +444,20 @@ async fn register_needs_a_policy_and_submit_a_handler() {
         assert_eq!(e.to_string(), "levee durable: no durable handler named `nope` is registered");
     }
 }
+
+/// A key longer than the bound (issue 41) is refused by `submit_keyed` before the core and the
+/// store, as by every entry that takes a key; the longest allowed key is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_keyed_refuses_a_key_longer_than_the_bound() {
+    for f in fixtures("longkey").await {
+        let x = executor(f.store);
+        x.handler("ok").policy("quick").register(|_, _| async { Ok::<_, std::io::Error>(()) }).unwrap();
+        let max = levee::constants::GUARD_MAX_KEY_BYTES as usize;
+        let long = "k".repeat(max + 1);
+        let e = x.submit_keyed("ok", Vec::new(), None, &long).await.unwrap_err();
+        assert!(matches!(&e, DurableError::KeyTooLong(k) if k.bytes == max + 1), "{e}");
+        assert!(e.to_string().ends_with("longer than the 1024 a key may be (docs/policy.md, Keys)"), "{e}");
+        assert!(x.calls().await.unwrap().is_empty(), "nothing reached the store");
+        x.submit_keyed("ok", Vec::new(), None, &long[..max]).await.unwrap();
+    }
+}

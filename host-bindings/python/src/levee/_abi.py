@@ -32,7 +32,12 @@ from wasmtime import _ffi as ffi
 from wasmtime.component import Linker
 
 from ._cache import load_component
-from ._constants import GUARD_GUEST_MEMORY_BYTES, GUARD_GUEST_WORK_UNITS, GUARD_GUEST_WORK_UNITS_PER_BYTE
+from ._constants import (
+    GUARD_GUEST_MEMORY_BYTES,
+    GUARD_GUEST_WORK_UNITS,
+    GUARD_GUEST_WORK_UNITS_PER_BYTE,
+    GUARD_STATE_PAGE_BYTES,
+)
 from .types import (
     Analysis,
     BreakerState,
@@ -349,6 +354,10 @@ class Core:
             "[method]engine.export-state",
             "[method]engine.export-snapshot",
             "[method]engine.import-state",
+            "[method]engine.export-state-page",
+            "[method]engine.import-state-begin",
+            "[method]engine.import-state-page",
+            "[method]engine.import-state-end",
             "[method]engine.durable-begin",
             "[method]engine.durable-step",
             "[method]engine.durable-renew",
@@ -781,19 +790,50 @@ class Core:
         return None if tag == "ok" else str(val)
 
     def export_state(self) -> bytes:
-        out = bytes(self._slow("export-state", work=self.state_work()))
+        """`export-state`, page by page (`export-state-page`): each crossing copies at most
+        `GUARD_STATE_PAGE_BYTES`, so a state of any size crosses (wasmtime-py faults lifting a
+        few MB at once). The caller holds the engine's lock across the pages."""
+        out = self._export_pages(False)
         self.state_bytes, self.keyed_starts = len(out), 0
         return out
 
     def export_snapshot(self) -> bytes:
-        """`export-snapshot`: the keys holding protection only, in the format of `export-state`
-        (the recovery snapshot, docs/hosts.md section 7). Its work is bounded as an export's:
-        it walks at most the whole state. The bytes say nothing of the keys at rest, so the
-        size of the state (`state_bytes`) is left as it was."""
-        return bytes(self._slow("export-snapshot", work=self.state_work()))
+        """`export-snapshot` (page by page, as `export_state`): the keys holding protection only,
+        in the format of `export-state` (the recovery snapshot, docs/hosts.md section 7). Its
+        work is bounded as an export's: it walks at most the whole state. The bytes say nothing
+        of the keys at rest, so the size of the state (`state_bytes`) is left as it was."""
+        return self._export_pages(True)
+
+    def _export_pages(self, snapshot: bool) -> bytes:
+        out = bytearray()
+        cursor = 0
+        while True:
+            r = self._slow(
+                "export-state-page", _Args(2).u64(0, cursor).boolean(1, snapshot), work=self.state_work() + len(out)
+            )
+            page, nxt = bytes(r["bytes"]), int(r["next"])
+            # never trusted: a page within its bound, and a cursor that moves on by its bytes
+            if len(page) > GUARD_STATE_PAGE_BYTES or (nxt != 0 and (not page or nxt != cursor + len(page))):
+                self.dead = True
+                raise ComponentFault(
+                    f"export-state-page broke the contract: {len(page)} bytes from cursor {cursor}, next {nxt}"
+                )
+            out += page
+            if nxt == 0:
+                return bytes(out)
+            cursor = nxt
 
     def import_state(self, state: bytes) -> LoadError | None:
-        tag, val = self._slow("import-state", _Args(1).bytes_list(0, state), work=len(state) + self.state_work())
+        """`import-state`, page by page (`import-state-begin`, `-page`, `-end`): each crossing
+        copies at most `GUARD_STATE_PAGE_BYTES`. On error nothing changes."""
+        self._slow("import-state-begin", has_result=False)
+        view = memoryview(state)
+        for at in range(0, len(state), GUARD_STATE_PAGE_BYTES):
+            page = bytes(view[at : at + GUARD_STATE_PAGE_BYTES])
+            tag, val = self._slow("import-state-page", _Args(1).bytes_list(0, page), work=len(page))
+            if tag != "ok":
+                return LoadError(val["path"], val["message"])
+        tag, val = self._slow("import-state-end", work=len(state) + self.state_work())
         if tag != "ok":
             return LoadError(val["path"], val["message"])
         self.state_bytes, self.keyed_starts = len(state), 0

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._abi import ComponentFault, Core, LoadErrors, Runtime, event_from_raw
 from ._clock import SYSTEM, Clock, SystemClock
-from ._constants import GUARD_MAX_KEY_BYTES, GUARD_SNAPSHOT_INTERVAL_MS, VERDICT_WAKES_BIT
+from ._constants import GUARD_MAX_KEY_BYTES, GUARD_SNAPSHOT_INTERVAL_MS, TEXT_KEY_TOO_LONG, VERDICT_WAKES_BIT
 from ._events import Listener, dispatch, logger
 from .errors import EngineClosed, LeveeError, PolicyError, ProtocolError, UnknownPolicy
 from .outcomes import Outcome
@@ -48,9 +48,7 @@ def check_key(key: str) -> str:
     if len(key) > GUARD_MAX_KEY_BYTES // 4:
         n = len(key.encode("utf-8", "surrogatepass"))
         if n > GUARD_MAX_KEY_BYTES:
-            raise ValueError(
-                f"key: {n} bytes, longer than the {GUARD_MAX_KEY_BYTES} a key may be (docs/policy.md, Keys)"
-            )
+            raise ValueError(TEXT_KEY_TOO_LONG.format(bytes=n, max=GUARD_MAX_KEY_BYTES))
     return key
 
 
