@@ -832,24 +832,36 @@ pub struct Exported {
     pub notes: Vec<LoadError>,
 }
 
+/// Which policies of a document [`export`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Select<'a> {
+    /// The document's first policy, for every method of the channel (`"name": [{}]`).
+    First,
+    /// That policy, for every method of the channel.
+    Named(&'a str),
+    /// Every policy, each for the methods its name stands for
+    /// ([`MethodName::from_policy_name`]: `default`, `pkg.Svc`, `pkg.Svc-Get`, as [`import`]
+    /// names them); policies that come out the same share one method config.
+    All,
+}
+
 /// The service config that makes a plain gRPC client behave as close to the policies of a
-/// document as gRPC can.
-///
-/// With `policy`, that policy alone, for every method of the channel (`"name": [{}]`).
-/// Without, every policy of the document, each for the methods its name stands for
-/// ([`MethodName::from_policy_name`]: `default`, `pkg.Svc`, `pkg.Svc-Get`, as [`import`]
-/// names them); policies that come out the same share one method config.
-pub fn export(document: &str, policy: Option<&str>) -> Result<Exported, Vec<LoadError>> {
+/// document as gRPC can (see [`Select`]).
+pub fn export(document: &str, select: Select<'_>) -> Result<Exported, Vec<LoadError>> {
     let policies = policy::parse_document(document)?;
-    let chosen: Vec<(MethodName, &Policy)> = match policy {
-        Some(name) => {
+    let chosen: Vec<(MethodName, &Policy)> = match select {
+        Select::First => {
+            let p = policies.first().ok_or_else(|| vec![LoadError::new("policies", "names no policy")])?;
+            vec![(MethodName::default(), p)]
+        }
+        Select::Named(name) => {
             let p = policies
                 .iter()
                 .find(|p| p.name == name)
                 .ok_or_else(|| vec![LoadError::new("policies", format!("the document has no policy `{name}`"))])?;
             vec![(MethodName::default(), p)]
         }
-        None => {
+        Select::All => {
             let mut errors = Vec::new();
             let mut out = Vec::new();
             for p in &policies {
@@ -858,7 +870,7 @@ pub fn export(document: &str, policy: Option<&str>) -> Result<Exported, Vec<Load
                     None => errors.push(LoadError::new(
                         &doc::join("policies", &p.name),
                         format!(
-                            "is not a gRPC method name pattern (`default`, `pkg.Service` or `pkg.Service-Method`): export it with --policy {}, for every method of the channel",
+                            "is not a gRPC method name pattern (`default`, `pkg.Service` or `pkg.Service-Method`): export it alone (--policy {}), for every method of the channel",
                             p.name
                         ),
                     )),
@@ -1132,6 +1144,12 @@ fn retry_of(p: &Policy, path: &str, notes: &mut Vec<LoadError>) -> Option<Value>
 fn hedging_of(p: &Policy, h: &HedgeCfg, path: &str, notes: &mut Vec<LoadError>) -> Option<Value> {
     let note = |notes: &mut Vec<LoadError>, field: &str, message: String| notes.push(LoadError::new(&doc::join(path, field), message));
     rule_notes(p, &h.non_fatal, path, "hedge.non-fatal", notes);
+    note(
+        notes,
+        "hedge",
+        "grpc-java, grpc-js and .NET hedge; grpc-go and the C core (Python's grpcio) implement no hedgingPolicy and send one attempt"
+            .to_string(),
+    );
     if h.attempts > MAX_ATTEMPTS {
         note(notes, "hedge.attempts", format!("{}: gRPC makes at most {MAX_ATTEMPTS} attempts of a call", h.attempts));
     }
