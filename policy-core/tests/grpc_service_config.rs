@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use levee_core::grpc::service_config::{export, import, parse_grpc_duration, MethodName};
+use levee_core::grpc::service_config::{export, import, parse_grpc_duration, MethodName, Select};
 use levee_core::policy::parse_document;
 use levee_core::time::{MILLISECOND as MS, SECOND};
 use levee_core::{Engine, HedgeCommand, OutcomeKind, Reason, Verdict, VerdictKind};
@@ -161,13 +161,13 @@ fn every_config_imports_loads_and_exports_back_as_grpc_reads_it() {
             assert_eq!(MethodName::from_policy_name(policy).as_ref(), Some(pattern), "{name}: {policy}");
         }
         // Import then export: the same service config, where a policy can say it.
-        let exported = export(&imported.document, None).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let exported = export(&imported.document, Select::All).unwrap_or_else(|e| panic!("{name}: {e:?}"));
         pinned(&format!("{stem}.export.json"), &exported.json);
         assert_eq!(as_grpc_reads(&exported.json), as_grpc_reads(&text), "{name}: the export is not the input as gRPC reads it");
         // Export then import: the same policies (a fixed point).
         let again = import(&exported.json, "again").unwrap();
         assert_eq!(parse_document(&again.document).unwrap(), parse_document(&imported.document).unwrap(), "{name}");
-        assert_eq!(export(&again.document, None).unwrap().json, exported.json, "{name}");
+        assert_eq!(export(&again.document, Select::All).unwrap().json, exported.json, "{name}");
     }
 }
 
@@ -211,7 +211,7 @@ policies:
     rate-limit: { rate: 10 }
     fallbacks: [cached]
 "#;
-    let out = export(doc, Some("checkout")).unwrap();
+    let out = export(doc, Select::Named("checkout")).unwrap();
     let sc: Value = serde_json::from_str(&out.json).unwrap();
     let want = serde_json::json!({
         "methodConfig": [{
@@ -258,7 +258,7 @@ policies:
 #[test]
 fn backoff_kinds_and_limits_grpc_lacks_are_approximated_with_a_note() {
     let note_of = |doc: &str, field: &str| {
-        let out = export(doc, Some("p")).unwrap();
+        let out = export(doc, Select::First).unwrap();
         let sc: Value = serde_json::from_str(&out.json).unwrap();
         let note = out.notes.iter().find(|n| n.path == format!("policies.p.{field}")).map(|n| n.message.clone());
         (sc["methodConfig"][0].clone(), note)
@@ -296,16 +296,16 @@ fn backoff_kinds_and_limits_grpc_lacks_are_approximated_with_a_note() {
 #[test]
 fn a_document_exports_by_policy_names_and_refuses_names_that_are_not_patterns() {
     let doc = "policies:\n  default: { attempts: 1 }\n  a.B-C: { retry-on: [\"grpc:unavailable\"] }\n  a.B-D: { retry-on: [\"grpc:unavailable\"] }\n";
-    let sc: Value = serde_json::from_str(&export(doc, None).unwrap().json).unwrap();
+    let sc: Value = serde_json::from_str(&export(doc, Select::All).unwrap().json).unwrap();
     assert_eq!(sc["methodConfig"][0]["name"], serde_json::json!([{}]));
     assert_eq!(sc["methodConfig"][1]["name"], serde_json::json!([{"service": "a.B", "method": "C"}, {"service": "a.B", "method": "D"}]));
-    let e = export("policies:\n  payment-api-v2: {}\n", None).unwrap_err();
+    let e = export("policies:\n  payment-api-v2: {}\n", Select::All).unwrap_err();
     assert_eq!(e[0].path, "policies.payment-api-v2");
-    assert!(e[0].message.contains("--policy payment-api-v2"), "{e:?}");
-    let e = export("policies:\n  p: {}\n", Some("q")).unwrap_err();
+    assert!(e[0].message.contains("(--policy payment-api-v2)"), "{e:?}");
+    let e = export("policies:\n  p: {}\n", Select::Named("q")).unwrap_err();
     assert_eq!(e[0].message, "the document has no policy `q`");
     // An invalid document: the core's own errors, with their paths.
-    let e = export("policies:\n  p: { attempts: 0 }\n", None).unwrap_err();
+    let e = export("policies:\n  p: { attempts: 0 }\n", Select::All).unwrap_err();
     assert_eq!(e[0].path, "policies.p.attempts");
 }
 
