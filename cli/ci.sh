@@ -56,6 +56,13 @@ done
 proxy="$("$bin" simulate cli/examples/retries-only.yaml --scenario proxy-outage --quiet --color never --no-svg)"
 grep -q '9.00x dependency calls per request' <<<"$proxy" && grep -q '3.00x dependency calls per request' <<<"$proxy" \
   || { echo "proxy-outage did not show 9x without coordination and 3x with it" >&2; echo "$proxy" >&2; exit 1; }
+echo "== the gRPC service config both ways (docs/grpc.md)"
+for f in a6-retry a6-hedging channel; do
+  "$bin" import grpc-service-config "grpc/service-config/$f.json" -o "$out/$f.yaml" 2>/dev/null
+  "$bin" check --color never "$out/$f.yaml" >/dev/null
+  "$bin" grpc-config "$out/$f.yaml" --all 2>/dev/null | diff -u "grpc/service-config/$f.export.json" - \
+    || { echo "import then grpc-config --all of $f.json is not its pinned export" >&2; exit 1; }
+done
 echo "== the demo's flaky server and side-by-side comparison"
 bash -n examples/demo/run.sh
 python3 examples/demo/test_demo.py

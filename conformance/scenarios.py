@@ -1897,6 +1897,96 @@ vec("hedge-errors", "Hedging names its errors: attempts beside hedge, hedge.atte
     "  h: { hedge: { attemps: 2 } }\n", [])
 
 
+# --------------------------------------------------------------------------------------
+# gRPC's service config (issue 43, docs/grpc.md): the policies `levee import
+# grpc-service-config` writes from gRFC A6's examples (pinned in grpc/service-config/ by
+# policy-core/tests/grpc_service_config.rs), deciding as A6 describes, in every host.
+# --------------------------------------------------------------------------------------
+
+def imported(name):
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "grpc", "service-config", name)
+    with open(path) as f:
+        return f.read()
+
+
+A6_METHOD = "levee.flaky.v1.Flaky-Unary"
+A6_RETRY = imported("a6-retry.levee.yaml")
+A6_HEDGING = imported("a6-hedging.levee.yaml")
+INVALID_ARGUMENT, INTERNAL, ABORTED, RESOURCE_EXHAUSTED = 3, 13, 10, 8
+
+
+def g_start(call, now, expect=None):
+    return start(call, now, policy=A6_METHOD, expect=expect)
+
+
+def g_report(call, now, code, pushback="", expect=None):
+    return report(call, now, kind="grpc-status", code=code, text=pushback, elapsed=10 * MS, expect=expect)
+
+
+vec("grpc-service-config-a6-retry", "A6's retryPolicy example imported (maxAttempts 4, initialBackoff 0.1s, maxBackoff 1s, backoffMultiplier 2, UNAVAILABLE): UNAVAILABLE is retried three times (full jitter under 100, 200, 400 ms), the fourth attempt is the last; INVALID_ARGUMENT and RESOURCE_EXHAUSTED (even with a pushback) are not retried.",
+    ["grpc", "anchor", "retry"], A6_RETRY, [
+        g_start(1, 0, expect=attempt(1)),
+        g_report(1, 10 * MS, UNAVAILABLE, expect=retry()),
+        acquire(1, 110 * MS, expect=attempt(2)),
+        g_report(1, 120 * MS, UNAVAILABLE, expect=retry()),
+        acquire(1, 320 * MS, expect=attempt(3)),
+        g_report(1, 330 * MS, UNAVAILABLE, expect=retry()),
+        acquire(1, 730 * MS, expect=attempt(4)),
+        g_report(1, 740 * MS, UNAVAILABLE, expect=fail("retries-exhausted")),
+        g_start(2, S, expect=attempt(1)),
+        g_report(2, S + 10 * MS, INVALID_ARGUMENT, expect=fail("non-retryable")),
+        g_start(3, 2 * S, expect=attempt(1)),
+        g_report(3, 2 * S + 10 * MS, RESOURCE_EXHAUSTED, pushback="10", expect=fail("non-retryable")),
+        drain(),
+    ], seed=7)
+
+vec("grpc-service-config-a6-pushback", "A6's retryPolicy example imported: a pushback of 750 ms sets the next delay exactly, the backoff then restarts at initialBackoff (under 100 ms), and a negative pushback stops the retries.",
+    ["grpc", "anchor", "retry-after"], A6_RETRY, [
+        g_start(1, 0, expect=attempt(1)),
+        g_report(1, 10 * MS, UNAVAILABLE, pushback="750", expect=retry(750 * MS)),
+        acquire(1, 760 * MS, expect=attempt(2)),
+        g_report(1, 770 * MS, UNAVAILABLE, expect=retry()),
+        acquire(1, 870 * MS, expect=attempt(3)),
+        g_report(1, 880 * MS, UNAVAILABLE, pushback="-1", expect=fail("pushback")),
+        drain(),
+    ], seed=3)
+
+throttle = []
+for c in range(1, 5):
+    throttle += [g_start(c, c * MS, expect=attempt(1)), g_report(c, c * MS + 1, UNAVAILABLE, expect=retry()), cancel(c, c * MS + 2)]
+throttle += [g_start(5, 10 * MS, expect=attempt(1)), g_report(5, 11 * MS, UNAVAILABLE, expect=fail("budget"))]
+for c in range(6, 17):
+    throttle += [g_start(c, c * 10 * MS, expect=attempt(1)), g_report(c, c * 10 * MS + 1, 0, expect=DONE)]
+throttle += [g_start(17, S, expect=attempt(1)), g_report(17, S + 1, UNAVAILABLE, expect=retry()), drain()]
+vec("grpc-service-config-a6-throttling", "A6's retryThrottling example imported (maxTokens 10, tokenRatio 0.1): each UNAVAILABLE costs a token and a retry needs more than 5, so calls 1-4 retry (9, 8, 7, 6 left) and call 5 is refused (5); eleven successes bring 5.0 to 6.1, and the next failure (5.1 left) is retried.",
+    ["grpc", "anchor", "budget"], A6_RETRY, throttle)
+
+vec("grpc-service-config-a6-hedging", "A6's hedgingPolicy example imported (maxAttempts 4, hedgingDelay 0.5s, UNAVAILABLE, INTERNAL and ABORTED non-fatal), on A6's timeline: #1 at 0, #2 at 500 ms, #1 fails UNAVAILABLE at 700 ms so #3 starts at once, #2 succeeds at 900 ms and #3 is cancelled; #4 never starts.",
+    ["grpc", "anchor", "hedge"], A6_HEDGING, [
+        g_start(1, 0, expect=hedged()),
+        hstep(1, 0, expect=cmds(hw(500 * MS))),
+        hstep(1, 500 * MS, expect=cmds(hs(2), hw(500 * MS))),
+        hreport(1, 1, 700 * MS, kind="grpc-status", code=UNAVAILABLE, elapsed=700 * MS, expect=cmds(hs(3), hw(500 * MS))),
+        hreport(1, 2, 900 * MS, kind="grpc-status", code=0, elapsed=400 * MS, expect=cmds(hc(3), hend(2, DONE))),
+        hreport(1, 3, 910 * MS, kind="grpc-status", code=1, elapsed=210 * MS, expect=cmds()),
+        info(1),
+        drain(),
+    ])
+
+vec("grpc-service-config-a6-hedging-fatal", "A6's hedgingPolicy example imported: INTERNAL and ABORTED send the next hedge at once; INVALID_ARGUMENT is fatal: the call ends with it and the attempt in flight is cancelled.",
+    ["grpc", "anchor", "hedge"], A6_HEDGING, [
+        g_start(1, 0, expect=hedged()),
+        hstep(1, 0, expect=cmds(hw(500 * MS))),
+        hreport(1, 1, 100 * MS, kind="grpc-status", code=INTERNAL, elapsed=100 * MS, expect=cmds(hs(2), hw(500 * MS))),
+        hreport(1, 2, 200 * MS, kind="grpc-status", code=ABORTED, elapsed=100 * MS, expect=cmds(hs(3), hw(500 * MS))),
+        hstep(1, 700 * MS, expect=cmds(hs(4))),
+        hreport(1, 3, 750 * MS, kind="grpc-status", code=INVALID_ARGUMENT, elapsed=550 * MS, expect=cmds(hc(4), hend(3, fail("non-retryable")))),
+        hreport(1, 4, 760 * MS, kind="grpc-status", code=1, elapsed=60 * MS, expect=cmds()),
+        info(1),
+        drain(),
+    ])
+
+
 def main():
     out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors")
     os.makedirs(out_dir, exist_ok=True)

@@ -8,6 +8,7 @@ mod check;
 mod durable;
 mod engine;
 mod explain;
+mod grpc;
 mod sim;
 mod term;
 
@@ -90,6 +91,32 @@ enum DurableCommand {
         #[arg(value_name = "STORE")]
         store: PathBuf,
         id: i64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ImportCommand {
+    /// Read a gRPC service config (JSON) into a Levee policy document (YAML).
+    ///
+    /// One policy per method name of `methodConfig[].name`: `pkg.Svc-Method`, `pkg.Svc` (every
+    /// method of the service) or `default` (every method). `retryPolicy` becomes attempts,
+    /// backoff and retry-on; `hedgingPolicy` becomes hedge (A6's semantics); `timeout` the
+    /// deadline; `retryThrottling` a token budget on every policy that retries or hedges.
+    /// gRPC's limits apply as gRPC applies them (maxAttempts above 5 is 5, tokenRatio to 3
+    /// decimals). What a policy cannot express is an error naming its JSON path, and the exit
+    /// code is 1; what stays the channel's (waitForReady, message sizes, load balancing) is a
+    /// note, written as a comment in the document.
+    #[command(
+        name = "grpc-service-config",
+        after_help = "Examples:\n  levee import grpc-service-config service-config.json -o policies.yaml\n  levee import grpc-service-config - < service-config.json | levee check -"
+    )]
+    GrpcServiceConfig {
+        /// The service config (JSON); `-` reads stdin.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Write the document here (default: stdout); the notes then go to stderr.
+        #[arg(long, short, value_name = "OUT")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -247,6 +274,33 @@ enum Command {
         #[arg(long, short)]
         policy: Option<String>,
     },
+    /// Bring a policy in from another system's configuration (docs/grpc.md).
+    #[command(subcommand)]
+    Import(ImportCommand),
+    /// Print the gRPC service config that makes a plain gRPC client follow a policy.
+    ///
+    /// For a channel without Levee's interceptor: gRPC's own retries (retryPolicy), hedging
+    /// (hedgingPolicy), timeout and retryThrottling, as close to the policy as gRPC can say.
+    /// The JSON goes to stdout; a `note:` on stderr for each thing gRPC cannot express
+    /// (breakers, rate and concurrency limits, fallbacks, per-key state, per-attempt
+    /// timeouts, other backoff kinds and jitters, the pushback cap). One policy (the first, or
+    /// --policy) applies to every method; --all writes every policy for the methods its
+    /// name stands for (`pkg.Svc-Method`, `pkg.Svc`, `default`, as `levee import
+    /// grpc-service-config` names them). Exit 1 on an invalid document.
+    #[command(
+        after_help = "Examples:\n  levee grpc-config policy.yaml --policy checkout > service-config.json\n  levee grpc-config imported.yaml --all"
+    )]
+    GrpcConfig {
+        /// The policy document (YAML or JSON); `-` reads stdin.
+        #[arg(value_name = "POLICY")]
+        file: PathBuf,
+        /// Which policy of the document, for every method (default: the first).
+        #[arg(long, short)]
+        policy: Option<String>,
+        /// Every policy of the document, each for the gRPC methods its name stands for.
+        #[arg(long, conflicts_with = "policy")]
+        all: bool,
+    },
 }
 
 fn envoy_config(doc: &str, policy: Option<&str>) -> Result<String, String> {
@@ -329,6 +383,58 @@ fn run() -> u8 {
                 Err(e) => fail(style, &e),
             }
         }
+        Command::Import(ImportCommand::GrpcServiceConfig { file, out }) => {
+            let source = if file.as_os_str() == "-" {
+                "(stdin)".to_string()
+            } else {
+                file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| file.display().to_string())
+            };
+            let text = match read(&file) {
+                Ok(t) => t,
+                Err(e) => return fail(style, &e),
+            };
+            match grpc::import(&text, &source) {
+                Err(errors) => {
+                    for e in &errors {
+                        errln!("{} {e}", style.red("error:"));
+                    }
+                    1
+                }
+                Ok((document, names, notes)) => match out {
+                    None => {
+                        out!("{document}");
+                        0
+                    }
+                    Some(path) => {
+                        if let Err(e) = std::fs::write(&path, &document) {
+                            return fail(style, &format!("cannot write {}: {e}", path.display()));
+                        }
+                        errln!("wrote {}: {} ({})", path.display(), plural(names.len(), "policy", "policies"), names.join(", "));
+                        for n in &notes {
+                            errln!("note: {n}");
+                        }
+                        0
+                    }
+                },
+            }
+        }
+        Command::GrpcConfig { file, policy, all } => {
+            match read(&file).map_err(|e| vec![e]).and_then(|doc| grpc::export(&doc, policy.as_deref(), all)) {
+                Ok((json, notes)) => {
+                    out!("{json}");
+                    for n in &notes {
+                        errln!("note: {n}");
+                    }
+                    0
+                }
+                Err(errors) => {
+                    for e in &errors {
+                        errln!("{} {e}", style.red("error:"));
+                    }
+                    1
+                }
+            }
+        }
         Command::EnvoyConfig { file, policy } => match read(&file).and_then(|doc| envoy_config(&doc, policy.as_deref())) {
             Ok(yaml) => {
                 out!("{yaml}");
@@ -376,6 +482,10 @@ fn run() -> u8 {
             0
         }
     }
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn scenario_default(s: sim::Scenario) -> u64 {

@@ -494,3 +494,102 @@ fn overload_adaptive_limits_track_the_capacity_and_keep_latency_down() {
     assert_eq!(runs[1]["label"], "policy's adaptive limit, vegas");
     assert_eq!(runs[0]["peak"]["final_limit"], 25);
 }
+
+#[test]
+fn import_grpc_service_config_writes_the_pinned_document_and_grpc_config_reads_it_back() {
+    // The same text as the core's pinned conversion of A6's retry example.
+    let input = path("../grpc/service-config/a6-retry.json");
+    let o = levee(&["import", "grpc-service-config", &input]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let pinned = std::fs::read_to_string(path("../grpc/service-config/a6-retry.levee.yaml")).unwrap();
+    assert_eq!(stdout(&o), pinned);
+    assert!(o.stderr.is_empty(), "{o:?}");
+    // -o: the file, and a summary with the notes on stderr.
+    let out = tmp("a6-retry.yaml");
+    let o = levee(&["import", "grpc-service-config", &input, "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(stdout(&o).is_empty());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("1 policy (levee.flaky.v1.Flaky-Unary)"), "{err}");
+    assert!(err.contains("note: retryThrottling: gRPC keeps one token bucket per server"), "{err}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), pinned);
+    // The document is a valid policy document.
+    let o = levee(&["check", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    // And back: --all gives the pinned export; one policy applies to every method.
+    let o = levee(&["grpc-config", out.to_str().unwrap(), "--all"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(stdout(&o), std::fs::read_to_string(path("../grpc/service-config/a6-retry.export.json")).unwrap());
+    let o = levee(&["grpc-config", out.to_str().unwrap()]);
+    let sc: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(sc["methodConfig"][0]["name"], serde_json::json!([{}]));
+    assert_eq!(sc["methodConfig"][0]["retryPolicy"]["maxAttempts"], 4);
+    // stdin works too.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_levee"))
+        .args(["import", "grpc-service-config", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), std::fs::read(&input).unwrap().as_slice()).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(stdout(&o).starts_with("# A Levee policy document imported from the gRPC service config (stdin)\n"), "{o:?}");
+}
+
+#[test]
+fn import_grpc_service_config_errors_name_their_json_paths() {
+    let bad = tmp("bad-service-config.json");
+    std::fs::write(
+        &bad,
+        r#"{"methodConfig": [{"name": [{"method": "Get"}], "retryPolicy": {"maxAttempts": 1, "initialBackoff": "100ms", "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["unavailable"]}}]}"#,
+    )
+    .unwrap();
+    let o = levee(&["import", "grpc-service-config", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).is_empty());
+    let err = String::from_utf8_lossy(&o.stderr);
+    for want in [
+        "error: methodConfig[0].name[0]: gives a method without its service",
+        "error: methodConfig[0].retryPolicy.maxAttempts: must be 2 or more",
+        "error: methodConfig[0].retryPolicy.initialBackoff: `100ms` is not a gRPC duration",
+        "error: methodConfig[0].retryPolicy.retryableStatusCodes[0]: `unavailable` is not a gRPC status name; gRPC writes it UNAVAILABLE",
+    ] {
+        assert!(err.contains(want), "{want:?} in\n{err}");
+    }
+    let o = levee(&["import", "grpc-service-config", "/nonexistent/sc.json"]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn grpc_config_prints_the_service_config_and_what_grpc_cannot_express() {
+    let o = levee(&["grpc-config", &path("examples/checkout.yaml")]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let sc: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let mc = &sc["methodConfig"][0];
+    assert_eq!(mc["name"], serde_json::json!([{}]));
+    assert_eq!(mc["timeout"], "10s");
+    assert_eq!(mc["retryPolicy"]["maxAttempts"], 3);
+    assert_eq!(mc["retryPolicy"]["initialBackoff"], "0.1s");
+    assert_eq!(sc["retryThrottling"], serde_json::json!({"maxTokens": 10, "tokenRatio": 0.1}));
+    let err = String::from_utf8_lossy(&o.stderr);
+    for want in [
+        "note: policies.checkout.breaker: gRPC has no circuit breaker",
+        "note: policies.checkout.fallbacks: gRPC has no fallbacks",
+        "note: policies.checkout.attempt-timeout: 2s",
+    ] {
+        assert!(err.contains(want), "{want:?} in\n{err}");
+    }
+    // --all reads policy names as gRPC names: `checkout-v2`... is not one.
+    let doc = tmp("not-grpc-names.yaml");
+    std::fs::write(&doc, "policies:\n  payment-api-v2: {}\n").unwrap();
+    let o = levee(&["grpc-config", doc.to_str().unwrap(), "--all"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("error: policies.payment-api-v2: is not a gRPC method name pattern"), "{o:?}");
+    let o = levee(&["grpc-config", doc.to_str().unwrap(), "--policy", "nope"]);
+    assert_eq!(o.status.code(), Some(1));
+    let o = levee(&["grpc-config", &path("examples/invalid.yaml")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("policies.checkout.attempts"), "{o:?}");
+    let o = levee(&["grpc-config", doc.to_str().unwrap(), "--all", "--policy", "x"]);
+    assert_eq!(o.status.code(), Some(2), "--all and --policy conflict");
+}

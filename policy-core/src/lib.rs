@@ -28,6 +28,7 @@ mod engine;
 pub mod error;
 pub mod fallback;
 pub mod fleet;
+pub mod grpc;
 pub mod hedge;
 mod leb128;
 pub mod policy;
