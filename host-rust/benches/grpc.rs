@@ -89,13 +89,9 @@ fn main() {
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             tonic::transport::Server::builder()
-                .serve_with_incoming_shutdown(
-                    FlakyServer::new(Echo),
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
-                    async {
-                        let _ = stopped.await;
-                    },
-                )
+                .serve_with_incoming_shutdown(FlakyServer::new(Echo), tokio_stream::wrappers::TcpListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                })
                 .await
                 .unwrap();
         });

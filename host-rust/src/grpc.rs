@@ -260,10 +260,11 @@ where
     fn size_hint(&self) -> SizeHint {
         let mut hint = self.rest.as_ref().map_or_else(|| SizeHint::with_exact(0), |r| r.size_hint());
         let n = self.data.as_ref().map_or(0, |d| d.len() as u64);
-        hint.set_lower(hint.lower().saturating_add(n));
+        // The upper bound first: `set_lower` asserts that the lower stays within it.
         if let Some(u) = hint.upper() {
             hint.set_upper(u.saturating_add(n));
         }
+        hint.set_lower(hint.lower().saturating_add(n));
         hint
     }
 }
@@ -275,10 +276,8 @@ struct Trailed(Outcome);
 
 /// The outcome of a gRPC status and the metadata it came with.
 fn status_outcome(code: i32, metadata: &HeaderMap) -> Outcome {
-    let pushback = metadata
-        .get(PUSHBACK)
-        .map(|v| Cow::Owned(String::from_utf8_lossy(v.as_bytes()).into_owned()))
-        .unwrap_or(Cow::Borrowed(""));
+    let pushback =
+        metadata.get(PUSHBACK).map(|v| Cow::Owned(String::from_utf8_lossy(v.as_bytes()).into_owned())).unwrap_or(Cow::Borrowed(""));
     Outcome::Grpc { code, pushback }
 }
 
@@ -504,15 +503,16 @@ where
                 Key::Call(f) => f(&parts.uri, &parts.headers),
             };
             let shared = &*levee.shared;
-            let deadline = parts.headers.get(TIMEOUT).and_then(parse_timeout).map(|d| {
-                shared.now().saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-            });
+            let deadline = parts
+                .headers
+                .get(TIMEOUT)
+                .and_then(parse_timeout)
+                .map(|d| shared.now().saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)));
             let mut sent = read_ready(body).await?;
             let once = matches!(sent, Sent::Once(_)) || parts.extensions.get::<OneShot>().is_some();
             let flags = if once { crate::constants::START_NON_IDEMPOTENT } else { 0 };
             let faults = parts.extensions.get::<crate::FaultPlan>().cloned().unwrap_or_default();
-            let call_parts =
-                CallParts { uri: parts.uri, version: parts.version, headers: parts.headers, extensions: parts.extensions };
+            let call_parts = CallParts { uri: parts.uri, version: parts.version, headers: parts.headers, extensions: parts.extensions };
             let call = levee.call::<http::Response<Body>, Status>(&policy).key(key).flags(flags).faults(&faults).retry_if_shared(retry_if);
             let run = call.run_classified(classify, move |attempt| {
                 let body = sent.body();
