@@ -532,14 +532,17 @@ where
                 Some(at) => {
                     let mut run = std::pin::pin!(run);
                     let mut timer = std::pin::pin!(shared.clock.sleep_until(at));
-                    std::future::poll_fn(|cx| {
+                    let ended = std::future::poll_fn(|cx| {
                         if let Poll::Ready(r) = run.as_mut().poll(cx) {
                             return Poll::Ready(Some(r));
                         }
                         timer.as_mut().poll(cx).map(|()| None)
                     })
-                    .await
-                    .unwrap_or_else(|| Err(caller_deadline(&policy)))
+                    .await;
+                    match ended {
+                        Some(r) => r,
+                        None => return Err(into_status(caller_deadline(&policy))),
+                    }
                 }
             };
             result.map_err(into_status)

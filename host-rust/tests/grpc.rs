@@ -185,7 +185,7 @@ impl Flaky for Server {
 
     async fn stats(&self, req: tonic::Request<StatsRequest>) -> Result<tonic::Response<StatsReply>, Status> {
         let m = self.scripts.lock().unwrap();
-        Ok(tonic::Response::new(m.get(&req.get_ref().script).map(|s| s.stats.clone()).unwrap_or_default()))
+        Ok(tonic::Response::new(m.get(&req.get_ref().script).map(|s| s.stats).unwrap_or_default()))
     }
 }
 
