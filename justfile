@@ -61,7 +61,7 @@ test-install: component
 lint-rust: setup
     cargo fmt --all --check
     cargo clippy --release --workspace --all-targets -- -D warnings
-    cargo clippy --release --workspace --all-targets --features levee-resilience/fleet-redis -- -D warnings
+    cargo clippy --release --workspace --all-targets --features levee-resilience/fleet-redis,levee-resilience/grpc -- -D warnings
 
 # Rust tests, release profile (wasmtime is built once, for tests and benches alike).
 test-rust: component

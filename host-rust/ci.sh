@@ -21,10 +21,13 @@ if [ -z "${LEVEE_WORKSPACE_TESTED:-}" ]; then
 
   echo "== clippy"
   cargo clippy --release -p levee-resilience -p levee-example-reqwest --all-targets -- -D warnings
+  cargo clippy --release -p levee-resilience --all-targets --features grpc -- -D warnings
   cargo clippy --release -p levee-resilience --no-default-features --features wasm -- -D warnings
 
   echo "== tests"
   cargo test --release -p levee-resilience -p levee-example-reqwest
+  # gRPC (feature `grpc`): tonic clients through the layer against a tonic server on 127.0.0.1.
+  cargo test --release -p levee-resilience --features grpc --test grpc
   # The same end-to-end tests with the native backend as the default (the `native` feature).
   cargo test --release -p levee-resilience --features native --test http --test engine
 else
@@ -55,6 +58,10 @@ grep -q '^rust result http 200' <<<"$out"
 kill "$server" 2>/dev/null || true
 
 if [ -n "${LEVEE_WORKSPACE_TESTED:-}" ]; then
+  # gRPC (feature `grpc`, not in the workspace's test build): tonic clients through the layer
+  # against a tonic server on 127.0.0.1. The feature rebuilds the crate and this test only.
+  echo "== tests (gRPC, feature grpc)"
+  cargo test --release --workspace --features levee-resilience/grpc --test grpc
   # Last: the `native` feature rebuilds the crate and these two tests, and the next cargo build
   # with the workspace's feature set rebuilds it back (the justfile runs test-fleet next, which
   # changes the crate's features anyway).

@@ -66,6 +66,13 @@ impl LeveeLayer {
         self.retry_if = Some(Arc::new(f));
         self
     }
+
+    /// This layer for a tonic channel (feature `grpc`): the same policy, key and predicate,
+    /// with gRPC's semantics ([`crate::grpc`]).
+    #[cfg(feature = "grpc")]
+    pub fn grpc(self) -> crate::grpc::GrpcLayer {
+        crate::grpc::GrpcLayer::from_layer(self.levee, self.policy, self.key, self.retry_if)
+    }
 }
 
 impl<S> tower_layer::Layer<S> for LeveeLayer {

@@ -12,6 +12,8 @@
 //!   runs several attempts of the closure at once, as the core commands (README, "Hedging";
 //!   [`AttemptLease`]).
 //! - [`layer`] (feature `tower`): a `tower::Layer` for `http` services.
+//! - [`grpc`] (feature `grpc`): that layer for a tonic channel, with gRPC's semantics (status
+//!   classification, pushback, deadlines, the A6 commit rule).
 //! - [`client`] (feature `reqwest`): a `reqwest` client wrapper and a `reqwest-middleware`
 //!   middleware.
 //! - [`fleet`] (feature `fleet-redis`): breaker evidence, retry budgets and rate limits shared
@@ -80,5 +82,7 @@ pub mod client;
 pub mod durable;
 #[cfg(feature = "fleet-redis")]
 pub mod fleet;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 #[cfg(feature = "tower")]
 pub mod layer;

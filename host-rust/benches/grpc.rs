@@ -1,0 +1,143 @@
+//! CPU time per unary gRPC call over a local connection (issue 43): a tonic client on a plain
+//! channel, the same channel through Levee's layer (`LeveeLayer::grpc`) on the component
+//! (wasmtime) and on the native core, side by side in one process, interleaved in rounds. The
+//! server (tests/common/flaky.rs's service, answering at once) runs on its own runtime thread;
+//! the client on a current-thread runtime on the main thread, so the main thread's CPU time is
+//! the client's (tonic, hyper, the layer) and the process's adds the server's.
+//!
+//! The peer: tonic has no retry of its own (no service-config `retryPolicy`; its channel sends
+//! each request once), and `tower::retry` cannot retry a tonic request (its body is a stream,
+//! not `Clone`), so there is no built-in retry to set beside Levee's.
+//!
+//! ```sh
+//! cargo bench -p levee-resilience --features grpc --bench grpc                 # 20,000 calls x 5 rounds
+//! cargo bench -p levee-resilience --features grpc --bench grpc -- --calls 2000 --rounds 2
+//! ```
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::indexing_slicing)]
+
+#[allow(clippy::all, clippy::pedantic, missing_docs, unused_qualifications)]
+#[path = "../tests/common/flaky.rs"]
+mod flaky;
+
+use std::time::Duration;
+
+use flaky::flaky_client::FlakyClient;
+use flaky::flaky_server::{Flaky, FlakyServer};
+use flaky::{Reply, Request, StatsReply, StatsRequest};
+use levee::layer::LeveeLayer;
+use levee::{Backend, Levee};
+use tonic::{Response, Status};
+use tower::Layer;
+
+const DOC: &str = "policies:\n  api:\n    attempts: 3\n    attempt-timeout: 1s\n    backoff: {kind: exponential, base: 10ms, cap: 1s}\n";
+
+struct Echo;
+
+#[tonic::async_trait]
+impl Flaky for Echo {
+    async fn unary(&self, req: tonic::Request<Request>) -> Result<Response<Reply>, Status> {
+        Ok(Response::new(Reply { attempt: 1, payload: req.into_inner().payload, ..Reply::default() }))
+    }
+    type ServerStreamStream = tokio_stream::Empty<Result<Reply, Status>>;
+    async fn server_stream(&self, _: tonic::Request<Request>) -> Result<Response<Self::ServerStreamStream>, Status> {
+        Ok(Response::new(tokio_stream::empty()))
+    }
+    async fn client_stream(&self, _: tonic::Request<tonic::Streaming<Request>>) -> Result<Response<Reply>, Status> {
+        Err(Status::unimplemented("bench"))
+    }
+    async fn stats(&self, _: tonic::Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {
+        Err(Status::unimplemented("bench"))
+    }
+}
+
+fn clock(id: rustix::time::ClockId) -> Duration {
+    let t = rustix::time::clock_gettime(id);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// `calls` sequential unary calls through `client`; (process CPU, this thread's CPU) per call, in µs.
+async fn run<T>(client: &mut FlakyClient<T>, calls: usize) -> (f64, f64)
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+{
+    use rustix::time::ClockId::{ProcessCPUTime, ThreadCPUTime};
+    let (p0, t0) = (clock(ProcessCPUTime), clock(ThreadCPUTime));
+    for _ in 0..calls {
+        let r = client.unary(Request { payload: vec![7; 16], ..Request::default() }).await.expect("the echo answers");
+        assert_eq!(r.get_ref().attempt, 1);
+    }
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / calls as f64;
+    (per(clock(ProcessCPUTime) - p0), per(clock(ThreadCPUTime) - t0))
+}
+
+fn main() {
+    let (calls, rounds) = (arg("--calls", 20_000), arg("--rounds", 5));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            tonic::transport::Server::builder()
+                .serve_with_incoming_shutdown(FlakyServer::new(Echo), tokio_stream::wrappers::TcpListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+    });
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let url = format!("http://{addr}");
+    let results = rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(url.clone()).unwrap().connect().await.unwrap();
+        // A backend this build does not have (the component without the `wasm` feature) is left out.
+        let layered = |backend: Backend| {
+            let levee = Levee::builder().backend(backend).seed(1).load(DOC).ok()?;
+            let svc = LeveeLayer::new(levee, "api").unwrap().grpc().layer(channel.clone());
+            Some(FlakyClient::with_origin(svc, url.parse().unwrap()))
+        };
+        let mut plain = FlakyClient::new(channel.clone());
+        let mut layers: Vec<(&str, _)> = [("levee layer, wasm", Backend::Wasm), ("levee layer, native", Backend::Native)]
+            .into_iter()
+            .filter_map(|(name, b)| layered(b).map(|c| (name, c)))
+            .collect();
+        // Warm up every contender (connections, the component's first calls).
+        run(&mut plain, calls / 10 + 1).await;
+        for (_, c) in &mut layers {
+            run(c, calls / 10 + 1).await;
+        }
+        let mut results: Vec<Vec<(&str, (f64, f64))>> = Vec::new();
+        for _ in 0..rounds {
+            let mut round = vec![("tonic, plain channel", run(&mut plain, calls).await)];
+            for (name, c) in &mut layers {
+                round.push((*name, run(c, calls).await));
+            }
+            results.push(round);
+        }
+        results
+    });
+    let _ = stop.send(());
+    server.join().unwrap();
+    let median = |i: usize, f: fn(&(f64, f64)) -> f64| {
+        let mut v: Vec<f64> = results.iter().map(|r| f(&r[i].1)).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("unary calls over 127.0.0.1: {calls} per contender per round, {rounds} rounds, medians (µs of CPU per call)");
+    println!("{:<22} {:>12} {:>12} {:>16}", "contender", "client", "process", "client vs plain");
+    let base = median(0, |r| r.1);
+    for (i, (name, _)) in results[0].iter().enumerate() {
+        let (client, process) = (median(i, |r| r.1), median(i, |r| r.0));
+        println!("{name:<22} {client:>12.2} {process:>12.2} {:>+16.2}", client - base);
+    }
+}
