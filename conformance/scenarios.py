@@ -914,6 +914,52 @@ def snapshot_import():
     return {"op": "snapshot_import"}
 
 
+# --------------------------------------------------------------------------------------
+# Scope: a strategy's state per key (the default) or one for the policy (issue 39)
+# --------------------------------------------------------------------------------------
+
+vec("scope-policy-rate-limit-shared-by-keys", "A rate limit of `scope: policy` is one bucket for every key: a call on key b is refused when key a spent it, while each key keeps its own breaker.", ["scope", "keys", "rate-limit"],
+    policy("attempts: 1\nrate-limit: { rate: 1, per: 1h, burst: 2, scope: policy }\n" + BRK.split("\n", 1)[1]),
+    [start(1, 0, key="a", expect=attempt(1)), report(1, 1, "success"),
+     start(2, 2, key="a", expect=attempt(1)), report(2, 3, "success"),
+     start(3, 4, key="b", expect=fail("rate-limited")),
+     start(4, 5, expect=fail("rate-limited")), drain()])
+
+vec("scope-key-breaker-policy-rate-limit", "A breaker per key and one rate limit for the policy, in one policy: key a's failures open a's breaker only; key b's calls pass its closed breaker and are counted by the shared limit.", ["scope", "keys", "breaker", "rate-limit"],
+    policy("attempts: 1\nrate-limit: { rate: 10, per: 1s, burst: 7, scope: policy }\n" + BRK.split("\n", 1)[1]),
+    outcomes("FFFF", key="a") +
+    [start(10, 10 * MS, key="a", expect=fail("breaker-open")), start(11, 11 * MS, key="b", expect=attempt(1)), report(11, 12 * MS, "success"),
+     breaker(13 * MS, key="a", expect="open"), breaker(13 * MS, key="b", expect="closed"),
+     start(12, 14 * MS, key="c", expect=attempt(1)), report(12, 15 * MS, "success"),
+     start(13, 16 * MS, key="d", expect=attempt(1)), report(13, 17 * MS, "success"),
+     start(14, 18 * MS, key="e", expect=fail("rate-limited")), drain()])
+
+vec("scope-policy-breaker-opens-for-every-key", "A breaker of `scope: policy` counts the failures of every key and, once open, rejects every key; its transitions name the policy's shared state (key \"\"), and an operator forcing it through any key forces the one breaker.", ["scope", "keys", "breaker"],
+    policy("attempts: 1\nbreaker: { window: { kind: count, size: 4 }, minimum-calls: 4, failure-rate: 50, open-duration: 10s, scope: policy }"),
+    [start(1, 0, key="a"), report(1, 1, "connection-error"), start(2, 2, key="b"), report(2, 3, "connection-error"),
+     start(3, 4, key="c"), report(3, 5, "connection-error"), start(4, 6, key="d"), report(4, 7, "connection-error"),
+     start(5, 8, key="z", expect=fail("breaker-open")), breaker(9, key="q", expect="open"), breaker(9, expect="open"),
+     force("forced-closed", 10, key="a"), start(6, 11, key="y", expect=attempt(1)), report(6, 12, "success"), drain()])
+
+vec("scope-policy-bulkhead-across-keys", "A bulkhead of `scope: policy` counts the attempts in flight of every key against one limit.", ["scope", "keys", "bulkhead"],
+    policy("attempts: 1\nbulkhead: { max-concurrent: 2, scope: policy }"),
+    [start(1, 0, key="a", expect=attempt(1)), start(2, 1, key="b", expect=attempt(1)), start(3, 2, key="c", expect=fail("bulkhead-full")),
+     report(1, 3, "success"), start(4, 4, key="c", expect=attempt(1)), drain()])
+
+vec("scope-policy-state-survives-key-churn", "The policy's shared state is never evicted and does not count against keys.max: churning keys past the bound keeps the shared limit spent.", ["scope", "keys", "rate-limit"],
+    policy("attempts: 1\nkeys: { max: 2 }\nrate-limit: { rate: 1, per: 1h, burst: 1, scope: policy }"),
+    [start(1, 0, key="a", expect=attempt(1)), report(1, 1, "success")] +
+    [start(10 + i, 2 + i, key="k%d" % i, expect=fail("rate-limited")) for i in range(5)] + [drain()])
+
+vec("scope-policy-state-export-import", "Exported and imported again, the policy's shared state is kept: the shared limit stays spent.", ["scope", "state", "rate-limit"],
+    policy("attempts: 1\nkeys: { max: 2 }\nrate-limit: { rate: 1, per: 1h, burst: 1, scope: policy }"),
+    [start(1, 0, key="a", expect=attempt(1)), report(1, 1, "success"), export_import(), snapshot_import(),
+     start(2, 2, key="b", expect=fail("rate-limited")), drain()])
+
+vec("scope-policy-bad-value", "`scope` is `key` or `policy`; anything else is refused with its path.", ["scope", "errors"],
+    policy("breaker: { scope: global }"), [])
+
+
 HOUR = 3600 * S
 RATE_HOUR = "attempts: 1\nrate-limit: { rate: 1, per: 1h, burst: 1 }\nkeys: { max: 2 }"
 
