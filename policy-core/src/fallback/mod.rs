@@ -111,9 +111,9 @@ fn triggers(path: &str, v: &Value, errors: &mut Vec<LoadError>) -> Vec<Reason> {
             other => errors.push(LoadError::new(&format!("{path}[{i}]"), format!("must be a reason name, found {}", describe(other)))),
         }
     }
-    out.sort_unstable();
-    out.dedup();
-    out
+    // In the reasons' order, each once (a filter of the enum's cases, not a sort: the
+    // component carries no sort of reasons for it).
+    Reason::ALL.iter().copied().filter(|r| out.contains(r)).collect()
 }
 
 /// The chain as the policy's JSON shows it.
