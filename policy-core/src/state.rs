@@ -26,6 +26,9 @@ use std::sync::Arc;
 
 const FORMAT: &str = "levee-state";
 
+/// The entries read for each policy of a document (by index), before they are filed.
+type Staged = Vec<(usize, Vec<(Arc<str>, KeyState)>)>;
+
 /// Largest state `import-state` reads (bytes): what `export-state` gives for 200,000 keys with
 /// a small breaker window, and far more keys holding protection than a recovery snapshot
 /// (`export-snapshot`) carries in practice. It stays well inside the guest's 512 MiB with the
@@ -147,7 +150,7 @@ impl Engine {
 
     /// Replace the key tables with the entries read (per policy of the document, in its order),
     /// the RNG and the tick.
-    fn commit(&mut self, words: [u64; 4], tick: u64, staged: Vec<(usize, Vec<(Arc<str>, KeyState)>)>) {
+    fn commit(&mut self, words: [u64; 4], tick: u64, staged: Staged) {
         let mut new_keys: Vec<Keys> = self.empty_keys();
         for (pi, parsed) in staged {
             let (Some(p), Some(target)) = (self.policies.get(pi), new_keys.get_mut(pi)) else { continue };
@@ -519,7 +522,7 @@ struct Reader {
     policies_seen: bool,
     policy_count: usize,
     policy: PolicyIn,
-    staged: Vec<(usize, Vec<(Arc<str>, KeyState)>)>,
+    staged: Staged,
 }
 
 fn not_state(what: impl std::fmt::Display) -> LoadError {
@@ -796,7 +799,7 @@ impl Reader {
 
     /// The header and the entries read, once the document is complete.
     #[allow(clippy::type_complexity)]
-    fn finish(mut self) -> Result<([u64; 4], u64, Vec<(usize, Vec<(Arc<str>, KeyState)>)>), LoadError> {
+    fn finish(mut self) -> Result<([u64; 4], u64, Staged), LoadError> {
         let end = self.base + self.buf.len() as u64;
         if self.at == At::Start {
             return Err(not_state("expected a JSON object"));
