@@ -69,7 +69,7 @@ use crate::{Levee, LeveeError, RetryIf, UnknownPolicy};
 /// The header of the server's pushback (A6), from the contract.
 pub const PUSHBACK: &str = crate::constants::HTTP_PUSHBACK_TRAILER;
 /// A6's count of the attempts already sent, on every attempt after the first.
-pub const PREVIOUS_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+pub const PREVIOUS_ATTEMPTS: &str = crate::constants::GRPC_PREVIOUS_ATTEMPTS_HEADER;
 /// gRPC's deadline header (PROTOCOL-HTTP2.md, `Timeout`).
 pub const TIMEOUT: &str = "grpc-timeout";
 const STATUS: &str = "grpc-status";
@@ -408,18 +408,21 @@ pub fn format_timeout(d: Duration) -> HeaderValue {
 }
 
 /// The status a call refused or given up by the policy ends with, when no attempt left a
-/// status of its own: RESOURCE_EXHAUSTED for a rate limit or a full bulkhead, UNAVAILABLE for
-/// an open breaker (and a spent budget), DEADLINE_EXCEEDED for the deadline or a last attempt
-/// that timed out, CANCELLED, INTERNAL for a protocol error (an unknown policy).
+/// status of its own: the contract's table (`grpc.REJECTED_STATUS`: RESOURCE_EXHAUSTED for a
+/// rate limit, a full bulkhead or a spent budget, UNAVAILABLE for an open breaker,
+/// DEADLINE_EXCEEDED for the deadline, CANCELLED); else INTERNAL for a protocol error (an
+/// unknown policy, a key too long), DEADLINE_EXCEEDED for a last attempt that timed out, and
+/// the contract's UNKNOWN.
 pub fn rejection_code<E>(e: &LeveeError<E>) -> Code {
+    // The contract's table for a refusal, the same in every host (wit/constants.json).
+    let name = e.reason.name();
+    if let Some(&(_, code)) = crate::constants::GRPC_REJECTED_STATUS.iter().find(|(n, _)| *n == name) {
+        return Code::from_i32(code as i32);
+    }
     match e.reason {
-        Reason::RateLimited | Reason::BulkheadFull => Code::ResourceExhausted,
-        Reason::BreakerOpen => Code::Unavailable,
-        Reason::Deadline => Code::DeadlineExceeded,
-        Reason::Cancelled => Code::Cancelled,
         _ if e.invalid.is_some() || e.key_too_long.is_some() => Code::Internal,
         _ if e.outcome == Some(Outcome::Timeout) => Code::DeadlineExceeded,
-        _ => Code::Unavailable,
+        _ => Code::from_i32(crate::constants::GRPC_REJECTED_STATUS_OTHER as i32),
     }
 }
 

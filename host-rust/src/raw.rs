@@ -1143,7 +1143,9 @@ pub(crate) mod wasm {
         /// (`import-state-page`), `import-state-end`: a state of any size, and on error
         /// nothing changes.
         pub(crate) fn import_state(&mut self, bytes: &[u8], state: usize) -> Result<Result<(), LoadError>, String> {
-            call!(self, call_ticks, call_import_state_begin())?;
+            // Sized by the whole import, as every step of it is: a recovery under a starved
+            // `call_ticks` still restores.
+            call!(self, work(bytes.len()), call_import_state_begin())?;
             for page in bytes.chunks(crate::constants::GUARD_STATE_PAGE_BYTES as usize) {
                 if let Err(e) = call!(self, work(page.len()), call_import_state_page(page))? {
                     return Ok(Err(load_error(e)));
