@@ -675,6 +675,10 @@ fn at_a_million_keys_bound_long_keys_export_trap_and_keep_an_open_breaker() {
     fill(&mut e, LONG_KEYS, max);
     let state = e.try_export_state().expect("the export of the long keys");
     assert!(state.len() as u64 > LONG_KEYS * max as u64, "{} bytes", state.len());
+    // Draining the breaker's transition takes the recovery snapshot (its time is under the
+    // snapshot interval, so no call took one).
+    assert!(e.drain_events().iter().any(|ev| ev.state_to == BreakerState::Open));
+    assert!(e.snapshot().is_some());
     e.set_limits(starved());
     assert!(e.try_policy_count().is_err());
     e.set_limits(Limits::default());
