@@ -972,11 +972,19 @@ def _in_child(body: Callable[[], bool], within: float = 20.0) -> int:
     return -1
 
 
+#: a breaker that stays open for the whole test: the child re-instantiates the component, which
+#: under a loaded machine takes longer than the 200 ms of DOC's "breaker" (it then half-opened)
+HELD = (
+    "  held:\n    attempts: 1\n"
+    "    breaker: { window: { kind: count, size: 4 }, minimum-calls: 4, open-duration: 10m }\n"
+)
+
+
 def _tripped(e: levee.Engine) -> None:
     for _ in range(4):
         with pytest.raises(levee.CallFailed):
-            e.policy("breaker").call(Flaky(ConnectionError()))
-    assert e.breaker_state("breaker") is BreakerState.OPEN
+            e.policy("held").call(Flaky(ConnectionError()))
+    assert e.breaker_state("held") is BreakerState.OPEN
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
@@ -984,7 +992,7 @@ def test_fork_while_another_thread_is_inside_the_engine_keeps_the_child_working(
     """Issue 39: a child forked while another thread held the engine's lock hung on it forever.
     The child gets a lock and an instance of its own, and keeps the protection (the open breaker
     of the last snapshot)."""
-    e = levee.Engine(DOC, seed=7)
+    e = levee.Engine(DOC + HELD, seed=7)
     _tripped(e)
     inside, leave = threading.Event(), threading.Event()
 
@@ -1000,7 +1008,7 @@ def test_fork_while_another_thread_is_inside_the_engine_keeps_the_child_working(
 
         def child() -> bool:
             with pytest.raises(levee.BreakerOpen):
-                e.policy("breaker").call(lambda: "through")
+                e.policy("held").call(lambda: "through")
             return e.policy("fast").call(lambda: "child") == "child"
 
         code = _in_child(child)
@@ -1015,7 +1023,7 @@ def test_fork_while_another_thread_is_inside_the_engine_keeps_the_child_working(
 def test_fork_from_an_idle_parent_keeps_the_state_but_not_the_parents_calls() -> None:
     """The child keeps the state (an open breaker) but not the calls the parent's threads have in
     flight: their bulkhead slots belong to the parent, and would never come back in the child."""
-    e = levee.Engine(DOC + "  bh:\n    attempts: 1\n    bulkhead: { max-concurrent: 1 }\n", seed=7)
+    e = levee.Engine(DOC + HELD + "  bh:\n    attempts: 1\n    bulkhead: { max-concurrent: 1 }\n", seed=7)
     _tripped(e)
     running, finish = threading.Event(), threading.Event()
 
@@ -1033,7 +1041,7 @@ def test_fork_from_an_idle_parent_keeps_the_state_but_not_the_parents_calls() ->
 
         def child() -> bool:
             with pytest.raises(levee.BreakerOpen):
-                e.policy("breaker").call(lambda: "through")
+                e.policy("held").call(lambda: "through")
             return e.policy("bh").call(lambda: "child") == "child"
 
         code = _in_child(child)
