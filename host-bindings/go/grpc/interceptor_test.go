@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,14 @@ policies:
   fallback:
     attempts: 1
     fallbacks: [cached]
+  streambreaker:
+    attempts: 3
+    backoff: { kind: constant, base: 1ms, cap: 1ms, jitter: none }
+    breaker: { window: { kind: count, size: 4 }, minimum-calls: 3, failure-rate: 50, open-duration: 60s }
+  single:
+    attempts: 3
+    backoff: { kind: constant, base: 1ms, cap: 1ms, jitter: none }
+    bulkhead: { max-concurrent: 1 }
 `
 
 var scripts atomic.Int64
@@ -584,5 +593,215 @@ func TestHedgedServerStream(t *testing.T) {
 	ss := stats(t, plain(t, s), name, func(st *pb.StatsReply) bool { return st.GetCancelled() == 1 })
 	if ss.GetStarted() != 2 || ss.GetFinished() != 1 {
 		t.Fatalf("server saw %v: want the first attempt cancelled", ss)
+	}
+}
+
+// A server stream that fails after its first message (committed): each failure is the call's
+// outcome in the core, never retried, so the breaker opens and refuses the next call.
+func TestServerStreamFailureAfterCommitOpensTheBreaker(t *testing.T) {
+	e, s := newEnv(t), startServer(t)
+	c := dial(t, s, &leveegrpc.Interceptor{Policy: e.policy("streambreaker")})
+	name := script(t)
+	req := &pb.Request{Script: name, Steps: []*pb.Step{{Messages: 1, Code: uint32(codes.Unavailable), Message: "half way"}}}
+	for i := range 3 {
+		st, err := c.ServerStream(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := st.Recv(); err != nil || r.GetAttempt() != uint32(i+1) {
+			t.Fatalf("call %d: reply %v, err %v: want the server's attempt %d", i+1, r, err, i+1)
+		}
+		if _, err := st.Recv(); status.Code(err) != codes.Unavailable {
+			t.Fatalf("call %d: err %v: want the stream's UNAVAILABLE", i+1, err)
+		}
+	}
+	st, err := c.ServerStream(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); status.Code(err) != codes.Unavailable || !errors.Is(err, levee.ErrBreakerOpen) {
+		t.Fatalf("err %v: want UNAVAILABLE from the open breaker", err)
+	}
+	if ss := stats(t, plain(t, s), name, func(*pb.StatsReply) bool { return true }); ss.GetStarted() != 3 {
+		t.Fatalf("server saw %v: want 3 attempts (no retry after the commit, the 4th call refused)", ss)
+	}
+	if n := len(e.rec.of(levee.EventRetryScheduled)); n != 0 {
+		t.Fatalf("%d retries scheduled after a commit", n)
+	}
+	if tr := e.rec.of(levee.EventBreakerTransition); len(tr) != 1 || tr[0].StateTo != levee.BreakerOpen {
+		t.Fatalf("transitions %v: want the breaker opened", tr)
+	}
+}
+
+// The caller gets the status a committed stream ended with as it came (code and message),
+// with the core's verdict as its cause.
+func TestServerStreamStatusAfterCommitUnchanged(t *testing.T) {
+	e, s := newEnv(t), startServer(t)
+	c := dial(t, s, &leveegrpc.Interceptor{Policy: e.policy("retry")})
+	name := script(t)
+	st, err := c.ServerStream(context.Background(), &pb.Request{Script: name,
+		Steps: []*pb.Step{{Messages: 2, Code: uint32(codes.Unavailable), Message: "lost the shard"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = st.Recv()
+	if s := status.Convert(err); s.Code() != codes.Unavailable || s.Message() != "lost the shard" {
+		t.Fatalf("err %v: want UNAVAILABLE \"lost the shard\" as the server sent it", err)
+	}
+	var le *levee.Error
+	if !errors.As(err, &le) || !errors.Is(err, levee.ErrNonRetryable) || le.Attempts != 1 {
+		t.Fatalf("err %v (%#v): want the core's verdict (not retried, 1 attempt) as its cause", err, le)
+	}
+	// read again: the same end
+	if _, err2 := st.Recv(); status.Code(err2) != codes.Unavailable {
+		t.Fatalf("a Recv after the end: %v", err2)
+	}
+	if ss := stats(t, plain(t, s), name, func(*pb.StatsReply) bool { return true }); ss.GetStarted() != 1 {
+		t.Fatalf("server saw %v: a committed stream is not retried", ss)
+	}
+}
+
+// A client stream that fails once open: its status is the call's outcome (the breaker counts
+// it), never retried, and the breaker refuses the next opening.
+func TestClientStreamFailureAfterOpenOpensTheBreaker(t *testing.T) {
+	e, s := newEnv(t), startServer(t)
+	c := dial(t, s, &leveegrpc.Interceptor{Policy: e.policy("streambreaker")})
+	name := script(t)
+	for i := range 3 {
+		cs, err := c.ClientStream(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cs.Send(&pb.Request{Script: name, Steps: []*pb.Step{{Code: uint32(codes.Unavailable), Message: "down"}}}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = cs.CloseAndRecv()
+		if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "down" || !errors.Is(err, levee.ErrNonRetryable) {
+			t.Fatalf("call %d: err %v: want the stream's UNAVAILABLE, not retried", i+1, err)
+		}
+	}
+	_, err := c.ClientStream(context.Background())
+	if status.Code(err) != codes.Unavailable || !errors.Is(err, levee.ErrBreakerOpen) {
+		t.Fatalf("err %v: want UNAVAILABLE from the open breaker", err)
+	}
+	if ss := stats(t, plain(t, s), name, func(*pb.StatsReply) bool { return true }); ss.GetStarted() != 3 {
+		t.Fatalf("server saw %v: want 3 attempts", ss)
+	}
+	if n := len(e.rec.of(levee.EventRetryScheduled)); n != 0 {
+		t.Fatalf("%d retries scheduled", n)
+	}
+}
+
+// A committed stream the caller cancels is the caller's cancellation: not a failure of the
+// dependency (the breaker stays closed), not retried, and the server sees the cancel.
+func TestCommittedStreamCancelledByTheCaller(t *testing.T) {
+	e, s := newEnv(t), startServer(t)
+	c := dial(t, s, &leveegrpc.Interceptor{Policy: e.policy("streambreaker")})
+	name := script(t)
+	for i := range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		st, err := c.ServerStream(ctx, &pb.Request{Script: name, Steps: []*pb.Step{{Messages: 2, DelayMs: 100}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		_, err = st.Recv()
+		if status.Code(err) != codes.Canceled || !errors.Is(err, levee.ErrCancelled) {
+			t.Fatalf("call %d: err %v: want CANCELED with ErrCancelled", i+1, err)
+		}
+	}
+	ss := stats(t, plain(t, s), name, func(st *pb.StatsReply) bool { return st.GetCancelled() == 3 })
+	if ss.GetStarted() != 3 {
+		t.Fatalf("server saw %v", ss)
+	}
+	st, err := c.ServerStream(context.Background(), &pb.Request{Script: script(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("err %v: the breaker must stay closed after the caller's cancels", err)
+	}
+	if tr := e.rec.of(levee.EventBreakerTransition); len(tr) != 0 {
+		t.Fatalf("transitions %v: the caller's cancels are not failures", tr)
+	}
+}
+
+// A committed stream holds its bulkhead slot until it ends (read to its end here): another
+// call meanwhile finds the bulkhead full.
+func TestCommittedStreamHoldsItsBulkheadSlot(t *testing.T) {
+	e, s := newEnv(t), startServer(t)
+	c := dial(t, s, &leveegrpc.Interceptor{Policy: e.policy("single")})
+	a, err := c.ServerStream(context.Background(), &pb.Request{Script: script(t), Steps: []*pb.Step{{Messages: 2, DelayMs: 50}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.ServerStream(context.Background(), &pb.Request{Script: script(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Recv(); status.Code(err) != codes.ResourceExhausted || !errors.Is(err, levee.ErrBulkheadFull) {
+		t.Fatalf("err %v: want RESOURCE_EXHAUSTED, the slot held by the open stream", err)
+	}
+	for {
+		if _, err := a.Recv(); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err = c.ServerStream(context.Background(), &pb.Request{Script: script(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("err %v: the slot is free once the stream has ended", err)
+	}
+}
+
+// A committed stream the caller drops without reading it to its end nor cancelling it ends
+// when it is garbage collected, as the caller's cancellation: its slot is freed.
+func TestAbandonedStreamFreesItsSlot(t *testing.T) {
+	e, s := newEnv(t), startServer(t)
+	c := dial(t, s, &leveegrpc.Interceptor{Policy: e.policy("single")})
+	func() {
+		a, err := c.ServerStream(context.Background(), &pb.Request{Script: script(t), Steps: []*pb.Step{{Messages: 2, DelayMs: 50}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	var err error
+	for range 200 {
+		runtime.GC()
+		var b pb.Flaky_ServerStreamClient
+		if b, err = c.ServerStream(context.Background(), &pb.Request{Script: script(t)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err = b.Recv(); errors.Is(err, io.EOF) {
+			break
+		}
+		if !errors.Is(err, levee.ErrBulkheadFull) {
+			t.Fatalf("err %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !errors.Is(err, io.EOF) {
+		t.Fatalf("err %v: the dropped stream still holds its slot", err)
+	}
+	if tr := e.rec.of(levee.EventBreakerTransition); len(tr) != 0 {
+		t.Fatalf("transitions %v", tr)
 	}
 }
