@@ -197,6 +197,20 @@ type hedgeRun struct {
 // hedgeAttemptKey marks the context of a hedged attempt with its number.
 type hedgeAttemptKey struct{}
 
+// HedgeAttempt is the number of the attempt of a hedged call that runs under ctx (1 for the
+// first); ok is false under the context of any other attempt. A call that is not hedged runs
+// its attempts one after another, so an attempt may last as long as its work (a stream read
+// to its end); a hedged call's attempts run concurrently and the core starts the next hedge
+// while one is in flight, so a function whose work goes on after its answer returns at that
+// answer when hedged.
+func HedgeAttempt(ctx context.Context) (n int, ok bool) {
+	if ctx == nil {
+		return 0, false
+	}
+	n, ok = ctx.Value(hedgeAttemptKey{}).(int)
+	return n, ok
+}
+
 // start runs attempt n in its own goroutine from now, under timeout.
 func (r *hedgeRun) start(n int, timeout time.Duration, now uint64) {
 	e := r.e

@@ -502,3 +502,58 @@ func TestHedgeTrapInReportKeepsItsAttempt(t *testing.T) {
 		t.Fatalf("events %s", got)
 	}
 }
+
+// HedgeAttempt names the attempt of a hedged call its function runs as, and nothing under a
+// call that is not hedged (nor outside any call).
+func TestHedgeAttemptNumber(t *testing.T) {
+	ctx := context.Background()
+	e, err := levee.Load(ctx, "policies:\n  h:\n    hedge: { attempts: 2, delay: 1ms }\n  r:\n    attempts: 2\n    backoff: { kind: constant, base: 1ms, cap: 1ms, jitter: none }\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close(ctx)
+	h, _ := e.Policy("h")
+	r, _ := e.Policy("r")
+	if _, ok := levee.HedgeAttempt(ctx); ok {
+		t.Fatal("HedgeAttempt outside a call")
+	}
+	var mu sync.Mutex
+	var seen []int
+	second := make(chan struct{})
+	v, err := levee.DoValue(ctx, h, func(ctx context.Context) (int, error) {
+		n, ok := levee.HedgeAttempt(ctx)
+		if !ok {
+			return 0, errors.New("not a hedged attempt")
+		}
+		mu.Lock()
+		seen = append(seen, n)
+		mu.Unlock()
+		if n == 1 {
+			<-second // #1 waits for the hedge, then loses to it
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}
+		close(second)
+		return n, nil
+	})
+	mu.Lock()
+	got := fmt.Sprint(seen)
+	mu.Unlock()
+	if err != nil || v != 2 || got != "[1 2]" {
+		t.Fatalf("DoValue = %d, %v; attempts %s: want 2 from the hedge, attempts [1 2]", v, err, got)
+	}
+	calls := 0
+	err = levee.Do(ctx, r, func(ctx context.Context) error {
+		calls++
+		if n, ok := levee.HedgeAttempt(ctx); ok {
+			return fmt.Errorf("attempt %d of a call that is not hedged is named a hedge", n)
+		}
+		if calls == 1 {
+			return levee.GRPCStatusError(14, "")
+		}
+		return nil
+	})
+	if err != nil || calls != 2 {
+		t.Fatalf("Do = %v after %d attempts", err, calls)
+	}
+}
