@@ -65,6 +65,9 @@ func statusError(err error) error {
 
 // unwrapOutcome is the gRPC error under an attempt's outcomeError.
 func unwrapOutcome(err error) error {
+	if ce, ok := err.(*committedError); ok {
+		err = ce.err
+	}
 	if oe, ok := err.(*outcomeError); ok {
 		return oe.err
 	}

@@ -705,7 +705,7 @@ func TestCommittedStreamCancelledByTheCaller(t *testing.T) {
 	name := script(t)
 	for i := range 3 {
 		ctx, cancel := context.WithCancel(context.Background())
-		st, err := c.ServerStream(ctx, &pb.Request{Script: name, Steps: []*pb.Step{{Messages: 2, DelayMs: 100}}})
+		st, err := c.ServerStream(ctx, &pb.Request{Script: name, Steps: []*pb.Step{{Messages: 2, DelayMs: 200}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -784,13 +784,14 @@ func TestAbandonedStreamFreesItsSlot(t *testing.T) {
 		}
 	}()
 	var err error
-	for range 200 {
+	for n := range 200 {
 		runtime.GC()
 		var b pb.Flaky_ServerStreamClient
 		if b, err = c.ServerStream(context.Background(), &pb.Request{Script: script(t)}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err = b.Recv(); errors.Is(err, io.EOF) {
+			t.Logf("admitted after %d GCs", n+1)
 			break
 		}
 		if !errors.Is(err, levee.ErrBulkheadFull) {
@@ -804,4 +805,42 @@ func TestAbandonedStreamFreesItsSlot(t *testing.T) {
 	if tr := e.rec.of(levee.EventBreakerTransition); len(tr) != 0 {
 		t.Fatalf("transitions %v", tr)
 	}
+}
+
+// A committed stream whose ClientConn is closed before the caller reads it to its end: the
+// attempt ends (CANCELED, as grpc ends the stream) and frees its slot.
+func TestCommittedStreamEndsWithItsClientConn(t *testing.T) {
+	e, s := newEnv(t), startServer(t)
+	i := &leveegrpc.Interceptor{Policy: e.policy("single")}
+	cc, err := grpc.NewClient(s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDisableRetry(),
+		grpc.WithStreamInterceptor(i.Stream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := pb.NewFlakyClient(cc).ServerStream(context.Background(), &pb.Request{Script: script(t), Steps: []*pb.Step{{Messages: 2, DelayMs: 50}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cc.Close()
+	c := dial(t, s, i)
+	for range 200 {
+		b, err := c.ServerStream(context.Background(), &pb.Request{Script: script(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err = b.Recv(); errors.Is(err, io.EOF) {
+			if _, err := a.Recv(); status.Code(err) != codes.Canceled {
+				t.Fatalf("the closed stream's Recv: %v, want CANCELED", err)
+			}
+			return
+		}
+		if !errors.Is(err, levee.ErrBulkheadFull) {
+			t.Fatalf("err %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("the stream of a closed ClientConn still holds its slot")
 }
