@@ -844,3 +844,35 @@ func TestCommittedStreamEndsWithItsClientConn(t *testing.T) {
 	}
 	t.Fatal("the stream of a closed ClientConn still holds its slot")
 }
+
+// A committed stream that fails under a policy with a fallback: the core ends the call with
+// the fallback, whose message is the stream's next one, then its end.
+func TestCommittedStreamFallback(t *testing.T) {
+	e, s := newEnv(t), startServer(t)
+	e.eng.RegisterFallback("cached", func(context.Context, error) (any, error) {
+		return &pb.Reply{Payload: []byte("cached")}, nil
+	})
+	c := dial(t, s, &leveegrpc.Interceptor{Policy: e.policy("fallback")})
+	st, err := c.ServerStream(context.Background(), &pb.Request{Script: script(t), Payload: []byte("live"),
+		Steps: []*pb.Step{{Messages: 1, Code: uint32(codes.Unavailable)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for {
+		r, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, string(r.GetPayload()))
+	}
+	if fmt.Sprint(got) != "[live cached]" {
+		t.Fatalf("messages %v, want the stream's then the fallback's", got)
+	}
+	if n := len(e.rec.of(levee.EventFallbackChosen)); n != 1 {
+		t.Fatalf("%d fallbacks chosen, want 1", n)
+	}
+}

@@ -234,9 +234,9 @@ func (s *streamCall) drive() {
 }
 
 // finish is what the caller's call of a handed stream that met the stream's end (err, from
-// RecvMsg when m is its message) returns, once the core has the stream's end: the end as it
-// came when the call succeeded, the call's error (the stream's status, the core's verdict its
-// cause), or a fallback's message.
+// RecvMsg when m is its message) returns, once the core has the stream's end: an OK end as it
+// came (the messages were all delivered, whatever the core makes of a late one), else the
+// call's error (the stream's status, the core's verdict its cause), or a fallback's message.
 func (s *streamCall) finish(a *streamAttempt, err error, m any) error {
 	a.end(err, m != nil)
 	<-s.done
@@ -244,10 +244,13 @@ func (s *streamCall) finish(a *streamAttempt, err error, m any) error {
 	if s.panicked {
 		panic(s.pv)
 	}
+	if err == nil || errors.Is(err, io.EOF) {
+		return err
+	}
 	if s.err != nil {
 		return statusError(s.err)
 	}
-	if _, ok := s.v.(*streamAttempt); ok || s.v == nil || err == nil || errors.Is(err, io.EOF) {
+	if _, ok := s.v.(*streamAttempt); ok || s.v == nil {
 		return err
 	}
 	// the core ended the call with a fallback: its value is the stream's next message
