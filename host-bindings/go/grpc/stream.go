@@ -36,7 +36,7 @@ import (
 // when its context is done (the caller's cancel or deadline: the caller's cancellation,
 // which the core does not count against the dependency; the attempt's deadline: a timeout),
 // when its ClientConn is closed, or when the caller drops it (the stream is garbage collected:
-// the caller's cancellation, and the server sees the cancel). Until then the attempt holds
+// the caller's cancellation; the stream is cancelled). Until then the attempt holds
 // what the core granted it, a bulkhead slot say, as resilience4j's bulkhead holds its permit
 // for the whole call: a caller that stops reading a stream should cancel its context.
 //
