@@ -61,6 +61,9 @@ policies:
     attempts: 3
     backoff: { kind: constant, base: 1ms, cap: 1ms, jitter: none }
     breaker: { window: { kind: count, size: 4 }, minimum-calls: 3, failure-rate: 50, open-duration: 60s }
+  untimed:
+    attempts: 3
+    backoff: { kind: constant, base: 1ms, cap: 1ms, jitter: none }
   single:
     attempts: 3
     backoff: { kind: constant, base: 1ms, cap: 1ms, jitter: none }
@@ -875,4 +878,65 @@ func TestCommittedStreamFallback(t *testing.T) {
 	if n := len(e.rec.of(levee.EventFallbackChosen)); n != 1 {
 		t.Fatalf("%d fallbacks chosen, want 1", n)
 	}
+}
+
+// Every stream call's goroutine (the call in the core, which lasts as long as a handed
+// stream) ends with its stream: after streams read to their end, cancelled, dropped and
+// failed, none is left.
+func TestStreamCallsLeaveNoGoroutine(t *testing.T) {
+	e, s := newEnv(t), startServer(t)
+	c := dial(t, s, &leveegrpc.Interceptor{Policy: e.policy("untimed")})
+	read := func(st pb.Flaky_ServerStreamClient) {
+		for {
+			if _, err := st.Recv(); err != nil {
+				return
+			}
+		}
+	}
+	for _, step := range []*pb.Step{{Messages: 2}, {Messages: 1, Code: uint32(codes.Unavailable)}, {Code: uint32(codes.InvalidArgument)}} {
+		st, err := c.ServerStream(context.Background(), &pb.Request{Script: script(t), Steps: []*pb.Step{step}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		read(st)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := c.ServerStream(ctx, &pb.Request{Script: script(t), Steps: []*pb.Step{{Messages: 2, DelayMs: 50}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	func() { // dropped after its first message
+		st, err := c.ServerStream(context.Background(), &pb.Request{Script: script(t), Steps: []*pb.Step{{Messages: 2, DelayMs: 50}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	cs, err := c.ClientStream(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.Send(&pb.Request{Script: script(t)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CloseAndRecv(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	var stacks string
+	for range 200 {
+		runtime.GC()
+		stacks = string(buf[:runtime.Stack(buf, true)])
+		if !strings.Contains(stacks, "host-bindings/go/grpc.(*streamCall)") {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("a stream call's goroutine is left:\n%s", stacks)
 }
