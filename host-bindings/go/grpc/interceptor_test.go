@@ -22,6 +22,7 @@ import (
 	leveegrpc "github.com/levee-dev/levee/host-bindings/go/grpc"
 	pb "github.com/levee-dev/levee/host-bindings/go/grpc/internal/flakypb"
 	"github.com/levee-dev/levee/host-bindings/go/grpc/internal/flakyserver"
+	"github.com/levee-dev/levee/host-bindings/go/leveetest"
 )
 
 // The tests run against the real Flaky server (internal/flakyserver) on 127.0.0.1, started
@@ -939,4 +940,49 @@ func TestStreamCallsLeaveNoGoroutine(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("a stream call's goroutine is left:\n%s", stacks)
+}
+
+// A committed stream cut by its attempt's deadline: a timeout in the core, not retried; the
+// caller gets DEADLINE_EXCEEDED.
+func TestCommittedStreamTimesOut(t *testing.T) {
+	tel := leveetest.NewRecorder()
+	eng, err := levee.Load(context.Background(), doc, levee.WithTelemetry(tel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close(context.Background()) })
+	p, err := eng.Policy("timeout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t)
+	c := dial(t, s, &leveegrpc.Interceptor{Policy: p})
+	name := script(t)
+	st, err := c.ServerStream(context.Background(), &pb.Request{Script: name, Steps: []*pb.Step{{Messages: 2, DelayMs: 300}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Recv()
+	if status.Code(err) != codes.DeadlineExceeded || !errors.Is(err, levee.ErrNonRetryable) {
+		t.Fatalf("err %v: want DEADLINE_EXCEEDED, not retried", err)
+	}
+	if ss := stats(t, plain(t, s), name, func(st *pb.StatsReply) bool { return st.GetCancelled() == 1 }); ss.GetStarted() != 1 {
+		t.Fatalf("server saw %v", ss)
+	}
+	var outcomes []string
+	for _, en := range tel.Entries() {
+		if en.Kind == "add" && en.Name == "levee.attempts" {
+			for _, a := range en.Attrs {
+				if a.Key == "levee.outcome" {
+					outcomes = append(outcomes, a.Value.String())
+				}
+			}
+		}
+	}
+	if fmt.Sprint(outcomes) != "[timeout]" {
+		t.Fatalf("attempts reported %v, want one timeout", outcomes)
+	}
 }
