@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime"
 	"strings"
@@ -984,5 +985,68 @@ func TestCommittedStreamTimesOut(t *testing.T) {
 	}
 	if fmt.Sprint(outcomes) != "[timeout]" {
 		t.Fatalf("attempts reported %v, want one timeout", outcomes)
+	}
+}
+
+// bidiDesc is a bidirectional method of a test server: it reads one request, answers it,
+// then ends with UNAVAILABLE.
+var bidiDesc = grpc.StreamDesc{StreamName: "Fail", ServerStreams: true, ClientStreams: true}
+
+// A bidirectional stream that fails once open (after a message each way): its status is the
+// call's outcome (the breaker counts it), never retried, and the breaker refuses the next.
+func TestBidiStreamFailureAfterOpenOpensTheBreaker(t *testing.T) {
+	e := newEnv(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opened atomic.Int32
+	srv := grpc.NewServer()
+	srv.RegisterService(&grpc.ServiceDesc{ServiceName: "levee.test.Bidi", HandlerType: (*any)(nil),
+		Streams: []grpc.StreamDesc{{StreamName: "Fail", ServerStreams: true, ClientStreams: true,
+			Handler: func(_ any, stream grpc.ServerStream) error {
+				opened.Add(1)
+				var req pb.Request
+				if err := stream.RecvMsg(&req); err != nil {
+					return err
+				}
+				if err := stream.SendMsg(&pb.Reply{Payload: req.GetPayload()}); err != nil {
+					return err
+				}
+				return status.Error(codes.Unavailable, "gone")
+			}}}}, struct{}{})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	i := &leveegrpc.Interceptor{Policy: e.policy("streambreaker")}
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDisableRetry(),
+		grpc.WithStreamInterceptor(i.Stream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	const method = "/levee.test.Bidi/Fail"
+	for n := range 3 {
+		cs, err := cc.NewStream(context.Background(), &bidiDesc, method)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cs.SendMsg(&pb.Request{Payload: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		var r pb.Reply
+		if err := cs.RecvMsg(&r); err != nil || string(r.GetPayload()) != "x" {
+			t.Fatalf("call %d: reply %v, err %v", n+1, &r, err)
+		}
+		err = cs.RecvMsg(&r)
+		if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "gone" || !errors.Is(err, levee.ErrNonRetryable) {
+			t.Fatalf("call %d: err %v: want the stream's UNAVAILABLE, not retried", n+1, err)
+		}
+	}
+	_, err = cc.NewStream(context.Background(), &bidiDesc, method)
+	if status.Code(err) != codes.Unavailable || !errors.Is(err, levee.ErrBreakerOpen) {
+		t.Fatalf("err %v: want UNAVAILABLE from the open breaker", err)
+	}
+	if n := opened.Load(); n != 3 {
+		t.Fatalf("the server opened %d streams, want 3", n)
 	}
 }
