@@ -47,6 +47,14 @@ policies:
   hedged:
     attempt-timeout: 2s
     hedge: {attempts: 2, delay: 50ms}
+  stream-breaker:
+    attempts: 3
+    backoff: {base: 5ms, cap: 10ms}
+    breaker:
+      window: {kind: count, size: 4}
+      minimum-calls: 2
+      failure-rate: 50
+      open-duration: 1h
   short:
     attempts: 2
     attempt-timeout: 300ms
@@ -407,6 +415,37 @@ async fn a_server_stream_is_retried_only_before_its_first_message() {
     assert_eq!(got, vec![2, 2], "both messages of the second attempt");
     assert_eq!(end, Some(Code::Unavailable), "the failure after the commit is final");
     assert_eq!(server.stats("stream").await.started, 2, "no attempt after the commit");
+}
+
+/// Read a server stream to its end: the messages' attempt numbers and the final status (`None`: OK).
+async fn drain(stream: &mut tonic::Streaming<Reply>) -> (Vec<u32>, Option<Code>) {
+    let mut got = Vec::new();
+    loop {
+        match stream.message().await {
+            Ok(Some(m)) => got.push(m.attempt),
+            Ok(None) => return (got, None),
+            Err(e) => return (got, Some(e.code())),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_failing_after_its_first_message_is_reported_and_opens_the_breaker() {
+    let server = start().await;
+    let mut c = client(&levee(), "stream-breaker", &server);
+    // Each call's stream sends one message, then fails: committed at the message, so the
+    // failure is the attempt's outcome, final (not retried), and counted by the breaker.
+    let half = Step { code: Code::Unavailable as u32, messages: 1, ..Step::default() };
+    for n in 1..=2 {
+        let mut stream = c.server_stream(script("half", vec![half.clone()])).await.expect("committed").into_inner();
+        assert_eq!(drain(&mut stream).await, (vec![n], Some(Code::Unavailable)), "call {n}");
+        assert_eq!(server.stats("half").await.started, n, "the failure after the commit is not retried");
+    }
+    // Two failures of two calls: the breaker is open, and the next call never reaches the server.
+    let e = c.server_stream(script("half", vec![half])).await.expect_err("the breaker is open");
+    assert_eq!(e.code(), Code::Unavailable);
+    assert_eq!(levee_error(&e).reason, Reason::BreakerOpen);
+    assert_eq!(server.stats("half").await.started, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
