@@ -55,6 +55,9 @@ policies:
       minimum-calls: 2
       failure-rate: 50
       open-duration: 1h
+  stream-slot:
+    attempts: 1
+    bulkhead: {max-concurrent: 1}
   short:
     attempts: 2
     attempt-timeout: 300ms
@@ -434,18 +437,56 @@ async fn a_stream_failing_after_its_first_message_is_reported_and_opens_the_brea
     let server = start().await;
     let mut c = client(&levee(), "stream-breaker", &server);
     // Each call's stream sends one message, then fails: committed at the message, so the
-    // failure is the attempt's outcome, final (not retried), and counted by the breaker.
-    let half = Step { code: Code::Unavailable as u32, messages: 1, ..Step::default() };
-    for n in 1..=2 {
-        let mut stream = c.server_stream(script("half", vec![half.clone()])).await.expect("committed").into_inner();
-        assert_eq!(drain(&mut stream).await, (vec![n], Some(Code::Unavailable)), "call {n}");
+    // failure is the attempt's outcome, final (not retried), and counted by the breaker. The
+    // first call's stream is whole when its message arrives (read at once); the second's
+    // second message comes 30 ms after its first (the stream is still open at the commit).
+    let whole = Step { code: Code::Unavailable as u32, messages: 1, ..Step::default() };
+    let open = Step { code: Code::Unavailable as u32, messages: 2, delay_ms: 30, ..Step::default() };
+    for (n, step, expect) in [(1, whole, vec![1]), (2, open.clone(), vec![2, 2])] {
+        let mut stream = c.server_stream(script("half", vec![step])).await.expect("committed").into_inner();
+        assert_eq!(drain(&mut stream).await, (expect, Some(Code::Unavailable)), "call {n}");
         assert_eq!(server.stats("half").await.started, n, "the failure after the commit is not retried");
     }
     // Two failures of two calls: the breaker is open, and the next call never reaches the server.
-    let e = c.server_stream(script("half", vec![half])).await.expect_err("the breaker is open");
+    let e = c.server_stream(script("half", vec![open])).await.expect_err("the breaker is open");
     assert_eq!(e.code(), Code::Unavailable);
     assert_eq!(levee_error(&e).reason, Reason::BreakerOpen);
     assert_eq!(server.stats("half").await.started, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_dropped_by_its_caller_is_a_cancellation_not_a_failure() {
+    let server = start().await;
+    let mut c = client(&levee(), "stream-breaker", &server);
+    let slow = Step { messages: 3, delay_ms: 100, ..Step::default() };
+    // Twice: read the first message, then drop the stream (the caller's cancellation).
+    for n in 1..=2 {
+        let mut stream = c.server_stream(script("dropped", vec![slow.clone()])).await.expect("committed").into_inner();
+        assert_eq!(stream.message().await.unwrap().map(|m| m.attempt), Some(n));
+        drop(stream);
+        let s = server.stats_when("dropped", |s| s.cancelled == n).await;
+        assert_eq!((s.started, s.cancelled), (n, n), "the server saw the cancellation, and no retry: {s:?}");
+    }
+    // Not failures: the breaker (two failures in two calls would open it) is still closed.
+    let ok = Step { messages: 1, ..Step::default() };
+    let mut stream = c.server_stream(script("dropped", vec![ok])).await.expect("the breaker is closed").into_inner();
+    assert_eq!(drain(&mut stream).await, (vec![3], None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_bulkhead_slot_is_held_until_the_stream_ends() {
+    let server = start().await;
+    let mut c = client(&levee(), "stream-slot", &server);
+    let slow = Step { messages: 2, delay_ms: 50, ..Step::default() };
+    let mut stream = c.server_stream(script("slot", vec![slow])).await.expect("committed").into_inner();
+    assert!(stream.message().await.unwrap().is_some());
+    // The stream is open: its attempt holds the one slot.
+    let e = c.unary(script("slot-other", vec![step(Code::Ok)])).await.expect_err("the bulkhead is full");
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert_eq!(levee_error(&e).reason, Reason::BulkheadFull);
+    assert_eq!(drain(&mut stream).await, (vec![1], None));
+    // Ended: the slot is free.
+    c.unary(script("slot-other", vec![step(Code::Ok)])).await.expect("the slot is free again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
