@@ -153,7 +153,7 @@ fn main() {
             contenders.push(("tonic, plain channel", Contender::Plain(FlakyClient::new(channel.clone()))));
         }
         for (name, b) in [("levee layer, wasm", Backend::Wasm), ("levee layer, native", Backend::Native)] {
-            if let Some(c) = layered(b).filter(|_| wanted(name)) {
+            if let Some(c) = wanted(name).then(|| layered(b)).flatten() {
                 contenders.push((name, Contender::Layered(c)));
             }
         }
