@@ -389,11 +389,20 @@ async fn the_deadline_is_the_attempt_timeout_or_the_callers_if_earlier() {
     let r = c.unary(req).await.unwrap().into_inner();
     assert!((0..=100).contains(&r.deadline_ms), "the caller's deadline bounds the attempt's: {} ms", r.deadline_ms);
 
-    // The caller's deadline also bounds the whole call: no retry after it.
+    // The caller's deadline also bounds the whole call: no retry after it. Three timers end
+    // the attempt at the same instant (within a timer tick): the layer's for the caller's
+    // deadline (DEADLINE_EXCEEDED), tonic's channel's for the attempt's `grpc-timeout`, and the
+    // tonic server's for the same header, which answers CANCELLED ("Timeout expired"); when the
+    // server's answer comes first, the caller gets it as the server's status.
     let mut req = tonic::Request::new(script("expired", vec![Step { delay_ms: 1_000, ..Step::default() }]));
     req.set_timeout(Duration::from_millis(100));
     let e = c.unary(req).await.expect_err("the deadline passes");
-    assert_eq!(e.code(), Code::DeadlineExceeded);
+    let from_layer = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<LeveeError<Status>>()).is_some();
+    match e.code() {
+        Code::DeadlineExceeded => assert!(from_layer, "{e:?}"),
+        Code::Cancelled => assert!(!from_layer, "the server's own deadline answer: {e:?}"),
+        other => panic!("{other:?}: {e:?}"),
+    }
     let s = server.stats_when("expired", |s| s.cancelled == 1).await;
     assert_eq!((s.started, s.cancelled), (1, 1), "{s:?}");
 }
@@ -487,6 +496,48 @@ async fn a_streams_bulkhead_slot_is_held_until_the_stream_ends() {
     assert_eq!(drain(&mut stream).await, (vec![1], None));
     // Ended: the slot is free.
     c.unary(script("slot-other", vec![step(Code::Ok)])).await.expect("the slot is free again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_stream_outliving_its_attempt_timeout_ends_and_is_not_retried() {
+    let server = start().await;
+    let mut c = client(&levee(), "short", &server);
+    // A message every 100 ms, five of them: the attempt timeout (300 ms) passes mid-stream.
+    let long = Step { messages: 5, delay_ms: 100, ..Step::default() };
+    let mut stream = c.server_stream(script("outlived", vec![long])).await.expect("committed").into_inner();
+    let (got, end) = drain(&mut stream).await;
+    assert!(!got.is_empty() && got.len() < 5 && got.iter().all(|&a| a == 1), "{got:?}");
+    assert_eq!(end, Some(Code::DeadlineExceeded));
+    let s = server.stats_when("outlived", |s| s.cancelled == 1).await;
+    assert_eq!((s.started, s.cancelled), (1, 1), "the stream was reset, and not retried: {s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callers_deadline_ends_a_committed_stream() {
+    let server = start().await;
+    let mut c = client(&levee(), "flaky", &server);
+    let long = Step { messages: 5, delay_ms: 100, ..Step::default() };
+    let mut req = tonic::Request::new(script("caller-stream", vec![long]));
+    req.set_timeout(Duration::from_millis(250));
+    let mut stream = c.server_stream(req).await.expect("committed").into_inner();
+    let (got, end) = drain(&mut stream).await;
+    assert!(!got.is_empty() && got.len() < 5, "{got:?}");
+    assert_eq!(end, Some(Code::DeadlineExceeded));
+    let s = server.stats_when("caller-stream", |s| s.cancelled == 1).await;
+    assert_eq!((s.started, s.cancelled), (1, 1), "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_stream_commits_to_the_first_attempt_with_a_message() {
+    let server = start().await;
+    let mut c = client(&levee(), "hedged", &server);
+    // Attempt 1 waits 2 s before its message; the hedge (after 50 ms) sends two at once.
+    let slow = Step { messages: 1, delay_ms: 2_000, ..Step::default() };
+    let fast = Step { messages: 2, delay_ms: 10, ..Step::default() };
+    let mut stream = c.server_stream(script("hedged-stream", vec![slow, fast])).await.expect("the hedge commits").into_inner();
+    assert_eq!(drain(&mut stream).await, (vec![2, 2], None));
+    let s = server.stats_when("hedged-stream", |s| s.cancelled == 1).await;
+    assert_eq!((s.started, s.finished, s.cancelled), (2, 1, 1), "the slow attempt was cancelled: {s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
