@@ -55,9 +55,8 @@
 //!   for an open breaker, DEADLINE_EXCEEDED for the deadline).
 //! - **Cancellation**: dropping the call's future (or, after the commit, the response's body)
 //!   drops the attempt in flight (its stream is reset) and cancels the call in the engine; it
-//!   is never retried. (tonic's own
-//!   `Request::cancellation_handle` acts on the request body, which this layer has read: drop
-//!   the future instead.)
+//!   is never retried. (tonic's own `Request::cancellation_handle` acts on the request body,
+//!   which this layer has read: drop the future instead.)
 //!
 //! Retry in one layer only: tonic has no retry of its own (its channel sends each request
 //! once), so nothing needs turning off in tonic; do not add `tower::retry` below this layer.
@@ -374,8 +373,8 @@ fn ended(outcome: Outcome) -> http::Response<Body> {
     resp
 }
 
-/// The outcome of a committed stream's trailers: `Success` for OK (as a first message was
-/// before this change), else the status and its pushback.
+/// The outcome of a committed stream's trailers: `Success` for OK (a first attempt's success
+/// is then held back, as on every call's hot path), else the status and its pushback.
 fn trailers_outcome(trailers: &HeaderMap) -> Outcome {
     match code_of(trailers).unwrap_or(Code::Unknown as i32) {
         0 => Outcome::Success,
