@@ -10,9 +10,22 @@
 //! not `Clone`), so there is no built-in retry to set beside Levee's.
 //!
 //! ```sh
-//! cargo bench -p levee-resilience --features grpc --bench grpc                 # 20,000 calls x 5 rounds
+//! cargo bench -p levee-resilience --features grpc --bench grpc                 # 5,000 calls x 5 rounds
 //! cargo bench -p levee-resilience --features grpc --bench grpc -- --calls 2000 --rounds 2
+//! # one contender alone (plain, wasm or native), e.g. under callgrind for instructions per call:
+//! cargo bench -p levee-resilience --features grpc --bench grpc -- --only native --calls 2000 --rounds 1
 //! ```
+//!
+//! Instructions per call (callgrind counts the whole process, client and server; the
+//! difference of two call counts removes the setup), each contender alone:
+//! ```sh
+//! for n in 1000 3000; do valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!   target/release/deps/grpc-* --only native --calls $n --rounds 1 --warmup 200 --no-clock; done
+//! ```
+//!
+//! Each round runs every contender in turn (a line on stderr per round shows it is alive); the
+//! table gives the medians over the rounds. `--warmup N` calls per contender first (default
+//! `calls / 10`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::indexing_slicing)]
 
 #[allow(clippy::all, clippy::pedantic, missing_docs, unused_qualifications)]
@@ -50,14 +63,38 @@ impl Flaky for Echo {
     }
 }
 
+/// `--no-clock`: read no CPU clock (for a run under valgrind, which rustix's vDSO lookup trips).
+static NO_CLOCK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn clock(id: rustix::time::ClockId) -> Duration {
+    if NO_CLOCK.load(std::sync::atomic::Ordering::Relaxed) {
+        return Duration::ZERO;
+    }
     let t = rustix::time::clock_gettime(id);
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
-fn arg(name: &str, default: usize) -> usize {
+fn flag(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    flag(name).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+enum Contender {
+    Plain(FlakyClient<tonic::transport::Channel>),
+    Layered(FlakyClient<levee::grpc::GrpcService<tonic::transport::Channel>>),
+}
+
+impl Contender {
+    async fn run(&mut self, calls: usize) -> (f64, f64) {
+        match self {
+            Contender::Plain(c) => run(c, calls).await,
+            Contender::Layered(c) => run(c, calls).await,
+        }
+    }
 }
 
 /// `calls` sequential unary calls through `client`; (process CPU, this thread's CPU) per call, in µs.
@@ -79,7 +116,12 @@ where
 }
 
 fn main() {
-    let (calls, rounds) = (arg("--calls", 20_000), arg("--rounds", 5));
+    let (calls, rounds) = (arg("--calls", 5_000), arg("--rounds", 5));
+    let warmup = arg("--warmup", calls / 10 + 1);
+    NO_CLOCK.store(std::env::args().any(|a| a == "--no-clock"), std::sync::atomic::Ordering::Relaxed);
+    // `--only plain|wasm|native`: that contender alone.
+    let only = flag("--only");
+    let wanted = |name: &str| only.as_deref().is_none_or(|o| name.contains(o));
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     listener.set_nonblocking(true).unwrap();
@@ -106,26 +148,38 @@ fn main() {
             let svc = LeveeLayer::new(levee, "api").unwrap().grpc().layer(channel.clone());
             Some(FlakyClient::with_origin(svc, url.parse().unwrap()))
         };
-        let mut plain = FlakyClient::new(channel.clone());
-        let mut layers: Vec<(&str, _)> = [("levee layer, wasm", Backend::Wasm), ("levee layer, native", Backend::Native)]
-            .into_iter()
-            .filter_map(|(name, b)| layered(b).map(|c| (name, c)))
-            .collect();
+        let mut contenders: Vec<(&str, Contender)> = Vec::new();
+        if wanted("tonic, plain channel") {
+            contenders.push(("tonic, plain channel", Contender::Plain(FlakyClient::new(channel.clone()))));
+        }
+        for (name, b) in [("levee layer, wasm", Backend::Wasm), ("levee layer, native", Backend::Native)] {
+            if let Some(c) = wanted(name).then(|| layered(b)).flatten() {
+                contenders.push((name, Contender::Layered(c)));
+            }
+        }
         // Warm up every contender (connections, the component's first calls).
-        run(&mut plain, calls / 10 + 1).await;
-        for (_, c) in &mut layers {
-            run(c, calls / 10 + 1).await;
+        for (_, c) in &mut contenders {
+            c.run(warmup).await;
         }
         let mut results: Vec<Vec<(&str, (f64, f64))>> = Vec::new();
-        for _ in 0..rounds {
-            let mut round = vec![("tonic, plain channel", run(&mut plain, calls).await)];
-            for (name, c) in &mut layers {
-                round.push((*name, run(c, calls).await));
+        for i in 0..rounds {
+            let mut round = Vec::new();
+            for (name, c) in &mut contenders {
+                round.push((*name, c.run(calls).await));
             }
+            eprintln!(
+                "round {}/{rounds}: {}",
+                i + 1,
+                round.iter().map(|(n, (_, t))| format!("{n} {t:.1} us")).collect::<Vec<_>>().join(", ")
+            );
             results.push(round);
         }
         results
     });
+    // The client's runtime first: its connection to the server closes with it. The server's
+    // graceful shutdown waits for its connections, so stopping it while the client's runtime
+    // still held the channel hung here, before anything was printed.
+    drop(rt);
     let _ = stop.send(());
     server.join().unwrap();
     let median = |i: usize, f: fn(&(f64, f64)) -> f64| {
@@ -135,9 +189,13 @@ fn main() {
     };
     println!("unary calls over 127.0.0.1: {calls} per contender per round, {rounds} rounds, medians (µs of CPU per call)");
     println!("{:<22} {:>12} {:>12} {:>16}", "contender", "client", "process", "client vs plain");
-    let base = median(0, |r| r.1);
-    for (i, (name, _)) in results[0].iter().enumerate() {
+    let Some(first) = results.first() else { return };
+    let base = (first[0].0 == "tonic, plain channel").then(|| median(0, |r| r.1));
+    for (i, (name, _)) in first.iter().enumerate() {
         let (client, process) = (median(i, |r| r.1), median(i, |r| r.0));
-        println!("{name:<22} {client:>12.2} {process:>12.2} {:>+16.2}", client - base);
+        match base {
+            Some(b) => println!("{name:<22} {client:>12.2} {process:>12.2} {:>15.2}x", client / b),
+            None => println!("{name:<22} {client:>12.2} {process:>12.2} {:>16}", "-"),
+        }
     }
 }

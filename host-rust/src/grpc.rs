@@ -14,11 +14,25 @@
 //!   is the status tonic makes of it (UNAVAILABLE for a refused connection); tonic's own
 //!   per-request timer firing is a `timeout`. An HTTP response without any `grpc-status` is the
 //!   status gRPC's HTTP-to-gRPC mapping gives it, as tonic reads it.
-//! - **Commit** (A6): an attempt ends as soon as its status is known or its first response
-//!   message (a non-empty DATA frame) arrives. A response whose first message arrived is
-//!   committed: it is reported as `success` and returned, its body replaying that frame and
-//!   then streaming the rest; a server stream that fails later fails to the caller, and is
-//!   never retried (nor reported again: the call ended at the commit).
+//! - **Streams and the commit** (A6): an attempt is retried only until its first response
+//!   message (a non-empty DATA frame) arrives; from then on it is committed. A committed
+//!   attempt stays the call's attempt until its stream ends, and that end is its outcome,
+//!   reported to the core (breaker, budget, events, metrics) and never retried (the layer
+//!   answers "no retry" for a committed attempt's failure, whatever the layer's `retry_if`
+//!   says): OK trailers are a `success`, a `grpc-status` in the trailers is that status (with
+//!   its pushback), a transport error while the body streams is the status tonic makes of it,
+//!   a stream ending with no status is UNKNOWN. What is already there when the first message
+//!   arrives is read at once (a unary answer usually comes whole: it ends the attempt there);
+//!   otherwise the call's future returns the response at the commit and its body carries the
+//!   call on: the messages reach the caller as they come, and the body's last frame (the
+//!   trailers or the error) comes after the core has recorded the attempt. The attempt's
+//!   timeout and the caller's deadline still run: when one passes first, the stream ends with
+//!   the call's status. Dropping the body before its end is the caller's cancellation (the
+//!   call is cancelled in the engine, as when the call's future is dropped, and the stream is
+//!   reset), not a failure of the dependency. **A bulkhead slot is held until the stream
+//!   ends** (or the body is dropped). Under a hedging policy the first attempt to commit wins
+//!   and ends the hedged call at its commit (the others are cancelled), as in the JS host: the
+//!   rest of its stream goes to the caller and is not reported.
 //! - **Request bodies**: the request body's frames are read before the call starts, as far as
 //!   they are ready without waiting. A body that ends that way (every unary call, and a client
 //!   stream over messages already in memory) is kept as bytes and each attempt sends a copy. A
@@ -39,18 +53,20 @@
 //!   refused by the policy is a [`tonic::Status`] whose source is the [`LeveeError`]
 //!   ([`rejection_code`]: RESOURCE_EXHAUSTED for a rate limit or a full bulkhead, UNAVAILABLE
 //!   for an open breaker, DEADLINE_EXCEEDED for the deadline).
-//! - **Cancellation**: dropping the call's future drops the attempt in flight (its stream is
-//!   reset) and cancels the call in the engine; it is never retried. (tonic's own
-//!   `Request::cancellation_handle` acts on the request body, which this layer has read: drop
-//!   the future instead.)
+//! - **Cancellation**: dropping the call's future (or, after the commit, the response's body)
+//!   drops the attempt in flight (its stream is reset) and cancels the call in the engine; it
+//!   is never retried. (tonic's own `Request::cancellation_handle` acts on the request body,
+//!   which this layer has read: drop the future instead.)
 //!
 //! Retry in one layer only: tonic has no retry of its own (its channel sends each request
 //! once), so nothing needs turning off in tonic; do not add `tower::retry` below this layer.
 
 use std::borrow::Cow;
-use std::future::Future as _;
+use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -58,6 +74,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use levee_core::Reason;
+use tokio::sync::oneshot;
 use tonic::body::Body;
 use tonic::{Code, Status};
 
@@ -331,46 +348,264 @@ fn classify(r: &Result<http::Response<Body>, Status>) -> Outcome {
     }
 }
 
-/// Wait for the status of a response, or its first message (see the module's documentation).
-async fn commit<RB>(resp: http::Response<RB>) -> Result<http::Response<Body>, Status>
+/// Marks the result of an attempt whose first response message arrived (A6's commit): a
+/// failure of it is final.
+#[derive(Clone, Copy, Debug)]
+struct Committed;
+
+/// How far an attempt got while the call waited for it (see the module's documentation).
+enum Commit {
+    /// Not committed: the status came before any message (or the attempt failed).
+    Ended(Result<http::Response<Body>, Status>),
+    /// Committed, and the stream was already whole: its messages and its end, read at once
+    /// (a unary answer, as a rule). The outcome is in [`Trailed`].
+    Whole(http::Response<Body>),
+    /// Committed, and the stream goes on: the head, and a body replaying what was read.
+    Open(http::response::Parts, Buffered),
+}
+
+/// The end of a committed stream as an attempt's result: a response whose [`Trailed`] outcome
+/// is the stream's status (`Success` for OK), marked [`Committed`].
+fn ended(outcome: Outcome) -> http::Response<Body> {
+    let mut resp = http::Response::new(Body::empty());
+    resp.extensions_mut().insert(Trailed(outcome));
+    resp.extensions_mut().insert(Committed);
+    resp
+}
+
+/// The outcome of a committed stream's trailers: `Success` for OK (a first attempt's success
+/// is then held back, as on every call's hot path), else the status and its pushback.
+fn trailers_outcome(trailers: &HeaderMap) -> Outcome {
+    match code_of(trailers).unwrap_or(Code::Unknown as i32) {
+        0 => Outcome::Success,
+        code => status_outcome(code, trailers),
+    }
+}
+
+/// Wait for the status of a response, or its first message; after the first message, read on
+/// as far as the stream is ready without waiting (see the module's documentation).
+async fn commit<RB>(resp: http::Response<RB>) -> Commit
 where
     RB: HttpBody<Data = Bytes> + Send + 'static,
     RB::Error: Into<BoxError>,
 {
     if resp.headers().contains_key(STATUS) {
         // Trailers-only: the status is in the head.
-        return Ok(resp.map(Body::new));
+        return Commit::Ended(Ok(resp.map(Body::new)));
     }
     let (mut parts, body) = resp.into_parts();
     if parts.status != http::StatusCode::OK {
         let code = http_code(parts.status) as i32;
         parts.extensions.insert(Trailed(Outcome::Grpc { code, pushback: Cow::Borrowed("") }));
-        return Ok(http::Response::from_parts(parts, Body::new(body)));
+        return Commit::Ended(Ok(http::Response::from_parts(parts, Body::new(body))));
     }
-    let mut body = Box::pin(body);
-    loop {
-        match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+    let mut body = Body::new(body);
+    let first = loop {
+        match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
             None => {
                 // Ended with no status: tonic reports UNKNOWN.
                 parts.extensions.insert(Trailed(Outcome::Grpc { code: Code::Unknown as i32, pushback: Cow::Borrowed("") }));
-                return Ok(http::Response::from_parts(parts, Body::empty()));
+                return Commit::Ended(Ok(http::Response::from_parts(parts, Body::empty())));
             }
-            Some(Err(e)) => return Err(Status::from_error(e.into())),
+            Some(Err(e)) => return Commit::Ended(Err(e)),
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(d) if d.is_empty() => continue,
-                Ok(d) => {
-                    let replay = Replay { data: Some(d), trailers: None, rest: Some(body) };
-                    return Ok(http::Response::from_parts(parts, Body::new(replay)));
-                }
+                Ok(d) => break d,
                 Err(frame) => {
                     let Ok(trailers) = frame.into_trailers() else { continue };
                     let code = code_of(&trailers).unwrap_or(Code::Unknown as i32);
                     parts.extensions.insert(Trailed(status_outcome(code, &trailers)));
-                    let replay: Replay<Body> = Replay { data: None, trailers: Some(trailers), rest: None };
-                    return Ok(http::Response::from_parts(parts, Body::new(replay)));
+                    let replay = Buffered { frames: VecDeque::from([Ok(Frame::trailers(trailers))]), rest: None };
+                    return Commit::Ended(Ok(http::Response::from_parts(parts, Body::new(replay))));
                 }
             },
         }
+    };
+    // Committed. What is already there is read now: a stream already whole (a unary answer)
+    // ends the attempt here, with no hand-over.
+    let mut frames = VecDeque::from([Ok(Frame::data(first))]);
+    let end = std::future::poll_fn(|cx| loop {
+        match Pin::new(&mut body).poll_frame(cx) {
+            Poll::Pending => return Poll::Ready(None),
+            Poll::Ready(None) => return Poll::Ready(Some(Outcome::Grpc { code: Code::Unknown as i32, pushback: Cow::Borrowed("") })),
+            Poll::Ready(Some(Err(e))) => {
+                let outcome = e.outcome();
+                frames.push_back(Err(e));
+                return Poll::Ready(Some(outcome));
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                let outcome = frame.trailers_ref().map(trailers_outcome);
+                frames.push_back(Ok(frame));
+                if outcome.is_some() {
+                    return Poll::Ready(outcome);
+                }
+            }
+        }
+    })
+    .await;
+    match end {
+        None => Commit::Open(parts, Buffered { frames, rest: Some(body) }),
+        Some(outcome) => {
+            parts.extensions.insert(Trailed(outcome));
+            parts.extensions.insert(Committed);
+            Commit::Whole(http::Response::from_parts(parts, Body::new(Buffered { frames, rest: None })))
+        }
+    }
+}
+
+/// A response body: the frames already read, then the rest of the stream.
+struct Buffered {
+    frames: VecDeque<Result<Frame<Bytes>, Status>>,
+    rest: Option<Body>,
+}
+
+impl HttpBody for Buffered {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if let Some(f) = self.frames.pop_front() {
+            return Poll::Ready(Some(f));
+        }
+        match self.rest.as_mut() {
+            Some(rest) => Pin::new(rest).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && self.rest.as_ref().is_none_or(HttpBody::is_end_stream)
+    }
+}
+
+/// What an attempt that committed to an open stream and the call's future share: the
+/// committed response with the sender of its end, handed over once.
+#[derive(Default)]
+struct Handoff {
+    /// An attempt committed to an open stream: the call's attempt until the stream ends
+    /// (whatever ends it is final).
+    committed: AtomicBool,
+    slot: Mutex<Option<(http::Response<Body>, oneshot::Sender<AttemptResult>)>>,
+}
+
+type AttemptResult = Result<http::Response<Body>, Status>;
+
+/// The retry predicate of a call: a failure of an attempt that committed (its first message
+/// arrived) is final (A6); anything else is the layer's predicate's (if any) to answer. A
+/// success is left to the policy (a no-retry answer would count it as a failure).
+fn committed_retry_if(handoff: Arc<Handoff>, user: Option<RetryIf>) -> RetryIf {
+    Arc::new(move |a: &crate::Attempted<'_>| {
+        let failed = !matches!(a.outcome(), Outcome::Success | Outcome::Grpc { code: 0, .. });
+        let marked = || a.value::<http::Response<Body>>().is_some_and(|r| r.extensions().get::<Committed>().is_some());
+        if failed && (handoff.committed.load(Ordering::Acquire) || marked()) {
+            return Some(false);
+        }
+        user.as_ref().and_then(|f| f(a))
+    })
+}
+
+/// The future of a call through [`GrpcService`]: the call until it ends, or until an attempt
+/// commits to an open stream, whose response it then returns with a body that carries the
+/// call on (see the module's documentation, "Streams").
+pub struct ResponseFuture {
+    call: Option<BoxFuture<'static, AttemptResult>>,
+    handoff: Arc<Handoff>,
+}
+
+impl std::fmt::Debug for ResponseFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl Future for ResponseFuture {
+    type Output = Result<http::Response<Body>, Status>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let Some(call) = this.call.as_mut() else {
+            return Poll::Ready(Err(Status::internal("levee: the call's future was polled after it ended")));
+        };
+        if let Poll::Ready(r) = call.as_mut().poll(cx) {
+            this.call = None;
+            return Poll::Ready(r);
+        }
+        // An attempt hands its open stream over from inside the call's poll, just made.
+        let handed = this.handoff.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        match handed {
+            None => Poll::Pending,
+            Some((resp, end)) => {
+                let call = this.call.take();
+                Poll::Ready(Ok(resp.map(|body| Body::new(OpenStream { body: Some(body), end: Some(end), call, last: None }))))
+            }
+        }
+    }
+}
+
+/// The body of a committed stream: the attempt's messages as they come; its end (trailers, an
+/// error, or no status) goes to the attempt, which the call reports, and the body's last frame
+/// comes once the call has ended. The call runs beside the stream: the attempt's timeout or
+/// the caller's deadline passing ends the stream with the call's status. Dropped before its
+/// end, the body drops the call (the caller's cancellation) and resets the stream.
+struct OpenStream {
+    body: Option<Body>,
+    end: Option<oneshot::Sender<AttemptResult>>,
+    call: Option<BoxFuture<'static, AttemptResult>>,
+    /// The stream's last frame, held while the call reports it (`Some(None)`: no frame).
+    last: Option<Option<Result<Frame<Bytes>, Status>>>,
+}
+
+impl HttpBody for OpenStream {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        if this.last.is_some() {
+            // The end was sent: wait for the call to report it.
+            if let Some(call) = this.call.as_mut() {
+                if call.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.call = None;
+            }
+            return Poll::Ready(this.last.take().flatten());
+        }
+        if let Some(call) = this.call.as_mut() {
+            if let Poll::Ready(r) = call.as_mut().poll(cx) {
+                // The call ended before the stream did (the attempt's timeout, the caller's
+                // deadline): its status ends the stream.
+                this.call = None;
+                this.end = None;
+                if let Err(s) = r {
+                    this.body = None;
+                    return Poll::Ready(Some(Err(s)));
+                }
+            }
+        }
+        let Some(body) = this.body.as_mut() else { return Poll::Ready(None) };
+        let frame = match Pin::new(body).poll_frame(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Ok(f))) if f.is_data() => return Poll::Ready(Some(Ok(f))),
+            Poll::Ready(frame) => frame,
+        };
+        this.body = None;
+        let result = match &frame {
+            Some(Ok(f)) => Ok(ended(f.trailers_ref().map_or(Outcome::Success, trailers_outcome))),
+            Some(Err(s)) => Err(s.clone()),
+            None => Ok(ended(Outcome::Grpc { code: Code::Unknown as i32, pushback: Cow::Borrowed("") })),
+        };
+        let sent = this.end.take().is_some_and(|end| end.send(result).is_ok());
+        if !sent || this.call.is_none() {
+            return Poll::Ready(frame);
+        }
+        this.last = Some(frame);
+        // Poll the call now: it reports the end.
+        self.as_mut().poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_none() && self.last.is_none()
     }
 }
 
@@ -487,7 +722,7 @@ where
 {
     type Response = http::Response<Body>;
     type Error = Status;
-    type Future = BoxFuture<'static, Result<Self::Response, Status>>;
+    type Future = ResponseFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         // Readiness is awaited per attempt, on a clone of the inner service.
@@ -497,7 +732,10 @@ where
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let inner = self.inner.clone();
         let GrpcLayer { levee, policy, policy_fn, key, retry_if } = self.layer.clone();
-        Box::pin(async move {
+        let handoff = Arc::new(Handoff::default());
+        let retry_if = committed_retry_if(handoff.clone(), retry_if);
+        let handed = handoff.clone();
+        let call = Box::pin(async move {
             let (parts, body) = req.into_parts();
             let policy = policy_fn.and_then(|f| f(parts.uri.path())).unwrap_or(policy);
             let key = match &key {
@@ -516,18 +754,36 @@ where
             let flags = if once { crate::constants::START_NON_IDEMPOTENT } else { 0 };
             let faults = parts.extensions.get::<crate::FaultPlan>().cloned().unwrap_or_default();
             let call_parts = CallParts { uri: parts.uri, version: parts.version, headers: parts.headers, extensions: parts.extensions };
-            let call = levee.call::<http::Response<Body>, Status>(&policy).key(key).flags(flags).faults(&faults).retry_if_shared(retry_if);
+            let call =
+                levee.call::<http::Response<Body>, Status>(&policy).key(key).flags(flags).faults(&faults).retry_if_shared(Some(retry_if));
             let run = call.run_classified(classify, move |attempt| {
                 let body = sent.body();
                 let req = body.map(|b| call_parts.request(b, attempt, deadline, shared.now()));
                 let mut svc = inner.clone();
+                let handoff = handed.clone();
                 async move {
                     let Some(req) = req else {
                         return Err(Status::internal("levee: the request stream was sent once and cannot be sent again"));
                     };
                     std::future::poll_fn(|cx| svc.poll_ready(cx)).await.map_err(|e| Status::from_error(e.into()))?;
                     let resp = svc.call(req).await.map_err(|e| Status::from_error(e.into()))?;
-                    commit(resp).await
+                    let (parts, body) = match commit(resp).await {
+                        Commit::Ended(r) => return r,
+                        Commit::Whole(resp) => return Ok(resp),
+                        Commit::Open(parts, body) => (parts, body),
+                    };
+                    if attempt.lease().is_some() {
+                        // A hedged attempt: its commit ends the hedged call (the others are
+                        // cancelled); the rest of its stream is the caller's, unreported.
+                        return Ok(http::Response::from_parts(parts, Body::new(body)));
+                    }
+                    // The call's attempt until the stream ends: hand the stream to the caller
+                    // and wait for its end, the attempt's result.
+                    handoff.committed.store(true, Ordering::Release);
+                    let (end, ends) = oneshot::channel();
+                    *handoff.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        Some((http::Response::from_parts(parts, Body::new(body)), end));
+                    ends.await.unwrap_or_else(|_| Err(Status::cancelled("levee: the caller dropped the stream")))
                 }
             });
             let result = match deadline {
@@ -549,7 +805,8 @@ where
                 }
             };
             result.map_err(into_status)
-        })
+        });
+        ResponseFuture { call: Some(call), handoff }
     }
 }
 

@@ -47,6 +47,17 @@ policies:
   hedged:
     attempt-timeout: 2s
     hedge: {attempts: 2, delay: 50ms}
+  stream-breaker:
+    attempts: 3
+    backoff: {base: 5ms, cap: 10ms}
+    breaker:
+      window: {kind: count, size: 4}
+      minimum-calls: 2
+      failure-rate: 50
+      open-duration: 1h
+  stream-slot:
+    attempts: 1
+    bulkhead: {max-concurrent: 1}
   short:
     attempts: 2
     attempt-timeout: 300ms
@@ -378,11 +389,20 @@ async fn the_deadline_is_the_attempt_timeout_or_the_callers_if_earlier() {
     let r = c.unary(req).await.unwrap().into_inner();
     assert!((0..=100).contains(&r.deadline_ms), "the caller's deadline bounds the attempt's: {} ms", r.deadline_ms);
 
-    // The caller's deadline also bounds the whole call: no retry after it.
+    // The caller's deadline also bounds the whole call: no retry after it. Three timers end
+    // the attempt at the same instant (within a timer tick): the layer's for the caller's
+    // deadline (DEADLINE_EXCEEDED), tonic's channel's for the attempt's `grpc-timeout`, and the
+    // tonic server's for the same header, which answers CANCELLED ("Timeout expired"); when the
+    // server's answer comes first, the caller gets it as the server's status.
     let mut req = tonic::Request::new(script("expired", vec![Step { delay_ms: 1_000, ..Step::default() }]));
     req.set_timeout(Duration::from_millis(100));
     let e = c.unary(req).await.expect_err("the deadline passes");
-    assert_eq!(e.code(), Code::DeadlineExceeded);
+    let from_layer = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<LeveeError<Status>>()).is_some();
+    match e.code() {
+        Code::DeadlineExceeded => assert!(from_layer, "{e:?}"),
+        Code::Cancelled => assert!(!from_layer, "the server's own deadline answer: {e:?}"),
+        other => panic!("{other:?}: {e:?}"),
+    }
     let s = server.stats_when("expired", |s| s.cancelled == 1).await;
     assert_eq!((s.started, s.cancelled), (1, 1), "{s:?}");
 }
@@ -407,6 +427,117 @@ async fn a_server_stream_is_retried_only_before_its_first_message() {
     assert_eq!(got, vec![2, 2], "both messages of the second attempt");
     assert_eq!(end, Some(Code::Unavailable), "the failure after the commit is final");
     assert_eq!(server.stats("stream").await.started, 2, "no attempt after the commit");
+}
+
+/// Read a server stream to its end: the messages' attempt numbers and the final status (`None`: OK).
+async fn drain(stream: &mut tonic::Streaming<Reply>) -> (Vec<u32>, Option<Code>) {
+    let mut got = Vec::new();
+    loop {
+        match stream.message().await {
+            Ok(Some(m)) => got.push(m.attempt),
+            Ok(None) => return (got, None),
+            Err(e) => return (got, Some(e.code())),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_failing_after_its_first_message_is_reported_and_opens_the_breaker() {
+    let server = start().await;
+    let mut c = client(&levee(), "stream-breaker", &server);
+    // Each call's stream sends one message, then fails: committed at the message, so the
+    // failure is the attempt's outcome, final (not retried), and counted by the breaker. The
+    // first call's stream is whole when its message arrives (read at once); the second's
+    // second message comes 30 ms after its first (the stream is still open at the commit).
+    let whole = Step { code: Code::Unavailable as u32, messages: 1, ..Step::default() };
+    let open = Step { code: Code::Unavailable as u32, messages: 2, delay_ms: 30, ..Step::default() };
+    for (n, step, expect) in [(1, whole, vec![1]), (2, open.clone(), vec![2, 2])] {
+        let mut stream = c.server_stream(script("half", vec![step])).await.expect("committed").into_inner();
+        assert_eq!(drain(&mut stream).await, (expect, Some(Code::Unavailable)), "call {n}");
+        assert_eq!(server.stats("half").await.started, n, "the failure after the commit is not retried");
+    }
+    // Two failures of two calls: the breaker is open, and the next call never reaches the server.
+    let e = c.server_stream(script("half", vec![open])).await.expect_err("the breaker is open");
+    assert_eq!(e.code(), Code::Unavailable);
+    assert_eq!(levee_error(&e).reason, Reason::BreakerOpen);
+    assert_eq!(server.stats("half").await.started, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_dropped_by_its_caller_is_a_cancellation_not_a_failure() {
+    let server = start().await;
+    let mut c = client(&levee(), "stream-breaker", &server);
+    let slow = Step { messages: 3, delay_ms: 100, ..Step::default() };
+    // Twice: read the first message, then drop the stream (the caller's cancellation).
+    for n in 1..=2 {
+        let mut stream = c.server_stream(script("dropped", vec![slow.clone()])).await.expect("committed").into_inner();
+        assert_eq!(stream.message().await.unwrap().map(|m| m.attempt), Some(n));
+        drop(stream);
+        let s = server.stats_when("dropped", |s| s.cancelled == n).await;
+        assert_eq!((s.started, s.cancelled), (n, n), "the server saw the cancellation, and no retry: {s:?}");
+    }
+    // Not failures: the breaker (two failures in two calls would open it) is still closed.
+    let ok = Step { messages: 1, ..Step::default() };
+    let mut stream = c.server_stream(script("dropped", vec![ok])).await.expect("the breaker is closed").into_inner();
+    assert_eq!(drain(&mut stream).await, (vec![3], None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_bulkhead_slot_is_held_until_the_stream_ends() {
+    let server = start().await;
+    let mut c = client(&levee(), "stream-slot", &server);
+    let slow = Step { messages: 2, delay_ms: 50, ..Step::default() };
+    let mut stream = c.server_stream(script("slot", vec![slow])).await.expect("committed").into_inner();
+    assert!(stream.message().await.unwrap().is_some());
+    // The stream is open: its attempt holds the one slot.
+    let e = c.unary(script("slot-other", vec![step(Code::Ok)])).await.expect_err("the bulkhead is full");
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert_eq!(levee_error(&e).reason, Reason::BulkheadFull);
+    assert_eq!(drain(&mut stream).await, (vec![1], None));
+    // Ended: the slot is free.
+    c.unary(script("slot-other", vec![step(Code::Ok)])).await.expect("the slot is free again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_stream_outliving_its_attempt_timeout_ends_and_is_not_retried() {
+    let server = start().await;
+    let mut c = client(&levee(), "short", &server);
+    // A message every 100 ms, five of them: the attempt timeout (300 ms) passes mid-stream.
+    let long = Step { messages: 5, delay_ms: 100, ..Step::default() };
+    let mut stream = c.server_stream(script("outlived", vec![long])).await.expect("committed").into_inner();
+    let (got, end) = drain(&mut stream).await;
+    assert!(!got.is_empty() && got.len() < 5 && got.iter().all(|&a| a == 1), "{got:?}");
+    assert_eq!(end, Some(Code::DeadlineExceeded));
+    let s = server.stats_when("outlived", |s| s.cancelled == 1).await;
+    assert_eq!((s.started, s.cancelled), (1, 1), "the stream was reset, and not retried: {s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callers_deadline_ends_a_committed_stream() {
+    let server = start().await;
+    let mut c = client(&levee(), "flaky", &server);
+    let long = Step { messages: 5, delay_ms: 100, ..Step::default() };
+    let mut req = tonic::Request::new(script("caller-stream", vec![long]));
+    req.set_timeout(Duration::from_millis(250));
+    let mut stream = c.server_stream(req).await.expect("committed").into_inner();
+    let (got, end) = drain(&mut stream).await;
+    assert!(!got.is_empty() && got.len() < 5, "{got:?}");
+    assert_eq!(end, Some(Code::DeadlineExceeded));
+    let s = server.stats_when("caller-stream", |s| s.cancelled == 1).await;
+    assert_eq!((s.started, s.cancelled), (1, 1), "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_stream_commits_to_the_first_attempt_with_a_message() {
+    let server = start().await;
+    let mut c = client(&levee(), "hedged", &server);
+    // Attempt 1 waits 2 s before its message; the hedge (after 50 ms) sends two at once.
+    let slow = Step { messages: 1, delay_ms: 2_000, ..Step::default() };
+    let fast = Step { messages: 2, delay_ms: 10, ..Step::default() };
+    let mut stream = c.server_stream(script("hedged-stream", vec![slow, fast])).await.expect("the hedge commits").into_inner();
+    assert_eq!(drain(&mut stream).await, (vec![2, 2], None));
+    let s = server.stats_when("hedged-stream", |s| s.cancelled == 1).await;
+    assert_eq!((s.started, s.finished, s.cancelled), (2, 1, 1), "the slow attempt was cancelled: {s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
