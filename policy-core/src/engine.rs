@@ -334,14 +334,6 @@ const GUARD_PROBES: usize = 8;
 
 /// One policy's per-key state.
 pub(crate) type Keys = Table<Arc<str>, KeyState, 5>;
-
-/// A policy's empty key table: it may come to hold `keys.max` keys, the overflow entry and
-/// the shared one (its index is reserved for them once it is no longer small).
-fn keys_table(p: &Policy, hash_seed: u64) -> Keys {
-    let mut t = Keys::with_seed(hash_seed);
-    t.expect((p.max_keys as usize).saturating_add(2));
-    t
-}
 /// The live calls, on one list in the order they started (the oldest is evicted first).
 type Calls = Table<u64, Call, 1>;
 
@@ -951,7 +943,7 @@ impl Engine {
     }
 
     fn with_tables(policies: Vec<Policy>, rng: Rng, hash_seed: u64) -> Engine {
-        let keys = policies.iter().map(|p| keys_table(p, hash_seed)).collect();
+        let keys = policies.iter().map(|_| Keys::with_seed(hash_seed)).collect();
         Engine {
             policies,
             keys,
@@ -971,7 +963,7 @@ impl Engine {
 
     /// Empty key tables for the current policies (with this engine's hasher seed).
     pub(crate) fn empty_keys(&self) -> Vec<Keys> {
-        self.policies.iter().map(|p| keys_table(p, self.hash_seed)).collect()
+        self.policies.iter().map(|_| Keys::with_seed(self.hash_seed)).collect()
     }
 
     /// Replace the policies, keeping the state that still applies (see `import_state`) and the

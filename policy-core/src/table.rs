@@ -16,14 +16,13 @@
 //! then reused, so holders of an index (a live call remembering its key) check the slot
 //! still holds what they expect before trusting it.
 //!
-//! Growth never stalls a call in proportion to the table's size (issue 41). Each node keeps
-//! its key's hash, so a resize of the index rehashes from those and hashes no key; and a
-//! table told how many entries it may come to hold (a policy's `keys.max`) reserves its index
-//! for them once it holds [`INDEX_EARLY`], and never resizes it after. At 10^6 keys, one
-//! call had rehashed every key: 480 ms in the component, past the guest's time bound on a
-//! loaded machine. (The slab is a `Vec`: its doublings still copy every node once, in the
-//! call that makes it grow; docs/performance.md, "Growth of the key table", has the figures,
-//! and why a slab in segments was not kept.)
+//! A resize of the index reads the index alone: each of its entries keeps the key's 32-bit
+//! hash beside the slot, so growing it hashes no key and reads no node (issue 41). Before, the
+//! call that made a table of 917,504 keys grow rehashed every key through the slab: 414-480 ms
+//! in the component, and past the guest's time bound on a loaded machine; it is 9 ms now. The
+//! slab is a `Vec`, whose doublings still copy every node once, in the call that crosses a
+//! power of two (docs/performance.md, "Growth of the key table", has the figures, and why a
+//! slab in segments was not kept).
 
 use std::borrow::Borrow;
 use std::cell::Cell;
@@ -35,10 +34,13 @@ use hashbrown::HashTable;
 /// No entry: the end of a list, or no free slot.
 const NIL: u32 = u32::MAX;
 
-/// Entries at which a table with an expected size reserves its index for that size: small
-/// tables (most policies hold a handful of keys) stay small, and the resize this replaces
-/// moves at most this many entries.
-pub(crate) const INDEX_EARLY: usize = 1024;
+/// An index entry: an entry's slot, and its key's 32-bit hash, so that a resize of the index
+/// rehashes from the index alone (it reads no node and hashes no key).
+#[derive(Clone, Copy)]
+struct Slot {
+    node: u32,
+    hash: u32,
+}
 
 /// The index's hash from a key's 32 bits: they fill both halves, so that the bits hashbrown
 /// takes (the low ones for the bucket, the top seven for the tag) are the key's on 32- and
@@ -54,9 +56,6 @@ struct Node<K, V> {
     entry: Option<(K, V)>,
     prev: u32,
     next: u32,
-    /// The key's 32-bit hash (see `spread`), kept so that the index rehashes when it grows,
-    /// and unindexes, without hashing a key again (it sits in what was the node's padding).
-    hash: u32,
     /// Which list the entry is on.
     list: u8,
 }
@@ -72,11 +71,8 @@ const EMPTY: Ends = Ends { front: NIL, back: NIL };
 /// A hash-indexed slab whose entries each sit on one of `L` ordered lists.
 #[derive(Clone)]
 pub(crate) struct Table<K, V, const L: usize> {
-    index: HashTable<u32>,
+    index: HashTable<Slot>,
     nodes: Vec<Node<K, V>>,
-    /// The entries the table may come to hold (0: unknown): its index is reserved for them
-    /// once it holds `INDEX_EARLY`.
-    expected: usize,
     free: u32,
     ends: [Ends; L],
     lens: [usize; L],
@@ -98,19 +94,12 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
         Table {
             index: HashTable::new(),
             nodes: Vec::new(),
-            expected: 0,
             free: NIL,
             ends: [EMPTY; L],
             lens: [0; L],
             hasher: FixedState::with_seed(seed),
             recent: Cell::new(NIL),
         }
-    }
-
-    /// The entries the table may come to hold (a policy's `keys.max`): its index is reserved
-    /// for them once it holds `INDEX_EARLY` entries, and never resizes after.
-    pub(crate) fn expect(&mut self, n: usize) {
-        self.expected = n;
     }
 
     /// A key's 32-bit hash.
@@ -143,9 +132,13 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
     where
         K: Borrow<Q>,
     {
-        let hash = spread(self.hash32(key));
+        let h = self.hash32(key);
         let nodes = &self.nodes;
-        self.index.find(hash, |&i| nodes.get(i as usize).and_then(|n| n.entry.as_ref()).is_some_and(|(k, _)| k.borrow() == key)).copied()
+        self.index
+            .find(spread(h), |s| {
+                s.hash == h && nodes.get(s.node as usize).and_then(|n| n.entry.as_ref()).is_some_and(|(k, _)| k.borrow() == key)
+            })
+            .map(|s| s.node)
     }
 
     /// The index of `key`'s entry, as `find`, trying the entry found last before hashing:
@@ -226,7 +219,7 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
             i
         } else {
             let i = self.nodes.len() as u32;
-            self.nodes.push(Node { entry: Some((key, value)), prev: NIL, next: NIL, hash: 0, list: 0 });
+            self.nodes.push(Node { entry: Some((key, value)), prev: NIL, next: NIL, list: 0 });
             i
         };
         self.index(i);
@@ -238,23 +231,13 @@ impl<K: Hash + Eq, V, const L: usize> Table<K, V, L> {
     fn index(&mut self, i: u32) {
         let Some((key, _)) = self.get(i) else { return };
         let h = self.hash32(key);
-        if let Some(n) = self.node_mut(i) {
-            n.hash = h;
-        }
-        let nodes = &self.nodes;
-        let rehash = |&j: &u32| spread(nodes.get(j as usize).map_or(0, |n| n.hash));
-        let len = self.index.len();
-        if len == INDEX_EARLY && self.expected > len {
-            self.index.reserve(self.expected - len, rehash);
-        }
-        self.index.insert_unique(spread(h), i, rehash);
+        self.index.insert_unique(spread(h), Slot { node: i, hash: h }, |s| spread(s.hash));
     }
 
     /// Take the entry at `i` out of the index (its slot keeps it); `None` for a free slot.
     fn unindex(&mut self, i: u32) -> Option<()> {
-        let n = self.node(i)?;
-        n.entry.as_ref()?;
-        if let Ok(found) = self.index.find_entry(spread(n.hash), |&j| j == i) {
+        let h = self.hash32(self.get(i)?.0);
+        if let Ok(found) = self.index.find_entry(spread(h), |s| s.node == i) {
             found.remove();
         }
         Some(())
@@ -510,37 +493,41 @@ mod tests {
         }
     }
 
-    /// A table told its size reserves its index once, at `INDEX_EARLY` entries, and never
-    /// grows it again up to that size (a resize past it would rehash every entry in one call);
-    /// the entries it holds are all found, before and after removals and reuse of slots.
-    #[test]
-    fn an_expected_size_reserves_the_index_once() {
-        let n = 5 * INDEX_EARLY;
-        let mut t: Table<String, usize, 1> = Table::with_seed(3);
-        t.expect(n);
-        let mut capacity = 0;
-        for i in 0..n {
-            t.insert(format!("key-{i}"), i, 0);
-            if i == INDEX_EARLY {
-                capacity = t.index.capacity();
-                assert!(capacity >= n, "reserved for {n}: {capacity}");
-            }
+    /// A key whose hashing is counted.
+    #[derive(PartialEq, Eq)]
+    struct Counted(u64);
+
+    thread_local! {
+        static HASHED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    impl Hash for Counted {
+        fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+            HASHED.with(|h| h.set(h.get() + 1));
+            self.0.hash(state);
         }
-        assert_eq!(t.index.capacity(), capacity, "no resize after the reservation");
+    }
+
+    /// Growing the index hashes no key (issue 41): a key is hashed when it is inserted, looked
+    /// up or taken out, never again because the table grew (a resize rehashed every key, in the
+    /// one call that made it grow: 414 ms at 917,504 keys in the component).
+    #[test]
+    fn growth_hashes_no_key() {
+        let n = 20_000u64;
+        let mut t: Table<Counted, u64, 1> = Table::with_seed(3);
+        HASHED.with(|h| h.set(0));
+        for i in 0..n {
+            t.insert(Counted(i), i, 0);
+        }
+        assert_eq!(HASHED.with(std::cell::Cell::get), n as usize, "one hash per insert, none for the resizes");
         for i in (0..n).step_by(3) {
-            let at = t.find(&format!("key-{i}"));
+            let at = t.find(&Counted(i));
             assert!(at.is_some_and(|at| t.delete(at)));
         }
         for i in 0..n {
-            let found = t.find(&format!("key-{i}")).and_then(|at| t.get(at)).map(|(_, v)| *v);
-            assert_eq!(found, (i % 3 != 0).then_some(i), "key-{i}");
+            let found = t.find(&Counted(i)).and_then(|at| t.get(at)).map(|(_, v)| *v);
+            assert_eq!(found, (i % 3 != 0).then_some(i), "key {i}");
         }
-        let mut small: Table<String, usize, 1> = Table::with_seed(3);
-        small.expect(n);
-        for i in 0..16 {
-            small.insert(format!("key-{i}"), i, 0);
-        }
-        assert!(small.index.capacity() < INDEX_EARLY, "a small table stays small");
     }
 
     #[test]
