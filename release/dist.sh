@@ -9,7 +9,7 @@
 #   dist/levee-resilience-V.tgz                                                 (npm)
 #   dist/levee-core-V.crate, dist/levee-resilience-V.crate                      (crates.io)
 #   dist/goproxy/               the Go modules in the GOPROXY on-disk layout (module zip format):
-#                               host-bindings/go and its nested modules (durable, fleet), each
+#                               host-bindings/go and its nested modules (durable, fleet, grpc), each
 #                               requiring the root module at this version, with no `replace`
 #   dist/levee-envoy-filter-V.wasm  the Envoy proxy-wasm filter (docs/envoy.md)
 #   dist/SHA256SUMS
@@ -124,9 +124,9 @@ crates() {
 }
 
 # The nested Go modules under host-bindings/go that users install (`go get MODULE@vV`), and the
-# one that is not published: bench is the benchmark harness (docs/performance.md).
-go_nested=(durable fleet)
-go_unpublished=(bench)
+# ones that are not published: bench and grpc/bench are benchmark harnesses (docs/performance.md).
+go_nested=(durable fleet grpc)
+go_unpublished=(bench grpc/bench)
 
 go_proxy() {
   # The module's tracked files as they are in the working tree (what a tag would publish).

@@ -145,7 +145,7 @@ install_go() {
   # Every nested module, each in a fresh module of its own: it resolves from dist/ alone (the
   # root module at this version, no replace) and every package of it builds.
   local sub
-  for sub in durable fleet; do
+  for sub in durable fleet grpc; do
     mkdir -p "$dir/$sub" && cd "$dir/$sub"
     norust go mod init "example.com/use-$sub" >/dev/null 2>&1
     norust go get "$mod/$sub@v$version"
