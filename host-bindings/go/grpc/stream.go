@@ -270,6 +270,27 @@ func (s *streamCall) finish(a *streamAttempt, err error, m any) error {
 	return nil
 }
 
+// ended is what the caller's call that met the end of stream a (err; m the message RecvMsg
+// was reading, nil from SendMsg) returns: a handed stream's end goes to the core first
+// (finish); any other stream is simply over.
+func (s *streamCall) ended(a *streamAttempt, err error, m any) error {
+	if a.handed {
+		return s.finish(a, err, m)
+	}
+	a.cancel()
+	s.cstop()
+	return err
+}
+
+// sendResult is what the caller's SendMsg on stream a returns: an error other than io.EOF ends a
+// handed stream (io.EOF says the stream ended, which RecvMsg then reads).
+func (s *streamCall) sendResult(a *streamAttempt, err error) error {
+	if err != nil && !errors.Is(err, io.EOF) && a.handed {
+		return s.finish(a, err, nil)
+	}
+	return err
+}
+
 func (s *streamCall) attempt(actx context.Context) (any, error) {
 	_, hedged := levee.HedgeAttempt(actx)
 	if !hedged && s.handed.Load() {
@@ -405,11 +426,7 @@ type openStream struct {
 }
 
 func (o *openStream) SendMsg(m any) error {
-	err := o.ClientStream.SendMsg(m)
-	if err != nil && !errors.Is(err, io.EOF) && o.a.handed {
-		return o.call.finish(o.a, err, nil) // a SendMsg error other than io.EOF ends the stream
-	}
-	return err
+	return o.call.sendResult(o.a, o.ClientStream.SendMsg(m))
 }
 
 func (o *openStream) RecvMsg(m any) error {
@@ -417,13 +434,7 @@ func (o *openStream) RecvMsg(m any) error {
 	if err == nil && o.server {
 		return nil
 	}
-	// the stream has ended
-	if o.a.handed {
-		return o.call.finish(o.a, err, m)
-	}
-	o.a.cancel()
-	o.call.cstop()
-	return err
+	return o.call.ended(o.a, err, m) // the stream has ended
 }
 
 // serverStream is a server-streaming call: started at the first RecvMsg or Header.
@@ -508,11 +519,7 @@ func (s *serverStream) SendMsg(m any) error {
 	if a == nil || a.cs == nil {
 		return io.EOF
 	}
-	err := a.cs.SendMsg(m)
-	if err != nil && !errors.Is(err, io.EOF) && a.handed {
-		return s.call.finish(a, err, nil)
-	}
-	return err
+	return s.call.sendResult(a, a.cs.SendMsg(m))
 }
 
 // RecvMsg starts the call (the first time), then reads the committed stream: its first
@@ -531,18 +538,10 @@ func (s *serverStream) RecvMsg(m any) error {
 		return copyReply(m, a.first)
 	}
 	if a.eof || a.cs == nil {
-		a.cancel() // the stream has ended
-		s.call.cstop()
-		return io.EOF
+		return s.call.ended(a, io.EOF, nil) // ended before any message, or a fallback's message
 	}
-	err = a.cs.RecvMsg(m)
-	if err == nil {
+	if err = a.cs.RecvMsg(m); err == nil {
 		return nil
 	}
-	if a.handed {
-		return s.call.finish(a, err, m)
-	}
-	a.cancel() // the stream has ended
-	s.call.cstop()
-	return err
+	return s.call.ended(a, err, m)
 }
