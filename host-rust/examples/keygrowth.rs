@@ -15,10 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limits = Limits { checkpoint_interval: 0, call_ticks: u64::MAX / 2, ..Limits::default() };
     let mut e = RawEngine::load_with(Backend::Wasm, DOC, 1, limits).map_err(LoadErrors)?;
     let mut slowest = (0, Duration::ZERO);
-    let mut key = String::new();
     for i in 0..n {
-        key.clear();
-        key.push_str(&format!("{i:0>8}"));
+        let key = format!("{i:0>8}");
         let t = Instant::now();
         e.try_start(i + 1, 0, &key, 0, 1_000 + i, 0, 0, 0)?;
         let took = t.elapsed();

@@ -348,6 +348,9 @@ fn classify(r: &Result<http::Response<Body>, Status>) -> Outcome {
     }
 }
 
+/// A stream that ended with no `grpc-status`: UNKNOWN, as tonic reports it.
+const NO_STATUS: Outcome = Outcome::Grpc { code: Code::Unknown as i32, pushback: Cow::Borrowed("") };
+
 /// Marks the result of an attempt whose first response message arrived (A6's commit): a
 /// failure of it is final.
 #[derive(Clone, Copy, Debug)]
@@ -404,7 +407,7 @@ where
         match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
             None => {
                 // Ended with no status: tonic reports UNKNOWN.
-                parts.extensions.insert(Trailed(Outcome::Grpc { code: Code::Unknown as i32, pushback: Cow::Borrowed("") }));
+                parts.extensions.insert(Trailed(NO_STATUS));
                 return Commit::Ended(Ok(http::Response::from_parts(parts, Body::empty())));
             }
             Some(Err(e)) => return Commit::Ended(Err(e)),
@@ -427,7 +430,7 @@ where
     let end = std::future::poll_fn(|cx| loop {
         match Pin::new(&mut body).poll_frame(cx) {
             Poll::Pending => return Poll::Ready(None),
-            Poll::Ready(None) => return Poll::Ready(Some(Outcome::Grpc { code: Code::Unknown as i32, pushback: Cow::Borrowed("") })),
+            Poll::Ready(None) => return Poll::Ready(Some(NO_STATUS)),
             Poll::Ready(Some(Err(e))) => {
                 let outcome = e.outcome();
                 frames.push_back(Err(e));
@@ -593,7 +596,7 @@ impl HttpBody for OpenStream {
         let result = match &frame {
             Some(Ok(f)) => Ok(ended(f.trailers_ref().map_or(Outcome::Success, trailers_outcome))),
             Some(Err(s)) => Err(s.clone()),
-            None => Ok(ended(Outcome::Grpc { code: Code::Unknown as i32, pushback: Cow::Borrowed("") })),
+            None => Ok(ended(NO_STATUS)),
         };
         let sent = this.end.take().is_some_and(|end| end.send(result).is_ok());
         if !sent || this.call.is_none() {
