@@ -58,6 +58,9 @@ const (
 	cGrpcPreviousAttemptsHeader = "grpc-previous-rpc-attempts"
 	cGrpcRejectedStatusOther    = 2
 	cTextKeyTooLong             = "key: {bytes} bytes, longer than the {max} a key may be (docs/policy.md, Keys)"
+	cHedgeMaxAttempts           = 11
+	cFleetMaxKeys               = 10000
+	cFleetMaxCas                = 8
 	cCachePruneAfterSecs        = 2592000
 	cEventEngineFault           = "engine-fault"
 	cMetricCalls                = "levee.calls"

@@ -240,8 +240,9 @@ func (d *driver) recover(f fault, breach error, now uint64) action {
 }
 
 // maxHedgeAttempts is the most attempts a hedged call can have, counting the original
-// (the Polly preset's 1 + 10 hedges; docs/policy.md, "Hedging").
-const maxHedgeAttempts = 11
+// (the Polly preset's 1 + 10 hedges; docs/policy.md, "Hedging"; hedge.MAX_ATTEMPTS of the
+// contract).
+const maxHedgeAttempts = cHedgeMaxAttempts
 
 // hedgeTimeout checks the timeout of a hedged attempt: the core caps it at the deadline
 // (and gives none past it), but not always at the policy's attempt-timeout (the envoy

@@ -110,6 +110,12 @@ pub const GRPC_PREVIOUS_ATTEMPTS_HEADER: &str = "grpc-previous-rpc-attempts";
 pub const GRPC_REJECTED_STATUS_OTHER: u32 = 2;
 /// `TEXT_KEY_TOO_LONG` of the contract.
 pub const TEXT_KEY_TOO_LONG: &str = "key: {bytes} bytes, longer than the {max} a key may be (docs/policy.md, Keys)";
+/// `HEDGE_MAX_ATTEMPTS` of the contract.
+pub const HEDGE_MAX_ATTEMPTS: u32 = 11;
+/// `FLEET_MAX_KEYS` of the contract.
+pub const FLEET_MAX_KEYS: u32 = 10000;
+/// `FLEET_MAX_CAS` of the contract.
+pub const FLEET_MAX_CAS: u32 = 8;
 /// `CACHE_PRUNE_AFTER_SECS` of the contract.
 pub const CACHE_PRUNE_AFTER_SECS: u32 = 2592000;
 /// `EVENT_ENGINE_FAULT` of the contract.

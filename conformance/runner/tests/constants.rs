@@ -92,3 +92,9 @@ fn key_bound_agrees() {
     assert_eq!(at(&c, &["guards", "MAX_KEY_BYTES"]).as_u64(), Some(levee_core::MAX_KEY_BYTES as u64));
     assert_eq!(at(&c, &["guards", "STATE_PAGE_BYTES"]).as_u64(), Some(levee_core::STATE_PAGE_BYTES as u64));
 }
+
+#[test]
+fn hedge_bound_agrees() {
+    let c = constants();
+    assert_eq!(at(&c, &["hedge", "MAX_ATTEMPTS"]).as_u64(), Some(u64::from(levee_core::hedge::MAX_ATTEMPTS_POLLY)));
+}

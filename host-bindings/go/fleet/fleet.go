@@ -57,11 +57,6 @@ var (
 	stateScript = redis.NewScript(stateLua)
 )
 
-const (
-	maxKeys = 10000
-	maxCAS  = 8
-)
-
 // Event is something the fleet option did: Kind is "degraded" (the store is
 // slow or down: local decisions only), "restored" (it answers again) or
 // "bad-state" (the store holds bytes the core refused; local decisions go on).
@@ -347,7 +342,7 @@ func (f *Fleet) touch(policy, key string) {
 		return
 	}
 	f.keys[k] = f.order.PushBack(k)
-	if f.order.Len() > maxKeys {
+	if f.order.Len() > fleetMaxKeys {
 		old := f.order.Front()
 		f.order.Remove(old)
 		delete(f.keys, old.Value.([2]string))
@@ -486,7 +481,7 @@ func (f *Fleet) sync(p *Plan, key string) error {
 		return err
 	}
 	version, wall, data := asInt(res[1]), asInt(res[2]), asBytes(res)
-	for range maxCAS {
+	for range fleetMaxCas {
 		now := f.e.Now()
 		merged, err := f.e.FleetMerge(p.index, key, f.node, now, wall, data)
 		if err != nil {

@@ -36,14 +36,11 @@ import { setTimeout as delay } from 'node:timers/promises';
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
 
 import type { AttemptContext, Levee, PolicyEntry, RunOptions } from './levee.js';
+import { FLEET_MAX_CAS, FLEET_MAX_KEYS } from './constants.js';
 import { LeveeError, checkKey, keyError } from './errors.js';
 import { reportHookError } from './events.js';
 import { isComponentError } from './runtime.js';
 
-/** Keys kept (and published) per policy; the least recently used beyond it are forgotten. */
-const MAX_KEYS = 10_000;
-/** Compare-and-set rounds of one publication before it waits for the next one. */
-const MAX_CAS = 8;
 /** Publications of one round that run at once (each is two round trips). */
 const PUBLISH_CONCURRENCY = 8;
 /** How long the first connection and the scripts' loading may take (outside the per-operation timeout). */
@@ -456,7 +453,7 @@ export class Fleet {
       return;
     }
     keys.set(key, true);
-    if (keys.size > MAX_KEYS) {
+    if (keys.size > FLEET_MAX_KEYS) {
       const oldest = keys.keys().next();
       if (oldest.done !== true) keys.delete(oldest.value);
     }
@@ -563,11 +560,11 @@ export class Fleet {
     }
   }
 
-  /** A new lease entry for a key (the least recently made is dropped past MAX_KEYS). */
+  /** A new lease entry for a key (the least recently made is dropped past FLEET_MAX_KEYS). */
   #lease(plan: Plan, key: string): Lease {
     const e: Lease = { tokens: 0, expires: 0, blockedUntil: 0, pending: undefined };
     plan.leases.set(key, e);
-    if (plan.leases.size > MAX_KEYS) {
+    if (plan.leases.size > FLEET_MAX_KEYS) {
       const oldest = plan.leases.keys().next();
       if (oldest.done !== true) plan.leases.delete(oldest.value);
     }
@@ -590,7 +587,7 @@ export class Fleet {
     const sk = plan.keyPrefix + key + '}:s';
     const ttlMs = Math.max(1, Math.floor(plan.ttl / 1e6));
     let reply = await this.#op(plan, () => this.#client.leveeFleetStateBuffer(sk, '', '', ttlMs));
-    for (let round = 0; round < MAX_CAS; round++) {
+    for (let round = 0; round < FLEET_MAX_CAS; round++) {
       const version = int(reply, 1);
       const wall = BigInt(int(reply, 2));
       const data = bytesOf(reply);

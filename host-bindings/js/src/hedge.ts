@@ -7,13 +7,14 @@
 // guest fault, like a trap: the call takes the one recovery path.
 
 import type { HedgeAnswer } from '../wasm/interfaces/levee-policy-types.js';
-import { KIND_DONE, KIND_FAIL, KIND_FALLBACK, KIND_INVALID, VERDICT_RESERVED_MASK } from './constants.js';
-
-/**
- * The most attempts a hedged call can have: `hedge.attempts` is at most 11 (the `polly` preset:
- * the original and up to 10 hedges, Polly v8's `MaxHedgedAttempts`).
- */
-export const MAX_HEDGE_ATTEMPTS = 11;
+import {
+  HEDGE_MAX_ATTEMPTS,
+  KIND_DONE,
+  KIND_FAIL,
+  KIND_FALLBACK,
+  KIND_INVALID,
+  VERDICT_RESERVED_MASK,
+} from './constants.js';
 
 /**
  * Answers in a row that move nothing (no attempt started, cancelled or reported, no time passed)
@@ -72,8 +73,8 @@ export class HedgeDriver {
         case 'start': {
           const n = c.val.attempt;
           const timeoutNs = Number(c.val.timeout);
-          if (n !== started + 1 || n > MAX_HEDGE_ATTEMPTS) {
-            return `start of attempt ${n} when attempt ${started + 1} (of at most ${MAX_HEDGE_ATTEMPTS}) was next`;
+          if (n !== started + 1 || n > HEDGE_MAX_ATTEMPTS) {
+            return `start of attempt ${n} when attempt ${started + 1} (of at most ${HEDGE_MAX_ATTEMPTS}) was next`;
           }
           if (timeoutNs > left) return `attempt ${n} with a timeout of ${timeoutNs} ns past the deadline`;
           if (timeoutNs === 0 && this.deadline !== 0n) return `attempt ${n} without a timeout under a deadline`;

@@ -60,10 +60,11 @@ const GCRA_LUA: &str = include_str!("gcra.lua");
 /// `fleet/lua/state.lua`: read, or compare-and-set on a version.
 const STATE_LUA: &str = include_str!("state.lua");
 
-/// Keys (policy and key) whose evidence is published, at most; the least recently used go.
-const MAX_KEYS: usize = 10_000;
-/// Compare-and-set rounds of one publication.
-const MAX_CAS: usize = 8;
+/// Keys (policy and key) whose evidence is published, at most; the least recently used go
+/// (`fleet.MAX_KEYS` of the contract).
+const MAX_KEYS: usize = crate::constants::FLEET_MAX_KEYS as usize;
+/// Compare-and-set rounds of one publication (`fleet.MAX_CAS`).
+const MAX_CAS: usize = crate::constants::FLEET_MAX_CAS as usize;
 /// The bound of the operations outside a call: connecting and loading the scripts, inspecting.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(1);
 

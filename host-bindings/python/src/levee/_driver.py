@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._constants import REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY, VERDICT_RESERVED_MASK
+from ._constants import HEDGE_MAX_ATTEMPTS, REPORT_CALLER_NO_RETRY, REPORT_CALLER_RETRY, VERDICT_RESERVED_MASK
 from ._events import logger
 from ._runtime import PARK_MASK, PARK_VERDICT, WAKES_BIT, _Fault
 from .errors import EngineClosed, failure_for
@@ -28,8 +28,6 @@ ATTEMPT, WAIT, DONE, RETRY, FALLBACK, FAIL, INVALID, HEDGE = range(8)
 #: `_Call(span=)` not given: the call opens its span itself
 _OPEN: Any = object()
 _SLEEP = 8  # protocol action: sleep
-#: the highest attempt number a hedged call may start (Polly's preset: 1 + 10 hedges)
-MAX_HEDGED_ATTEMPTS = 11
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,8 +566,8 @@ class _Hedge:
             ):
                 return f"a malformed start {val!r}"
             n, timeout = val["attempt"], val["timeout"]
-            if n in self.started or n in seen or n < 2 or n > MAX_HEDGED_ATTEMPTS:
-                return f"start of attempt {n}, already started or not in 2..{MAX_HEDGED_ATTEMPTS}"
+            if n in self.started or n in seen or n < 2 or n > HEDGE_MAX_ATTEMPTS:
+                return f"start of attempt {n}, already started or not in 2..{HEDGE_MAX_ATTEMPTS}"
             seen.add(n)
             if st.deadline_at and timeout > st.deadline_at - now:
                 return f"attempt {n}'s timeout {timeout} ns ends past the deadline"

@@ -50,6 +50,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from ._constants import FLEET_MAX_CAS, FLEET_MAX_KEYS
 from ._runtime import check_key
 from .engine import Engine, Policy
 from .errors import RateLimited
@@ -60,8 +61,6 @@ __all__ = ["Fleet", "FleetEvent", "FleetPlan"]
 T = TypeVar("T")
 logger = logging.getLogger("levee.fleet")
 _monotonic_ns = time.monotonic_ns
-_MAX_KEYS = 10_000
-_MAX_CAS = 8
 
 
 def _script(name: str) -> str:
@@ -281,7 +280,7 @@ class Fleet:
                 self._keys.move_to_end(k)
                 return
             self._keys[k] = None
-            if len(self._keys) > _MAX_KEYS:
+            if len(self._keys) > FLEET_MAX_KEYS:
                 self._keys.popitem(last=False)
 
     def _handle(self, name: str, key: str) -> Policy:
@@ -291,7 +290,7 @@ class Fleet:
             if h is None:
                 h = self.engine.policy(name, key=key)
                 self._handles[k] = h
-                if len(self._handles) > _MAX_KEYS:
+                if len(self._handles) > FLEET_MAX_KEYS:
                     self._handles.popitem(last=False)
             return h
 
@@ -372,7 +371,7 @@ class Fleet:
         raw = self._script_state(plan, sk, "", b"", ttl_ms)
         version, wall = int(raw[1]), int(raw[2])
         data = bytes(raw[3]) if len(raw) > 3 else b""
-        for _ in range(_MAX_CAS):
+        for _ in range(FLEET_MAX_CAS):
             now = _monotonic_ns()
             merged = self._merge(plan.index, key, now, wall, data)
             if isinstance(merged, LoadError):
