@@ -36,6 +36,13 @@ type Tracer interface {
 	StartSpan(ctx context.Context, name string, attrs []slog.Attr) (context.Context, Span)
 }
 
+// The span names of the schema (docs/telemetry.md; the contract's data), for a Tracer that
+// treats them apart (leveeotel makes SpanCall a client span).
+const (
+	SpanCall    = cSpanCall
+	SpanAttempt = cSpanAttempt
+)
+
 // Span is a span a Tracer started.
 type Span interface {
 	SetAttributes(attrs ...slog.Attr)

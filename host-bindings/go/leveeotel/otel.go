@@ -155,7 +155,7 @@ func (t *Telemetry) Gauge(ctx context.Context, gauge string, value int64, attrs 
 // StartSpan starts a span (levee.Tracer).
 func (t *Telemetry) StartSpan(ctx context.Context, name string, attrs []slog.Attr) (context.Context, levee.Span) {
 	kind := trace.SpanKindInternal
-	if name == "levee.call" {
+	if name == levee.SpanCall {
 		kind = trace.SpanKindClient
 	}
 	ctx, s := t.tracer.Start(ctx, name, trace.WithAttributes(KeyValues(attrs)...), trace.WithSpanKind(kind))

@@ -22,38 +22,38 @@ __all__ = ["AttributeValue", "OpenTelemetrySink", "SpanSink", "TelemetrySink", "
 
 AttributeValue = str | int | float | bool
 
-# The names of docs/telemetry.md (TELEMETRY in wit/constants.json).
-METRIC_CALLS = "levee.calls"
-METRIC_ATTEMPTS = "levee.attempts"
-METRIC_ATTEMPT_DURATION = "levee.attempt.duration"
-METRIC_RETRIES = "levee.retries"
-METRIC_RETRY_DELAY = "levee.retry.delay"
-METRIC_REJECTIONS = "levee.rejections"
-METRIC_FALLBACKS = "levee.fallbacks"
-METRIC_BREAKER_TRANSITIONS = "levee.breaker.transitions"
-METRIC_BREAKER_STATE = "levee.breaker.state"
-METRIC_ENGINE_FAULTS = "levee.engine.faults"
+# The names of docs/telemetry.md: the telemetry section of wit/constants.json, generated into _constants.
+METRIC_CALLS = _constants.METRIC_CALLS
+METRIC_ATTEMPTS = _constants.METRIC_ATTEMPTS
+METRIC_ATTEMPT_DURATION = _constants.METRIC_ATTEMPT_DURATION
+METRIC_RETRIES = _constants.METRIC_RETRIES
+METRIC_RETRY_DELAY = _constants.METRIC_RETRY_DELAY
+METRIC_REJECTIONS = _constants.METRIC_REJECTIONS
+METRIC_FALLBACKS = _constants.METRIC_FALLBACKS
+METRIC_BREAKER_TRANSITIONS = _constants.METRIC_BREAKER_TRANSITIONS
+METRIC_BREAKER_STATE = _constants.METRIC_BREAKER_STATE
+METRIC_ENGINE_FAULTS = _constants.METRIC_ENGINE_FAULTS
 METRIC_HEDGES = _constants.METRIC_HEDGES
 METRIC_KEYS_EVICTED = _constants.METRIC_KEYS_EVICTED
 METRIC_KEYS_OVERFLOW = _constants.METRIC_KEYS_OVERFLOW
-ATTR_POLICY = "levee.policy"
-ATTR_KEY = "levee.key"
-ATTR_CALL = "levee.call"
-ATTR_ATTEMPT = "levee.attempt"
-ATTR_REASON = "levee.reason"
-ATTR_DELAY = "levee.delay"
-ATTR_BREAKER_FROM = "levee.breaker.from"
-ATTR_BREAKER_TO = "levee.breaker.to"
-ATTR_FALLBACK = "levee.fallback"
-ATTR_BUDGET_LEVEL = "levee.budget.level"
-ATTR_FAULT = "levee.fault"
-ATTR_RESULT = "levee.result"
-ATTR_RETRIED = "levee.retried"
-ATTR_OUTCOME = "levee.outcome"
-ATTR_DEGRADED = "levee.degraded"
-ATTR_RESEND_COUNT = "http.request.resend_count"
-SPAN_CALL = "levee.call"
-SPAN_ATTEMPT = "levee.attempt"
+ATTR_POLICY = _constants.ATTR_POLICY
+ATTR_KEY = _constants.ATTR_KEY
+ATTR_CALL = _constants.ATTR_CALL
+ATTR_ATTEMPT = _constants.ATTR_ATTEMPT
+ATTR_REASON = _constants.ATTR_REASON
+ATTR_DELAY = _constants.ATTR_DELAY
+ATTR_BREAKER_FROM = _constants.ATTR_BREAKER_FROM
+ATTR_BREAKER_TO = _constants.ATTR_BREAKER_TO
+ATTR_FALLBACK = _constants.ATTR_FALLBACK
+ATTR_BUDGET_LEVEL = _constants.ATTR_BUDGET_LEVEL
+ATTR_FAULT = _constants.ATTR_FAULT
+ATTR_RESULT = _constants.ATTR_RESULT
+ATTR_RETRIED = _constants.ATTR_RETRIED
+ATTR_OUTCOME = _constants.ATTR_OUTCOME
+ATTR_DEGRADED = _constants.ATTR_DEGRADED
+ATTR_RESEND_COUNT = _constants.ATTR_RESEND_COUNT
+SPAN_CALL = _constants.SPAN_CALL
+SPAN_ATTEMPT = _constants.SPAN_ATTEMPT
 
 _BREAKER_NUMBER = {s: i for i, s in enumerate(BreakerState)}
 
