@@ -233,7 +233,8 @@ def go_fleet(c: dict[str, Any], enums: dict[str, list[str]]) -> str:
              "// The fleet section of the contract (docs/fleet.md).", "const ("]  # fmt: skip
     for k, v in c["fleet"].items():
         if k != "about":
-            lines.append(f"\t{camel('FLEET_' + k)[:1].lower()}{camel('FLEET_' + k)[1:]} = {lit(v)}")
+            name = camel(f"FLEET_{k}")
+            lines.append(f"\t{name[0].lower()}{name[1:]} = {lit(v)}")
     lines.append(")")
     return formatted(["gofmt"], "\n".join(lines) + "\n")
 
