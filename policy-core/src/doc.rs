@@ -367,8 +367,7 @@ impl Reader<'_> {
 /// The first key given twice in a mapping, as (second place, first place): sorting, not
 /// comparing every pair, since a document may hold 4096 policies.
 fn first_duplicate(entries: &[(String, Value)]) -> Option<(usize, usize)> {
-    let mut order: Vec<usize> = (0..entries.len()).collect();
-    order.sort_by(|&a, &b| entries.get(a).map(|e| &e.0).cmp(&entries.get(b).map(|e| &e.0)).then(a.cmp(&b)));
+    let order = crate::order::permutation(entries.len(), &|a, b| entries.get(a).map(|e| &e.0).cmp(&entries.get(b).map(|e| &e.0)));
     let mut second: Option<(usize, usize)> = None;
     for pair in order.windows(2) {
         if let [a, b] = *pair {

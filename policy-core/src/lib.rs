@@ -31,6 +31,7 @@ pub mod fleet;
 pub mod grpc;
 pub mod hedge;
 mod leb128;
+mod order;
 pub mod policy;
 pub mod rate;
 mod read;

@@ -18,6 +18,7 @@ use crate::budget::BudgetState;
 use crate::doc::{self, obj, Value};
 use crate::engine::{holds_protection, refile, Engine, KeyState, Keys, BUSY, GUARD, OVERFLOW, OVERFLOW_KEY, REST, SHARED};
 use crate::error::LoadError;
+use crate::order;
 use crate::policy::Policy;
 use crate::rate::Gcra;
 use crate::read::u64_at;
@@ -241,12 +242,18 @@ fn rank(p: &Policy, mut parsed: Vec<(Arc<str>, KeyState)>) -> Vec<(Arc<str>, Key
     // The policy's shared entry (`scope: policy`), kept outside the bound as the overflow entry is.
     let shared = if p.scopes.any() { take_most_recent(&mut parsed, "") } else { None };
     // A name given twice: its most recent entry.
-    parsed.sort_unstable_by(|(a, sa), (b, sb)| a.cmp(b).then_with(|| sb.last_used.cmp(&sa.last_used)));
+    order::sort_by(&mut parsed, |(a, sa), (b, sb)| a.cmp(b).then_with(|| sb.last_used.cmp(&sa.last_used)));
     parsed.dedup_by(|(b, _), (a, _)| a == b);
-    // Protection first, then recency, then the name.
-    parsed.sort_by_cached_key(|(k, st)| (!holds_protection(p, st, 0), std::cmp::Reverse(st.last_used), k.clone()));
+    // Protection first, then recency, then the name (names are unique by now).
+    let protected: Vec<bool> = parsed.iter().map(|(_, st)| holds_protection(p, st, 0)).collect();
+    let keep = order::permutation(parsed.len(), &|a, b| {
+        let at =
+            |i: usize| (!protected.get(i).copied().unwrap_or(false), parsed.get(i).map(|(k, st)| (std::cmp::Reverse(st.last_used), k)));
+        at(a).cmp(&at(b))
+    });
+    order::apply(&mut parsed, keep);
     parsed.truncate(p.max_keys as usize);
-    parsed.sort_unstable_by(|(a, sa), (b, sb)| sa.last_used.cmp(&sb.last_used).then_with(|| b.cmp(a)));
+    order::sort_by(&mut parsed, |(a, sa), (b, sb)| sa.last_used.cmp(&sb.last_used).then_with(|| b.cmp(a)));
     parsed.extend(overflow);
     parsed.extend(shared);
     parsed
@@ -387,7 +394,7 @@ impl Writer {
                     s.push_str(",\"keys\":[");
                     // By name: the bytes never depend on the table's layout.
                     self.names = select(p, keys, self.snapshot);
-                    self.names.sort_unstable();
+                    order::sort(&mut self.names);
                     self.next = 0;
                     self.wrote = false;
                     self.step = Step::Keys(i);

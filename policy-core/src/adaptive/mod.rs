@@ -456,7 +456,7 @@ pub fn nearest_rank(samples: &[u64], percentile: u32) -> u64 {
         return 0;
     }
     let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
+    crate::order::sort(&mut sorted);
     let n = sorted.len() as u64;
     let rank = (u64::from(percentile.clamp(1, 100)) * n).div_ceil(100).clamp(1, n);
     sorted.get(rank as usize - 1).copied().unwrap_or(0)

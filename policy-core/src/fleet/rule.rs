@@ -84,7 +84,7 @@ fn add(slots: &mut Vec<(u64, i64)>, slot: u64, change: i64) {
 }
 
 fn sorted(mut slots: Vec<(u64, i64)>) -> Vec<(u64, i64)> {
-    slots.sort_unstable_by_key(|(s, _)| *s);
+    crate::order::sort_by(&mut slots, |(a, _), (b, _)| a.cmp(b));
     slots
 }
 

@@ -361,7 +361,7 @@ fn status_codes(v: &Value, path: &str, errors: &mut Vec<LoadError>, notes: &mut 
             _ => {}
         }
     }
-    codes.sort_unstable();
+    crate::order::sort(&mut codes);
     (errors.len() == before).then_some(codes)
 }
 
