@@ -113,8 +113,10 @@ test-hosts: component
     set -euo pipefail
     for host in host-bindings/python host-bindings/js host-bindings/go; do
       if [ -f "$host/ci.sh" ]; then
-        echo "=== $host"
+        echo "=== $host ($(date -u +%H:%M:%S))"
+        start=$SECONDS
         bash "$host/ci.sh"
+        echo "=== $host: $((SECONDS - start)) s"
       else
         echo "=== $host: no ci.sh yet" >&2
         exit 1
