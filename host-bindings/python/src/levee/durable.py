@@ -417,7 +417,9 @@ class PostgresStore(Store):
 
 def _main_file(conn: sqlite3.Connection) -> str:
     """The file of a connection's main database ('' in memory)."""
-    for _, name, file in conn.execute("PRAGMA database_list").fetchall():
+    cur = conn.cursor()
+    cur.row_factory = None  # tuples, whatever the caller's connection's row_factory
+    for _, name, file in cur.execute("PRAGMA database_list").fetchall():
         if name == "main":
             return str(file or "")
     return ""
