@@ -11,6 +11,16 @@ executor.submit("send-invoice", b'{"order": 17}', idempotency_key="invoice-17")
 await executor.run()            # resumes what is due at start-up, then sleeps until the next
 ```
 
+`submit(..., conn=...)` writes the call inside the caller's own transaction (the outbox
+pattern: the call exists if and only if the caller's transaction commits):
+
+```python
+with sqlite3.connect("calls.db") as conn:   # psycopg.connect(...) for a PostgresStore
+    conn.execute("INSERT INTO orders (id) VALUES (17)")
+    executor.submit("send-invoice", b'{"order": 17}', idempotency_key="invoice-17", conn=conn)
+# committed here (with the order); the executor runs it at its next poll at the latest
+```
+
 The executor is a driver, like the in-process call drivers: it asks the core
 (`engine.durable_*`) at every step and does what the answer says. The core decides when a
 call is due, what a record found after a crash means, whether to retry, and how long to wait;
