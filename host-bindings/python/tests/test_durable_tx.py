@@ -178,7 +178,7 @@ def test_the_same_errors_as_submit_and_nothing_written(db: Db) -> None:
     assert db.ex.calls() == []
 
 
-def test_a_connection_of_the_wrong_kind_is_a_type_error_naming_conn(tmp_path: Path, postgres: str) -> None:
+async def test_a_connection_of_the_wrong_kind_is_a_type_error_naming_conn(tmp_path: Path, postgres: str) -> None:
     import psycopg
 
     lite = DurableExecutor(levee.loads(DOC), SQLiteStore(tmp_path / "calls.db"), owner="t")
@@ -186,9 +186,11 @@ def test_a_connection_of_the_wrong_kind_is_a_type_error_naming_conn(tmp_path: Pa
     for ex in (lite, pg):
         ex.register("job", lambda p, c: None)
     pg_conn = psycopg.connect(postgres)
+    async_conn = await psycopg.AsyncConnection.connect(postgres)  # submit is synchronous
     lite_conn = sqlite3.connect(tmp_path / "calls.db")
     cases: list[tuple[DurableExecutor, Any, str]] = [
         (lite, pg_conn, "psycopg.Connection"),
+        (pg, async_conn, "psycopg.AsyncConnection"),
         (pg, lite_conn, "sqlite3.Connection"),
         (lite, "calls.db", "builtins.str"),
         (pg, "host=127.0.0.1", "builtins.str"),
@@ -203,6 +205,7 @@ def test_a_connection_of_the_wrong_kind_is_a_type_error_naming_conn(tmp_path: Pa
     assert not lite_conn.in_transaction
     assert lite.calls() == [] and pg.calls() == []
     pg_conn.close()
+    await async_conn.close()
     lite_conn.close()
 
 
