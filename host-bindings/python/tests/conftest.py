@@ -1,10 +1,19 @@
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,3 +132,66 @@ def server() -> Iterator[Server]:
         yield s
     finally:
         s.close()
+
+
+# ------------------------------------------------------------------ PostgreSQL for the durable tests
+
+
+def _pg_bin() -> Path | None:
+    """The newest installed PostgreSQL's bin directory (Debian's layout), or None."""
+    found = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
+        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
+    )
+    return found[-1].parent if found else None
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A PostgreSQL server for the session, on 127.0.0.1 only: `$LEVEE_TEST_POSTGRES` when set
+    (a conninfo), else one started from the installed binaries in a temporary directory (as the
+    `postgres` user when run as root, as durable/tests/run.sh does); skipped when neither."""
+    dsn = os.environ.get("LEVEE_TEST_POSTGRES")
+    if dsn:
+        yield dsn
+        return
+    pg = _pg_bin()
+    if pg is None:
+        pytest.skip("no PostgreSQL: set LEVEE_TEST_POSTGRES or install postgresql")
+    as_user: dict[str, Any] = {}
+    data = Path(tempfile.mkdtemp(prefix="levee-pg-"))
+    if os.geteuid() == 0:  # initdb refuses root
+        shutil.chown(data, "postgres", "postgres")
+        as_user = {"user": "postgres", "group": "postgres", "extra_groups": []}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def run(*args: str) -> None:
+        subprocess.run(args, cwd=data, check=True, capture_output=True, **as_user)
+
+    try:
+        run(str(pg / "initdb"), "-D", str(data / "db"), "-A", "trust", "-U", "postgres", "--no-sync")
+        opts = f"-c listen_addresses=127.0.0.1 -p {port} -k {data} -c fsync=off -c max_connections=50"
+        run(str(pg / "pg_ctl"), "-D", str(data / "db"), "-w", "-l", str(data / "log"), "-o", opts, "start")
+        yield f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            run(str(pg / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "stop")
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres(postgres_server: str) -> Iterator[str]:
+    """A fresh database on the session's server, for one test; its conninfo."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(postgres_server, dbname=name)
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

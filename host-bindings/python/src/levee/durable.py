@@ -11,6 +11,16 @@ executor.submit("send-invoice", b'{"order": 17}', idempotency_key="invoice-17")
 await executor.run()            # resumes what is due at start-up, then sleeps until the next
 ```
 
+`submit(..., conn=...)` writes the call inside the caller's own transaction (the outbox
+pattern: the call exists if and only if the caller's transaction commits):
+
+```python
+with sqlite3.connect("calls.db") as conn:   # psycopg.connect(...) for a PostgresStore
+    conn.execute("INSERT INTO orders (id) VALUES (17)")
+    executor.submit("send-invoice", b'{"order": 17}', idempotency_key="invoice-17", conn=conn)
+# committed here (with the order); the executor runs it at its next poll at the latest
+```
+
 The executor is a driver, like the in-process call drivers: it asks the core
 (`engine.durable_*`) at every step and does what the answer says. The core decides when a
 call is due, what a record found after a crash means, whether to retry, and how long to wait;
@@ -40,12 +50,15 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .engine import Engine
 from .errors import LeveeError
 from .outcomes import Outcome, outcome_for_exception
 from .types import DurableAction, DurableStep, LoadError
+
+if TYPE_CHECKING:
+    import psycopg
 
 __all__ = [
     "CallStatus",
@@ -125,15 +138,24 @@ _Row = tuple[Any, ...]
 
 
 class Store:
-    """The statements of one dialect on one connection. Not thread-safe: one per executor."""
+    """The statements of one dialect on one connection. Not thread-safe: one per executor.
+
+    `now` and `insert` also take a caller's connection (`conn`) on the same database: the
+    statements then run on it, inside the caller's transaction, and nothing is committed."""
 
     dialect = ""
 
-    def now(self) -> int:
-        """The store's wall clock, ns since the Unix epoch."""
+    def now(self, conn: Any = None) -> int:
+        """The store's wall clock, ns since the Unix epoch (read on `conn` when given)."""
         raise NotImplementedError
 
-    def _exec(self, name: str, params: Sequence[Any]) -> list[_Row]:
+    def _exec(self, name: str, params: Sequence[Any], conn: Any = None) -> list[_Row]:
+        """Rows of a named statement, as tuples, on `conn` (checked by `_theirs`) or the store's own."""
+        raise NotImplementedError
+
+    def _theirs(self, conn: object) -> Any:
+        """The caller's connection, once checked to be of the kind (and database) this store
+        uses; a TypeError naming `conn` otherwise."""
         raise NotImplementedError
 
     def transaction(self) -> contextlib.AbstractContextManager[None]:
@@ -142,16 +164,38 @@ class Store:
     def close(self) -> None:
         raise NotImplementedError
 
-    def insert(self, handler: str, payload: bytes, idempotency_key: str | None, next_at: int, record: bytes) -> int:
-        with self.transaction():
-            rows = self._insert(handler, payload, idempotency_key, next_at, record)
-            if not rows and idempotency_key is not None:
-                rows = self._exec("find_by_key", [idempotency_key])
+    def insert(
+        self,
+        handler: str,
+        payload: bytes,
+        idempotency_key: str | None,
+        next_at: int,
+        record: bytes,
+        conn: Any = None,
+    ) -> int:
+        """Insert a call (or find the one holding `idempotency_key`) and return its id: in a
+        transaction of the store's own connection, or on the caller's `conn` inside the
+        caller's transaction, which the caller commits or rolls back."""
+        if conn is None:
+            with self.transaction():
+                rows = self._insert_or_find(handler, payload, idempotency_key, next_at, record, None)
+        else:
+            rows = self._insert_or_find(handler, payload, idempotency_key, next_at, record, self._theirs(conn))
         if not rows:
             raise LeveeError("the store did not accept the call")
         return int(rows[0][0])
 
-    def _insert(self, handler: str, payload: bytes, key: str | None, next_at: int, record: bytes) -> list[_Row]:
+    def _insert_or_find(
+        self, handler: str, payload: bytes, key: str | None, next_at: int, record: bytes, conn: Any
+    ) -> list[_Row]:
+        rows = self._insert(handler, payload, key, next_at, record, conn)
+        if not rows and key is not None:
+            rows = self._exec("find_by_key", [key], conn)
+        return rows
+
+    def _insert(
+        self, handler: str, payload: bytes, key: str | None, next_at: int, record: bytes, conn: Any = None
+    ) -> list[_Row]:
         raise NotImplementedError
 
     def claim(self, owner: str, hold: int, limit: int) -> list[Claimed]:
@@ -206,12 +250,32 @@ class SQLiteStore(Store):
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute("PRAGMA busy_timeout=30000")
         self.conn.executescript(self.sql["schema"])
+        self._file = _main_file(self.conn)
 
-    def now(self) -> int:
+    def now(self, conn: Any = None) -> int:
+        if conn is not None:
+            self._theirs(conn)
         return time.time_ns()
 
-    def _exec(self, name: str, params: Sequence[Any]) -> list[_Row]:
-        return self.conn.execute(self.sql[name], list(params)).fetchall()
+    def _exec(self, name: str, params: Sequence[Any], conn: Any = None) -> list[_Row]:
+        cur = (self.conn if conn is None else conn).cursor()
+        cur.row_factory = None  # tuples, whatever the caller's connection's row_factory
+        return cur.execute(self.sql[name], list(params)).fetchall()
+
+    def _theirs(self, conn: object) -> sqlite3.Connection:
+        if not isinstance(conn, sqlite3.Connection):
+            raise TypeError(f"conn: an SQLite store takes a sqlite3.Connection on its file, not {_kind(conn)}")
+        theirs = _main_file(conn)
+        try:
+            same = bool(theirs and self._file) and os.path.samefile(theirs, self._file)
+        except OSError:
+            same = False
+        if not same:
+            raise LeveeError(
+                f"conn: the connection is on {theirs or 'an in-memory database'!r}, "
+                f"not on the store's file {self._file or 'in memory'!r}"
+            )
+        return conn
 
     @contextlib.contextmanager
     def transaction(self) -> Any:
@@ -226,8 +290,10 @@ class SQLiteStore(Store):
     def close(self) -> None:
         self.conn.close()
 
-    def _insert(self, handler: str, payload: bytes, key: str | None, next_at: int, record: bytes) -> list[_Row]:
-        return self._exec("insert", [handler, payload, key, next_at, record, self.now()])
+    def _insert(
+        self, handler: str, payload: bytes, key: str | None, next_at: int, record: bytes, conn: Any = None
+    ) -> list[_Row]:
+        return self._exec("insert", [handler, payload, key, next_at, record, self.now()], conn)
 
     def claim(self, owner: str, hold: int, limit: int) -> list[Claimed]:
         now = self.now()
@@ -287,14 +353,26 @@ class PostgresStore(Store):
             cur.execute(self.sql["schema"])
             cur.execute("SELECT pg_advisory_unlock(7467001)")
 
-    def now(self) -> int:
-        return int(self._exec("clock", [])[0][0])
+    def now(self, conn: Any = None) -> int:
+        return int(self._exec("clock", [], None if conn is None else self._theirs(conn))[0][0])
 
-    def _exec(self, name: str, params: Sequence[Any]) -> list[_Row]:
+    def _exec(self, name: str, params: Sequence[Any], conn: Any = None) -> list[_Row]:
+        from psycopg.rows import tuple_row
+
         args = {f"p{i + 1}": v for i, v in enumerate(params)}
-        with self.conn.cursor() as cur:
+        # tuples, whatever the caller's connection's row_factory
+        with (self.conn if conn is None else conn).cursor(row_factory=tuple_row) as cur:
             cur.execute(self.sql[name], args)
             return list(cur.fetchall()) if cur.description else []
+
+    def _theirs(self, conn: object) -> psycopg.Connection[Any]:
+        import psycopg
+
+        if not isinstance(conn, psycopg.Connection):
+            raise TypeError(
+                f"conn: a PostgreSQL store takes a psycopg.Connection (synchronous) on its database, not {_kind(conn)}"
+            )
+        return conn
 
     def _rowcount(self, name: str, params: Sequence[Any]) -> int:
         args = {f"p{i + 1}": v for i, v in enumerate(params)}
@@ -308,8 +386,10 @@ class PostgresStore(Store):
     def close(self) -> None:
         self.conn.close()
 
-    def _insert(self, handler: str, payload: bytes, key: str | None, next_at: int, record: bytes) -> list[_Row]:
-        return self._exec("insert", [handler, payload, key, next_at, record])
+    def _insert(
+        self, handler: str, payload: bytes, key: str | None, next_at: int, record: bytes, conn: Any = None
+    ) -> list[_Row]:
+        return self._exec("insert", [handler, payload, key, next_at, record], conn)
 
     def claim(self, owner: str, hold: int, limit: int) -> list[Claimed]:
         rows = self._exec("claim", [owner, hold, limit])
@@ -343,6 +423,21 @@ class PostgresStore(Store):
         if not rows or rows[0][0] is None:
             return None
         return int(rows[0][0])
+
+
+def _main_file(conn: sqlite3.Connection) -> str:
+    """The file of a connection's main database ('' in memory)."""
+    cur = conn.cursor()
+    cur.row_factory = None  # tuples, whatever the caller's connection's row_factory
+    for _, name, file in cur.execute("PRAGMA database_list").fetchall():
+        if name == "main":
+            return str(file or "")
+    return ""
+
+
+def _kind(conn: object) -> str:
+    t = type(conn)
+    return f"{t.__module__}.{t.__qualname__}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,18 +521,36 @@ class DurableExecutor:
 
     # ------------------------------------------------------------ submission and inspection
 
-    def submit(self, handler: str, payload: bytes, *, idempotency_key: str | None = None, key: str = "") -> int:
+    def submit(
+        self,
+        handler: str,
+        payload: bytes,
+        *,
+        idempotency_key: str | None = None,
+        key: str = "",
+        conn: sqlite3.Connection | psycopg.Connection[Any] | None = None,
+    ) -> int:
         """Persist a new call and return its id. A second submission with the same
-        idempotency key returns the first call's id and adds nothing."""
+        idempotency key returns the first call's id and adds nothing.
+
+        `conn`: submit inside your own transaction (the outbox pattern). The call is written
+        on `conn` and not committed: it exists once you commit, with the rest of your
+        transaction, and never if you roll back. A PostgreSQL store takes a `psycopg.Connection`
+        on its database; an SQLite store a `sqlite3.Connection` on its file (a connection of
+        another kind is a TypeError naming `conn`). A committed call is run at the executor's
+        next poll (`poll_interval`) at the latest. Without `conn`, the call is committed
+        on the executor's own connection before `submit` returns."""
         reg = self._handlers.get(handler)
         if reg is None:
             raise LeveeError(f"no durable handler named `{handler}` is registered")
         flags = 0 if reg.idempotent else 1
-        step = self.engine.durable_begin(reg.policy, key, idempotency_key or "", flags, self.store.now())
+        now = self.store.now(conn)  # the caller's connection, when given, is checked here
+        step = self.engine.durable_begin(reg.policy, key, idempotency_key or "", flags, now)
         if isinstance(step, LoadError):
             raise LeveeError(_describe(step))
-        call_id = self.store.insert(handler, bytes(payload), idempotency_key, step.next_at, step.record)
-        self._wake.set()
+        call_id = self.store.insert(handler, bytes(payload), idempotency_key, step.next_at, step.record, conn)
+        if conn is None:
+            self._wake.set()  # (a call in the caller's transaction is not visible before its commit)
         return call_id
 
     def status(self, call_id: int) -> CallStatus | None:
