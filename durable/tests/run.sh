@@ -80,11 +80,7 @@ echo "== durable: SQLite (in the background, its log below)"
 sqlite_run=$!
 
 echo "== durable: PostgreSQL"
-if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
-fi
-pgbin="$(dirname "$(ls /usr/lib/postgresql/*/bin/pg_ctl | sort -V | tail -1)")"
+pgbin="$(bash "$here/need-postgres.sh")"
 port=55432
 mkdir -p "$pgdata" && chown postgres "$pgdata"
 su postgres -s /bin/bash -c "'$pgbin/initdb' -D '$pgdata' -A trust -U postgres --no-sync" >/dev/null

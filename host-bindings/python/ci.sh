@@ -44,6 +44,10 @@ echo "== host scenarios (conformance/hosts: inputs as scenarios.py writes them, 
 "$VPY" -m pytest -q -p no:cacheprovider tests/test_host_scenarios.py::test_scenarios_match_the_schema
 "$VPY" tests/hosts_runner.py
 echo "== pytest"
+# The durable tests start a private PostgreSQL on 127.0.0.1 (tests/conftest.py): installed here
+# when missing, and required, so that they never pass by being skipped.
+bash ../../durable/tests/need-postgres.sh >/dev/null
+export LEVEE_REQUIRE_POSTGRES=1
 # run from a directory where `import levee` resolves to the installed wheel, not src/
 "$VPY" -m pytest -q -p no:cacheprovider tests
 echo "== benchmark (short)"
