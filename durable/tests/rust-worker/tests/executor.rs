@@ -488,6 +488,8 @@ impl Fixture {
     }
 }
 
+fn send<T: Send>(_: &T) {}
+
 impl Caller {
     /// In one transaction of the caller's: the row `order` of its table, then a call of `ship`
     /// per idempotency key in `keys` (the order's id as the payload), then commit (`commit`) or
@@ -513,7 +515,9 @@ impl Caller {
                 tx.execute("INSERT INTO orders (id, note) VALUES ($1, 'placed')", &[&order]).await.unwrap();
                 let mut ids = Vec::new();
                 for k in keys {
-                    ids.push(x.submit_in_postgres(&tx, "ship", &payload, Some(k)).await.unwrap());
+                    let submitted = x.submit_in_postgres(&tx, "ship", &payload, Some(k));
+                    send(&submitted); // usable in a spawned task (a web handler)
+                    ids.push(submitted.await.unwrap());
                 }
                 let seen: i64 = tx.query_one(count, &[]).await.unwrap().get(0);
                 if commit {
