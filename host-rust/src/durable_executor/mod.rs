@@ -468,7 +468,8 @@ impl Executor {
     /// Persist a new call of `handler` and return its id. A second submission with the same
     /// idempotency key returns the first call's id and adds nothing (`None` or `""`: no key).
     /// To submit in a transaction of your own (the call is kept exactly when your transaction
-    /// commits), see [`Executor::submit_in_sqlite`] and [`Executor::submit_in_postgres`].
+    /// commits), see `submit_in_sqlite` and `submit_in_postgres` (features `durable-sqlite`,
+    /// `durable-postgres`).
     pub async fn submit(&self, handler: &str, payload: impl Into<Vec<u8>>, idempotency_key: Option<&str>) -> Result<i64, DurableError> {
         self.submit_keyed(handler, payload, idempotency_key, "").await
     }
