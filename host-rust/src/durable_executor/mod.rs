@@ -60,7 +60,7 @@ pub use store::PostgresStore;
 #[cfg(feature = "durable-sqlite")]
 pub use store::SqliteStore;
 pub use store::{statements, CallState, Store, POSTGRES_SQL, SQLITE_SQL};
-use store::{Claimed, ReplaceArgs, Row, WriteArgs};
+use store::{Backend, Claimed, ReplaceArgs, Row, WriteArgs};
 
 /// What went wrong in a durable operation.
 #[derive(Debug)]
@@ -81,6 +81,11 @@ pub enum DurableError {
     /// The key is longer than the bound (docs/policy.md, "Keys"): refused before the core and
     /// the store, as every entry that takes a key.
     KeyTooLong(crate::KeyTooLong),
+    /// A caller's transaction given to a `submit_*_in_*` method cannot hold a call of this
+    /// executor: it is of the other store's kind (a PostgreSQL transaction for an SQLite store,
+    /// or the other way round), or an SQLite connection not in a transaction or on another file.
+    /// The text names what was given and what the store is; nothing was written.
+    WrongTransaction(String),
 }
 
 impl fmt::Display for DurableError {
@@ -93,6 +98,7 @@ impl fmt::Display for DurableError {
             DurableError::Core(e) => write!(f, "levee durable: {e}"),
             DurableError::Engine(t) => write!(f, "levee durable: {t}"),
             DurableError::KeyTooLong(k) => write!(f, "levee durable: {k}"),
+            DurableError::WrongTransaction(w) => write!(f, "levee durable: the caller's transaction: {w}"),
         }
     }
 }
@@ -461,6 +467,9 @@ impl Executor {
 
     /// Persist a new call of `handler` and return its id. A second submission with the same
     /// idempotency key returns the first call's id and adds nothing (`None` or `""`: no key).
+    /// To submit in a transaction of your own (the call is kept exactly when your transaction
+    /// commits), see `submit_in_sqlite` and `submit_in_postgres` (features `durable-sqlite`,
+    /// `durable-postgres`).
     pub async fn submit(&self, handler: &str, payload: impl Into<Vec<u8>>, idempotency_key: Option<&str>) -> Result<i64, DurableError> {
         self.submit_keyed(handler, payload, idempotency_key, "").await
     }
@@ -473,21 +482,155 @@ impl Executor {
         idempotency_key: Option<&str>,
         key: &str,
     ) -> Result<i64, DurableError> {
-        crate::KeyTooLong::check(key).map_err(DurableError::KeyTooLong)?;
-        let reg = self.registered(handler).ok_or_else(|| DurableError::UnknownHandler(handler.to_string()))?;
-        let idem = idempotency_key.filter(|k| !k.is_empty());
+        let (reg, idem) = self.accept(handler, idempotency_key, key)?;
         let now = self.inner.store.now().await?;
-        let flags = if reg.idempotent { 0 } else { levee_core::durable::FLAG_NON_IDEMPOTENT };
-        let step = self
-            .core(|r| match r.try_policy_index(&reg.policy)? {
-                Some(index) => r.try_durable_begin(index, key, idem.unwrap_or_default(), flags, now),
-                None => Ok(Err(LoadError::new("policy", format!("`{}` is not a policy of the loaded document", reg.policy)))),
-            })
-            .map_err(DurableError::Engine)?
-            .map_err(DurableError::Core)?;
+        let step = self.begin(&reg, key, idem, now)?;
         let id = self.inner.store.insert(handler, payload.into(), idem, step.next_at, step.record).await?;
         self.inner.wake.notify_one();
         Ok(id)
+    }
+
+    /// [`Executor::submit`] inside the caller's own SQLite transaction (feature
+    /// `durable-sqlite`), the outbox pattern: the call's row is inserted on `tx` and not
+    /// committed, so it exists exactly when the caller's transaction commits, with the
+    /// application's own rows. Pass a `&rusqlite::Transaction` (or a `Savepoint`, or a
+    /// connection after `BEGIN`) on the store's file; begin it with
+    /// `TransactionBehavior::Immediate` and give the connection a busy timeout, as for any
+    /// write in a file that the executor writes too.
+    ///
+    /// The same checks, record and errors as `submit`; the idempotency key is looked up on `tx`
+    /// too, so a second submission with the same key, in this transaction or after another
+    /// one committed, returns the first call's id and adds nothing. Synchronous, as rusqlite
+    /// is: it runs the two shared statements on `tx` (from async code, in `spawn_blocking` as
+    /// any rusqlite call). After the commit the call runs when a running executor next looks at
+    /// the store: at the latest after its poll interval (default 1 s), at once after
+    /// [`Executor::wake`]. A rolled-back transaction leaves no call.
+    ///
+    /// A connection that is not in a transaction, or is on another file or an in-memory
+    /// database, or an executor on PostgreSQL, is [`DurableError::WrongTransaction`].
+    #[cfg(feature = "durable-sqlite")]
+    pub fn submit_in_sqlite(
+        &self,
+        tx: &rusqlite::Connection,
+        handler: &str,
+        payload: impl AsRef<[u8]>,
+        idempotency_key: Option<&str>,
+    ) -> Result<i64, DurableError> {
+        self.submit_keyed_in_sqlite(tx, handler, payload, idempotency_key, "")
+    }
+
+    /// [`Executor::submit_in_sqlite`] with the policy's key (as [`Executor::submit_keyed`]).
+    #[cfg(feature = "durable-sqlite")]
+    pub fn submit_keyed_in_sqlite(
+        &self,
+        tx: &rusqlite::Connection,
+        handler: &str,
+        payload: impl AsRef<[u8]>,
+        idempotency_key: Option<&str>,
+        key: &str,
+    ) -> Result<i64, DurableError> {
+        let (reg, idem) = self.accept(handler, idempotency_key, key)?;
+        #[allow(unreachable_patterns)] // only SQLite with the feature `durable-postgres` off
+        let store = match &self.inner.store.0 {
+            Backend::Sqlite(s) => s,
+            _ => return Err(self.wrong_kind("an SQLite transaction")),
+        };
+        store.check_caller(tx)?;
+        let now = store.wall_now(); // SqliteStore::now's clock
+        let step = self.begin(&reg, key, idem, now)?;
+        store.insert_in(tx, handler, payload.as_ref(), idem, step.next_at, &step.record)
+    }
+
+    /// [`Executor::submit`] inside the caller's own PostgreSQL transaction (feature
+    /// `durable-postgres`), the outbox pattern: the call's row is inserted on `tx` and not
+    /// committed, so it exists exactly when the caller's transaction commits, with the
+    /// application's own rows. `tx` must be on the store's database (where
+    /// `levee_durable_calls` is, on its `search_path`).
+    ///
+    /// The same checks, record, clock (the database's, read on `tx` by the shared `clock`
+    /// statement) and errors as `submit`; the idempotency key is looked up on `tx` too, so a
+    /// second submission with the same key, in this transaction or after another one committed,
+    /// returns the first call's id and adds nothing. Under READ COMMITTED (PostgreSQL's
+    /// default) a submission whose key another open transaction holds waits for it, as `submit`
+    /// does; under REPEATABLE READ or SERIALIZABLE it may fail with a serialization error
+    /// ([`DurableError::Store`]), and the transaction is to be retried. After the commit the call
+    /// runs when an executor next looks at the store: at the latest after its poll interval
+    /// (default 1 s), at once after [`Executor::wake`]. A rolled-back transaction leaves no call.
+    ///
+    /// An executor on SQLite is [`DurableError::WrongTransaction`].
+    #[cfg(feature = "durable-postgres")]
+    pub async fn submit_in_postgres(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        handler: &str,
+        payload: impl AsRef<[u8]>,
+        idempotency_key: Option<&str>,
+    ) -> Result<i64, DurableError> {
+        self.submit_keyed_in_postgres(tx, handler, payload, idempotency_key, "").await
+    }
+
+    /// [`Executor::submit_in_postgres`] with the policy's key (as [`Executor::submit_keyed`]).
+    #[cfg(feature = "durable-postgres")]
+    pub async fn submit_keyed_in_postgres(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        handler: &str,
+        payload: impl AsRef<[u8]>,
+        idempotency_key: Option<&str>,
+        key: &str,
+    ) -> Result<i64, DurableError> {
+        let (reg, idem) = self.accept(handler, idempotency_key, key)?;
+        #[allow(unreachable_patterns)] // only PostgreSQL with the feature `durable-sqlite` off
+        let store = match &self.inner.store.0 {
+            Backend::Postgres(s) => s,
+            _ => return Err(self.wrong_kind("a PostgreSQL transaction")),
+        };
+        let now = store.now_in(tx).await?;
+        let step = self.begin(&reg, key, idem, now)?;
+        store.insert_in(tx, handler, payload.as_ref(), idem, step.next_at, &step.record).await
+    }
+
+    /// Have a running executor look at the store now rather than at its next poll: after a
+    /// transaction that submitted calls commits. (`submit` wakes it itself.)
+    pub fn wake(&self) {
+        self.inner.wake.notify_one();
+    }
+
+    /// What every submission checks first, before the clock, the core and the store: the key's
+    /// length and the handler. The handler's registration and the idempotency key (`""`: none).
+    fn accept<'k>(
+        &self,
+        handler: &str,
+        idempotency_key: Option<&'k str>,
+        key: &str,
+    ) -> Result<(Registered, Option<&'k str>), DurableError> {
+        crate::KeyTooLong::check(key).map_err(DurableError::KeyTooLong)?;
+        let reg = self.registered(handler).ok_or_else(|| DurableError::UnknownHandler(handler.to_string()))?;
+        Ok((reg, idempotency_key.filter(|k| !k.is_empty())))
+    }
+
+    /// The core's `durable-begin` for a submission at `now` (the store's clock): the record to
+    /// insert and when the call is due.
+    fn begin(&self, reg: &Registered, key: &str, idem: Option<&str>, now: u64) -> Result<DurableStep, DurableError> {
+        let flags = if reg.idempotent { 0 } else { levee_core::durable::FLAG_NON_IDEMPOTENT };
+        self.core(|r| match r.try_policy_index(&reg.policy)? {
+            Some(index) => r.try_durable_begin(index, key, idem.unwrap_or_default(), flags, now),
+            None => Ok(Err(LoadError::new("policy", format!("`{}` is not a policy of the loaded document", reg.policy)))),
+        })
+        .map_err(DurableError::Engine)?
+        .map_err(DurableError::Core)
+    }
+
+    /// The error for a caller's transaction (`given`) of the other kind than this executor's store.
+    #[allow(dead_code)] // with one store feature only, no transaction can be of the other kind
+    fn wrong_kind(&self, given: &str) -> DurableError {
+        let store = match self.inner.store.dialect() {
+            "sqlite" => "SQLite",
+            _ => "PostgreSQL",
+        };
+        DurableError::WrongTransaction(format!(
+            "is {given}, but this executor's store is {store}: submit with `submit` or a transaction on its store"
+        ))
     }
 
     /// What the store holds for a call (`None`: no such call).

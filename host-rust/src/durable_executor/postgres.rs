@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Config, NoTls, Statement};
+use tokio_postgres::{Client, Config, GenericClient, NoTls, Statement, ToStatement, Transaction};
 
 use super::store::{dialect, i64_of, u64_of, Claimed, ReplaceArgs, Row, WriteArgs, NAMES, POSTGRES_SQL};
 use super::DurableError;
@@ -132,18 +132,34 @@ impl PostgresStore {
         record: Vec<u8>,
     ) -> Result<i64, DurableError> {
         let c = self.conn().await?;
-        let args: [&(dyn ToSql + Sync); 5] = [&handler, &payload, &key, &i64_of(next_at), &record];
-        if let Some(r) = c.client.query_opt(c.stmt("insert")?, &args).await? {
-            return Ok(r.try_get(0)?);
-        }
-        // Another submission holds the key: ON CONFLICT waited for it to commit, so this
-        // statement (a new snapshot under READ COMMITTED) sees its row.
-        if let Some(k) = key {
-            if let Some(r) = c.client.query_opt(c.stmt("find_by_key")?, &[&k]).await? {
-                return Ok(r.try_get(0)?);
-            }
-        }
-        Err(DurableError::NotAccepted)
+        insert_on(&c.client, c.stmt("insert")?, c.stmt("find_by_key")?, handler, &payload, key, next_at, &record).await
+    }
+
+    /// [`PostgresStore::now`] on a caller's transaction: the same `clock` statement, the same
+    /// database's clock.
+    pub(crate) async fn now_in(&self, tx: &Transaction<'_>) -> Result<u64, DurableError> {
+        let n: i64 = tx.query_one(self.text("clock")?, &[]).await?.try_get(0)?;
+        Ok(u64_of(n))
+    }
+
+    /// [`PostgresStore::insert`] inside a caller's transaction, which it commits or rolls back:
+    /// the same statements (sent as text: they are prepared on the caller's connection),
+    /// nothing committed here.
+    pub(crate) async fn insert_in(
+        &self,
+        tx: &Transaction<'_>,
+        handler: &str,
+        payload: &[u8],
+        key: Option<&str>,
+        next_at: u64,
+        record: &[u8],
+    ) -> Result<i64, DurableError> {
+        insert_on(tx, self.text("insert")?, self.text("find_by_key")?, handler, payload, key, next_at, record).await
+    }
+
+    /// A shared statement's text.
+    fn text(&self, name: &str) -> Result<&str, DurableError> {
+        self.inner.sql.get(name).map(String::as_str).ok_or_else(|| DurableError::Store(format!("no statement `{name}`").into()))
     }
 
     pub(crate) async fn claim(&self, owner: &str, hold: u64, limit: usize) -> Result<Vec<Claimed>, DurableError> {
@@ -210,6 +226,36 @@ impl PostgresStore {
         let rows = c.client.query(c.stmt("counts")?, &[]).await?;
         Ok(rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<Result<_, tokio_postgres::Error>>()?)
     }
+}
+
+/// The shared `insert`, then, when it added nothing, `find_by_key`: the id of the new call, or of
+/// the call that holds the idempotency key already. On the store's own connection or in a
+/// caller's transaction (the same key twice in one transaction: the second finds the first).
+#[allow(clippy::too_many_arguments)]
+async fn insert_on<C: GenericClient, S: ToStatement + ?Sized + Sync + Send>(
+    c: &C,
+    insert: &S,
+    find_by_key: &S,
+    handler: &str,
+    payload: &[u8],
+    key: Option<&str>,
+    next_at: u64,
+    record: &[u8],
+) -> Result<i64, DurableError> {
+    let args: [&(dyn ToSql + Sync); 5] = [&handler, &payload, &key, &i64_of(next_at), &record];
+    if let Some(r) = c.query_opt(insert, &args).await? {
+        return Ok(r.try_get(0)?);
+    }
+    // Another submission holds the key: ON CONFLICT waited for it to commit, so this
+    // statement (a new snapshot under READ COMMITTED) sees its row. (Under REPEATABLE READ or
+    // SERIALIZABLE, a caller's transaction that conflicts with a submission committed after
+    // its snapshot fails with a serialization error instead: the transaction is to be retried.)
+    if let Some(k) = key {
+        if let Some(r) = c.query_opt(find_by_key, &[&k]).await? {
+            return Ok(r.try_get(0)?);
+        }
+    }
+    Err(DurableError::NotAccepted)
 }
 
 /// A connection, its I/O driven by a task of its own.

@@ -19,6 +19,9 @@ pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     sql: Arc<BTreeMap<String, String>>,
     path: Arc<PathBuf>,
+    /// The file's canonical path (symbolic links resolved), taken when it was opened: a
+    /// caller's transaction must be on this file.
+    canonical: Arc<PathBuf>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -69,7 +72,8 @@ impl SqliteStore {
         .await
         .map_err(|e| DurableError::Store(Box::new(e)))?
         .map_err(|e| DurableError::Store(format!("opening {}: {e}", path.display()).into()))?;
-        Ok(SqliteStore { conn: Arc::new(Mutex::new(conn)), sql, path: Arc::new(path) })
+        let canonical = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        Ok(SqliteStore { conn: Arc::new(Mutex::new(conn)), sql, path: Arc::new(path), canonical: Arc::new(canonical) })
     }
 
     /// The file.
@@ -108,20 +112,58 @@ impl SqliteStore {
         let id = self
             .blocking(move |conn, sql| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let mut id: Option<i64> = tx
-                    .prepare_cached(stmt(sql, "insert"))?
-                    .query_row(params![handler, payload, key, i64_of(next_at), record, i64_of(wall_now())], |r| r.get(0))
-                    .optional()?;
-                if id.is_none() {
-                    if let Some(k) = &key {
-                        id = tx.prepare_cached(stmt(sql, "find_by_key"))?.query_row(params![k], |r| r.get(0)).optional()?;
-                    }
-                }
+                let id = insert_on(&tx, sql, &handler, &payload, key.as_deref(), next_at, &record)?;
                 tx.commit()?;
                 Ok(id)
             })
             .await?;
         id.ok_or(DurableError::NotAccepted)
+    }
+
+    /// The clock [`SqliteStore::insert`]'s callers read (this host's), without a task.
+    pub(crate) fn wall_now(&self) -> u64 {
+        wall_now()
+    }
+
+    /// [`SqliteStore::insert`] on a caller's connection, inside the transaction it has open,
+    /// which it commits or rolls back: the same statements, nothing committed here. The
+    /// caller checked the connection first ([`SqliteStore::check_caller`]).
+    pub(crate) fn insert_in(
+        &self,
+        conn: &Connection,
+        handler: &str,
+        payload: &[u8],
+        key: Option<&str>,
+        next_at: u64,
+        record: &[u8],
+    ) -> Result<i64, DurableError> {
+        insert_on(conn, &self.sql, handler, payload, key, next_at, record)?.ok_or(DurableError::NotAccepted)
+    }
+
+    /// A caller's connection can hold a call of this store: it is in a transaction, on this file.
+    pub(crate) fn check_caller(&self, conn: &Connection) -> Result<(), DurableError> {
+        if conn.is_autocommit() {
+            return Err(DurableError::WrongTransaction(
+                "the SQLite connection is not in a transaction (autocommit mode): the call would be committed at once; \
+                 pass a rusqlite::Transaction (or a connection after BEGIN)"
+                    .into(),
+            ));
+        }
+        let on = conn.path().unwrap_or_default();
+        if on.is_empty() {
+            return Err(DurableError::WrongTransaction(format!(
+                "the SQLite transaction is on an in-memory or temporary database, not on the store's file {}",
+                self.path.display()
+            )));
+        }
+        let canonical = std::fs::canonicalize(on).unwrap_or_else(|_| PathBuf::from(on));
+        if canonical != *self.canonical {
+            return Err(DurableError::WrongTransaction(format!(
+                "the SQLite transaction is on {on}, not on the store's file {}",
+                self.path.display()
+            )));
+        }
+        Ok(())
     }
 
     pub(crate) async fn claim(&self, owner: &str, hold: u64, limit: usize) -> Result<Vec<Claimed>, DurableError> {
@@ -229,6 +271,30 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// The shared `insert`, then, when it added nothing, `find_by_key`: the id of the new call, or of
+/// the call that holds the idempotency key already (`None`: neither). On whatever transaction
+/// `conn` has open: the store's own (`BEGIN IMMEDIATE`) or a caller's.
+fn insert_on(
+    conn: &Connection,
+    sql: &BTreeMap<String, String>,
+    handler: &str,
+    payload: &[u8],
+    key: Option<&str>,
+    next_at: u64,
+    record: &[u8],
+) -> Result<Option<i64>, rusqlite::Error> {
+    let mut id: Option<i64> = conn
+        .prepare_cached(stmt(sql, "insert"))?
+        .query_row(params![handler, payload, key, i64_of(next_at), record, i64_of(wall_now())], |r| r.get(0))
+        .optional()?;
+    if id.is_none() {
+        if let Some(k) = key {
+            id = conn.prepare_cached(stmt(sql, "find_by_key"))?.query_row(params![k], |r| r.get(0)).optional()?;
+        }
+    }
+    Ok(id)
 }
 
 /// A statement by name (every name is present: [`dialect`] checked it when the store opened).

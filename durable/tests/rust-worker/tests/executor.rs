@@ -461,3 +461,209 @@ async fn submit_keyed_refuses_a_key_longer_than_the_bound() {
         x.submit_keyed("ok", Vec::new(), None, &long[..max]).await.unwrap();
     }
 }
+
+/// A connection of the application's own to a fixture's database: the outbox tests' caller,
+/// with a table of its own (`orders`).
+enum Caller {
+    Sqlite(rusqlite::Connection),
+    Postgres(tokio_postgres::Client),
+}
+
+impl Fixture {
+    async fn caller(&self) -> Caller {
+        match &self.raw {
+            Raw::Sqlite(path) => {
+                let c = rusqlite::Connection::open(path).unwrap();
+                c.busy_timeout(Duration::from_secs(30)).unwrap();
+                c.execute_batch("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT NOT NULL)").unwrap();
+                Caller::Sqlite(c)
+            }
+            Raw::Postgres(cfg) => {
+                let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(conn);
+                c.batch_execute("CREATE TABLE IF NOT EXISTS orders (id BIGINT PRIMARY KEY, note TEXT NOT NULL)").await.unwrap();
+                Caller::Postgres(c)
+            }
+        }
+    }
+}
+
+fn send<T: Send>(_: &T) {}
+
+impl Caller {
+    /// In one transaction of the caller's: the row `order` of its table, then a call of `ship`
+    /// per idempotency key in `keys` (the order's id as the payload), then commit (`commit`) or
+    /// roll back. The ids `submit_in_*` returned, and the calls the transaction saw at its end.
+    async fn order(&mut self, x: &Executor, order: i64, keys: &[&str], commit: bool) -> (Vec<i64>, i64) {
+        let payload = order.to_string();
+        let count = "SELECT count(*) FROM levee_durable_calls";
+        match self {
+            Caller::Sqlite(c) => {
+                let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).unwrap();
+                tx.execute("INSERT INTO orders (id, note) VALUES (?1, 'placed')", [order]).unwrap();
+                let ids = keys.iter().map(|k| x.submit_in_sqlite(&tx, "ship", &payload, Some(k)).unwrap()).collect();
+                let seen: i64 = tx.query_row(count, [], |r| r.get(0)).unwrap();
+                if commit {
+                    tx.commit().unwrap()
+                } else {
+                    tx.rollback().unwrap()
+                }
+                (ids, seen)
+            }
+            Caller::Postgres(c) => {
+                let tx = c.transaction().await.unwrap();
+                tx.execute("INSERT INTO orders (id, note) VALUES ($1, 'placed')", &[&order]).await.unwrap();
+                let mut ids = Vec::new();
+                for k in keys {
+                    let submitted = x.submit_in_postgres(&tx, "ship", &payload, Some(k));
+                    send(&submitted); // usable in a spawned task (a web handler)
+                    ids.push(submitted.await.unwrap());
+                }
+                let seen: i64 = tx.query_one(count, &[]).await.unwrap().get(0);
+                if commit {
+                    tx.commit().await.unwrap()
+                } else {
+                    tx.rollback().await.unwrap()
+                }
+                (ids, seen)
+            }
+        }
+    }
+
+    /// The caller's committed orders.
+    async fn orders(&self) -> Vec<i64> {
+        let q = "SELECT id FROM orders ORDER BY id";
+        match self {
+            Caller::Sqlite(c) => c.prepare(q).unwrap().query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect(),
+            Caller::Postgres(c) => c.query(q, &[]).await.unwrap().iter().map(|r| r.get(0)).collect(),
+        }
+    }
+}
+
+/// The outbox (issue 40): a call submitted inside the caller's own transaction, with a row of
+/// the caller's, exists exactly when that transaction commits. Rolled back: neither the row nor
+/// the call, and the handler never runs; committed: a running executor takes the call up at its
+/// next poll, without being woken, and it ends done; an idempotency key given twice in the
+/// transaction, or again after the commit, is the first call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_submitted_in_the_callers_transaction_exists_when_it_commits() {
+    for f in fixtures("outbox").await {
+        let x = executor(f.store.clone());
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let r = ran.clone();
+        x.handler("ship")
+            .policy("quick")
+            .register(move |payload, _| {
+                r.lock().unwrap().push(String::from_utf8(payload).unwrap());
+                async { Ok::<_, std::io::Error>("shipped") }
+            })
+            .unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let bx = x.clone();
+        let running = tokio::spawn(async move {
+            bx.run(async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        let mut db = f.caller().await;
+
+        let (ids, seen) = db.order(&x, 1, &["ship-1"], false).await;
+        assert_eq!(seen, 1, "the transaction saw its call");
+        assert!(x.status(ids[0]).await.unwrap().is_none(), "a rolled-back call is in the store");
+        assert!(x.calls().await.unwrap().is_empty());
+        assert!(db.orders().await.is_empty(), "a rolled-back order is in the table");
+
+        let (ids, seen) = db.order(&x, 2, &["ship-2", "ship-2"], true).await;
+        assert_eq!(ids[0], ids[1], "the key's second submission in the transaction returned the first id");
+        assert_eq!(seen, 1, "the key's second submission in the transaction added a call");
+        assert_eq!(db.orders().await, [2]);
+        let id = ids[0];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let st = loop {
+            let st = status_of(&x, id).await;
+            if st.state.is_finished() || Instant::now() > deadline {
+                break st;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(
+            (st.state, st.attempts, st.result.as_deref(), st.idempotency_key.as_deref()),
+            (CallState::Done, 1, Some(&b"shipped"[..]), Some("ship-2")),
+            "{st:?}"
+        );
+        assert_eq!(st.record.map(|r| r.policy), Some("quick".to_string()), "the record of the core's durable-begin");
+
+        assert_eq!(x.submit("ship", b"2".to_vec(), Some("ship-2")).await.unwrap(), id, "submit after the commit");
+        let (again, seen) = db.order(&x, 3, &["ship-2"], false).await;
+        assert_eq!((again, seen), (vec![id], 1), "a later transaction with the key");
+
+        let _ = stop.send(());
+        running.await.unwrap();
+        assert_eq!(*ran.lock().unwrap(), ["2"], "the handler ran once, for the committed order");
+        assert_eq!(x.calls().await.unwrap().len(), 1);
+    }
+}
+
+/// What `submit_in_*` refuses, each a `DurableError` naming it, with nothing written: a
+/// transaction of the other store's kind, an SQLite connection not in a transaction, or on
+/// another file or in memory; and, as `submit`, an unknown handler and a key too long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_in_a_transaction_refuses_what_cannot_hold_the_call() {
+    let wrong = |e: DurableError, has: &str| match e {
+        DurableError::WrongTransaction(ref w) if w.contains(has) => {
+            assert!(e.to_string().starts_with("levee durable: the caller's transaction: "), "{e}")
+        }
+        e => panic!("not WrongTransaction with `{has}`: {e:?}"),
+    };
+    let long = "k".repeat(levee::constants::GUARD_MAX_KEY_BYTES as usize + 1);
+    for f in fixtures("outbox_refused").await {
+        let x = executor(f.store.clone());
+        x.handler("ship").policy("quick").register(|_, _| async { Ok::<_, std::io::Error>(()) }).unwrap();
+        let mut db = f.caller().await;
+        match (&f.raw, &mut db) {
+            (Raw::Sqlite(path), Caller::Sqlite(c)) => {
+                wrong(x.submit_in_sqlite(c, "ship", b"", None).unwrap_err(), "not in a transaction (autocommit mode)");
+                let dir = path.parent().unwrap();
+                let mut other = rusqlite::Connection::open(dir.join("other.db")).unwrap();
+                wrong(
+                    x.submit_in_sqlite(&other.transaction().unwrap(), "ship", b"", None).unwrap_err(),
+                    "other.db, not on the store's file",
+                );
+                let mut memory = rusqlite::Connection::open_in_memory().unwrap();
+                wrong(x.submit_in_sqlite(&memory.transaction().unwrap(), "ship", b"", None).unwrap_err(), "in-memory");
+                let tx = c.transaction().unwrap();
+                let e = x.submit_in_sqlite(&tx, "nope", b"", None).unwrap_err();
+                assert!(matches!(&e, DurableError::UnknownHandler(h) if h == "nope"), "{e}");
+                let e = x.submit_keyed_in_sqlite(&tx, "ship", b"", None, &long).unwrap_err();
+                assert!(matches!(e, DurableError::KeyTooLong(_)), "{e}");
+                tx.commit().unwrap();
+            }
+            (Raw::Postgres(_), Caller::Postgres(c)) => {
+                let mut memory = rusqlite::Connection::open_in_memory().unwrap();
+                let e = x.submit_in_sqlite(&memory.transaction().unwrap(), "ship", b"", None).unwrap_err();
+                wrong(e, "is an SQLite transaction, but this executor's store is PostgreSQL");
+                let dir = std::env::temp_dir().join(format!("levee-durable-rs-{}-outbox-kind", std::process::id()));
+                std::fs::create_dir_all(&dir).unwrap();
+                let on_sqlite = executor(SqliteStore::open(dir.join("calls.db")).await.unwrap().into());
+                on_sqlite.handler("ship").policy("quick").register(|_, _| async { Ok::<_, std::io::Error>(()) }).unwrap();
+                let tx = c.transaction().await.unwrap();
+                let e = on_sqlite.submit_in_postgres(&tx, "ship", b"", None).await.unwrap_err();
+                assert_eq!(
+                    e.to_string(),
+                    "levee durable: the caller's transaction: is a PostgreSQL transaction, but this executor's store is \
+                     SQLite: submit with `submit` or a transaction on its store"
+                );
+                let e = x.submit_in_postgres(&tx, "nope", b"", None).await.unwrap_err();
+                assert!(matches!(&e, DurableError::UnknownHandler(h) if h == "nope"), "{e}");
+                let e = x.submit_keyed_in_postgres(&tx, "ship", b"", None, &long).await.unwrap_err();
+                assert!(matches!(e, DurableError::KeyTooLong(_)), "{e}");
+                tx.commit().await.unwrap(); // nothing failed in the transaction: nothing was sent
+                assert!(on_sqlite.calls().await.unwrap().is_empty());
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            _ => panic!("a caller of another kind than the fixture"),
+        }
+        assert!(x.calls().await.unwrap().is_empty(), "a refused submission wrote a call");
+    }
+}
