@@ -5,6 +5,8 @@
 //	x := durable.New(engine, store)
 //	x.Register("send-invoice", sendInvoice, durable.WithPolicy("email"), durable.NotIdempotent())
 //	id, _ := x.Submit(ctx, "send-invoice", []byte(`{"order": 17}`), "invoice-17")
+//	// or, stored if and only if the caller's transaction commits (a pgx.Tx, or an SQLite *sql.Tx):
+//	id, _ = x.SubmitTx(ctx, tx, "send-invoice", []byte(`{"order": 17}`), "invoice-17")
 //	err := x.Run(ctx) // resumes what is due at start-up, then sleeps until the next call is due
 //
 // The executor is a driver, like the in-process call drivers: it asks the core
