@@ -26,7 +26,7 @@ import (
 type txStore struct {
 	name  string
 	x     *Executor
-	begin func(t *testing.T) callerTx
+	begin func() (callerTx, error)
 	// orders counts the caller's rows, read outside any transaction.
 	orders func(t *testing.T) int64
 }
@@ -70,17 +70,17 @@ func txStores(t *testing.T) ([]txStore, context.Context) {
 	out = append(out, txStore{
 		name: "sqlite",
 		x:    New(e, s, opts...),
-		begin: func(t *testing.T) callerTx {
+		begin: func() (callerTx, error) {
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
-				t.Fatal(err)
+				return callerTx{}, err
 			}
 			return callerTx{
 				tx:       tx,
 				exec:     func(q string) error { _, err := tx.ExecContext(ctx, q); return err },
 				commit:   tx.Commit,
 				rollback: tx.Rollback,
-			}
+			}, nil
 		},
 		orders: func(t *testing.T) int64 {
 			var n int64
@@ -128,17 +128,17 @@ func txStores(t *testing.T) ([]txStore, context.Context) {
 	out = append(out, txStore{
 		name: "postgres",
 		x:    New(e, ps, opts...),
-		begin: func(t *testing.T) callerTx {
+		begin: func() (callerTx, error) {
 			tx, err := pool.Begin(ctx)
 			if err != nil {
-				t.Fatal(err)
+				return callerTx{}, err
 			}
 			return callerTx{
 				tx:       tx,
 				exec:     func(q string) error { _, err := tx.Exec(ctx, q); return err },
 				commit:   func() error { return tx.Commit(ctx) },
 				rollback: func() error { return tx.Rollback(ctx) },
-			}
+			}, nil
 		},
 		orders: func(t *testing.T) int64 {
 			var n int64
@@ -149,6 +149,15 @@ func txStores(t *testing.T) ([]txStore, context.Context) {
 		},
 	})
 	return out, ctx
+}
+
+func mustBegin(t *testing.T, st txStore) callerTx {
+	t.Helper()
+	c, err := st.begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func registerCounting(t *testing.T, x *Executor, runs *atomic.Int32) {
@@ -170,7 +179,7 @@ func TestSubmitTxRolledBackLeavesNeitherTheRowNorTheCall(t *testing.T) {
 		t.Run(st.name, func(t *testing.T) {
 			var runs atomic.Int32
 			registerCounting(t, st.x, &runs)
-			c := st.begin(t)
+			c := mustBegin(t, st)
 			if err := c.exec("INSERT INTO orders (id, total) VALUES (17, 100)"); err != nil {
 				t.Fatal(err)
 			}
@@ -226,7 +235,7 @@ func TestSubmitTxCommittedRunsOnTheNextPoll(t *testing.T) {
 				}
 			}()
 
-			c := st.begin(t)
+			c := mustBegin(t, st)
 			if err := c.exec("INSERT INTO orders (id, total) VALUES (18, 250)"); err != nil {
 				t.Fatal(err)
 			}
@@ -269,7 +278,7 @@ func TestSubmitTxIdempotencyKeyReturnsTheFirstID(t *testing.T) {
 		t.Run(st.name, func(t *testing.T) {
 			var runs atomic.Int32
 			registerCounting(t, st.x, &runs)
-			c := st.begin(t)
+			c := mustBegin(t, st)
 			first, err := st.x.SubmitTx(ctx, c.tx, "invoice", []byte("19"), "invoice-19")
 			if err != nil {
 				t.Fatal(err)
@@ -281,7 +290,7 @@ func TestSubmitTxIdempotencyKeyReturnsTheFirstID(t *testing.T) {
 			if err := c.commit(); err != nil {
 				t.Fatal(err)
 			}
-			c = st.begin(t)
+			c = mustBegin(t, st)
 			third, err := st.x.SubmitTx(ctx, c.tx, "invoice", nil, "invoice-19")
 			if err != nil || third != first {
 				t.Fatalf("in a later transaction: id %d (first %d), %v", third, first, err)
@@ -306,6 +315,58 @@ func TestSubmitTxIdempotencyKeyReturnsTheFirstID(t *testing.T) {
 	}
 }
 
+// Two transactions submitting with one key at once: the second waits for the first (SQLite:
+// for the file's write lock; PostgreSQL: on the key's unique index) and, once the first
+// commits, returns its id.
+func TestSubmitTxConcurrentTransactionsShareTheKey(t *testing.T) {
+	stores, ctx := txStores(t)
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			var runs atomic.Int32
+			registerCounting(t, st.x, &runs)
+			a := mustBegin(t, st)
+			first, err := st.x.SubmitTx(ctx, a.tx, "invoice", []byte("21"), "invoice-21")
+			if err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				id  int64
+				err error
+			}
+			got := make(chan result, 1)
+			go func() {
+				b, err := st.begin()
+				if err != nil {
+					got <- result{0, err}
+					return
+				}
+				id, err := st.x.SubmitTx(ctx, b.tx, "invoice", []byte("21"), "invoice-21")
+				if err != nil {
+					_ = b.rollback()
+					got <- result{0, err}
+					return
+				}
+				got <- result{id, b.commit()}
+			}()
+			select {
+			case r := <-got:
+				t.Fatalf("the second transaction did not wait for the first: %+v", r)
+			case <-time.After(100 * time.Millisecond):
+			}
+			if err := a.commit(); err != nil {
+				t.Fatal(err)
+			}
+			r := <-got
+			if r.err != nil || r.id != first {
+				t.Fatalf("the second transaction: id %d (first %d), %v", r.id, first, r.err)
+			}
+			if calls, err := st.x.Calls(ctx); err != nil || len(calls) != 1 {
+				t.Fatalf("calls: %+v %v", calls, err)
+			}
+		})
+	}
+}
+
 // What Submit refuses SubmitTx refuses the same way, and a transaction of the wrong kind or on
 // another database is an error naming it, with nothing written.
 func TestSubmitTxRefusesWhatItCannotUse(t *testing.T) {
@@ -314,7 +375,7 @@ func TestSubmitTxRefusesWhatItCannotUse(t *testing.T) {
 		t.Run(st.name, func(t *testing.T) {
 			var runs atomic.Int32
 			registerCounting(t, st.x, &runs)
-			c := st.begin(t)
+			c := mustBegin(t, st)
 			defer func() { _ = c.rollback() }()
 			check := func(what string, err error, want ...string) {
 				t.Helper()
