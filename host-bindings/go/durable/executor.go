@@ -5,6 +5,8 @@
 //	x := durable.New(engine, store)
 //	x.Register("send-invoice", sendInvoice, durable.WithPolicy("email"), durable.NotIdempotent())
 //	id, _ := x.Submit(ctx, "send-invoice", []byte(`{"order": 17}`), "invoice-17")
+//	// or, stored if and only if the caller's transaction commits (a pgx.Tx, or an SQLite *sql.Tx):
+//	id, _ = x.SubmitTx(ctx, tx, "send-invoice", []byte(`{"order": 17}`), "invoice-17")
 //	err := x.Run(ctx) // resumes what is due at start-up, then sleeps until the next call is due
 //
 // The executor is a driver, like the in-process call drivers: it asks the core
@@ -31,6 +33,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"sync"
 	"time"
 
@@ -184,11 +187,59 @@ func (x *Executor) signal() {
 // Submit persists a new call of handler and returns its id. A second submission with the
 // same idempotency key ("" for none) returns the first call's id and adds nothing.
 func (x *Executor) Submit(ctx context.Context, handler string, payload []byte, idempotencyKey string) (int64, error) {
-	return x.SubmitKeyed(ctx, handler, payload, idempotencyKey, "")
+	return x.submit(ctx, nil, handler, payload, idempotencyKey, "")
 }
 
 // SubmitKeyed is Submit with the policy's key (the key of its per-key state, as for Do).
 func (x *Executor) SubmitKeyed(ctx context.Context, handler string, payload []byte, idempotencyKey, key string) (int64, error) {
+	return x.submit(ctx, nil, handler, payload, idempotencyKey, key)
+}
+
+// SubmitTx is Submit inside the caller's open transaction tx, so that the call is stored if
+// and only if the caller's own writes are (the outbox pattern): a call submitted by a
+// transaction that rolls back, or never commits, is not in the store and never runs.
+//
+// tx is a pgx.Tx (github.com/jackc/pgx/v5) on the database of a PostgresStore, or a *sql.Tx
+// (database/sql, the "sqlite" driver of modernc.org/sqlite) on the file of an SQLiteStore. A
+// transaction of another kind, or on another database, file or search_path, is refused with
+// an error that says so (prefix "levee durable: tx: "), before anything is written. The
+// clock is the store's, as for Submit: the database's, read through tx, for PostgreSQL.
+//
+// The call runs once the caller commits: an executor of the store sees it at its next poll at
+// the latest (WithPollInterval, 1 s by default), since a commit it did not make does not wake
+// it. The idempotency key is checked inside tx: a second submission with the same key, in tx
+// or after the first committed, returns the first call's id and adds nothing. SubmitTx does
+// not commit or roll back tx.
+//
+// For SQLite, the caller's database should wait on a locked file as the store does (open it
+// with "?_pragma=busy_timeout(30000)&_txlock=immediate"): the file has one writer at a time,
+// and the executor waits for the caller's transaction to end before it claims calls.
+func (x *Executor) SubmitTx(ctx context.Context, tx any, handler string, payload []byte, idempotencyKey string) (int64, error) {
+	return x.SubmitKeyedTx(ctx, tx, handler, payload, idempotencyKey, "")
+}
+
+// SubmitKeyedTx is SubmitTx with the policy's key (the key of its per-key state, as for Do).
+func (x *Executor) SubmitKeyedTx(ctx context.Context, tx any, handler string, payload []byte, idempotencyKey, key string) (int64, error) {
+	if isNil(tx) {
+		return 0, errTx(x.store.Dialect(), "nil: SubmitTx needs the caller's open transaction (Submit uses the store's own)")
+	}
+	return x.submit(ctx, tx, handler, payload, idempotencyKey, key)
+}
+
+// isNil is true for a nil interface and for a nil pointer, map, func and the like in one.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return r.IsNil()
+	}
+	return false
+}
+
+// submit is every Submit: through the store's own connection (tx nil) or the caller's tx.
+func (x *Executor) submit(ctx context.Context, tx any, handler string, payload []byte, idempotencyKey, key string) (int64, error) {
 	if err := levee.CheckKey(key); err != nil {
 		return 0, err
 	}
@@ -207,7 +258,11 @@ func (x *Executor) SubmitKeyed(ctx context.Context, handler string, payload []by
 	if !r.idempotent {
 		flags = 1
 	}
-	now, err := x.store.now(ctx)
+	sub, err := x.store.submitter(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	now, err := sub.now(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -219,9 +274,9 @@ func (x *Executor) SubmitKeyed(ctx context.Context, handler string, payload []by
 	if idempotencyKey != "" {
 		k = &idempotencyKey
 	}
-	id, err := x.store.insert(ctx, handler, append([]byte{}, payload...), k, step.NextAt, step.Record)
-	if err == nil {
-		x.signal()
+	id, err := sub.insert(ctx, handler, append([]byte{}, payload...), k, step.NextAt, step.Record)
+	if err == nil && tx == nil {
+		x.signal() // a call in the caller's transaction is not visible until it commits
 	}
 	return id, err
 }

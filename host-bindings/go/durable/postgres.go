@@ -68,24 +68,86 @@ func (s *PostgresStore) Close() error {
 	return nil
 }
 
-func (s *PostgresStore) now(ctx context.Context) (uint64, error) {
+func (s *PostgresStore) now(ctx context.Context) (uint64, error) { return pgSubmitter{s: s}.now(ctx) }
+
+// pgQuerier is what submitting needs of a connection: the store's pool or a transaction.
+type pgQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// pgSubmitter reads the database's clock and inserts through the store's pool (tx nil: the
+// insert in a transaction of its own) or through the caller's transaction.
+type pgSubmitter struct {
+	s  *PostgresStore
+	tx pgx.Tx
+}
+
+// tableOf names the table an unqualified levee_durable_calls resolves to on q's connection
+// (its database and the table's oid, 0 when there is none), so that a transaction on another
+// database or search_path is refused rather than given calls no executor of this store sees.
+const tableOf = "SELECT current_database(), COALESCE(to_regclass('levee_durable_calls')::oid, 0)::BIGINT"
+
+func (s *PostgresStore) submitter(ctx context.Context, tx any) (submitter, error) {
+	if tx == nil {
+		return pgSubmitter{s: s}, nil
+	}
+	t, ok := tx.(pgx.Tx)
+	if !ok {
+		return nil, errTx("postgres", fmt.Sprintf("a %T cannot submit to a PostgreSQL store, which takes a pgx.Tx (github.com/jackc/pgx/v5)", tx))
+	}
+	var db, txDB string
+	var oid, txOID int64
+	err := s.pool.QueryRow(ctx, tableOf).Scan(&db, &oid)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.QueryRow(ctx, tableOf).Scan(&txDB, &txOID); err != nil {
+		return nil, errTx("postgres", fmt.Sprintf("reading the transaction's database: %v", err))
+	}
+	if txDB != db || txOID != oid {
+		where := fmt.Sprintf("the table levee_durable_calls of the database %q", txDB)
+		if txOID == 0 {
+			where = fmt.Sprintf("no table levee_durable_calls (database %q; another search_path?)", txDB)
+		}
+		return nil, errTx("postgres", fmt.Sprintf("the transaction sees %s, not the store's (database %q)", where, db))
+	}
+	return pgSubmitter{s: s, tx: t}, nil
+}
+
+// now is the database's clock, read through the caller's transaction when there is one.
+func (u pgSubmitter) now(ctx context.Context) (uint64, error) {
+	var q pgQuerier = u.s.pool
+	if u.tx != nil {
+		q = u.tx
+	}
 	var n int64
-	err := s.pool.QueryRow(ctx, s.sql["clock"]).Scan(&n)
+	err := q.QueryRow(ctx, u.s.sql["clock"]).Scan(&n)
 	return uint64(max(n, 0)), err
 }
 
-func (s *PostgresStore) insert(ctx context.Context, handler string, payload []byte, key *string, nextAt uint64, record []byte) (int64, error) {
+func (u pgSubmitter) insert(ctx context.Context, handler string, payload []byte, key *string, nextAt uint64, record []byte) (int64, error) {
+	if u.tx != nil {
+		return u.s.insertOn(ctx, u.tx, handler, payload, key, nextAt, record)
+	}
 	var id int64
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, s.sql["insert"], handler, payload, key, i64(nextAt), record).Scan(&id)
-		if errors.Is(err, pgx.ErrNoRows) && key != nil {
-			err = tx.QueryRow(ctx, s.sql["find_by_key"], *key).Scan(&id)
-		}
-		if errors.Is(err, pgx.ErrNoRows) {
-			return errNotAccepted
-		}
+	err := pgx.BeginFunc(ctx, u.s.pool, func(tx pgx.Tx) error {
+		var err error
+		id, err = u.s.insertOn(ctx, tx, handler, payload, key, nextAt, record)
 		return err
 	})
+	return id, err
+}
+
+// insertOn runs the shared `insert` (and `find_by_key` when the key is taken) on q.
+func (s *PostgresStore) insertOn(ctx context.Context, q pgQuerier, handler string, payload []byte, key *string, nextAt uint64, record []byte) (int64, error) {
+	var id int64
+	err := q.QueryRow(ctx, s.sql["insert"], handler, payload, key, i64(nextAt), record).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) && key != nil {
+		err = q.QueryRow(ctx, s.sql["find_by_key"], *key).Scan(&id)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, errNotAccepted
+	}
 	return id, err
 }
 

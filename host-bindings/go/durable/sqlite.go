@@ -18,6 +18,7 @@ type SQLiteStore struct {
 	conn *sql.Conn
 	mu   sync.Mutex // one statement at a time on the one connection
 	sql  map[string]string
+	file string // the database file, as SQLite names it (PRAGMA database_list)
 }
 
 // OpenSQLite opens (creating when missing) the store in the SQLite file at path.
@@ -41,6 +42,10 @@ func OpenSQLite(ctx context.Context, path string) (*SQLiteStore, error) {
 			_ = s.Close()
 			return nil, fmt.Errorf("levee durable: opening %s: %w", path, err)
 		}
+	}
+	if s.file, err = mainFile(ctx, conn); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("levee durable: opening %s: %w", path, err)
 	}
 	return s, nil
 }
@@ -70,25 +75,89 @@ func (s *SQLiteStore) tx(ctx context.Context, f func() error) error {
 	return err
 }
 
-func (s *SQLiteStore) insert(ctx context.Context, handler string, payload []byte, key *string, nextAt uint64, record []byte) (int64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// sqlQuerier is what inserting needs of a connection: the store's *sql.Conn or the caller's *sql.Tx.
+type sqlQuerier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// sqliteSubmitter inserts through the store's connection (tx nil: in a BEGIN IMMEDIATE
+// transaction of its own) or through the caller's transaction.
+type sqliteSubmitter struct {
+	s  *SQLiteStore
+	tx *sql.Tx
+}
+
+func (s *SQLiteStore) submitter(ctx context.Context, tx any) (submitter, error) {
+	if tx == nil {
+		return sqliteSubmitter{s: s}, nil
+	}
+	t, ok := tx.(*sql.Tx)
+	if !ok {
+		return nil, errTx("sqlite", fmt.Sprintf("a %T cannot submit to an SQLite store, which takes a *sql.Tx (database/sql) on its file", tx))
+	}
+	if t == nil {
+		return nil, errTx("sqlite", "a nil *sql.Tx")
+	}
+	file, err := mainFile(ctx, t)
+	if err != nil {
+		return nil, errTx("sqlite", fmt.Sprintf("reading the transaction's database file (is it an SQLite database?): %v", err))
+	}
+	if s.file == "" || file != s.file {
+		return nil, errTx("sqlite", fmt.Sprintf("the transaction is on the file %q, the store on %q", file, s.file))
+	}
+	return sqliteSubmitter{s: s, tx: t}, nil
+}
+
+// mainFile is the file of the main database of q's connection ("" for one in memory).
+func mainFile(ctx context.Context, q interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}) (string, error) {
+	rs, err := q.QueryContext(ctx, "PRAGMA database_list")
+	if err != nil {
+		return "", err
+	}
+	defer rs.Close()
+	file := ""
+	for rs.Next() {
+		var seq int64
+		var name, f string
+		if err := rs.Scan(&seq, &name, &f); err != nil {
+			return "", err
+		}
+		if name == "main" {
+			file = f
+		}
+	}
+	return file, rs.Err()
+}
+
+// now is this host's clock, as for every SQLite statement.
+func (u sqliteSubmitter) now(ctx context.Context) (uint64, error) { return u.s.now(ctx) }
+
+func (u sqliteSubmitter) insert(ctx context.Context, handler string, payload []byte, key *string, nextAt uint64, record []byte) (int64, error) {
+	if u.tx != nil {
+		return u.s.insertOn(ctx, u.tx, handler, payload, key, nextAt, record)
+	}
+	u.s.mu.Lock()
+	defer u.s.mu.Unlock()
 	var id int64
-	found := false
-	err := s.tx(ctx, func() error {
-		err := s.conn.QueryRowContext(ctx, s.sql["insert"], handler, payload, key, i64(nextAt), record, wallNow()).Scan(&id)
-		if errors.Is(err, sql.ErrNoRows) && key != nil {
-			err = s.conn.QueryRowContext(ctx, s.sql["find_by_key"], *key).Scan(&id)
-		}
-		if err == nil {
-			found = true
-		} else if errors.Is(err, sql.ErrNoRows) {
-			err = nil
-		}
+	err := u.s.tx(ctx, func() error {
+		var err error
+		id, err = u.s.insertOn(ctx, u.s.conn, handler, payload, key, nextAt, record)
 		return err
 	})
-	if err == nil && !found {
-		err = errNotAccepted
+	return id, err
+}
+
+// insertOn runs the shared `insert` (and `find_by_key` when the key is taken) on q.
+func (s *SQLiteStore) insertOn(ctx context.Context, q sqlQuerier, handler string, payload []byte, key *string, nextAt uint64, record []byte) (int64, error) {
+	var id int64
+	err := q.QueryRowContext(ctx, s.sql["insert"], handler, payload, key, i64(nextAt), record, wallNow()).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) && key != nil {
+		err = q.QueryRowContext(ctx, s.sql["find_by_key"], *key).Scan(&id)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, errNotAccepted
 	}
 	return id, err
 }

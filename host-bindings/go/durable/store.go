@@ -3,6 +3,7 @@ package durable
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -17,7 +18,10 @@ type Store interface {
 	Close() error
 
 	now(ctx context.Context) (uint64, error)
-	insert(ctx context.Context, handler string, payload []byte, idempotencyKey *string, nextAt uint64, record []byte) (int64, error)
+	// submitter is where a submission reads the clock and inserts: the store's own connection
+	// when tx is nil, else the caller's open transaction (a pgx.Tx for PostgreSQL, a *sql.Tx
+	// for SQLite), checked to be of this store's dialect and database.
+	submitter(ctx context.Context, tx any) (submitter, error)
 	claim(ctx context.Context, owner string, hold uint64, limit int) ([]claimed, error)
 	write(ctx context.Context, id int64, owner string, w writeArgs) (bool, error)
 	quarantine(ctx context.Context, id int64, msg string) error
@@ -28,6 +32,13 @@ type Store interface {
 	// ok is false when no call is pending.
 	nextDueIn(ctx context.Context) (ns int64, ok bool, err error)
 	counts(ctx context.Context) (map[string]int64, error)
+}
+
+// submitter reads the store's clock and inserts a call, both through one connection or
+// transaction (see Store.submitter).
+type submitter interface {
+	now(ctx context.Context) (uint64, error)
+	insert(ctx context.Context, handler string, payload []byte, idempotencyKey *string, nextAt uint64, record []byte) (int64, error)
 }
 
 // claimed is a row of the shared `claim` statement (the same columns in both dialects).
@@ -92,3 +103,8 @@ func i64(v uint64) int64 {
 }
 
 var errNotAccepted = errors.New("levee durable: the store did not accept the call")
+
+// errTx is the error of a transaction a store cannot submit through.
+func errTx(dialect, reason string) error {
+	return fmt.Errorf("levee durable: tx: %s (the store is %s)", reason, dialect)
+}
