@@ -89,6 +89,8 @@ dsn="host=127.0.0.1 port=$port user=postgres dbname=postgres"
 
 echo "== durable: the Rust executor's tests on PostgreSQL too (a schema per test)"
 (cd "$rustdir" && LEVEE_TEST_POSTGRES="$dsn" cargo test -q --release --target-dir "$rust_target" --test executor)
+echo "== durable: the Go executor's tests on PostgreSQL too (a schema per test)"
+(cd "$godir" && LEVEE_TEST_POSTGRES="$dsn" go test -count=1 ./...)
 
 scale="${DURABLE_SCALE:-10000}"
 (cd "$work" && "$py" "$here/crash_test.py" --store "postgres:$dsn" "${workers[@]}" --scale "$scale" --workers 4)
