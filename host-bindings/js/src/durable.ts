@@ -6,6 +6,9 @@
  * const executor = new DurableExecutor(levee, new SQLiteStore('calls.db')); // or await PostgresStore.connect('postgres://...')
  * executor.register('send-invoice', async (payload, ctx) => { ... }, { policy: 'email', idempotent: false });
  * await executor.submit('send-invoice', Buffer.from('{"order": 17}'), { idempotencyKey: 'invoice-17' });
+ * // or in your own transaction (pg client after BEGIN; better-sqlite3 handle on the store's file):
+ * // the call exists if and only if your commit does, see SubmitOptions.tx
+ * await executor.submit('send-invoice', body, { idempotencyKey: 'invoice-17', tx: client });
  * await executor.run({ signal }); // resumes what is due at start-up, then sleeps until the next call is due
  * ```
  *
