@@ -6,6 +6,9 @@
  * const executor = new DurableExecutor(levee, new SQLiteStore('calls.db')); // or await PostgresStore.connect('postgres://...')
  * executor.register('send-invoice', async (payload, ctx) => { ... }, { policy: 'email', idempotent: false });
  * await executor.submit('send-invoice', Buffer.from('{"order": 17}'), { idempotencyKey: 'invoice-17' });
+ * // or in your own transaction (pg client after BEGIN; better-sqlite3 handle on the store's file):
+ * // the call exists if and only if your commit does, see SubmitOptions.tx
+ * await executor.submit('send-invoice', body, { idempotencyKey: 'invoice-17', tx: client });
  * await executor.run({ signal }); // resumes what is due at start-up, then sleeps until the next call is due
  * ```
  *
@@ -98,7 +101,19 @@ export interface Store {
   readonly dialect: 'sqlite' | 'postgres';
   /** The store's wall clock, ns since the Unix epoch. */
   now(): Promise<bigint>;
-  insert(handler: string, payload: Uint8Array, key: string | null, nextAt: bigint, record: Uint8Array): Promise<number>;
+  /**
+   * Write a new call (or find the one holding `key`) and return its id. With `tx`, the write runs
+   * on the caller's own connection inside their open transaction and is not committed here; a
+   * store that cannot do that throws rather than ignore `tx` (see {@link SubmitOptions.tx}).
+   */
+  insert(
+    handler: string,
+    payload: Uint8Array,
+    key: string | null,
+    nextAt: bigint,
+    record: Uint8Array,
+    tx?: object,
+  ): Promise<number>;
   claim(owner: string, hold: bigint, limit: number): Promise<Omit<Claimed, 'got'>[]>;
   /** A fenced write: false when this process no longer holds the call. */
   write(id: number, owner: string, w: Write): Promise<boolean>;
@@ -165,6 +180,50 @@ interface SqliteDatabase {
   prepare(s: string): SqliteStatement;
   transaction<T>(f: () => T): { immediate(): T };
   close(): void;
+  readonly inTransaction: boolean;
+}
+
+/** A short description of what was passed as `tx`, for its error. */
+function describe(v: unknown): string {
+  if (v === null) return 'null';
+  if (typeof v !== 'object') return typeof v;
+  const name = (v as { constructor?: { name?: unknown } }).constructor?.name;
+  return typeof name === 'string' && name !== '' && name !== 'Object' ? `a ${name}` : 'an object';
+}
+
+/** The main database file of a better-sqlite3 handle ('' for an in-memory or temporary one). */
+function mainFile(db: SqliteDatabase): string {
+  const list = db.pragma('database_list') as { name?: unknown; file?: unknown }[];
+  const file = list.find((d) => d.name === 'main')?.file;
+  return typeof file === 'string' ? file : '';
+}
+
+/**
+ * The shared statements `names` (all but the schema when undefined) prepared on `db`, as the store
+ * runs them: integers as BigInt, rows as arrays, numbered placeholders bound in their order.
+ */
+function prepareShared(
+  db: SqliteDatabase,
+  sql: Record<string, string>,
+  names?: string[],
+): Map<string, SqliteStatement> {
+  const out = new Map<string, SqliteStatement>();
+  for (const name of names ?? Object.keys(sql)) {
+    const text = sql[name];
+    if (name === 'schema' || text === undefined) continue;
+    const { text: plain, order } = anonymous(text);
+    const st = db.prepare(plain).safeIntegers(true);
+    const prepared = st.reader ? st.raw(true) : st;
+    // better-sqlite3 binds `?NNN` only by name: the statement is bound through `order`
+    out.set(name, {
+      reader: prepared.reader,
+      safeIntegers: () => prepared,
+      raw: () => prepared,
+      all: (...p: unknown[]) => prepared.all(...order.map((i) => p[i])),
+      run: (...p: unknown[]) => prepared.run(...order.map((i) => p[i])),
+    });
+  }
+  return out;
 }
 
 /**
@@ -188,35 +247,51 @@ function anonymous(text: string): { text: string; order: number[] } {
 export class SQLiteStore implements Store {
   readonly dialect = 'sqlite' as const;
   readonly #db: SqliteDatabase;
-  readonly #stmts = new Map<string, SqliteStatement>();
+  readonly #sql: Record<string, string>;
+  readonly #stmts: Map<string, SqliteStatement>;
+  readonly #file: string;
+  /** The insert statements prepared on callers' handles (`tx`), once per handle. */
+  readonly #txStmts = new WeakMap<object, Map<string, SqliteStatement>>();
 
   constructor(path: string) {
     const Database = require('better-sqlite3') as new (path: string, opts: { timeout: number }) => SqliteDatabase;
     this.#db = new Database(path, { timeout: 30_000 });
     this.#db.pragma('journal_mode = WAL');
     this.#db.pragma('synchronous = NORMAL');
-    const sql = statements('sqlite');
-    this.#db.exec(sql.schema ?? '');
-    for (const [name, text] of Object.entries(sql)) {
-      if (name === 'schema') continue;
-      const { text: plain, order } = anonymous(text);
-      const st = this.#db.prepare(plain).safeIntegers(true);
-      const prepared = st.reader ? st.raw(true) : st;
-      // better-sqlite3 binds `?NNN` only by name: the statement is bound through `order`
-      this.#stmts.set(name, {
-        reader: prepared.reader,
-        safeIntegers: () => prepared,
-        raw: () => prepared,
-        all: (...p: unknown[]) => prepared.all(...order.map((i) => p[i])),
-        run: (...p: unknown[]) => prepared.run(...order.map((i) => p[i])),
-      });
-    }
+    this.#sql = statements('sqlite');
+    this.#db.exec(this.#sql.schema ?? '');
+    this.#stmts = prepareShared(this.#db, this.#sql);
+    this.#file = mainFile(this.#db);
   }
 
-  #st(name: string): SqliteStatement {
-    const st = this.#stmts.get(name);
+  #st(name: string, stmts: Map<string, SqliteStatement> = this.#stmts): SqliteStatement {
+    const st = stmts.get(name);
     if (!st) throw new Error(`durable/sqlite.sql has no statement \`${name}\``);
     return st;
+  }
+
+  /** The caller's handle checked (better-sqlite3, this store's file, inside a transaction), its statements. */
+  #txStatements(tx: object): Map<string, SqliteStatement> {
+    const known = this.#txStmts.get(tx);
+    const db = (typeof tx === 'object' && tx !== null ? tx : {}) as Partial<SqliteDatabase>;
+    if (known === undefined && (typeof db.prepare !== 'function' || typeof db.pragma !== 'function'))
+      throw new TypeError(
+        `tx: an SQLiteStore takes the caller's better-sqlite3 Database on the store's file, inside a transaction; got ${describe(tx)}`,
+      );
+    const handle = tx as SqliteDatabase;
+    if (handle.inTransaction !== true)
+      throw new Error(
+        "tx: the better-sqlite3 Database is not inside a transaction (run `db.exec('BEGIN')` first; submit without tx commits at once)",
+      );
+    if (known !== undefined) return known;
+    const file = mainFile(handle);
+    if (this.#file === '' || file !== this.#file)
+      throw new Error(
+        `tx: the better-sqlite3 Database is on \`${file || ':memory:'}\`, the store on \`${this.#file || ':memory:'}\`: the call must be written to the store's file`,
+      );
+    const stmts = prepareShared(handle, this.#sql, ['insert', 'find_by_key']);
+    this.#txStmts.set(tx, stmts);
+    return stmts;
   }
 
   async now(): Promise<bigint> {
@@ -229,13 +304,22 @@ export class SQLiteStore implements Store {
     key: string | null,
     nextAt: bigint,
     record: Uint8Array,
+    tx?: object,
   ): Promise<number> {
-    const rows = this.#db
-      .transaction(() => {
-        const r = this.#st('insert').all(handler, Buffer.from(payload), key, nextAt, Buffer.from(record), wallNs());
-        return r.length === 0 && key !== null ? this.#st('find_by_key').all(key) : r;
-      })
-      .immediate();
+    const write = (stmts: Map<string, SqliteStatement>) => {
+      const r = this.#st('insert', stmts).all(
+        handler,
+        Buffer.from(payload),
+        key,
+        nextAt,
+        Buffer.from(record),
+        wallNs(),
+      );
+      return r.length === 0 && key !== null ? this.#st('find_by_key', stmts).all(key) : r;
+    };
+    // the caller's transaction is theirs to commit; the store's own insert commits here
+    const rows =
+      tx === undefined ? this.#db.transaction(() => write(this.#stmts)).immediate() : write(this.#txStatements(tx));
     if (rows.length === 0) throw new Error('the store did not accept the call');
     return Number(rows[0]?.[0]);
   }
@@ -326,6 +410,37 @@ interface PgPool {
   connect(): Promise<PgClient>;
   end(): Promise<void>;
 }
+/** What runs a statement: the store's pool, or a caller's client inside their transaction. */
+type PgQueryable = Pick<PgPool, 'query'>;
+
+/**
+ * The caller's `pg` client checked: a Client or a pool's client (not a Pool, whose queries run on
+ * any connection, outside the caller's transaction), inside a transaction where pg says so.
+ */
+function pgTx(tx: object): PgQueryable {
+  const c = (typeof tx === 'object' && tx !== null ? tx : {}) as {
+    query?: unknown;
+    totalCount?: unknown;
+    getTransactionStatus?: unknown;
+  };
+  if (typeof c.query !== 'function')
+    throw new TypeError(
+      `tx: a PostgresStore takes the caller's \`pg\` client (a Client, or a pool's client) inside a transaction; got ${describe(tx)}`,
+    );
+  if (typeof c.totalCount === 'number')
+    throw new TypeError(
+      "tx: a pg Pool runs each query on any of its connections, outside the caller's transaction: pass the client of `await pool.connect()` after `BEGIN`",
+    );
+  // pg's clients that have getTransactionStatus() tell their state ('I' idle, 'T' in one, 'E' failed)
+  if (typeof c.getTransactionStatus === 'function') {
+    const state: unknown = (c.getTransactionStatus as () => unknown).call(tx);
+    if (state === 'I')
+      throw new Error(
+        "tx: the pg client is not inside a transaction (await `client.query('BEGIN')` first; submit without tx commits at once)",
+      );
+  }
+  return tx as PgQueryable;
+}
 
 /**
  * A store in PostgreSQL, shared by processes on several machines. The database's clock is the one
@@ -357,13 +472,13 @@ export class PostgresStore implements Store {
     return new PostgresStore(pool, sql);
   }
 
-  async #q(name: string, values: unknown[] = []): Promise<PgResult> {
+  async #q(name: string, values: unknown[] = [], on: PgQueryable = this.#pool): Promise<PgResult> {
     const text = this.#sql[name];
     if (text === undefined) throw new Error(`durable/postgres.sql has no statement \`${name}\``);
     const vals = values.map((v) =>
       typeof v === 'bigint' ? v.toString() : v instanceof Uint8Array ? Buffer.from(v) : v,
     );
-    return this.#pool.query({ text, values: vals, rowMode: 'array' });
+    return on.query({ text, values: vals, rowMode: 'array' });
   }
 
   async now(): Promise<bigint> {
@@ -376,9 +491,12 @@ export class PostgresStore implements Store {
     key: string | null,
     nextAt: bigint,
     record: Uint8Array,
+    tx?: object,
   ): Promise<number> {
-    let rows = (await this.#q('insert', [handler, payload, key, nextAt, record])).rows;
-    if (rows.length === 0 && key !== null) rows = (await this.#q('find_by_key', [key])).rows;
+    // the caller's transaction is theirs to commit; the pool's insert commits at once
+    const on = tx === undefined ? this.#pool : pgTx(tx);
+    let rows = (await this.#q('insert', [handler, payload, key, nextAt, record], on)).rows;
+    if (rows.length === 0 && key !== null) rows = (await this.#q('find_by_key', [key], on)).rows;
     if (rows.length === 0) throw new Error('the store did not accept the call');
     return Number(rows[0]?.[0]);
   }
@@ -474,6 +592,35 @@ export interface CallStatus {
   record: Record<string, unknown> | null;
 }
 
+/** Options of {@link DurableExecutor.submit}. */
+export interface SubmitOptions {
+  /** One call per key: a second submission with it returns the first call's id and adds nothing. */
+  idempotencyKey?: string | undefined;
+  /** The key (say, a downstream host) the call's breaker, budget and limits are kept under. */
+  key?: string | undefined;
+  /**
+   * The caller's own connection, inside a transaction the caller began and will commit or roll
+   * back (the outbox pattern): the call is written in that transaction, so it exists if and only
+   * if the caller's transaction commits, together with the caller's own rows.
+   *
+   * - {@link PostgresStore}: a `pg` `Client`, or the client of `await pool.connect()`, after
+   *   `await client.query('BEGIN')`, on the store's database (and schema). Not a `Pool`.
+   * - {@link SQLiteStore}: a `better-sqlite3` `Database` opened on the store's file, after
+   *   `db.exec('BEGIN IMMEDIATE')`. In one process, keep that transaction free of other I/O
+   *   awaits: the executor's own connection waits (synchronously, as better-sqlite3 does) for the
+   *   file's write lock while it is held.
+   *
+   * Nothing is committed here. The executor is not woken (the call is not visible before the
+   * commit): after the caller commits, the call runs at the latest at the executor's next poll
+   * (`pollIntervalMs`, default 1 s), in any process running an executor on the store. A rolled-back
+   * transaction leaves no call. Anything else as `tx` (another driver's connection, a `Pool`, a
+   * connection not inside a transaction, an SQLite handle on another file) is an error naming `tx`,
+   * thrown before anything is written. An error of the database itself leaves the caller's
+   * transaction for the caller to roll back, as any failed statement of theirs would.
+   */
+  tx?: object | undefined;
+}
+
 export interface DurableExecutorOptions {
   /** Names this process in leases; unique per process (default: host, pid and a random suffix). */
   owner?: string | undefined;
@@ -559,12 +706,12 @@ export class DurableExecutor {
     this.#handlers.set(name, { fn, policy, idempotent: options.idempotent ?? true });
   }
 
-  /** Persist a new call and return its id; a second submission with the same idempotency key returns the first call's id. */
-  async submit(
-    handler: string,
-    payload: Uint8Array | string,
-    options: { idempotencyKey?: string | undefined; key?: string | undefined } = {},
-  ): Promise<number> {
+  /**
+   * Persist a new call and return its id; a second submission with the same idempotency key returns
+   * the first call's id. With `tx` (see {@link SubmitOptions.tx}), the call is written inside the
+   * caller's open transaction and runs once the caller commits.
+   */
+  async submit(handler: string, payload: Uint8Array | string, options: SubmitOptions = {}): Promise<number> {
     const reg = this.#handlers.get(handler);
     if (!reg) throw new Error(`no durable handler named \`${handler}\` is registered`);
     checkKey(options.key ?? '');
@@ -581,8 +728,9 @@ export class DurableExecutor {
       throw le === undefined ? err : new Error(le);
     }
     const body = typeof payload === 'string' ? Buffer.from(payload) : payload;
-    const id = await this.#store.insert(handler, body, key === '' ? null : key, step.nextAt, step.bytes);
-    this.#wake?.();
+    const id = await this.#store.insert(handler, body, key === '' ? null : key, step.nextAt, step.bytes, options.tx);
+    // a call in the caller's transaction is not visible before their commit: the next poll finds it
+    if (options.tx === undefined) this.#wake?.();
     return id;
   }
 

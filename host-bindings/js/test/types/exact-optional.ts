@@ -29,7 +29,7 @@ import type { Fault, VirtualClockOptions } from '../../dist/testing.js';
 import type { WorkerLoadOptions } from '../../dist/worker.js';
 import type { FleetOptions, FleetRunOptions } from '../../dist/fleet.js';
 import { DurableExecutor } from '../../dist/durable.js';
-import type { DurableExecutorOptions, Store } from '../../dist/durable.js';
+import type { DurableExecutorOptions, Store, SubmitOptions } from '../../dist/durable.js';
 import { leveeInterceptor } from '../../dist/grpc.js';
 import type { GrpcCallInfo, LeveeGrpcOptions } from '../../dist/grpc.js';
 import type { Interceptor } from '@grpc/grpc-js';
@@ -136,6 +136,8 @@ export async function use(store: Store): Promise<void> {
   });
   const executor = new DurableExecutor(levee, store, durableOptions);
   executor.register('h', async () => 'done', { policy: maybe<string>(), idempotent: maybe<boolean>() });
+  const submitOptions: SubmitOptions = { idempotencyKey: key, key, tx: maybe<object>() };
+  await executor.submit('h', 'payload', submitOptions);
   await executor.run({ signal, untilIdle: maybe<boolean>() });
   const interceptors: Interceptor[] = [
     leveeInterceptor(levee, 'p', grpcOptions),
