@@ -24,6 +24,7 @@ pub mod classify;
 pub mod deadline;
 pub mod doc;
 pub mod durable;
+pub mod durable_exec;
 mod engine;
 pub mod error;
 pub mod fallback;
