@@ -97,3 +97,11 @@ FROM levee_durable_calls WHERE status IN ('scheduled', 'running');
 -- name: counts
 -- (no parameters)
 SELECT status, COUNT(*) FROM levee_durable_calls GROUP BY status ORDER BY status;
+
+-- name: prune
+-- $1 status, $2 updated_before
+-- An operator's clean-up (`levee durable prune`): the finished calls of one status (done, dead
+-- or cancelled) last written before `updated_before` are deleted, with their payload and result.
+-- Never a call still scheduled or running, nor a quarantined record (it waits for an operator).
+DELETE FROM levee_durable_calls
+WHERE status = $1 AND status IN ('done', 'dead', 'cancelled') AND updated_at < $2;

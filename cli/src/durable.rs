@@ -1,4 +1,4 @@
-//! `levee durable list|show|retry|cancel STORE`: read and change a durable-call store (an SQLite
+//! `levee durable list|show|retry|cancel|prune STORE`: read and change a durable-call store (an SQLite
 //! file) through the shared statements of `durable/sqlite.sql`; the records are decoded and
 //! changed by the core (`levee_core::durable`), never by this tool.
 
@@ -181,4 +181,30 @@ pub fn retry(store: &Path, id: i64, policy_doc: &str) -> Result<Vec<String>, Str
     let s = engine.durable_revive(&r.record, wall_now()).map_err(|e| format!("call {id}: {e}"))?;
     replace(&c, id, &r.record, &s, None)?;
     Ok(vec![format!("call {id} is due again with a fresh set of attempts")])
+}
+
+/// The statuses `prune` may delete: the finished ones.
+const FINISHED: [&str; 3] = ["done", "dead", "cancelled"];
+
+/// `levee durable prune`: delete the finished calls of `statuses` last written at least
+/// `older_than` ago, in one transaction; one line per status with the count deleted.
+pub fn prune(store: &Path, older_than: &str, statuses: &[String]) -> Result<Vec<String>, String> {
+    let retention = levee_core::time::parse_duration(older_than).map_err(|e| format!("--older-than: {e}"))?;
+    for s in statuses {
+        if !FINISHED.contains(&s.as_str()) {
+            return Err(format!(
+                "--status: `{s}` is not a finished status: use done, dead or cancelled (a scheduled or running call, or a quarantined record, is never pruned)"
+            ));
+        }
+    }
+    let before = wall_now().saturating_sub(retention);
+    let mut c = open(store)?;
+    let tx = c.transaction().map_err(|e| e.to_string())?;
+    let mut lines = Vec::new();
+    for s in FINISHED.iter().filter(|f| statuses.iter().any(|s| s == *f)) {
+        let n = tx.execute(statement("prune")?, params![s, before as i64]).map_err(|e| format!("{}: {e}", store.display()))?;
+        lines.push(format!("{n} {s} call{} deleted", if n == 1 { "" } else { "s" }));
+    }
+    tx.commit().map_err(|e| format!("{}: {e}", store.display()))?;
+    Ok(lines)
 }

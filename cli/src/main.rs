@@ -92,6 +92,19 @@ enum DurableCommand {
         store: PathBuf,
         id: i64,
     },
+    /// Delete finished calls last written longer ago than a retention: done, dead and cancelled
+    /// ones (or the statuses named), with their payloads and results. A call still scheduled or
+    /// running, and a quarantined record, are never deleted.
+    Prune {
+        #[arg(value_name = "STORE")]
+        store: PathBuf,
+        /// The retention: calls last written at least this long ago go (such as 168h).
+        #[arg(long, value_name = "DURATION")]
+        older_than: String,
+        /// Only these statuses (comma-separated): done, dead, cancelled.
+        #[arg(long, value_name = "STATUS", value_delimiter = ',', default_values_t = ["done".to_string(), "dead".to_string(), "cancelled".to_string()])]
+        status: Vec<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -125,7 +138,7 @@ enum Command {
     /// Read and change a store of durable calls (docs/durable.md).
     #[command(
         subcommand,
-        after_help = "Examples:\n  levee durable list calls.db\n  levee durable list --dead calls.db\n  levee durable show calls.db 17\n  levee durable retry calls.db 17 --policy policies.yaml\n  levee durable cancel calls.db 18"
+        after_help = "Examples:\n  levee durable list calls.db\n  levee durable list --dead calls.db\n  levee durable show calls.db 17\n  levee durable retry calls.db 17 --policy policies.yaml\n  levee durable cancel calls.db 18\n  levee durable prune calls.db --older-than 168h"
     )]
     Durable(DurableCommand),
     /// Validate policy documents and print each policy's worst cases.
@@ -351,6 +364,7 @@ fn run() -> u8 {
                 DurableCommand::List { store, dead, json } => durable::list(&store, dead, json),
                 DurableCommand::Show { store, id } => durable::show(&store, id),
                 DurableCommand::Cancel { store, id } => durable::cancel(&store, id),
+                DurableCommand::Prune { store, older_than, status } => durable::prune(&store, &older_than, &status),
                 DurableCommand::Retry { store, id, policy } => read(&policy).and_then(|doc| durable::retry(&store, id, &doc)),
             };
             match result {

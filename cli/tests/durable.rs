@@ -101,3 +101,64 @@ fn a_file_that_is_not_a_store_is_named_in_the_error() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn prune_deletes_finished_calls_older_than_the_retention_and_nothing_else() {
+    let dir = std::env::temp_dir().join(format!("levee-cli-prune-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = dir.join("calls.db");
+    let _ = std::fs::remove_file(&store);
+    let c = Connection::open(&store).unwrap();
+    c.execute_batch(statement("schema")).unwrap();
+    let mut e = Engine::load(DOC, 1).unwrap();
+    let t = now();
+    let hour = 3_600_000_000_000u64;
+    // (status, last written): two hours ago, or a minute ago.
+    let rows = [
+        ("done", t - 2 * hour),
+        ("dead", t - 2 * hour),
+        ("cancelled", t - 2 * hour),
+        ("cancelled", t - 60_000_000_000),
+        ("scheduled", t - 2 * hour),
+        ("running", t - 2 * hour),
+        ("quarantined", t - 2 * hour),
+        ("done", t - 60_000_000_000),
+    ];
+    for (status, at) in rows {
+        let s = e.durable_begin(0, "", "", 0, t).unwrap();
+        c.query_row(statement("insert"), params!["job", b"x".to_vec(), None::<String>, s.next_at as i64, s.record, t as i64], |_| Ok(()))
+            .unwrap();
+        c.execute("UPDATE levee_durable_calls SET status = ?1, updated_at = ?2 WHERE id = last_insert_rowid()", params![status, at as i64])
+            .unwrap();
+    }
+    let ids = || -> Vec<i64> {
+        let mut st = c.prepare("SELECT id FROM levee_durable_calls ORDER BY id").unwrap();
+        st.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
+    };
+    let s = store.to_str().unwrap();
+
+    // Only the statuses named.
+    let out = levee(&["durable", "prune", s, "--older-than", "1h", "--status", "dead"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1 dead call deleted");
+    assert_eq!(ids(), [1, 3, 4, 5, 6, 7, 8]);
+    // Every finished status, older than an hour: never a recent one, a pending one or a quarantined one.
+    let out = levee(&["durable", "prune", s, "--older-than", "1h"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1 done call deleted\n0 dead calls deleted\n1 cancelled call deleted");
+    assert_eq!(ids(), [4, 5, 6, 7, 8]);
+    // Refusals name the option, and delete nothing.
+    for (args, want) in [
+        (vec!["--older-than", "1h", "--status", "scheduled"], "--status: `scheduled` is not a finished status"),
+        (vec!["--older-than", "1h", "--status", "done,quarantined"], "--status: `quarantined` is not a finished status"),
+        (vec!["--older-than", "7d"], "--older-than: `7d` has an unknown unit `d`"),
+    ] {
+        let mut a = vec!["durable", "prune", s];
+        a.extend(args);
+        let o = levee(&a);
+        assert!(!o.status.success(), "{a:?}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(want), "{a:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    assert_eq!(ids(), [4, 5, 6, 7, 8]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

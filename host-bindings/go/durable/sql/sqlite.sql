@@ -85,3 +85,11 @@ SELECT MIN(next_at) FROM levee_durable_calls WHERE status IN ('scheduled', 'runn
 -- name: counts
 -- (no parameters)
 SELECT status, COUNT(*) FROM levee_durable_calls GROUP BY status ORDER BY status;
+
+-- name: prune
+-- status, updated_before
+-- An operator's clean-up (`levee durable prune`): the finished calls of one status (done, dead
+-- or cancelled) last written before `updated_before` are deleted, with their payload and result.
+-- Never a call still scheduled or running, nor a quarantined record (it waits for an operator).
+DELETE FROM levee_durable_calls
+WHERE status = ? AND status IN ('done', 'dead', 'cancelled') AND updated_at < ?;
