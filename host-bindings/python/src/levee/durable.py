@@ -722,6 +722,8 @@ class DurableExecutor:
         lost = asyncio.Event()
 
         async def renew() -> None:
+            # A renewal the fence refuses (lost) or the core refuses ends the attempt; one the
+            # store fails is tried again at the next tick while the lease lasts, then ends it.
             nonlocal current, got
             lease = step.lease_until - c.db_now  # the policy's lease, as the core granted it
             while True:
@@ -736,6 +738,13 @@ class DurableExecutor:
                 except _Lost:
                     lost.set()
                     return
+                except Exception as e:  # the store: tried again, unless the lease has run out
+                    if time.monotonic_ns() >= got + lease:
+                        _log(f"levee durable: call {c.id}: renewing a lease: {e}; the lease ran out")
+                        lost.set()
+                        return
+                    _log(f"levee durable: call {c.id}: renewing a lease: {e}")
+                    continue
                 got, current = asked, r
 
         renewer = asyncio.create_task(renew())
