@@ -55,7 +55,7 @@ fi
   && ln -sfn "$drivers/node_modules/pg" node_modules/pg \
   && node scripts/transpile.mjs >/dev/null && npx tsc -p tsconfig.json \
   && bash "$here/need-postgres.sh" >/dev/null \
-  && LEVEE_REQUIRE_POSTGRES=1 node --test test/durable.test.mjs test/durable-tx.test.mjs)
+  && LEVEE_REQUIRE_POSTGRES=1 node --test test/durable.test.mjs test/durable-tx.test.mjs test/durable-renew.test.mjs)
 
 echo "== durable: the Rust executor (rustfmt, clippy with its features, its tests on SQLite, the crash tests' worker)"
 # durable/tests/rust-worker is a workspace of its own with the natively linked core, built into

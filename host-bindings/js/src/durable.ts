@@ -941,8 +941,11 @@ export class DurableExecutor {
     let lost = false;
     let timedOut = false;
     let current = { record: step.bytes, got: c.got };
-    const leaseMs = Number(step.leaseUntil - (step.leaseUntil < c.dbNow ? step.leaseUntil : c.dbNow)) / 1e6; // as the core granted it
-    let expires = Date.now() + leaseMs;
+    const leaseNs = step.leaseUntil - (step.leaseUntil < c.dbNow ? step.leaseUntil : c.dbNow); // as the core granted it
+    const leaseMs = Number(leaseNs) / 1e6;
+    // On the monotonic clock, from the claim (the record's last-seen): a wall clock that steps
+    // must not make a lease look live or lapsed.
+    let expires = c.got + leaseNs;
     let renewing = Promise.resolve();
     const renew = setInterval(
       () => {
@@ -952,11 +955,15 @@ export class DurableExecutor {
             const r = this.#levee.engine.durableRenew(current.record, this.owner, c.dbNow, asked - current.got);
             await this.#write(c, r);
             current = { record: r.bytes, got: asked };
-            expires = Date.now() + leaseMs;
+            expires = asked + leaseNs;
           } catch (err) {
-            if (err instanceof Lost || loadErrorOf(err) !== undefined || Date.now() > expires) {
+            // lost, or refused by the core: the attempt ends; the store failing: tried again at the
+            // next tick while the lease lasts, then the attempt ends (nothing is recorded)
+            if (err instanceof Lost || loadErrorOf(err) !== undefined || mono() >= expires) {
               lost = true;
               ac.abort(new Lost());
+            } else {
+              console.error(`levee durable: call ${c.id}: renewing a lease:`, err);
             }
           }
         })();
