@@ -140,8 +140,9 @@ _Row = tuple[Any, ...]
 class Store:
     """The statements of one dialect on one connection. Not thread-safe: one per executor.
 
-    `now` and `insert` also take a caller's connection (`conn`) on the same database: the
-    statements then run on it, inside the caller's transaction, and nothing is committed."""
+    `now` and `insert` also take a caller's connection (`conn`) on the same database, checked
+    once by `_theirs`: the statements then run on it, inside the caller's transaction, and
+    nothing is committed."""
 
     dialect = ""
 
@@ -150,7 +151,7 @@ class Store:
         raise NotImplementedError
 
     def _exec(self, name: str, params: Sequence[Any], conn: Any = None) -> list[_Row]:
-        """Rows of a named statement, as tuples, on `conn` (checked by `_theirs`) or the store's own."""
+        """Rows of a named statement, as tuples, on `conn` (as `_theirs` returned it) or the store's own."""
         raise NotImplementedError
 
     def _theirs(self, conn: object) -> Any:
@@ -180,7 +181,7 @@ class Store:
             with self.transaction():
                 rows = self._insert_or_find(handler, payload, idempotency_key, next_at, record, None)
         else:
-            rows = self._insert_or_find(handler, payload, idempotency_key, next_at, record, self._theirs(conn))
+            rows = self._insert_or_find(handler, payload, idempotency_key, next_at, record, conn)
         if not rows:
             raise LeveeError("the store did not accept the call")
         return int(rows[0][0])
@@ -253,9 +254,7 @@ class SQLiteStore(Store):
         self._file = _main_file(self.conn)
 
     def now(self, conn: Any = None) -> int:
-        if conn is not None:
-            self._theirs(conn)
-        return time.time_ns()
+        return time.time_ns()  # this host's clock, whichever connection writes
 
     def _exec(self, name: str, params: Sequence[Any], conn: Any = None) -> list[_Row]:
         cur = (self.conn if conn is None else conn).cursor()
@@ -354,7 +353,7 @@ class PostgresStore(Store):
             cur.execute("SELECT pg_advisory_unlock(7467001)")
 
     def now(self, conn: Any = None) -> int:
-        return int(self._exec("clock", [], None if conn is None else self._theirs(conn))[0][0])
+        return int(self._exec("clock", [], conn)[0][0])
 
     def _exec(self, name: str, params: Sequence[Any], conn: Any = None) -> list[_Row]:
         from psycopg.rows import tuple_row
@@ -544,11 +543,12 @@ class DurableExecutor:
         if reg is None:
             raise LeveeError(f"no durable handler named `{handler}` is registered")
         flags = 0 if reg.idempotent else 1
-        now = self.store.now(conn)  # the caller's connection, when given, is checked here
+        theirs = None if conn is None else self.store._theirs(conn)  # checked once, before any statement
+        now = self.store.now(theirs)
         step = self.engine.durable_begin(reg.policy, key, idempotency_key or "", flags, now)
         if isinstance(step, LoadError):
             raise LeveeError(_describe(step))
-        call_id = self.store.insert(handler, bytes(payload), idempotency_key, step.next_at, step.record, conn)
+        call_id = self.store.insert(handler, bytes(payload), idempotency_key, step.next_at, step.record, theirs)
         if conn is None:
             self._wake.set()  # (a call in the caller's transaction is not visible before its commit)
         return call_id
