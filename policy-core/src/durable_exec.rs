@@ -45,8 +45,6 @@ pub const DEFAULT_CLAIM_HOLD: u64 = 5 * SECOND;
 pub const RENEW_FLOOR: u64 = 50 * MILLISECOND;
 /// Compare-and-set tries of an operator's cancel or retry against concurrent writers.
 pub const OPERATOR_TRIES: u32 = 10;
-/// The longest error message kept in a record (bytes, cut at a character boundary).
-pub const MAX_MESSAGE: usize = 4096;
 /// The error message of an attempt the executor timed out.
 pub const TIMEOUT_MESSAGE: &str = "the attempt timed out";
 /// The error column of a call an operator cancelled.
@@ -206,7 +204,7 @@ pub struct Finished {
     pub code: i32,
     /// Its text (a Retry-After value, an error class).
     pub text: String,
-    /// The error's message for the record (cut to [`MAX_MESSAGE`]; the timeout's own text
+    /// The error's message for the record (the core cuts it to 4,096 bytes; the timeout's own text
     /// when empty and `kind` is a timeout).
     pub message: String,
     /// The response was marked overloaded.
@@ -436,10 +434,9 @@ impl Executor {
         if f.kind == OutcomeKind::Timeout && f.message.is_empty() {
             f.message = TIMEOUT_MESSAGE.to_string();
         }
-        let message = truncate(&f.message, MAX_MESSAGE);
         let flags = if f.overloaded { crate::durable::FLAG_OVERLOADED } else { 0 };
         let elapsed = now.saturating_sub(a.got);
-        match engine.durable_outcome(&a.record, owner, call.db_now, elapsed, f.kind, f.code, &f.text, message, flags) {
+        match engine.durable_outcome(&a.record, owner, call.db_now, elapsed, f.kind, f.code, &f.text, &f.message, flags) {
             Ok(step) => {
                 call.phase = Phase::Ending;
                 vec![Command::Write { id, row: row(&step, step.action == Action::Done) }]
@@ -522,18 +519,6 @@ pub fn operator_write(step: Result<DurableStep, LoadError>) -> Result<RowWrite, 
         lease: false,
         result: false,
     })
-}
-
-/// `s` cut to at most `max` bytes at a character boundary.
-pub fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut n = max;
-    while n > 0 && !s.is_char_boundary(n) {
-        n -= 1;
-    }
-    s.get(..n).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -732,12 +717,5 @@ mod tests {
         };
         assert_eq!((w.status, w.error.as_deref()), ("cancelled", Some(CANCELLED_MESSAGE)));
         assert!(operator_write(e.durable_cancel(&w.record, T0)).is_err());
-    }
-
-    #[test]
-    fn messages_are_cut_at_a_character_boundary() {
-        assert_eq!(truncate("héllo", 2), "h");
-        assert_eq!(truncate("héllo", 3), "hé");
-        assert_eq!(truncate("abc", 9), "abc");
     }
 }
