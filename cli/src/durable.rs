@@ -169,7 +169,7 @@ pub fn cancel(store: &Path, id: i64) -> Result<Vec<String>, String> {
     // Cancelling needs no policy: any engine decodes and changes the record.
     let engine = Engine::load("policies:\n  any: {}\n", 0).map_err(|e| format!("{e:?}"))?;
     let s = engine.durable_cancel(&r.record, wall_now()).map_err(|e| format!("call {id}: {e}"))?;
-    replace(&c, id, &r.record, &s, Some("cancelled by an operator"))?;
+    replace(&c, id, &r.record, &s, Some(levee_core::durable_exec::CANCELLED_MESSAGE))?;
     Ok(vec![format!("call {id} cancelled")])
 }
 

@@ -682,7 +682,7 @@ impl Executor {
                 Ok(s) => s,
                 Err(_) => return Ok(false), // finished already, or a record the core cannot use
             };
-            let msg = (step.action == Action::Cancelled).then_some("cancelled by an operator");
+            let msg = (step.action == Action::Cancelled).then_some(levee_core::durable_exec::CANCELLED_MESSAGE);
             let st = status_of(step.action);
             let r = ReplaceArgs {
                 status: st,
