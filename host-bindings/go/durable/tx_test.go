@@ -408,30 +408,10 @@ func TestSubmitTxRefusesWhatItCannotUse(t *testing.T) {
 				_, err = st.x.SubmitTx(ctx, p, "invoice", nil, "")
 				check("a pgx.Tx", err, "levee durable: tx: a durable.fakePgxTx cannot submit to an SQLite store, which takes a *sql.Tx")
 				// A *sql.Tx on another SQLite file.
-				other, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "other.db"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer other.Close()
-				otx, err := other.BeginTx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() { _ = otx.Rollback() }()
-				_, err = st.x.SubmitTx(ctx, otx, "invoice", nil, "")
+				_, err = st.x.SubmitTx(ctx, otherSQLiteTx(t, ctx), "invoice", nil, "")
 				check("another file", err, "levee durable: tx: the transaction is on the file", "other.db", "calls.db")
 			case "postgres":
-				db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "other.db"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer db.Close()
-				stx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() { _ = stx.Rollback() }()
-				_, err = st.x.SubmitTx(ctx, stx, "invoice", nil, "")
+				_, err = st.x.SubmitTx(ctx, otherSQLiteTx(t, ctx), "invoice", nil, "")
 				check("a *sql.Tx", err, "levee durable: tx: a *sql.Tx cannot submit to a PostgreSQL store, which takes a pgx.Tx")
 				// A pgx.Tx on a connection whose search_path has no table of calls.
 				conn, err := pgx.Connect(ctx, os.Getenv("LEVEE_TEST_POSTGRES")+" search_path=nowhere")
@@ -460,3 +440,20 @@ func TestSubmitTxRefusesWhatItCannotUse(t *testing.T) {
 
 // fakePgxTx is a pgx.Tx that is not one, for the dialect check (never called).
 type fakePgxTx struct{ pgx.Tx }
+
+// otherSQLiteTx is an open transaction on a fresh SQLite file that is not the store's, rolled
+// back and closed when the test ends.
+func otherSQLiteTx(t *testing.T, ctx context.Context) *sql.Tx {
+	t.Helper()
+	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "other.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback() })
+	return tx
+}
