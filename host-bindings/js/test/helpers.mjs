@@ -1,6 +1,7 @@
-// Test helpers: a scripted HTTP server on 127.0.0.1.
+// Test helpers: a scripted HTTP server on 127.0.0.1, a free port there.
 
 import { createServer } from 'node:http';
+import { createServer as createNetServer } from 'node:net';
 
 /**
  * A server whose answers are scripted per path: `script(path, [step, ...])`; each request takes the
@@ -78,4 +79,16 @@ export function recordEvents(levee) {
   const events = [];
   levee.on('event', (e) => events.push(e));
   return events;
+}
+
+/** A TCP port free on 127.0.0.1 now (for a server a test starts in another process). */
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = createNetServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
 }

@@ -5,9 +5,10 @@
 
 import { execFileSync } from 'node:child_process';
 import { chmodSync, chownSync, existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
+
+import { freePort } from './helpers.mjs';
 
 function pgBin() {
   const root = '/usr/lib/postgresql';
@@ -16,17 +17,6 @@ function pgBin() {
     .filter((v) => existsSync(join(root, v, 'bin', 'pg_ctl')))
     .sort((a, b) => Number(a) - Number(b));
   return versions.length === 0 ? undefined : join(root, versions[versions.length - 1], 'bin');
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
 }
 
 /** A libpq keyword DSN (run.sh's `host=... port=...`) or a URL, as a pg config object. */

@@ -5,28 +5,16 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
-import { scriptedServer } from './helpers.mjs';
+import { freePort, scriptedServer } from './helpers.mjs';
 
 // The package under test: this checkout's, or (release/install-test.sh) one installed from the
 // npm tarball into a fresh project, with that project's workerd.
 const pkg = process.env.LEVEE_JS_PACKAGE_DIR || fileURLToPath(new URL('..', import.meta.url));
 const WORKERD = process.env.LEVEE_WORKERD || join(pkg, 'node_modules/.bin/workerd');
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 const MAIN = (wasmFiles) => `
 ${wasmFiles.map((f, i) => `import core${i} from './wasm/${f}';`).join('\n')}
