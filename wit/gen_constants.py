@@ -78,7 +78,7 @@ def flat(c: dict[str, Any]) -> list[tuple[str, Any]]:
     for k, v in c["texts"].items():
         if k != "about":
             items.append((f"TEXT_{k}", v))
-    for section in ("hedge", "fleet"):
+    for section in ("hedge", "fleet", "durable"):
         for k, v in c[section].items():
             if k != "about":
                 items.append((f"{section.upper()}_{k}", v))

@@ -61,6 +61,7 @@ const (
 	cHedgeMaxAttempts           = 11
 	cFleetMaxKeys               = 10000
 	cFleetMaxCas                = 8
+	cDurableOperatorTries       = 10
 	cCachePruneAfterSecs        = 2592000
 	cEventEngineFault           = "engine-fault"
 	cMetricCalls                = "levee.calls"

@@ -116,6 +116,8 @@ pub const HEDGE_MAX_ATTEMPTS: u32 = 11;
 pub const FLEET_MAX_KEYS: u32 = 10000;
 /// `FLEET_MAX_CAS` of the contract.
 pub const FLEET_MAX_CAS: u32 = 8;
+/// `DURABLE_OPERATOR_TRIES` of the contract.
+pub const DURABLE_OPERATOR_TRIES: u32 = 10;
 /// `CACHE_PRUNE_AFTER_SECS` of the contract.
 pub const CACHE_PRUNE_AFTER_SECS: u32 = 2592000;
 /// `EVENT_ENGINE_FAULT` of the contract.

@@ -26,8 +26,6 @@
 //! handler. A write that fails leaves the call to be resumed when its claim or lease lapses.
 //! A renewal that fails is tried again at the next tick until the lease would have run out.
 
-use std::collections::BTreeMap;
-
 use crate::durable::{Action, DurableStep, Record};
 use crate::engine::Engine;
 use crate::error::LoadError;
@@ -195,6 +193,25 @@ pub enum Written {
     Failed(String),
 }
 
+/// What happened, for [`Executor::feed`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Look at the store: at start, when woken, when a [`Command::Sleep`] ends.
+    Poll,
+    /// The claim returned these rows.
+    Claimed(Vec<Claimed>),
+    /// The claim failed with the store's error.
+    ClaimFailed(String),
+    /// The store's answer to [`Command::NextDue`]: due in this many ns (`None`: none pending).
+    NextDue(Option<u64>),
+    /// Call `id`'s write came to this.
+    Written(i64, Written),
+    /// Call `id`'s renewal timer fired.
+    Renew(i64),
+    /// Call `id`'s handler ended.
+    Finished(i64, Finished),
+}
+
 /// What a handler's attempt came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Finished {
@@ -250,18 +267,28 @@ struct Call {
 pub struct Executor {
     config: Config,
     handlers: Vec<String>,
-    calls: BTreeMap<i64, Call>,
+    /// The calls held, at most `concurrency` of them: a short list searched by id (it is
+    /// bounded by the configuration, and every step that reads it also writes to a store).
+    calls: Vec<(i64, Call)>,
     claiming: bool,
     /// When the claim in flight was asked for (monotonic).
     claim_at: u64,
 }
 
 impl Executor {
-    /// A machine with `config` (a concurrency of 0 counts as 1; an owner the core refuses is
-    /// refused here, by the first step of a claimed call).
+    /// A machine with `config`; a zero concurrency, poll or claim hold takes the default (an
+    /// owner the core refuses is refused by the first step of a claimed call).
     pub fn new(mut config: Config) -> Executor {
-        config.concurrency = config.concurrency.max(1);
-        Executor { config, handlers: Vec::new(), calls: BTreeMap::new(), claiming: false, claim_at: 0 }
+        if config.concurrency == 0 {
+            config.concurrency = DEFAULT_CONCURRENCY;
+        }
+        if config.poll == 0 {
+            config.poll = DEFAULT_POLL;
+        }
+        if config.claim_hold == 0 {
+            config.claim_hold = DEFAULT_CLAIM_HOLD;
+        }
+        Executor { config, handlers: Vec::new(), calls: Vec::new(), claiming: false, claim_at: 0 }
     }
 
     /// The configuration.
@@ -279,6 +306,28 @@ impl Executor {
     /// Calls this process holds now (claimed, running or being written).
     pub fn running(&self) -> usize {
         self.calls.len()
+    }
+
+    /// What happened at `now` (the host's monotonic clock, ns): the commands to carry out, in
+    /// order. `engine` runs the calls' policies.
+    pub fn feed(&mut self, engine: &Engine, now: u64, event: Event) -> Vec<Command> {
+        match event {
+            Event::Poll => self.poll(now),
+            Event::Claimed(rows) => self.claimed(engine, now, rows),
+            Event::ClaimFailed(error) => self.claim_failed(now, &error),
+            Event::NextDue(due_in) => self.next_due(now, due_in),
+            Event::Written(id, w) => self.written(engine, id, now, w),
+            Event::Renew(id) => self.renew(engine, id, now),
+            Event::Finished(id, f) => self.finished(engine, id, now, f),
+        }
+    }
+
+    fn call(&mut self, id: i64) -> Option<&mut Call> {
+        self.calls.iter_mut().find(|(held, _)| *held == id).map(|(_, c)| c)
+    }
+
+    fn remove(&mut self, id: i64) {
+        self.calls.retain(|(held, _)| *held != id);
     }
 
     /// Look at the store: claim as many calls as there are free slots, or ask when the next
@@ -312,7 +361,7 @@ impl Executor {
         let any = !rows.is_empty();
         let mut out = Vec::new();
         for c in rows {
-            if self.calls.contains_key(&c.id) {
+            if self.calls.iter().any(|(held, _)| *held == c.id) {
                 continue; // already held here: a claim never returns a call its owner holds
             }
             if !self.handlers.contains(&c.handler) {
@@ -323,7 +372,7 @@ impl Executor {
             match engine.durable_step(&c.record, &self.config.owner, c.db_now, 0) {
                 Ok(step) => {
                     out.push(Command::Write { id: c.id, row: row(&step, false) });
-                    self.calls.insert(c.id, Call { db_now: c.db_now, got: self.claim_at, phase: Phase::Begin(step) });
+                    self.calls.push((c.id, Call { db_now: c.db_now, got: self.claim_at, phase: Phase::Begin(step) }));
                 }
                 Err(e) => out.push(Command::Quarantine { id: c.id, error: e.to_string() }),
             }
@@ -348,11 +397,11 @@ impl Executor {
 
     /// Call `id`'s write came to `w`.
     pub fn written(&mut self, engine: &Engine, id: i64, now: u64, w: Written) -> Vec<Command> {
-        let Some(call) = self.calls.get_mut(&id) else { return Vec::new() };
+        let Some(call) = self.call(id) else { return Vec::new() };
         match &mut call.phase {
             Phase::Begin(step) => {
                 if w != Written::Applied || step.action != Action::Run {
-                    self.calls.remove(&id);
+                    self.remove(id);
                     return ended(id, w, "writing a call");
                 }
                 let lease = step.lease_until.saturating_sub(call.db_now);
@@ -397,7 +446,7 @@ impl Executor {
                 out
             }
             Phase::Ending => {
-                self.calls.remove(&id);
+                self.remove(id);
                 ended(id, w, "writing a call")
             }
         }
@@ -406,13 +455,13 @@ impl Executor {
     /// Call `id`'s renewal timer fired: extend its lease, unless a renewal is still being
     /// written or the lease ran out.
     pub fn renew(&mut self, engine: &Engine, id: i64, now: u64) -> Vec<Command> {
-        let owner = &self.config.owner;
-        let Some(call) = self.calls.get_mut(&id) else { return Vec::new() };
+        let owner = self.config.owner.clone();
+        let Some(call) = self.call(id) else { return Vec::new() };
         let Phase::Running(a) = &mut call.phase else { return Vec::new() };
         if a.renewing.is_some() || a.outcome.is_some() {
             return Vec::new();
         }
-        match engine.durable_renew(&a.record, owner, call.db_now, now.saturating_sub(a.got)) {
+        match engine.durable_renew(&a.record, &owner, call.db_now, now.saturating_sub(a.got)) {
             Ok(step) => {
                 a.renewing = Some((step.record.clone(), now));
                 vec![Command::Write { id, row: row(&step, false) }]
@@ -424,8 +473,8 @@ impl Executor {
     /// Call `id`'s handler came to `f` at `now`: the outcome is written (after a renewal being
     /// written, if any).
     pub fn finished(&mut self, engine: &Engine, id: i64, now: u64, mut f: Finished) -> Vec<Command> {
-        let owner = &self.config.owner;
-        let Some(call) = self.calls.get_mut(&id) else { return Vec::new() };
+        let owner = self.config.owner.clone();
+        let Some(call) = self.call(id) else { return Vec::new() };
         let Phase::Running(a) = &mut call.phase else { return Vec::new() };
         if a.renewing.is_some() {
             a.outcome = Some((f, now));
@@ -436,13 +485,13 @@ impl Executor {
         }
         let flags = if f.overloaded { crate::durable::FLAG_OVERLOADED } else { 0 };
         let elapsed = now.saturating_sub(a.got);
-        match engine.durable_outcome(&a.record, owner, call.db_now, elapsed, f.kind, f.code, &f.text, &f.message, flags) {
+        match engine.durable_outcome(&a.record, &owner, call.db_now, elapsed, f.kind, f.code, &f.text, &f.message, flags) {
             Ok(step) => {
                 call.phase = Phase::Ending;
                 vec![Command::Write { id, row: row(&step, step.action == Action::Done) }]
             }
             Err(e) => {
-                self.calls.remove(&id);
+                self.remove(id);
                 vec![Command::Quarantine { id, error: e.to_string() }]
             }
         }
@@ -451,11 +500,11 @@ impl Executor {
     /// Forget call `id` (the host stopped its handler): its row stays as it was written, to be
     /// resumed by whichever process finds it once its lease lapses.
     pub fn forget(&mut self, id: i64) {
-        self.calls.remove(&id);
+        self.remove(id);
     }
 
     fn abandon(&mut self, id: i64) -> Vec<Command> {
-        self.calls.remove(&id);
+        self.remove(id);
         vec![Command::Abandon { id }]
     }
 }
@@ -694,6 +743,13 @@ mod tests {
         assert!(x.finished(&e, 1, 11 * SECOND, success()).is_empty());
         let (_, row) = write(&x.written(&e, 1, 12 * SECOND, Written::Applied));
         assert_eq!((row.status, row.result), ("done", true));
+    }
+
+    #[test]
+    fn a_zero_in_the_configuration_takes_the_default() {
+        let x = Executor::new(Config { concurrency: 0, poll: 0, claim_hold: 0, ..Config::new("w") });
+        let c = x.config();
+        assert_eq!((c.concurrency, c.poll, c.claim_hold), (DEFAULT_CONCURRENCY, DEFAULT_POLL, DEFAULT_CLAIM_HOLD));
     }
 
     #[test]

@@ -4,7 +4,8 @@ use levee_core::{Analysis, BreakerState, CallInfo, Event, EventKind, HedgeComman
 use wasmtime::component::{Component, Linker, ResourceAny};
 use wasmtime::{Config, Engine, Store};
 
-use crate::{DurableCall, DurableOut, Errors, Target};
+use crate::{DurableCall, DurableOut, Errors, ExecCall, ExecOut, Target};
+use levee_core::durable_exec as dx;
 
 wasmtime::component::bindgen!({
     path: "../../wit",
@@ -61,6 +62,7 @@ pub struct WasmWith<const UNKEYED: bool> {
     levee: Levee,
     engine: ResourceAny,
     id: u32,
+    executor: Option<ResourceAny>,
 }
 
 fn reason(r: wit::Reason) -> Reason {
@@ -117,6 +119,111 @@ fn must<T>(r: wasmtime::Result<T>) -> T {
     }
 }
 
+fn row_out(w: wit::RowWrite) -> dx::RowWrite {
+    dx::RowWrite {
+        status: crate::status_text(&w.status),
+        next_at: w.next_at,
+        attempts: w.attempts,
+        record: w.bytes,
+        lease: w.lease,
+        result: w.keep_result,
+        error: w.error,
+    }
+}
+
+fn commands_out(c: Vec<wit::ExecCommand>) -> Vec<dx::Command> {
+    use wit::ExecCommand as W;
+    c.into_iter()
+        .map(|c| match c {
+            W::Claim(c) => dx::Command::Claim { limit: c.limit, hold: c.hold },
+            W::Write(w) => dx::Command::Write { id: w.id, row: row_out(w) },
+            W::Run(r) => dx::Command::Run { id: r.id, attempt: r.attempt, timeout: r.timeout, renew_every: r.renew_every },
+            W::Abandon(id) => dx::Command::Abandon { id },
+            W::Quarantine(q) => dx::Command::Quarantine { id: q.id, error: q.error },
+            W::NextDue => dx::Command::NextDue,
+            W::Sleep(until) => dx::Command::Sleep { until },
+            W::Idle => dx::Command::Idle,
+            W::Log(l) => dx::Command::Log {
+                level: match l.level {
+                    wit::LogLevel::Warn => dx::Level::Warn,
+                    wit::LogLevel::Error => dx::Level::Error,
+                },
+                id: l.id,
+                text: l.text,
+            },
+        })
+        .collect()
+}
+
+impl<const UNKEYED: bool> WasmWith<UNKEYED> {
+    fn exec_call(&mut self, call: &ExecCall) -> Result<ExecOut, String> {
+        let api = self.levee.levee_policy_engine_api().executor();
+        let (st, e) = (&mut self.store, self.engine);
+        if let ExecCall::New { config, register } = call {
+            let c = wit::ExecutorConfig {
+                owner: config.owner.clone(),
+                concurrency: config.concurrency,
+                poll: config.poll,
+                claim_hold: config.claim_hold,
+                until_idle: config.until_idle,
+            };
+            let x = must(api.call_constructor(&mut *st, &c));
+            for h in register {
+                must(api.call_register(&mut *st, x, h));
+            }
+            if let Some(old) = self.executor.replace(x) {
+                must(old.resource_drop(&mut *st));
+            }
+            return Ok(ExecOut::Unit);
+        }
+        if let ExecCall::Operator { id, record, revive, wall_now } = call {
+            let r = must(api.call_operator(&mut *st, e, *id, record, *revive, *wall_now));
+            return Ok(ExecOut::Operator(r.map(row_out).map_err(|e| (e.path, e.message))));
+        }
+        let x = self.executor.ok_or("an executor step before the `executor` step")?;
+        Ok(match call {
+            ExecCall::New { .. } | ExecCall::Operator { .. } => ExecOut::Unit,
+            ExecCall::Feed { now, event } => ExecOut::Commands(commands_out(must(api.call_feed(st, x, e, *now, &event_in(event))))),
+            ExecCall::Forget { id } => {
+                must(api.call_forget(st, x, *id));
+                ExecOut::Unit
+            }
+            ExecCall::Running => ExecOut::Running(must(api.call_running(st, x))),
+        })
+    }
+}
+
+fn event_in(e: &dx::Event) -> wit::ExecEvent {
+    use dx::Event as E;
+    match e {
+        E::Poll => wit::ExecEvent::Poll,
+        E::Claimed(rows) => wit::ExecEvent::Claimed(
+            rows.iter()
+                .map(|r| wit::ClaimedCall { id: r.id, handler: r.handler.clone(), bytes: r.record.clone(), db_now: r.db_now })
+                .collect(),
+        ),
+        E::ClaimFailed(error) => wit::ExecEvent::ClaimFailed(error.clone()),
+        E::NextDue(due_in) => wit::ExecEvent::NextDue(*due_in),
+        E::Written(id, w) => wit::ExecEvent::Written(wit::ExecWritten {
+            id: *id,
+            result: match w {
+                dx::Written::Applied => wit::WriteResult::Applied,
+                dx::Written::Lost => wit::WriteResult::Lost,
+                dx::Written::Failed(m) => wit::WriteResult::Failed(m.clone()),
+            },
+        }),
+        E::Renew(id) => wit::ExecEvent::Renew(*id),
+        E::Finished(id, f) => wit::ExecEvent::Finished(wit::ExecFinished {
+            id: *id,
+            kind: kind_in(f.kind),
+            code: f.code,
+            text: f.text.clone(),
+            message: f.message.clone(),
+            flags: if f.overloaded { levee_core::FLAG_OVERLOADED } else { 0 },
+        }),
+    }
+}
+
 impl<const UNKEYED: bool> Target for WasmWith<UNKEYED> {
     fn load(doc: &str, seed: u64) -> Result<Self, Errors> {
         let (mut store, levee) = must(COMPILED.with(|c| c.instantiate()));
@@ -124,7 +231,7 @@ impl<const UNKEYED: bool> Target for WasmWith<UNKEYED> {
         match loaded {
             Ok(engine) => {
                 let id = must(levee.levee_policy_engine_api().engine().call_id(&mut store, engine));
-                Ok(WasmWith { store, levee, engine, id })
+                Ok(WasmWith { store, levee, engine, id, executor: None })
             }
             Err(e) => Err(e.into_iter().map(|e| (e.path, e.message)).collect()),
         }
@@ -256,6 +363,9 @@ impl<const UNKEYED: bool> Target for WasmWith<UNKEYED> {
     }
     fn fleet(&mut self, call: &crate::FleetCall) -> Result<crate::FleetOut, (String, String)> {
         self.fleet_call(call)
+    }
+    fn exec(&mut self, call: &ExecCall) -> Result<ExecOut, String> {
+        self.exec_call(call)
     }
     fn durable(&mut self, call: &DurableCall) -> Result<DurableOut, (String, String)> {
         let (e, api) = (self.engine, self.levee.levee_policy_engine_api().engine());

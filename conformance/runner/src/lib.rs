@@ -9,6 +9,7 @@ pub mod component;
 
 use std::path::{Path, PathBuf};
 
+use levee_core::durable_exec::{self as dx, Claimed, Command, Finished, RowWrite, Written};
 use levee_core::{Analysis, BreakerState, CallInfo, Event, HedgeCommand, OutcomeKind, PolicyInfo, Verdict, VerdictKind};
 use serde_json::{json, Map, Value};
 
@@ -72,6 +73,99 @@ pub trait Target: Sized {
     fn durable(&mut self, call: &DurableCall) -> Result<DurableOut, (String, String)>;
     /// One of the `fleet-*` functions.
     fn fleet(&mut self, call: &FleetCall) -> Result<FleetOut, (String, String)>;
+    /// A method of the trace's `executor` (made by [`ExecCall::New`]); `Err` for a vector that
+    /// uses one before making it.
+    fn exec(&mut self, call: &ExecCall) -> Result<ExecOut, String>;
+}
+
+/// The arguments of an `executor` method (the durable executor's machine, docs/durable.md).
+#[derive(Clone, Debug)]
+pub enum ExecCall {
+    /// The constructor, then `register` of each name; replaces the trace's executor.
+    New { config: dx::Config, register: Vec<String> },
+    /// `feed`.
+    Feed { now: u64, event: dx::Event },
+    /// `forget`.
+    Forget { id: i64 },
+    /// `running`.
+    Running,
+    /// `operator`.
+    Operator { id: i64, record: Vec<u8>, revive: bool, wall_now: u64 },
+}
+
+/// What an `executor` method answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecOut {
+    /// The commands, in order.
+    Commands(Vec<Command>),
+    /// `running`.
+    Running(u32),
+    /// `forget` and the constructor.
+    Unit,
+    /// `operator`: the row to write for the call, or the core's error.
+    Operator(Result<RowWrite, (String, String)>),
+}
+
+/// An executor method as the core's types say (shared by the native target).
+pub fn exec_native(e: &levee_core::Engine, x: &mut Option<dx::Executor>, call: &ExecCall) -> Result<ExecOut, String> {
+    if let ExecCall::New { config, register } = call {
+        let mut m = dx::Executor::new(config.clone());
+        register.iter().for_each(|h| m.register(h));
+        *x = Some(m);
+        return Ok(ExecOut::Unit);
+    }
+    if let ExecCall::Operator { record, revive, wall_now, .. } = call {
+        let step = if *revive { e.durable_revive(record, *wall_now) } else { e.durable_cancel(record, *wall_now) };
+        return Ok(ExecOut::Operator(dx::operator_write(step).map_err(|e| (e.path, e.message))));
+    }
+    let m = x.as_mut().ok_or("an executor step before the `executor` step")?;
+    Ok(match call {
+        ExecCall::New { .. } | ExecCall::Operator { .. } => ExecOut::Unit,
+        ExecCall::Feed { now, event } => ExecOut::Commands(m.feed(e, *now, event.clone())),
+        ExecCall::Forget { id } => {
+            m.forget(*id);
+            ExecOut::Unit
+        }
+        ExecCall::Running => ExecOut::Running(m.running().min(u32::MAX as usize) as u32),
+    })
+}
+
+/// The JSON form of a row to write: `{"id", "status", "next_at", "attempts", "record_hex",
+/// "lease", "keep_result", "error"}`.
+pub fn row_json(id: i64, w: &RowWrite) -> Value {
+    json!({"id": id, "status": w.status, "next_at": w.next_at, "attempts": w.attempts, "record_hex": hex(&w.record),
+        "lease": w.lease, "keep_result": w.result, "error": w.error})
+}
+
+/// The JSON form of an executor's commands (conformance/README.md, "Executor steps").
+pub fn commands_json(commands: &[Command]) -> Value {
+    let level = |l: dx::Level| match l {
+        dx::Level::Warn => "warn",
+        dx::Level::Error => "error",
+    };
+    Value::Array(
+        commands
+            .iter()
+            .map(|c| match c {
+                Command::Claim { limit, hold } => json!({"claim": {"limit": limit, "hold": hold}}),
+                Command::Write { id, row } => json!({"write": row_json(*id, row)}),
+                Command::Run { id, attempt, timeout, renew_every } => {
+                    json!({"run": {"id": id, "attempt": attempt, "timeout": timeout, "renew_every": renew_every}})
+                }
+                Command::Abandon { id } => json!({"abandon": id}),
+                Command::Quarantine { id, error } => json!({"quarantine": {"id": id, "error": error}}),
+                Command::NextDue => json!("next_due"),
+                Command::Sleep { until } => json!({"sleep": until}),
+                Command::Idle => json!("idle"),
+                Command::Log { level: l, id, text } => json!({"log": {"level": level(*l), "id": id, "text": text}}),
+            })
+            .collect(),
+    )
+}
+
+/// The status column's texts, for a target whose answer carries them as strings.
+pub fn status_text(s: &str) -> &'static str {
+    ["running", "scheduled", "done", "dead", "cancelled"].into_iter().find(|t| *t == s).unwrap_or("?")
 }
 
 /// The arguments of a `fleet-*` function (docs/fleet.md).
@@ -228,8 +322,8 @@ pub fn durable_native(e: &mut levee_core::Engine, call: &DurableCall) -> Result<
     })
 }
 
-/// The native engine.
-pub struct Native(pub levee_core::Engine);
+/// The native engine, and the trace's executor once made.
+pub struct Native(pub levee_core::Engine, pub Option<dx::Executor>);
 
 fn errs(v: Vec<levee_core::LoadError>) -> Errors {
     v.into_iter().map(|e| (e.path, e.message)).collect()
@@ -237,7 +331,7 @@ fn errs(v: Vec<levee_core::LoadError>) -> Errors {
 
 impl Target for Native {
     fn load(doc: &str, seed: u64) -> Result<Self, Errors> {
-        levee_core::Engine::load(doc, seed).map(Native).map_err(errs)
+        levee_core::Engine::load(doc, seed).map(|e| Native(e, None)).map_err(errs)
     }
     fn policy_index(&mut self, name: &str) -> Option<u32> {
         self.0.policy_index(name)
@@ -314,6 +408,9 @@ impl Target for Native {
     }
     fn fleet(&mut self, call: &FleetCall) -> Result<FleetOut, (String, String)> {
         fleet_native(&mut self.0, call)
+    }
+    fn exec(&mut self, call: &ExecCall) -> Result<ExecOut, String> {
+        exec_native(&self.0, &mut self.1, call)
     }
 }
 
@@ -523,6 +620,85 @@ fn fleet_step<T: Target>(t: &mut T, op: &str, step: &Value, shared: &mut Vec<u8>
     })
 }
 
+fn arg_i64(step: &Value, field: &str) -> i64 {
+    step.get(field).and_then(Value::as_i64).unwrap_or(0)
+}
+
+/// An executor step's arguments. A claimed row without `record_hex` carries the trace's record:
+/// that of the last durable step that answered `ok`, or of the last `write` an executor step
+/// answered, or of an `exec_operator` that answered `ok`.
+fn exec_call(op: &str, step: &Value, current: &[u8]) -> Result<ExecCall, String> {
+    let (now, id) = (arg_u64(step, "now"), arg_i64(step, "id"));
+    let record = |v: &Value| match v.get("record_hex").and_then(Value::as_str) {
+        Some(h) => unhex(h),
+        None => current.to_vec(),
+    };
+    Ok(match op {
+        "executor" => {
+            let c = step.get("config").ok_or("`executor` needs a `config`")?;
+            let config = dx::Config {
+                owner: arg_str(c, "owner").to_string(),
+                concurrency: arg_u64(c, "concurrency") as u32,
+                poll: arg_u64(c, "poll"),
+                claim_hold: arg_u64(c, "claim_hold"),
+                until_idle: c.get("until_idle").and_then(Value::as_bool).unwrap_or(false),
+            };
+            let register = step.get("register").and_then(Value::as_array).into_iter().flatten();
+            ExecCall::New { config, register: register.filter_map(Value::as_str).map(str::to_string).collect() }
+        }
+        "exec_poll" => ExecCall::Feed { now, event: dx::Event::Poll },
+        "exec_claim_failed" => ExecCall::Feed { now, event: dx::Event::ClaimFailed(arg_str(step, "error").to_string()) },
+        "exec_claimed" => {
+            let rows = step.get("rows").and_then(Value::as_array).ok_or("`exec_claimed` needs `rows`")?;
+            let rows = rows
+                .iter()
+                .map(|r| Claimed {
+                    id: arg_i64(r, "id"),
+                    handler: arg_str(r, "handler").to_string(),
+                    record: record(r),
+                    db_now: arg_u64(r, "db_now"),
+                })
+                .collect();
+            ExecCall::Feed { now, event: dx::Event::Claimed(rows) }
+        }
+        "exec_next_due" => ExecCall::Feed { now, event: dx::Event::NextDue(step.get("due_in").and_then(Value::as_u64)) },
+        "exec_written" => {
+            let result = match step.get("result") {
+                Some(Value::String(s)) if s == "applied" => Written::Applied,
+                Some(Value::String(s)) if s == "lost" => Written::Lost,
+                Some(Value::Object(m)) if m.contains_key("failed") => {
+                    Written::Failed(arg_str(&Value::Object(m.clone()), "failed").to_string())
+                }
+                other => return Err(format!("`result` must be \"applied\", \"lost\" or {{\"failed\": text}}, found {other:?}")),
+            };
+            ExecCall::Feed { now, event: dx::Event::Written(id, result) }
+        }
+        "exec_renew" => ExecCall::Feed { now, event: dx::Event::Renew(id) },
+        "exec_finished" => ExecCall::Feed {
+            now,
+            event: dx::Event::Finished(
+                id,
+                Finished {
+                    kind: OutcomeKind::from_name(arg_str(step, "kind"))
+                        .ok_or_else(|| format!("unknown outcome kind {:?}", step.get("kind")))?,
+                    code: arg_i64(step, "code") as i32,
+                    text: arg_str(step, "text").to_string(),
+                    message: arg_str(step, "message").to_string(),
+                    overloaded: arg_u64(step, "flags") & u64::from(levee_core::FLAG_OVERLOADED) != 0,
+                },
+            ),
+        },
+        "exec_forget" => ExecCall::Forget { id },
+        "exec_running" => ExecCall::Running,
+        _ => ExecCall::Operator {
+            id,
+            record: record(step),
+            revive: step.get("revive").and_then(Value::as_bool).unwrap_or(false),
+            wall_now: arg_u64(step, "wall_now"),
+        },
+    })
+}
+
 fn run_step<T: Target>(
     t: &mut T,
     step: &Value,
@@ -533,6 +709,23 @@ fn run_step<T: Target>(
 ) -> Result<Option<Value>, String> {
     let op = step.get("op").and_then(Value::as_str).ok_or("no op")?;
     Ok(Some(match op {
+        "executor" | "exec_poll" | "exec_claim_failed" | "exec_claimed" | "exec_next_due" | "exec_written" | "exec_renew"
+        | "exec_finished" | "exec_forget" | "exec_running" | "exec_operator" => match t.exec(&exec_call(op, step, record)?)? {
+            ExecOut::Unit => return Ok(None),
+            ExecOut::Running(n) => json!(n),
+            ExecOut::Commands(c) => {
+                if let Some(Command::Write { row, .. }) = c.iter().rev().find(|c| matches!(c, Command::Write { .. })) {
+                    record.clone_from(&row.record);
+                }
+                commands_json(&c)
+            }
+            ExecOut::Operator(Ok(row)) => {
+                let out = json!({"ok": row_json(arg_i64(step, "id"), &row)});
+                *record = row.record;
+                out
+            }
+            ExecOut::Operator(Err((p, m))) => json!({"err": {"path": p, "message": m}}),
+        },
         "fleet_plan" | "fleet_merge" | "fleet_apply" | "fleet_inspect" => fleet_step(t, op, step, shared)?,
         "durable_begin" | "durable_step" | "durable_renew" | "durable_outcome" | "durable_cancel" | "durable_revive"
         | "durable_inspect" => {

@@ -98,3 +98,10 @@ fn hedge_bound_agrees() {
     let c = constants();
     assert_eq!(at(&c, &["hedge", "MAX_ATTEMPTS"]).as_u64(), Some(u64::from(levee_core::hedge::MAX_ATTEMPTS_POLLY)));
 }
+
+#[test]
+fn the_durable_executors_host_rules_agree() {
+    let c = constants();
+    let tries = at(&c, &["durable", "OPERATOR_TRIES"]).as_u64();
+    assert_eq!(tries, Some(u64::from(levee_core::durable_exec::OPERATOR_TRIES)));
+}

@@ -62,7 +62,7 @@ fn every_vector_natively_and_through_the_component() {
         // A checked-in vector states every expectation in full, so that hosts compare exactly.
         for (i, step) in vector.get("steps").and_then(Value::as_array).into_iter().flatten().enumerate() {
             let op = step.get("op").and_then(Value::as_str).unwrap_or("");
-            let needs = !matches!(op, "cancel" | "export_import" | "snapshot_import");
+            let needs = !matches!(op, "cancel" | "export_import" | "snapshot_import" | "executor" | "exec_forget");
             if needs && step.get("expect").is_none() {
                 failures.push(format!("{stem} step {i}: no expectation"));
             }

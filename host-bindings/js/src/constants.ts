@@ -57,6 +57,7 @@ export const TEXT_KEY_TOO_LONG = "key: {bytes} bytes, longer than the {max} a ke
 export const HEDGE_MAX_ATTEMPTS = 11;
 export const FLEET_MAX_KEYS = 10000;
 export const FLEET_MAX_CAS = 8;
+export const DURABLE_OPERATOR_TRIES = 10;
 export const CACHE_PRUNE_AFTER_SECS = 2592000;
 export const EVENT_ENGINE_FAULT = "engine-fault";
 export const METRIC_CALLS = "levee.calls";

@@ -16,6 +16,8 @@ use exports::levee::policy::engine_api::{Engine as EngineHandle, Guest, GuestEng
 use exports::levee::policy::types as wit;
 use levee_core as core;
 
+mod executor;
+
 wit_bindgen::generate!({
     world: "levee",
     path: "../../wit",
@@ -83,6 +85,7 @@ impl Drop for EngineResource {
 
 impl Guest for Component {
     type Engine = EngineResource;
+    type Executor = executor::ExecutorResource;
 
     fn start_unkeyed(
         engine: u32,

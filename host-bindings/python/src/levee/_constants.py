@@ -61,6 +61,7 @@ TEXT_KEY_TOO_LONG: Final[str] = "key: {bytes} bytes, longer than the {max} a key
 HEDGE_MAX_ATTEMPTS: Final[int] = 11
 FLEET_MAX_KEYS: Final[int] = 10000
 FLEET_MAX_CAS: Final[int] = 8
+DURABLE_OPERATOR_TRIES: Final[int] = 10
 CACHE_PRUNE_AFTER_SECS: Final[int] = 2592000
 EVENT_ENGINE_FAULT: Final[str] = "engine-fault"
 METRIC_CALLS: Final[str] = "levee.calls"
