@@ -59,28 +59,56 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum DurableCommand {
-    /// Every call of the store (or only the dead and quarantined ones), with its next attempt and last error.
+    /// The calls of the store in id order, with their next attempt and last error: 100 at a
+    /// time unless --limit says otherwise, filtered by status, handler, policy and key.
     List {
-        /// The store: an SQLite file written by a durable executor.
+        /// The store: an SQLite file written by a durable executor, or a PostgreSQL database
+        /// (`postgres://...` or a conninfo such as "host=db dbname=app").
         #[arg(value_name = "STORE")]
-        store: PathBuf,
-        /// Only calls given up (dead) and records quarantined.
-        #[arg(long)]
+        store: String,
+        /// Only calls given up (dead) and records quarantined (--status dead,quarantined).
+        #[arg(long, conflicts_with = "status")]
         dead: bool,
+        /// Only these statuses (comma-separated): scheduled, running, done, dead, cancelled, quarantined.
+        #[arg(long, value_name = "STATUS", value_delimiter = ',')]
+        status: Vec<String>,
+        /// Only calls of this handler.
+        #[arg(long, value_name = "NAME")]
+        handler: Option<String>,
+        /// Only calls of this policy.
+        #[arg(long, value_name = "NAME")]
+        policy: Option<String>,
+        /// Only calls of this key (the policy's per-key state).
+        #[arg(long, value_name = "KEY")]
+        key: Option<String>,
+        /// Only calls with an id above this one: the next page.
+        #[arg(long, value_name = "ID", default_value_t = 0)]
+        after: i64,
+        /// At most this many calls; 0 lists them all.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: u64,
         /// One JSON object per call.
+        #[arg(long)]
+        json: bool,
+    },
+    /// How many calls the store holds in each status.
+    Counts {
+        #[arg(value_name = "STORE")]
+        store: String,
+        /// One JSON object.
         #[arg(long)]
         json: bool,
     },
     /// One call: its row and its record, decoded by the core.
     Show {
         #[arg(value_name = "STORE")]
-        store: PathBuf,
+        store: String,
         id: i64,
     },
     /// Give a dead or cancelled call a fresh set of attempts, due now, under the policy document.
     Retry {
         #[arg(value_name = "STORE")]
-        store: PathBuf,
+        store: String,
         id: i64,
         /// The policy document the workers run (the call's policy must be in it).
         #[arg(long, value_name = "POLICY")]
@@ -89,7 +117,7 @@ enum DurableCommand {
     /// Cancel a call that has not finished (an attempt running now has its outcome refused).
     Cancel {
         #[arg(value_name = "STORE")]
-        store: PathBuf,
+        store: String,
         id: i64,
     },
     /// Delete finished calls last written longer ago than a retention: done, dead and cancelled
@@ -97,7 +125,7 @@ enum DurableCommand {
     /// running, and a quarantined record, are never deleted.
     Prune {
         #[arg(value_name = "STORE")]
-        store: PathBuf,
+        store: String,
         /// The retention: calls last written at least this long ago go (such as 168h).
         #[arg(long, value_name = "DURATION")]
         older_than: String,
@@ -138,7 +166,7 @@ enum Command {
     /// Read and change a store of durable calls (docs/durable.md).
     #[command(
         subcommand,
-        after_help = "Examples:\n  levee durable list calls.db\n  levee durable list --dead calls.db\n  levee durable show calls.db 17\n  levee durable retry calls.db 17 --policy policies.yaml\n  levee durable cancel calls.db 18\n  levee durable prune calls.db --older-than 168h"
+        after_help = "Examples:\n  levee durable list calls.db\n  levee durable list --dead calls.db\n  levee durable list 'host=db dbname=app' --status scheduled --policy email --limit 20\n  levee durable counts calls.db\n  levee durable show calls.db 17\n  levee durable retry calls.db 17 --policy policies.yaml\n  levee durable cancel calls.db 18\n  levee durable prune calls.db --older-than 168h"
     )]
     Durable(DurableCommand),
     /// Validate policy documents and print each policy's worst cases.
@@ -361,7 +389,12 @@ fn run() -> u8 {
     match cli.command {
         Command::Durable(cmd) => {
             let result = match cmd {
-                DurableCommand::List { store, dead, json } => durable::list(&store, dead, json),
+                DurableCommand::List { store, dead, status, handler, policy, key, after, limit, json } => {
+                    let statuses = if dead { vec!["dead".to_string(), "quarantined".to_string()] } else { status };
+                    let filter = durable::Filter { statuses, handler, policy, key, after, limit };
+                    durable::list(&store, &filter, json)
+                }
+                DurableCommand::Counts { store, json } => durable::counts(&store, json),
                 DurableCommand::Show { store, id } => durable::show(&store, id),
                 DurableCommand::Cancel { store, id } => durable::cancel(&store, id),
                 DurableCommand::Prune { store, older_than, status } => durable::prune(&store, &older_than, &status),

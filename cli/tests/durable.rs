@@ -162,3 +162,122 @@ fn prune_deletes_finished_calls_older_than_the_retention_and_nothing_else() {
     assert_eq!(ids(), [4, 5, 6, 7, 8]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A store to fill, SQLite or PostgreSQL (a schema of its own in the database of
+/// `LEVEE_TEST_POSTGRES`), and the STORE argument that names it.
+enum Fill {
+    Sqlite(Connection),
+    Postgres(postgres::Client),
+}
+
+impl Fill {
+    fn insert(&mut self, handler: &str, status: &str, record: &[u8]) {
+        match self {
+            Fill::Sqlite(c) => {
+                c.query_row(statement("insert"), params![handler, b"x".to_vec(), None::<String>, 1i64, record, now() as i64], |_| Ok(()))
+                    .unwrap();
+                c.execute("UPDATE levee_durable_calls SET status = ?1 WHERE id = last_insert_rowid()", params![status]).unwrap();
+            }
+            Fill::Postgres(c) => {
+                let row = c.query_one(pg_statement("insert"), &[&handler, &b"x".to_vec(), &None::<String>, &1i64, &record]).unwrap();
+                let id: i64 = row.get(0);
+                c.execute("UPDATE levee_durable_calls SET status = $1 WHERE id = $2", &[&status, &id]).unwrap();
+            }
+        }
+    }
+}
+
+fn pg_statement(name: &str) -> &'static str {
+    const PG: &str = include_str!("../../durable/postgres.sql");
+    PG.split("-- name: ").find_map(|b| b.split_once('\n').filter(|(h, _)| h.trim() == name).map(|(_, body)| body.trim())).unwrap()
+}
+
+/// Twelve calls: handlers `a` (odd ids) and `b`, policies `p` (ids 1-6) and `q`, keys `k1`
+/// (ids divisible by 3) and ``; statuses cycling through scheduled, done, dead and quarantined.
+fn fill_and_check(fill: &mut Fill, store: &str) {
+    let doc = "policies:\n  p: { attempts: 2 }\n  q: { attempts: 2 }\n";
+    let mut e = Engine::load(doc, 1).unwrap();
+    let statuses = ["scheduled", "done", "dead", "quarantined"];
+    for id in 1..=12u32 {
+        let key = if id % 3 == 0 { "k1" } else { "" };
+        let s = e.durable_begin(u32::from(id > 6), key, "", 0, now()).unwrap();
+        fill.insert(if id % 2 == 1 { "a" } else { "b" }, statuses[(id as usize - 1) % 4], &s.record);
+    }
+    let ids = |args: &[&str]| -> Vec<i64> {
+        let mut a = vec!["durable", "list", store, "--json"];
+        a.extend(args);
+        let o = levee(&a);
+        assert!(o.status.success(), "{a:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].as_i64().unwrap())
+            .collect()
+    };
+    assert_eq!(ids(&[]), (1..=12).collect::<Vec<_>>());
+    assert_eq!(ids(&["--status", "done"]), [2, 6, 10]);
+    assert_eq!(ids(&["--status", "done,dead"]), [2, 3, 6, 7, 10, 11]);
+    assert_eq!(ids(&["--dead"]), [3, 4, 7, 8, 11, 12]);
+    assert_eq!(ids(&["--handler", "b", "--status", "quarantined"]), [4, 8, 12]);
+    assert_eq!(ids(&["--policy", "q"]), [7, 8, 9, 10, 11, 12]);
+    assert_eq!(ids(&["--policy", "q", "--key", "k1"]), [9, 12]);
+    // Paging: a page of 4, then the next after the last id shown, with a filter that skips rows.
+    assert_eq!(ids(&["--limit", "4"]), [1, 2, 3, 4]);
+    assert_eq!(ids(&["--limit", "2", "--handler", "a", "--after", "3"]), [5, 7]);
+    let text = levee(&["durable", "list", store, "--limit", "2", "--status", "dead"]);
+    let text = String::from_utf8_lossy(&text.stdout).to_string();
+    assert!(text.trim_end().ends_with("(more: add --after 7)"), "{text}");
+    let counts = levee(&["durable", "counts", store, "--json"]);
+    let counts: serde_json::Value = serde_json::from_slice(&counts.stdout).unwrap();
+    assert_eq!(
+        counts,
+        serde_json::json!({"scheduled": 3, "running": 0, "done": 3, "dead": 3, "cancelled": 0, "quarantined": 3})
+    );
+    let bad = levee(&["durable", "list", store, "--status", "finished"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--status: `finished` is not a status"));
+    // Cancel and retry through the core; prune by the store's clock.
+    assert!(levee(&["durable", "cancel", store, "1"]).status.success());
+    assert_eq!(ids(&["--status", "cancelled"]), [1]);
+    let policy = std::env::temp_dir().join(format!("levee-cli-page-{}.yaml", std::process::id()));
+    std::fs::write(&policy, doc).unwrap();
+    let retry = levee(&["durable", "retry", store, "1", "--policy", policy.to_str().unwrap()]);
+    assert!(retry.status.success(), "{}", String::from_utf8_lossy(&retry.stderr));
+    let _ = std::fs::remove_file(&policy);
+    assert_eq!(ids(&["--status", "scheduled"]), [1, 5, 9]);
+    let pruned = levee(&["durable", "prune", store, "--older-than", "0s", "--status", "done"]);
+    assert_eq!(String::from_utf8_lossy(&pruned.stdout).trim(), "3 done calls deleted");
+    assert_eq!(ids(&["--status", "done"]), Vec::<i64>::new());
+}
+
+#[test]
+fn list_filters_pages_and_counts_an_sqlite_store() {
+    let dir = std::env::temp_dir().join(format!("levee-cli-page-sqlite-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = dir.join("calls.db");
+    let _ = std::fs::remove_file(&store);
+    let c = Connection::open(&store).unwrap();
+    c.execute_batch(statement("schema")).unwrap();
+    fill_and_check(&mut Fill::Sqlite(c), store.to_str().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn list_filters_pages_and_counts_a_postgres_store() {
+    let Ok(dsn) = std::env::var("LEVEE_TEST_POSTGRES") else {
+        assert!(std::env::var_os("LEVEE_REQUIRE_POSTGRES").is_none(), "LEVEE_REQUIRE_POSTGRES is set but LEVEE_TEST_POSTGRES is not");
+        eprintln!("skipped: set LEVEE_TEST_POSTGRES to a conninfo to run `levee durable` on PostgreSQL");
+        return;
+    };
+    let schema = format!("levee_cli_{}", std::process::id());
+    let mut admin = postgres::Client::connect(&dsn, postgres::NoTls).unwrap();
+    admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")).unwrap();
+    let store = format!("{dsn} options='-csearch_path={schema}'");
+    let mut c = postgres::Client::connect(&store, postgres::NoTls).unwrap();
+    c.batch_execute(pg_statement("schema")).unwrap();
+    fill_and_check(&mut Fill::Postgres(c), &store);
+    // A database without the table is named, with no password in the message.
+    let empty = format!("{dsn} password=secret options='-csearch_path=levee_cli_none'");
+    let o = levee(&["durable", "list", &empty]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("not a store of durable calls") && !err.contains("secret"), "{err}");
+    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).unwrap();
+}

@@ -90,6 +90,9 @@ dsn="host=127.0.0.1 port=$port user=postgres dbname=postgres"
 
 echo "== durable: the Rust executor's tests on PostgreSQL too (a schema per test)"
 (cd "$rustdir" && LEVEE_TEST_POSTGRES="$dsn" cargo test -q --release --target-dir "$rust_target" --test executor)
+echo "== durable: \`levee durable\` on PostgreSQL (list filters and pages, counts, cancel, retry, prune)"
+# --workspace, as test-rust builds it: the same features, so nothing is compiled again.
+(cd "$root" && LEVEE_TEST_POSTGRES="$dsn" LEVEE_REQUIRE_POSTGRES=1 cargo test -q --release --workspace --test durable)
 echo "== durable: the Go executor's tests on PostgreSQL too (a schema per test)"
 (cd "$godir" && LEVEE_TEST_POSTGRES="$dsn" go test -count=1 ./...)
 

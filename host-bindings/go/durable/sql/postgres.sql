@@ -89,6 +89,14 @@ FROM levee_durable_calls ORDER BY id;
 SELECT id, handler, status, next_at, attempts, lease_owner, record, result, error, idempotency_key
 FROM levee_durable_calls WHERE status IN ('dead', 'quarantined') ORDER BY id;
 
+-- name: page
+-- $1 after_id, $2 status (NULL: any), $3 handler (NULL: any), $4 limit
+-- An operator's listing (`levee durable list`): one page of calls in id order after `after_id`.
+SELECT id, handler, status, next_at, attempts, lease_owner, record, result, error, idempotency_key
+FROM levee_durable_calls
+WHERE id > $1 AND status = COALESCE($2, status) AND handler = COALESCE($3, handler)
+ORDER BY id LIMIT $4;
+
 -- name: next_due
 -- (no parameters) how long until the next call is due, ns (negative: one is due now)
 SELECT MIN(next_at) - (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000000)::BIGINT

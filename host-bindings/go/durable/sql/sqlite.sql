@@ -78,6 +78,14 @@ FROM levee_durable_calls ORDER BY id;
 SELECT id, handler, status, next_at, attempts, lease_owner, record, result, error, idempotency_key
 FROM levee_durable_calls WHERE status IN ('dead', 'quarantined') ORDER BY id;
 
+-- name: page
+-- after_id, status (NULL: any), handler (NULL: any), limit
+-- An operator's listing (`levee durable list`): one page of calls in id order after `after_id`.
+SELECT id, handler, status, next_at, attempts, lease_owner, record, result, error, idempotency_key
+FROM levee_durable_calls
+WHERE id > ? AND status = COALESCE(?, status) AND handler = COALESCE(?, handler)
+ORDER BY id LIMIT ?;
+
 -- name: next_due
 -- (no parameters)
 SELECT MIN(next_at) FROM levee_durable_calls WHERE status IN ('scheduled', 'running');
