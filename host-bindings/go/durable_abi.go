@@ -196,8 +196,9 @@ type Executor struct {
 	mu    sync.Mutex
 	names []string
 	rep   uint32
-	gen   uint64
-	live  bool
+	gen    uint64
+	live   bool
+	closed bool
 }
 
 // NewExecutor makes a durable executor's machine.
@@ -231,6 +232,9 @@ func (x *Executor) makeLocked(ctx context.Context, in *instance) error {
 func (x *Executor) do(f func(ctx context.Context, in *instance) error) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if x.closed {
+		return ErrClosed
+	}
 	reset := false
 	err := x.e.op(false, func(ctx context.Context, in *instance) error {
 		if !x.live || x.gen != x.e.gen {
@@ -285,6 +289,10 @@ func (x *Executor) Feed(now uint64, ev ExecEvent) (cmds []ExecCommand, err error
 func (x *Executor) Close() error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if x.closed {
+		return nil
+	}
+	x.closed = true
 	return x.e.op(false, func(ctx context.Context, in *instance) error {
 		if !x.live || x.gen != x.e.gen {
 			x.live = false
