@@ -191,11 +191,11 @@ var ErrExecutorReset = errors.New("levee: the executor was rebuilt after an engi
 // Executor is the durable executor's machine (the WIT's `executor` resource) in the
 // engine's component instance. Its methods are safe for concurrent use.
 type Executor struct {
-	e     *Engine
-	cfg   ExecutorConfig
-	mu    sync.Mutex
-	names []string
-	rep   uint32
+	e      *Engine
+	cfg    ExecutorConfig
+	mu     sync.Mutex
+	names  []string
+	rep    uint32
 	gen    uint64
 	live   bool
 	closed bool
