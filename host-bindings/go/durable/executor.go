@@ -9,11 +9,12 @@
 //	id, _ = x.SubmitTx(ctx, tx, "send-invoice", []byte(`{"order": 17}`), "invoice-17")
 //	err := x.Run(ctx) // resumes what is due at start-up, then sleeps until the next call is due
 //
-// The executor is a driver, like the in-process call drivers: it asks the core
-// (Engine.Durable*) at every step and does what the answer says. The core decides when a call
-// is due, what a record found after a crash means, whether to retry and how long to wait; the
-// executor persists the record the core returns before each attempt and after each outcome,
-// through the shared statements of durable/sqlite.sql and durable/postgres.sql. The record
+// The executor is a driver, like the in-process call drivers: its loop feeds the core's
+// machine (levee.Executor, docs/durable.md "The executor") what happened and carries out the
+// commands it answers. The core decides what to claim, when a call is due, what a record
+// found after a crash means, whether to retry and how long to wait, when to renew a lease and
+// what each row holds; the executor runs the store's statements (durable/sqlite.sql and
+// durable/postgres.sql), the handlers, their timers and cancellation. The record
 // bytes and the rows are the same in every host: a call a Python process wrote is resumed by a
 // Go process, and the other way round.
 //
