@@ -93,6 +93,13 @@ const (
 	fnFleetMerge
 	fnFleetApply
 	fnFleetInspect
+	// the `executor` resource (durable_abi.go)
+	fnExecNew
+	fnExecRegister
+	fnExecRunning
+	fnExecFeed
+	fnExecForget
+	fnExecOperator
 	// start-unkeyed is a plain function of the interface, after the resource: the Go host
 	// passes borrows as reps and skips lowering an empty key already, so it gains nothing
 	// from it and binds it only to keep the bindings exactly the WIT's.
@@ -150,6 +157,13 @@ var sigs = [nFuncs]*funcSig{
 	fnFleetApply: method("fleet-apply", ts(tU32, tString, tString, tU64, tU64, listOf(tU8)),
 		ts(resultOf(nil, tLoadError))),
 	fnFleetInspect: method("fleet-inspect", ts(listOf(tU8)), ts(resultOf(tString, tLoadError))),
+	fnExecNew:      newFuncSig(ifaceEngineAPI+"#[constructor]executor", ts(tExecutorConfig), ts(tOwnExecutor)),
+	fnExecRegister: xmethod("register", ts(tString), nil),
+	fnExecRunning:  xmethod("running", nil, ts(tU32)),
+	fnExecFeed:     xmethod("feed", ts(tBorrowEngine, tU64, tExecEvent), ts(listOf(tExecCommand))),
+	fnExecForget:   xmethod("forget", ts(tS64), nil),
+	fnExecOperator: newFuncSig(ifaceEngineAPI+"#[static]executor.operator",
+		ts(tBorrowEngine, tS64, listOf(tU8), tBool, tU64), ts(resultOf(tRowWrite, tLoadError))),
 	fnStartUnkeyed: newFuncSig(ifaceEngineAPI+"#start-unkeyed", ts(tU32, tU64, tU32, tU32, tU64, tU64, tU64, tU64),
 		ts(tU64)),
 }
@@ -165,10 +179,19 @@ const (
 // the core module manages through the `[resource-*]engine` imports. Index 0
 // is never used, as in the Canonical ABI.
 type handleTable struct {
-	mu   sync.Mutex
-	reps []uint32 // index = handle; value = rep
-	used []bool
-	free []uint32
+	// the resource's name, for errors ("" is engine)
+	resource string
+	mu       sync.Mutex
+	reps     []uint32 // index = handle; value = rep
+	used     []bool
+	free     []uint32
+}
+
+func (t *handleTable) name() string {
+	if t.resource == "" {
+		return "engine"
+	}
+	return t.resource
 }
 
 func (t *handleTable) reset() {
@@ -195,7 +218,7 @@ func (t *handleTable) get(h uint32) (uint32, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if h == 0 || int(h) >= len(t.reps) || !t.used[h] {
-		return 0, trapf("unknown engine handle %d", h)
+		return 0, trapf("unknown %s handle %d", t.name(), h)
 	}
 	return t.reps[h], nil
 }
@@ -204,7 +227,7 @@ func (t *handleTable) remove(h uint32) (uint32, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if h == 0 || int(h) >= len(t.reps) || !t.used[h] {
-		return 0, trapf("unknown engine handle %d", h)
+		return 0, trapf("unknown %s handle %d", t.name(), h)
 	}
 	rep := t.reps[h]
 	t.used[h] = false
@@ -213,31 +236,39 @@ func (t *handleTable) remove(h uint32) (uint32, error) {
 }
 
 // defineResourceImports provides `[resource-new]`, `[resource-rep]` and
-// `[resource-drop]` for `engine` (canon resource.new / resource.rep / resource.drop).
-func defineResourceImports(ctx context.Context, r wazero.Runtime, table *handleTable) error {
+// `[resource-drop]` for `engine` and `executor` (canon resource.new / resource.rep /
+// resource.drop), each resource with its own table.
+func defineResourceImports(ctx context.Context, r wazero.Runtime, table, xtable *handleTable) error {
 	b := r.NewHostModuleBuilder(importResourceModule)
-	b.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(_ context.Context, stack []uint64) {
-		stack[0] = uint64(table.add(api.DecodeU32(stack[0])))
-	}), []api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}).Export("[resource-new]engine")
-	b.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(_ context.Context, stack []uint64) {
-		rep, err := table.get(api.DecodeU32(stack[0]))
-		if err != nil {
-			panic(err)
-		}
-		stack[0] = uint64(rep)
-	}), []api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}).Export("[resource-rep]engine")
-	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, m api.Module, stack []uint64) {
-		rep, err := table.remove(api.DecodeU32(stack[0]))
-		if err != nil {
-			panic(err)
-		}
-		// An owned handle of the instance's own resource type: run its destructor.
-		if dtor := m.ExportedFunction(exportDtor); dtor != nil {
-			if _, err := dtor.Call(ctx, uint64(rep)); err != nil {
+	for _, res := range []struct {
+		name  string
+		table *handleTable
+		dtor  string
+	}{{"engine", table, exportDtor}, {"executor", xtable, exportExecDtor}} {
+		t, dtorName := res.table, res.dtor
+		b.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(_ context.Context, stack []uint64) {
+			stack[0] = uint64(t.add(api.DecodeU32(stack[0])))
+		}), []api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}).Export("[resource-new]" + res.name)
+		b.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(_ context.Context, stack []uint64) {
+			rep, err := t.get(api.DecodeU32(stack[0]))
+			if err != nil {
 				panic(err)
 			}
-		}
-	}), []api.ValueType{api.ValueTypeI32}, nil).Export("[resource-drop]engine")
+			stack[0] = uint64(rep)
+		}), []api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}).Export("[resource-rep]" + res.name)
+		b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, m api.Module, stack []uint64) {
+			rep, err := t.remove(api.DecodeU32(stack[0]))
+			if err != nil {
+				panic(err)
+			}
+			// An owned handle of the instance's own resource type: run its destructor.
+			if dtor := m.ExportedFunction(dtorName); dtor != nil {
+				if _, err := dtor.Call(ctx, uint64(rep)); err != nil {
+					panic(err)
+				}
+			}
+		}), []api.ValueType{api.ValueTypeI32}, nil).Export("[resource-drop]" + res.name)
+	}
 	_, err := b.Instantiate(ctx)
 	return err
 }
@@ -252,7 +283,10 @@ type instance struct {
 	post    [nFuncs]api.Function // nil when the core module exports no post-return for it
 	dtor    api.Function
 	table   *handleTable
-	stack   [maxFlatParams]uint64
+	// the executor resource's destructor and handle table (durable_abi.go)
+	xdtor  api.Function
+	xtable *handleTable
+	stack  [maxFlatParams]uint64
 	// the fused adapter for keyed starts (adapter.go) and its scratch buffer in guest memory
 	adapter    api.Module
 	fusedStart api.Function
@@ -302,18 +336,21 @@ func checkModule(cm wazero.CompiledModule) error {
 	return nil
 }
 
-func newInstance(ctx context.Context, r wazero.Runtime, cm, adapter wazero.CompiledModule, table *handleTable) (*instance, error) {
+func newInstance(ctx context.Context, r wazero.Runtime, cm, adapter wazero.CompiledModule, table, xtable *handleTable) (*instance, error) {
 	table.reset()
+	xtable.reset()
 	mod, err := r.InstantiateModule(ctx, cm, wazero.NewModuleConfig().WithName(coreModuleName).WithStartFunctions())
 	if err != nil {
 		return nil, err
 	}
-	in := &instance{mod: mod, memory: mod.ExportedMemory(exportMemory), realloc: mod.ExportedFunction(exportRealloc), table: table}
+	in := &instance{mod: mod, memory: mod.ExportedMemory(exportMemory), realloc: mod.ExportedFunction(exportRealloc), table: table,
+		xtable: xtable}
 	for i, s := range sigs {
 		in.fns[i] = mod.ExportedFunction(s.export)
 		in.post[i] = mod.ExportedFunction(postPrefix + s.export) // nil if absent
 	}
 	in.dtor = mod.ExportedFunction(exportDtor)
+	in.xdtor = mod.ExportedFunction(exportExecDtor)
 	if g, ok := mod.ExportedGlobal(interruptExport).(api.MutableGlobal); ok {
 		in.interrupt = g
 	}

@@ -116,6 +116,15 @@ func (s step) i32(k string) int32 {
 	return 0
 }
 
+func (s step) i64(k string) int64 {
+	if n, ok := s[k].(json.Number); ok {
+		if i, err := strconv.ParseInt(string(n), 10, 64); err == nil {
+			return i
+		}
+	}
+	return 0
+}
+
 func (s step) str(k string) string   { v, _ := s[k].(string); return v }
 func (s step) boolean(k string) bool { v, _ := s[k].(bool); return v }
 
@@ -161,6 +170,7 @@ func runVector(t *testing.T, path string) {
 	}
 	var record []byte // the record of the last durable step that succeeded
 	var shared []byte // the bytes of the last fleet_merge that succeeded
+	var x *Executor   // the trace's executor (an `executor` step makes it)
 	for n, rawStep := range vec.Steps {
 		var s step
 		if err := decodeUseNumber(rawStep, &s); err != nil {
@@ -399,6 +409,100 @@ func runVector(t *testing.T, path string) {
 			if le, ok := err.(*LoadError); ok {
 				got, err = map[string]any{"err": *le}, nil
 			}
+		case "executor":
+			c, _ := s["config"].(map[string]any)
+			cs := step(c)
+			if x != nil {
+				_ = x.Close()
+			}
+			x, err = e.NewExecutor(ExecutorConfig{Owner: cs.str("owner"), Concurrency: uint32(cs.u64("concurrency")),
+				Poll: cs.u64("poll"), ClaimHold: cs.u64("claim_hold"), UntilIdle: cs.boolean("until_idle")})
+			if err == nil {
+				names, _ := s["register"].([]any)
+				for _, name := range names {
+					if err = x.Register(name.(string)); err != nil {
+						break
+					}
+				}
+			}
+		case "exec_poll", "exec_claim_failed", "exec_claimed", "exec_next_due", "exec_written", "exec_renew", "exec_finished":
+			ev := ExecEvent{ID: s.i64("id")}
+			switch op {
+			case "exec_poll":
+				ev.Kind = ExecPoll
+			case "exec_claim_failed":
+				ev.Kind, ev.Error = ExecClaimFailed, s.str("error")
+			case "exec_claimed":
+				ev.Kind = ExecClaimed
+				rows, _ := s["rows"].([]any)
+				for _, r := range rows {
+					m, _ := r.(map[string]any)
+					rs := step(m)
+					rec := record
+					if h, ok := m["record_hex"].(string); ok {
+						if rec, err = hex.DecodeString(h); err != nil {
+							t.Fatalf("step %d: record_hex: %v", n, err)
+						}
+					}
+					ev.Rows = append(ev.Rows, ClaimedCall{ID: rs.i64("id"), Handler: rs.str("handler"), Record: rec,
+						DBNow: rs.u64("db_now")})
+				}
+			case "exec_next_due":
+				ev.Kind = ExecNextDueIn
+				if _, ok := s["due_in"].(json.Number); ok {
+					ev.Pending, ev.DueIn = true, s.u64("due_in")
+				}
+			case "exec_written":
+				ev.Kind = ExecWritten
+				switch r := s["result"].(type) {
+				case string:
+					if r == "lost" {
+						ev.Result.Kind = WriteLost
+					}
+				case map[string]any:
+					ev.Result = WriteResult{Kind: WriteFailed, Error: step(r).str("failed")}
+				}
+			case "exec_renew":
+				ev.Kind = ExecRenew
+			default:
+				kind, kok := ParseOutcomeKind(s.str("kind"))
+				if !kok {
+					t.Fatalf("step %d: outcome kind %q", n, s.str("kind"))
+				}
+				ev.Kind, ev.Outcome, ev.Code, ev.Text, ev.Message, ev.Flags = ExecFinished, kind, s.i32("code"),
+					s.str("text"), s.str("message"), uint32(s.u64("flags"))
+			}
+			var cmds []ExecCommand
+			cmds, err = x.Feed(s.u64("now"), ev)
+			out := make([]any, len(cmds))
+			for i, c := range cmds {
+				out[i] = execCommandJSON(c)
+				if c.Kind == ExecWrite {
+					record = c.Row.Record
+				}
+			}
+			got = out
+		case "exec_forget":
+			err = x.Forget(s.i64("id"))
+		case "exec_running":
+			var r uint32
+			r, err = x.Running()
+			got = r
+		case "exec_operator":
+			rec := record
+			if h, ok := s["record_hex"].(string); ok {
+				if rec, err = hex.DecodeString(h); err != nil {
+					t.Fatalf("step %d: record_hex: %v", n, err)
+				}
+			}
+			var w RowWrite
+			w, err = e.ExecOperator(s.i64("id"), rec, s.boolean("revive"), s.u64("wall_now"))
+			if le, ok := err.(*LoadError); ok {
+				got, err = map[string]any{"err": *le}, nil
+			} else if err == nil {
+				record = w.Record
+				got = map[string]any{"ok": rowJSON(w)}
+			}
 		default:
 			t.Fatalf("step %d: unknown op %q", n, op)
 		}
@@ -459,6 +563,41 @@ func verdictJSON(v Verdict) map[string]any {
 		m["reason"] = v.Reason().String()
 	}
 	return m
+}
+
+// rowJSON is the runners' JSON form of a row-write (conformance/README.md, "Executor steps").
+func rowJSON(w RowWrite) map[string]any {
+	var e any
+	if w.Error != nil {
+		e = *w.Error
+	}
+	return map[string]any{"id": w.ID, "status": w.Status, "next_at": w.NextAt, "attempts": w.Attempts,
+		"record_hex": hex.EncodeToString(w.Record), "lease": w.Lease, "keep_result": w.KeepResult, "error": e}
+}
+
+// execCommandJSON is the runners' JSON form of an exec-command.
+func execCommandJSON(c ExecCommand) any {
+	switch c.Kind {
+	case ExecClaim:
+		return map[string]any{"claim": map[string]any{"limit": c.Limit, "hold": c.Hold}}
+	case ExecWrite:
+		return map[string]any{"write": rowJSON(c.Row)}
+	case ExecRun:
+		return map[string]any{"run": map[string]any{"id": c.ID, "attempt": c.Attempt, "timeout": c.Timeout,
+			"renew_every": c.RenewEvery}}
+	case ExecAbandon:
+		return map[string]any{"abandon": c.ID}
+	case ExecQuarantine:
+		return map[string]any{"quarantine": map[string]any{"id": c.ID, "error": c.Error}}
+	case ExecNextDue:
+		return "next_due"
+	case ExecSleep:
+		return map[string]any{"sleep": c.Until}
+	case ExecIdle:
+		return "idle"
+	default:
+		return map[string]any{"log": map[string]any{"level": c.Level.String(), "id": c.ID, "text": c.Text}}
+	}
 }
 
 // hedgeJSON is the runners' JSON form of a hedge-answer (conformance/runner, hedge_json).

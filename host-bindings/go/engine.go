@@ -202,6 +202,7 @@ type Engine struct {
 	cm      wazero.CompiledModule
 	adapter wazero.CompiledModule
 	table   *handleTable
+	xtable  *handleTable
 	in      *instance // nil while the engine could not be re-instantiated
 	rep     uint32
 	gen     uint64
@@ -376,8 +377,8 @@ func Load(ctx context.Context, document string, opts ...Option) (*Engine, error)
 		return nil, err
 	}
 	e.cm, e.adapter = cm, adapter
-	e.table = &handleTable{}
-	if err := defineResourceImports(ctx, e.rt, e.table); err != nil {
+	e.table, e.xtable = &handleTable{}, &handleTable{resource: "executor"}
+	if err := defineResourceImports(ctx, e.rt, e.table, e.xtable); err != nil {
 		_ = e.rt.Close(ctx)
 		return nil, err
 	}
@@ -467,7 +468,7 @@ func (e *Engine) setIntr(in *instance) {
 func (e *Engine) instantiateLocked() ([]LoadError, error) {
 	ctx := e.enter()
 	defer e.leave()
-	in, err := newInstance(ctx, e.rt, e.cm, e.adapter, e.table)
+	in, err := newInstance(ctx, e.rt, e.cm, e.adapter, e.table, e.xtable)
 	if err != nil {
 		return nil, fmt.Errorf("%w: instantiate: %w", ErrEngineFault, err)
 	}

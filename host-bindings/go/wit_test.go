@@ -70,11 +70,13 @@ func (p *witParser) expect(t *testing.T, s string) {
 }
 
 type witFunc struct {
-	name    string
-	static  bool
-	free    bool // a function of the interface, not of the resource
-	params  []*witType
-	results []*witType
+	name     string
+	resource string // the resource of a method, static function or constructor
+	ctor     bool
+	static   bool
+	free     bool // a function of the interface, not of the resource
+	params   []*witType
+	results  []*witType
 }
 
 type witDefs struct {
@@ -131,6 +133,16 @@ func (p *witParser) typ(t *testing.T, d *witDefs) *witType {
 		return resultOf(ok, er)
 	case "engine":
 		return tOwnEngine
+	case "executor":
+		return tOwnExecutor
+	case "borrow":
+		p.expect(t, "<")
+		r := p.next()
+		p.expect(t, ">")
+		if r == "executor" {
+			return tBorrowExecutor
+		}
+		return tBorrowEngine
 	}
 	if cases, ok := d.enums[name]; ok {
 		return enumOf(name, cases...)
@@ -148,12 +160,16 @@ func (p *witParser) typ(t *testing.T, d *witDefs) *witType {
 // function parses `name: [static] func(params) [-> result];` after its name.
 func (p *witParser) function(t *testing.T, d *witDefs, name string) witFunc {
 	f := witFunc{name: name}
-	p.expect(t, ":")
-	if p.peek() == "static" {
-		p.next()
-		f.static = true
+	if name == "constructor" {
+		f.ctor = true
+	} else {
+		p.expect(t, ":")
+		if p.peek() == "static" {
+			p.next()
+			f.static = true
+		}
+		p.expect(t, "func")
 	}
-	p.expect(t, "func")
 	p.expect(t, "(")
 	for p.peek() != ")" {
 		p.next()
@@ -226,10 +242,15 @@ func (p *witParser) block(t *testing.T, d *witDefs) {
 			for p.next() != ";" {
 			}
 		case "resource":
-			p.next()
+			res := p.next()
 			p.expect(t, "{")
 			for p.peek() != "}" {
-				d.funcs = append(d.funcs, p.function(t, d, p.next()))
+				f := p.function(t, d, p.next())
+				f.resource = res
+				if f.ctor {
+					f.results = []*witType{ownOf(res)}
+				}
+				d.funcs = append(d.funcs, f)
 			}
 			p.next()
 		default:
@@ -278,21 +299,25 @@ func TestBindingsMatchTheWIT(t *testing.T) {
 	d := parseWIT(t, string(src))
 	for name, ours := range map[string][]string{"reason": reasonNames, "outcome-kind": outcomeKindNames,
 		"breaker-state": breakerStateNames, "event-kind": eventKindNames,
-		"durable-action": durableActionNames, "durable-reason": durableReasonNames} {
+		"durable-action": durableActionNames, "durable-reason": durableReasonNames, "log-level": logLevelNames[:]} {
 		if !reflect.DeepEqual(d.enums[name], ours) {
 			t.Errorf("enum %s: WIT %v, bindings %v", name, d.enums[name], ours)
 		}
 	}
 	for name, ours := range map[string]*witType{"event": tEvent, "load-error": tLoadError, "policy-info": tPolicyInfo,
 		"call-info": tCallInfo, "analysis": tAnalysis, "durable-step": tDurableStep, "hedge-start": tHedgeStart,
-		"hedge-end": tHedgeEnd, "hedge-answer": tHedgeAnswer} {
+		"hedge-end": tHedgeEnd, "hedge-answer": tHedgeAnswer, "executor-config": tExecutorConfig,
+		"claimed-call": tClaimedCall, "row-write": tRowWrite, "exec-claim": tExecClaim, "exec-run": tExecRun,
+		"exec-quarantine": tExecQuarantine, "exec-log": tExecLog, "exec-written": tExecWritten,
+		"exec-finished": tExecFinished} {
 		w := d.records[name]
 		if w == nil || !reflect.DeepEqual(w.names, ours.names) || !reflect.DeepEqual(w.offsets, ours.offsets) ||
 			w.size != ours.size || w.align != ours.align || !reflect.DeepEqual(w.flat, ours.flat) {
 			t.Errorf("record %s differs from the WIT", name)
 		}
 	}
-	for name, ours := range map[string]*witType{"hedge-command": tHedgeCommand} {
+	for name, ours := range map[string]*witType{"hedge-command": tHedgeCommand, "write-result": tWriteResult,
+		"exec-event": tExecEvent, "exec-command": tExecCommand} {
 		w := d.variants[name]
 		if w == nil || !reflect.DeepEqual(w.names, ours.names) || w.payload != ours.payload || w.discSz != ours.discSz ||
 			w.size != ours.size || w.align != ours.align || !reflect.DeepEqual(w.flat, ours.flat) {
@@ -310,10 +335,18 @@ func TestBindingsMatchTheWIT(t *testing.T) {
 		t.Fatalf("the WIT has %d engine functions, the bindings %d", len(d.funcs), nFuncs)
 	}
 	for i, f := range d.funcs {
-		export := ifaceEngineAPI + "#[method]engine." + f.name
-		params := append([]*witType{tBorrowEngine}, f.params...)
+		self := tBorrowEngine
+		if f.resource == "executor" {
+			self = tBorrowExecutor
+		}
+		export := ifaceEngineAPI + "#[method]" + f.resource + "." + f.name
+		params := append([]*witType{self}, f.params...)
 		if f.static {
-			export = ifaceEngineAPI + "#[static]engine." + f.name
+			export = ifaceEngineAPI + "#[static]" + f.resource + "." + f.name
+			params = f.params
+		}
+		if f.ctor {
+			export = ifaceEngineAPI + "#[constructor]" + f.resource
 			params = f.params
 		}
 		if f.free {

@@ -9,11 +9,12 @@
 //	id, _ = x.SubmitTx(ctx, tx, "send-invoice", []byte(`{"order": 17}`), "invoice-17")
 //	err := x.Run(ctx) // resumes what is due at start-up, then sleeps until the next call is due
 //
-// The executor is a driver, like the in-process call drivers: it asks the core
-// (Engine.Durable*) at every step and does what the answer says. The core decides when a call
-// is due, what a record found after a crash means, whether to retry and how long to wait; the
-// executor persists the record the core returns before each attempt and after each outcome,
-// through the shared statements of durable/sqlite.sql and durable/postgres.sql. The record
+// The executor is a driver, like the in-process call drivers: its loop feeds the core's
+// machine (levee.Executor, docs/durable.md "The executor") what happened and carries out the
+// commands it answers. The core decides what to claim, when a call is due, what a record
+// found after a crash means, whether to retry and how long to wait, when to renew a lease and
+// what each row holds; the executor runs the store's statements (durable/sqlite.sql and
+// durable/postgres.sql), the handlers, their timers and cancellation. The record
 // bytes and the rows are the same in every host: a call a Python process wrote is resumed by a
 // Go process, and the other way round.
 //
@@ -32,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"reflect"
 	"sync"
@@ -130,14 +132,15 @@ type Executor struct {
 
 	mu       sync.Mutex
 	handlers map[string]registered
+	machines map[*levee.Executor]struct{} // of the runs in progress, which Register reaches too
 	wake     chan struct{}
 }
 
 // New returns an executor of the engine's policies on the store.
 func New(engine *levee.Engine, store Store, opts ...Option) *Executor {
 	x := &Executor{
-		engine: engine, store: store, concurrency: 16, poll: time.Second, hold: 5 * time.Second,
-		log: slog.Default(), handlers: map[string]registered{}, wake: make(chan struct{}, 1),
+		engine: engine, store: store, log: slog.Default(), handlers: map[string]registered{},
+		machines: map[*levee.Executor]struct{}{}, wake: make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(x)
@@ -165,8 +168,13 @@ func (x *Executor) Register(name string, fn Handler, opts ...HandlerOption) erro
 		return err
 	}
 	x.mu.Lock()
+	defer x.mu.Unlock()
 	x.handlers[name] = r
-	x.mu.Unlock()
+	for m := range x.machines {
+		if err := m.Register(name); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -335,18 +343,20 @@ func (x *Executor) status(r row) CallStatus {
 // Cancel cancels a call that has not finished. An attempt running now may still complete;
 // its outcome is then refused. It reports false when the call is unknown or already finished.
 func (x *Executor) Cancel(ctx context.Context, id int64) (bool, error) {
-	return x.operator(ctx, id, x.engine.DurableCancel)
+	return x.operator(ctx, id, false)
 }
 
 // Retry gives a dead or cancelled call a fresh set of attempts, due now.
 func (x *Executor) Retry(ctx context.Context, id int64) (bool, error) {
-	ok, err := x.operator(ctx, id, x.engine.DurableRevive)
+	ok, err := x.operator(ctx, id, true)
 	x.signal()
 	return ok, err
 }
 
-func (x *Executor) operator(ctx context.Context, id int64, op func([]byte, uint64) (levee.DurableStep, error)) (bool, error) {
-	for range 10 { // compare-and-set against concurrent writers
+// operator writes what the core answers for an operator's cancel or retry, compare-and-set
+// against the record read, tried levee.DurableOperatorTries times against concurrent writers.
+func (x *Executor) operator(ctx context.Context, id int64, revive bool) (bool, error) {
+	for range levee.DurableOperatorTries {
 		r, err := x.store.get(ctx, id)
 		if err != nil || r == nil {
 			return false, err
@@ -355,7 +365,7 @@ func (x *Executor) operator(ctx context.Context, id int64, op func([]byte, uint6
 		if err != nil {
 			return false, err
 		}
-		step, err := op(r.record, now)
+		w, err := x.engine.ExecOperator(id, r.record, revive, now)
 		var le *levee.LoadError
 		if errors.As(err, &le) {
 			return false, nil // finished already, or a record the core cannot use
@@ -363,32 +373,12 @@ func (x *Executor) operator(ctx context.Context, id int64, op func([]byte, uint6
 		if err != nil {
 			return false, err
 		}
-		var msg *string
-		if step.Action == levee.DurableCancelled {
-			m := "cancelled by an operator"
-			msg = &m
-		}
-		ok, err := x.store.replace(ctx, id, statusOf(step.Action), step.NextAt, step.Attempt, step.Record, msg, r.record)
+		ok, err := x.store.replace(ctx, id, w.Status, w.NextAt, w.Attempts, w.Record, w.Error, r.record)
 		if err != nil || ok {
 			return ok, err
 		}
 	}
 	return false, nil
-}
-
-func statusOf(a levee.DurableAction) string {
-	switch a {
-	case levee.DurableRun:
-		return "running"
-	case levee.DurableWait:
-		return "scheduled"
-	case levee.DurableDone:
-		return "done"
-	case levee.DurableDead:
-		return "dead"
-	default:
-		return "cancelled"
-	}
 }
 
 // Run claims and runs due calls until ctx is done, then cancels the attempts still running
@@ -400,205 +390,406 @@ func (x *Executor) Run(ctx context.Context) error { return x.run(ctx, false) }
 // RunUntilIdle is Run that also returns once no call is pending in the store.
 func (x *Executor) RunUntilIdle(ctx context.Context) error { return x.run(ctx, true) }
 
-func (x *Executor) run(ctx context.Context, untilIdle bool) error {
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		stop()
-		wg.Wait()
-	}()
-	done := make(chan struct{}, x.concurrency) // one send per attempt goroutine, never blocking
-	running := 0
-	for {
-		for drained := false; !drained; { // the attempts that ended since the last look
-			select {
-			case <-done:
-				running--
-			default:
-				drained = true
-			}
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		var claimed []claimed
-		var err error
-		if free := x.concurrency - running; free > 0 {
-			// The records' last-seen becomes the claim's db_now, read while the statement runs:
-			// the monotonic clock counts from before it, so that the time the claim takes to
-			// return (or the writes that follow) never shortens a wait: a retry may start late,
-			// never early.
-			got := time.Now()
-			claimed, err = x.store.claim(runCtx, x.owner, uint64(x.hold), free)
-			for i := range claimed {
-				claimed[i].got = got
-			}
-			if err != nil && ctx.Err() == nil {
-				x.log.Error("levee durable: claiming due calls", "err", err)
-			}
-		}
-		for _, c := range claimed {
-			running++
-			wg.Add(1)
-			go func() {
-				defer func() {
-					wg.Done()
-					done <- struct{}{}
-					x.signal()
-				}()
-				x.drive(runCtx, c)
-			}()
-		}
-		if len(claimed) > 0 && running < x.concurrency {
-			continue
-		}
-		wait := x.poll
-		if err == nil {
-			in, pending, err := x.store.nextDueIn(runCtx)
-			switch {
-			case err != nil:
-				if ctx.Err() == nil {
-					x.log.Error("levee durable: reading the next due time", "err", err)
-				}
-			case !pending && untilIdle && running == 0:
-				return nil
-			case pending:
-				wait = min(wait, time.Duration(max(in, 0)))
-			}
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-		case <-x.wake:
-		case <-done:
-			running--
-		case <-t.C:
-		}
-		t.Stop()
-	}
+// The loop is a driver of the core's machine (levee.Executor, docs/durable.md "The
+// executor"): it feeds what happened and carries out the commands answered, in order. Every
+// decision is the machine's; the loop keeps the store's I/O (in goroutines that report back
+// through a channel), the handlers, their timers and cancellation, and the logger.
+
+// errAbandoned cancels an attempt the machine abandoned (its call is lost to another process
+// or an operator, or its lease ran out): nothing of it is recorded.
+var errAbandoned = errors.New("levee durable: the attempt was abandoned")
+
+// recoverAfter is how soon the loop feeds the machine again after the engine failed to
+// answer: the engine itself tries to re-instantiate at most every 100 ms.
+const recoverAfter = 100 * time.Millisecond
+
+// message is what a goroutine reports to the loop: an event for the machine of generation
+// gen, or a running attempt's end or renewal tick.
+type message struct {
+	gen     uint64
+	ev      levee.ExecEvent
+	run     *attemptRun // the attempt a renewal tick or an end belongs to
+	result  []byte      // the handler's result (an end)
+	claimed []claimed   // the rows a claim returned
 }
 
-// errLost: this process no longer holds the call (a fenced write was refused).
-var errLost = errors.New("levee durable: the call is held by another process now")
+// attemptRun is a handler's attempt in flight.
+type attemptRun struct {
+	id     int64
+	cancel context.CancelCauseFunc
+	stop   chan struct{} // closed to stop its renewal ticks
+}
 
-func (x *Executor) write(ctx context.Context, c claimed, step levee.DurableStep, result []byte) error {
-	w := writeArgs{status: statusOf(step.Action), nextAt: step.NextAt, attempts: step.Attempt, record: step.Record}
-	if step.Action == levee.DurableRun {
-		w.leaseOwner = &x.owner
+// loop is one run of the executor: its machine and what the host holds for it.
+type loop struct {
+	x       *Executor
+	ctx     context.Context // the caller's
+	runCtx  context.Context // ends when the run does: the store's I/O and the attempts
+	wg      sync.WaitGroup
+	done    chan struct{} // closed when the loop returns: goroutines stop reporting
+	msgs    chan message
+	cfg     levee.ExecutorConfig
+	mach    *levee.Executor
+	gen     uint64
+	epoch   time.Time
+	rows    map[int64]claimed     // the claimed rows, for their handler's payload and key
+	results map[int64][]byte      // a finished handler's result, until its row is written
+	runs    map[int64]*attemptRun // the attempts running
+	timer   *time.Timer
+	timerOn bool
+	woken   bool // a wake came while the loop was not sleeping: the next sleep is a poll
+	idle    bool
+	// closedErr: the engine is closed, the run returns it
+	closedErr error
+}
+
+func (x *Executor) run(ctx context.Context, untilIdle bool) error {
+	runCtx, stop := context.WithCancel(ctx)
+	l := &loop{
+		x: x, ctx: ctx, runCtx: runCtx, done: make(chan struct{}), msgs: make(chan message, 64),
+		cfg: levee.ExecutorConfig{Owner: x.owner, Concurrency: uint32(x.concurrency), Poll: uint64(max(x.poll, 0)),
+			ClaimHold: uint64(max(x.hold, 0)), UntilIdle: untilIdle},
+		epoch: time.Now(), rows: map[int64]claimed{}, results: map[int64][]byte{}, runs: map[int64]*attemptRun{},
+		timer: time.NewTimer(time.Hour),
 	}
-	if step.Action == levee.DurableDone {
-		w.result = result
-	}
-	if step.Action == levee.DurableDead {
-		msg := x.deadReason(step)
-		w.err = &msg
-	}
-	ok, err := x.store.write(ctx, c.id, x.owner, w)
-	if err != nil {
+	l.timer.Stop()
+	defer func() {
+		if !l.idle {
+			stop() // cancel the attempts still running: their rows are resumed once their leases lapse
+		}
+		waited := make(chan struct{})
+		go func() {
+			l.wg.Wait()
+			close(waited)
+		}()
+		for drained := false; !drained; {
+			select {
+			case <-waited:
+				drained = true
+			case <-l.msgs: // nothing is fed any more
+			}
+		}
+		stop()
+		close(l.done)
+		l.timer.Stop()
+		l.dropMachine()
+	}()
+	if err := l.newMachine(); err != nil {
 		return err
 	}
-	if !ok {
-		return errLost
+	l.feed(levee.ExecEvent{Kind: levee.ExecPoll})
+	for !l.idle {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-l.msgs:
+			l.receive(m)
+		case <-x.wake:
+			l.wake()
+		case <-l.timer.C:
+			l.timerOn = false
+			l.feed(levee.ExecEvent{Kind: levee.ExecPoll})
+		}
+		if errors.Is(l.closedErr, levee.ErrClosed) {
+			return l.closedErr
+		}
 	}
 	return nil
 }
 
-// deadReason is the error column of a call given up: the reason, then the last error as the
-// record holds it (the same text in every host).
-func (x *Executor) deadReason(step levee.DurableStep) string {
-	js, err := x.engine.DurableInspect(step.Record)
+// newMachine makes the run's machine, with every handler registered so far.
+func (l *loop) newMachine() error {
+	m, err := l.x.engine.NewExecutor(l.cfg)
 	if err != nil {
-		return step.Reason.String()
+		return err
 	}
-	var rec struct {
-		LastError *struct {
-			Attempt uint64 `json:"attempt"`
-			Class   string `json:"class"`
-			Message string `json:"message"`
-		} `json:"last-error"`
+	l.x.mu.Lock()
+	defer l.x.mu.Unlock()
+	for name := range l.x.handlers {
+		if err := m.Register(name); err != nil {
+			_ = m.Close()
+			return err
+		}
 	}
-	if json.Unmarshal([]byte(js), &rec) != nil || rec.LastError == nil {
-		return fmt.Sprintf("%s: attempt 0 failed with ``: ", step.Reason)
-	}
-	return fmt.Sprintf("%s: attempt %d failed with `%s`: %s", step.Reason, rec.LastError.Attempt, rec.LastError.Class,
-		rec.LastError.Message)
+	l.x.machines[m] = struct{}{}
+	l.mach = m
+	return nil
 }
 
-func (x *Executor) quarantine(ctx context.Context, c claimed, err error) {
-	msg := err.Error()
-	if qerr := x.store.quarantine(ctx, c.id, msg); qerr != nil && ctx.Err() == nil {
-		x.log.Error("levee durable: quarantining a record", "call", c.id, "reason", msg, "err", qerr)
-	}
+func (l *loop) dropMachine() {
+	l.x.mu.Lock()
+	delete(l.x.machines, l.mach)
+	l.x.mu.Unlock()
+	_ = l.mach.Close()
 }
 
-// coreAnswer sorts an error of the engine: a LoadError names what is wrong with the record
-// (quarantine it); anything else is the engine's own fault (leave the call to be resumed).
-func (x *Executor) coreAnswer(ctx context.Context, c claimed, err error) {
-	var le *levee.LoadError
-	if errors.As(err, &le) {
-		x.quarantine(ctx, c, err)
-		return
-	}
-	x.log.Error("levee durable: the engine failed; the call is resumed when its claim lapses", "call", c.id, "err", err)
-}
+// now is the loop's monotonic clock, ns.
+func (l *loop) now() uint64 { return uint64(time.Since(l.epoch)) }
 
-func (x *Executor) drive(ctx context.Context, c claimed) {
-	reg, ok := x.handler(c.handler)
-	if !ok {
-		x.quarantine(ctx, c, fmt.Errorf("handler: no durable handler named `%s` is registered", c.handler))
-		return
-	}
-	step, err := x.engine.DurableStep(c.record, x.owner, c.dbNow, 0)
+// feed feeds the machine and carries out its commands, in order.
+func (l *loop) feed(ev levee.ExecEvent) {
+	cmds, err := l.mach.Feed(l.now(), ev)
 	if err != nil {
-		x.coreAnswer(ctx, c, err)
+		l.fault(err)
 		return
 	}
-	if err := x.write(ctx, c, step, nil); err != nil { // before the attempt
-		x.lostOrFailed(ctx, c, err)
-		return
-	}
-	if step.Action != levee.DurableRun {
-		return // a wait: the call is due again at next_at, for whichever process finds it
-	}
-	a, err := x.attempt(ctx, c, reg, step)
-	if err != nil {
-		x.lostOrFailed(ctx, c, err)
-		return
-	}
-	if x.onAttemptDone != nil {
-		x.onAttemptDone(c.id, step.Attempt, a.outcome)
-	}
-	// After the claim only the monotonic clock counts: the core works at max(the claim's
-	// wall time, last seen + the monotonic time since it gave these bytes).
-	o := a.outcome
-	var flags uint32
-	if o.Overloaded {
-		flags = 1
-	}
-	after, err := x.engine.DurableOutcome(a.record, x.owner, c.dbNow, uint64(time.Since(a.got)), o.Kind, o.Code, o.Text,
-		a.message, flags)
-	if err != nil {
-		x.coreAnswer(ctx, c, err)
-		return
-	}
-	if err := x.write(ctx, c, after, a.result); err != nil {
-		x.lostOrFailed(ctx, c, err)
+	for _, c := range cmds {
+		l.do(c)
 	}
 }
 
-func (x *Executor) lostOrFailed(ctx context.Context, c claimed, err error) {
-	if errors.Is(err, errLost) || ctx.Err() != nil {
-		return // another process (or an operator) holds the call now, or this one stops
+// fault: the engine failed or replaced the machine. The calls held are abandoned (their rows
+// are resumed once their leases lapse); the reports of what the old machine asked for are
+// dropped.
+func (l *loop) fault(err error) {
+	l.abandonAll()
+	l.gen++
+	switch {
+	case errors.Is(err, levee.ErrExecutorReset):
+		l.sleep(0)
+	case errors.Is(err, levee.ErrClosed):
+		l.closedErr = err
+	default:
+		l.x.log.Error("levee durable: the engine failed; the calls this process held are resumed when their leases lapse",
+			"err", err)
+		l.sleep(recoverAfter)
 	}
-	x.log.Error("levee durable: writing a call; it is resumed when its claim lapses", "call", c.id, "err", err)
 }
 
-type attemptResult struct {
-	record  []byte    // the latest record (renewals change it)
-	got     time.Time // when the core gave it (monotonic)
-	result  []byte
-	outcome levee.Outcome
-	message string
+func (l *loop) abandonAll() {
+	for id, r := range l.runs {
+		r.cancel(errAbandoned)
+		close(r.stop)
+		delete(l.runs, id)
+	}
+	clear(l.rows)
+	clear(l.results)
+}
+
+// sleep feeds a poll after d (a new sleep replaces the last).
+func (l *loop) sleep(d time.Duration) {
+	l.timer.Reset(d)
+	l.timerOn = true
+}
+
+// wake is a submission or an attempt's end: a sleep ends now, else the next sleep is a poll.
+func (l *loop) wake() {
+	if l.timerOn {
+		l.sleep(0)
+	} else {
+		l.woken = true
+	}
+}
+
+// report sends m to the loop, unless the loop has returned.
+func (l *loop) report(m message) {
+	select {
+	case l.msgs <- m:
+	case <-l.done:
+	}
+}
+
+// spawn runs the store's I/O f in a goroutine of the run.
+func (l *loop) spawn(f func()) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		f()
+	}()
+}
+
+// receive feeds what a goroutine reported, unless it belongs to a machine replaced since, to
+// an attempt no longer held, or to a run that stops.
+func (l *loop) receive(m message) {
+	if m.gen != l.gen || l.ctx.Err() != nil {
+		return
+	}
+	id := m.ev.ID
+	switch m.ev.Kind {
+	case levee.ExecClaimed:
+		for _, c := range m.claimed {
+			l.rows[c.id] = c
+			m.ev.Rows = append(m.ev.Rows, levee.ClaimedCall{ID: c.id, Handler: c.handler, Record: c.record, DBNow: c.dbNow})
+		}
+	case levee.ExecRenew:
+		if l.runs[id] != m.run {
+			return
+		}
+	case levee.ExecFinished:
+		if l.runs[id] != m.run {
+			return
+		}
+		close(m.run.stop)
+		delete(l.runs, id)
+		if m.result != nil {
+			l.results[id] = m.result
+		}
+	}
+	l.feed(m.ev)
+	if m.ev.Kind == levee.ExecWritten && l.runs[id] == nil {
+		// the machine is done with the call, or waits for its outcome's write
+		delete(l.rows, id)
+		delete(l.results, id)
+		l.wake()
+	}
+}
+
+func dur(ns uint64) time.Duration { return time.Duration(min(ns, 1<<63-1)) }
+
+// do carries out one command.
+func (l *loop) do(c levee.ExecCommand) {
+	x, gen, ctx := l.x, l.gen, l.runCtx
+	switch c.Kind {
+	case levee.ExecClaim:
+		l.spawn(func() {
+			rows, err := x.store.claim(ctx, x.owner, c.Hold, int(min(c.Limit, 1<<31-1)))
+			ev := levee.ExecEvent{Kind: levee.ExecClaimed}
+			if err != nil {
+				ev = levee.ExecEvent{Kind: levee.ExecClaimFailed, Error: err.Error()}
+			}
+			l.report(message{gen: gen, ev: ev, claimed: rows})
+		})
+	case levee.ExecWrite:
+		w := writeArgs{status: c.Row.Status, nextAt: c.Row.NextAt, attempts: c.Row.Attempts, record: c.Row.Record,
+			err: c.Row.Error}
+		if c.Row.Lease {
+			w.leaseOwner = &x.owner
+		}
+		if c.Row.KeepResult {
+			w.result = l.results[c.Row.ID]
+		}
+		id := c.Row.ID
+		l.spawn(func() {
+			ok, err := x.store.write(ctx, id, x.owner, w)
+			r := levee.WriteResult{Kind: levee.WriteApplied}
+			switch {
+			case err != nil:
+				r = levee.WriteResult{Kind: levee.WriteFailed, Error: err.Error()}
+			case !ok:
+				r.Kind = levee.WriteLost
+			}
+			l.report(message{gen: gen, ev: levee.ExecEvent{Kind: levee.ExecWritten, ID: id, Result: r}})
+		})
+	case levee.ExecRun:
+		l.start(c)
+	case levee.ExecAbandon:
+		if r := l.runs[c.ID]; r != nil {
+			r.cancel(errAbandoned)
+			close(r.stop)
+			delete(l.runs, c.ID)
+		}
+		delete(l.rows, c.ID)
+		delete(l.results, c.ID)
+	case levee.ExecQuarantine:
+		delete(l.rows, c.ID)
+		delete(l.results, c.ID)
+		l.spawn(func() {
+			if err := x.store.quarantine(ctx, c.ID, c.Error); err != nil && l.ctx.Err() == nil {
+				x.log.Error("levee durable: quarantining a record", "call", c.ID, "reason", c.Error, "err", err)
+			}
+		})
+	case levee.ExecNextDue:
+		l.spawn(func() {
+			in, pending, err := x.store.nextDueIn(ctx)
+			ev := levee.ExecEvent{Kind: levee.ExecNextDueIn, Pending: pending, DueIn: uint64(max(in, 0))}
+			if err != nil {
+				if l.ctx.Err() == nil {
+					x.log.Error("levee durable: reading the next due time", "err", err)
+				}
+				// unknown: the machine sleeps its longest, the poll interval
+				ev.Pending, ev.DueIn = true, math.MaxUint64
+			}
+			l.report(message{gen: gen, ev: ev})
+		})
+	case levee.ExecSleep:
+		var d time.Duration
+		if now := l.now(); c.Until > now {
+			d = dur(c.Until - now)
+		}
+		if l.woken {
+			l.woken, d = false, 0
+		}
+		l.sleep(d)
+	case levee.ExecIdle:
+		l.idle = true
+	case levee.ExecLog:
+		var attrs []any
+		if c.ID != 0 {
+			attrs = append(attrs, "call", c.ID)
+		}
+		if c.Level == levee.LogWarn {
+			x.log.Warn(c.Text, attrs...)
+		} else {
+			x.log.Error(c.Text, attrs...)
+		}
+	}
+}
+
+// start runs a handler's attempt in a goroutine under its timeout, with its renewal ticks in
+// another; its end is reported to the loop (nothing is, once it was abandoned or the run stops).
+func (l *loop) start(c levee.ExecCommand) {
+	x, gen := l.x, l.gen
+	row := l.rows[c.ID]
+	delete(l.rows, c.ID)
+	reg, registered := x.handler(row.handler)
+	actx, cancel := context.WithCancelCause(l.runCtx)
+	run := &attemptRun{id: c.ID, cancel: cancel, stop: make(chan struct{})}
+	l.runs[c.ID] = run
+	l.wg.Add(2)
+	go func() {
+		defer l.wg.Done()
+		defer cancel(nil)
+		hctx := actx
+		if c.Timeout > 0 {
+			var stopT context.CancelFunc
+			hctx, stopT = context.WithTimeout(actx, dur(c.Timeout))
+			defer stopT()
+		}
+		call := Call{ID: c.ID, Attempt: c.Attempt, IdempotencyKey: deref(row.idempotencyKey), Timeout: dur(c.Timeout)}
+		var result []byte
+		var herr error
+		if registered {
+			result, herr = runHandler(hctx, reg.fn, row.payload, call)
+		} else {
+			herr = fmt.Errorf("handler: no durable handler named `%s` is registered", row.handler)
+		}
+		if context.Cause(actx) != nil {
+			return // abandoned, or the executor stops: nothing is recorded
+		}
+		ev := levee.ExecEvent{Kind: levee.ExecFinished, ID: c.ID}
+		var o levee.Outcome
+		switch {
+		case herr == nil:
+			o = levee.Outcome{Kind: levee.OutcomeSuccess}
+		case errors.Is(hctx.Err(), context.DeadlineExceeded):
+			o = levee.Outcome{Kind: levee.OutcomeTimeout} // the message is the core's
+		default:
+			o, ev.Message = levee.Classify(hctx, herr), herr.Error()
+		}
+		if x.onAttemptDone != nil {
+			x.onAttemptDone(c.ID, c.Attempt, o)
+		}
+		ev.Outcome, ev.Code, ev.Text = o.Kind, o.Code, o.Text
+		if o.Overloaded {
+			ev.Flags = 1
+		}
+		l.report(message{gen: gen, ev: ev, run: run, result: result})
+	}()
+	go func() {
+		defer l.wg.Done()
+		t := time.NewTicker(max(dur(c.RenewEvery), time.Nanosecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-run.stop:
+				return
+			case <-actx.Done():
+				return
+			case <-t.C:
+				l.report(message{gen: gen, ev: levee.ExecEvent{Kind: levee.ExecRenew, ID: c.ID}, run: run})
+			}
+		}
+	}()
 }
 
 // panicError is a handler's panic, reported as the error class `panic`.
@@ -607,83 +798,6 @@ type panicError struct{ v any }
 func (p panicError) Error() string      { return fmt.Sprintf("the handler panicked: %v", p.v) }
 func (p panicError) ErrorClass() string { return "panic" }
 
-// attempt runs the handler under the attempt's timeout, renewing the lease every third of it.
-// errLost: the call was lost (a renewal refused, or the lease ran out while the store could not
-// be reached); ctx's error: the executor stops. Either way nothing is to be recorded.
-func (x *Executor) attempt(ctx context.Context, c claimed, reg registered, step levee.DurableStep) (attemptResult, error) {
-	got := c.got // step.Record's last-seen is the claim's db_now
-	actx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	if step.Timeout > 0 {
-		var stopT context.CancelFunc
-		actx, stopT = context.WithTimeout(actx, time.Duration(min(step.Timeout, 1<<63-1)))
-		defer stopT()
-	}
-	var mu sync.Mutex
-	cur := attemptResult{record: step.Record, got: got}
-	lease := time.Duration(i64(step.LeaseUntil - min(step.LeaseUntil, c.dbNow))) // as the core granted it
-	stopRenew := make(chan struct{})
-	renewDone := make(chan struct{})
-	go func() {
-		defer close(renewDone)
-		every := max(50*time.Millisecond, lease/3)
-		expires := got.Add(lease)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopRenew:
-				return
-			case <-t.C:
-			}
-			mu.Lock()
-			asked := time.Now() // r.Record's last-seen is this moment
-			rec, since := cur.record, asked.Sub(cur.got)
-			mu.Unlock()
-			r, err := x.engine.DurableRenew(rec, x.owner, c.dbNow, uint64(since))
-			if err == nil {
-				err = x.write(ctx, c, r, nil)
-				if err == nil {
-					mu.Lock()
-					cur.record, cur.got = r.Record, asked
-					expires = cur.got.Add(lease)
-					mu.Unlock()
-					continue
-				}
-			}
-			var le *levee.LoadError
-			if errors.Is(err, errLost) || errors.As(err, &le) || time.Now().After(expires) {
-				cancel(errLost)
-				return
-			}
-			x.log.Warn("levee durable: renewing a lease", "call", c.id, "err", err) // tried again next tick
-		}
-	}()
-	timeout := time.Duration(min(step.Timeout, 1<<63-1))
-	call := Call{ID: c.id, Attempt: step.Attempt, IdempotencyKey: deref(c.idempotencyKey), Timeout: timeout}
-	result, herr := runHandler(actx, reg.fn, c.payload, call)
-	close(stopRenew)
-	<-renewDone
-	if errors.Is(context.Cause(actx), errLost) {
-		return attemptResult{}, errLost
-	}
-	if ctx.Err() != nil {
-		return attemptResult{}, ctx.Err()
-	}
-	mu.Lock()
-	out := cur
-	mu.Unlock()
-	switch {
-	case herr == nil:
-		out.result, out.outcome = result, levee.Outcome{Kind: levee.OutcomeSuccess}
-	case errors.Is(actx.Err(), context.DeadlineExceeded):
-		out.outcome, out.message = levee.Outcome{Kind: levee.OutcomeTimeout}, "the attempt timed out"
-	default:
-		out.outcome, out.message = levee.Classify(actx, herr), truncate(herr.Error(), 4096)
-	}
-	return out, nil
-}
-
 func runHandler(ctx context.Context, fn Handler, payload []byte, call Call) (out []byte, err error) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -691,14 +805,4 @@ func runHandler(ctx context.Context, fn Handler, payload []byte, call Call) (out
 		}
 	}()
 	return fn(ctx, payload, call)
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xc0 == 0x80 { // not inside a UTF-8 sequence
-		n--
-	}
-	return s[:n]
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 )
 
 // Store is where durable calls live: an SQLite file (OpenSQLite) or a PostgreSQL database
@@ -49,7 +48,6 @@ type claimed struct {
 	record         []byte
 	dbNow          uint64
 	idempotencyKey *string
-	got            time.Time // when this process read it (monotonic)
 }
 
 // writeArgs are the columns of the shared `write` statement.
