@@ -755,8 +755,24 @@ class Drive {
     this.#running.clear();
     void (async () => {
       while (this.#inflight.size > 0) await Promise.allSettled([...this.#inflight]);
+      this.#release();
       this.#settle(err);
     })();
+  }
+
+  /** The machine released in its instance (unless that instance was replaced: it went with it). */
+  #release(): void {
+    const m = this.#machine;
+    this.#machine = undefined;
+    if (m === undefined) return;
+    try {
+      this.#h.levee.durableCrossing('durable-executor', (_, component) => {
+        const dispose = (m.exec as { [Symbol.dispose]?: () => void })[Symbol.dispose];
+        if (component === m.component && typeof dispose === 'function') dispose.call(m.exec);
+      });
+    } catch {
+      // closed, or the instance replaced: nothing of it is left to release
+    }
   }
 
   /** A submission or an attempt's end: look at the store now rather than at the end of the sleep. */
