@@ -671,8 +671,8 @@ function outcomeArgs(o: Outcome): [OutcomeKind, number, string, number] {
 
 /** The monotonic clock the machine is fed with, ns. */
 const mono = (): bigint => process.hrtime.bigint();
-/** A duration of the machine (ns) as a timer's ms. */
-const ms = (ns: bigint): number => (ns > 0n ? Number(ns) / 1e6 : 0);
+/** A duration of the machine (ns) as a timer's ms (at most the longest a Node timer takes). */
+const ms = (ns: bigint): number => (ns > 0n ? Math.min(Number(ns) / 1e6, 2 ** 31 - 1) : 0);
 /** A duration the user configured (ms) as the machine's ns; 0, the core's default, when not configured. */
 function configuredNs(v: number | undefined): bigint {
   return v === undefined || !Number.isFinite(v) ? 0n : BigInt(Math.max(1, Math.round(v * 1e6)));
@@ -835,29 +835,25 @@ class Drive {
   /** Feed `event` to the machine (unless it is an earlier machine's) and carry out its commands. */
   #feed(epoch: number, event: ExecEvent): void {
     if (this.#over || epoch !== this.#epoch) return;
-    let commands: ExecCommand[];
+    let commands: ExecCommand[] | undefined;
     try {
       commands = this.#h.levee.durableCrossing('durable-executor', (engine, component) => {
-        if (this.#machine !== undefined && this.#machine.component !== component) {
-          // another crossing trapped and replaced the instance: what was fed to the old machine is moot
-          this.#replaced();
-          event = POLL;
-        }
+        // another crossing trapped and replaced the instance: the machine went with it
+        if (this.#machine !== undefined && this.#machine.component !== component) return undefined;
         this.#machine ??= this.#make(component);
         return this.#machine.exec.feed(engine, mono(), event);
       });
     } catch (err) {
-      // The component trapped (its instance is replaced) or the Levee was closed.
-      if (err instanceof LeveeClosedError || ++this.#failures > 1) {
-        this.stop(err);
-        return;
-      }
+      // The component trapped here (its instance is replaced), or the Levee was closed.
+      if (err instanceof LeveeClosedError || ++this.#failures > 1) return this.stop(err);
       console.error(
         "levee durable: the executor's machine failed; the calls it held are resumed once their leases lapse:",
         err,
       );
+    }
+    if (commands === undefined) {
       this.#replaced();
-      this.#sleepFor(0);
+      this.#sleepFor(0); // a new machine looks at the store
       return;
     }
     this.#failures = 0;
