@@ -33,9 +33,20 @@ import { hostname } from 'node:os';
 import { randomBytes } from 'node:crypto';
 
 import type { Outcome } from './errors.js';
-import { checkKey, outcomeOfError } from './errors.js';
+import { LeveeClosedError, checkKey, outcomeOfError } from './errors.js';
 import type { Levee } from './levee.js';
-import type { DurableAction, DurableStep, OutcomeKind } from '../wasm/interfaces/levee-policy-types.js';
+import { DURABLE_OPERATOR_TRIES } from './constants.js';
+import { isComponentError } from './runtime.js';
+import type { ComponentExports } from './runtime.js';
+import type { Executor } from '../wasm/interfaces/levee-policy-engine-api.js';
+import type {
+  DurableStep,
+  ExecCommand,
+  ExecEvent,
+  ExecRun,
+  OutcomeKind,
+  RowWrite,
+} from '../wasm/interfaces/levee-policy-types.js';
 
 const require = createRequire(import.meta.url);
 
@@ -68,8 +79,6 @@ interface Claimed {
   record: Uint8Array;
   dbNow: bigint;
   idempotencyKey: string | null;
-  /** When this process read it (monotonic ns): the record's last-seen is the claim's dbNow. */
-  got: bigint;
 }
 
 /** A row of the shared `get`, `list` and `list_dead` statements. */
@@ -114,7 +123,7 @@ export interface Store {
     record: Uint8Array,
     tx?: object,
   ): Promise<number>;
-  claim(owner: string, hold: bigint, limit: number): Promise<Omit<Claimed, 'got'>[]>;
+  claim(owner: string, hold: bigint, limit: number): Promise<Claimed[]>;
   /** A fenced write: false when this process no longer holds the call. */
   write(id: number, owner: string, w: Write): Promise<boolean>;
   quarantine(id: number, error: string): Promise<void>;
@@ -155,7 +164,7 @@ function toRow(r: unknown[]): Row {
   ];
 }
 
-function toClaimed(r: unknown[]): Omit<Claimed, 'got'> {
+function toClaimed(r: unknown[]): Claimed {
   return {
     id: Number(r[0]),
     handler: String(r[1]),
@@ -324,7 +333,7 @@ export class SQLiteStore implements Store {
     return Number(rows[0]?.[0]);
   }
 
-  async claim(owner: string, hold: bigint, limit: number): Promise<Omit<Claimed, 'got'>[]> {
+  async claim(owner: string, hold: bigint, limit: number): Promise<Claimed[]> {
     const now = wallNs();
     const rows = this.#db.transaction(() => this.#st('claim').all(owner, now + hold, now, limit)).immediate();
     return rows.map(toClaimed);
@@ -501,7 +510,7 @@ export class PostgresStore implements Store {
     return Number(rows[0]?.[0]);
   }
 
-  async claim(owner: string, hold: bigint, limit: number): Promise<Omit<Claimed, 'got'>[]> {
+  async claim(owner: string, hold: bigint, limit: number): Promise<Claimed[]> {
     return (await this.#q('claim', [owner, hold, limit])).rows.map(toClaimed);
   }
 
@@ -624,11 +633,11 @@ export interface SubmitOptions {
 export interface DurableExecutorOptions {
   /** Names this process in leases; unique per process (default: host, pid and a random suffix). */
   owner?: string | undefined;
-  /** Calls run at once (default 16). */
+  /** Calls run at once (default: the core's, 16; docs/durable.md, "The executor"). */
   concurrency?: number | undefined;
-  /** The longest sleep before looking at the store again, ms (default 1000). */
+  /** The longest sleep before looking at the store again, ms (default: the core's, 1 s). */
   pollIntervalMs?: number | undefined;
-  /** How long a claim keeps calls out of other processes' due window until the core's answer is written, ms (default 5000). */
+  /** How long a claim keeps calls out of other processes' due window until the core's answer is written, ms (default: the core's, 5 s). */
   claimHoldMs?: number | undefined;
   /** Called after an attempt's outcome is known and before it is persisted. */
   onAttemptDone?: ((callId: number, attempt: number, outcome: Outcome) => void) | undefined;
@@ -639,16 +648,6 @@ interface Registered {
   policy: string;
   idempotent: boolean;
 }
-
-const STATUS: Record<DurableAction, string> = {
-  run: 'running',
-  wait: 'scheduled',
-  done: 'done',
-  dead: 'dead',
-  cancelled: 'cancelled',
-};
-
-class Lost extends Error {}
 
 /** A LoadError of the core (a record it refuses), as jco throws it. */
 function loadErrorOf(err: unknown): string | undefined {
@@ -670,29 +669,421 @@ function outcomeArgs(o: Outcome): [OutcomeKind, number, string, number] {
   }
 }
 
+/** The monotonic clock the machine is fed with, ns. */
 const mono = (): bigint => process.hrtime.bigint();
+/** A duration of the machine (ns) as a timer's ms (at most the longest a Node timer takes). */
+const ms = (ns: bigint): number => (ns > 0n ? Math.min(Number(ns) / 1e6, 2 ** 31 - 1) : 0);
+/** A duration the user configured (ms) as the machine's ns; 0, the core's default, when not configured. */
+function configuredNs(v: number | undefined): bigint {
+  return v === undefined || !Number.isFinite(v) ? 0n : BigInt(Math.max(1, Math.round(v * 1e6)));
+}
+const errorText = (err: unknown): string => (err instanceof Error ? err.message : String(err));
+const POLL: ExecEvent = { tag: 'poll' };
+
+/** The abort reason of a handler whose call this process no longer holds (lost, lease run out, instance replaced). */
+class Lost extends Error {}
+
+/** What a run of the executor works with: the DurableExecutor's store, handlers and options. */
+interface Host {
+  readonly levee: Levee;
+  readonly store: Store;
+  readonly owner: string;
+  readonly handlers: ReadonlyMap<string, Registered>;
+  readonly onAttemptDone: DurableExecutorOptions['onAttemptDone'];
+  /** As configured; 0 takes the core's default. */
+  readonly concurrency: number;
+  readonly poll: bigint;
+  readonly hold: bigint;
+}
+
+/** A handler running an attempt. */
+interface Running {
+  readonly ac: AbortController;
+  readonly renew: ReturnType<typeof setInterval>;
+  timer: ReturnType<typeof setTimeout> | undefined;
+  timedOut: boolean;
+}
+
+/**
+ * One `run` of the executor: the core's machine (the component's `executor` resource) decides,
+ * this carries out its commands with the store's statements, the handlers and timers, and feeds
+ * it what came of them (docs/durable.md, "The executor"). The machine lives in the component
+ * instance it was made by: when the Levee's instance is replaced (after a trap), a new machine
+ * is made and the calls the old one held are abandoned, to be resumed once their leases lapse.
+ */
+class Drive {
+  readonly #h: Host;
+  readonly #untilIdle: boolean;
+  #machine: { exec: Executor; component: ComponentExports } | undefined;
+  /** Changes with the machine: what an earlier machine's I/O comes to is not fed to a new one. */
+  #epoch = 0;
+  /** The rows claimed and held here, for the handler dispatch (payload, idempotency key). */
+  readonly #claimed = new Map<bigint, Claimed>();
+  readonly #running = new Map<bigint, Running>();
+  /** A success's result, until its write. */
+  readonly #results = new Map<bigint, Uint8Array | null>();
+  /** Statements and handlers in flight: settled before `run` returns. */
+  readonly #inflight = new Set<Promise<void>>();
+  #sleep: ReturnType<typeof setTimeout> | undefined;
+  #woken = false;
+  #over = false;
+  /** Feeds that failed in a row (the component trapped): the second ends the run with its error. */
+  #failures = 0;
+  readonly #done: Promise<void>;
+  #settle!: (err?: unknown) => void;
+
+  constructor(host: Host, untilIdle: boolean) {
+    this.#h = host;
+    this.#untilIdle = untilIdle;
+    this.#done = new Promise<void>((resolve, reject) => {
+      this.#settle = (err?: unknown) => (err === undefined ? resolve() : reject(err));
+    });
+  }
+
+  start(): Promise<void> {
+    this.#feed(this.#epoch, POLL);
+    return this.#done;
+  }
+
+  /** Stop: running handlers are cancelled (nothing of them is recorded), statements in flight settle. */
+  stop(err?: unknown): void {
+    if (this.#over) return;
+    this.#over = true;
+    if (this.#sleep !== undefined) clearTimeout(this.#sleep);
+    this.#sleep = undefined;
+    for (const r of this.#running.values()) this.#cancel(r, undefined);
+    this.#running.clear();
+    void (async () => {
+      while (this.#inflight.size > 0) await Promise.allSettled([...this.#inflight]);
+      this.#release();
+      this.#settle(err);
+    })();
+  }
+
+  /** The machine released in its instance (unless that instance was replaced: it went with it). */
+  #release(): void {
+    const m = this.#machine;
+    this.#machine = undefined;
+    if (m === undefined) return;
+    try {
+      this.#h.levee.durableCrossing('durable-executor', (_, component) => {
+        const dispose = (m.exec as { [Symbol.dispose]?: () => void })[Symbol.dispose];
+        if (component === m.component && typeof dispose === 'function') dispose.call(m.exec);
+      });
+    } catch {
+      // closed, or the instance replaced: nothing of it is left to release
+    }
+  }
+
+  /** A submission or an attempt's end: look at the store now rather than at the end of the sleep. */
+  wake(): void {
+    if (this.#over) return;
+    if (this.#sleep === undefined) {
+      this.#woken = true; // the next sleep is cut short
+      return;
+    }
+    clearTimeout(this.#sleep);
+    this.#sleepFor(0);
+  }
+
+  /** A handler registered while this runs. */
+  register(name: string): void {
+    const m = this.#machine;
+    if (m === undefined || this.#over) return;
+    try {
+      this.#h.levee.durableCrossing('durable-executor', (_, component) => {
+        if (component === m.component) m.exec.register(name);
+      });
+    } catch {
+      // the instance was replaced: the next feed makes a machine with every handler registered
+    }
+  }
+
+  #sleepFor(wait: number): void {
+    const epoch = this.#epoch;
+    this.#sleep = setTimeout(() => {
+      this.#sleep = undefined;
+      this.#feed(epoch, POLL);
+    }, wait);
+  }
+
+  #make(component: ComponentExports): { exec: Executor; component: ComponentExports } {
+    const exec = new component.engineApi.Executor({
+      owner: this.#h.owner,
+      concurrency: this.#h.concurrency,
+      poll: this.#h.poll,
+      claimHold: this.#h.hold,
+      untilIdle: this.#untilIdle,
+    });
+    for (const name of this.#h.handlers.keys()) exec.register(name);
+    return { exec, component };
+  }
+
+  /** The machine was lost with its instance: abandon what it held, and start again with a new one. */
+  #replaced(): void {
+    this.#epoch++;
+    this.#machine = undefined;
+    for (const r of this.#running.values()) this.#cancel(r, new Lost());
+    this.#running.clear();
+    this.#claimed.clear();
+    this.#results.clear();
+    if (this.#sleep !== undefined) clearTimeout(this.#sleep);
+    this.#sleep = undefined;
+    this.#woken = false;
+  }
+
+  /** Feed `event` to the machine (unless it is an earlier machine's) and carry out its commands. */
+  #feed(epoch: number, event: ExecEvent): void {
+    if (this.#over || epoch !== this.#epoch) return;
+    let commands: ExecCommand[] | undefined;
+    try {
+      commands = this.#h.levee.durableCrossing('durable-executor', (engine, component) => {
+        // another crossing trapped and replaced the instance: the machine went with it
+        if (this.#machine !== undefined && this.#machine.component !== component) return undefined;
+        this.#machine ??= this.#make(component);
+        return this.#machine.exec.feed(engine, mono(), event);
+      });
+    } catch (err) {
+      // The component trapped here (its instance is replaced), or the Levee was closed.
+      if (err instanceof LeveeClosedError || ++this.#failures > 1) return this.stop(err);
+      console.error(
+        "levee durable: the executor's machine failed; the calls it held are resumed once their leases lapse:",
+        err,
+      );
+    }
+    if (commands === undefined) {
+      this.#replaced();
+      this.#sleepFor(0); // a new machine looks at the store
+      return;
+    }
+    this.#failures = 0;
+    for (const c of commands) this.#carry(c);
+  }
+
+  #io(f: () => Promise<void>): void {
+    const p: Promise<void> = f()
+      .catch((err: unknown) => this.stop(err))
+      .finally(() => this.#inflight.delete(p));
+    this.#inflight.add(p);
+  }
+
+  /** The machine no longer holds call `id`: its slot is free. */
+  #released(id: bigint): void {
+    this.#claimed.delete(id);
+    this.#results.delete(id);
+    this.wake();
+  }
+
+  #carry(c: ExecCommand): void {
+    const { store, owner } = this.#h;
+    const epoch = this.#epoch;
+    switch (c.tag) {
+      case 'claim': {
+        const { limit, hold } = c.val;
+        this.#io(async () => {
+          let event: ExecEvent;
+          try {
+            const rows = await store.claim(owner, hold, limit);
+            if (this.#over || epoch !== this.#epoch) return; // resumed once the claim lapses
+            for (const r of rows) this.#claimed.set(BigInt(r.id), r);
+            const val = rows.map((r) => ({ id: BigInt(r.id), handler: r.handler, bytes: r.record, dbNow: r.dbNow }));
+            event = { tag: 'claimed', val };
+          } catch (err) {
+            event = { tag: 'claim-failed', val: errorText(err) };
+          }
+          this.#feed(epoch, event);
+        });
+        return;
+      }
+      case 'write':
+        this.#write(epoch, c.val);
+        return;
+      case 'run':
+        this.#run(epoch, c.val);
+        return;
+      case 'abandon': {
+        const r = this.#running.get(c.val);
+        this.#running.delete(c.val);
+        if (r !== undefined) this.#cancel(r, new Lost());
+        this.#released(c.val);
+        return;
+      }
+      case 'quarantine': {
+        const { id, error } = c.val;
+        this.#io(async () => {
+          try {
+            await store.quarantine(Number(id), error);
+          } catch (err) {
+            console.error(`levee durable: call ${id}: setting it aside (${error}):`, err);
+          }
+        });
+        this.#released(id);
+        return;
+      }
+      case 'next-due':
+        this.#io(async () => {
+          let event: ExecEvent;
+          try {
+            const d = await store.nextDueIn();
+            event = { tag: 'next-due', val: d === undefined ? undefined : d < 0n ? 0n : d };
+          } catch (err) {
+            // the store failed as a claim does: said, and looked at again after the poll interval
+            event = { tag: 'claim-failed', val: errorText(err) };
+          }
+          this.#feed(epoch, event);
+        });
+        return;
+      case 'sleep': {
+        const wait = this.#woken ? 0 : ms(c.val - mono());
+        this.#woken = false;
+        if (this.#sleep !== undefined) clearTimeout(this.#sleep);
+        this.#sleepFor(wait);
+        return;
+      }
+      case 'idle':
+        this.stop();
+        return;
+      case 'log': {
+        const { level, id, text } = c.val;
+        const line = id === 0n ? text : `${text} (call ${id})`;
+        if (level === 'warn') console.warn(line);
+        else console.error(line);
+        return;
+      }
+    }
+  }
+
+  #write(epoch: number, row: RowWrite): void {
+    const { store, owner } = this.#h;
+    const id = row.id;
+    const w: Write = {
+      status: row.status,
+      nextAt: row.nextAt,
+      attempts: row.attempts,
+      leaseOwner: row.lease ? owner : null,
+      record: row.bytes,
+      result: row.keepResult ? (this.#results.get(id) ?? null) : null,
+      error: row.error ?? null,
+    };
+    this.#io(async () => {
+      let result: ExecEvent & { tag: 'written' };
+      try {
+        const applied = await store.write(Number(id), owner, w);
+        result = { tag: 'written', val: { id, result: { tag: applied ? 'applied' : 'lost' } } };
+      } catch (err) {
+        result = { tag: 'written', val: { id, result: { tag: 'failed', val: errorText(err) } } };
+      }
+      if (this.#over || epoch !== this.#epoch) return;
+      this.#feed(epoch, result);
+      // No handler runs (nor was started) for the call: the machine is done with it.
+      if (!this.#over && epoch === this.#epoch && !this.#running.has(id)) this.#released(id);
+    });
+  }
+
+  #cancel(r: Running, reason: unknown): void {
+    clearInterval(r.renew);
+    if (r.timer !== undefined) clearTimeout(r.timer);
+    r.ac.abort(reason);
+  }
+
+  #run(epoch: number, run: ExecRun): void {
+    const id = run.id;
+    const claimed = this.#claimed.get(id);
+    const reg = claimed === undefined ? undefined : this.#h.handlers.get(claimed.handler);
+    if (claimed === undefined || reg === undefined) {
+      // Not claimed here (the machine and this host disagree): leave it to its lease.
+      try {
+        this.#h.levee.durableCrossing('durable-executor', () => this.#machine?.exec.forget(id));
+      } catch {
+        // the instance was replaced: its machine, and the call with it, are gone
+      }
+      this.#released(id);
+      return;
+    }
+    const ac = new AbortController();
+    const r: Running = {
+      ac,
+      renew: setInterval(() => this.#feed(epoch, { tag: 'renew', val: id }), ms(run.renewEvery)),
+      timer: undefined,
+      timedOut: false,
+    };
+    const timeoutMs = run.timeout > 0n ? ms(run.timeout) : undefined;
+    if (timeoutMs !== undefined)
+      r.timer = setTimeout(() => {
+        r.timedOut = true;
+        ac.abort(new DOMException('The operation was aborted due to timeout', 'TimeoutError'));
+      }, timeoutMs);
+    this.#running.set(id, r);
+    const ctx: DurableContext = {
+      callId: Number(id),
+      attempt: run.attempt,
+      idempotencyKey: claimed.idempotencyKey,
+      timeoutMs,
+      signal: ac.signal,
+    };
+    const aborted = new Promise<never>((_, reject) =>
+      ac.signal.addEventListener('abort', () => reject(ac.signal.reason), { once: true }),
+    );
+    aborted.catch(() => undefined);
+    this.#io(async () => {
+      let result: Uint8Array | null = null;
+      let failure: unknown;
+      let failed = false;
+      try {
+        const out = await Promise.race([Promise.resolve().then(() => reg.fn(claimed.payload, ctx)), aborted]);
+        result = out === undefined ? null : typeof out === 'string' ? Buffer.from(out) : out;
+      } catch (err) {
+        failed = true;
+        failure = err;
+      }
+      clearInterval(r.renew);
+      if (r.timer !== undefined) clearTimeout(r.timer);
+      // abandoned, stopped, or the machine replaced: nothing of this attempt is recorded
+      if (this.#over || epoch !== this.#epoch || this.#running.get(id) !== r) return;
+      this.#running.delete(id);
+      let outcome: Outcome = { kind: 'success' };
+      let message = '';
+      if (r.timedOut) outcome = { kind: 'timeout' };
+      else if (failed) {
+        outcome = outcomeOfError(failure);
+        message = errorText(failure);
+      } else this.#results.set(id, result);
+      try {
+        this.#h.onAttemptDone?.(Number(id), run.attempt, outcome);
+      } catch (err) {
+        console.error('levee durable: onAttemptDone threw (ignored):', err);
+      }
+      const [kind, code, text, flags] = outcomeArgs(outcome);
+      this.#feed(epoch, { tag: 'finished', val: { id, kind, code, text, message, flags } });
+    });
+  }
+}
 
 /** Runs durable calls from a store: at most one process at a time per call, under a lease. */
 export class DurableExecutor {
   readonly owner: string;
   readonly #levee: Levee;
   readonly #store: Store;
-  readonly #concurrency: number;
-  readonly #poll: number;
-  readonly #hold: bigint;
-  readonly #onAttemptDone: DurableExecutorOptions['onAttemptDone'];
+  readonly #host: Host;
   readonly #handlers = new Map<string, Registered>();
-  readonly #running = new Set<Promise<void>>();
-  #wake: (() => void) | undefined;
+  /** The runs going on (`run`): woken by a submission. */
+  readonly #drives = new Set<Drive>();
 
   constructor(levee: Levee, store: Store, options: DurableExecutorOptions = {}) {
     this.#levee = levee;
     this.#store = store;
     this.owner = options.owner ?? `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`;
-    this.#concurrency = Math.max(1, options.concurrency ?? 16);
-    this.#poll = options.pollIntervalMs ?? 1000;
-    this.#hold = BigInt(Math.round((options.claimHoldMs ?? 5000) * 1e6));
-    this.#onAttemptDone = options.onAttemptDone;
+    const c = options.concurrency;
+    this.#host = {
+      levee,
+      store,
+      owner: this.owner,
+      handlers: this.#handlers,
+      onAttemptDone: options.onAttemptDone,
+      concurrency: c === undefined || !Number.isFinite(c) ? 0 : Math.min(2 ** 32 - 1, Math.max(1, Math.trunc(c))),
+      poll: configuredNs(options.pollIntervalMs),
+      hold: configuredNs(options.claimHoldMs),
+    };
   }
 
   /** Register `fn` under `name`, run under `policy` (default: the name). `idempotent: false`: a call without a key is not retried after a failure or a crash. */
@@ -704,6 +1095,7 @@ export class DurableExecutor {
     const policy = options.policy ?? name;
     this.#levee.policy(policy); // throws UnknownPolicyError now, not at run time
     this.#handlers.set(name, { fn, policy, idempotent: options.idempotent ?? true });
+    for (const d of this.#drives) d.register(name);
   }
 
   /**
@@ -730,8 +1122,12 @@ export class DurableExecutor {
     const body = typeof payload === 'string' ? Buffer.from(payload) : payload;
     const id = await this.#store.insert(handler, body, key === '' ? null : key, step.nextAt, step.bytes, options.tx);
     // a call in the caller's transaction is not visible before their commit: the next poll finds it
-    if (options.tx === undefined) this.#wake?.();
+    if (options.tx === undefined) this.#wake();
     return id;
+  }
+
+  #wake(): void {
+    for (const d of this.#drives) d.wake();
   }
 
   async status(id: number): Promise<CallStatus | undefined> {
@@ -775,30 +1171,32 @@ export class DurableExecutor {
 
   /** Cancel a call that has not finished (an attempt running now has its outcome refused). False when unknown or finished. */
   async cancel(id: number): Promise<boolean> {
-    return this.#operator(id, (rec, now) => this.#levee.engine.durableCancel(rec, now));
+    return this.#operator(id, false);
   }
 
   /** Give a dead or cancelled call a fresh set of attempts, due now. */
   async retry(id: number): Promise<boolean> {
-    const ok = await this.#operator(id, (rec, now) => this.#levee.engine.durableRevive(rec, now));
-    this.#wake?.();
+    const ok = await this.#operator(id, true);
+    this.#wake();
     return ok;
   }
 
-  async #operator(id: number, op: (rec: Uint8Array, now: bigint) => DurableStep): Promise<boolean> {
-    for (let i = 0; i < 10; i++) {
+  /** The core's write for an operator's cancel or retry, compare-and-set against the record read. */
+  async #operator(id: number, revive: boolean): Promise<boolean> {
+    for (let i = 0; i < DURABLE_OPERATOR_TRIES; i++) {
       const r = await this.#store.get(id);
       if (!r) return false;
-      let step: DurableStep;
+      const wallNow = await this.#store.now();
+      let w: RowWrite;
       try {
-        step = op(r[6], await this.#store.now());
+        w = this.#levee.durableCrossing('durable-operator', (engine, component) =>
+          component.engineApi.Executor.operator(engine, BigInt(id), r[6], revive, wallNow),
+        );
       } catch (err) {
-        if (loadErrorOf(err) !== undefined) return false;
+        if (isComponentError(err)) return false; // finished already, or a record the core cannot use
         throw err;
       }
-      const error = step.action === 'cancelled' ? 'cancelled by an operator' : null;
-      if (await this.#store.replace(id, STATUS[step.action], step.nextAt, step.attempt, step.bytes, error, r[6]))
-        return true;
+      if (await this.#store.replace(id, w.status, w.nextAt, w.attempts, w.bytes, w.error ?? null, r[6])) return true;
     }
     return false;
   }
@@ -806,206 +1204,16 @@ export class DurableExecutor {
   /** Claim and run due calls until `signal` aborts (or, with `untilIdle`, until no call is pending). */
   async run(options: { signal?: AbortSignal | undefined; untilIdle?: boolean | undefined } = {}): Promise<void> {
     const { signal, untilIdle = false } = options;
-    const stop = new AbortController();
-    const onAbort = () => stop.abort();
+    if (signal?.aborted) return;
+    const drive = new Drive(this.#host, untilIdle);
+    const onAbort = () => drive.stop();
     signal?.addEventListener('abort', onAbort, { once: true });
+    this.#drives.add(drive);
     try {
-      while (!signal?.aborted) {
-        const free = this.#concurrency - this.#running.size;
-        // The records' last-seen becomes the claim's dbNow, read while the statement runs: the
-        // monotonic clock counts from before it, so that a retry may start late, never early.
-        const got = mono();
-        const claimed = free > 0 ? await this.#store.claim(this.owner, this.#hold, free) : [];
-        for (const c of claimed) {
-          const p: Promise<void> = this.#drive({ ...c, got }, stop.signal).finally(() => {
-            this.#running.delete(p);
-            this.#wake?.();
-          });
-          this.#running.add(p);
-        }
-        if (claimed.length > 0 && this.#running.size < this.#concurrency) continue;
-        const dueIn = await this.#store.nextDueIn();
-        if (untilIdle && dueIn === undefined && this.#running.size === 0) return;
-        const ms = dueIn === undefined ? this.#poll : Math.min(this.#poll, Math.max(0, Number(dueIn) / 1e6));
-        await new Promise<void>((resolve) => {
-          const t = setTimeout(done, ms);
-          function done() {
-            clearTimeout(t);
-            signal?.removeEventListener('abort', done);
-            resolve();
-          }
-          this.#wake = done;
-          signal?.addEventListener('abort', done, { once: true });
-        });
-        this.#wake = undefined;
-      }
+      await drive.start();
     } finally {
+      this.#drives.delete(drive);
       signal?.removeEventListener('abort', onAbort);
-      stop.abort();
-      await Promise.allSettled([...this.#running]);
     }
-  }
-
-  async #write(c: Claimed, step: DurableStep, result: Uint8Array | null = null): Promise<void> {
-    const w: Write = {
-      status: STATUS[step.action],
-      nextAt: step.nextAt,
-      attempts: step.attempt,
-      leaseOwner: step.action === 'run' ? this.owner : null,
-      record: step.bytes,
-      result: step.action === 'done' ? result : null,
-      error: step.action === 'dead' ? this.#deadReason(step) : null,
-    };
-    if (!(await this.#store.write(c.id, this.owner, w))) throw new Lost();
-  }
-
-  /** The error column of a call given up: the reason, then the last error the record holds (the same text in every host). */
-  #deadReason(step: DurableStep): string {
-    try {
-      const rec = JSON.parse(this.#levee.engine.durableInspect(step.bytes)) as {
-        'last-error'?: { attempt?: number; class?: string; message?: string } | null;
-      };
-      const last = rec['last-error'] ?? {};
-      return `${step.reason}: attempt ${last.attempt ?? 0} failed with \`${last.class ?? ''}\`: ${last.message ?? ''}`;
-    } catch {
-      return step.reason;
-    }
-  }
-
-  /** A refusal of the core (quarantine the record) or the engine's own fault (leave the call to be resumed). */
-  async #coreAnswer(c: Claimed, err: unknown): Promise<void> {
-    const le = loadErrorOf(err);
-    if (le === undefined) {
-      console.error(`levee durable: call ${c.id}: the engine failed; it is resumed when its claim lapses:`, err);
-      return;
-    }
-    await this.#store.quarantine(c.id, le);
-  }
-
-  async #drive(c: Claimed, stop: AbortSignal): Promise<void> {
-    try {
-      const reg = this.#handlers.get(c.handler);
-      if (!reg) {
-        await this.#store.quarantine(c.id, `handler: no durable handler named \`${c.handler}\` is registered`);
-        return;
-      }
-      let step: DurableStep;
-      try {
-        step = this.#levee.engine.durableStep(c.record, this.owner, c.dbNow, 0n);
-      } catch (err) {
-        await this.#coreAnswer(c, err);
-        return;
-      }
-      await this.#write(c, step); // before the attempt
-      if (step.action !== 'run') return; // a wait: the call is due again at next_at, for whichever process
-      const a = await this.#attempt(c, reg, step, stop);
-      if (a === undefined) return; // lost, or this executor stops: nothing to record
-      this.#onAttemptDone?.(c.id, step.attempt, a.outcome);
-      const [kind, code, text, flags] = outcomeArgs(a.outcome);
-      let after: DurableStep;
-      try {
-        after = this.#levee.engine.durableOutcome(
-          a.record,
-          this.owner,
-          c.dbNow,
-          mono() - a.got,
-          kind,
-          code,
-          text,
-          a.message,
-          flags,
-        );
-      } catch (err) {
-        await this.#coreAnswer(c, err);
-        return;
-      }
-      await this.#write(c, after, a.result);
-    } catch (err) {
-      if (err instanceof Lost || stop.aborted) return;
-      console.error(`levee durable: call ${c.id}: it is resumed when its claim lapses:`, err);
-    }
-  }
-
-  async #attempt(
-    c: Claimed,
-    reg: Registered,
-    step: DurableStep,
-    stop: AbortSignal,
-  ): Promise<
-    { record: Uint8Array; got: bigint; result: Uint8Array | null; outcome: Outcome; message: string } | undefined
-  > {
-    const timeoutMs = step.timeout > 0n ? Number(step.timeout) / 1e6 : undefined;
-    const ac = new AbortController();
-    const onStop = () => ac.abort(stop.reason);
-    stop.addEventListener('abort', onStop, { once: true });
-    let lost = false;
-    let timedOut = false;
-    let current = { record: step.bytes, got: c.got };
-    const leaseNs = step.leaseUntil - (step.leaseUntil < c.dbNow ? step.leaseUntil : c.dbNow); // as the core granted it
-    const leaseMs = Number(leaseNs) / 1e6;
-    // On the monotonic clock, from the claim (the record's last-seen): a wall clock that steps
-    // must not make a lease look live or lapsed.
-    let expires = c.got + leaseNs;
-    let renewing = Promise.resolve();
-    const renew = setInterval(
-      () => {
-        renewing = (async () => {
-          const asked = mono(); // the renewed record's last-seen is this moment
-          try {
-            const r = this.#levee.engine.durableRenew(current.record, this.owner, c.dbNow, asked - current.got);
-            await this.#write(c, r);
-            current = { record: r.bytes, got: asked };
-            expires = asked + leaseNs;
-          } catch (err) {
-            // lost, or refused by the core: the attempt ends; the store failing: tried again at the
-            // next tick while the lease lasts, then the attempt ends (nothing is recorded)
-            if (err instanceof Lost || loadErrorOf(err) !== undefined || mono() >= expires) {
-              lost = true;
-              ac.abort(new Lost());
-            } else {
-              console.error(`levee durable: call ${c.id}: renewing a lease:`, err);
-            }
-          }
-        })();
-      },
-      Math.max(50, leaseMs / 3),
-    );
-    const timer =
-      timeoutMs === undefined
-        ? undefined
-        : setTimeout(() => ((timedOut = true), ac.abort(new Error('the attempt timed out'))), timeoutMs);
-    const ctx: DurableContext = {
-      callId: c.id,
-      attempt: step.attempt,
-      idempotencyKey: c.idempotencyKey,
-      timeoutMs,
-      signal: ac.signal,
-    };
-    const aborted = new Promise<never>((_, reject) =>
-      ac.signal.addEventListener('abort', () => reject(ac.signal.reason), { once: true }),
-    );
-    aborted.catch(() => undefined);
-    let result: Uint8Array | null = null;
-    let failure: unknown;
-    let failed = false;
-    try {
-      const out = await Promise.race([Promise.resolve().then(() => reg.fn(c.payload, ctx)), aborted]);
-      result = out === undefined ? null : typeof out === 'string' ? Buffer.from(out) : out;
-    } catch (err) {
-      failed = true;
-      failure = err;
-    } finally {
-      clearInterval(renew);
-      if (timer !== undefined) clearTimeout(timer);
-      stop.removeEventListener('abort', onStop);
-      await renewing;
-    }
-    if (lost || stop.aborted) return undefined;
-    if (timedOut) return { ...current, result: null, outcome: { kind: 'timeout' }, message: 'the attempt timed out' };
-    if (failed) {
-      const message = failure instanceof Error ? failure.message : String(failure);
-      return { ...current, result: null, outcome: outcomeOfError(failure), message: message.slice(0, 4096) };
-    }
-    return { ...current, result, outcome: { kind: 'success' }, message: '' };
   }
 }

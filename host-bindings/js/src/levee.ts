@@ -384,6 +384,17 @@ export class Levee {
     return out;
   }
 
+  /**
+   * @internal The crossings of `levee-resilience/durable` (the executor's machine, an operator's
+   * write): the held-back success is sent first, a trap recovers (the instance is replaced) and is
+   * rethrown, and `fn` gets the engine with the component instance it lives in. A resource made
+   * by one instance (the durable `Executor`) is only valid with that instance: the caller compares
+   * `component` with the one its resource was made by, and makes a new one when they differ.
+   */
+  durableCrossing<R>(phase: string, fn: (engine: Engine, component: ComponentExports) => R): R {
+    return this.#rt.use(phase, (e) => fn(e, this.#rt.component));
+  }
+
   /** The instantiated component this host drives (its `Engine` class loads fresh engines). */
   get component(): ComponentExports {
     return this.#rt.component;

@@ -84,6 +84,11 @@ function matches(expected, actual) {
 
 const show = (v) => JSON.stringify(v, (_, x) => (typeof x === 'bigint' ? `${x}n` : x));
 
+/**
+ * An s64 or u64 argument as jco takes it (BigInt). A JSON number beyond 2^53 is read as a double:
+ * the vectors' large values (wall times near 1.8e18 ns) are multiples of 100 ms, which doubles
+ * hold exactly, so `BigInt` of the number is the value the vector means.
+ */
 function u64(n) {
   return BigInt(n ?? 0);
 }
@@ -98,6 +103,46 @@ function componentError(fn) {
   }
 }
 
+/** The JSON form of a row to write (`row_json`): `error` null when none. */
+const rowJson = (r) => ({
+  id: r.id,
+  status: r.status,
+  next_at: r.nextAt,
+  attempts: r.attempts,
+  record_hex: Buffer.from(r.bytes).toString('hex'),
+  lease: r.lease,
+  keep_result: r.keepResult,
+  error: r.error ?? null,
+});
+
+/** The JSON form of an executor's command (`exec_command_json`). */
+function commandJson(c) {
+  switch (c.tag) {
+    case 'claim':
+      return { claim: { limit: c.val.limit, hold: c.val.hold } };
+    case 'write':
+      return { write: rowJson(c.val) };
+    case 'run':
+      return { run: { id: c.val.id, attempt: c.val.attempt, timeout: c.val.timeout, renew_every: c.val.renewEvery } };
+    case 'abandon':
+      return { abandon: c.val };
+    case 'quarantine':
+      return { quarantine: { id: c.val.id, error: c.val.error } };
+    case 'sleep':
+      return { sleep: c.val };
+    case 'log':
+      return { log: { level: c.val.level, id: c.val.id, text: c.val.text } };
+    default:
+      return c.tag === 'next-due' ? 'next_due' : c.tag;
+  }
+}
+
+/** The write result of an `exec_written` step: "applied", "lost" or {"failed": error}. */
+function writeResult(r) {
+  if (r === 'applied' || r === 'lost') return { tag: r };
+  return { tag: 'failed', val: String(r?.failed ?? '') };
+}
+
 function hex(s) {
   const out = new Uint8Array(s.length / 2);
   for (let i = 0; i < out.length; i++) out[i] = parseInt(s.slice(2 * i, 2 * i + 2), 16);
@@ -105,7 +150,7 @@ function hex(s) {
 }
 
 function replay(component, vector) {
-  const { Engine } = component.engineApi;
+  const { Engine, Executor } = component.engineApi;
   const seed = BigInt(vector.seed);
   if (vector.load_errors !== null && vector.load_errors !== undefined) {
     const r = componentError(() => Engine.load(vector.document, seed));
@@ -126,6 +171,15 @@ function replay(component, vector) {
   let record = new Uint8Array(0);
   // The shared bytes of the last fleet_merge that succeeded (steps without `shared_hex` use them).
   let shared = new Uint8Array(0);
+  // The trace's executor (an `executor` step makes it).
+  let executor;
+  const feed = (now, event) => {
+    assert.ok(executor !== undefined, 'an exec_* step before any executor step');
+    const out = executor.feed(engine, u64(now), event);
+    // The record flows: that of the last write an executor step answered.
+    for (const c of out) if (c.tag === 'write') record = c.val.bytes;
+    return out.map(commandJson);
+  };
   vector.steps.forEach((s, i) => {
     let actual = null;
     switch (s.op) {
@@ -350,6 +404,80 @@ function replay(component, vector) {
         else {
           shared = out;
           actual = { ok: { hex: Buffer.from(out).toString('hex'), state: JSON.parse(engine.fleetInspect(out)) } };
+        }
+        break;
+      }
+      case 'executor': {
+        const c = s.config ?? {};
+        executor = new Executor({
+          owner: c.owner ?? '',
+          concurrency: c.concurrency ?? 0,
+          poll: u64(c.poll),
+          claimHold: u64(c.claim_hold),
+          untilIdle: c.until_idle === true,
+        });
+        for (const name of s.register ?? []) executor.register(name);
+        break;
+      }
+      case 'exec_poll':
+        actual = feed(s.now, { tag: 'poll' });
+        break;
+      case 'exec_claim_failed':
+        actual = feed(s.now, { tag: 'claim-failed', val: s.error ?? '' });
+        break;
+      case 'exec_claimed':
+        actual = feed(s.now, {
+          tag: 'claimed',
+          val: (s.rows ?? []).map((r) => ({
+            id: u64(r.id),
+            handler: r.handler ?? '',
+            bytes: typeof r.record_hex === 'string' ? hex(r.record_hex) : record,
+            dbNow: u64(r.db_now),
+          })),
+        });
+        break;
+      case 'exec_next_due':
+        actual = feed(s.now, {
+          tag: 'next-due',
+          val: s.due_in === null || s.due_in === undefined ? undefined : u64(s.due_in),
+        });
+        break;
+      case 'exec_written':
+        actual = feed(s.now, { tag: 'written', val: { id: u64(s.id), result: writeResult(s.result) } });
+        break;
+      case 'exec_renew':
+        actual = feed(s.now, { tag: 'renew', val: u64(s.id) });
+        break;
+      case 'exec_finished':
+        actual = feed(s.now, {
+          tag: 'finished',
+          val: {
+            id: u64(s.id),
+            kind: s.kind,
+            code: s.code ?? 0,
+            text: s.text ?? '',
+            message: s.message ?? '',
+            flags: s.flags ?? 0,
+          },
+        });
+        break;
+      case 'exec_forget':
+        assert.ok(executor !== undefined, 'an exec_* step before any executor step');
+        executor.forget(u64(s.id));
+        break;
+      case 'exec_running':
+        assert.ok(executor !== undefined, 'an exec_* step before any executor step');
+        actual = executor.running();
+        break;
+      case 'exec_operator': {
+        const rec = typeof s.record_hex === 'string' ? hex(s.record_hex) : record;
+        try {
+          const row = Executor.operator(engine, u64(s.id), rec, s.revive === true, u64(s.wall_now));
+          record = row.bytes;
+          actual = { ok: rowJson(row) };
+        } catch (err) {
+          if (err?.name !== 'ComponentError' && !('payload' in (err ?? {}))) throw err;
+          actual = { err: err.payload };
         }
         break;
       }

@@ -149,3 +149,84 @@ test('register refuses an unknown policy; submit an unknown handler', { skip }, 
   await assert.rejects(x.submit('nope', ''), /no durable handler named `nope`/);
   await store.close();
 });
+
+// The machine lives in the component instance: replaced after a trap in its own `feed`, or in any
+// other crossing of the Levee, the executor makes a new one and abandons the call the old one held.
+for (const where of ['feed', 'another crossing']) {
+  test(
+    `a trap (${where}) makes a new machine; the call it held is resumed once its lease lapses`,
+    { skip },
+    async () => {
+      // Traps injected at the core-module boundary (as in trap.test.mjs).
+      const plan = { needle: '', times: 0 };
+      const instantiateCore = (module, imports) => {
+        const instance = new WebAssembly.Instance(module, imports);
+        const exports = {};
+        for (const [name, value] of Object.entries(instance.exports)) {
+          exports[name] =
+            typeof value === 'function'
+              ? (...args) => {
+                  if (plan.times > 0 && plan.needle !== '' && name.endsWith(plan.needle)) {
+                    plan.times--;
+                    throw new WebAssembly.RuntimeError('unreachable (injected)');
+                  }
+                  return value(...args);
+                }
+              : value;
+        }
+        return { exports };
+      };
+      const doc = `
+policies:
+  held:
+    attempts: 2
+    backoff: { kind: constant, base: 10ms, cap: 10ms, jitter: none }
+    durable: { lease: 300ms, max-crashes: 2 }
+`;
+      const levee = loadSync(doc, { meter: null, instantiateCore });
+      const faults = [];
+      levee.on('engine-fault', (e) => faults.push(e.phase));
+      const store = new SQLiteStore(join(mkdtempSync(join(tmpdir(), 'levee-durable-')), 'calls.db'));
+      const x = new DurableExecutor(levee, store, { owner: 'trap', pollIntervalMs: 20, claimHoldMs: 1000 });
+      const seen = [];
+      x.register(
+        'hold',
+        (payload, ctx) =>
+          new Promise((resolve, reject) => {
+            seen.push(ctx.attempt);
+            if (ctx.attempt > 1) return resolve('second');
+            ctx.signal.addEventListener('abort', () => reject(ctx.signal.reason), { once: true });
+            if (where === 'feed') {
+              plan.needle = '[method]executor.feed'; // the machine's next feed (a renewal, a poll) traps
+              plan.times = 1;
+            } else {
+              plan.needle = 'export-state-page';
+              plan.times = 1;
+              assert.throws(() => levee.exportState(), /injected/);
+            }
+          }),
+        { policy: 'held' },
+      );
+      const id = await x.submit('hold', '');
+      const errors = [];
+      const error = console.error;
+      console.error = (...a) => errors.push(a.map(String).join(' '));
+      try {
+        await x.run({ untilIdle: true });
+      } finally {
+        console.error = error;
+      }
+      const st = await x.status(id);
+      assert.deepEqual(seen, [1, 2], 'abandoned at the trap, then resumed as after a crash');
+      assert.equal(st.status, 'done');
+      assert.equal(Buffer.from(st.result).toString(), 'second');
+      assert.deepEqual(faults, [where === 'feed' ? 'durable-executor' : 'export-state']);
+      if (where === 'feed')
+        assert.ok(
+          errors.some((e) => e.includes("the executor's machine failed")),
+          errors.join('\n'),
+        );
+      await store.close();
+    },
+  );
+}
