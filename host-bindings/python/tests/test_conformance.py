@@ -285,9 +285,7 @@ class Runner:
             return True, self.fleet(op, step, u, s)
         raise AssertionError(f"unknown op {op!r}")
 
-    def exec(
-        self, op: str, step: dict[str, Any], u: Callable[[str], int], s: Callable[[str], str]
-    ) -> tuple[bool, Any]:
+    def exec(self, op: str, step: dict[str, Any], u: Callable[[str], int], s: Callable[[str], str]) -> tuple[bool, Any]:
         """The executor steps (conformance/README.md, "Executor steps"): the record flows as
         the Rust runner's does (a claimed row or an operator without `record_hex` carries the
         trace's record; the last `write` an executor step answers becomes it)."""
@@ -352,7 +350,7 @@ class Runner:
             elif isinstance(res, dict) and "failed" in res:
                 result = WriteFailed(str(res["failed"]))
             else:
-                raise AssertionError(f"`result` must be \"applied\", \"lost\" or {{\"failed\": text}}, found {res!r}")
+                raise AssertionError(f'`result` must be "applied", "lost" or {{"failed": text}}, found {res!r}')
             event = ExecWritten(i("id"), result)
         elif op == "exec_renew":
             event = ExecRenew(i("id"))

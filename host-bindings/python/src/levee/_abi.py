@@ -54,7 +54,6 @@ from .types import (
     ExecCommand,
     ExecDueIn,
     ExecEvent,
-    ExecFinished,
     ExecIdle,
     ExecLog,
     ExecNextDue,
@@ -633,9 +632,7 @@ class Core:
         """The fuel of a slow crossing (a seam for `levee.testing`'s fault injection)."""
         return work_units(work)
 
-    def _slow(
-        self, name: str, args: _Args | None = None, has_result: bool = True, work: int = 0, this: int = 0
-    ) -> Any:
+    def _slow(self, name: str, args: _Args | None = None, has_result: bool = True, work: int = 0, this: int = 0) -> Any:
         """A crossing with any arguments and result; the result is lifted then freed. `work` is
         the bytes of document or state it walks (its bound is `work_units(work)`). `this`: the
         resource a method is called on, when it is not the engine (an executor)."""
@@ -1093,9 +1090,7 @@ class Core:
     def executor_operator(self, call_id: int, record: bytes, revive: bool, wall_now: int) -> RowWrite | LoadError:
         """`executor.operator` (static): what an operator's cancel (`revive` False) or retry
         writes, compare-and-set against `record`; the core's error when it changes nothing."""
-        args = (
-            _Args(4).s64(0, _s64(call_id)).bytes_list(1, record).boolean(2, revive).u64(3, _clamp(wall_now, _U64))
-        )
+        args = _Args(4).s64(0, _s64(call_id)).bytes_list(1, record).boolean(2, revive).u64(3, _clamp(wall_now, _U64))
         tag, val = self._slow("executor.operator", args, work=len(record))
         if tag != "ok":
             return LoadError(str(val["path"]), str(val["message"]))
