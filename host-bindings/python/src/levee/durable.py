@@ -770,11 +770,7 @@ class _Loop:
                 continue
             follow = self._carry(cmd)
             if follow is not None:
-                answer = self._ask(follow, None)
-                if isinstance(follow, ExecWritten) and follow.id in self.rows:
-                    if not any(isinstance(c, ExecRun) and c.id == follow.id for c in answer):
-                        del self.rows[follow.id]  # its first write was all: a wait, lost or failed
-                stack.append(iter(answer))
+                stack.append(iter(self._ask(follow, None)))
 
     def _ask(self, event: ExecEvent, at: int | None) -> list[ExecCommand]:
         now = time.monotonic_ns() if at is None else at
