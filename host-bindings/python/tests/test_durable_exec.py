@@ -101,3 +101,22 @@ async def test_an_observer_that_raises_changes_nothing(tmp_path: Path) -> None:
     st = ex.status(cid)
     assert st is not None and st.status == "done" and st.result == b"hi!", st
     assert [(c, a) for c, a, _ in seen] == [(cid, 1)]
+
+
+async def test_a_handler_registered_while_running_is_run(tmp_path: Path) -> None:
+    ex = make(tmp_path)
+    ex.register("first", lambda p, c: None, policy="job")
+    stop = asyncio.Event()
+    runner = asyncio.create_task(ex.run(stop=stop))
+    await asyncio.sleep(0.1)
+    ex.register("late", lambda p, c: b"late", policy="job")
+    cid = ex.submit("late", b"")
+    for _ in range(100):
+        st = ex.status(cid)
+        if st is not None and st.status == "done":
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(runner, 5)
+    st = ex.status(cid)
+    assert st is not None and st.status == "done" and st.result == b"late", st

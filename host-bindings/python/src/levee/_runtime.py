@@ -775,6 +775,9 @@ class EngineRuntime:
     def _executor_running(self, x: ExecutorRef) -> int:
         return self._executor_op(x, lambda c, h: c.executor_running(h))
 
+    def _executor_register(self, x: ExecutorRef, name: str) -> None:
+        self._executor_op(x, lambda c, h: c.executor_register(h, name))
+
     def _executor_forget(self, x: ExecutorRef, call_id: int) -> None:
         self._executor_op(x, lambda c, h: c.executor_forget(h, call_id))
 

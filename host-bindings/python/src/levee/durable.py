@@ -523,6 +523,7 @@ class DurableExecutor:
         self.on_attempt_done = on_attempt_done
         self._handlers: dict[str, _Registered] = {}
         self._wake = asyncio.Event()
+        self._loops: set[_Loop] = set()
 
     # ------------------------------------------------------------ registration
 
@@ -532,6 +533,9 @@ class DurableExecutor:
         or a crash (its outcome is unknown)."""
         self.engine.policy_info(policy or name)  # raises UnknownPolicy now, not at run time
         self._handlers[name] = _Registered(fn, policy or name, idempotent)
+        for loop in self._loops:  # a handler registered while `run()` runs
+            with contextlib.suppress(ExecutorGone):  # (a machine made again registers them all)
+                self.engine._executor_register(loop.machine, name)
 
     def handler(self, name: str, *, policy: str | None = None, idempotent: bool = True) -> Callable[[Handler], Handler]:
         def deco(fn: Handler) -> Handler:
@@ -642,7 +646,12 @@ class DurableExecutor:
             claim_hold=_ns(self.claim_hold),
             until_idle=until_idle,
         )
-        await _Loop(self, config).run(stop or asyncio.Event())
+        loop = _Loop(self, config)
+        self._loops.add(loop)
+        try:
+            await loop.run(stop or asyncio.Event())
+        finally:
+            self._loops.discard(loop)
 
 
 def _ns(seconds: float | None) -> int:
