@@ -17,6 +17,11 @@ A call with no key starts through `start-unkeyed`, which names the engine by its
 once per instance) instead of lending the `borrow<engine>` handle, and takes no string: the
 C API lowers a string through a second guest call (`realloc`, even for "").
 
+Anything else is lowered from a small tagged description (`_lower`: records, variants,
+lists, options), as the durable executor's `exec-event` needs; its `exec-command`s are lifted
+and checked into `levee.types`. An `executor` resource lives in the instance that made it: a
+`Core` drops its executors with itself.
+
 A `Core` is one component instance in one `wasmtime.Store`: it is NOT thread-safe; the
 public `Engine` serialises access with a lock and replaces a `Core` that trapped.
 """
@@ -287,21 +292,12 @@ class _Args:
         self.arr[i].of.boolean = x
         return self
 
-    def _name(self, i: int, kind: int, s: str) -> None:
-        b = s.encode("utf-8")
-        buf = ctypes.create_string_buffer(b, max(len(b), 1))
-        self.keep.append(buf)
-        self.arr[i].kind = kind
-        vec = self.arr[i].of.string  # same layout as `enumeration`
-        vec.size = len(b)
-        vec.data = ctypes.cast(buf, POINTER(c_ubyte))
-
     def string(self, i: int, s: str) -> _Args:
-        self._name(i, _K_STRING, s)
+        _lower(self.arr[i], ("string", s), self.keep)
         return self
 
     def enum(self, i: int, s: str) -> _Args:
-        self._name(i, _K_ENUM, s)
+        _lower(self.arr[i], ("enum", s), self.keep)
         return self
 
     def resource(self, i: int, ptr: int) -> _Args:
@@ -310,16 +306,7 @@ class _Args:
         return self
 
     def bytes_list(self, i: int, data: bytes) -> _Args:
-        n = len(data)
-        raw = bytearray(max(n, 1) * 8 * _VAL_WORDS)
-        raw[0 : n * 32 : 32] = bytes([_K_U8]) * n
-        raw[8 : n * 32 : 32] = data
-        items = (_V * max(n, 1)).from_buffer(raw)
-        self.keep.append(raw)
-        self.keep.append(items)
-        self.arr[i].kind = _K_LIST
-        self.arr[i].of.list.size = n
-        self.arr[i].of.list.data = ctypes.cast(items, POINTER(_V))
+        _lower(self.arr[i], ("bytes", data), self.keep)
         return self
 
 
