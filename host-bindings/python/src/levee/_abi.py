@@ -249,7 +249,7 @@ def _lift(v: Any) -> Any:
 def _str(vec: Any) -> str:
     if not vec.size:
         return ""
-    return ctypes.string_at(ctypes.cast(vec.data, c_void_p), vec.size).decode("utf-8", "replace")
+    return ctypes.string_at(vec.data, vec.size).decode("utf-8", "replace")
 
 
 class _Args:
@@ -328,6 +328,22 @@ def _name_into(vec: Any, s: str, keep: list[Any]) -> None:
     vec.data = ctypes.cast(buf, POINTER(c_ubyte))
 
 
+#: the buffers of field names, variant cases and enum values: a fixed set of the WIT's words,
+#: each made once (a feed of the durable executor lowers about ten of them)
+_WORDS: dict[str, tuple[int, Any, Any]] = {}
+
+
+def _word_into(vec: Any, s: str) -> None:
+    """`_name_into` for one of the WIT's own words, whose buffer lives for the process."""
+    w = _WORDS.get(s)
+    if w is None:
+        b = s.encode("utf-8")
+        buf = ctypes.create_string_buffer(b, max(len(b), 1))
+        w = _WORDS[s] = (len(b), ctypes.cast(buf, POINTER(c_ubyte)), buf)
+    vec.size = w[0]
+    vec.data = w[1]
+
+
 def _lower(dst: Any, v: Low, keep: list[Any]) -> None:
     """Write `v` into the C value `dst`; every buffer it points into is appended to `keep`
     (wasmtime borrows arguments: they must outlive the call)."""
@@ -353,7 +369,7 @@ def _lower(dst: Any, v: Low, keep: list[Any]) -> None:
         _name_into(of.string, v[1], keep)
     elif tag == "enum":
         dst.kind = _K_ENUM
-        _name_into(of.enumeration, v[1], keep)
+        _word_into(of.enumeration, v[1])
     elif tag == "bytes":
         data: bytes = v[1]
         n = len(data)
@@ -380,14 +396,14 @@ def _lower(dst: Any, v: Low, keep: list[Any]) -> None:
         ents = (_ENTRY * max(len(fields), 1))()
         keep.append(ents)
         for i, (name, e) in enumerate(fields):
-            _name_into(ents[i].name, name, keep)
+            _word_into(ents[i].name, name)
             _lower(ents[i].val, e, keep)
         dst.kind = _K_RECORD
         of.record.size = len(fields)
         of.record.data = ctypes.cast(ents, POINTER(_ENTRY))
     elif tag == "variant":
         dst.kind = _K_VARIANT
-        _name_into(of.variant.discriminant, v[1], keep)
+        _word_into(of.variant.discriminant, v[1])
         of.variant.val = _boxed(v[2], keep)
     elif tag == "option":
         dst.kind = _K_OPTION
