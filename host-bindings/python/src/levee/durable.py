@@ -702,7 +702,8 @@ class _Loop:
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
-            self._feed(ExecPoll())
+            if not stop.is_set():
+                self._feed(ExecPoll())
             while not stop.is_set() and not self.idle:
                 poll = False
                 while self.inbox and not self.idle:
@@ -787,13 +788,8 @@ class _Loop:
 
     def _abandon_all(self, why: str) -> None:
         """The machine is gone: cancel every attempt it held; nothing of them is recorded."""
-        if self.running:
-            _logger.warning(
-                "levee durable: the engine's instance was replaced (%s); %d running calls are abandoned, "
-                "to be resumed once their leases lapse",
-                why,
-                len(self.running),
-            )
+        n = len(self.running)
+        _logger.warning("levee durable: a new machine (%s); %d calls abandoned till their leases lapse", why, n)
         for a in self.running.values():
             a.task.cancel()
             a.renewer.cancel()
