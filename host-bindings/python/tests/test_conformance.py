@@ -18,7 +18,37 @@ import pytest
 
 from levee._abi import Core, LoadErrors
 from levee.engine import _runtime
-from levee.types import BreakerState, DurableStep, LoadError, OutcomeKind, Reason, Verdict, VerdictKind
+from levee.types import (
+    BreakerState,
+    ClaimedCall,
+    DurableStep,
+    ExecAbandon,
+    ExecClaim,
+    ExecClaimed,
+    ExecClaimFailed,
+    ExecCommand,
+    ExecDueIn,
+    ExecEvent,
+    ExecFinished,
+    ExecIdle,
+    ExecLog,
+    ExecNextDue,
+    ExecPoll,
+    ExecQuarantine,
+    ExecRenew,
+    ExecRun,
+    ExecSleep,
+    ExecutorConfig,
+    ExecWritten,
+    LoadError,
+    OutcomeKind,
+    Reason,
+    RowWrite,
+    Verdict,
+    VerdictKind,
+    WriteFailed,
+    WriteResult,
+)
 
 VECTORS = Path(os.environ.get("LEVEE_VECTORS_DIR") or Path(__file__).resolve().parents[3] / "conformance" / "vectors")
 
@@ -75,6 +105,42 @@ def event_json(raw: dict[str, Any]) -> dict[str, Any]:
     return {k.replace("-", "_"): v for k, v in raw.items()}
 
 
+def row_json(w: RowWrite) -> dict[str, Any]:
+    """The Rust runner's `row_json`."""
+    return {
+        "id": w.id,
+        "status": w.status,
+        "next_at": w.next_at,
+        "attempts": w.attempts,
+        "record_hex": w.record.hex(),
+        "lease": w.lease,
+        "keep_result": w.keep_result,
+        "error": w.error,
+    }
+
+
+def command_json(c: ExecCommand) -> Any:
+    """The Rust runner's `commands_json`, one command."""
+    if isinstance(c, ExecClaim):
+        return {"claim": {"limit": c.limit, "hold": c.hold}}
+    if isinstance(c, RowWrite):
+        return {"write": row_json(c)}
+    if isinstance(c, ExecRun):
+        return {"run": {"id": c.id, "attempt": c.attempt, "timeout": c.timeout, "renew_every": c.renew_every}}
+    if isinstance(c, ExecAbandon):
+        return {"abandon": c.id}
+    if isinstance(c, ExecQuarantine):
+        return {"quarantine": {"id": c.id, "error": c.error}}
+    if isinstance(c, ExecNextDue):
+        return "next_due"
+    if isinstance(c, ExecSleep):
+        return {"sleep": c.until}
+    if isinstance(c, ExecIdle):
+        return "idle"
+    assert isinstance(c, ExecLog)
+    return {"log": {"level": c.level, "id": c.id, "text": c.text}}
+
+
 class Runner:
     def __init__(self, vector: dict[str, Any], core: Core) -> None:
         self.vector = vector
@@ -82,6 +148,8 @@ class Runner:
         # The record of the last durable step that succeeded (steps without `record_hex` use it).
         self.record = b""
         self.shared = b""
+        # The trace's executor (an `executor` step makes it), a resource handle of `core`.
+        self.executor = 0
 
     def policy(self, step: dict[str, Any]) -> int:
         name = step.get("policy")
@@ -211,9 +279,90 @@ class Runner:
             return True, {"err": {"path": ierr.path, "message": ierr.message}}
         if op.startswith("durable_"):
             return True, self.durable(op, step, u, s)
+        if op == "executor" or op.startswith("exec_"):
+            return self.exec(op, step, u, s)
         if op.startswith("fleet_"):
             return True, self.fleet(op, step, u, s)
         raise AssertionError(f"unknown op {op!r}")
+
+    def exec(self, op: str, step: dict[str, Any], u: Callable[[str], int], s: Callable[[str], str]) -> tuple[bool, Any]:
+        """The executor steps (conformance/README.md, "Executor steps"): the record flows as
+        the Rust runner's does (a claimed row or an operator without `record_hex` carries the
+        trace's record; the last `write` an executor step answers becomes it)."""
+        c = self.core
+
+        def i(field: str, v: dict[str, Any] = step) -> int:
+            value = v.get(field, 0)
+            return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+        def record(v: dict[str, Any]) -> bytes:
+            h = v.get("record_hex")
+            return bytes.fromhex(h) if isinstance(h, str) else self.record
+
+        if op == "executor":
+            cfg = step["config"]
+            if self.executor:
+                c.executor_drop(self.executor)
+            self.executor = c.executor_new(
+                ExecutorConfig(
+                    owner=str(cfg.get("owner", "")),
+                    concurrency=i("concurrency", cfg),
+                    poll=i("poll", cfg),
+                    claim_hold=i("claim_hold", cfg),
+                    until_idle=cfg.get("until_idle") is True,
+                )
+            )
+            for name in step.get("register", []):
+                c.executor_register(self.executor, str(name))
+            return False, None
+        if op == "exec_operator":
+            r = c.executor_operator(i("id"), record(step), step.get("revive") is True, u("wall_now"))
+            if isinstance(r, LoadError):
+                return True, {"err": {"path": r.path, "message": r.message}}
+            self.record = r.record
+            out = row_json(r)
+            out["id"] = i("id")
+            return True, {"ok": out}
+        assert self.executor, f"{op} before the `executor` step"
+        if op == "exec_forget":
+            c.executor_forget(self.executor, i("id"))
+            return False, None
+        if op == "exec_running":
+            return True, c.executor_running(self.executor)
+        event: ExecEvent
+        if op == "exec_poll":
+            event = ExecPoll()
+        elif op == "exec_claim_failed":
+            event = ExecClaimFailed(s("error"))
+        elif op == "exec_claimed":
+            rows = step["rows"]
+            event = ExecClaimed(
+                tuple(ClaimedCall(i("id", r), str(r.get("handler", "")), record(r), i("db_now", r)) for r in rows)
+            )
+        elif op == "exec_next_due":
+            due = step.get("due_in")
+            event = ExecDueIn(due if isinstance(due, int) and not isinstance(due, bool) else None)
+        elif op == "exec_written":
+            res = step.get("result")
+            result: WriteResult
+            if res == "applied" or res == "lost":
+                result = res
+            elif isinstance(res, dict) and "failed" in res:
+                result = WriteFailed(str(res["failed"]))
+            else:
+                raise AssertionError(f'`result` must be "applied", "lost" or {{"failed": text}}, found {res!r}')
+            event = ExecWritten(i("id"), result)
+        elif op == "exec_renew":
+            event = ExecRenew(i("id"))
+        elif op == "exec_finished":
+            event = ExecFinished(i("id"), OutcomeKind(s("kind")), i("code"), s("text"), s("message"), u("flags"))
+        else:
+            raise AssertionError(f"unknown op {op!r}")
+        commands = c.executor_feed(self.executor, u("now"), event)
+        writes = [w for w in commands if isinstance(w, RowWrite)]
+        if writes:
+            self.record = writes[-1].record
+        return True, [command_json(x) for x in commands]
 
     def fleet(self, op: str, step: dict[str, Any], u: Callable[[str], int], s: Callable[[str], str]) -> Any:
         """The fleet steps (levee.fleet): the shared bytes flow as the Rust runner's do."""

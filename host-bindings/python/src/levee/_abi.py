@@ -17,6 +17,11 @@ A call with no key starts through `start-unkeyed`, which names the engine by its
 once per instance) instead of lending the `borrow<engine>` handle, and takes no string: the
 C API lowers a string through a second guest call (`realloc`, even for "").
 
+Anything else is lowered from a small tagged description (`_lower`: records, variants,
+lists, options), as the durable executor's `exec-event` needs; its `exec-command`s are lifted
+and checked into `levee.types`. An `executor` resource lives in the instance that made it: a
+`Core` drops its executors with itself.
+
 A `Core` is one component instance in one `wasmtime.Store`: it is NOT thread-safe; the
 public `Engine` serialises access with a lock and replaces a `Core` that trapped.
 """
@@ -47,10 +52,29 @@ from .types import (
     DurableStep,
     Event,
     EventKind,
+    ExecAbandon,
+    ExecClaim,
+    ExecClaimed,
+    ExecClaimFailed,
+    ExecCommand,
+    ExecDueIn,
+    ExecEvent,
+    ExecIdle,
+    ExecLog,
+    ExecNextDue,
+    ExecPoll,
+    ExecQuarantine,
+    ExecRenew,
+    ExecRun,
+    ExecSleep,
+    ExecutorConfig,
+    ExecWritten,
     LoadError,
     OutcomeKind,
     PolicyInfo,
     Reason,
+    RowWrite,
+    WriteFailed,
 )
 
 IFACE = "levee:policy/engine-api@0.1.0"
@@ -225,7 +249,7 @@ def _lift(v: Any) -> Any:
 def _str(vec: Any) -> str:
     if not vec.size:
         return ""
-    return ctypes.string_at(ctypes.cast(vec.data, c_void_p), vec.size).decode("utf-8", "replace")
+    return ctypes.string_at(vec.data, vec.size).decode("utf-8", "replace")
 
 
 class _Args:
@@ -253,26 +277,27 @@ class _Args:
         self.arr[i].of.s32 = x
         return self
 
+    def s64(self, i: int, x: int) -> _Args:
+        self.arr[i].kind = _K_S64
+        self.arr[i].of.s64 = x
+        return self
+
+    def val(self, i: int, v: Low) -> _Args:
+        """Any value, described as `_lower` takes it (records, variants, lists, options)."""
+        _lower(self.arr[i], v, self.keep)
+        return self
+
     def boolean(self, i: int, x: bool) -> _Args:
         self.arr[i].kind = _K_BOOL
         self.arr[i].of.boolean = x
         return self
 
-    def _name(self, i: int, kind: int, s: str) -> None:
-        b = s.encode("utf-8")
-        buf = ctypes.create_string_buffer(b, max(len(b), 1))
-        self.keep.append(buf)
-        self.arr[i].kind = kind
-        vec = self.arr[i].of.string  # same layout as `enumeration`
-        vec.size = len(b)
-        vec.data = ctypes.cast(buf, POINTER(c_ubyte))
-
     def string(self, i: int, s: str) -> _Args:
-        self._name(i, _K_STRING, s)
+        _lower(self.arr[i], ("string", s), self.keep)
         return self
 
     def enum(self, i: int, s: str) -> _Args:
-        self._name(i, _K_ENUM, s)
+        _lower(self.arr[i], ("enum", s), self.keep)
         return self
 
     def resource(self, i: int, ptr: int) -> _Args:
@@ -281,17 +306,120 @@ class _Args:
         return self
 
     def bytes_list(self, i: int, data: bytes) -> _Args:
+        _lower(self.arr[i], ("bytes", data), self.keep)
+        return self
+
+
+#: A value to lower, tagged by its WIT kind: `("u64" | "u32" | "s64" | "s32", int)`,
+#: `("bool", bool)`, `("string" | "enum", str)`, `("bytes", bytes)` (a `list<u8>`),
+#: `("list", [Low])`, `("record", [(field, Low)])` in the WIT's field order, `("variant", case,
+#: Low | None)`, `("option", Low | None)`.
+Low = tuple[Any, ...]
+
+_ENTRY = ffi.wasmtime_component_valrecord_entry
+
+
+def _name_into(vec: Any, s: str, keep: list[Any]) -> None:
+    """Point a `wasm_name_t` at a buffer of ours holding `s` (kept alive by `keep`)."""
+    b = s.encode("utf-8")
+    buf = ctypes.create_string_buffer(b, max(len(b), 1))
+    keep.append(buf)
+    vec.size = len(b)
+    vec.data = ctypes.cast(buf, POINTER(c_ubyte))
+
+
+#: the buffers of field names, variant cases and enum values: a fixed set of the WIT's words,
+#: each made once (a feed of the durable executor lowers about ten of them)
+_WORDS: dict[str, tuple[int, Any, Any]] = {}
+
+
+def _word_into(vec: Any, s: str) -> None:
+    """`_name_into` for one of the WIT's own words, whose buffer lives for the process."""
+    w = _WORDS.get(s)
+    if w is None:
+        b = s.encode("utf-8")
+        buf = ctypes.create_string_buffer(b, max(len(b), 1))
+        w = _WORDS[s] = (len(b), ctypes.cast(buf, POINTER(c_ubyte)), buf)
+    vec.size = w[0]
+    vec.data = w[1]
+
+
+def _lower(dst: Any, v: Low, keep: list[Any]) -> None:
+    """Write `v` into the C value `dst`; every buffer it points into is appended to `keep`
+    (wasmtime borrows arguments: they must outlive the call)."""
+    tag = v[0]
+    of = dst.of
+    if tag == "u64":
+        dst.kind = _K_U64
+        of.u64 = v[1]
+    elif tag == "u32":
+        dst.kind = _K_U32
+        of.u32 = v[1]
+    elif tag == "s64":
+        dst.kind = _K_S64
+        of.s64 = v[1]
+    elif tag == "s32":
+        dst.kind = _K_S32
+        of.s32 = v[1]
+    elif tag == "bool":
+        dst.kind = _K_BOOL
+        of.boolean = bool(v[1])
+    elif tag == "string":
+        dst.kind = _K_STRING
+        _name_into(of.string, v[1], keep)
+    elif tag == "enum":
+        dst.kind = _K_ENUM
+        _word_into(of.enumeration, v[1])
+    elif tag == "bytes":
+        data: bytes = v[1]
         n = len(data)
         raw = bytearray(max(n, 1) * 8 * _VAL_WORDS)
         raw[0 : n * 32 : 32] = bytes([_K_U8]) * n
         raw[8 : n * 32 : 32] = data
         items = (_V * max(n, 1)).from_buffer(raw)
-        self.keep.append(raw)
-        self.keep.append(items)
-        self.arr[i].kind = _K_LIST
-        self.arr[i].of.list.size = n
-        self.arr[i].of.list.data = ctypes.cast(items, POINTER(_V))
-        return self
+        keep.append(raw)
+        keep.append(items)
+        dst.kind = _K_LIST
+        of.list.size = n
+        of.list.data = ctypes.cast(items, POINTER(_V))
+    elif tag == "list":
+        elems: list[Low] = v[1]
+        arr = (_V * max(len(elems), 1))()
+        keep.append(arr)
+        for i, e in enumerate(elems):
+            _lower(arr[i], e, keep)
+        dst.kind = _K_LIST
+        of.list.size = len(elems)
+        of.list.data = ctypes.cast(arr, POINTER(_V))
+    elif tag == "record":
+        fields: list[tuple[str, Low]] = v[1]
+        ents = (_ENTRY * max(len(fields), 1))()
+        keep.append(ents)
+        for i, (name, e) in enumerate(fields):
+            _word_into(ents[i].name, name)
+            _lower(ents[i].val, e, keep)
+        dst.kind = _K_RECORD
+        of.record.size = len(fields)
+        of.record.data = ctypes.cast(ents, POINTER(_ENTRY))
+    elif tag == "variant":
+        dst.kind = _K_VARIANT
+        _word_into(of.variant.discriminant, v[1])
+        of.variant.val = _boxed(v[2], keep)
+    elif tag == "option":
+        dst.kind = _K_OPTION
+        of.option = _boxed(v[1], keep)
+    else:
+        raise ValueError(f"cannot lower a value tagged {tag!r}")
+
+
+def _boxed(v: Low | None, keep: list[Any]) -> Any:
+    """A pointer to `v` lowered on its own (a variant's payload, an option's value), or NULL."""
+    if v is None:
+        return None
+    box = _V()
+    keep.append(box)
+    _lower(box, v, keep)
+    return ctypes.pointer(box)
 
 
 def _hot_args(n: int) -> tuple[Any, Any, int]:
@@ -377,6 +505,15 @@ class Core:
             short = name.split(".", 1)[-1]
             self._funcs[short] = func
             self._addr[short] = addressof(func._func)
+        for name, short in _EXECUTOR_FUNCS:
+            idx = self.instance.get_export_index(self.store, name, iface)
+            func = self.instance.get_func(self.store, idx) if idx is not None else None
+            if func is None:
+                raise ComponentFault(f"the component does not export {IFACE}#{name}")
+            self._funcs[short] = func
+            self._addr[short] = addressof(func._func)
+        #: the `executor` resources made in this instance, dropped by `close`
+        self._executors: set[int] = set()
         self._res = 0
         res = self._slow("load", _Args(2).string(0, document).u64(1, seed), work=len(document.encode("utf-8")))
         tag, val = res
@@ -498,19 +635,20 @@ class Core:
         """The fuel of a slow crossing (a seam for `levee.testing`'s fault injection)."""
         return work_units(work)
 
-    def _slow(self, name: str, args: _Args | None = None, has_result: bool = True, work: int = 0) -> Any:
+    def _slow(self, name: str, args: _Args | None = None, has_result: bool = True, work: int = 0, this: int = 0) -> Any:
         """A crossing with any arguments and result; the result is lifted then freed. `work` is
-        the bytes of document or state it walks (its bound is `work_units(work)`)."""
+        the bytes of document or state it walks (its bound is `work_units(work)`). `this`: the
+        resource a method is called on, when it is not the engine (an executor)."""
         if self.dead:
             raise ComponentFault("the component instance is poisoned")
         if args is None:
             args = _Args(0)
-        if name != "load":
-            # every method takes the engine as its first argument
+        if name not in _BARE:
+            # every method takes its resource (the engine, unless `this`) as its first argument
             full = _Args(args.n + 1)
             ctypes.memmove(addressof(full.arr) + 32, addressof(args.arr), 32 * args.n)
             full.keep = [*args.keep, args.arr]
-            full.resource(0, self._res)
+            full.resource(0, this or self._res)
             args = full
         f = self._addr[name]
         self.store.set_fuel(self._slow_fuel(work))
@@ -534,7 +672,9 @@ class Core:
         return out
 
     def close(self) -> None:
-        """Drop the engine resource; the instance is unusable afterwards."""
+        """Drop the executors and the engine resource; the instance is unusable afterwards."""
+        for x in list(self._executors):
+            self.executor_drop(x)
         if self._res and not self.dead:
             err = ffi.wasmtime_component_resource_any_drop(self.store._context(), self._res_ptr)
             if err:
@@ -899,6 +1039,87 @@ class Core:
         tag, val = self._slow("durable-inspect", _Args(1).bytes_list(0, record))
         return str(val) if tag == "ok" else LoadError(val["path"], val["message"])
 
+    # The durable executor's machine (`resource executor`, docs/durable.md "The executor"). An
+    # executor is an `int`, its resource handle: it lives in this instance only.
+
+    def executor_new(self, config: ExecutorConfig) -> int:
+        """`[constructor]executor`: a new machine in this instance."""
+        low = (
+            "record",
+            [
+                ("owner", ("string", config.owner)),
+                ("concurrency", ("u32", _clamp(config.concurrency, 0xFFFFFFFF))),
+                ("poll", ("u64", _clamp(config.poll, _U64))),
+                ("claim-hold", ("u64", _clamp(config.claim_hold, _U64))),
+                ("until-idle", ("bool", config.until_idle)),
+            ],
+        )
+        ptr = self._slow("executor.new", _Args(1).val(0, low))
+        if not isinstance(ptr, int) or isinstance(ptr, bool) or not ptr:
+            self.dead = True
+            raise ComponentFault(f"the executor constructor answered {ptr!r}, not a resource")
+        self._executors.add(ptr)
+        return ptr
+
+    def executor_register(self, x: int, name: str) -> None:
+        """`executor.register`: calls of handler `name` may run in this process."""
+        self._slow("executor.register", _Args(1).string(0, name), has_result=False, this=self._held(x))
+
+    def executor_running(self, x: int) -> int:
+        """`executor.running`: the calls the machine holds."""
+        n = self._slow("executor.running", this=self._held(x))
+        if not isinstance(n, int) or isinstance(n, bool):
+            self.dead = True
+            raise ComponentFault(f"executor.running answered {n!r}")
+        return n
+
+    def executor_feed(self, x: int, now: int, event: ExecEvent) -> list[ExecCommand]:
+        """`executor.feed`: what happened at `now` (monotonic ns); the commands, in order. An
+        answer that is not a list of commands breaks the contract (`ComponentFault`, the
+        instance is not used again)."""
+        low, work = _exec_event(event)
+        args = _Args(3).resource(0, self._res).u64(1, _clamp(now, _U64)).val(2, low)
+        raw = self._slow("executor.feed", args, work=work, this=self._held(x))
+        try:
+            return _exec_commands(raw)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            self.dead = True
+            raise ComponentFault(f"executor.feed broke the contract: {e}") from None
+
+    def executor_forget(self, x: int, call_id: int) -> None:
+        """`executor.forget`: drop call `call_id` (its handler was stopped at shutdown)."""
+        self._slow("executor.forget", _Args(1).s64(0, _s64(call_id)), has_result=False, this=self._held(x))
+
+    def executor_operator(self, call_id: int, record: bytes, revive: bool, wall_now: int) -> RowWrite | LoadError:
+        """`executor.operator` (static): what an operator's cancel (`revive` False) or retry
+        writes, compare-and-set against `record`; the core's error when it changes nothing."""
+        args = _Args(4).s64(0, _s64(call_id)).bytes_list(1, record).boolean(2, revive).u64(3, _clamp(wall_now, _U64))
+        tag, val = self._slow("executor.operator", args, work=len(record))
+        if tag != "ok":
+            return LoadError(str(val["path"]), str(val["message"]))
+        try:
+            return _row_write(val)
+        except (KeyError, TypeError, ValueError) as e:
+            self.dead = True
+            raise ComponentFault(f"executor.operator broke the contract: {e}") from None
+
+    def executor_drop(self, x: int) -> None:
+        """Drop an executor resource (every one is dropped by `close`)."""
+        if x not in self._executors:
+            return
+        self._executors.discard(x)
+        p = ctypes.cast(x, POINTER(ffi.wasmtime_component_resource_any_t))
+        if not self.dead:
+            err = ffi.wasmtime_component_resource_any_drop(self.store._context(), p)
+            if err:
+                self.dead = True
+        ffi.wasmtime_component_resource_any_delete(p)
+
+    def _held(self, x: int) -> int:
+        if x not in self._executors:
+            raise ValueError("this executor does not belong to this component instance (or was dropped)")
+        return x
+
     # Fleet-wide state (levee.fleet; docs/fleet.md).
     def fleet_plan(self, policy: int) -> str | None:
         r = self._slow("fleet-plan", _Args(1).u32(0, policy & 0xFFFFFFFF))
@@ -928,6 +1149,138 @@ class Core:
     def fleet_inspect(self, shared: bytes) -> str | LoadError:
         tag, val = self._slow("fleet-inspect", _Args(1).bytes_list(0, shared))
         return str(val) if tag == "ok" else LoadError(str(val["path"]), str(val["message"]))
+
+
+_U64 = (1 << 64) - 1
+_BARE = frozenset({"load", "executor.new"})  # functions that take no resource first
+_EXECUTOR_FUNCS = (
+    ("[constructor]executor", "executor.new"),
+    ("[method]executor.register", "executor.register"),
+    ("[method]executor.running", "executor.running"),
+    ("[method]executor.feed", "executor.feed"),
+    ("[method]executor.forget", "executor.forget"),
+    ("[static]executor.operator", "executor.operator"),
+)
+
+
+def _clamp(x: int, top: int) -> int:
+    return min(max(0, int(x)), top)
+
+
+def _s64(x: int) -> int:
+    return min(max(-(1 << 63), int(x)), (1 << 63) - 1)
+
+
+def _exec_event(ev: ExecEvent) -> tuple[Low, int]:
+    """An `exec-event` to lower, and the bytes the core walks for it (records, texts)."""
+    if isinstance(ev, ExecPoll):
+        return ("variant", "poll", None), 0
+    if isinstance(ev, ExecClaimed):
+        rows: list[Low] = [
+            (
+                "record",
+                [
+                    ("id", ("s64", _s64(r.id))),
+                    ("handler", ("string", r.handler)),
+                    ("bytes", ("bytes", bytes(r.record))),
+                    ("db-now", ("u64", _clamp(r.db_now, _U64))),
+                ],
+            )
+            for r in ev.rows
+        ]
+        work = sum(len(r.record) + len(r.handler) for r in ev.rows)
+        return ("variant", "claimed", ("list", rows)), work
+    if isinstance(ev, ExecClaimFailed):
+        return ("variant", "claim-failed", ("string", ev.error)), len(ev.error)
+    if isinstance(ev, ExecDueIn):
+        due = None if ev.due_in is None else ("u64", _clamp(ev.due_in, _U64))
+        return ("variant", "next-due", ("option", due)), 0
+    if isinstance(ev, ExecWritten):
+        res = ev.result
+        low: Low
+        if isinstance(res, WriteFailed):
+            low = ("variant", "failed", ("string", res.error))
+        elif res == "lost":
+            low = ("variant", "lost", None)
+        else:
+            low = ("variant", "applied", None)
+        rec = ("record", [("id", ("s64", _s64(ev.id))), ("result", low)])
+        return ("variant", "written", rec), len(res.error) if isinstance(res, WriteFailed) else 0
+    if isinstance(ev, ExecRenew):
+        return ("variant", "renew", ("s64", _s64(ev.id))), 0
+    fields: list[tuple[str, Low]] = [
+        ("id", ("s64", _s64(ev.id))),
+        ("kind", ("enum", ev.kind.wit)),
+        ("code", ("s32", min(max(-(1 << 31), int(ev.code)), (1 << 31) - 1))),
+        ("text", ("string", ev.text)),
+        ("message", ("string", ev.message)),
+        ("flags", ("u32", _clamp(ev.flags, 0xFFFFFFFF))),
+    ]
+    return ("variant", "finished", ("record", fields)), len(ev.text) + len(ev.message)
+
+
+def _int(v: Any) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"{v!r} is not an integer")
+    return v
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{v!r} is not a string")
+    return v
+
+
+def _row_write(v: Any) -> RowWrite:
+    """A lifted `row-write`, checked."""
+    error = v["error"]
+    raw = v["bytes"]
+    if not isinstance(raw, bytes | list) or not isinstance(v["lease"], bool) or not isinstance(v["keep-result"], bool):
+        raise TypeError(f"a malformed row-write: {v!r}")
+    return RowWrite(
+        id=_int(v["id"]),
+        status=_text(v["status"]),
+        next_at=_int(v["next-at"]),
+        attempts=_int(v["attempts"]),
+        record=bytes(raw),
+        lease=v["lease"],
+        keep_result=v["keep-result"],
+        error=None if error is None else _text(error),
+    )
+
+
+_NO_PAYLOAD: dict[str, ExecCommand] = {"next-due": ExecNextDue(), "idle": ExecIdle()}
+
+
+def _exec_commands(raw: Any) -> list[ExecCommand]:
+    """A lifted `list<exec-command>`, checked (never trusting the guest)."""
+    if not isinstance(raw, list):
+        raise TypeError(f"{raw!r} is not a list of commands")
+    out: list[ExecCommand] = []
+    for item in raw:
+        case, val = item
+        if case == "claim":
+            out.append(ExecClaim(_int(val["limit"]), _int(val["hold"])))
+        elif case == "write":
+            out.append(_row_write(val))
+        elif case == "run":
+            out.append(ExecRun(_int(val["id"]), _int(val["attempt"]), _int(val["timeout"]), _int(val["renew-every"])))
+        elif case == "abandon":
+            out.append(ExecAbandon(_int(val)))
+        elif case == "quarantine":
+            out.append(ExecQuarantine(_int(val["id"]), _text(val["error"])))
+        elif case == "sleep":
+            out.append(ExecSleep(_int(val)))
+        elif case == "log":
+            level = _text(val["level"])
+            if level not in ("warn", "error"):
+                raise ValueError(f"log level {level!r}")
+            out.append(ExecLog(level, _int(val["id"]), _text(val["text"])))
+        elif case in _NO_PAYLOAD:
+            out.append(_NO_PAYLOAD[case])
+        else:
+            raise ValueError(f"unknown command {case!r}")
+    return out
 
 
 def _hedge_answer(r: Any) -> tuple[list[Any], bool]:

@@ -23,7 +23,20 @@ from ._events import Listener, dispatch, logger
 from .errors import EngineClosed, LeveeError, PolicyError, ProtocolError, UnknownPolicy
 from .outcomes import Outcome
 from .telemetry import SpanSink, TelemetrySink, emit_attempt, emit_call
-from .types import BreakerState, Event, EventKind, LoadError, OutcomeKind, PolicyInfo, Reason, Verdict
+from .types import (
+    BreakerState,
+    Event,
+    EventKind,
+    ExecCommand,
+    ExecEvent,
+    ExecutorConfig,
+    LoadError,
+    OutcomeKind,
+    PolicyInfo,
+    Reason,
+    RowWrite,
+    Verdict,
+)
 
 if TYPE_CHECKING:
     from ._driver import FallbackContext, RetryHook, RetryPredicate, _Call
@@ -163,6 +176,22 @@ class _PolicySlot:
         #: the largest first-attempt timeout the contract allows (0: any, including none)
         t, d = info.attempt_timeout, info.deadline
         self.tmax = min(t, d) if t and d else t or d
+
+
+class ExecutorGone(LeveeError):
+    """The component instance a durable executor's machine lived in is gone: it was replaced
+    after a trap (or a contract fault), or the engine was closed. Its calls are abandoned; a
+    new machine is made in the new instance (docs/durable.md, "The executor")."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorRef:
+    """A durable executor's machine: its resource handle in `core`, made at `generation`
+    (the instance's, which a recovery moves on). Private to `levee.durable`."""
+
+    core: Core
+    handle: int
+    generation: int
 
 
 class EngineRuntime:
@@ -701,6 +730,76 @@ class EngineRuntime:
         finally:
             if events:
                 dispatch(events, self._listeners, self._sink)
+
+    # ------------------------------------------------------------ the durable executor's machine
+    # `levee.durable` drives it; the machine lives in the current instance, so every method
+    # checks that the instance it was made in is still the engine's (else `ExecutorGone`).
+
+    def _executor_new(self, config: ExecutorConfig, handlers: list[str]) -> ExecutorRef:
+        """A new machine in the current instance, with `handlers` registered."""
+
+        def op(c: Core) -> ExecutorRef:
+            x = c.executor_new(config)
+            for name in handlers:
+                c.executor_register(x, name)
+            return ExecutorRef(c, x, self._generation)
+
+        return self._locked_op(op)
+
+    def _executor_op(self, x: ExecutorRef, fn: Callable[[Core, int], T]) -> T:
+        """`fn(core, handle)` under the lock, if `x` lives in the current instance; a trap is
+        recovered (the one path) and raised as `ExecutorGone`, as is a replaced instance."""
+        events: list[Event] = []
+        try:
+            with self._lock:
+                if self._closed:
+                    raise ExecutorGone("the engine is closed")
+                core = self._core
+                if x.core is not core or x.generation != self._generation:
+                    raise ExecutorGone("the component instance was replaced after a fault")
+                try:
+                    if core.dead:
+                        raise ComponentFault("the component is unavailable")
+                    self._flush_locked(events)
+                    return fn(core, x.handle)
+                except ComponentFault as e:
+                    self._recover_locked(e, events)
+                    raise ExecutorGone(f"the Levee engine faulted and was re-instantiated: {e}") from e
+        finally:
+            if events:
+                dispatch(events, self._listeners, self._sink)
+
+    def _executor_feed(self, x: ExecutorRef, now: int, event: ExecEvent) -> list[ExecCommand]:
+        return self._executor_op(x, lambda c, h: c.executor_feed(h, now, event))
+
+    def _executor_running(self, x: ExecutorRef) -> int:
+        return self._executor_op(x, lambda c, h: c.executor_running(h))
+
+    def _executor_register(self, x: ExecutorRef, name: str) -> None:
+        self._executor_op(x, lambda c, h: c.executor_register(h, name))
+
+    def _executor_forget(self, x: ExecutorRef, call_id: int) -> None:
+        self._executor_op(x, lambda c, h: c.executor_forget(h, call_id))
+
+    def _executor_fault(self, x: ExecutorRef, message: str) -> None:
+        """The machine answered a command the host cannot carry out (a contract fault): the
+        instance is replaced, as after a trap, unless that happened already."""
+        events: list[Event] = []
+        with self._lock:
+            if not self._closed and x.core is self._core and x.generation == self._generation:
+                self._recover_locked(ProtocolError(message), events, "contract")
+        if events:
+            dispatch(events, self._listeners, self._sink)
+
+    def _executor_close(self, x: ExecutorRef) -> None:
+        """Drop the machine (an instance already replaced or closed dropped it with itself)."""
+        with self._lock:
+            if not self._closed and x.core is self._core and not x.core.dead:
+                x.core.executor_drop(x.handle)
+
+    def _executor_operator(self, call_id: int, record: bytes, revive: bool, wall_now: int) -> RowWrite | LoadError:
+        """`executor.operator` (static): what an operator's cancel or retry writes."""
+        return self._locked_op(lambda c: c.executor_operator(call_id, record, revive, wall_now))
 
 
 #: every live engine, for the fork handler

@@ -39,9 +39,11 @@ idempotency keys) and the clock rules.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -52,10 +54,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._constants import DURABLE_OPERATOR_TRIES, REPORT_OVERLOADED
+from ._runtime import ExecutorGone, ExecutorRef
 from .engine import Engine
 from .errors import LeveeError
 from .outcomes import Outcome, outcome_for_exception
-from .types import DurableAction, DurableStep, LoadError
+from .types import (
+    ClaimedCall,
+    ExecAbandon,
+    ExecClaim,
+    ExecClaimed,
+    ExecClaimFailed,
+    ExecCommand,
+    ExecDueIn,
+    ExecEvent,
+    ExecFinished,
+    ExecIdle,
+    ExecLog,
+    ExecNextDue,
+    ExecPoll,
+    ExecQuarantine,
+    ExecRenew,
+    ExecRun,
+    ExecSleep,
+    ExecutorConfig,
+    ExecWritten,
+    LoadError,
+    RowWrite,
+    WriteFailed,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -71,13 +98,7 @@ __all__ = [
 ]
 
 _SQL_DIR_ENV = "LEVEE_DURABLE_SQL_DIR"
-_STATUS = {
-    DurableAction.RUN: "running",
-    DurableAction.WAIT: "scheduled",
-    DurableAction.DONE: "done",
-    DurableAction.DEAD: "dead",
-    DurableAction.CANCELLED: "cancelled",
-}
+_logger = logging.getLogger("levee.durable")
 
 
 def _sql_dir() -> Path:
@@ -459,10 +480,6 @@ class _Registered:
     idempotent: bool
 
 
-class _Lost(Exception):
-    """This process no longer holds the call (a fenced write was refused)."""
-
-
 def _describe(err: LoadError) -> str:
     return f"{err.path}: {err.message}" if err.path else err.message
 
@@ -472,11 +489,18 @@ class DurableExecutor:
 
     `owner` names this process in leases (default: host, pid and a random suffix; it must be
     unique per process). `concurrency` bounds the calls this process runs at once.
-    `claim_hold` is how long a claim keeps calls out of other processes' due window before
-    the core's answer is written (milliseconds later): a process that dies right after claiming
-    delays its claimed calls by that much. `on_attempt_done(call_id, attempt, outcome)` is called
-    after an attempt's outcome is known and before it is persisted (for metrics; the crash
-    tests kill the process there).
+    `poll_interval` (seconds) is the longest sleep between two looks at the store: calls other
+    processes submit are seen within it. `claim_hold` (seconds) is how long a claim keeps calls
+    out of other processes' due window before the core's answer is written (milliseconds
+    later): a process that dies right after claiming delays its claimed calls by that much.
+    Each left out (None) takes the core's default (docs/durable.md, "The executor").
+    `on_attempt_done(call_id, attempt, outcome)` is called after an attempt's outcome is known
+    and before it is persisted (for metrics; the crash tests kill the process there); what it
+    raises is logged and changes nothing.
+
+    The loop's decisions are the core's (the component's `executor` machine): this class feeds
+    it what happened and carries out its commands with the store's statements, the handlers,
+    asyncio's timers and cancellation, and the `levee.durable` logger.
     """
 
     def __init__(
@@ -485,22 +509,21 @@ class DurableExecutor:
         store: Store,
         *,
         owner: str | None = None,
-        concurrency: int = 16,
-        poll_interval: float = 1.0,
-        claim_hold: float = 5.0,
+        concurrency: int | None = None,
+        poll_interval: float | None = None,
+        claim_hold: float | None = None,
         on_attempt_done: Callable[[int, int, Outcome], None] | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
         self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.concurrency = max(1, concurrency)
+        self.concurrency = concurrency
         self.poll_interval = poll_interval
-        self.claim_hold = int(claim_hold * 1e9)
+        self.claim_hold = claim_hold
         self.on_attempt_done = on_attempt_done
         self._handlers: dict[str, _Registered] = {}
         self._wake = asyncio.Event()
-        self._running: set[asyncio.Task[None]] = set()
-        self._store_lock = asyncio.Lock()
+        self._loops: set[_Loop] = set()
 
     # ------------------------------------------------------------ registration
 
@@ -510,6 +533,9 @@ class DurableExecutor:
         or a crash (its outcome is unknown)."""
         self.engine.policy_info(policy or name)  # raises UnknownPolicy now, not at run time
         self._handlers[name] = _Registered(fn, policy or name, idempotent)
+        for loop in self._loops:  # a handler registered while `run()` runs
+            with contextlib.suppress(ExecutorGone):  # (a machine made again registers them all)
+                self.engine._executor_register(loop.machine, name)
 
     def handler(self, name: str, *, policy: str | None = None, idempotent: bool = True) -> Callable[[Handler], Handler]:
         def deco(fn: Handler) -> Handler:
@@ -584,25 +610,26 @@ class DurableExecutor:
     def cancel(self, call_id: int) -> bool:
         """Cancel a call that has not finished. An attempt running now may still complete;
         its outcome is then refused. False when the call is unknown or already finished."""
-        return self._operator(call_id, lambda rec, now: self.engine.durable_cancel(rec, now))
+        return self._operator(call_id, revive=False)
 
     def retry(self, call_id: int) -> bool:
         """Give a dead or cancelled call a fresh set of attempts, due now."""
-        ok = self._operator(call_id, lambda rec, now: self.engine.durable_revive(rec, now))
+        ok = self._operator(call_id, revive=True)
         self._wake.set()
         return ok
 
-    def _operator(self, call_id: int, op: Callable[[bytes, int], DurableStep | LoadError]) -> bool:
-        for _ in range(10):  # compare-and-set against concurrent writers
+    def _operator(self, call_id: int, *, revive: bool) -> bool:
+        """What the core says an operator's cancel or retry writes, compare-and-set against the
+        record read, tried again against concurrent writers."""
+        for _ in range(DURABLE_OPERATOR_TRIES):
             row = self.store.get(call_id)
             if row is None:
                 return False
             old = bytes(row[6])
-            step = op(old, self.store.now())
-            if isinstance(step, LoadError):
-                return False
-            err = None if step.action != DurableAction.CANCELLED else "cancelled by an operator"
-            if self.store.replace(call_id, _STATUS[step.action], step.next_at, step.attempt, step.record, err, old):
+            w = self.engine._executor_operator(call_id, old, revive, self.store.now())
+            if isinstance(w, LoadError):
+                return False  # finished already, or a record the core cannot use: not changed
+            if self.store.replace(call_id, w.status, w.next_at, w.attempts, w.record, w.error, old):
                 return True
         return False
 
@@ -612,161 +639,294 @@ class DurableExecutor:
         """Claim and run due calls until `stop` is set (or, with `until_idle`, until no call
         is pending). Calls found due at start-up, including ones cut off by a crash once their
         lease lapses, are resumed first."""
-        stop = stop or asyncio.Event()
-        try:
-            while not stop.is_set():
-                free = self.concurrency - len(self._running)
-                claimed: list[Claimed] = []
-                # The records' last-seen becomes the claim's db_now, read while the statement
-                # runs: the monotonic clock counts from before it, so that the time the claim
-                # takes to return never shortens a wait (a retry may start late, never early).
-                got = time.monotonic_ns()
-                if free > 0:
-                    async with self._store_lock:
-                        claimed = self.store.claim(self.owner, self.claim_hold, free)
-                for c in claimed:
-                    task = asyncio.create_task(self._drive(c, got))
-                    self._running.add(task)
-                    task.add_done_callback(self._done)
-                if claimed and len(self._running) < self.concurrency:
-                    continue
-                async with self._store_lock:
-                    due_in = self.store.next_due_in()
-                if until_idle and due_in is None and not self._running:
-                    return
-                timeout = self.poll_interval if due_in is None else min(self.poll_interval, max(due_in, 0) / 1e9)
-                self._wake.clear()
-                waiters = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]
-                _, pending = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                for p in pending:
-                    p.cancel()
-        finally:
-            for t in list(self._running):
-                t.cancel()
-            if self._running:
-                await asyncio.gather(*self._running, return_exceptions=True)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
-        self._wake.set()
-
-    async def _write(self, c: Claimed, step: DurableStep, result: bytes | None = None) -> None:
-        status = _STATUS[step.action]
-        holder = self.owner if step.action == DurableAction.RUN else None
-        error = None
-        if step.action == DurableAction.DEAD:
-            error = self._dead_reason(step)
-        async with self._store_lock:
-            ok = self.store.write(
-                c.id, self.owner, status, step.next_at, step.attempt, holder, step.record, result, error
-            )
-        if not ok:
-            raise _Lost
-
-    def _dead_reason(self, step: DurableStep) -> str:
-        described = self.engine.durable_inspect(step.record)
-        if isinstance(described, LoadError):
-            return step.reason.value
-        last = json.loads(described).get("last-error") or {}
-        return (
-            f"{step.reason.value}: attempt {last.get('attempt', 0)} failed with "
-            f"`{last.get('class', '')}`: {last.get('message', '')}"
+        config = ExecutorConfig(
+            owner=self.owner,
+            concurrency=max(0, self.concurrency or 0),
+            poll=_ns(self.poll_interval),
+            claim_hold=_ns(self.claim_hold),
+            until_idle=until_idle,
         )
-
-    async def _drive(self, c: Claimed, claimed_at: int) -> None:
+        loop = _Loop(self, config)
+        self._loops.add(loop)
         try:
-            reg = self._handlers.get(c.handler)
-            if reg is None:
-                async with self._store_lock:
-                    self.store.quarantine(c.id, f"handler: no durable handler named `{c.handler}` is registered")
-                return
-            step = self.engine.durable_step(c.record, self.owner, c.db_now, 0)
-            if isinstance(step, LoadError):
-                async with self._store_lock:
-                    self.store.quarantine(c.id, _describe(step))
-                return
-            await self._write(c, step)  # before the attempt
-            if step.action != DurableAction.RUN:
-                return  # a wait: the call is due again at next_at, for whichever process
-            # the monotonic clock counts from the claim (whose db_now the record's last-seen is),
-            # not from after the write above, which would shorten the backoff by the write's time
-            record, got, result, outcome, message = await self._attempt(c, reg, step, claimed_at)
-            if self.on_attempt_done is not None:
-                self.on_attempt_done(c.id, step.attempt, outcome)
-            # After the claim only the monotonic clock counts: the core works at
-            # max(claim's wall time, last seen + monotonic time since it gave these bytes).
-            after = self.engine.durable_outcome(
-                record, self.owner, c.db_now, time.monotonic_ns() - got, outcome, message
-            )
-            if isinstance(after, LoadError):
-                async with self._store_lock:
-                    self.store.quarantine(c.id, _describe(after))
-                return
-            await self._write(c, after, result if after.action == DurableAction.DONE else None)
-        except _Lost:
-            return  # another process (or an operator) holds the call now: nothing to record
-        except LeveeError as e:
-            # the engine faulted: leave the call to be resumed when its claim lapses
-            _log(f"levee durable: call {c.id}: {e}")
-
-    async def _attempt(
-        self, c: Claimed, reg: _Registered, step: DurableStep, got: int
-    ) -> tuple[bytes, int, bytes | None, Outcome, str]:
-        """Run the handler under the attempt's timeout, renewing the lease every third of it.
-        `got` is the monotonic time of the claim (the record's last-seen). Returns the latest record
-        (renewals change it) and the monotonic time the core gave it, the result, the outcome
-        and the error's message."""
-        timeout = step.timeout / 1e9 if step.timeout else None
-        ctx = DurableContext(c.id, step.attempt, c.idempotency_key, timeout)
-        current = step
-        lost = asyncio.Event()
-
-        async def renew() -> None:
-            # A renewal the fence refuses (lost) or the core refuses ends the attempt; one the
-            # store fails is tried again at the next tick while the lease lasts, then ends it.
-            nonlocal current, got
-            lease = step.lease_until - c.db_now  # the policy's lease, as the core granted it
-            while True:
-                await asyncio.sleep(max(0.05, lease / 3e9))
-                asked = time.monotonic_ns()  # the renewed record's last-seen is this moment
-                r = self.engine.durable_renew(current.record, self.owner, c.db_now, asked - got)
-                if isinstance(r, LoadError):
-                    lost.set()
-                    return
-                try:
-                    await self._write(c, r)
-                except _Lost:
-                    lost.set()
-                    return
-                except Exception as e:  # the store: tried again, unless the lease has run out
-                    if time.monotonic_ns() >= got + lease:
-                        _log(f"levee durable: call {c.id}: renewing a lease: {e}; the lease ran out")
-                        lost.set()
-                        return
-                    _log(f"levee durable: call {c.id}: renewing a lease: {e}")
-                    continue
-                got, current = asked, r
-
-        renewer = asyncio.create_task(renew())
-        work = asyncio.ensure_future(_call(reg.fn, c.payload, ctx))
-        lost_wait = asyncio.create_task(lost.wait())
-        try:
-            done, _ = await asyncio.wait({work, lost_wait}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            if lost_wait in done:
-                work.cancel()
-                raise _Lost
-            if work not in done:
-                work.cancel()
-                return current.record, got, None, Outcome.timeout(), "the attempt timed out"
-            exc = work.exception()
-            if exc is not None:
-                return current.record, got, None, outcome_for_exception(exc), str(exc)[:4096]
-            return current.record, got, work.result(), Outcome.success(), ""
+            await loop.run(stop or asyncio.Event())
         finally:
-            renewer.cancel()
-            lost_wait.cancel()
-            with contextlib.suppress(asyncio.CancelledError, _Lost):
-                await renewer
+            self._loops.discard(loop)
+
+
+def _ns(seconds: float | None) -> int:
+    """Seconds as ns; None (or not positive) is 0: the core's default."""
+    return max(0, int((seconds or 0) * 1e9))
+
+
+class _Broken(Exception):
+    """The machine answered a command this host cannot carry out (a contract fault)."""
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """A handler's attempt running, and the timer that renews its lease."""
+
+    call: Claimed
+    number: int
+    task: asyncio.Task[tuple[bytes | None, Outcome, str]]
+    renewer: asyncio.Task[None]
+
+
+#: `next-due` when the store could not say: the machine then looks again after its poll interval
+_UNKNOWN_DUE = (1 << 64) - 1
+
+
+class _Loop:
+    """One `run()`: the core's machine, fed what happens, and its commands carried out."""
+
+    def __init__(self, ex: DurableExecutor, config: ExecutorConfig) -> None:
+        self.ex = ex
+        self.engine = ex.engine
+        self.store = ex.store
+        self.config = config
+        self.machine = self._make()
+        #: rows claimed and not yet run (their payload and idempotency key), by call id
+        self.rows: dict[int, Claimed] = {}
+        self.running: dict[int, _Attempt] = {}
+        #: a finished handler's result, until its outcome is written
+        self.results: dict[int, bytes | None] = {}
+        #: what handlers and timers report, with the monotonic time it happened
+        self.inbox: collections.deque[tuple[int, ExecEvent]] = collections.deque()
+        self.signal = asyncio.Event()
+        self.sleep_until: int | None = None
+        self.idle = False
+
+    def _make(self) -> ExecutorRef:
+        return self.engine._executor_new(self.config, list(self.ex._handlers))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            if not stop.is_set():
+                self._feed(ExecPoll())
+            while not stop.is_set() and not self.idle:
+                poll = False
+                while self.inbox and not self.idle:
+                    at, ev = self.inbox.popleft()
+                    self._feed(ev, at)
+                    poll = poll or isinstance(ev, ExecFinished)  # an attempt's end frees a slot
+                if self.ex._wake.is_set():  # a submission, an operator's retry
+                    self.ex._wake.clear()
+                    poll = True
+                if self.idle:
+                    break
+                if not poll and not self.inbox:
+                    # (awaited even when the sleep has ended already: handlers run meanwhile)
+                    poll = await self._wait(stop)
+                if poll and not stop.is_set():
+                    self.sleep_until = None
+                    self._feed(ExecPoll())
+        finally:
+            await self._stop()
+
+    async def _wait(self, stop: asyncio.Event) -> bool:
+        """Until something happens: an event from a handler or timer, a wake, `stop`, or the
+        machine's sleep ending (then True: look at the store again)."""
+        self.signal.clear()
+        timeout = None
+        if self.sleep_until is not None:
+            timeout = min(max(0, self.sleep_until - time.monotonic_ns()) / 1e9, 86400.0)
+        waiters = [asyncio.ensure_future(e.wait()) for e in (self.signal, self.ex._wake, stop)]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        return self.sleep_until is not None and time.monotonic_ns() >= self.sleep_until
+
+    async def _stop(self) -> None:
+        """Shutdown: stop the handlers (their rows stay as last written, resumed once their
+        leases lapse) and drop the machine."""
+        tasks: list[asyncio.Task[Any]] = []
+        for cid, a in list(self.running.items()):
+            a.task.cancel()
+            a.renewer.cancel()
+            tasks += [a.task, a.renewer]
+            with contextlib.suppress(ExecutorGone):
+                self.engine._executor_forget(self.machine, cid)
+        self.running.clear()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.engine._executor_close(self.machine)
+
+    # ------------------------------------------------------------ feeding the machine
+
+    def _feed(self, event: ExecEvent, at: int | None = None) -> None:
+        """Feed `event` and carry out the commands, each followed at once by what it came to
+        (a claim's rows, a write's result), in order. A machine whose instance was replaced
+        (a trap) is made again and the calls the old one held are abandoned."""
+        try:
+            self._carry_all(event, at)
+        except (ExecutorGone, _Broken) as e:
+            if isinstance(e, _Broken):
+                self.engine._executor_fault(self.machine, str(e))
+            self._abandon_all(str(e))
+            self.machine = self._make()  # a second fault right away is the engine's: raised
+            self._carry_all(ExecPoll(), None)
+        finally:
+            self.rows.clear()  # every claimed row is run, written back or set aside by now
+
+    def _carry_all(self, event: ExecEvent, at: int | None) -> None:
+        stack = [iter(self._ask(event, at))]
+        while stack:
+            cmd = next(stack[-1], None)
+            if cmd is None:
+                stack.pop()
+                continue
+            follow = self._carry(cmd)
+            if follow is not None:
+                stack.append(iter(self._ask(follow, None)))
+
+    def _ask(self, event: ExecEvent, at: int | None) -> list[ExecCommand]:
+        now = time.monotonic_ns() if at is None else at
+        return self.engine._executor_feed(self.machine, now, event)
+
+    def _abandon_all(self, why: str) -> None:
+        """The machine is gone: cancel every attempt it held; nothing of them is recorded."""
+        n = len(self.running)
+        _logger.warning("levee durable: a new machine (%s); %d calls abandoned till their leases lapse", why, n)
+        for a in self.running.values():
+            a.task.cancel()
+            a.renewer.cancel()
+        self.running.clear()
+        self.results.clear()
+        self.inbox.clear()
+        self.sleep_until = None
+
+    def _known(self, cid: int) -> bool:
+        return cid in self.rows or cid in self.running or cid in self.results
+
+    def _carry(self, cmd: ExecCommand) -> ExecEvent | None:
+        """Carry out one command; the event it came to, if the machine waits for one."""
+        if isinstance(cmd, RowWrite):
+            return self._write(cmd)
+        if isinstance(cmd, ExecRun):
+            self._run(cmd)
+        elif isinstance(cmd, ExecClaim):
+            return self._claim(cmd)
+        elif isinstance(cmd, ExecNextDue):
+            try:
+                due = self.store.next_due_in()
+            except Exception as e:
+                _logger.error("levee durable: asking the store when the next call is due: %s", e)
+                return ExecDueIn(_UNKNOWN_DUE)
+            return ExecDueIn(None if due is None else max(0, due))
+        elif isinstance(cmd, ExecSleep):
+            self.sleep_until = cmd.until
+        elif isinstance(cmd, ExecAbandon):
+            a = self.running.pop(cmd.id, None)
+            if a is not None:
+                a.task.cancel()
+                a.renewer.cancel()
+            self.results.pop(cmd.id, None)
+        elif isinstance(cmd, ExecQuarantine):
+            if not self._known(cmd.id):
+                raise _Broken(f"the executor quarantined call {cmd.id}, which it does not hold")
+            self.results.pop(cmd.id, None)
+            try:
+                self.store.quarantine(cmd.id, cmd.error)
+            except Exception as e:
+                _logger.error("levee durable: setting call %d aside: %s", cmd.id, e)
+        elif isinstance(cmd, ExecLog):
+            text = f"{cmd.text} (call {cmd.id})" if cmd.id else cmd.text
+            _logger.log(logging.WARNING if cmd.level == "warn" else logging.ERROR, "%s", text)
+        elif isinstance(cmd, ExecIdle):
+            self.idle = True
+        return None
+
+    def _claim(self, cmd: ExecClaim) -> ExecEvent:
+        try:
+            claimed = self.store.claim(self.config.owner, cmd.hold, cmd.limit)
+        except Exception as e:
+            return ExecClaimFailed(str(e))
+        for c in claimed:
+            if c.id not in self.running:
+                self.rows[c.id] = c
+        return ExecClaimed(tuple(ClaimedCall(c.id, c.handler, c.record, c.db_now) for c in claimed))
+
+    def _write(self, w: RowWrite) -> ExecEvent:
+        if not self._known(w.id):
+            raise _Broken(f"the executor wrote call {w.id}, which it does not hold")
+        result = self.results.get(w.id) if w.keep_result else None
+        if not w.lease:
+            self.results.pop(w.id, None)
+        owner = self.config.owner
+        try:
+            ok = self.store.write(
+                w.id, owner, w.status, w.next_at, w.attempts, owner if w.lease else None, w.record, result, w.error
+            )
+        except Exception as e:
+            return ExecWritten(w.id, WriteFailed(str(e)))
+        return ExecWritten(w.id, "applied" if ok else "lost")
+
+    def _run(self, cmd: ExecRun) -> None:
+        c = self.rows.pop(cmd.id, None)
+        reg = None if c is None else self.ex._handlers.get(c.handler)
+        if c is None or reg is None or cmd.id in self.running or cmd.renew_every <= 0:
+            raise _Broken(f"the executor ran call {cmd.id}, which it cannot (not claimed, or running)")
+        task = asyncio.ensure_future(_attempt(c, reg, cmd.attempt, cmd.timeout))
+        renewer = asyncio.ensure_future(self._renew(cmd.id, cmd.renew_every))
+        a = _Attempt(c, cmd.attempt, task, renewer)
+        self.running[cmd.id] = a
+        task.add_done_callback(lambda t: self._ended(a))
+
+    async def _renew(self, cid: int, every: int) -> None:
+        while True:
+            await asyncio.sleep(every / 1e9)
+            self._post(ExecRenew(cid))
+
+    def _post(self, ev: ExecEvent) -> None:
+        self.inbox.append((time.monotonic_ns(), ev))
+        self.signal.set()
+
+    def _ended(self, a: _Attempt) -> None:
+        """A handler's attempt ended: its outcome is fed (unless it was abandoned or stopped)."""
+        cid = a.call.id
+        if self.running.get(cid) is not a:
+            return
+        del self.running[cid]
+        a.renewer.cancel()
+        if a.task.cancelled():
+            return
+        exc = a.task.exception()
+        if exc is None:
+            result, outcome, message = a.task.result()
+        else:
+            result, outcome, message = None, outcome_for_exception(exc), str(exc)
+        hook = self.ex.on_attempt_done
+        if hook is not None:
+            try:
+                hook(cid, a.number, outcome)
+            except Exception:
+                _logger.exception("levee durable: on_attempt_done failed for call %d", cid)
+        self.results[cid] = result
+        flags = REPORT_OVERLOADED if outcome.overloaded else 0
+        self._post(ExecFinished(cid, outcome.kind, outcome.code, outcome.text, message, flags))
+
+
+async def _attempt(c: Claimed, reg: _Registered, attempt: int, timeout_ns: int) -> tuple[bytes | None, Outcome, str]:
+    """Run the handler under the attempt's timeout: its result, outcome and error message (empty
+    for a timeout: the core's text)."""
+    timeout = timeout_ns / 1e9 if timeout_ns else None
+    ctx = DurableContext(c.id, attempt, c.idempotency_key, timeout)
+    work = asyncio.ensure_future(_call(reg.fn, c.payload, ctx))
+    try:
+        done, _ = await asyncio.wait({work}, timeout=timeout)
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
+    if work not in done:
+        work.cancel()
+        return None, Outcome.timeout(), ""
+    exc = work.exception()
+    if exc is not None:
+        return None, outcome_for_exception(exc), str(exc)
+    return work.result(), Outcome.success(), ""
 
 
 async def _call(fn: Handler, payload: bytes, ctx: DurableContext) -> bytes | None:
@@ -779,9 +939,3 @@ async def _call(fn: Handler, payload: bytes, ctx: DurableContext) -> bytes | Non
     if out is not None and not isinstance(out, (bytes, bytearray, memoryview)):
         raise TypeError(f"a durable handler returns bytes or None, not {type(out).__name__}")
     return None if out is None else bytes(out)
-
-
-def _log(msg: str) -> None:
-    import sys
-
-    print(msg, file=sys.stderr)

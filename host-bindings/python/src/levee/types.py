@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 __all__ = [
     "Analysis",
@@ -270,3 +270,176 @@ class DurableStep:
     reason: DurableReason
     policy_changed: bool
     record: bytes
+
+
+# The durable executor's machine (WIT `resource executor`, docs/durable.md "The executor"): its
+# configuration, the events a host feeds it and the commands it answers. Times are ns.
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorConfig:
+    """WIT `executor-config`: a zero takes the core's default."""
+
+    owner: str
+    concurrency: int = 0
+    poll: int = 0
+    claim_hold: int = 0
+    until_idle: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedCall:
+    """WIT `claimed-call`: a row the store's `claim` returned."""
+
+    id: int
+    handler: str
+    record: bytes
+    db_now: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFailed:
+    """WIT `write-result.failed`: the store failed a write, with its error."""
+
+    error: str
+
+
+#: WIT `write-result`: the row was written (`"applied"`), the fence refused it (`"lost"`), or
+#: the store failed (`WriteFailed`).
+WriteResult = Literal["applied", "lost"] | WriteFailed
+
+
+@dataclass(frozen=True, slots=True)
+class ExecPoll:
+    """Event `poll`: look at the store (starting, woken, a `sleep` ended)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecClaimed:
+    """Event `claimed`: the claim returned these rows."""
+
+    rows: tuple[ClaimedCall, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecClaimFailed:
+    """Event `claim-failed`: the claim failed with the store's error."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExecDueIn:
+    """Event `next-due`: the store's answer to `ExecNextDue` (None: no call is pending)."""
+
+    due_in: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecWritten:
+    """Event `written`: call `id`'s write came to `result`."""
+
+    id: int
+    result: WriteResult
+
+
+@dataclass(frozen=True, slots=True)
+class ExecRenew:
+    """Event `renew`: call `id`'s renewal timer fired."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecFinished:
+    """Event `finished`: call `id`'s handler ended (as for `engine.report`; `message` the
+    error's text, empty for a timeout; `flags` bit 0: overloaded)."""
+
+    id: int
+    kind: OutcomeKind
+    code: int = 0
+    text: str = ""
+    message: str = ""
+    flags: int = 0
+
+
+ExecEvent = ExecPoll | ExecClaimed | ExecClaimFailed | ExecDueIn | ExecWritten | ExecRenew | ExecFinished
+
+
+@dataclass(frozen=True, slots=True)
+class ExecClaim:
+    """Command `claim`: run the store's `claim` for up to `limit` calls held `hold` ns."""
+
+    limit: int
+    hold: int
+
+
+@dataclass(frozen=True, slots=True)
+class RowWrite:
+    """WIT `row-write` (command `write`, and an operator's answer): a row to write."""
+
+    id: int
+    status: str
+    next_at: int
+    attempts: int
+    record: bytes
+    lease: bool
+    keep_result: bool
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecRun:
+    """Command `run`: attempt `attempt` of call `id`, cancelled after `timeout` ns (0: none),
+    renewed every `renew_every` ns."""
+
+    id: int
+    attempt: int
+    timeout: int
+    renew_every: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecAbandon:
+    """Command `abandon`: cancel call `id`'s handler and forget it; nothing is recorded."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecQuarantine:
+    """Command `quarantine`: set call `id`'s row aside with `error`."""
+
+    id: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExecNextDue:
+    """Command `next-due`: ask the store when the next call is due."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecSleep:
+    """Command `sleep`: until `until` on the host's monotonic clock, or until woken."""
+
+    until: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecIdle:
+    """Command `idle`: nothing is pending or running (run until idle): stop."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecLog:
+    """Command `log`: `level` is `warn` (tried again by itself) or `error`; `id` 0 for none."""
+
+    level: str
+    id: int
+    text: str
+
+
+ExecCommand = (
+    ExecClaim | RowWrite | ExecRun | ExecAbandon | ExecQuarantine | ExecNextDue | ExecSleep | ExecIdle | ExecLog
+)
