@@ -743,11 +743,13 @@ async fn until(at: Option<Instant>) {
 
 /// What a task of the loop came to: a store statement's answer, or a handler's end.
 enum Io {
-    Claimed(Result<Vec<Claimed>, DurableError>),
-    NextDue(Result<Option<i64>, DurableError>),
-    Written(i64, Result<bool, DurableError>),
-    Quarantined(i64, String, Result<(), DurableError>),
+    /// An answer the machine waits for: a claim's failure, the next due time, a write's fate.
+    Event(dx::Event),
+    /// The rows a claim returned.
+    Claimed(Vec<Claimed>),
     Finished(i64, u32, Ended),
+    /// A quarantine was written (or its failure logged).
+    Quarantined,
 }
 
 /// How a handler's attempt ended.
@@ -870,20 +872,19 @@ impl Driver<'_> {
         match command {
             dx::Command::Claim { limit, hold } => {
                 self.awaited += 1;
-                self.tasks.spawn(async move { Io::Claimed(store.claim(&owner, hold, limit as usize).await) });
+                self.tasks.spawn(async move {
+                    match store.claim(&owner, hold, limit as usize).await {
+                        Ok(rows) => Io::Claimed(rows),
+                        Err(e) => Io::Event(dx::Event::ClaimFailed(store_error(e))),
+                    }
+                });
             }
             dx::Command::Write { id, row } => {
-                let result = match self.held.get_mut(&id) {
-                    Some(h) => {
-                        h.writing = true;
-                        if row.result {
-                            h.result.take()
-                        } else {
-                            None
-                        }
-                    }
-                    None => None,
-                };
+                let held = self.held.get_mut(&id);
+                let result = held.and_then(|h| {
+                    h.writing = true;
+                    h.result.take().filter(|_| row.result)
+                });
                 self.awaited += 1;
                 self.tasks.spawn(async move {
                     let w = WriteArgs {
@@ -895,7 +896,12 @@ impl Driver<'_> {
                         result: result.as_deref(),
                         error: row.error.as_deref(),
                     };
-                    Io::Written(id, store.write(id, &owner, w).await)
+                    let written = match store.write(id, &owner, w).await {
+                        Ok(true) => dx::Written::Applied,
+                        Ok(false) => dx::Written::Lost,
+                        Err(e) => dx::Written::Failed(store_error(e)),
+                    };
+                    Io::Event(dx::Event::Written(id, written))
                 });
             }
             dx::Command::Run { id, attempt, timeout, renew_every } => self.start(id, attempt, timeout, renew_every),
@@ -910,22 +916,30 @@ impl Driver<'_> {
                     r.task.abort();
                 }
                 self.tasks.spawn(async move {
-                    let r = store.quarantine(id, &error).await;
-                    Io::Quarantined(id, error, r)
+                    if let Err(e) = store.quarantine(id, &error).await {
+                        tracing::error!(target: "levee", call = id, reason = %error, error = %e, "levee durable: quarantining a record");
+                    }
+                    Io::Quarantined
                 });
             }
             dx::Command::NextDue => {
                 self.awaited += 1;
-                self.tasks.spawn(async move { Io::NextDue(store.next_due_in().await) });
+                self.tasks.spawn(async move {
+                    let due_in = match store.next_due_in().await {
+                        Ok(ns) => ns.map(|ns| u64::try_from(ns).unwrap_or(0)),
+                        Err(e) => {
+                            // Not known: the machine sleeps its poll interval at most.
+                            tracing::error!(target: "levee", error = %e, "levee durable: reading the next due time");
+                            Some(u64::MAX)
+                        }
+                    };
+                    Io::Event(dx::Event::NextDue(due_in))
+                });
             }
             dx::Command::Sleep { until } => self.sleep = Some(self.base + Duration::from_nanos(until)),
             dx::Command::Idle => self.idle = true,
-            dx::Command::Log { level, id, text } => match (level, id) {
-                (dx::Level::Warn, 0) => tracing::warn!(target: "levee", "{text}"),
-                (dx::Level::Warn, id) => tracing::warn!(target: "levee", call = id, "{text}"),
-                (_, 0) => tracing::error!(target: "levee", "{text}"),
-                (_, id) => tracing::error!(target: "levee", call = id, "{text}"),
-            },
+            dx::Command::Log { level: dx::Level::Warn, id, text } => tracing::warn!(target: "levee", call = id, "{text}"),
+            dx::Command::Log { level: dx::Level::Error, id, text } => tracing::error!(target: "levee", call = id, "{text}"),
         }
     }
 
@@ -993,62 +1007,40 @@ impl Driver<'_> {
             }
         };
         match io {
-            Io::Claimed(r) => {
+            Io::Event(e) => {
                 self.awaited = self.awaited.saturating_sub(1);
-                match r {
-                    Ok(rows) => {
-                        let mut claimed = Vec::with_capacity(rows.len());
-                        for c in rows {
-                            // A handler registered while running is registered in the machine.
-                            if let Some(x) = self.x.as_mut().filter(|x| !x.is_registered(&c.handler)) {
-                                if self.inner.registered(&c.handler).is_some() {
-                                    x.register(&c.handler);
-                                }
-                            }
-                            self.held.entry(c.id).or_insert_with(|| Held {
-                                handler: c.handler.clone(),
-                                payload: c.payload,
-                                idempotency_key: c.idempotency_key,
-                                writing: false,
-                                running: None,
-                                result: None,
-                            });
-                            claimed.push(dx::Claimed { id: c.id, handler: c.handler, record: c.record, db_now: c.db_now });
-                        }
-                        self.feed(dx::Event::Claimed(claimed));
-                    }
-                    Err(e) => self.feed(dx::Event::ClaimFailed(store_error(e))),
-                }
-            }
-            Io::NextDue(r) => {
-                self.awaited = self.awaited.saturating_sub(1);
-                let due_in = match r {
-                    Ok(ns) => ns.map(|ns| u64::try_from(ns).unwrap_or(0)),
-                    Err(e) => {
-                        // Not known: the machine sleeps its poll interval at most.
-                        tracing::error!(target: "levee", error = %e, "levee durable: reading the next due time");
-                        Some(u64::MAX)
-                    }
-                };
-                self.feed(dx::Event::NextDue(due_in));
-            }
-            Io::Written(id, r) => {
-                self.awaited = self.awaited.saturating_sub(1);
-                if let Some(h) = self.held.get_mut(&id) {
+                if let Some(h) = match &e {
+                    dx::Event::Written(id, _) => self.held.get_mut(id),
+                    _ => None,
+                } {
                     h.writing = false;
                 }
-                let w = match r {
-                    Ok(true) => dx::Written::Applied,
-                    Ok(false) => dx::Written::Lost,
-                    Err(e) => dx::Written::Failed(store_error(e)),
-                };
-                self.feed(dx::Event::Written(id, w));
+                self.feed(e);
             }
-            Io::Quarantined(_, _, Ok(())) => {}
-            Io::Quarantined(id, reason, Err(e)) => {
-                tracing::error!(target: "levee", call = id, reason = %reason, error = %e, "levee durable: quarantining a record")
+            Io::Claimed(rows) => {
+                self.awaited = self.awaited.saturating_sub(1);
+                let mut claimed = Vec::with_capacity(rows.len());
+                for c in rows {
+                    // A handler registered while running is registered in the machine.
+                    if let Some(x) = self.x.as_mut().filter(|x| !x.is_registered(&c.handler)) {
+                        if self.inner.registered(&c.handler).is_some() {
+                            x.register(&c.handler);
+                        }
+                    }
+                    self.held.entry(c.id).or_insert_with(|| Held {
+                        handler: c.handler.clone(),
+                        payload: c.payload,
+                        idempotency_key: c.idempotency_key,
+                        writing: false,
+                        running: None,
+                        result: None,
+                    });
+                    claimed.push(dx::Claimed { id: c.id, handler: c.handler, record: c.record, db_now: c.db_now });
+                }
+                self.feed(dx::Event::Claimed(claimed));
             }
             Io::Finished(id, attempt, ended) => self.finished(id, attempt, ended),
+            Io::Quarantined => {}
         }
     }
 
