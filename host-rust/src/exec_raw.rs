@@ -205,3 +205,36 @@ impl RawEngine {
         drop(x);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raw::{Backend, Limits};
+
+    const DOC: &str = "policies:\n  p:\n    attempts: 2\n";
+
+    fn claims(r: &Result<Vec<Command>, Trap>) -> bool {
+        matches!(r.as_deref(), Ok([Command::Claim { .. }]))
+    }
+
+    #[test]
+    fn a_replaced_instance_makes_the_machine_anew_and_says_so() {
+        let mut backends = vec![Backend::Native];
+        if cfg!(feature = "wasm") {
+            backends.push(Backend::Wasm);
+        }
+        for backend in backends {
+            let mut e = RawEngine::load_with(backend, DOC, 1, Limits::default()).unwrap();
+            let mut x = RawExecutor::new(Config::new("w"));
+            x.register("h");
+            assert!(claims(&e.try_executor_feed(&mut x, 0, Event::Poll)), "{backend}");
+            assert_eq!(e.try_executor_feed(&mut x, 1, Event::Poll), Ok(vec![]), "{backend}: one claim at a time");
+            assert_eq!(e.try_executor_running(&mut x), Ok(0));
+            let trap = e.reinstantiate("test", "replaced");
+            assert_eq!(e.try_executor_feed(&mut x, 2, Event::Poll), Err(trap), "{backend}");
+            // The new machine holds nothing and claims nothing yet.
+            assert!(claims(&e.try_executor_feed(&mut x, 3, Event::Poll)), "{backend}");
+            e.drop_executor(x);
+        }
+    }
+}
