@@ -57,7 +57,7 @@ pub mod time;
 /// The policy core's own types (`levee-core`), re-exported.
 pub use levee_core as core;
 pub use outcome::{IntoOutcome, Outcome};
-pub use raw::{Backend, Limits, RawEngine, Trap};
+pub use raw::{Backend, Limits, RawEngine, RawExecutor, Trap};
 
 #[cfg(feature = "tokio")]
 pub use call::{Attempt, Attempted, BoxFuture, Call, FallbackContext, FallbackFn, RetryIf};

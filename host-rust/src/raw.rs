@@ -228,6 +228,9 @@ pub struct RawEngine {
     keyed_calls: usize,
     traps: u64,
     last_trap: Option<Trap>,
+    /// Counts the instances this engine had: a recovery replaces the instance (and with it the
+    /// executor resources it held, see [`RawExecutor`]).
+    instance: u64,
 }
 
 impl fmt::Debug for RawEngine {
@@ -267,6 +270,7 @@ impl RawEngine {
             keyed_calls: 0,
             traps: 0,
             last_trap: None,
+            instance: 0,
         })
     }
 
@@ -356,6 +360,7 @@ impl RawEngine {
     #[cfg(feature = "wasm")]
     fn recover(&mut self, operation: &'static str, message: String) -> Trap {
         self.traps = self.traps.saturating_add(1);
+        self.instance = self.instance.wrapping_add(1);
         let mut restored = false;
         self.state_bytes = 0;
         self.keyed_calls = 0;
@@ -398,6 +403,7 @@ impl RawEngine {
             return self.recover(operation, message);
         }
         self.traps = self.traps.saturating_add(1);
+        self.instance = self.instance.wrapping_add(1);
         let mut restored = false;
         if let Ok(mut native) = levee_core::Engine::load(&self.document, self.seed) {
             if let Some(snap) = &self.snapshot {
@@ -428,6 +434,11 @@ macro_rules! op {
 // The durable-* functions (issue 17), in a file of their own.
 #[path = "durable.rs"]
 mod durable;
+
+// The durable executor's machine (issue 40), in a file of its own.
+#[path = "exec_raw.rs"]
+mod exec_raw;
+pub use exec_raw::RawExecutor;
 
 // The fleet-* functions (issue 18), in a file of their own.
 #[path = "fleet_raw.rs"]
@@ -935,6 +946,7 @@ pub(crate) mod wasm {
     }
 
     include!("durable_wasm.rs");
+    include!("exec_wasm.rs");
     include!("fleet_wasm.rs");
 
     impl Instance {

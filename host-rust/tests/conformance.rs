@@ -5,8 +5,8 @@
 
 use levee::core::durable::{Action, DurableStep};
 use levee::core::{Analysis, BreakerState, CallInfo, Event, HedgeCommand, OutcomeKind, PolicyInfo};
-use levee::{Backend, Limits, RawEngine};
-use levee_conformance::{replay, vector_files, DurableCall, DurableOut, Errors, FleetCall, FleetOut, Target};
+use levee::{Backend, Limits, RawEngine, RawExecutor};
+use levee_conformance::{replay, vector_files, DurableCall, DurableOut, Errors, ExecCall, ExecOut, FleetCall, FleetOut, Target};
 use serde_json::Value;
 
 fn errs(v: Vec<levee::core::LoadError>) -> Errors {
@@ -80,9 +80,40 @@ fn durable(e: &mut RawEngine, call: &DurableCall) -> Result<DurableOut, (String,
     }
 }
 
+/// An `executor` method through the host's `RawExecutor` (either backend): the trace's
+/// executor is `x`, made by the `executor` step.
+fn exec(e: &mut RawEngine, x: &mut Option<RawExecutor>, call: &ExecCall) -> Result<ExecOut, String> {
+    let trap = |t: levee::Trap| -> ! { panic!("{t}") };
+    match call {
+        ExecCall::New { config, register } => {
+            let mut m = RawExecutor::new(config.clone());
+            register.iter().for_each(|h| m.register(h));
+            if let Some(old) = x.replace(m) {
+                e.drop_executor(old);
+            }
+            return Ok(ExecOut::Unit);
+        }
+        ExecCall::Operator { id, record, revive, wall_now } => {
+            let row = e.try_executor_operator(*id, record, *revive, *wall_now).unwrap_or_else(|t| trap(t));
+            return Ok(ExecOut::Operator(row.map_err(|e| (e.path, e.message))));
+        }
+        _ => {}
+    }
+    let m = x.as_mut().ok_or("an executor step before the `executor` step")?;
+    Ok(match call {
+        ExecCall::Feed { now, event } => ExecOut::Commands(e.try_executor_feed(m, *now, event.clone()).unwrap_or_else(|t| trap(t))),
+        ExecCall::Forget { id } => {
+            e.try_executor_forget(m, *id).unwrap_or_else(|t| trap(t));
+            ExecOut::Unit
+        }
+        ExecCall::Running => ExecOut::Running(e.try_executor_running(m).unwrap_or_else(|t| trap(t))),
+        ExecCall::New { .. } | ExecCall::Operator { .. } => ExecOut::Unit,
+    })
+}
+
 macro_rules! target {
     ($name:ident, $backend:expr) => {
-        struct $name(RawEngine);
+        struct $name(RawEngine, Option<RawExecutor>);
 
         impl Target for $name {
             fn durable(&mut self, call: &DurableCall) -> Result<DurableOut, (String, String)> {
@@ -91,8 +122,11 @@ macro_rules! target {
             fn fleet(&mut self, call: &FleetCall) -> Result<FleetOut, (String, String)> {
                 fleet(&mut self.0, call)
             }
+            fn exec(&mut self, call: &ExecCall) -> Result<ExecOut, String> {
+                exec(&mut self.0, &mut self.1, call)
+            }
             fn load(doc: &str, seed: u64) -> Result<Self, Errors> {
-                RawEngine::load_with($backend, doc, seed, Limits::default()).map($name).map_err(errs)
+                RawEngine::load_with($backend, doc, seed, Limits::default()).map(|e| $name(e, None)).map_err(errs)
             }
             fn policy_index(&mut self, name: &str) -> Option<u32> {
                 self.0.try_policy_index(name).unwrap_or_else(|t| panic!("{t}"))
@@ -186,12 +220,16 @@ fn every_vector_through_both_backends() {
     let mut failures = Vec::new();
     let mut replayed = 0;
     let mut fleet_vectors = 0;
+    let mut exec_vectors = 0;
     for path in &files {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let vector: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         assert!(vector.is_object(), "{} is not a JSON object", path.display());
         if has_op(&vector, "fleet_") {
             fleet_vectors += 1;
+        }
+        if has_op(&vector, "exec") {
+            exec_vectors += 1;
         }
         let native = replay::<NativeTarget>(&vector);
         let wasm = replay::<WasmTarget>(&vector);
@@ -209,5 +247,6 @@ fn every_vector_through_both_backends() {
     }
     assert!(failures.is_empty(), "{} of {replayed} vectors failed:\n{}", failures.len(), failures.join("\n"));
     assert!(fleet_vectors > 0, "no fleet-* vectors were replayed");
-    eprintln!("{replayed} vectors replayed through both backends ({fleet_vectors} of them fleet-*)");
+    assert!(exec_vectors >= 12, "{exec_vectors} executor vectors were replayed, not the 12 or more of durable-executor-*");
+    eprintln!("{replayed} vectors replayed through both backends ({fleet_vectors} of them fleet-*, {exec_vectors} executor)");
 }

@@ -18,11 +18,15 @@
 //! # let _ = id; Ok(()) }
 //! ```
 //!
-//! The executor is a driver, like the in-process call driver: it asks the core
-//! (`RawEngine::try_durable_*`) at every step and does what the answer says. The core decides
-//! when a call is due, what a record found after a crash means, whether to retry and how long to
-//! wait; the executor persists the record the core returns before each attempt and after each
-//! outcome, through the shared statements of `durable/sqlite.sql` and `durable/postgres.sql`.
+//! The executor is a driver of the core's executor machine ([`RawExecutor`], the WIT's
+//! `executor` resource; docs/durable.md, "The executor"): it feeds the machine what happened
+//! (a poll, the rows a claim returned, each write's fate, a renewal's tick, a handler's end)
+//! and carries out the commands it answers (claim, write, run a handler under its timeout,
+//! abandon it, quarantine, sleep). The core decides when a call is due, what a record found
+//! after a crash means, whether to retry and how long to wait, when to renew a lease and when
+//! to give a call up; the executor persists the rows the core gives before each attempt and
+//! after each outcome, through the shared statements of `durable/sqlite.sql` and
+//! `durable/postgres.sql`.
 //! The record bytes and the rows are the same in every host: a call a Python, Go or JS process
 //! wrote is resumed by a Rust process, and the other way round.
 //!
@@ -38,21 +42,22 @@ mod postgres;
 mod sqlite;
 mod store;
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use levee_core::durable::{Action, DurableStep, Record};
+use levee_core::durable::{DurableStep, Record};
+use levee_core::durable_exec as dx;
 use levee_core::LoadError;
-use tokio::task::JoinSet;
+use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::Instant;
 
 use crate::outcome::{IntoOutcome, Outcome};
-use crate::raw::{RawEngine, Trap};
+use crate::raw::{RawEngine, RawExecutor, Trap};
 use crate::Levee;
 
 #[cfg(feature = "durable-postgres")]
@@ -210,9 +215,10 @@ pub struct ExecutorBuilder {
     levee: Levee,
     store: Store,
     owner: Option<String>,
-    concurrency: usize,
-    poll: Duration,
-    hold: Duration,
+    /// What the user configured; the core's default otherwise.
+    concurrency: Option<usize>,
+    poll: Option<Duration>,
+    hold: Option<Duration>,
     on_attempt_done: Option<AttemptDoneFn>,
 }
 
@@ -226,14 +232,14 @@ impl ExecutorBuilder {
 
     /// The calls this process runs at once (default 16).
     pub fn concurrency(mut self, n: usize) -> Self {
-        self.concurrency = n.max(1);
+        self.concurrency = Some(n.max(1));
         self
     }
 
     /// The longest the executor sleeps before it looks at the store again (default 1 s): calls
     /// other processes submit are seen within it.
     pub fn poll_interval(mut self, d: Duration) -> Self {
-        self.poll = d;
+        self.poll = Some(d);
         self
     }
 
@@ -241,7 +247,7 @@ impl ExecutorBuilder {
     /// is written, milliseconds later (default 5 s): a process that dies right after claiming
     /// delays its claimed calls by that much.
     pub fn claim_hold(mut self, d: Duration) -> Self {
-        self.hold = d;
+        self.hold = Some(d);
         self
     }
 
@@ -329,7 +335,7 @@ impl HandlerBuilder<'_> {
             Box::pin(async move {
                 match fut.await {
                     Ok(v) => Ok(v.into_result_bytes()),
-                    Err(e) => Err((e.outcome(), truncate(e.to_string(), 4096))),
+                    Err(e) => Err((e.outcome(), e.to_string())), // the core cuts the message
                 }
             })
         });
@@ -337,18 +343,6 @@ impl HandlerBuilder<'_> {
         self.executor.inner.handlers.write().unwrap_or_else(|p| p.into_inner()).insert(self.name, reg);
         Ok(())
     }
-}
-
-/// A string cut to at most `n` bytes, on a character boundary.
-fn truncate(mut s: String, n: usize) -> String {
-    if s.len() > n {
-        let mut at = n;
-        while !s.is_char_boundary(at) {
-            at -= 1;
-        }
-        s.truncate(at);
-    }
-    s
 }
 
 /// Runs durable calls from a store: at most one process at a time per call, under a lease.
@@ -362,12 +356,23 @@ struct Inner {
     levee: Levee,
     store: Store,
     owner: String,
-    concurrency: usize,
-    poll: Duration,
-    hold: Duration,
+    /// What the user configured; the core's default otherwise.
+    concurrency: Option<usize>,
+    poll: Option<Duration>,
+    hold: Option<Duration>,
     on_attempt_done: Option<AttemptDoneFn>,
     handlers: RwLock<HashMap<String, Registered>>,
     wake: tokio::sync::Notify,
+}
+
+impl Inner {
+    fn registered(&self, name: &str) -> Option<Registered> {
+        self.handlers.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+    }
+
+    fn handler_names(&self) -> Vec<String> {
+        self.handlers.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect()
+    }
 }
 
 impl fmt::Debug for Executor {
@@ -380,35 +385,8 @@ impl fmt::Debug for Executor {
     }
 }
 
-/// This process no longer holds the call (a fenced write was refused), or the executor stops.
-struct Lost;
-
-/// Why a step of a call ended early.
-enum Halt {
-    /// Nothing to record: another process or an operator holds the call now.
-    Lost,
-    /// The store failed; the call is resumed when its claim lapses.
-    Store(DurableError),
-}
-
-impl From<DurableError> for Halt {
-    fn from(e: DurableError) -> Halt {
-        Halt::Store(e)
-    }
-}
-
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-fn status_of(a: Action) -> CallState {
-    match a {
-        Action::Run => CallState::Running,
-        Action::Wait => CallState::Scheduled,
-        Action::Done => CallState::Done,
-        Action::Dead => CallState::Dead,
-        Action::Cancelled => CallState::Cancelled,
-    }
 }
 
 impl Executor {
@@ -419,15 +397,7 @@ impl Executor {
 
     /// A builder (owner, concurrency, poll interval, claim hold, attempt hook).
     pub fn builder(levee: Levee, store: impl Into<Store>) -> ExecutorBuilder {
-        ExecutorBuilder {
-            levee,
-            store: store.into(),
-            owner: None,
-            concurrency: 16,
-            poll: Duration::from_secs(1),
-            hold: Duration::from_secs(5),
-            on_attempt_done: None,
-        }
+        ExecutorBuilder { levee, store: store.into(), owner: None, concurrency: None, poll: None, hold: None, on_attempt_done: None }
     }
 
     /// The name this process holds leases under.
@@ -457,7 +427,7 @@ impl Executor {
     }
 
     fn registered(&self, name: &str) -> Option<Registered> {
-        self.inner.handlers.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+        self.inner.registered(name)
     }
 
     /// Ask the core.
@@ -659,37 +629,31 @@ impl Executor {
     /// Cancel a call that has not finished. An attempt running now may still complete; its
     /// outcome is then refused. `false`: the call is unknown or finished already.
     pub async fn cancel(&self, id: i64) -> Result<bool, DurableError> {
-        self.operator(id, |r, rec, now| r.try_durable_cancel(rec, now)).await
+        self.operator(id, false).await
     }
 
     /// Give a dead or cancelled call a fresh set of attempts, due now.
     pub async fn retry(&self, id: i64) -> Result<bool, DurableError> {
-        let ok = self.operator(id, |r, rec, now| r.try_durable_revive(rec, now)).await;
+        let ok = self.operator(id, true).await;
         self.inner.wake.notify_one();
         ok
     }
 
-    async fn operator(
-        &self,
-        id: i64,
-        op: impl Fn(&mut RawEngine, &[u8], u64) -> Result<Result<DurableStep, LoadError>, Trap>,
-    ) -> Result<bool, DurableError> {
-        for _ in 0..10 {
-            // compare-and-set against concurrent writers
+    /// The core's `operator` (what a cancel or retry writes), compare-and-set against the
+    /// record read, tried `DURABLE_OPERATOR_TRIES` times against concurrent writers.
+    async fn operator(&self, id: i64, revive: bool) -> Result<bool, DurableError> {
+        for _ in 0..crate::constants::DURABLE_OPERATOR_TRIES {
             let Some(row) = self.inner.store.get(id).await? else { return Ok(false) };
             let now = self.inner.store.now().await?;
-            let step = match self.core(|r| op(r, &row.record, now)).map_err(DurableError::Engine)? {
-                Ok(s) => s,
-                Err(_) => return Ok(false), // finished already, or a record the core cannot use
+            let Ok(w) = self.core(|r| r.try_executor_operator(id, &row.record, revive, now)).map_err(DurableError::Engine)? else {
+                return Ok(false); // finished already, or a record the core cannot use
             };
-            let msg = (step.action == Action::Cancelled).then_some(levee_core::durable_exec::CANCELLED_MESSAGE);
-            let st = status_of(step.action);
             let r = ReplaceArgs {
-                status: st,
-                next_at: step.next_at,
-                attempts: step.attempt,
-                record: &step.record,
-                error: msg,
+                status: w.status,
+                next_at: w.next_at,
+                attempts: w.attempts,
+                record: &w.record,
+                error: w.error.as_deref(),
                 old: &row.record,
             };
             if self.inner.store.replace(id, r).await? {
@@ -713,224 +677,414 @@ impl Executor {
     }
 
     async fn run_loop(&self, shutdown: impl Future<Output = ()>, until_idle: bool) {
-        let shutdown = std::pin::pin!(shutdown);
-        let mut shutdown = shutdown;
-        let mut stopped = false;
-        let mut tasks: JoinSet<()> = JoinSet::new();
-        let inner = &self.inner;
+        let inner = &*self.inner;
+        // A zero is the core's default: only what the user configured is passed.
+        let config = dx::Config {
+            owner: inner.owner.clone(),
+            concurrency: inner.concurrency.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            poll: inner.poll.map_or(0, |d| nanos(d).max(1)),
+            claim_hold: inner.hold.map_or(0, |d| nanos(d).max(1)),
+            until_idle,
+        };
+        let mut x = RawExecutor::new(config);
+        for name in inner.handler_names() {
+            x.register(&name);
+        }
+        let mut d = Driver {
+            inner,
+            x: Some(x),
+            tasks: JoinSet::new(),
+            awaited: 0,
+            held: HashMap::new(),
+            events: VecDeque::from([dx::Event::Poll]),
+            sleep: None,
+            idle: false,
+            base: Instant::now(),
+        };
+        let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            while let Some(r) = tasks.try_join_next() {
-                log_join(r);
+            while let Some(e) = d.events.pop_front() {
+                d.feed(e);
             }
-            if stopped {
-                break;
-            }
-            let free = inner.concurrency.saturating_sub(tasks.len());
-            let mut claimed = Vec::new();
-            let mut failed = false;
-            if free > 0 {
-                // The records' last-seen becomes the claim's db_now, read while the statement
-                // runs: the monotonic clock counts from before it (`Claimed::got`), so that the
-                // time the claim takes to return (or the writes that follow) never shortens a
-                // wait: a retry may start late, never early.
-                match inner.store.claim(&inner.owner, nanos(inner.hold), free).await {
-                    Ok(c) => claimed = c,
-                    Err(e) => {
-                        failed = true;
-                        tracing::error!(target: "levee", error = %e, "levee durable: claiming due calls");
+            if d.idle {
+                d.idle = false;
+                // An `idle` answered while a statement the machine waits for is in flight (a
+                // claim a wake-up asked for) is overtaken by that statement's answer.
+                if d.awaited == 0 {
+                    while let Some(r) = d.tasks.join_next().await {
+                        d.completed(r); // the quarantines still being written
                     }
+                    break;
                 }
             }
-            let got_some = !claimed.is_empty();
-            for c in claimed {
-                let x = self.clone();
-                tasks.spawn(async move { x.drive(c).await });
-            }
-            if got_some && tasks.len() < inner.concurrency {
-                continue;
-            }
-            let mut wait = inner.poll;
-            if !failed {
-                match inner.store.next_due_in().await {
-                    Err(e) => tracing::error!(target: "levee", error = %e, "levee durable: reading the next due time"),
-                    Ok(None) if until_idle && tasks.is_empty() => break,
-                    Ok(None) => {}
-                    Ok(Some(ns)) => wait = wait.min(Duration::from_nanos(u64::try_from(ns).unwrap_or(0))),
-                }
-            }
+            let (sleep, renew) = (d.sleep, d.next_renewal());
             tokio::select! {
-                _ = &mut shutdown => stopped = true,
-                _ = inner.wake.notified() => {}
-                Some(r) = tasks.join_next(), if !tasks.is_empty() => log_join(r),
-                _ = tokio::time::sleep(wait) => {}
-            }
-        }
-        tasks.shutdown().await;
-    }
-
-    async fn write(&self, c: &Claimed, step: &DurableStep, result: Option<&[u8]>) -> Result<(), Halt> {
-        let dead = (step.action == Action::Dead).then(|| dead_reason(step));
-        let w = WriteArgs {
-            status: status_of(step.action),
-            next_at: step.next_at,
-            attempts: step.attempt,
-            lease_owner: (step.action == Action::Run).then_some(self.inner.owner.as_str()),
-            record: &step.record,
-            result: if step.action == Action::Done { result } else { None },
-            error: dead.as_deref(),
-        };
-        if self.inner.store.write(c.id, &self.inner.owner, w).await? {
-            Ok(())
-        } else {
-            Err(Halt::Lost)
-        }
-    }
-
-    async fn quarantine(&self, c: &Claimed, msg: &str) {
-        if let Err(e) = self.inner.store.quarantine(c.id, msg).await {
-            tracing::error!(target: "levee", call = c.id, reason = msg, error = %e, "levee durable: quarantining a record");
-        }
-    }
-
-    /// A core's answer: a [`LoadError`] names what is wrong with the record (quarantine it);
-    /// a trap is the engine's own fault (leave the call to be resumed when its claim lapses).
-    async fn answer(&self, c: &Claimed, r: Result<Result<DurableStep, LoadError>, Trap>) -> Option<DurableStep> {
-        match r {
-            Ok(Ok(step)) => Some(step),
-            Ok(Err(e)) => {
-                self.quarantine(c, &e.to_string()).await;
-                None
-            }
-            Err(t) => {
-                tracing::error!(target: "levee", call = c.id, error = %t, "levee durable: the engine failed; the call is resumed when its claim lapses");
-                None
-            }
-        }
-    }
-
-    async fn drive(&self, c: Claimed) {
-        let Some(reg) = self.registered(&c.handler) else {
-            self.quarantine(&c, &format!("handler: no durable handler named `{}` is registered", c.handler)).await;
-            return;
-        };
-        let owner = self.inner.owner.as_str();
-        let Some(step) = self.answer(&c, self.core(|r| r.try_durable_step(&c.record, owner, c.db_now, 0))).await else { return };
-        match self.run_step(&c, &reg, &step).await {
-            Ok(()) | Err(Halt::Lost) => {} // another process (or an operator) holds the call now
-            Err(Halt::Store(e)) => {
-                tracing::error!(target: "levee", call = c.id, error = %e, "levee durable: writing a call; it is resumed when its claim lapses")
-            }
-        }
-    }
-
-    /// Persist the core's answer, then, for `run`, run the attempt and persist its outcome.
-    async fn run_step(&self, c: &Claimed, reg: &Registered, step: &DurableStep) -> Result<(), Halt> {
-        self.write(c, step, None).await?; // before the attempt
-        if step.action != Action::Run {
-            return Ok(()); // a wait: the call is due again at next_at, for whichever process finds it
-        }
-        let a = self.attempt(c, reg, step).await.map_err(|Lost| Halt::Lost)?;
-        if let Some(f) = &self.inner.on_attempt_done {
-            f(c.id, step.attempt, &a.outcome);
-        }
-        // After the claim only the monotonic clock counts: the core works at max(the claim's
-        // wall time, last seen + the monotonic time since it gave these bytes).
-        let (kind, code, text, flags) = a.outcome.parts();
-        let elapsed = nanos(a.got.elapsed());
-        let owner = self.inner.owner.as_str();
-        let answer = self.core(|r| r.try_durable_outcome(&a.record, owner, c.db_now, elapsed, kind, code, text, &a.message, flags));
-        if let Some(after) = self.answer(c, answer).await {
-            self.write(c, &after, a.result.as_deref()).await?;
-        }
-        Ok(())
-    }
-
-    /// Run the handler under the attempt's timeout, renewing the lease every third of it.
-    /// `Lost`: the call was lost (a renewal refused, or the lease ran out while the store could
-    /// not be reached); nothing is to be recorded.
-    async fn attempt(&self, c: &Claimed, reg: &Registered, step: &DurableStep) -> Result<AttemptResult, Lost> {
-        let owner = self.inner.owner.as_str();
-        // step.record's last-seen is the claim's db_now: count from before the claim.
-        let (mut record, mut got) = (step.record.clone(), c.got);
-        let lease = Duration::from_nanos(step.lease_until.saturating_sub(c.db_now)); // as the core granted it
-        let every = (lease / 3).max(Duration::from_millis(50));
-        let mut expires = got + lease;
-        let timeout = (step.timeout > 0).then(|| Duration::from_nanos(step.timeout));
-        let call = DurableCall { id: c.id, attempt: step.attempt, idempotency_key: c.idempotency_key.clone(), timeout };
-        let mut task = AbortOnDrop(tokio::spawn((reg.f)(c.payload.clone(), call)));
-        let timer = async {
-            match timeout {
-                Some(t) => tokio::time::sleep(t).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(timer);
-        let mut renew_at = tokio::time::Instant::now() + every;
-        let ended = loop {
-            tokio::select! {
-                biased;
-                r = &mut task.0 => break Some(r),
-                _ = &mut timer => {
-                    task.0.abort();
-                    break None;
+                _ = &mut shutdown => break,
+                _ = inner.wake.notified() => d.events.push_back(dx::Event::Poll),
+                Some(r) = d.tasks.join_next(), if !d.tasks.is_empty() => d.completed(r),
+                _ = until(sleep) => {
+                    d.sleep = None;
+                    d.events.push_back(dx::Event::Poll);
                 }
-                _ = tokio::time::sleep_until(renew_at) => {
-                    // The renewal runs to its end before the handler's end is looked at: an
-                    // outcome is never written while a renewal's write is in flight.
-                    renew_at += every;
-                    let asked = Instant::now(); // the renewed record's last-seen is this moment
-                    let since = nanos(asked.saturating_duration_since(got));
-                    let r = match self.core(|e| e.try_durable_renew(&record, owner, c.db_now, since)) {
-                        Ok(Ok(r)) => r,
-                        Ok(Err(_)) => return Err(Lost),
-                        Err(t) => {
-                            tracing::warn!(target: "levee", call = c.id, error = %t, "levee durable: renewing a lease");
-                            if Instant::now() > expires { return Err(Lost) }
-                            continue;
-                        }
-                    };
-                    match self.write(c, &r, None).await {
-                        Ok(()) => {
-                            record = r.record;
-                            got = asked;
-                            expires = got + lease;
-                        }
-                        Err(Halt::Lost) => return Err(Lost),
-                        Err(Halt::Store(e)) => {
-                            if Instant::now() > expires { return Err(Lost) }
-                            tracing::warn!(target: "levee", call = c.id, error = %e, "levee durable: renewing a lease"); // tried again next tick
-                        }
-                    }
-                }
+                _ = until(renew) => d.renew_due(),
             }
-        };
-        let (result, outcome, message) = match ended {
-            None => (None, Outcome::Timeout, "the attempt timed out".to_string()),
-            Some(Ok(Ok(v))) => (v, Outcome::Success, String::new()),
-            Some(Ok(Err((o, m)))) => (None, o, m),
-            Some(Err(e)) if e.is_panic() => {
-                let p = e.into_panic();
-                let text: Cow<'_, str> = match (p.downcast_ref::<&str>(), p.downcast_ref::<String>()) {
-                    (Some(s), _) => Cow::Borrowed(s),
-                    (_, Some(s)) => Cow::Borrowed(s.as_str()),
-                    _ => Cow::Borrowed("a non-string payload"),
-                };
-                (None, Outcome::error("panic"), truncate(format!("the handler panicked: {text}"), 4096))
-            }
-            Some(Err(_)) => return Err(Lost), // cancelled: the runtime shuts down
-        };
-        Ok(AttemptResult { record, got, result, outcome, message })
+        }
+        d.tasks.shutdown().await;
     }
 }
 
-struct AttemptResult {
-    /// The latest record (renewals change it).
-    record: Vec<u8>,
-    /// When the core gave it (monotonic).
-    got: Instant,
+/// Sleep until `at`; forever for `None`.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a task of the loop came to: a store statement's answer, or a handler's end.
+enum Io {
+    /// An answer the machine waits for: a claim's failure, the next due time, a write's fate.
+    Event(dx::Event),
+    /// The rows a claim returned.
+    Claimed(Vec<Claimed>),
+    Finished(i64, u32, Ended),
+    /// A quarantine was written (or its failure logged).
+    Quarantined,
+}
+
+/// How a handler's attempt ended.
+enum Ended {
+    Returned(Attempted),
+    TimedOut,
+    Panicked(String),
+    /// The runtime cancelled it (it shuts down).
+    Cancelled,
+}
+
+/// A call this process holds: what its handler needs, and what runs or is written for it. The
+/// machine holds a call exactly while a write of its row is in flight or its handler runs.
+struct Held {
+    handler: String,
+    payload: Vec<u8>,
+    idempotency_key: Option<String>,
+    writing: bool,
+    running: Option<Running>,
+    /// The handler's result, for the write of its success.
     result: Option<Vec<u8>>,
-    outcome: Outcome,
-    message: String,
+}
+
+/// A handler running: its attempt, its task, and when the machine is told to renew the lease.
+struct Running {
+    attempt: u32,
+    task: AbortHandle,
+    renew_at: Instant,
+    every: Duration,
+}
+
+/// One `run` of the executor: it feeds the core's machine what happened and carries out the
+/// commands it answers (docs/durable.md, "The executor"). The store's statements and the
+/// handlers run as tasks, whose ends are the next events.
+struct Driver<'a> {
+    inner: &'a Inner,
+    /// The machine (`None` once given back).
+    x: Option<RawExecutor>,
+    tasks: JoinSet<Io>,
+    /// Statements in flight whose answer the machine waits for (claims, next-due, writes).
+    awaited: usize,
+    held: HashMap<i64, Held>,
+    events: VecDeque<dx::Event>,
+    /// When the machine's `sleep` ends.
+    sleep: Option<Instant>,
+    /// The machine answered `idle`.
+    idle: bool,
+    /// The machine's monotonic clock counts from here.
+    base: Instant,
+}
+
+impl Drop for Driver<'_> {
+    fn drop(&mut self) {
+        if let Some(x) = self.x.take() {
+            self.inner.levee.with_raw(|r| r.drop_executor(x));
+        }
+    }
+}
+
+impl Driver<'_> {
+    fn now(&self) -> u64 {
+        nanos(self.base.elapsed())
+    }
+
+    /// Feed the machine `event` and carry out its commands.
+    fn feed(&mut self, event: dx::Event) {
+        let id = match &event {
+            dx::Event::Written(id, _) | dx::Event::Renew(id) | dx::Event::Finished(id, _) => Some(*id),
+            _ => None,
+        };
+        let now = self.now();
+        let Some(x) = self.x.as_mut() else { return };
+        match self.inner.levee.with_raw(|r| r.try_executor_feed(x, now, event)) {
+            Ok(commands) => commands.into_iter().for_each(|c| self.carry(c)),
+            Err(t) => self.lost(&t),
+        }
+        if let Some(id) = id {
+            self.release_if_done(id);
+        }
+    }
+
+    /// The machine was lost with the engine's instance (a trap): it is new and holds no call.
+    /// Abandon the calls the old one held (resumed once their leases lapse, as after a crash)
+    /// and look again after the poll interval.
+    fn lost(&mut self, t: &Trap) {
+        tracing::error!(target: "levee", error = %t, calls = self.held.len(), "levee durable: the executor's machine was lost with the engine's instance; its calls are abandoned, resumed when their leases lapse");
+        for (_, h) in self.held.drain() {
+            if let Some(r) = h.running {
+                r.task.abort();
+            }
+        }
+        let poll = self.x.as_ref().map_or(0, |x| x.config().poll);
+        let poll = if poll == 0 { dx::DEFAULT_POLL } else { poll };
+        self.sleep = Some(Instant::now() + Duration::from_nanos(poll));
+    }
+
+    /// Tell the machine to forget call `id` (its handler is not running).
+    fn forget(&mut self, id: i64) {
+        let Some(x) = self.x.as_mut() else { return };
+        if let Err(t) = self.inner.levee.with_raw(|r| r.try_executor_forget(x, id)) {
+            self.lost(&t);
+        }
+        if let Some(h) = self.held.get_mut(&id) {
+            h.running = None;
+        }
+        self.release_if_done(id);
+    }
+
+    /// A call the machine no longer holds (no write in flight, no handler running) is let go,
+    /// and the store looked at again (an attempt's end frees a slot).
+    fn release_if_done(&mut self, id: i64) {
+        if self.held.get(&id).is_some_and(|h| !h.writing && h.running.is_none()) {
+            self.held.remove(&id);
+            self.events.push_back(dx::Event::Poll);
+        }
+    }
+
+    fn carry(&mut self, command: dx::Command) {
+        let (store, owner) = (self.inner.store.clone(), self.inner.owner.clone());
+        match command {
+            dx::Command::Claim { limit, hold } => {
+                self.awaited += 1;
+                self.tasks.spawn(async move {
+                    match store.claim(&owner, hold, limit as usize).await {
+                        Ok(rows) => Io::Claimed(rows),
+                        Err(e) => Io::Event(dx::Event::ClaimFailed(store_error(e))),
+                    }
+                });
+            }
+            dx::Command::Write { id, row } => {
+                let held = self.held.get_mut(&id);
+                let result = held.and_then(|h| {
+                    h.writing = true;
+                    h.result.take().filter(|_| row.result)
+                });
+                self.awaited += 1;
+                self.tasks.spawn(async move {
+                    let w = WriteArgs {
+                        status: row.status,
+                        next_at: row.next_at,
+                        attempts: row.attempts,
+                        lease_owner: row.lease.then_some(owner.as_str()),
+                        record: &row.record,
+                        result: result.as_deref(),
+                        error: row.error.as_deref(),
+                    };
+                    let written = match store.write(id, &owner, w).await {
+                        Ok(true) => dx::Written::Applied,
+                        Ok(false) => dx::Written::Lost,
+                        Err(e) => dx::Written::Failed(store_error(e)),
+                    };
+                    Io::Event(dx::Event::Written(id, written))
+                });
+            }
+            dx::Command::Run { id, attempt, timeout, renew_every } => self.start(id, attempt, timeout, renew_every),
+            dx::Command::Abandon { id } => {
+                if let Some(r) = self.held.get_mut(&id).and_then(|h| h.running.take()) {
+                    r.task.abort();
+                }
+                self.release_if_done(id);
+            }
+            dx::Command::Quarantine { id, error } => {
+                if let Some(r) = self.held.remove(&id).and_then(|h| h.running) {
+                    r.task.abort();
+                }
+                self.tasks.spawn(async move {
+                    if let Err(e) = store.quarantine(id, &error).await {
+                        tracing::error!(target: "levee", call = id, reason = %error, error = %e, "levee durable: quarantining a record");
+                    }
+                    Io::Quarantined
+                });
+            }
+            dx::Command::NextDue => {
+                self.awaited += 1;
+                self.tasks.spawn(async move {
+                    let due_in = match store.next_due_in().await {
+                        Ok(ns) => ns.map(|ns| u64::try_from(ns).unwrap_or(0)),
+                        Err(e) => {
+                            // Not known: the machine sleeps its poll interval at most.
+                            tracing::error!(target: "levee", error = %e, "levee durable: reading the next due time");
+                            Some(u64::MAX)
+                        }
+                    };
+                    Io::Event(dx::Event::NextDue(due_in))
+                });
+            }
+            dx::Command::Sleep { until } => self.sleep = Some(self.base + Duration::from_nanos(until)),
+            dx::Command::Idle => self.idle = true,
+            dx::Command::Log { level: dx::Level::Warn, id, text } => tracing::warn!(target: "levee", call = id, "{text}"),
+            dx::Command::Log { level: dx::Level::Error, id, text } => tracing::error!(target: "levee", call = id, "{text}"),
+        }
+    }
+
+    /// Run attempt `attempt` of call `id` as a task, cancelled after `timeout` ns (0: none).
+    fn start(&mut self, id: i64, attempt: u32, timeout: u64, renew_every: u64) {
+        let reg = self.held.get(&id).and_then(|h| self.inner.registered(&h.handler));
+        let (Some(h), Some(reg)) = (self.held.get_mut(&id), reg) else {
+            // Neither happens: the machine runs calls it was given, of handlers registered here.
+            tracing::error!(target: "levee", call = id, "levee durable: no handler to run the call; it is resumed when its lease lapses");
+            return self.forget(id);
+        };
+        let timeout = (timeout > 0).then(|| Duration::from_nanos(timeout));
+        let call = DurableCall { id, attempt, idempotency_key: h.idempotency_key.clone(), timeout };
+        let fut = (reg.f)(h.payload.clone(), call);
+        let task = self.tasks.spawn(async move {
+            let mut handler = AbortOnDrop(tokio::spawn(fut));
+            let joined = match timeout {
+                Some(t) => match tokio::time::timeout(t, &mut handler.0).await {
+                    Ok(j) => j,
+                    Err(_) => return Io::Finished(id, attempt, Ended::TimedOut),
+                },
+                None => (&mut handler.0).await,
+            };
+            Io::Finished(
+                id,
+                attempt,
+                match joined {
+                    Ok(r) => Ended::Returned(r),
+                    Err(e) if e.is_panic() => Ended::Panicked(panic_text(e.into_panic())),
+                    Err(_) => Ended::Cancelled,
+                },
+            )
+        });
+        let every = Duration::from_nanos(renew_every);
+        h.running = Some(Running { attempt, task, renew_at: Instant::now() + every, every });
+    }
+
+    fn next_renewal(&self) -> Option<Instant> {
+        self.held.values().filter_map(|h| h.running.as_ref().map(|r| r.renew_at)).min()
+    }
+
+    /// Tell the machine of the renewals due.
+    fn renew_due(&mut self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for (id, h) in self.held.iter_mut() {
+            if let Some(r) = h.running.as_mut().filter(|r| r.renew_at <= now) {
+                r.renew_at += r.every;
+                due.push(*id);
+            }
+        }
+        for id in due {
+            self.feed(dx::Event::Renew(id));
+        }
+    }
+
+    fn completed(&mut self, r: Result<Io, tokio::task::JoinError>) {
+        let io = match r {
+            Ok(io) => io,
+            Err(e) => {
+                if e.is_panic() {
+                    tracing::error!(target: "levee", error = %e, "levee durable: a task of the executor panicked");
+                }
+                return; // else an abandoned handler's task
+            }
+        };
+        match io {
+            Io::Event(e) => {
+                self.awaited = self.awaited.saturating_sub(1);
+                if let Some(h) = match &e {
+                    dx::Event::Written(id, _) => self.held.get_mut(id),
+                    _ => None,
+                } {
+                    h.writing = false;
+                }
+                self.feed(e);
+            }
+            Io::Claimed(rows) => {
+                self.awaited = self.awaited.saturating_sub(1);
+                let mut claimed = Vec::with_capacity(rows.len());
+                for c in rows {
+                    // A handler registered while running is registered in the machine.
+                    if let Some(x) = self.x.as_mut().filter(|x| !x.is_registered(&c.handler)) {
+                        if self.inner.registered(&c.handler).is_some() {
+                            x.register(&c.handler);
+                        }
+                    }
+                    self.held.entry(c.id).or_insert_with(|| Held {
+                        handler: c.handler.clone(),
+                        payload: c.payload,
+                        idempotency_key: c.idempotency_key,
+                        writing: false,
+                        running: None,
+                        result: None,
+                    });
+                    claimed.push(dx::Claimed { id: c.id, handler: c.handler, record: c.record, db_now: c.db_now });
+                }
+                self.feed(dx::Event::Claimed(claimed));
+            }
+            Io::Finished(id, attempt, ended) => self.finished(id, attempt, ended),
+            Io::Quarantined => {}
+        }
+    }
+
+    /// Attempt `attempt` of call `id` ended: the hook, then the machine.
+    fn finished(&mut self, id: i64, attempt: u32, ended: Ended) {
+        let Some(h) = self.held.get_mut(&id) else { return };
+        if !h.running.as_ref().is_some_and(|r| r.attempt == attempt) {
+            return; // an attempt abandoned meanwhile
+        }
+        h.running = None;
+        let (outcome, message) = match ended {
+            Ended::Returned(Ok(result)) => {
+                h.result = result;
+                (Outcome::Success, String::new())
+            }
+            Ended::Returned(Err((o, m))) => (o, m),
+            Ended::TimedOut => (Outcome::Timeout, String::new()),
+            Ended::Panicked(text) => (Outcome::error("panic"), format!("the handler panicked: {text}")),
+            Ended::Cancelled => return self.forget(id),
+        };
+        if let Some(f) = &self.inner.on_attempt_done {
+            f(id, attempt, &outcome);
+        }
+        let (kind, code, text, flags) = outcome.parts();
+        let overloaded = flags & crate::constants::REPORT_OVERLOADED != 0;
+        self.feed(dx::Event::Finished(id, dx::Finished { kind, code, text: text.to_string(), message, overloaded }));
+    }
+}
+
+/// A store's error as the machine's texts hold it (without this crate's prefix).
+fn store_error(e: DurableError) -> String {
+    match e {
+        DurableError::Store(e) => e.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// A panic's text.
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    match (p.downcast_ref::<&str>(), p.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "a non-string payload".to_string(),
+    }
 }
 
 /// A handler's task, aborted when the attempt is dropped (the executor stops).
@@ -939,25 +1093,6 @@ struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-fn log_join(r: Result<(), tokio::task::JoinError>) {
-    if let Err(e) = r {
-        if e.is_panic() {
-            tracing::error!(target: "levee", error = %e, "levee durable: a call's driver panicked");
-        }
-    }
-}
-
-/// The error column of a call given up: the reason, then the last error as the record holds it
-/// (the same text in every host).
-fn dead_reason(step: &DurableStep) -> String {
-    let reason = step.reason.name();
-    match Record::decode(&step.record) {
-        Err(_) => reason.to_string(),
-        Ok(r) if r.error_attempt == 0 && r.error_class.is_empty() => format!("{reason}: attempt 0 failed with ``: "),
-        Ok(r) => format!("{reason}: attempt {} failed with `{}`: {}", r.error_attempt, r.error_class, r.error_message),
     }
 }
 

@@ -7,7 +7,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, GenericClient, NoTls, Statement, ToStatement, Transaction};
@@ -164,7 +163,6 @@ impl PostgresStore {
 
     pub(crate) async fn claim(&self, owner: &str, hold: u64, limit: usize) -> Result<Vec<Claimed>, DurableError> {
         let c = self.conn().await?;
-        let got = Instant::now();
         let rows = c.client.query(c.stmt("claim")?, &[&owner, &i64_of(hold), &i64_of(limit as u64)]).await?;
         rows.iter()
             .map(|r| {
@@ -175,7 +173,6 @@ impl PostgresStore {
                     record: r.try_get(3)?,
                     db_now: u64_of(r.try_get(4)?),
                     idempotency_key: r.try_get(5)?,
-                    got,
                 })
             })
             .collect()
@@ -185,7 +182,7 @@ impl PostgresStore {
         let c = self.conn().await?;
         let attempts = i32::try_from(w.attempts).unwrap_or(i32::MAX);
         let args: [&(dyn ToSql + Sync); 9] =
-            [&w.status.as_str(), &i64_of(w.next_at), &attempts, &w.lease_owner, &w.record, &w.result, &w.error, &id, &owner];
+            [&w.status, &i64_of(w.next_at), &attempts, &w.lease_owner, &w.record, &w.result, &w.error, &id, &owner];
         Ok(c.client.execute(c.stmt("write")?, &args).await? == 1)
     }
 
@@ -198,7 +195,7 @@ impl PostgresStore {
     pub(crate) async fn replace(&self, id: i64, r: ReplaceArgs<'_>) -> Result<bool, DurableError> {
         let c = self.conn().await?;
         let attempts = i32::try_from(r.attempts).unwrap_or(i32::MAX);
-        let args: [&(dyn ToSql + Sync); 7] = [&r.status.as_str(), &i64_of(r.next_at), &attempts, &r.record, &r.error, &id, &r.old];
+        let args: [&(dyn ToSql + Sync); 7] = [&r.status, &i64_of(r.next_at), &attempts, &r.record, &r.error, &id, &r.old];
         Ok(c.client.execute(c.stmt("replace")?, &args).await? == 1)
     }
 

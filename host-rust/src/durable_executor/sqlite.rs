@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -168,7 +168,6 @@ impl SqliteStore {
 
     pub(crate) async fn claim(&self, owner: &str, hold: u64, limit: usize) -> Result<Vec<Claimed>, DurableError> {
         let owner = owner.to_string();
-        let got = Instant::now();
         self.blocking(move |conn, sql| {
             let now = i64_of(wall_now());
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -182,7 +181,6 @@ impl SqliteStore {
                         record: r.get(3)?,
                         db_now: u64_of(r.get(4)?),
                         idempotency_key: r.get(5)?,
-                        got,
                     })
                 })?;
                 rows.collect::<Result<Vec<_>, _>>()?
@@ -195,7 +193,7 @@ impl SqliteStore {
 
     pub(crate) async fn write(&self, id: i64, owner: &str, w: WriteArgs<'_>) -> Result<bool, DurableError> {
         let owner = owner.to_string();
-        let (status, next_at, attempts) = (w.status.as_str(), i64_of(w.next_at), i64::from(w.attempts));
+        let (status, next_at, attempts) = (w.status, i64_of(w.next_at), i64::from(w.attempts));
         let lease_owner = w.lease_owner.map(str::to_string);
         let (record, result, error) = (w.record.to_vec(), w.result.map(<[u8]>::to_vec), w.error.map(str::to_string));
         self.blocking(move |conn, sql| {
@@ -230,7 +228,7 @@ impl SqliteStore {
         let (record, msg, old) = (r.record.to_vec(), r.error.map(str::to_string), r.old.to_vec());
         self.blocking(move |conn, sql| {
             let n = conn.prepare_cached(stmt(sql, "replace"))?.execute(params![
-                status.as_str(),
+                status,
                 i64_of(next_at),
                 i64::from(attempts),
                 record,

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::Instant;
 
 #[cfg(feature = "durable-postgres")]
 pub use super::postgres::PostgresStore;
@@ -112,15 +111,13 @@ pub(crate) struct Claimed {
     pub(crate) record: Vec<u8>,
     pub(crate) db_now: u64,
     pub(crate) idempotency_key: Option<String>,
-    /// When this process sent the claim (monotonic): the records' last-seen is the claim's
-    /// `db_now`, read while the statement ran, so counting from before it never shortens a wait.
-    pub(crate) got: Instant,
 }
 
 /// The columns of the shared `write` statement.
 #[derive(Clone, Debug)]
 pub(crate) struct WriteArgs<'a> {
-    pub(crate) status: CallState,
+    /// The status column, as the core's machine names it.
+    pub(crate) status: &'static str,
     pub(crate) next_at: u64,
     pub(crate) attempts: u32,
     pub(crate) lease_owner: Option<&'a str>,
@@ -133,7 +130,8 @@ pub(crate) struct WriteArgs<'a> {
 /// revive), made only if the record is still `old` (compare-and-set).
 #[derive(Clone, Debug)]
 pub(crate) struct ReplaceArgs<'a> {
-    pub(crate) status: CallState,
+    /// The status column, as the core names it.
+    pub(crate) status: &'static str,
     pub(crate) next_at: u64,
     pub(crate) attempts: u32,
     pub(crate) record: &'a [u8],
