@@ -228,10 +228,7 @@ fn fill_and_check(fill: &mut Fill, store: &str) {
     assert!(text.trim_end().ends_with("(more: add --after 7)"), "{text}");
     let counts = levee(&["durable", "counts", store, "--json"]);
     let counts: serde_json::Value = serde_json::from_slice(&counts.stdout).unwrap();
-    assert_eq!(
-        counts,
-        serde_json::json!({"scheduled": 3, "running": 0, "done": 3, "dead": 3, "cancelled": 0, "quarantined": 3})
-    );
+    assert_eq!(counts, serde_json::json!({"scheduled": 3, "running": 0, "done": 3, "dead": 3, "cancelled": 0, "quarantined": 3}));
     let bad = levee(&["durable", "list", store, "--status", "finished"]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--status: `finished` is not a status"));
     // Cancel and retry through the core; prune by the store's clock.
