@@ -707,15 +707,25 @@ class EngineRuntime:
         if events:
             dispatch(events, self._listeners, self._sink)
 
-    def _locked_op(self, fn: Callable[[Core], T], snapshot_if: Callable[[T], bool] | None = None) -> T:
+    def _locked_op(
+        self,
+        fn: Callable[[Core], T],
+        snapshot_if: Callable[[T], bool] | None = None,
+        *,
+        machine: ExecutorRef | None = None,
+    ) -> T:
         """Any other operation: flush the held-back success first, recover on a trap. When
-        `snapshot_if(result)` holds, the state it left is snapshotted under the same lock."""
+        `snapshot_if(result)` holds, the state it left is snapshotted under the same lock. With
+        `machine`, an operation of that durable executor's machine: a closed engine, an
+        instance replaced since it was made, and a trap are each `ExecutorGone`."""
         events: list[Event] = []
         try:
             with self._lock:
                 core = self._core
                 if self._closed:
-                    raise EngineClosed()
+                    raise ExecutorGone("the engine is closed") if machine is not None else EngineClosed()
+                if machine is not None and (machine.core is not core or machine.generation != self._generation):
+                    raise ExecutorGone("the component instance was replaced after a fault")
                 try:
                     if core.dead:
                         raise ComponentFault("the component is unavailable")
@@ -726,7 +736,8 @@ class EngineRuntime:
                     return result
                 except ComponentFault as e:
                     self._recover_locked(e, events)
-                    raise LeveeError(f"the Levee engine faulted and was re-instantiated: {e}") from e
+                    fault = ExecutorGone if machine is not None else LeveeError
+                    raise fault(f"the Levee engine faulted and was re-instantiated: {e}") from e
         finally:
             if events:
                 dispatch(events, self._listeners, self._sink)
@@ -749,25 +760,7 @@ class EngineRuntime:
     def _executor_op(self, x: ExecutorRef, fn: Callable[[Core, int], T]) -> T:
         """`fn(core, handle)` under the lock, if `x` lives in the current instance; a trap is
         recovered (the one path) and raised as `ExecutorGone`, as is a replaced instance."""
-        events: list[Event] = []
-        try:
-            with self._lock:
-                if self._closed:
-                    raise ExecutorGone("the engine is closed")
-                core = self._core
-                if x.core is not core or x.generation != self._generation:
-                    raise ExecutorGone("the component instance was replaced after a fault")
-                try:
-                    if core.dead:
-                        raise ComponentFault("the component is unavailable")
-                    self._flush_locked(events)
-                    return fn(core, x.handle)
-                except ComponentFault as e:
-                    self._recover_locked(e, events)
-                    raise ExecutorGone(f"the Levee engine faulted and was re-instantiated: {e}") from e
-        finally:
-            if events:
-                dispatch(events, self._listeners, self._sink)
+        return self._locked_op(lambda core: fn(core, x.handle), machine=x)
 
     def _executor_feed(self, x: ExecutorRef, now: int, event: ExecEvent) -> list[ExecCommand]:
         return self._executor_op(x, lambda c, h: c.executor_feed(h, now, event))
